@@ -1,0 +1,309 @@
+//! Hook request bodies as CAPI sends them. Objects CAPI passes through untyped stay JSON maps;
+//! only the shape (which objects exist, which are required) is typed here.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use super::HOOKS_API_VERSION;
+
+/// A Kubernetes object as CAPI puts it in a request: `apiVersion`, `kind`, `metadata`, `spec`.
+pub type Object = Map<String, Value>;
+
+/// Why a request body could not be decoded; the message names the offending field.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The body was empty.
+    #[error("request body is empty: expected a {kind} JSON object")]
+    Empty {
+        /// The request kind that was expected.
+        kind: &'static str,
+    },
+    /// JSON syntax or shape error at a field path.
+    #[error("cannot decode {kind}: {detail}")]
+    Json {
+        /// The request kind that was expected.
+        kind: &'static str,
+        /// `path: serde message`, e.g. ``desired: missing field `machine` at line 1 column 40``.
+        detail: String,
+    },
+    /// `apiVersion` or `kind` is present but names something else.
+    #[error("field `{field}` is {found:?}, expected {expected:?}")]
+    TypeMeta {
+        /// `apiVersion` or `kind`.
+        field: &'static str,
+        /// What the body said (truncated).
+        found: String,
+        /// What this endpoint serves.
+        expected: &'static str,
+    },
+    /// An object lacks `metadata.name`, without which nothing can be tracked.
+    #[error("field `{path}.metadata.name` is missing or not a string")]
+    MissingName {
+        /// Path of the object, e.g. `desired.machine`.
+        path: &'static str,
+    },
+}
+
+/// A request type: what `kind` it is and how to check it after decoding.
+pub trait HookRequest: DeserializeOwned {
+    /// The request's `kind`.
+    const KIND: &'static str;
+    /// The TypeMeta the body carried.
+    fn type_meta(&self) -> (&Option<String>, &Option<String>);
+    /// Checks that decoding alone cannot express (required names).
+    fn validate(&self) -> Result<(), DecodeError> {
+        Ok(())
+    }
+}
+
+/// Decodes a hook request body, naming the first field that is wrong.
+pub fn decode_request<R: HookRequest>(body: &[u8]) -> Result<R, DecodeError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(DecodeError::Empty { kind: R::KIND });
+    }
+    let deserializer = &mut serde_json::Deserializer::from_slice(body);
+    let request: R = serde_path_to_error::deserialize(deserializer).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        let detail = if path == "." {
+            inner.to_string()
+        } else {
+            format!("{path}: {inner}")
+        };
+        DecodeError::Json {
+            kind: R::KIND,
+            detail,
+        }
+    })?;
+    let (api_version, kind) = request.type_meta();
+    check_type_meta("apiVersion", api_version, HOOKS_API_VERSION)?;
+    check_type_meta("kind", kind, R::KIND)?;
+    request.validate()?;
+    Ok(request)
+}
+
+fn check_type_meta(
+    field: &'static str,
+    found: &Option<String>,
+    expected: &'static str,
+) -> Result<(), DecodeError> {
+    match found {
+        Some(value) if value != expected => Err(DecodeError::TypeMeta {
+            field,
+            found: value.chars().take(100).collect(),
+            expected,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// `namespace/name` of an object, for logs and messages.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    /// `metadata.namespace` (empty when absent).
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// Reads `metadata.namespace` and `metadata.name` of an object.
+    pub fn of(object: &Object) -> Option<ObjectKey> {
+        let metadata = object.get("metadata")?.as_object()?;
+        let name = metadata.get("name")?.as_str()?.to_string();
+        let namespace = metadata
+            .get("namespace")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        Some(ObjectKey { namespace, name })
+    }
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+fn require_name(object: &Object, path: &'static str) -> Result<ObjectKey, DecodeError> {
+    ObjectKey::of(object).ok_or(DecodeError::MissingName { path })
+}
+
+/// The objects of one side (`current` or `desired`) of a CanUpdateMachine request.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineObjects {
+    /// The Machine (required).
+    pub machine: Object,
+    /// The infrastructure machine (e.g. DevMachine), any kind.
+    #[serde(default)]
+    pub infrastructure_machine: Option<Object>,
+    /// The bootstrap config (e.g. KubeadmConfig).
+    #[serde(default)]
+    pub bootstrap_config: Option<Object>,
+}
+
+/// The objects of one side of a CanUpdateMachineSet request.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineSetObjects {
+    /// The MachineSet (required).
+    pub machine_set: Object,
+    /// The infrastructure machine template.
+    #[serde(default)]
+    pub infrastructure_machine_template: Option<Object>,
+    /// The bootstrap config template.
+    #[serde(default)]
+    pub bootstrap_config_template: Option<Object>,
+}
+
+/// The desired objects of an UpdateMachine request.
+pub type UpdateMachineObjects = MachineObjects;
+
+/// `CanUpdateMachineRequest`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CanUpdateMachineRequest {
+    /// TypeMeta `apiVersion`.
+    #[serde(default)]
+    pub api_version: Option<String>,
+    /// TypeMeta `kind`.
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// ExtensionConfig `spec.settings`.
+    #[serde(default)]
+    pub settings: BTreeMap<String, String>,
+    /// The objects as they are.
+    pub current: MachineObjects,
+    /// The objects as they should become.
+    pub desired: MachineObjects,
+}
+
+impl HookRequest for CanUpdateMachineRequest {
+    const KIND: &'static str = "CanUpdateMachineRequest";
+    fn type_meta(&self) -> (&Option<String>, &Option<String>) {
+        (&self.api_version, &self.kind)
+    }
+    fn validate(&self) -> Result<(), DecodeError> {
+        require_name(&self.current.machine, "current.machine")?;
+        require_name(&self.desired.machine, "desired.machine").map(|_| ())
+    }
+}
+
+/// `CanUpdateMachineSetRequest`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CanUpdateMachineSetRequest {
+    /// TypeMeta `apiVersion`.
+    #[serde(default)]
+    pub api_version: Option<String>,
+    /// TypeMeta `kind`.
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// ExtensionConfig `spec.settings`.
+    #[serde(default)]
+    pub settings: BTreeMap<String, String>,
+    /// The objects as they are.
+    pub current: MachineSetObjects,
+    /// The objects as they should become.
+    pub desired: MachineSetObjects,
+}
+
+impl HookRequest for CanUpdateMachineSetRequest {
+    const KIND: &'static str = "CanUpdateMachineSetRequest";
+    fn type_meta(&self) -> (&Option<String>, &Option<String>) {
+        (&self.api_version, &self.kind)
+    }
+    fn validate(&self) -> Result<(), DecodeError> {
+        require_name(&self.current.machine_set, "current.machineSet")?;
+        require_name(&self.desired.machine_set, "desired.machineSet").map(|_| ())
+    }
+}
+
+/// `UpdateMachineRequest`: only the desired objects.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateMachineRequest {
+    /// TypeMeta `apiVersion`.
+    #[serde(default)]
+    pub api_version: Option<String>,
+    /// TypeMeta `kind`.
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// ExtensionConfig `spec.settings`.
+    #[serde(default)]
+    pub settings: BTreeMap<String, String>,
+    /// The objects with the desired spec already written by CAPI.
+    pub desired: UpdateMachineObjects,
+}
+
+impl HookRequest for UpdateMachineRequest {
+    const KIND: &'static str = "UpdateMachineRequest";
+    fn type_meta(&self) -> (&Option<String>, &Option<String>) {
+        (&self.api_version, &self.kind)
+    }
+    fn validate(&self) -> Result<(), DecodeError> {
+        require_name(&self.desired.machine, "desired.machine").map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(body: &str) -> Result<CanUpdateMachineRequest, DecodeError> {
+        decode_request(body.as_bytes())
+    }
+
+    const MACHINE: &str = r#"{"metadata":{"name":"m","namespace":"ns"},"spec":{}}"#;
+
+    #[test]
+    fn names_missing_and_mistyped_fields() {
+        let err = decode(&format!(r#"{{"current":{{"machine":{MACHINE}}}}}"#)).unwrap_err();
+        assert!(err.to_string().contains("missing field `desired`"), "{err}");
+        let err = decode(&format!(
+            r#"{{"current":{{"machine":{MACHINE}}},"desired":{{}}}}"#
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("desired: missing field `machine`"), "{err}");
+        let err = decode(&format!(
+            r#"{{"current":{{"machine":{MACHINE}}},"desired":{{"machine":"oops"}}}}"#
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("desired.machine: invalid type: string"), "{err}");
+        let err = decode(&format!(
+            r#"{{"settings":{{"mode":1}},"current":{{"machine":{MACHINE}}},"desired":{{"machine":{MACHINE}}}}}"#
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("settings.mode: invalid type: integer"), "{err}");
+    }
+
+    #[test]
+    fn refuses_wrong_kind_and_nameless_objects() {
+        let err = decode(&format!(
+            r#"{{"kind":"UpdateMachineRequest","current":{{"machine":{MACHINE}}},"desired":{{"machine":{MACHINE}}}}}"#
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("field `kind`"), "{err}");
+        let err = decode(&format!(
+            r#"{{"current":{{"machine":{MACHINE}}},"desired":{{"machine":{{"spec":{{}}}}}}}}"#
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("desired.machine.metadata.name"), "{err}");
+        assert!(matches!(decode("  "), Err(DecodeError::Empty { .. })));
+    }
+
+    #[test]
+    fn accepts_null_optional_objects() {
+        let request = decode(&format!(
+            r#"{{"current":{{"machine":{MACHINE},"bootstrapConfig":null}},"desired":{{"machine":{MACHINE}}}}}"#
+        ))
+        .unwrap();
+        assert!(request.current.bootstrap_config.is_none());
+        assert_eq!(ObjectKey::of(&request.desired.machine).unwrap().to_string(), "ns/m");
+    }
+}

@@ -1,0 +1,12 @@
+//! inplace-updater: a Cluster API runtime extension that answers CanUpdateMachine, CanUpdateMachineSet
+//! and UpdateMachine, and performs accepted changes in place through an agent on each node.
+//!
+//! The binary (`src/main.rs`) only parses the command line; everything else lives here:
+//! [`api`] (wire types), [`hooks`] (one function per hook), [`server`] (TLS, limits, health, metrics,
+//! shutdown), [`certs`] (development certificates), [`cli`] (clap types).
+
+pub mod api;
+pub mod certs;
+pub mod cli;
+pub mod hooks;
+pub mod server;

@@ -1,0 +1,223 @@
+//! The hook router: CAPI's exact paths, body and time limits, client-certificate enforcement, panic
+//! capture, and one log line plus metrics per call. `app(state)` is what tests drive with `oneshot`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{RawQuery, Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::timeout::TimeoutLayer;
+
+use super::listener::ConnInfo;
+use super::metrics::Metrics;
+use crate::api::{Hook, parse_go_duration};
+use crate::hooks::{self, Answer};
+
+/// Largest request body accepted (CAPI's own Go server SDK uses the same cap).
+pub const MAX_BODY_BYTES: usize = 20 * 1024 * 1024;
+/// Timeout assumed when CAPI sends no `?timeout=` (CAPI's default handler timeout).
+pub const DEFAULT_CAPI_TIMEOUT: Duration = Duration::from_secs(10);
+/// Share of CAPI's timeout we allow ourselves, so the answer arrives before CAPI gives up.
+pub const DEADLINE_FRACTION: f64 = 0.8;
+/// Hard ceiling on any hook request, whatever `?timeout=` says (CAPI's maximum handler timeout).
+pub const MAX_HOOK_TIME: Duration = Duration::from_secs(30);
+
+/// A hook's computation: request body in, answer out. Runs on the blocking pool.
+pub type Compute = fn(&[u8]) -> Answer;
+
+/// What every hook handler shares.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// Metrics registry.
+    pub metrics: Arc<Metrics>,
+    /// Whether hook calls must come over a connection with a verified client certificate.
+    pub require_client_cert: bool,
+}
+
+/// The hook router with every hook at CAPI's path.
+pub fn app(state: AppState) -> Router {
+    let mut router = Router::new();
+    for (hook, compute) in [
+        (Hook::Discovery, (|_: &[u8]| hooks::discovery()) as Compute),
+        (Hook::CanUpdateMachine, hooks::can_update_machine as Compute),
+        (Hook::CanUpdateMachineSet, hooks::can_update_machine_set as Compute),
+        (Hook::UpdateMachine, hooks::update_machine as Compute),
+    ] {
+        router = router.merge(hook_route(hook, compute, state.clone()));
+    }
+    router
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+}
+
+/// One hook's route with every per-hook layer; public so tests can mount a computation of their own
+/// (e.g. one that panics) behind exactly the same stack.
+pub fn hook_route(hook: Hook, compute: Compute, state: AppState) -> Router {
+    let metrics = state.metrics.clone();
+    let panic_answer = move |_: Box<dyn std::any::Any + Send + 'static>| {
+        metrics.panics.inc();
+        tracing::error!(hook = hook.name(), "handler panicked; answered Failure");
+        json_response(hooks::failure(hook, "internal error: the handler panicked (a bug: please report it)", "panic", None).body)
+    };
+    Router::new()
+        .route(
+            hook.path(),
+            post(
+                move |State(state): State<AppState>,
+                      RawQuery(query): RawQuery,
+                      request: Request| async move {
+                    handle(hook, compute, state, query, request).await
+                },
+            ),
+        )
+        .layer(CatchPanicLayer::custom(panic_answer))
+        .layer(TimeoutLayer::with_status_code(StatusCode::GATEWAY_TIMEOUT, MAX_HOOK_TIME))
+        .with_state(state)
+}
+
+fn json_response(body: Vec<u8>) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn refusal(status: StatusCode, message: &str) -> Response {
+    let body = serde_json::json!({ "status": "Failure", "message": message }).to_string();
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn too_large() -> Response {
+    refusal(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &format!("request body exceeds the {MAX_BODY_BYTES}-byte limit"),
+    )
+}
+
+async fn method_not_allowed(request: Request) -> Response {
+    let mut response = refusal(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &format!("{} is not allowed here: hooks take POST", request.method()),
+    );
+    response
+        .headers_mut()
+        .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
+    response
+}
+
+async fn not_found(request: Request) -> Response {
+    let path: String = request.uri().path().chars().take(200).collect();
+    refusal(
+        StatusCode::NOT_FOUND,
+        &format!("no such endpoint: {path} (see /openapi.yaml in the repository for every route)"),
+    )
+}
+
+/// The time we allow ourselves for one call, from CAPI's `?timeout=`.
+fn deadline(query: Option<&str>) -> Result<Duration, String> {
+    let timeout = query
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("timeout="));
+    let capi_timeout = match timeout {
+        None => DEFAULT_CAPI_TIMEOUT,
+        Some(text) => parse_go_duration(text)
+            .map_err(|err| format!("query parameter `timeout`: {err}"))?,
+    };
+    Ok(capi_timeout.mul_f64(DEADLINE_FRACTION).min(MAX_HOOK_TIME))
+}
+
+async fn handle(
+    hook: Hook,
+    compute: Compute,
+    state: AppState,
+    query: Option<String>,
+    request: Request,
+) -> Response {
+    let started = Instant::now();
+    let verified = request
+        .extensions()
+        .get::<ConnInfo>()
+        .is_some_and(|info| info.client_cert_verified);
+    if state.require_client_cert && !verified {
+        state
+            .metrics
+            .calls
+            .get_or_create(&super::metrics::CallLabels {
+                hook: hook.name(),
+                status: "Unauthorized",
+            })
+            .inc();
+        tracing::warn!(hook = hook.name(), "hook call without a verified client certificate refused");
+        return refusal(
+            StatusCode::UNAUTHORIZED,
+            "this server requires a client certificate signed by its --client-ca for hook calls",
+        );
+    }
+    let declared_length = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared_length.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
+        return too_large();
+    }
+    // Chunked bodies are counted while they stream in and cut off at the limit, never buffered past it.
+    let body: Bytes = match axum::body::to_bytes(request.into_body(), MAX_BODY_BYTES).await {
+        Ok(body) => body,
+        Err(_) => return too_large(),
+    };
+    let answer = match deadline(query.as_deref()) {
+        Err(message) => hooks::failure(hook, message, "bad-request", None),
+        Ok(budget) => {
+            let work = tokio::task::spawn_blocking(move || compute(&body));
+            match tokio::time::timeout(budget, work).await {
+                Ok(Ok(answer)) => answer,
+                Ok(Err(join_error)) => {
+                    state.metrics.panics.inc();
+                    tracing::error!(hook = hook.name(), error = %join_error, "handler panicked; answered Failure");
+                    hooks::failure(hook, "internal error: the handler panicked (a bug: please report it)", "panic", None)
+                }
+                Err(_) => hooks::failure(
+                    hook,
+                    format!("no answer within {:.1}s (80% of CAPI's timeout); CAPI will call again", budget.as_secs_f64()),
+                    "deadline",
+                    None,
+                ),
+            }
+        }
+    };
+    let elapsed = started.elapsed();
+    state.metrics.record_call(
+        hook.name(),
+        answer.status.as_str(),
+        answer.verdict,
+        elapsed.as_secs_f64(),
+    );
+    let object = answer.object.as_ref().map(ToString::to_string).unwrap_or_default();
+    tracing::info!(
+        hook = hook.name(),
+        object = %object,
+        status = answer.status.as_str(),
+        verdict = answer.verdict,
+        duration_ms = elapsed.as_secs_f64() * 1000.0,
+        detail = %answer.message,
+        "hook call"
+    );
+    json_response(answer.body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_is_inside_capi_timeout() {
+        assert_eq!(deadline(Some("timeout=10s")), Ok(Duration::from_secs(8)));
+        assert_eq!(deadline(None), Ok(Duration::from_secs(8)));
+        assert_eq!(deadline(Some("timeout=5m")), Ok(MAX_HOOK_TIME));
+        assert!(deadline(Some("timeout=abc")).unwrap_err().contains("`timeout`"));
+    }
+}

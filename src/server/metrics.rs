@@ -1,0 +1,137 @@
+//! Prometheus metrics: hook calls by hook and status, latency histograms, verdicts, TLS reloads, panics.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of `hook_calls_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    /// Hook name, e.g. `CanUpdateMachine`.
+    pub hook: &'static str,
+    /// `Success`, `Failure`, or an HTTP-level refusal such as `Unauthorized`.
+    pub status: &'static str,
+}
+
+/// Labels of `hook_verdicts_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerdictLabels {
+    /// Hook name.
+    pub hook: &'static str,
+    /// e.g. `in-place`, `rollout`, `refused`, `bad-request`, `in-progress`, `done`, `failed`.
+    pub verdict: &'static str,
+}
+
+/// Labels carrying only the hook name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HookLabels {
+    /// Hook name.
+    pub hook: &'static str,
+}
+
+/// Labels of `tls_reloads_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `success` or `error`.
+    pub result: &'static str,
+}
+
+fn new_histogram() -> Histogram {
+    // 0.25 ms .. ~16 s: the fast path is sub-millisecond, the ceiling is CAPI's 30 s maximum timeout.
+    Histogram::new(exponential_buckets(0.000_25, 2.0, 17))
+}
+
+/// Every metric the server exports, registered in one registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Hook calls by hook and status.
+    pub calls: Family<CallLabels, Counter>,
+    /// Hook verdicts by hook and verdict.
+    pub verdicts: Family<VerdictLabels, Counter>,
+    /// Hook latency in seconds.
+    pub duration: Family<HookLabels, Histogram, fn() -> Histogram>,
+    /// Answers our own self-check caught before CAPI could mis-read them (always a bug).
+    pub self_check_failures: Counter,
+    /// Handler panics turned into Failure answers (always a bug).
+    pub panics: Counter,
+    /// Certificate reloads by result.
+    pub tls_reloads: Family<ResultLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric under the `inplace_updater` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("inplace_updater");
+        let calls = Family::<CallLabels, Counter>::default();
+        registry.register("hook_calls", "Hook calls by hook and status", calls.clone());
+        let verdicts = Family::<VerdictLabels, Counter>::default();
+        registry.register(
+            "hook_verdicts",
+            "Hook answers by hook and verdict",
+            verdicts.clone(),
+        );
+        let duration = Family::<HookLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+            new_histogram as fn() -> Histogram,
+        );
+        registry.register(
+            "hook_duration_seconds",
+            "Time to answer a hook call",
+            duration.clone(),
+        );
+        let self_check_failures = Counter::default();
+        registry.register(
+            "self_check_failures",
+            "Patches the self-check refused to send (a bug: please report)",
+            self_check_failures.clone(),
+        );
+        let panics = Counter::default();
+        registry.register(
+            "handler_panics",
+            "Handler panics answered as Failure (a bug: please report)",
+            panics.clone(),
+        );
+        let tls_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "tls_reloads",
+            "Serving certificate reloads by result",
+            tls_reloads.clone(),
+        );
+        Self {
+            registry,
+            calls,
+            verdicts,
+            duration,
+            self_check_failures,
+            panics,
+            tls_reloads,
+        }
+    }
+
+    /// Records one answered hook call.
+    pub fn record_call(&self, hook: &'static str, status: &'static str, verdict: &'static str, seconds: f64) {
+        self.calls.get_or_create(&CallLabels { hook, status }).inc();
+        self.verdicts
+            .get_or_create(&VerdictLabels { hook, verdict })
+            .inc();
+        self.duration.get_or_create(&HookLabels { hook }).observe(seconds);
+    }
+
+    /// The registry in Prometheus text exposition format.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail; an error here would be a prometheus-client bug.
+        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
+            text.clear();
+        }
+        text
+    }
+}

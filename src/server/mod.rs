@@ -1,0 +1,207 @@
+//! The HTTPS server: hook port (TLS, optional mTLS, cert reload), health port and metrics port, started
+//! together and stopped together. It decides nothing about Machines; `hooks` does.
+
+mod admin;
+mod app;
+mod listener;
+pub mod metrics;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+pub use admin::{Readiness, health_router, metrics_router};
+pub use app::{
+    AppState, Compute, DEADLINE_FRACTION, DEFAULT_CAPI_TIMEOUT, MAX_BODY_BYTES, MAX_HOOK_TIME, app,
+    hook_route,
+};
+pub use listener::{ConnInfo, ConnLimits};
+pub use metrics::Metrics;
+use tls::{ReloadingCert, TlsError, TlsFiles};
+
+/// Default interval between checks of the certificate files for new content.
+pub const DEFAULT_TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
+/// Default TLS handshake deadline.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default deadline for a client to send its request headers.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default cap on open hook-port connections (30 000 long-polling agents plus CAPI fit under it).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 40_000;
+/// Default time open connections get to finish on shutdown (the process exits within 10 s of SIGTERM).
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
+
+/// Everything `serve` needs, already typed.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Serving certificate and key.
+    pub tls: TlsFiles,
+    /// CA that client certificates must chain to; `Some` makes hook calls require one.
+    pub client_ca: Option<PathBuf>,
+    /// How often the certificate files are re-read.
+    pub tls_reload_interval: Duration,
+    /// Connection bounds of the hook port.
+    pub limits: ConnLimits,
+}
+
+/// The three bound listeners; tests bind port 0 and pass them in.
+#[derive(Debug)]
+pub struct Listeners {
+    /// The TLS hook port.
+    pub hooks: TcpListener,
+    /// `/healthz`, `/readyz`.
+    pub health: TcpListener,
+    /// `/metrics`.
+    pub metrics: TcpListener,
+}
+
+impl Listeners {
+    /// Binds the three addresses.
+    pub async fn bind(hooks: SocketAddr, health: SocketAddr, metrics: SocketAddr) -> Result<Self, ServeError> {
+        let bind = |addr: SocketAddr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServeError::Bind { addr, source })
+        };
+        Ok(Self {
+            hooks: bind(hooks).await?,
+            health: bind(health).await?,
+            metrics: bind(metrics).await?,
+        })
+    }
+
+    /// The bound addresses (hooks, health, metrics).
+    pub fn local_addrs(&self) -> std::io::Result<(SocketAddr, SocketAddr, SocketAddr)> {
+        Ok((
+            self.hooks.local_addr()?,
+            self.health.local_addr()?,
+            self.metrics.local_addr()?,
+        ))
+    }
+}
+
+/// Why the server could not start or had to stop.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// An address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// TLS material is unusable.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// A background task (listener, certificate watcher) ended while the server was running.
+    #[error("background task {0} stopped unexpectedly; exiting so the orchestrator restarts us")]
+    TaskDied(&'static str),
+}
+
+/// Runs the server until `shutdown` is cancelled, then drains and returns `Ok`. Returns an error at once
+/// when start-up fails or any background task dies.
+pub async fn run(
+    config: ServeConfig,
+    listeners: Listeners,
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let provider = tls::provider();
+    let cert = Arc::new(ReloadingCert::load(config.tls.clone(), provider.clone())?);
+    let tls_config = tls::server_config(cert.clone(), config.client_ca.as_deref(), provider)?;
+    let acceptor = TlsAcceptor::from(Arc::new(tls_config));
+    let state = AppState {
+        metrics: metrics.clone(),
+        require_client_cert: config.client_ca.is_some(),
+    };
+
+    let mut tasks: JoinSet<&'static str> = JoinSet::new();
+    let stop = shutdown.clone();
+    tasks.spawn(async move {
+        listener::serve_tls(listeners.hooks, acceptor, app::app(state), config.limits, stop).await;
+        "hook listener"
+    });
+    for (name, listener, router) in [
+        ("health listener", listeners.health, health_router(readiness.clone())),
+        ("metrics listener", listeners.metrics, metrics_router(metrics.clone())),
+    ] {
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            let served = axum::serve(listener, router)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await;
+            if let Err(err) = served {
+                tracing::error!(error = %err, "{name} failed");
+            }
+            name
+        });
+    }
+    let stop = shutdown.clone();
+    let interval = config.tls_reload_interval;
+    tasks.spawn(async move {
+        watch_certificate(cert, interval, metrics, stop).await;
+        "certificate watcher"
+    });
+
+    readiness.set(true);
+    tracing::info!("ready");
+    tokio::select! {
+        () = shutdown.cancelled() => {}
+        ended = tasks.join_next() => {
+            readiness.set(false);
+            let name = match ended {
+                Some(Ok(name)) => name,
+                _ => "unknown",
+            };
+            shutdown.cancel();
+            return Err(ServeError::TaskDied(name));
+        }
+    }
+    readiness.set(false);
+    tracing::info!("shutting down: no new connections, finishing in-flight calls");
+    while tasks.join_next().await.is_some() {}
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn watch_certificate(
+    cert: Arc<ReloadingCert>,
+    interval: Duration,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        let check = cert.clone();
+        let result = tokio::task::spawn_blocking(move || check.reload_if_changed()).await;
+        match result {
+            Ok(Ok(true)) => {
+                metrics.tls_reloads.get_or_create(&metrics::ResultLabels { result: "success" }).inc();
+                tracing::info!(cert = %cert.files().cert.display(), "serving certificate reloaded");
+            }
+            Ok(Ok(false)) => {}
+            Ok(Err(err)) => {
+                metrics.tls_reloads.get_or_create(&metrics::ResultLabels { result: "error" }).inc();
+                tracing::warn!(error = %err, "new certificate files are not usable yet; still serving the previous pair");
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "certificate check panicked");
+                return;
+            }
+        }
+    }
+}
