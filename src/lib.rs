@@ -10,3 +10,5 @@ pub mod certs;
 pub mod cli;
 pub mod hooks;
 pub mod server;
+
+pub mod plan;

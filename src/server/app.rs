@@ -80,6 +80,22 @@ pub fn hook_route(hook: Hook, compute: Compute, state: AppState) -> Router {
         .with_state(state)
 }
 
+/// Counts a call in `hook_calls_in_flight` for as long as it lives.
+struct InFlight(Arc<Metrics>);
+
+impl InFlight {
+    fn enter(metrics: &Arc<Metrics>) -> Self {
+        metrics.in_flight.inc();
+        Self(metrics.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.dec();
+    }
+}
+
 fn json_response(body: Vec<u8>) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
@@ -137,6 +153,7 @@ async fn handle(
     request: Request,
 ) -> Response {
     let started = Instant::now();
+    let _in_flight = InFlight::enter(&state.metrics);
     let verified = request
         .extensions()
         .get::<ConnInfo>()

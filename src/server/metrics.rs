@@ -3,6 +3,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -59,6 +60,8 @@ pub struct Metrics {
     pub panics: Counter,
     /// Certificate reloads by result.
     pub tls_reloads: Family<ResultLabels, Counter>,
+    /// Hook calls being answered right now.
+    pub in_flight: Gauge,
 }
 
 impl Default for Metrics {
@@ -105,7 +108,14 @@ impl Metrics {
             "Serving certificate reloads by result",
             tls_reloads.clone(),
         );
+        let in_flight = Gauge::default();
+        registry.register(
+            "hook_calls_in_flight",
+            "Hook calls being answered right now",
+            in_flight.clone(),
+        );
         Self {
+            in_flight,
             registry,
             calls,
             verdicts,

@@ -154,6 +154,8 @@ pub async fn run(
     readiness.set(true);
     tracing::info!("ready");
     tokio::select! {
+        // Shutdown first: once it fires, tasks end on purpose and must not be mistaken for a death.
+        biased;
         () = shutdown.cancelled() => {}
         ended = tasks.join_next() => {
             readiness.set(false);

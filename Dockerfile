@@ -1,0 +1,47 @@
+# syntax=docker/dockerfile:1
+# inplace-updater images. Build from the repository root:
+#   docker build -t inplace-updater:v0.1.0 .                              # server (default, last stage)
+#   docker build --target node-agent -t inplace-updater-node:v0.1.0 .     # deploy/node DaemonSet image
+#   docker build --target binary --output type=local,dest=dist .          # just the static binary, for nodes
+# The binary is static (musl), so the very same file runs in the distroless image and on any node
+# distribution, whatever its glibc.
+
+ARG RUST_VERSION=1.95
+
+FROM rust:${RUST_VERSION}-bookworm AS build
+# musl-tools: the musl C toolchain that ring's C and assembly parts are compiled with.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends musl-tools \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    set -eux; \
+    target="$(uname -m)-unknown-linux-musl"; \
+    rustup target add "$target"; \
+    export "CC_$(echo "$target" | tr - _)=musl-gcc"; \
+    cargo build --release --locked --target "$target" --bin inplace-updater; \
+    mkdir -p /out; \
+    cp "target/$target/release/inplace-updater" /out/inplace-updater
+
+# The bare binary, for `--output` (what nodes download and deploy/node/install-agent.sh verifies).
+FROM scratch AS binary
+COPY --from=build /out/inplace-updater /inplace-updater
+
+# The image of the privileged DaemonSet alternative (deploy/node): needs a shell and nsenter
+# (util-linux) to start the agent in the host's namespaces, and runs as root by design.
+FROM debian:bookworm-slim AS node-agent
+COPY --from=build /out/inplace-updater /usr/local/bin/inplace-updater
+ENTRYPOINT ["/usr/local/bin/inplace-updater"]
+CMD ["agent", "--help"]
+
+# The server (management cluster). Distroless: no shell, no package manager; runs as the image's
+# nonroot user (65532), matching deploy/base's securityContext.
+FROM gcr.io/distroless/static-debian12:nonroot AS server
+COPY --from=build /out/inplace-updater /usr/local/bin/inplace-updater
+USER 65532:65532
+# 9443 hooks + agent API (TLS), 9440 health, 8080 metrics.
+EXPOSE 9443 9440 8080
+ENTRYPOINT ["/usr/local/bin/inplace-updater"]
+CMD ["serve"]

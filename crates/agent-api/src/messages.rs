@@ -1,0 +1,183 @@
+//! Requests and answers of the three agent endpoints (poll, report, inventory).
+
+use serde::{Deserialize, Serialize};
+
+use crate::{MachineRef, Plan};
+
+/// Who an agent is: its Machine, or the provider id matched against the Machine's
+/// `spec.providerID`. JSON: `{"machine": {"namespace": "ns", "name": "m"}}` or
+/// `{"providerID": "aws:///eu-west-1a/i-0abc"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AgentIdentity {
+    /// The Machine `namespace/name`.
+    #[serde(rename = "machine")]
+    Machine(MachineRef),
+    /// The node's provider id.
+    #[serde(rename = "providerID")]
+    ProviderId(String),
+}
+
+impl std::fmt::Display for AgentIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Machine(machine) => write!(f, "machine {machine}"),
+            Self::ProviderId(id) => write!(f, "providerID {id}"),
+        }
+    }
+}
+
+/// Where the agent is with the plan it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum PlanStatus {
+    /// Steps remain to be run (or one is running).
+    Running,
+    /// Every step succeeded.
+    Succeeded,
+    /// A step failed; the plan stopped there and stays failed for this id.
+    Failed,
+}
+
+/// Summary of the agent's current plan, sent with every poll and inventory report so the server
+/// can recover progress it missed (the per-step detail comes in [`StepReport`]s).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanProgress {
+    /// The plan id.
+    pub plan_id: String,
+    /// Overall status.
+    pub status: PlanStatus,
+    /// Steps finished with success.
+    pub succeeded_steps: u32,
+    /// Steps in the plan.
+    pub total_steps: u32,
+    /// Index of the failed step, when `status` is `failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_step: Option<u32>,
+}
+
+/// Body of `POST /agent/v1/poll`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PollRequest {
+    /// Who is asking.
+    pub agent: AgentIdentity,
+    /// The plan the agent holds, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<PlanProgress>,
+    /// How long the agent is willing to wait for work, in seconds; the server caps it at
+    /// [`crate::MAX_WAIT_SECONDS`]. 0 asks for an immediate answer.
+    #[serde(default)]
+    pub wait_seconds: u32,
+}
+
+/// Answer of `POST /agent/v1/poll` (HTTP 200). `plan` is present when there is a plan for that
+/// machine that the agent has not finished (its id differs from `current.planId`, or the agent
+/// reported it `running`); absent means "nothing to do, poll again".
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PollResponse {
+    /// The plan to run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Plan>,
+}
+
+impl PollResponse {
+    /// The "nothing to do" answer.
+    pub fn nothing() -> Self {
+        Self { plan: None }
+    }
+
+    /// An answer carrying a plan.
+    pub fn with_plan(plan: Plan) -> Self {
+        Self { plan: Some(plan) }
+    }
+}
+
+/// State of one step in a [`StepReport`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StepStatus {
+    /// Started, not finished.
+    Running,
+    /// Finished; the desired state holds.
+    Succeeded,
+    /// Finished with an error; the plan stops here.
+    Failed,
+}
+
+/// Body of `POST /agent/v1/report`: one step's progress or result. Reports are idempotent: the
+/// agent re-sends a report until it gets a 2xx, so the server may see the same one twice.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepReport {
+    /// Who is reporting.
+    pub agent: AgentIdentity,
+    /// The plan id the step belongs to.
+    pub plan_id: String,
+    /// The step's index in that plan.
+    pub step_index: u32,
+    /// Running, succeeded or failed.
+    pub status: StepStatus,
+    /// How many times the agent started this step (more than 1 after an agent restart or a node
+    /// reboot interrupted it).
+    #[serde(default = "one")]
+    pub attempt: u32,
+    /// When the step (this attempt) started, Unix milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_unix_ms: Option<u64>,
+    /// When it finished, Unix milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at_unix_ms: Option<u64>,
+    /// Exit code of the command that ended the step, when a command ended it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Last bytes of that command's stderr, at most [`crate::STDERR_TAIL_MAX_BYTES`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_tail: Option<String>,
+    /// What happened, for operators (`already at v1.34.1`, `timed out after 600 s`, the error),
+    /// at most [`crate::MESSAGE_MAX_BYTES`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Body of `POST /agent/v1/inventory`: facts about the node, sent when the agent starts, after
+/// each reconnect and when a fact changes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InventoryReport {
+    /// Who is reporting.
+    pub agent: AgentIdentity,
+    /// The agent's own version.
+    pub agent_version: String,
+    /// Output of the configured kubelet version command (e.g. `v1.34.1`), when it worked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet_version: Option<String>,
+    /// Output of the configured kubeadm version command, when it worked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeadm_version: Option<String>,
+    /// `/proc/sys/kernel/random/boot_id`: changes on every reboot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// The node's hostname.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// The plan the agent holds, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<PlanProgress>,
+}
+
+/// Answer of `report` and `inventory` on success (HTTP 200, `{}`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AckResponse {}
+
+/// Body of every non-2xx answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorResponse {
+    /// What was wrong, for the agent's log (never secrets).
+    pub message: String,
+}

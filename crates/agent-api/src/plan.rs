@@ -1,0 +1,224 @@
+//! The plan: the declarative desired state of one node, as ordered steps.
+//!
+//! Every step is a desired state (files, keys, versions), never a shell command: the agent maps
+//! each kind to a node-local driver and its own configured commands.
+
+use serde::{Deserialize, Serialize};
+
+use crate::SecretString;
+
+/// A Cluster API Machine, by namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct MachineRef {
+    /// Namespace of the Machine.
+    pub namespace: String,
+    /// Name of the Machine.
+    pub name: String,
+}
+
+impl MachineRef {
+    /// Builds a reference.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self { namespace: namespace.into(), name: name.into() }
+    }
+
+    /// Parses `namespace/name` (both parts non-empty, exactly one `/`).
+    pub fn parse(text: &str) -> Option<Self> {
+        let (namespace, name) = text.split_once('/')?;
+        if namespace.is_empty() || name.is_empty() || name.contains('/') {
+            return None;
+        }
+        Some(Self::new(namespace, name))
+    }
+}
+
+impl std::fmt::Display for MachineRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The work for one Machine. Its `id` is a stable hash of the desired node state computed by the
+/// server: the same desired state always has the same id, and the agent never runs a finished
+/// step of an id twice.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    /// Stable id (hash of the desired state), at most [`crate::MAX_PLAN_ID_BYTES`] bytes.
+    pub id: String,
+    /// The Machine this plan is for.
+    pub machine: MachineRef,
+    /// Name of the Cluster (in `machine.namespace`) the Machine belongs to.
+    pub cluster: String,
+    /// Steps in execution order; `steps[i].index == i`.
+    pub steps: Vec<Step>,
+}
+
+/// One step of a plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Step {
+    /// Position in the plan, from 0.
+    pub index: u32,
+    /// Operator-facing summary, e.g. `kubeadm upgrade node (v1.34.1)`.
+    pub description: String,
+    /// The agent stops the step (kills its process group) after this many seconds.
+    pub timeout_seconds: u32,
+    /// What the node must look like after the step.
+    pub action: StepAction,
+}
+
+/// The kinds of step, as declarative desired states. JSON: an object with `"kind"` plus the
+/// variant's fields, e.g. `{"kind": "installKubeadm", "version": "v1.34.1"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum StepAction {
+    /// The full set of files the updater manages on this node. Files a previous plan wrote that
+    /// this set no longer holds are removed (after a backup).
+    Files {
+        /// Desired files, unique by `path`.
+        files: Vec<FileSpec>,
+    },
+    /// `authorized_keys` of each listed user is rewritten to exactly these keys.
+    #[serde(rename_all = "camelCase")]
+    SshKeys {
+        /// Users, unique by `name`.
+        users: Vec<SshUser>,
+    },
+    /// Time service configuration.
+    Ntp {
+        /// NTP servers, in order.
+        #[serde(default)]
+        servers: Vec<String>,
+        /// `Some(false)`: the updater's NTP configuration is removed. `None`/`Some(true)`: applied.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        enabled: Option<bool>,
+    },
+    /// The etcd static pod's image (`/etc/kubernetes/manifests/etcd.yaml`).
+    #[serde(rename_all = "camelCase")]
+    EtcdImage {
+        /// New image tag, e.g. `3.5.21-0`.
+        image_tag: String,
+        /// New repository (`registry.k8s.io`); `None` keeps the manifest's current one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        image_repository: Option<String>,
+    },
+    /// The kubelet flags the updater manages in `KUBELET_KUBEADM_ARGS`
+    /// (`/var/lib/kubelet/kubeadm-flags.env`). Flags a previous plan set and this list dropped are
+    /// removed; flags nobody asked for (kubeadm's own) are kept.
+    KubeletArgs {
+        /// Desired flags, unique by `name` (without leading dashes).
+        args: Vec<KubeletArg>,
+    },
+    /// Install the kubeadm binary/package of this version.
+    InstallKubeadm {
+        /// Kubernetes version, `v1.2.3` (see [`crate::is_valid_kubernetes_version`]).
+        version: String,
+    },
+    /// Run the kubeadm upgrade for this node.
+    KubeadmUpgrade {
+        /// Kubernetes version, `v1.2.3`.
+        version: String,
+        /// `apply` on the first control-plane node to reach the version, `node` elsewhere.
+        mode: KubeadmUpgradeMode,
+    },
+    /// Install kubelet and kubectl of this version and restart kubelet.
+    InstallKubelet {
+        /// Kubernetes version, `v1.2.3`.
+        version: String,
+    },
+    /// Any kind this build does not know (decoded from a newer server). The agent fails such a
+    /// step with a clear message instead of refusing the whole plan.
+    #[serde(other)]
+    Unsupported,
+}
+
+impl StepAction {
+    /// The wire name of the kind (`files`, `sshKeys`, …).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Files { .. } => "files",
+            Self::SshKeys { .. } => "sshKeys",
+            Self::Ntp { .. } => "ntp",
+            Self::EtcdImage { .. } => "etcdImage",
+            Self::KubeletArgs { .. } => "kubeletArgs",
+            Self::InstallKubeadm { .. } => "installKubeadm",
+            Self::KubeadmUpgrade { .. } => "kubeadmUpgrade",
+            Self::InstallKubelet { .. } => "installKubelet",
+            Self::Unsupported => "unsupported",
+        }
+    }
+}
+
+/// `kubeadm upgrade apply` (first control-plane node) or `kubeadm upgrade node` (all others).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum KubeadmUpgradeMode {
+    /// `kubeadm upgrade apply <version>`.
+    Apply,
+    /// `kubeadm upgrade node`.
+    Node,
+}
+
+/// One desired file, the same fields as a KubeadmConfig `files[]` entry (content resolved).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileSpec {
+    /// Absolute path on the node.
+    pub path: String,
+    /// `user`, `user:group`, or numeric `uid:gid`; `None` means `root:root`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// Octal mode, e.g. `"0644"`; `None` means `0644`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permissions: Option<String>,
+    /// How `content` is encoded.
+    #[serde(default)]
+    pub encoding: FileEncoding,
+    /// Append `content` to the file instead of replacing it (skipped when the file already ends
+    /// with it, so a re-run does not append twice).
+    #[serde(default)]
+    pub append: bool,
+    /// The content (secret: never printed by `Debug`).
+    pub content: SecretString,
+}
+
+/// Encoding of [`FileSpec::content`]: the KubeadmConfig names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FileEncoding {
+    /// Plain text.
+    #[default]
+    #[serde(rename = "none")]
+    None,
+    /// Standard base64 (padded).
+    #[serde(rename = "base64")]
+    Base64,
+    /// The content's bytes are gzip data, as cloud-init reads it. (A JSON string rarely carries
+    /// gzip bytes intact; KubeadmConfigs normally use `gzip+base64`.) The server passes the
+    /// KubeadmConfig's content through unchanged.
+    #[serde(rename = "gzip")]
+    Gzip,
+    /// Base64 of gzip bytes.
+    #[serde(rename = "gzip+base64")]
+    GzipBase64,
+}
+
+/// One user's SSH keys.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SshUser {
+    /// Login name.
+    pub name: String,
+    /// The exact `authorized_keys` lines (never printed by `Debug`).
+    #[serde(default)]
+    pub authorized_keys: Vec<SecretString>,
+}
+
+/// One kubelet flag, `--name=value`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubeletArg {
+    /// Flag name without dashes, e.g. `max-pods`.
+    pub name: String,
+    /// Flag value.
+    pub value: String,
+}

@@ -1,0 +1,273 @@
+//! The pull loop: run the current plan's next step when there is one, otherwise deliver
+//! reports, send the inventory when due, and long-poll the server for work. Network failures
+//! never stop the agent: it backs off (capped, jittered) and tries again.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use inplace_agent_api::{
+    AckResponse, AgentIdentity, INVENTORY_PATH, POLL_GRACE_SECONDS, POLL_PATH, Plan, PlanStatus,
+    PollRequest, PollResponse, REPORT_PATH, validate_plan_structure,
+};
+use tokio::time::Instant;
+
+use crate::backoff::Backoff;
+use crate::client::{ClientError, ServerClient};
+use crate::config::AgentConfig;
+use crate::driver_config::{ConfigError, DriverConfig};
+use crate::drivers::DriverEnv;
+use crate::executor::report_for;
+use crate::inventory;
+use crate::state::{LocalStepStatus, StateError, StateStore};
+
+/// Timeout of a report or inventory request.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// An empty poll answer that came back faster than this (a server that does not hold polls)
+/// is followed by a pause of the remainder, so the agent never spins.
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Why the agent could not start (everything after start is retried, never fatal).
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The driver config is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The state dir is unusable.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// Server URL, CA file or TLS setup is unusable.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// `--root` is not a directory.
+    #[error("--root {0}: not a directory")]
+    Root(String),
+}
+
+/// The shutdown signal, boxed so every helper can wait on it.
+pub(crate) type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A running agent.
+pub(crate) struct Agent {
+    pub identity: AgentIdentity,
+    pub env: Arc<DriverEnv>,
+    pub client: ServerClient,
+    pub store: StateStore,
+    pub backoff: Backoff,
+    pub inventory_due: bool,
+    pub poll_wait_seconds: u32,
+    /// Reports are not retried before this instant after a failed delivery.
+    pub next_flush_at: Instant,
+}
+
+impl Agent {
+    /// Checks the config, opens the state dir and builds the client.
+    pub fn start(config: AgentConfig) -> Result<Self, AgentError> {
+        if !config.root.is_dir() {
+            return Err(AgentError::Root(config.root.display().to_string()));
+        }
+        let driver_config = match &config.driver_config {
+            Some(path) => DriverConfig::load(path)?,
+            None => DriverConfig::default(),
+        };
+        let store = StateStore::open(&config.state_dir)?;
+        let client = ServerClient::new(
+            &config.server,
+            &config.ca_file,
+            &config.token_file,
+            config.tls_server_name.as_deref(),
+        )?;
+        let env = Arc::new(DriverEnv::new(config.root.clone(), driver_config, config.state_dir.clone()));
+        Ok(Self {
+            identity: config.identity,
+            env,
+            client,
+            store,
+            backoff: Backoff::default(),
+            inventory_due: true,
+            poll_wait_seconds: config.poll_wait_seconds,
+            next_flush_at: Instant::now(),
+        })
+    }
+
+    /// The main loop, until `shutdown` completes.
+    pub async fn run(mut self, mut shutdown: Shutdown) {
+        tracing::info!(agent = %self.identity, state_dir = %self.store.dir().display(), "agent started");
+        loop {
+            if let Some(index) = self.next_runnable_step() {
+                if self.run_step(index, &mut shutdown).await.is_break() {
+                    break;
+                }
+                continue;
+            }
+            match self.idle_round(&mut shutdown).await {
+                Ok(Round::Continue) => {}
+                Ok(Round::Stop) => break,
+                Err(error) => {
+                    self.inventory_due = true;
+                    let delay = self.backoff.next_delay();
+                    log_failure(&error, delay);
+                    if pause(delay, &mut shutdown).await {
+                        break;
+                    }
+                }
+            }
+        }
+        tracing::info!(agent = %self.identity, "agent stopped");
+    }
+
+    /// The step to run next: the first unfinished step of a running plan whose body we hold.
+    fn next_runnable_step(&self) -> Option<usize> {
+        self.store.plan.as_ref()?;
+        self.store.state.current.as_ref()?.next_step()
+    }
+
+    /// Reports, inventory, then one poll.
+    async fn idle_round(&mut self, shutdown: &mut Shutdown) -> Result<Round, ClientError> {
+        tokio::select! {
+            result = self.flush_outbox() => result?,
+            () = &mut *shutdown => return Ok(Round::Stop),
+        }
+        if self.inventory_due {
+            let report = inventory::gather(&self.env, self.identity.clone(), self.progress()).await;
+            tokio::select! {
+                result = self.client.post::<_, AckResponse>(INVENTORY_PATH, &report, REQUEST_TIMEOUT) => { result?; }
+                () = &mut *shutdown => return Ok(Round::Stop),
+            }
+            self.inventory_due = false;
+        }
+        let request = PollRequest {
+            agent: self.identity.clone(),
+            current: self.progress(),
+            wait_seconds: self.poll_wait_seconds,
+        };
+        let timeout = Duration::from_secs(u64::from(self.poll_wait_seconds + POLL_GRACE_SECONDS));
+        let started = Instant::now();
+        let answer: PollResponse = tokio::select! {
+            result = self.client.post(POLL_PATH, &request, timeout) => result?,
+            () = &mut *shutdown => return Ok(Round::Stop),
+        };
+        self.backoff.reset();
+        match answer.plan {
+            Some(plan) => self.accept(plan, shutdown).await,
+            None => {
+                let elapsed = started.elapsed();
+                if elapsed < MIN_POLL_INTERVAL && pause(MIN_POLL_INTERVAL - elapsed, shutdown).await {
+                    return Ok(Round::Stop);
+                }
+                Ok(Round::Continue)
+            }
+        }
+    }
+
+    fn progress(&self) -> Option<inplace_agent_api::PlanProgress> {
+        self.store.state.current.as_ref().map(|c| c.progress())
+    }
+
+    /// Takes a plan from a poll answer.
+    async fn accept(&mut self, plan: Plan, shutdown: &mut Shutdown) -> Result<Round, ClientError> {
+        let refuse = |reason: String| {
+            tracing::error!(agent = %self.identity, plan = %plan.id, %reason, "refusing plan from server");
+        };
+        if let Err(e) = validate_plan_structure(&plan) {
+            refuse(e.to_string());
+            return Ok(self.pause_after_useless_answer(shutdown).await);
+        }
+        if let AgentIdentity::Machine(machine) = &self.identity
+            && plan.machine != *machine
+        {
+            refuse(format!("plan is for machine {}, this agent is {machine}", plan.machine));
+            return Ok(self.pause_after_useless_answer(shutdown).await);
+        }
+        let current = self.store.state.current.as_ref();
+        let same_id = current.is_some_and(|c| c.plan_id == plan.id);
+        if same_id {
+            if self.store.plan.is_none() {
+                tracing::info!(plan = %plan.id, "server re-sent the current plan's body");
+                if let Err(e) = self.store.adopt(plan) {
+                    tracing::error!(error = %e, "cannot store plan");
+                }
+                return Ok(Round::Continue);
+            }
+            // We already finished this id: the server missed our reports. Send them again and
+            // never re-run anything.
+            let record = self.store.state.current.clone();
+            if let Some(record) = record.filter(|r| r.status() != PlanStatus::Running) {
+                tracing::info!(plan = %record.plan_id, "server still offers a plan finished here; re-sending its reports");
+                for (index, step) in record.steps.iter().enumerate() {
+                    if matches!(step.status, LocalStepStatus::Succeeded | LocalStepStatus::Failed) {
+                        let report = report_for(&self.identity, &record.plan_id, index, step);
+                        self.store.enqueue(report);
+                    }
+                }
+                if let Err(e) = self.store.save() {
+                    tracing::error!(error = %e, "cannot save state");
+                }
+            }
+            return Ok(self.pause_after_useless_answer(shutdown).await);
+        }
+        tracing::info!(agent = %self.identity, plan = %plan.id, steps = plan.steps.len(), "new plan");
+        let id = plan.id.clone();
+        if let Err(e) = self.store.adopt(plan) {
+            tracing::error!(error = %e, "cannot store the new plan; will take it again on the next poll");
+            return Ok(self.pause_after_useless_answer(shutdown).await);
+        }
+        if let Err(e) = self.env.backups.prune(&id) {
+            tracing::warn!(error = %e, "cannot prune old backups");
+        }
+        Ok(Round::Continue)
+    }
+
+    async fn pause_after_useless_answer(&mut self, shutdown: &mut Shutdown) -> Round {
+        if pause(self.backoff.next_delay(), shutdown).await { Round::Stop } else { Round::Continue }
+    }
+
+    /// Delivers queued reports in order. A 400/404/409 answer drops the report (it cannot
+    /// become acceptable); anything else stops delivery until the next try.
+    pub async fn flush_outbox(&mut self) -> Result<(), ClientError> {
+        while let Some(report) = self.store.state.outbox.first().cloned() {
+            let result = self.client.post::<_, AckResponse>(REPORT_PATH, &report, REQUEST_TIMEOUT).await;
+            match result {
+                Ok(_) => {}
+                Err(ClientError::Status { status: status @ (400 | 404 | 409), message, .. }) => {
+                    tracing::warn!(plan = %report.plan_id, step = report.step_index, status, %message, "server refused a report; dropping it");
+                }
+                Err(e) => return Err(e),
+            }
+            if let Some(pos) = self.store.state.outbox.iter().position(|r| *r == report) {
+                self.store.state.outbox.remove(pos);
+            }
+            if let Err(e) = self.store.save() {
+                tracing::error!(error = %e, "cannot save state after delivering a report");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the loop does next.
+pub(crate) enum Round {
+    /// Go on.
+    Continue,
+    /// Shutdown requested.
+    Stop,
+}
+
+fn log_failure(error: &ClientError, delay: Duration) {
+    let delay_ms = delay.as_millis() as u64;
+    match error {
+        ClientError::Status { status: 401 | 403, .. } | ClientError::Token { .. } => {
+            tracing::error!(error = %error, retry_in_ms = delay_ms, "server refused the agent's token")
+        }
+        _ => tracing::warn!(error = %error, retry_in_ms = delay_ms, "server unreachable"),
+    }
+}
+
+/// Sleeps `delay` unless shutdown comes first; true on shutdown.
+pub(crate) async fn pause(delay: Duration, shutdown: &mut Shutdown) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(delay) => false,
+        () = &mut *shutdown => true,
+    }
+}

@@ -1,0 +1,218 @@
+//! The agent's HTTPS client: outbound only, HTTP/1.1 keep-alive, server verified against the
+//! `--ca-file` (rustls with the ring provider), bearer token re-read from its file on every
+//! request so a rotated token (a Secret's `..data` swap) takes effect at once.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Bytes;
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use inplace_agent_api::{ErrorResponse, MAX_POLL_RESPONSE_BYTES, truncate_tail};
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// TCP connect timeout.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Idle keep-alive connections are closed after this long.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Largest token file read.
+const MAX_TOKEN_BYTES: u64 = 4096;
+/// Bytes of an error body kept for the log.
+const ERROR_BODY_KEPT: usize = 512;
+
+/// Why a request did not produce an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// `--server`, `--ca-file` or TLS setup is unusable (fatal at start).
+    #[error("{0}")]
+    Setup(String),
+    /// The token file is missing, empty or not a valid header value.
+    #[error("token file {path}: {reason}")]
+    Token {
+        /// The file.
+        path: String,
+        /// What is wrong (never the token).
+        reason: String,
+    },
+    /// Connection, TLS or HTTP failure.
+    #[error("request to {url} failed: {reason}")]
+    Transport {
+        /// The URL.
+        url: String,
+        /// The error chain.
+        reason: String,
+    },
+    /// No answer within the timeout.
+    #[error("request to {0} timed out")]
+    Timeout(String),
+    /// A non-2xx status.
+    #[error("server answered {status} to {url}: {message}")]
+    Status {
+        /// The URL.
+        url: String,
+        /// HTTP status code.
+        status: u16,
+        /// The server's `message` (or the start of its body).
+        message: String,
+    },
+    /// A 2xx body that is not the expected JSON (or too large).
+    #[error("bad answer from {url}: {reason}")]
+    Decode {
+        /// The URL.
+        url: String,
+        /// The decode error.
+        reason: String,
+    },
+}
+
+/// A client for one server.
+#[derive(Clone)]
+pub(crate) struct ServerClient {
+    base: String,
+    token_file: PathBuf,
+    http: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+impl std::fmt::Debug for ServerClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerClient").field("base", &self.base).finish_non_exhaustive()
+    }
+}
+
+impl ServerClient {
+    /// Builds the client; fails on a non-https URL or an unusable CA file.
+    pub fn new(
+        server: &str,
+        ca_file: &Path,
+        token_file: &Path,
+        server_name: Option<&str>,
+    ) -> Result<Self, ClientError> {
+        let uri: hyper::Uri = server
+            .parse()
+            .map_err(|e| ClientError::Setup(format!("--server {server:?} is not a URL: {e}")))?;
+        if uri.scheme_str() != Some("https") || uri.authority().is_none() {
+            return Err(ClientError::Setup(format!("--server {server:?} must be an https:// URL")));
+        }
+        if uri.query().is_some() {
+            return Err(ClientError::Setup(format!("--server {server:?} must not have a query")));
+        }
+        let base = server.trim_end_matches('/').to_owned();
+
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(ca_file)
+            .and_then(|iter| iter.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| ClientError::Setup(format!("--ca-file {}: {e}", ca_file.display())))?;
+        let mut roots = rustls::RootCertStore::empty();
+        let (added, _ignored) = roots.add_parsable_certificates(certs);
+        if added == 0 {
+            return Err(ClientError::Setup(format!(
+                "--ca-file {}: no usable CA certificate",
+                ca_file.display()
+            )));
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ClientError::Setup(format!("TLS setup: {e}")))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        http.set_nodelay(true);
+        let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_only();
+        let builder = match server_name {
+            Some(name) => {
+                let name = rustls_pki_types::ServerName::try_from(name.to_owned())
+                    .map_err(|e| ClientError::Setup(format!("--tls-server-name {name:?}: {e}")))?;
+                builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
+            }
+            None => builder,
+        };
+        let connector = builder.enable_http1().wrap_connector(http);
+        let http = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .build(connector);
+        Ok(Self { base, token_file: token_file.to_path_buf(), http })
+    }
+
+    fn token(&self) -> Result<HeaderValue, ClientError> {
+        let err = |reason: String| ClientError::Token { path: self.token_file.display().to_string(), reason };
+        let meta = std::fs::metadata(&self.token_file).map_err(|e| err(e.to_string()))?;
+        if meta.len() > MAX_TOKEN_BYTES {
+            return Err(err(format!("larger than {MAX_TOKEN_BYTES} bytes")));
+        }
+        let text = std::fs::read_to_string(&self.token_file).map_err(|e| err(e.to_string()))?;
+        let token = text.trim();
+        if token.is_empty() {
+            return Err(err("empty".into()));
+        }
+        let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| err("contains characters not allowed in an HTTP header".into()))?;
+        value.set_sensitive(true);
+        Ok(value)
+    }
+
+    /// `POST`s `body` as JSON to `path` and decodes a 2xx answer as `R`.
+    pub async fn post<T: Serialize, R: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &T,
+        timeout: Duration,
+    ) -> Result<R, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let token = self.token()?;
+        let bytes = serde_json::to_vec(body)
+            .map_err(|e| ClientError::Decode { url: url.clone(), reason: e.to_string() })?;
+        let request = hyper::Request::post(&url)
+            .header(CONTENT_TYPE, "application/json")
+            .header(AUTHORIZATION, token)
+            .body(Full::new(Bytes::from(bytes)))
+            .map_err(|e| ClientError::Transport { url: url.clone(), reason: e.to_string() })?;
+        let exchange = async {
+            let response = self.http.request(request).await.map_err(|e| ClientError::Transport {
+                url: url.clone(),
+                reason: error_chain(&e),
+            })?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), MAX_POLL_RESPONSE_BYTES)
+                .collect()
+                .await
+                .map_err(|e| ClientError::Decode { url: url.clone(), reason: e.to_string() })?
+                .to_bytes();
+            Ok::<_, ClientError>((status, body))
+        };
+        let (status, body) = tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| ClientError::Timeout(url.clone()))??;
+        if !status.is_success() {
+            let message = match serde_json::from_slice::<ErrorResponse>(&body) {
+                Ok(error) => truncate_tail(&error.message, ERROR_BODY_KEPT).to_owned(),
+                Err(_) => {
+                    let text = String::from_utf8_lossy(&body[..body.len().min(ERROR_BODY_KEPT)]);
+                    text.into_owned()
+                }
+            };
+            return Err(ClientError::Status { url, status: status.as_u16(), message });
+        }
+        serde_json::from_slice(&body).map_err(|e| ClientError::Decode { url, reason: e.to_string() })
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
+}

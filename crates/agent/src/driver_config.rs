@@ -1,0 +1,424 @@
+//! The agent's `--config` file (YAML): how each driver does its work on this node — the commands
+//! of the Kubernetes version steps, restart commands, paths, `PATH`, pinned checksums.
+//! Unknown keys are errors, so a typo fails at start rather than mid-upgrade.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use inplace_agent_api::is_valid_kubernetes_version;
+use serde::Deserialize;
+
+use crate::template;
+
+/// Largest `--config` file accepted.
+pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
+/// Why the driver config cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading agent config {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is over [`MAX_CONFIG_BYTES`].
+    #[error("agent config {0} is larger than {MAX_CONFIG_BYTES} bytes")]
+    TooLarge(String),
+    /// YAML syntax or shape.
+    #[error("agent config: {0}")]
+    Parse(String),
+    /// A value is not acceptable (names the key).
+    #[error("agent config: {0}")]
+    Invalid(String),
+}
+
+/// The whole `--config` file. Every section is optional; see `config-examples/`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DriverConfig {
+    /// `PATH` of every command, in order (`{{root}}` allowed). Default: the usual sbin/bin dirs.
+    #[serde(default = "default_path")]
+    pub path: Vec<String>,
+    /// Extra environment variables for every command (e.g. `DEBIAN_FRONTEND: noninteractive`).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Per-version values for `{{pin.<name>}}`, e.g. `v1.34.1: {kubeadmSha256: …}`.
+    #[serde(default)]
+    pub pins: BTreeMap<String, BTreeMap<String, String>>,
+    /// Commands of the Kubernetes version steps.
+    #[serde(default)]
+    pub kubernetes: KubernetesConfig,
+    /// The kubelet-args driver.
+    #[serde(default)]
+    pub kubelet: KubeletConfig,
+    /// The ntp driver.
+    #[serde(default)]
+    pub ntp: NtpConfig,
+    /// The etcd-image driver.
+    #[serde(default)]
+    pub etcd: EtcdConfig,
+    /// Commands whose output goes into the inventory report.
+    #[serde(default)]
+    pub inventory: InventoryConfig,
+}
+
+impl Default for DriverConfig {
+    fn default() -> Self {
+        Self {
+            path: default_path(),
+            env: BTreeMap::new(),
+            pins: BTreeMap::new(),
+            kubernetes: KubernetesConfig::default(),
+            kubelet: KubeletConfig::default(),
+            ntp: NtpConfig::default(),
+            etcd: EtcdConfig::default(),
+            inventory: InventoryConfig::default(),
+        }
+    }
+}
+
+fn default_path() -> Vec<String> {
+    ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+        .map(String::from)
+        .to_vec()
+}
+
+/// One sequence per Kubernetes step kind. A kind without a sequence fails its steps with a clear
+/// message (the agent never guesses how this node installs packages).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubernetesConfig {
+    /// `installKubeadm` steps.
+    pub install_kubeadm: Option<CommandSequence>,
+    /// `kubeadmUpgrade` steps with mode `apply`.
+    pub kubeadm_upgrade_apply: Option<CommandSequence>,
+    /// `kubeadmUpgrade` steps with mode `node`.
+    pub kubeadm_upgrade_node: Option<CommandSequence>,
+    /// `installKubelet` steps.
+    pub install_kubelet: Option<CommandSequence>,
+}
+
+/// Commands run in order within the step's timeout; the first failure fails the step.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CommandSequence {
+    /// When this check passes the desired state already holds: the step is a no-op success.
+    #[serde(default)]
+    pub skip_if: Option<Check>,
+    /// The commands (`- run: …` single-key maps rather than YAML `!tags`).
+    #[serde(deserialize_with = "serde_yaml_ng::with::singleton_map_recursive::deserialize")]
+    pub commands: Vec<CommandSpec>,
+}
+
+/// A command whose success (and optionally output) says "already done".
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Check {
+    /// argv (templated).
+    pub run: Vec<String>,
+    /// The trimmed stdout must equal this (templated).
+    #[serde(default)]
+    pub stdout_equals: Option<String>,
+    /// The stdout must contain this (templated).
+    #[serde(default)]
+    pub stdout_contains: Option<String>,
+}
+
+/// One entry of a sequence. YAML: `- run: [argv…]`, `- writeFile: {path, content, mode}` or
+/// `- verifySha256: {path, sha256}`. `run` arguments are literal (use `{{root}}` for node
+/// paths); the `path` of the built-ins is a node path, joined under `--root` by the agent.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum CommandSpec {
+    /// Run a program (looked up in `path`) with these arguments. Never through a shell.
+    Run(Vec<String>),
+    /// Write a file atomically (e.g. the package repository line for `{{minor}}`).
+    #[serde(rename_all = "camelCase")]
+    WriteFile {
+        /// Node path.
+        path: String,
+        /// Content (templated).
+        content: String,
+        /// Octal mode, default `0644`.
+        #[serde(default)]
+        mode: Option<String>,
+    },
+    /// Fail unless the file's SHA-256 is this (hex, templated: `{{pin.kubeadmSha256}}`).
+    VerifySha256 {
+        /// Node path.
+        path: String,
+        /// Expected digest, 64 hex digits.
+        sha256: String,
+    },
+}
+
+/// The kubelet-args driver.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubeletConfig {
+    /// Node path of kubeadm's flags file.
+    #[serde(default = "default_flags_file")]
+    pub flags_file: String,
+    /// Restarts kubelet after a change (argv).
+    #[serde(default = "default_kubelet_restart")]
+    pub restart: Vec<String>,
+}
+
+impl Default for KubeletConfig {
+    fn default() -> Self {
+        Self { flags_file: default_flags_file(), restart: default_kubelet_restart() }
+    }
+}
+
+fn default_flags_file() -> String {
+    "/var/lib/kubelet/kubeadm-flags.env".to_owned()
+}
+
+fn default_kubelet_restart() -> Vec<String> {
+    ["systemctl", "restart", "kubelet"].map(String::from).to_vec()
+}
+
+/// Which time service the node runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum NtpFlavor {
+    /// chrony: `server <host> iburst` lines in a conf.d drop-in.
+    #[default]
+    Chrony,
+    /// systemd-timesyncd: `[Time] NTP=…` in a timesyncd.conf.d drop-in.
+    Timesyncd,
+}
+
+/// The ntp driver.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NtpConfig {
+    /// chrony (default) or timesyncd.
+    #[serde(default)]
+    pub flavor: NtpFlavor,
+    /// Node path of the drop-in the agent owns. Default: chrony
+    /// `/etc/chrony/conf.d/inplace-updater.conf`, timesyncd
+    /// `/etc/systemd/timesyncd.conf.d/inplace-updater.conf`.
+    #[serde(default)]
+    pub config_file: Option<String>,
+    /// Restart command. Default: `systemctl restart chrony` / `systemctl restart systemd-timesyncd`.
+    #[serde(default)]
+    pub restart: Option<Vec<String>>,
+}
+
+impl NtpConfig {
+    /// The drop-in's node path.
+    pub fn config_file(&self) -> String {
+        self.config_file.clone().unwrap_or_else(|| match self.flavor {
+            NtpFlavor::Chrony => "/etc/chrony/conf.d/inplace-updater.conf".to_owned(),
+            NtpFlavor::Timesyncd => "/etc/systemd/timesyncd.conf.d/inplace-updater.conf".to_owned(),
+        })
+    }
+
+    /// The restart argv.
+    pub fn restart(&self) -> Vec<String> {
+        self.restart.clone().unwrap_or_else(|| {
+            let unit = match self.flavor {
+                NtpFlavor::Chrony => "chrony",
+                NtpFlavor::Timesyncd => "systemd-timesyncd",
+            };
+            ["systemctl", "restart", unit].map(String::from).to_vec()
+        })
+    }
+}
+
+/// The etcd-image driver.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EtcdConfig {
+    /// Node path of the etcd static pod manifest.
+    #[serde(default = "default_etcd_manifest")]
+    pub manifest: String,
+}
+
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        Self { manifest: default_etcd_manifest() }
+    }
+}
+
+fn default_etcd_manifest() -> String {
+    "/etc/kubernetes/manifests/etcd.yaml".to_owned()
+}
+
+/// Inventory commands (argv); their trimmed first stdout line is reported.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InventoryConfig {
+    /// Prints the kubelet version.
+    #[serde(default = "default_kubelet_version")]
+    pub kubelet_version: Vec<String>,
+    /// Prints the kubeadm version.
+    #[serde(default = "default_kubeadm_version")]
+    pub kubeadm_version: Vec<String>,
+}
+
+impl Default for InventoryConfig {
+    fn default() -> Self {
+        Self { kubelet_version: default_kubelet_version(), kubeadm_version: default_kubeadm_version() }
+    }
+}
+
+fn default_kubelet_version() -> Vec<String> {
+    ["kubelet", "--version"].map(String::from).to_vec()
+}
+
+fn default_kubeadm_version() -> Vec<String> {
+    ["kubeadm", "version", "-o", "short"].map(String::from).to_vec()
+}
+
+impl DriverConfig {
+    /// Reads and checks a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let shown = path.display().to_string();
+        let read_err = |source| ConfigError::Read { path: shown.clone(), source };
+        let size = std::fs::metadata(path).map_err(read_err)?.len();
+        if size > MAX_CONFIG_BYTES {
+            return Err(ConfigError::TooLarge(shown));
+        }
+        let text = std::fs::read_to_string(path).map_err(read_err)?;
+        Self::from_yaml(&text)
+    }
+
+    /// Parses and checks YAML text.
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let config: Self =
+            serde_yaml_ng::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks templates, argv, pins.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = ConfigError::Invalid;
+        if self.path.is_empty() {
+            return Err(invalid("path: needs at least one directory".into()));
+        }
+        for (i, dir) in self.path.iter().enumerate() {
+            template::check(dir).map_err(|e| invalid(format!("path[{i}]: {e}")))?;
+            if dir.contains(':') {
+                return Err(invalid(format!("path[{i}]: {dir:?} contains `:`")));
+            }
+        }
+        for name in self.env.keys() {
+            let ok = !name.is_empty()
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                && !["PATH", "INPLACE_ROOT"].contains(&name.as_str());
+            if !ok {
+                return Err(invalid(format!("env: {name:?} is not a settable variable name")));
+            }
+        }
+        for (version, pins) in &self.pins {
+            if !is_valid_kubernetes_version(version) {
+                return Err(invalid(format!("pins: {version:?} is not a version like v1.34.1")));
+            }
+            for (name, value) in pins {
+                let ok = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b));
+                if !ok || value.contains(['\n', '\0']) {
+                    return Err(invalid(format!("pins.{version}: bad entry {name:?}")));
+                }
+            }
+        }
+        let sequences = [
+            ("kubernetes.installKubeadm", &self.kubernetes.install_kubeadm),
+            ("kubernetes.kubeadmUpgradeApply", &self.kubernetes.kubeadm_upgrade_apply),
+            ("kubernetes.kubeadmUpgradeNode", &self.kubernetes.kubeadm_upgrade_node),
+            ("kubernetes.installKubelet", &self.kubernetes.install_kubelet),
+        ];
+        for (key, sequence) in sequences {
+            if let Some(sequence) = sequence {
+                sequence.validate().map_err(|e| invalid(format!("{key}: {e}")))?;
+            }
+        }
+        let argvs = [
+            ("kubelet.restart", Some(&self.kubelet.restart)),
+            ("ntp.restart", self.ntp.restart.as_ref()),
+            ("inventory.kubeletVersion", Some(&self.inventory.kubelet_version)),
+            ("inventory.kubeadmVersion", Some(&self.inventory.kubeadm_version)),
+        ];
+        for (key, argv) in argvs {
+            if let Some(argv) = argv {
+                check_argv(argv).map_err(|e| invalid(format!("{key}: {e}")))?;
+            }
+        }
+        for (key, path) in [
+            ("kubelet.flagsFile", self.kubelet.flags_file.clone()),
+            ("ntp.configFile", self.ntp.config_file()),
+            ("etcd.manifest", self.etcd.manifest.clone()),
+        ] {
+            check_node_path(&path).map_err(|e| invalid(format!("{key}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// `PATH` with `{{root}}` expanded.
+    pub fn path_env(&self, root: &str) -> String {
+        let vars = template::Vars::root_only(root);
+        self.path
+            .iter()
+            .map(|dir| template::expand(dir, &vars).unwrap_or_else(|_| dir.clone()))
+            .collect::<Vec<_>>()
+            .join(":")
+    }
+}
+
+impl CommandSequence {
+    fn validate(&self) -> Result<(), String> {
+        if let Some(check) = &self.skip_if {
+            check_argv(&check.run).map_err(|e| format!("skipIf.run: {e}"))?;
+            for text in [&check.stdout_equals, &check.stdout_contains].into_iter().flatten() {
+                template::check(text).map_err(|e| format!("skipIf: {e}"))?;
+            }
+        }
+        for (i, command) in self.commands.iter().enumerate() {
+            match command {
+                CommandSpec::Run(argv) => check_argv(argv),
+                CommandSpec::WriteFile { path, content, mode } => {
+                    check_node_path(path)
+                        .and_then(|()| template::check(path))
+                        .and_then(|()| template::check(content))
+                        .and_then(|()| match mode {
+                            Some(m) if inplace_agent_api::parse_mode(m).is_none() => {
+                                Err(format!("mode {m:?} is not octal"))
+                            }
+                            _ => Ok(()),
+                        })
+                }
+                CommandSpec::VerifySha256 { path, sha256 } => check_node_path(path)
+                    .and_then(|()| template::check(path))
+                    .and_then(|()| template::check(sha256)),
+            }
+            .map_err(|e| format!("commands[{i}]: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+fn check_argv(argv: &[String]) -> Result<(), String> {
+    if argv.first().is_none_or(|p| p.trim().is_empty()) {
+        return Err("argv needs a program".into());
+    }
+    for arg in argv {
+        template::check(arg)?;
+        if arg.contains('\0') {
+            return Err("an argument contains a NUL byte".into());
+        }
+    }
+    Ok(())
+}
+
+fn check_node_path(path: &str) -> Result<(), String> {
+    if !path.starts_with('/') && !path.starts_with("{{") {
+        return Err(format!("{path:?} is not an absolute node path"));
+    }
+    Ok(())
+}

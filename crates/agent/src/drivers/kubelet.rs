@@ -1,0 +1,157 @@
+//! The `kubeletArgs` driver: sets the flags the updater manages inside `KUBELET_KUBEADM_ARGS`
+//! of kubeadm's flags file, keeps every other flag and line as it is, and removes flags an
+//! earlier plan set that this one dropped (journaled in `<state-dir>/managed-kubelet-args.json`).
+//! The caller restarts kubelet when the file changed.
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::MetadataExt;
+
+use inplace_agent_api::KubeletArg;
+use serde::{Deserialize, Serialize};
+
+use super::DriverEnv;
+use crate::fsutil::{FileMeta, atomic_write, read_optional};
+
+/// The variable kubeadm writes.
+const VARIABLE: &str = "KUBELET_KUBEADM_ARGS";
+/// Journal of the flag names this driver owns.
+const JOURNAL: &str = "managed-kubelet-args.json";
+/// Mode of a flags file the agent creates (kubeadm's own choice).
+const FLAGS_FILE_MODE: u32 = 0o644;
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Journal {
+    names: BTreeSet<String>,
+}
+
+/// Updates the flags file; returns (changed, summary).
+pub(crate) fn write(env: &DriverEnv, plan_id: &str, args: &[KubeletArg]) -> Result<(bool, String), String> {
+    let node_path = &env.config.kubelet.flags_file;
+    let path = env.fs.path(node_path)?;
+    let journal_path = env.state_dir.join(JOURNAL);
+    let mut journal: Journal = match read_optional(&journal_path).map_err(|e| e.to_string())? {
+        None => Journal::default(),
+        Some(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{}: unreadable ({e})", journal_path.display()))?,
+    };
+    let existing = read_optional(&path).map_err(|e| e.to_string())?;
+    let text = match &existing {
+        Some(bytes) => String::from_utf8(bytes.clone()).map_err(|_| format!("{node_path} is not UTF-8"))?,
+        None => String::new(),
+    };
+    let updated = update_flags(&text, args, &journal.names);
+    let names: BTreeSet<String> = args.iter().map(|a| a.name.clone()).collect();
+    if updated == text && existing.is_some() {
+        journal.names = names;
+        save(&journal_path, &journal)?;
+        return Ok((false, format!("{} kubelet flags already set", args.len())));
+    }
+    journal.names.extend(names.iter().cloned());
+    save(&journal_path, &journal)?;
+    let (mode, owner) = match std::fs::metadata(&path) {
+        Ok(found) => (
+            std::os::unix::fs::PermissionsExt::mode(&found.permissions()) & 0o7777,
+            env.is_root.then(|| (found.uid(), found.gid())),
+        ),
+        Err(_) => (FLAGS_FILE_MODE, env.is_root.then_some((0, 0))),
+    };
+    env.backups.save(plan_id, node_path, &path).map_err(|e| e.to_string())?;
+    atomic_write(&path, updated.as_bytes(), FileMeta { mode, owner }).map_err(|e| e.to_string())?;
+    journal.names = names;
+    save(&journal_path, &journal)?;
+    Ok((true, format!("{} kubelet flags written to {node_path}", args.len())))
+}
+
+fn save(path: &std::path::Path, journal: &Journal) -> Result<(), String> {
+    let bytes = serde_json::to_vec(journal).map_err(|e| e.to_string())?;
+    atomic_write(path, &bytes, FileMeta { mode: 0o600, owner: None }).map_err(|e| e.to_string())
+}
+
+fn flag_name(token: &str) -> &str {
+    let bare = token.trim_start_matches('-');
+    bare.split('=').next().unwrap_or(bare)
+}
+
+/// The file text with `KUBELET_KUBEADM_ARGS` holding `args` (in place of same-named flags),
+/// without the `managed` flags `args` dropped, and with everything else unchanged.
+pub(crate) fn update_flags(text: &str, args: &[KubeletArg], managed: &BTreeSet<String>) -> String {
+    let prefix = format!("{VARIABLE}=");
+    let mut out = String::with_capacity(text.len() + 64);
+    let mut seen_line = false;
+    for line in text.split_inclusive('\n') {
+        let body = line.trim_end_matches(['\n', '\r']);
+        match body.strip_prefix(&prefix) {
+            Some(value) if !seen_line => {
+                seen_line = true;
+                out.push_str(&render(value, args, managed));
+                out.push_str(&line[body.len()..]);
+            }
+            _ => out.push_str(line),
+        }
+    }
+    if !seen_line {
+        if !out.is_empty() && !out.ends_with('\n') {
+            out.push('\n');
+        }
+        out.push_str(&render("", args, managed));
+        out.push('\n');
+    }
+    out
+}
+
+fn render(value: &str, args: &[KubeletArg], managed: &BTreeSet<String>) -> String {
+    let inner = value.trim();
+    let inner = inner
+        .strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .or_else(|| inner.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
+        .unwrap_or(inner);
+    let mut placed = BTreeSet::new();
+    let mut tokens = Vec::new();
+    for token in inner.split_whitespace() {
+        let name = flag_name(token);
+        if let Some(arg) = args.iter().find(|a| a.name == name) {
+            if placed.insert(name.to_owned()) {
+                tokens.push(format!("--{}={}", arg.name, arg.value));
+            }
+        } else if !managed.contains(name) {
+            tokens.push(token.to_owned());
+        }
+    }
+    for arg in args {
+        if !placed.contains(&arg.name) {
+            tokens.push(format!("--{}={}", arg.name, arg.value));
+        }
+    }
+    format!("{VARIABLE}=\"{}\"", tokens.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arg(name: &str, value: &str) -> KubeletArg {
+        KubeletArg { name: name.into(), value: value.into() }
+    }
+
+    #[test]
+    fn replaces_adds_and_removes_only_managed_flags() {
+        let text = "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock --max-pods=110 --old=1\"\n";
+        let managed = BTreeSet::from(["old".to_owned()]);
+        let out = update_flags(text, &[arg("max-pods", "200"), arg("node-labels", "a=b")], &managed);
+        assert_eq!(
+            out,
+            "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock --max-pods=200 --node-labels=a=b\"\n"
+        );
+        assert_eq!(update_flags(&out, &[arg("max-pods", "200"), arg("node-labels", "a=b")], &managed), out);
+    }
+
+    #[test]
+    fn creates_the_line_when_missing_and_keeps_other_lines() {
+        assert_eq!(update_flags("", &[arg("v", "2")], &BTreeSet::new()), "KUBELET_KUBEADM_ARGS=\"--v=2\"\n");
+        assert_eq!(
+            update_flags("# comment\nOTHER=1", &[arg("v", "2")], &BTreeSet::new()),
+            "# comment\nOTHER=1\nKUBELET_KUBEADM_ARGS=\"--v=2\"\n"
+        );
+    }
+}

@@ -1,0 +1,224 @@
+//! Node-local drivers: one per step kind. Each converges the node to the step's desired state
+//! and is idempotent — a step whose desired state already holds is a no-op success.
+
+mod etcd;
+mod files;
+mod kubelet;
+mod kubernetes;
+mod ntp;
+mod ssh;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use inplace_agent_api::{Step, StepAction, validate_action};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::backup::Backups;
+use crate::command::{CommandEnd, CommandEnv, CommandOutput, display_argv, run_command};
+use crate::driver_config::DriverConfig;
+use crate::fsutil::{RootFs, euid};
+
+/// What every driver works with: the root, the config, the command environment, the state dir.
+#[derive(Clone, Debug)]
+pub(crate) struct DriverEnv {
+    /// `--root`.
+    pub fs: RootFs,
+    /// The `--config` file.
+    pub config: DriverConfig,
+    /// Environment of commands.
+    pub command_env: CommandEnv,
+    /// `--state-dir` (driver journals live here).
+    pub state_dir: PathBuf,
+    /// Backups of replaced files.
+    pub backups: Backups,
+    /// True when the agent runs as root: owners are applied only then.
+    pub is_root: bool,
+}
+
+impl DriverEnv {
+    /// Builds the environment.
+    pub fn new(root: PathBuf, config: DriverConfig, state_dir: PathBuf) -> Self {
+        let root_text = root.display().to_string();
+        let command_env = CommandEnv {
+            path: config.path_env(&root_text),
+            root: root.clone(),
+            extra: config.env.clone(),
+        };
+        Self {
+            fs: RootFs::new(root),
+            backups: Backups::new(&state_dir),
+            command_env,
+            config,
+            state_dir,
+            is_root: euid() == 0,
+        }
+    }
+}
+
+/// How a step ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The desired state holds.
+    Succeeded,
+    /// It does not; the plan stops.
+    Failed,
+    /// The agent is shutting down: the step stopped and will be re-run.
+    Interrupted,
+}
+
+/// The result of one step.
+#[derive(Clone, Debug)]
+pub(crate) struct StepResult {
+    /// How it ended.
+    pub outcome: Outcome,
+    /// For operators.
+    pub message: String,
+    /// Exit code of the command that ended it.
+    pub exit_code: Option<i32>,
+    /// That command's stderr tail.
+    pub stderr_tail: Option<String>,
+}
+
+impl StepResult {
+    /// Success with a message.
+    pub fn ok(message: impl Into<String>) -> Self {
+        Self { outcome: Outcome::Succeeded, message: message.into(), exit_code: None, stderr_tail: None }
+    }
+
+    /// Failure with a message.
+    pub fn failed(message: impl Into<String>) -> Self {
+        Self { outcome: Outcome::Failed, message: message.into(), exit_code: None, stderr_tail: None }
+    }
+
+    /// The failure (or interruption) a command's end means, or `None` when it succeeded.
+    pub fn from_command(argv: &[String], output: &CommandOutput, timeout_seconds: u32) -> Option<Self> {
+        let shown = display_argv(argv);
+        let tail = (!output.stderr_tail.is_empty()).then(|| output.stderr_tail.clone());
+        let (outcome, message, exit_code) = match &output.end {
+            CommandEnd::Exited(0) => return None,
+            CommandEnd::Exited(code) => (Outcome::Failed, format!("`{shown}` exited with {code}"), Some(*code)),
+            CommandEnd::Signaled(signal) => {
+                (Outcome::Failed, format!("`{shown}` was killed by signal {signal}"), None)
+            }
+            CommandEnd::TimedOut => (
+                Outcome::Failed,
+                format!("`{shown}` timed out: step timeout of {timeout_seconds} s reached, process group killed"),
+                None,
+            ),
+            CommandEnd::Cancelled => (Outcome::Interrupted, format!("`{shown}` stopped: agent shutting down"), None),
+            CommandEnd::SpawnFailed(e) => (Outcome::Failed, e.clone(), None),
+        };
+        Some(Self { outcome, message, exit_code, stderr_tail: tail })
+    }
+}
+
+/// One step to run.
+pub(crate) struct StepContext {
+    /// The plan it belongs to (names backups).
+    pub plan_id: String,
+    /// The step.
+    pub step: Step,
+    /// When its timeout expires.
+    pub deadline: Instant,
+    /// True when an earlier attempt was interrupted: drivers then redo side effects (restarts)
+    /// even if the files already look right, since the crash may have come between the two.
+    pub resumed: bool,
+    /// Turns true when the agent shuts down.
+    pub cancel: watch::Receiver<bool>,
+}
+
+/// Runs one step through its driver.
+pub(crate) async fn execute(env: Arc<DriverEnv>, mut ctx: StepContext) -> StepResult {
+    if let Err(reason) = validate_action(&ctx.step.action) {
+        return StepResult::failed(format!("invalid {} step: {reason}", ctx.step.action.kind()));
+    }
+    match ctx.step.action.clone() {
+        StepAction::Files { files } => {
+            let plan_id = ctx.plan_id.clone();
+            blocking(&ctx, move || files::apply(&env, &plan_id, &files)).await
+        }
+        StepAction::SshKeys { users } => {
+            let plan_id = ctx.plan_id.clone();
+            blocking(&ctx, move || ssh::apply(&env, &plan_id, &users)).await
+        }
+        StepAction::EtcdImage { image_tag, image_repository } => {
+            let plan_id = ctx.plan_id.clone();
+            blocking(&ctx, move || etcd::apply(&env, &plan_id, &image_tag, image_repository.as_deref()))
+                .await
+        }
+        StepAction::Ntp { servers, enabled } => {
+            let plan_id = ctx.plan_id.clone();
+            let env2 = env.clone();
+            let changed = blocking_value(&ctx, move || ntp::write(&env2, &plan_id, &servers, enabled)).await;
+            match changed {
+                Err(result) => result,
+                Ok((changed, message)) => {
+                    let restart = env.config.ntp.restart();
+                    restart_if(&env, &mut ctx, changed, &restart, message).await
+                }
+            }
+        }
+        StepAction::KubeletArgs { args } => {
+            let plan_id = ctx.plan_id.clone();
+            let env2 = env.clone();
+            let changed = blocking_value(&ctx, move || kubelet::write(&env2, &plan_id, &args)).await;
+            match changed {
+                Err(result) => result,
+                Ok((changed, message)) => {
+                    let restart = env.config.kubelet.restart.clone();
+                    restart_if(&env, &mut ctx, changed, &restart, message).await
+                }
+            }
+        }
+        action @ (StepAction::InstallKubeadm { .. }
+        | StepAction::KubeadmUpgrade { .. }
+        | StepAction::InstallKubelet { .. }) => kubernetes::run(&env, &mut ctx, &action).await,
+        StepAction::Unsupported => StepResult::failed("step kind not supported by this agent"),
+    }
+}
+
+/// Runs synchronous disk work off the async threads, bounded by the step deadline.
+async fn blocking(
+    ctx: &StepContext,
+    work: impl FnOnce() -> Result<String, String> + Send + 'static,
+) -> StepResult {
+    match blocking_value(ctx, work).await {
+        Ok(message) => StepResult::ok(message),
+        Err(result) => result,
+    }
+}
+
+async fn blocking_value<T: Send + 'static>(
+    ctx: &StepContext,
+    work: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, StepResult> {
+    match tokio::time::timeout_at(ctx.deadline, tokio::task::spawn_blocking(work)).await {
+        Ok(Ok(Ok(value))) => Ok(value),
+        Ok(Ok(Err(message))) => Err(StepResult::failed(message)),
+        Ok(Err(join)) => Err(StepResult::failed(format!("driver crashed: {join}"))),
+        Err(_) => Err(StepResult::failed(format!(
+            "timed out: step timeout of {} s reached",
+            ctx.step.timeout_seconds
+        ))),
+    }
+}
+
+/// Runs `restart` when the driver changed something (or the step is a resumed attempt).
+async fn restart_if(
+    env: &DriverEnv,
+    ctx: &mut StepContext,
+    changed: bool,
+    restart: &[String],
+    message: String,
+) -> StepResult {
+    if !changed && !ctx.resumed {
+        return StepResult::ok(message);
+    }
+    let output = run_command(restart, &env.command_env, ctx.deadline, &mut ctx.cancel).await;
+    match StepResult::from_command(restart, &output, ctx.step.timeout_seconds) {
+        Some(failure) => failure,
+        None => StepResult::ok(format!("{message}; ran `{}`", display_argv(restart))),
+    }
+}

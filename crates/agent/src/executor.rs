@@ -1,0 +1,230 @@
+//! Runs one step of the current plan with crash-safe bookkeeping: the step is recorded
+//! `running` (attempt counted, fsynced) before it starts and `succeeded`/`failed` after, and a
+//! report is queued at both points. Reports are delivered while the step runs.
+//!
+//! A step found `running` at start-up was interrupted by a crash or reboot. It is re-run: every
+//! driver converges to a desired state and is idempotent, and the kubeadm commands are
+//! documented as safe to re-run, so a second attempt is the way to reach a known state, where
+//! failing it would leave the node half-changed for an operator to repair by hand. A step
+//! interrupted [`MAX_STEP_ATTEMPTS`] times (e.g. one that keeps crashing the node) fails instead.
+//! An attempt stopped by a clean shutdown is not counted.
+
+use std::ops::ControlFlow;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use inplace_agent_api::{
+    AgentIdentity, MESSAGE_MAX_BYTES, PlanStatus, STDERR_TAIL_MAX_BYTES, StepReport, StepStatus,
+    truncate_tail,
+};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::agent::{Agent, Shutdown};
+use crate::command::KILL_GRACE;
+use crate::drivers::{Outcome, StepContext, StepResult, execute};
+use crate::state::{LocalStepStatus, StepRecord};
+
+/// Attempts after which a step that keeps being interrupted is failed.
+pub const MAX_STEP_ATTEMPTS: u32 = 3;
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The first at most `max` bytes of `text`, cut on a character boundary.
+fn truncate_head(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// The report describing `record`.
+pub(crate) fn report_for(agent: &AgentIdentity, plan_id: &str, index: usize, record: &StepRecord) -> StepReport {
+    let status = match record.status {
+        LocalStepStatus::Succeeded => StepStatus::Succeeded,
+        LocalStepStatus::Failed => StepStatus::Failed,
+        LocalStepStatus::Pending | LocalStepStatus::Running => StepStatus::Running,
+    };
+    StepReport {
+        agent: agent.clone(),
+        plan_id: plan_id.to_owned(),
+        step_index: index as u32,
+        status,
+        attempt: record.attempt.max(1),
+        started_at_unix_ms: record.started_at_unix_ms,
+        finished_at_unix_ms: record.finished_at_unix_ms,
+        exit_code: record.exit_code,
+        stderr_tail: record.stderr_tail.clone(),
+        message: record.message.clone(),
+    }
+}
+
+/// Aborts the step task when the agent's own future is dropped, so nothing outlives the agent.
+struct AbortOnDrop(tokio::task::JoinHandle<StepResult>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+enum Event {
+    Finished(StepResult),
+    Shutdown,
+    Flushed,
+}
+
+impl Agent {
+    /// Runs step `index` of the current plan. `Break` means shutdown was requested.
+    pub(crate) async fn run_step(&mut self, index: usize, shutdown: &mut Shutdown) -> ControlFlow<()> {
+        let (Some(plan), Some(record)) = (self.store.plan.clone(), self.store.state.current.as_mut()) else {
+            return ControlFlow::Continue(());
+        };
+        let Some(step) = plan.steps.get(index).cloned() else {
+            return ControlFlow::Continue(());
+        };
+        let step_record = &mut record.steps[index];
+        let interrupted = step_record.status == LocalStepStatus::Running;
+        let resumed = interrupted || step_record.attempt > 0;
+        if interrupted && step_record.attempt >= MAX_STEP_ATTEMPTS {
+            let message = format!(
+                "step interrupted {} times (agent restart or node reboot during the step); not trying again",
+                step_record.attempt
+            );
+            self.finish(index, StepResult::failed(message));
+            return ControlFlow::Continue(());
+        }
+        if interrupted {
+            tracing::warn!(plan = %plan.id, step = index, attempt = step_record.attempt, "step was interrupted; running it again");
+        }
+        step_record.status = LocalStepStatus::Running;
+        step_record.attempt += 1;
+        step_record.started_at_unix_ms = Some(now_unix_ms());
+        step_record.finished_at_unix_ms = None;
+        step_record.exit_code = None;
+        step_record.stderr_tail = None;
+        step_record.message = None;
+        let report = report_for(&self.identity, &plan.id, index, step_record);
+        self.store.enqueue(report);
+        if let Err(e) = self.store.save() {
+            // Without a durable "running" record a crash could lose the attempt count: do not start.
+            tracing::error!(error = %e, "cannot record step start; retrying later");
+            return if crate::agent::pause(self.backoff.next_delay(), shutdown).await {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            };
+        }
+        tracing::info!(plan = %plan.id, step = index, description = %step.description, kind = step.action.kind(), "step started");
+
+        let (cancel_tx, cancel_rx) = watch::channel(false);
+        let ctx = StepContext {
+            plan_id: plan.id.clone(),
+            deadline: Instant::now() + Duration::from_secs(u64::from(step.timeout_seconds)),
+            step,
+            resumed,
+            cancel: cancel_rx,
+        };
+        let mut task = AbortOnDrop(tokio::spawn(execute(self.env.clone(), ctx)));
+        let join = |r: Result<StepResult, tokio::task::JoinError>| {
+            r.unwrap_or_else(|e| StepResult::failed(format!("step crashed: {e}")))
+        };
+        let result = loop {
+            let flush_at = self.next_flush_at;
+            let have_reports = !self.store.state.outbox.is_empty();
+            let event = tokio::select! {
+                r = &mut task.0 => Event::Finished(join(r)),
+                () = &mut *shutdown => Event::Shutdown,
+                r = async {
+                    tokio::time::sleep_until(flush_at).await;
+                    self.flush_outbox().await
+                }, if have_reports => {
+                    if r.is_err() {
+                        self.next_flush_at = Instant::now() + self.backoff.next_delay();
+                    }
+                    Event::Flushed
+                }
+            };
+            match event {
+                Event::Finished(result) => break result,
+                Event::Flushed => {}
+                Event::Shutdown => {
+                    let _ = cancel_tx.send(true);
+                    // The driver kills its process group (TERM, then KILL after KILL_GRACE).
+                    let result = match tokio::time::timeout(KILL_GRACE * 3, &mut task.0).await {
+                        Ok(r) => join(r),
+                        Err(_) => {
+                            task.0.abort();
+                            StepResult { outcome: Outcome::Interrupted, ..StepResult::failed("agent shutting down") }
+                        }
+                    };
+                    if result.outcome == Outcome::Interrupted {
+                        self.interrupted_by_shutdown(index);
+                    } else {
+                        self.finish(index, result);
+                    }
+                    return ControlFlow::Break(());
+                }
+            }
+        };
+        if result.outcome == Outcome::Interrupted {
+            self.interrupted_by_shutdown(index);
+            return ControlFlow::Break(());
+        }
+        self.finish(index, result);
+        ControlFlow::Continue(())
+    }
+
+    /// A clean shutdown stopped the step: it goes back to pending, the attempt not counted.
+    fn interrupted_by_shutdown(&mut self, index: usize) {
+        if let Some(record) = self.store.state.current.as_mut() {
+            let step = &mut record.steps[index];
+            step.status = LocalStepStatus::Pending;
+            step.attempt = step.attempt.saturating_sub(1);
+        }
+        if let Err(e) = self.store.save() {
+            tracing::error!(error = %e, "cannot save state at shutdown");
+        }
+        tracing::info!(step = index, "step stopped by shutdown; it runs again at the next start");
+    }
+
+    /// Records a step's end, queues its report, and notes the plan's end.
+    fn finish(&mut self, index: usize, result: StepResult) {
+        let Some(record) = self.store.state.current.as_mut() else {
+            return;
+        };
+        let plan_id = record.plan_id.clone();
+        let step = &mut record.steps[index];
+        step.status = if result.outcome == Outcome::Succeeded {
+            LocalStepStatus::Succeeded
+        } else {
+            LocalStepStatus::Failed
+        };
+        step.finished_at_unix_ms = Some(now_unix_ms());
+        step.exit_code = result.exit_code;
+        step.stderr_tail = result.stderr_tail.as_deref().map(|t| truncate_tail(t, STDERR_TAIL_MAX_BYTES).to_owned());
+        step.message = Some(truncate_head(&result.message, MESSAGE_MAX_BYTES).to_owned());
+        let report = report_for(&self.identity, &plan_id, index, step);
+        match step.status {
+            LocalStepStatus::Succeeded => {
+                tracing::info!(plan = %plan_id, step = index, message = %result.message, "step succeeded")
+            }
+            _ => tracing::error!(plan = %plan_id, step = index, message = %result.message, exit_code = ?result.exit_code, "step failed"),
+        }
+        let status = record.status();
+        self.store.enqueue(report);
+        if status != PlanStatus::Running {
+            tracing::info!(plan = %plan_id, ?status, "plan finished");
+            self.inventory_due = true;
+        }
+        if let Err(e) = self.store.save() {
+            tracing::error!(error = %e, "cannot save step result");
+        }
+    }
+}

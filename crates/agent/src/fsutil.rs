@@ -1,0 +1,272 @@
+//! Disk primitives every driver shares: node paths under `--root`, atomic writes with fsync,
+//! backups, and reading `<root>/etc/passwd` / `<root>/etc/group`.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+/// Suffix of the temporary file an atomic write creates next to its target. The name starts with
+/// a dot too, so kubelet's static-pod watcher (which skips hidden files) never reads it.
+const TEMP_SUFFIX: &str = ".inplace-tmp";
+
+/// Mode of directories the agent creates for files it writes (like cloud-init).
+pub(crate) const DEFAULT_DIR_MODE: u32 = 0o755;
+
+/// An I/O error with the path it happened on.
+#[derive(Debug, thiserror::Error)]
+#[error("{action} {path}: {source}")]
+pub(crate) struct FsError {
+    /// What the agent was doing (`write`, `read`, …).
+    pub action: &'static str,
+    /// The path on disk.
+    pub path: PathBuf,
+    /// The error itself.
+    #[source]
+    pub source: io::Error,
+}
+
+/// Shorthand for mapping an io error onto a path.
+pub(crate) fn fs_err<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> FsError + 'a {
+    move |source| FsError { action, path: path.to_path_buf(), source }
+}
+
+/// The node's filesystem as the agent sees it: every node path is joined under `root`.
+#[derive(Clone, Debug)]
+pub(crate) struct RootFs {
+    root: PathBuf,
+}
+
+impl RootFs {
+    /// A view rooted at `root` (`/` on a real node).
+    pub fn new(root: PathBuf) -> Self {
+        Self { root }
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// `<root>/<node_path>`; refuses relative paths and `.`/`..` components so nothing escapes the
+    /// root by name. (Symlinks inside the root are followed: `--root` is a prefix, not a chroot.)
+    pub fn path(&self, node_path: &str) -> Result<PathBuf, String> {
+        let relative = node_path
+            .strip_prefix('/')
+            .ok_or_else(|| format!("path {node_path:?} is not absolute"))?;
+        let mut out = self.root.clone();
+        for component in Path::new(relative).components() {
+            match component {
+                Component::Normal(part) => out.push(part),
+                _ => return Err(format!("path {node_path:?} has a `.` or `..` component")),
+            }
+        }
+        if out == self.root {
+            return Err(format!("path {node_path:?} names the root directory"));
+        }
+        Ok(out)
+    }
+}
+
+/// Desired ownership and mode of a written file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FileMeta {
+    /// Permission bits (`0o644`).
+    pub mode: u32,
+    /// `(uid, gid)` to apply, or `None` to leave ownership to whoever the agent runs as.
+    pub owner: Option<(u32, u32)>,
+}
+
+/// True when `path` already holds exactly `content` with `meta`'s mode and owner.
+pub(crate) fn matches(path: &Path, content: &[u8], meta: FileMeta) -> Result<bool, FsError> {
+    let found = match fs::symlink_metadata(path) {
+        Ok(found) => found,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(fs_err("inspect", path)(e)),
+    };
+    if !found.file_type().is_file() || found.len() != content.len() as u64 {
+        return Ok(false);
+    }
+    if found.permissions().mode() & 0o7777 != meta.mode {
+        return Ok(false);
+    }
+    if let Some((uid, gid)) = meta.owner
+        && (found.uid() != uid || found.gid() != gid)
+    {
+        return Ok(false);
+    }
+    let existing = fs::read(path).map_err(fs_err("read", path))?;
+    Ok(existing == content)
+}
+
+/// Writes `content` to `path` atomically: temp file in the same directory, mode and owner set,
+/// fsync, rename over the target, fsync of the directory. Creates missing parent directories.
+pub(crate) fn atomic_write(path: &Path, content: &[u8], meta: FileMeta) -> Result<(), FsError> {
+    let parent = path.parent().ok_or_else(|| FsError {
+        action: "write",
+        path: path.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, "no parent directory"),
+    })?;
+    create_dirs(parent)?;
+    if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Err(FsError {
+            action: "write",
+            path: path.to_path_buf(),
+            source: io::Error::new(io::ErrorKind::IsADirectory, "a directory is in the way"),
+        });
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let temp = parent.join(format!(".{name}{TEMP_SUFFIX}"));
+    // A temp file left by a crash is ours: replace it.
+    match fs::remove_file(&temp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fs_err("remove stale", &temp)(e)),
+    }
+    let result = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&temp)
+            .map_err(fs_err("create", &temp))?;
+        file.write_all(content).map_err(fs_err("write", &temp))?;
+        if let Some((uid, gid)) = meta.owner {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid)).map_err(fs_err("chown", &temp))?;
+        }
+        // After chown: chown clears setuid/setgid bits.
+        file.set_permissions(fs::Permissions::from_mode(meta.mode))
+            .map_err(fs_err("chmod", &temp))?;
+        file.sync_all().map_err(fs_err("fsync", &temp))?;
+        fs::rename(&temp, path).map_err(fs_err("rename onto", path))?;
+        sync_dir(parent)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result
+}
+
+/// Removes a file and fsyncs its directory; a missing file is fine.
+pub(crate) fn remove_file(path: &Path) -> Result<bool, FsError> {
+    match fs::remove_file(path) {
+        Ok(()) => {
+            if let Some(parent) = path.parent() {
+                sync_dir(parent)?;
+            }
+            Ok(true)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(fs_err("remove", path)(e)),
+    }
+}
+
+/// fsync of a directory, so a rename or unlink in it survives power loss.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), FsError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(fs_err("fsync directory", dir))
+}
+
+/// `mkdir -p` with [`DEFAULT_DIR_MODE`] for the directories it creates.
+pub(crate) fn create_dirs(dir: &Path) -> Result<(), FsError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DEFAULT_DIR_MODE)
+        .create(dir)
+        .map_err(fs_err("create directory", dir))
+}
+
+/// Reads a file that may be missing.
+pub(crate) fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, FsError> {
+    match fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(fs_err("read", path)(e)),
+    }
+}
+
+/// The agent's effective uid.
+pub(crate) fn euid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
+/// One `/etc/passwd` entry (the fields the agent needs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PasswdEntry {
+    /// Numeric user id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+    /// Home directory (a node path).
+    pub home: String,
+}
+
+/// Looks `name` up in `<root>/etc/passwd`. A missing file means "no such user".
+pub(crate) fn lookup_user(fs: &RootFs, name: &str) -> Result<Option<PasswdEntry>, String> {
+    let path = fs.path("/etc/passwd")?;
+    let Some(bytes) = read_optional(&path).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    Ok(String::from_utf8_lossy(&bytes).lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(':').collect();
+        if fields.len() < 7 || fields[0] != name {
+            return None;
+        }
+        Some(PasswdEntry {
+            uid: fields[2].parse().ok()?,
+            gid: fields[3].parse().ok()?,
+            home: fields[5].to_owned(),
+        })
+    }))
+}
+
+/// Looks a group name up in `<root>/etc/group`.
+pub(crate) fn lookup_group(fs: &RootFs, name: &str) -> Result<Option<u32>, String> {
+    let path = fs.path("/etc/group")?;
+    let Some(bytes) = read_optional(&path).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    Ok(String::from_utf8_lossy(&bytes).lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(':').collect();
+        (fields.len() >= 3 && fields[0] == name).then(|| fields[2].parse().ok()).flatten()
+    }))
+}
+
+/// Resolves a KubeadmConfig `owner` (`user`, `user:group`, `uid:gid`; `None` = `root:root`) to
+/// numeric ids through the node's own user database. `root` resolves to 0 even without one.
+pub(crate) fn resolve_owner(fs: &RootFs, owner: Option<&str>) -> Result<(u32, u32), String> {
+    let owner = owner.unwrap_or("root:root");
+    let (user, group) = match owner.split_once([':', '.']) {
+        Some((user, group)) => (user, Some(group)),
+        None => (owner, None),
+    };
+    let (uid, primary_gid) = if let Ok(uid) = user.parse::<u32>() {
+        (uid, uid)
+    } else if user == "root" {
+        (0, 0)
+    } else {
+        let entry = lookup_user(fs, user)?
+            .ok_or_else(|| format!("owner {owner:?}: no user {user:?} in <root>/etc/passwd"))?;
+        (entry.uid, entry.gid)
+    };
+    let gid = match group {
+        None | Some("") => primary_gid,
+        Some(group) => {
+            if let Ok(gid) = group.parse::<u32>() {
+                gid
+            } else if group == "root" {
+                0
+            } else {
+                lookup_group(fs, group)?.ok_or_else(|| {
+                    format!("owner {owner:?}: no group {group:?} in <root>/etc/group")
+                })?
+            }
+        }
+    };
+    Ok((uid, gid))
+}

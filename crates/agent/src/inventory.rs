@@ -1,0 +1,62 @@
+//! The inventory report: agent version, kubelet/kubeadm versions (through the configured
+//! commands), boot id and hostname, all read under `--root`.
+
+use std::time::Duration;
+
+use inplace_agent_api::{AgentIdentity, InventoryReport, PlanProgress, truncate_tail};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::command::run_command;
+use crate::drivers::DriverEnv;
+use crate::fsutil::read_optional;
+
+/// Each inventory command gets this long.
+pub const INVENTORY_COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest value kept per inventory field.
+const MAX_FACT_BYTES: usize = 256;
+
+/// The version of this agent build.
+pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Reads `<root>/proc/sys/kernel/random/boot_id` (changes on every boot).
+pub(crate) fn boot_id(env: &DriverEnv) -> Option<String> {
+    read_fact(env, "/proc/sys/kernel/random/boot_id")
+}
+
+fn read_fact(env: &DriverEnv, node_path: &str) -> Option<String> {
+    let path = env.fs.path(node_path).ok()?;
+    let bytes = read_optional(&path).ok().flatten()?;
+    let text = String::from_utf8_lossy(&bytes);
+    let line = text.lines().next()?.trim();
+    (!line.is_empty()).then(|| truncate_tail(line, MAX_FACT_BYTES).to_owned())
+}
+
+async fn command_fact(env: &DriverEnv, argv: &[String]) -> Option<String> {
+    let (_never, mut cancel) = watch::channel(false);
+    let deadline = Instant::now() + INVENTORY_COMMAND_TIMEOUT;
+    let output = run_command(argv, &env.command_env, deadline, &mut cancel).await;
+    if !output.success() {
+        return None;
+    }
+    let line = output.stdout_tail.lines().map(str::trim).find(|l| !l.is_empty())?;
+    Some(truncate_tail(line, MAX_FACT_BYTES).to_owned())
+}
+
+/// Gathers the report.
+pub(crate) async fn gather(
+    env: &DriverEnv,
+    agent: AgentIdentity,
+    current: Option<PlanProgress>,
+) -> InventoryReport {
+    let inventory = &env.config.inventory;
+    InventoryReport {
+        agent,
+        agent_version: AGENT_VERSION.to_owned(),
+        kubelet_version: command_fact(env, &inventory.kubelet_version).await,
+        kubeadm_version: command_fact(env, &inventory.kubeadm_version).await,
+        boot_id: boot_id(env),
+        hostname: read_fact(env, "/proc/sys/kernel/hostname").or_else(|| read_fact(env, "/etc/hostname")),
+        current,
+    }
+}

@@ -1,0 +1,53 @@
+//! The inplace-updater node agent.
+//!
+//! [`run`] pulls plans from the server over HTTPS (long-poll, outbound only), runs each step
+//! through a node-local driver under `--root`, keeps crash-safe progress in `--state-dir`, and
+//! reports every step's progress and result. The server never sends shell: a step is a declarative
+//! desired state, and the only commands the agent runs are those of its own `--config` file.
+
+mod agent;
+mod backoff;
+mod backup;
+mod client;
+mod command;
+mod config;
+mod driver_config;
+mod drivers;
+mod executor;
+mod fsutil;
+mod inventory;
+mod state;
+mod template;
+
+use std::future::Future;
+
+pub use agent::{AgentError, MIN_POLL_INTERVAL, REQUEST_TIMEOUT};
+pub use backoff::{BACKOFF_INITIAL, BACKOFF_MAX};
+pub use backup::MAX_BACKUP_PLANS;
+pub use client::{CONNECT_TIMEOUT, ClientError, POOL_IDLE_TIMEOUT};
+pub use command::{KILL_GRACE, OUTPUT_DRAIN_TIMEOUT, STDOUT_TAIL_MAX_BYTES};
+pub use config::{AgentConfig, DEFAULT_STATE_DIR};
+pub use driver_config::{
+    Check, CommandSequence, CommandSpec, ConfigError, DriverConfig, EtcdConfig, InventoryConfig,
+    KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES, NtpConfig, NtpFlavor,
+};
+pub use executor::MAX_STEP_ATTEMPTS;
+pub use inplace_agent_api as api;
+pub use inventory::{AGENT_VERSION, INVENTORY_COMMAND_TIMEOUT};
+pub use state::{MAX_OUTBOX, StateError};
+
+/// Runs the agent until `shutdown` completes. Returns an error only when it cannot start (bad
+/// `--config`, state dir locked or corrupt, bad server URL or CA file, missing root); once
+/// running, network and server errors are retried with back-off, and step failures are
+/// reported, never returned.
+pub async fn run(
+    config: AgentConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), AgentError> {
+    let agent = agent::Agent::start(config)?;
+    agent.run(Box::pin(shutdown)).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

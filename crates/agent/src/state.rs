@@ -1,0 +1,283 @@
+//! Crash-safe local state in `--state-dir`: the current plan (`plan-<id>.json`), per-step
+//! progress and undelivered reports (`state.json`). Every write is atomic (temp, fsync, rename,
+//! fsync dir); an exclusive `flock` on `lock` keeps a second agent off the same directory.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use inplace_agent_api::{Plan, PlanProgress, PlanStatus, StepReport, StepStatus};
+use serde::{Deserialize, Serialize};
+
+use crate::fsutil::{FileMeta, atomic_write, read_optional, remove_file};
+
+/// Version of the `state.json` layout.
+const STATE_FORMAT: u32 = 1;
+/// Most undelivered reports kept; past it the oldest `running` reports go first, then the oldest.
+pub const MAX_OUTBOX: usize = 256;
+/// Largest `state.json` / plan file read back.
+const MAX_STATE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Why the state dir cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// A disk operation failed.
+    #[error("state dir: {0}")]
+    Io(String),
+    /// Another agent holds the lock.
+    #[error("state dir {0} is in use by another agent (lock held)")]
+    Locked(String),
+    /// `state.json` cannot be decoded. It is left as it is: move it away to start over.
+    #[error("state file {path} is unreadable ({reason}); it was left untouched — move it away to start over")]
+    Corrupt {
+        /// The file.
+        path: String,
+        /// The decode error.
+        reason: String,
+    },
+}
+
+/// A step's local status. `Running` after a restart means "interrupted".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LocalStepStatus {
+    /// Not started (or a clean shutdown stopped it).
+    Pending,
+    /// Started and not finished.
+    Running,
+    /// Done.
+    Succeeded,
+    /// Failed: the plan stopped here.
+    Failed,
+}
+
+/// Everything known about one step.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepRecord {
+    /// Status.
+    pub status: LocalStepStatus,
+    /// Attempts started so far.
+    pub attempt: u32,
+    /// Start of the latest attempt.
+    pub started_at_unix_ms: Option<u64>,
+    /// End of the step.
+    pub finished_at_unix_ms: Option<u64>,
+    /// Exit code of the command that ended it.
+    pub exit_code: Option<i32>,
+    /// Bounded stderr tail.
+    pub stderr_tail: Option<String>,
+    /// Outcome text.
+    pub message: Option<String>,
+}
+
+impl StepRecord {
+    fn pending() -> Self {
+        Self {
+            status: LocalStepStatus::Pending,
+            attempt: 0,
+            started_at_unix_ms: None,
+            finished_at_unix_ms: None,
+            exit_code: None,
+            stderr_tail: None,
+            message: None,
+        }
+    }
+}
+
+/// Progress of the current plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanRecord {
+    /// The plan id.
+    pub plan_id: String,
+    /// One record per step.
+    pub steps: Vec<StepRecord>,
+}
+
+impl PlanRecord {
+    /// Overall status: failed if any step failed, succeeded if all did, else running.
+    pub fn status(&self) -> PlanStatus {
+        if self.steps.iter().any(|s| s.status == LocalStepStatus::Failed) {
+            PlanStatus::Failed
+        } else if self.steps.iter().all(|s| s.status == LocalStepStatus::Succeeded) {
+            PlanStatus::Succeeded
+        } else {
+            PlanStatus::Running
+        }
+    }
+
+    /// The first step not finished, while the plan is running.
+    pub fn next_step(&self) -> Option<usize> {
+        if self.status() != PlanStatus::Running {
+            return None;
+        }
+        self.steps.iter().position(|s| {
+            matches!(s.status, LocalStepStatus::Pending | LocalStepStatus::Running)
+        })
+    }
+
+    /// The summary sent with polls.
+    pub fn progress(&self) -> PlanProgress {
+        let count = |status| self.steps.iter().filter(|s| s.status == status).count() as u32;
+        PlanProgress {
+            plan_id: self.plan_id.clone(),
+            status: self.status(),
+            succeeded_steps: count(LocalStepStatus::Succeeded),
+            total_steps: self.steps.len() as u32,
+            failed_step: self
+                .steps
+                .iter()
+                .position(|s| s.status == LocalStepStatus::Failed)
+                .map(|i| i as u32),
+        }
+    }
+}
+
+/// The content of `state.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalState {
+    /// Layout version.
+    pub format: u32,
+    /// The current plan's progress.
+    pub current: Option<PlanRecord>,
+    /// Reports not yet acknowledged by the server, oldest first.
+    pub outbox: Vec<StepReport>,
+}
+
+impl Default for LocalState {
+    fn default() -> Self {
+        Self { format: STATE_FORMAT, current: None, outbox: Vec::new() }
+    }
+}
+
+/// The open, locked state dir.
+pub struct StateStore {
+    dir: PathBuf,
+    _lock: File,
+    /// Progress and outbox (save after changing).
+    pub state: LocalState,
+    /// The current plan's body, when held (it can be missing after disk trouble; the server
+    /// then sends it again because the agent reports the plan as running).
+    pub plan: Option<Plan>,
+}
+
+fn io_err(context: &str, path: &Path, e: impl std::fmt::Display) -> StateError {
+    StateError::Io(format!("{context} {}: {e}", path.display()))
+}
+
+impl StateStore {
+    /// Opens (creating, mode 0700) and locks `dir`, and loads what is there.
+    pub fn open(dir: &Path) -> Result<Self, StateError> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| io_err("create", dir, e))?;
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+        let lock_path = dir.join("lock");
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&lock_path)
+            .map_err(|e| io_err("open", &lock_path, e))?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .map_err(|_| StateError::Locked(dir.display().to_string()))?;
+        let state_path = dir.join("state.json");
+        let state = match read_optional(&state_path).map_err(|e| StateError::Io(e.to_string()))? {
+            None => LocalState::default(),
+            Some(bytes) if bytes.len() > MAX_STATE_BYTES => {
+                return Err(StateError::Corrupt {
+                    path: state_path.display().to_string(),
+                    reason: "too large".into(),
+                });
+            }
+            Some(bytes) => serde_json::from_slice::<LocalState>(&bytes).map_err(|e| {
+                StateError::Corrupt { path: state_path.display().to_string(), reason: e.to_string() }
+            })?,
+        };
+        if state.format != STATE_FORMAT {
+            return Err(StateError::Corrupt {
+                path: state_path.display().to_string(),
+                reason: format!("format {} is not {STATE_FORMAT}", state.format),
+            });
+        }
+        let mut store = Self { dir: dir.to_path_buf(), _lock: lock, state, plan: None };
+        store.plan = store.load_plan_body();
+        Ok(store)
+    }
+
+    /// The state directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn plan_path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("plan-{id}.json"))
+    }
+
+    fn load_plan_body(&self) -> Option<Plan> {
+        let record = self.state.current.as_ref()?;
+        let path = self.plan_path(&record.plan_id);
+        let bytes = read_optional(&path).ok().flatten()?;
+        let plan: Plan = match serde_json::from_slice(&bytes) {
+            Ok(plan) => plan,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "plan file unreadable; waiting for the server to send the plan again");
+                return None;
+            }
+        };
+        (plan.id == record.plan_id && plan.steps.len() == record.steps.len()).then_some(plan)
+    }
+
+    /// Writes `state.json` atomically.
+    pub fn save(&self) -> Result<(), StateError> {
+        let path = self.dir.join("state.json");
+        let bytes = serde_json::to_vec(&self.state).map_err(|e| io_err("encode", &path, e))?;
+        atomic_write(&path, &bytes, FileMeta { mode: 0o600, owner: None })
+            .map_err(|e| StateError::Io(e.to_string()))
+    }
+
+    /// Makes `plan` the current plan: body first, then progress (all steps pending), then the
+    /// old body is removed. A crash in between leaves the old plan current.
+    pub fn adopt(&mut self, plan: Plan) -> Result<(), StateError> {
+        let path = self.plan_path(&plan.id);
+        let bytes = serde_json::to_vec(&plan).map_err(|e| io_err("encode", &path, e))?;
+        atomic_write(&path, &bytes, FileMeta { mode: 0o600, owner: None })
+            .map_err(|e| StateError::Io(e.to_string()))?;
+        let same_id = self.state.current.as_ref().is_some_and(|c| c.plan_id == plan.id);
+        let old = self.state.current.as_ref().map(|c| c.plan_id.clone());
+        if !same_id {
+            self.state.current = Some(PlanRecord {
+                plan_id: plan.id.clone(),
+                steps: plan.steps.iter().map(|_| StepRecord::pending()).collect(),
+            });
+            self.save()?;
+        }
+        if let Some(old) = old.filter(|old| *old != plan.id) {
+            let _ = remove_file(&self.plan_path(&old));
+        }
+        self.plan = Some(plan);
+        Ok(())
+    }
+
+    /// Queues a report (bounded by [`MAX_OUTBOX`]); the caller saves.
+    pub fn enqueue(&mut self, report: StepReport) {
+        let outbox = &mut self.state.outbox;
+        // A newer report for the same step and attempt supersedes an undelivered one.
+        outbox.retain(|r| {
+            !(r.plan_id == report.plan_id
+                && r.step_index == report.step_index
+                && r.attempt == report.attempt
+                && r.status == StepStatus::Running)
+        });
+        outbox.push(report);
+        while outbox.len() > MAX_OUTBOX {
+            let victim = outbox.iter().position(|r| r.status == StepStatus::Running).unwrap_or(0);
+            outbox.remove(victim);
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! `{{name}}` substitution in configured command arguments. Values come from the agent itself
+//! (root) or from a validated version, never from free server text; templates are checked when
+//! the config is loaded so a typo fails at start, not mid-upgrade.
+
+use std::collections::BTreeMap;
+
+/// Variables a template may use besides `pin.<name>`.
+pub(crate) const KNOWN_VARIABLES: [&str; 4] = ["version", "bareVersion", "minor", "root"];
+
+/// Values for one expansion.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Vars {
+    /// Plain variables (`version`, `bareVersion`, `minor`, `root`).
+    pub plain: BTreeMap<&'static str, String>,
+    /// `pin.<name>` values for the version at hand.
+    pub pins: BTreeMap<String, String>,
+}
+
+impl Vars {
+    /// Variables for a Kubernetes version `v1.34.1` and a root: `version` = `v1.34.1`,
+    /// `bareVersion` = `1.34.1`, `minor` = `v1.34`, `root` = the root path.
+    pub fn for_version(version: &str, root: &str, pins: BTreeMap<String, String>) -> Self {
+        let bare = version.strip_prefix('v').unwrap_or(version);
+        let minor = {
+            let mut parts = bare.splitn(3, '.');
+            match (parts.next(), parts.next()) {
+                (Some(major), Some(minor)) => format!("v{major}.{minor}"),
+                _ => version.to_owned(),
+            }
+        };
+        let mut plain = BTreeMap::new();
+        plain.insert("version", version.to_owned());
+        plain.insert("bareVersion", bare.to_owned());
+        plain.insert("minor", minor);
+        plain.insert("root", root.to_owned());
+        Self { plain, pins }
+    }
+
+    /// Variables with only `root`.
+    pub fn root_only(root: &str) -> Self {
+        let mut plain = BTreeMap::new();
+        plain.insert("root", root.to_owned());
+        Self { plain, pins: BTreeMap::new() }
+    }
+}
+
+/// The names used in `template` (checked syntax: `{{` always closed by `}}`).
+pub(crate) fn variables(template: &str) -> Result<Vec<&str>, String> {
+    let mut names = Vec::new();
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        let after = &rest[start + 2..];
+        let end = after.find("}}").ok_or_else(|| format!("unclosed `{{{{` in {template:?}"))?;
+        names.push(after[..end].trim());
+        rest = &after[end + 2..];
+    }
+    Ok(names)
+}
+
+/// Checks a template's variables against [`KNOWN_VARIABLES`] and `pin.<name>`.
+pub(crate) fn check(template: &str) -> Result<(), String> {
+    for name in variables(template)? {
+        let known = KNOWN_VARIABLES.contains(&name)
+            || name.strip_prefix("pin.").is_some_and(|p| !p.is_empty());
+        if !known {
+            return Err(format!(
+                "unknown variable {{{{{name}}}}} in {template:?} (known: {}, pin.<name>)",
+                KNOWN_VARIABLES.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Expands `template`; a variable without a value (e.g. a `pin.` missing for this version) is an
+/// error naming it.
+pub(crate) fn expand(template: &str, vars: &Vars) -> Result<String, String> {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after.find("}}").ok_or_else(|| format!("unclosed `{{{{` in {template:?}"))?;
+        let name = after[..end].trim();
+        let value = match name.strip_prefix("pin.") {
+            Some(pin) => vars.pins.get(pin),
+            None => vars.plain.get(name),
+        };
+        out.push_str(value.ok_or_else(|| format!("no value for {{{{{name}}}}}"))?);
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expands_version_forms_and_pins() {
+        let pins = BTreeMap::from([("kubeadmSha256".to_owned(), "ab12".to_owned())]);
+        let vars = Vars::for_version("v1.34.1", "/sandbox", pins);
+        assert_eq!(expand("kubeadm={{bareVersion}}-*", &vars).unwrap(), "kubeadm=1.34.1-*");
+        assert_eq!(expand("/core:/stable:/{{ minor }}/deb/", &vars).unwrap(), "/core:/stable:/v1.34/deb/");
+        assert_eq!(expand("{{root}}/usr/bin/{{version}}", &vars).unwrap(), "/sandbox/usr/bin/v1.34.1");
+        assert_eq!(expand("{{pin.kubeadmSha256}}", &vars).unwrap(), "ab12");
+        assert!(expand("{{pin.kubeletSha256}}", &vars).unwrap_err().contains("pin.kubeletSha256"));
+    }
+
+    #[test]
+    fn check_rejects_unknown_and_unclosed() {
+        assert!(check("apt-get install kubeadm={{bareVersion}}").is_ok());
+        assert!(check("{{pin.x}}").is_ok());
+        assert!(check("{{verison}}").unwrap_err().contains("verison"));
+        assert!(check("{{version").unwrap_err().contains("unclosed"));
+    }
+}

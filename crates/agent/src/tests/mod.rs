@@ -1,0 +1,115 @@
+//! Driver and state tests on temporary `--root` sandboxes, with fake programs in a sandbox PATH
+//! that record their arguments.
+
+mod commands;
+mod files;
+mod node_config;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use inplace_agent_api::{Step, StepAction};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::driver_config::DriverConfig;
+use crate::drivers::{DriverEnv, StepContext, StepResult, execute};
+
+/// A root dir, a state dir and a bin dir of fake programs.
+pub(crate) struct Sandbox {
+    _dir: tempfile::TempDir,
+    pub root: PathBuf,
+    pub state: PathBuf,
+    pub bin: PathBuf,
+}
+
+impl Sandbox {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let state = dir.path().join("state");
+        let bin = dir.path().join("bin");
+        for d in [&root, &state, &bin] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        Self { _dir: dir, root, state, bin }
+    }
+
+    /// A file under the root.
+    pub fn node(&self, node_path: &str) -> PathBuf {
+        self.root.join(node_path.trim_start_matches('/'))
+    }
+
+    pub fn write_node(&self, node_path: &str, content: &str) {
+        let path = self.node(node_path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+
+    /// A fake program: logs `name args…` to `<root>/calls.log`, then runs `body` (sh).
+    pub fn fake(&self, name: &str, body: &str) {
+        let script = format!(
+            "#!/bin/sh\necho \"{name} $*\" >> \"$INPLACE_ROOT/calls.log\"\n{body}\n"
+        );
+        let path = self.bin.join(name);
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// Lines of `<root>/calls.log`.
+    pub fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.node("/calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The driver config from YAML, with PATH = the sandbox bin dir, then the system's.
+    pub fn config(&self, yaml: &str) -> DriverConfig {
+        let mut config = if yaml.trim().is_empty() {
+            DriverConfig::default()
+        } else {
+            DriverConfig::from_yaml(yaml).unwrap()
+        };
+        config.path = vec![self.bin.display().to_string(), "/usr/bin".into(), "/bin".into()];
+        config
+    }
+
+    pub fn env(&self, yaml: &str) -> Arc<DriverEnv> {
+        Arc::new(DriverEnv::new(self.root.clone(), self.config(yaml), self.state.clone()))
+    }
+}
+
+/// Runs one action as step 0 of plan `plan_id`.
+pub(crate) async fn run_action(
+    env: &Arc<DriverEnv>,
+    plan_id: &str,
+    action: StepAction,
+    timeout_seconds: u32,
+) -> StepResult {
+    let (_tx, cancel) = watch::channel(false);
+    let ctx = StepContext {
+        plan_id: plan_id.to_owned(),
+        step: Step { index: 0, description: "test".into(), timeout_seconds, action },
+        deadline: Instant::now() + Duration::from_secs(u64::from(timeout_seconds)),
+        resumed: false,
+        cancel,
+    };
+    execute(env.clone(), ctx).await
+}
+
+/// Waits (polling, with a deadline) until `condition` holds.
+pub(crate) async fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub(crate) fn mode_of(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}

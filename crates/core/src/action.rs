@@ -1,0 +1,89 @@
+//! The kinds of work the node agent performs in place. Names are part of the policy file format,
+//! the `disableActions` setting and plans: they never change.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// One kind of in-place work on a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// Upgrade kubeadm, kubelet and kubectl (`kubeadm upgrade apply|node`) to Machine `spec.version`.
+    KubernetesVersion,
+    /// Write, change or delete files from KubeadmConfig `spec.files` (inline content).
+    Files,
+    /// Set the authorized SSH keys of existing users (`spec.users[*].sshAuthorizedKeys`).
+    SshKeys,
+    /// Reconfigure time synchronisation (`spec.ntp`).
+    Ntp,
+    /// Change the local etcd image tag of a control-plane node.
+    EtcdImage,
+    /// Change kubelet flags (`nodeRegistration.kubeletExtraArgs`) and restart kubelet.
+    KubeletArgs,
+}
+
+impl Action {
+    /// Every action, in a fixed order.
+    pub const ALL: [Action; 6] = [
+        Action::KubernetesVersion,
+        Action::Files,
+        Action::SshKeys,
+        Action::Ntp,
+        Action::EtcdImage,
+        Action::KubeletArgs,
+    ];
+
+    /// The name used in policy files, settings and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::KubernetesVersion => "kubernetes-version",
+            Action::Files => "files",
+            Action::SshKeys => "ssh-keys",
+            Action::Ntp => "ntp",
+            Action::EtcdImage => "etcd-image",
+            Action::KubeletArgs => "kubelet-args",
+        }
+    }
+
+    /// Whether performing it can disturb workloads on the node (restarts kubelet, etcd or the
+    /// control plane). Files, SSH keys and NTP do not; CAPI may then skip the surge machine.
+    pub fn disturbs_workloads(self) -> bool {
+        !matches!(self, Action::Files | Action::SshKeys | Action::Ntp)
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A name that is not an [`Action`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown action {0:?} (known: kubernetes-version, files, ssh-keys, ntp, etcd-image, kubelet-args)")]
+pub struct UnknownAction(pub String);
+
+impl FromStr for Action {
+    type Err = UnknownAction;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Action::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| UnknownAction(s.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_through_str_and_serde() {
+        for a in Action::ALL {
+            assert_eq!(a.as_str().parse::<Action>(), Ok(a));
+            assert_eq!(serde_json::to_value(a).unwrap(), serde_json::Value::String(a.to_string()));
+        }
+        assert!("reboot".parse::<Action>().is_err());
+    }
+}

@@ -1,0 +1,230 @@
+//! The whole CanUpdateMachine / CanUpdateMachineSet decision: diff each object's compared part,
+//! judge every change, build the patches, check them the CAPI way, and summarise.
+
+mod check;
+mod judge;
+mod message;
+
+pub use judge::{ChangeVerdict, IGNORED_BY_CAPI, MACHINE_FIELDS_IGNORED_BY_CAPI};
+pub use message::{MAX_INLINE_VALUE_CHARS, MAX_MESSAGE_ITEMS};
+
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeSet;
+
+use crate::action::Action;
+use crate::diff::{self, Change, ChangeKind, DiffOptions};
+use crate::objects::{self, ObjectRole, Objects, Scope};
+use crate::patch::{self, Accepted, Patch, Sides};
+use crate::path::Path;
+use crate::policy::{Policy, Subject};
+use crate::redact;
+use crate::settings::{Mode, Settings};
+use judge::{Judge, Judged};
+
+/// What to answer CAPI.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum Outcome {
+    /// Every compared change is accepted: answer Success with the patches; CAPI updates in place.
+    InPlace,
+    /// Some change is rejected: answer Success with the (partial or no) patches; CAPI replaces the machine.
+    NeedsRollout,
+    /// Some change is rejected and settings say `mode: in-place-only`: answer Failure with the
+    /// message, no patches; CAPI stops instead of replacing.
+    Refused,
+    /// Our own patch would be misread by CAPI (a bug): answer Failure with the message, no patches.
+    SelfCheckFailed,
+}
+
+impl Outcome {
+    /// Whether the hook answers `status: Success`.
+    pub fn is_success(self) -> bool {
+        matches!(self, Outcome::InPlace | Outcome::NeedsRollout)
+    }
+}
+
+/// The patch per object (`machinePatch`/`machineSetPatch`, `bootstrapConfig[Template]Patch`,
+/// `infrastructureMachine[Template]Patch`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Patches {
+    /// For the Machine or MachineSet.
+    pub machine: Option<Patch>,
+    /// For the bootstrap config or template.
+    pub bootstrap: Option<Patch>,
+    /// For the infrastructure machine or template.
+    pub infra: Option<Patch>,
+}
+
+impl Patches {
+    /// The patch for `role`.
+    pub fn get(&self, role: ObjectRole) -> Option<&Patch> {
+        match role {
+            ObjectRole::Machine => self.machine.as_ref(),
+            ObjectRole::Bootstrap => self.bootstrap.as_ref(),
+            ObjectRole::Infra => self.infra.as_ref(),
+        }
+    }
+
+    fn set(&mut self, role: ObjectRole, patch: Option<Patch>) {
+        match role {
+            ObjectRole::Machine => self.machine = patch,
+            ObjectRole::Bootstrap => self.bootstrap = patch,
+            ObjectRole::Infra => self.infra = patch,
+        }
+    }
+}
+
+/// One change with its verdict, as the `diff` command and logs show it. Secret values appear only
+/// as short hashes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct JudgedChange {
+    /// Which object.
+    pub object: ObjectRole,
+    /// That object's kind, e.g. `KubeadmConfig`.
+    pub kind: String,
+    /// The path as shown (`spec.template.spec…` for templates).
+    pub path: String,
+    /// The same path, structured and written from the Machine-level `spec` (what rules match).
+    #[serde(skip)]
+    pub location: Path,
+    /// What happened.
+    pub change: ChangeKind,
+    /// The current value, shown (hashed if secret, cut if long); `None` when added.
+    pub old: Option<String>,
+    /// The desired value, shown; `None` when removed.
+    pub new: Option<String>,
+    /// The verdict.
+    pub verdict: ChangeVerdict,
+    /// The actions that perform it (empty unless the verdict is `action`).
+    pub actions: BTreeSet<Action>,
+    /// Why: the actions, the accept/reject reason, `no rule` or `ignored by CAPI`.
+    pub reason: String,
+}
+
+/// The decision for one CanUpdate request.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    /// What to answer.
+    pub outcome: Outcome,
+    /// The patches to send; all `None` unless the outcome is a Success.
+    pub patches: Patches,
+    /// The answer's `message`.
+    pub message: String,
+    /// For `affectsAvailability`: false only when the update goes in place and every action leaves
+    /// workloads alone (files, ssh-keys, ntp).
+    pub affects_availability: bool,
+    /// Every change, in object order (Machine, bootstrap, infra) then diff order.
+    pub changes: Vec<JudgedChange>,
+    /// The actions of all accepted changes.
+    pub actions: BTreeSet<Action>,
+    /// What the self-check found (paths only); non-empty exactly when the outcome is `SelfCheckFailed`.
+    pub self_check_failures: Vec<String>,
+    /// Remarks for operators (e.g. a merge patch sent as JSON Patch).
+    pub notes: Vec<String>,
+}
+
+/// Decides a CanUpdateMachine (`Scope::Object`) or CanUpdateMachineSet (`Scope::Template`) request.
+pub fn decide(scope: Scope, current: &Objects, desired: &Objects, policy: &Policy, settings: &Settings) -> Decision {
+    let control_plane = objects::is_control_plane(scope, current, desired);
+    let mut changes = Vec::new();
+    let mut patches = Patches::default();
+    let mut failures = Vec::new();
+    let mut notes = Vec::new();
+    for role in ObjectRole::ALL {
+        let (cur, des) = (current.get(role), desired.get(role));
+        let Some(named) = des.or(cur) else { continue };
+        let kind = match objects::kind_of(named) {
+            "" => role.fallback_kind(scope),
+            k => k,
+        };
+        let (Some(cur), Some(des)) = (cur, des) else {
+            changes.push(one_sided(scope, role, kind, cur.is_some()));
+            continue;
+        };
+        let sides = Sides { scope, current_object: cur, current: objects::region(scope, cur), desired: objects::region(scope, des) };
+        let found = diff::diff(sides.current, sides.desired, DiffOptions { typed: role == ObjectRole::Machine });
+        let judge = Judge { policy, settings, subject: Subject::of(scope, des, control_plane), role };
+        let mut judged: Vec<Judged> = found.iter().map(|c| judge.judge(c)).collect();
+        judge::demote(&found, &mut judged, scope);
+        let mut accepted = Accepted::default();
+        for (c, j) in found.iter().zip(&judged) {
+            if j.verdict.accepted() {
+                accepted.insert(c);
+            }
+        }
+        let (patch, note) = patch::build(&sides, &accepted, settings.patch_type);
+        notes.extend(note.map(|n| format!("{kind}: {n}")));
+        failures.extend(check::check(&sides, role, kind, &found, &judged, patch.as_ref()));
+        patches.set(role, patch);
+        changes.extend(found.iter().zip(judged).map(|(c, j)| shown(scope, role, kind, c, j)));
+    }
+    let rejected = changes.iter().any(|c| c.verdict == ChangeVerdict::Reject);
+    let outcome = match (failures.is_empty(), rejected, settings.mode) {
+        (false, _, _) => Outcome::SelfCheckFailed,
+        (true, true, Mode::InPlaceOnly) => Outcome::Refused,
+        (true, true, Mode::InPlaceOrRollout) => Outcome::NeedsRollout,
+        (true, false, _) => Outcome::InPlace,
+    };
+    if !outcome.is_success() {
+        patches = Patches::default();
+    }
+    let actions: BTreeSet<Action> = changes.iter().filter(|c| c.verdict.accepted()).flat_map(|c| c.actions.iter().copied()).collect();
+    let affects_availability = outcome != Outcome::InPlace || actions.iter().any(|a| a.disturbs_workloads());
+    let message = message::message(outcome, &changes, &failures, &notes);
+    Decision { outcome, patches, message, affects_availability, changes, actions, self_check_failures: failures, notes }
+}
+
+/// A change for an object only one side has.
+fn one_sided(scope: Scope, role: ObjectRole, kind: &str, only_current: bool) -> JudgedChange {
+    let (change, side) = if only_current { (ChangeKind::Removed, "desired") } else { (ChangeKind::Added, "current") };
+    // CAPI compares bootstrap config templates only when both MachineSets reference one.
+    let (verdict, reason) = if scope == Scope::Template && role == ObjectRole::Bootstrap {
+        (ChangeVerdict::Ignored, IGNORED_BY_CAPI.to_owned())
+    } else {
+        (ChangeVerdict::Reject, format!("the request has no {side} {kind}"))
+    };
+    let location = Path::spec();
+    JudgedChange {
+        object: role,
+        kind: kind.to_owned(),
+        path: location.display_in(scope),
+        location,
+        change,
+        old: None,
+        new: None,
+        verdict,
+        actions: BTreeSet::new(),
+        reason,
+    }
+}
+
+fn shown(scope: Scope, role: ObjectRole, kind: &str, c: &Change, j: Judged) -> JudgedChange {
+    let show = |v: Option<&Value>| -> Option<String> {
+        let v = v?;
+        if c.kind != ChangeKind::Reordered {
+            return Some(redact::show(&c.path, v));
+        }
+        // A reorder is shown as the order of keys.
+        let key = match c.path.last() {
+            Some(crate::path::Seg::Field(name)) => diff::keyed_list_field(name),
+            _ => None,
+        };
+        let keys = key.and_then(|k| diff::list_keys(v.as_array()?, k))?;
+        Some(redact::show(&c.path, &Value::from(keys)))
+    };
+    JudgedChange {
+        object: role,
+        kind: kind.to_owned(),
+        path: c.path.display_in(scope),
+        location: c.path.clone(),
+        change: c.kind,
+        old: show(c.old),
+        new: show(c.new),
+        verdict: j.verdict,
+        actions: j.actions,
+        reason: j.reason,
+    }
+}
+
+#[cfg(test)]
+mod tests;

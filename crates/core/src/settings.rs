@@ -1,0 +1,183 @@
+//! The ExtensionConfig `spec.settings` this updater reads (CAPI copies them into every request).
+//! They can only narrow the policy for one registration, never widen it.
+
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::action::Action;
+use crate::patch::PatchType;
+
+/// Every setting key with its values and meaning, for `--help`, README and error messages.
+pub const SETTINGS_DOC: &[(&str, &str)] = &[
+    (
+        "inPlace",
+        "\"true\" (default) or \"false\". \"false\" accepts no change in place: every change needs a rollout.",
+    ),
+    (
+        "disableActions",
+        "Comma-separated action names (kubernetes-version, files, ssh-keys, ntp, etcd-image, kubelet-args) \
+         that this registration must not perform; changes needing them need a rollout. Default: none.",
+    ),
+    (
+        "mode",
+        "\"in-place-or-rollout\" (default): changes that cannot go in place make CAPI replace the machine. \
+         \"in-place-only\": answer Failure naming the rejected changes instead, so CAPI stops and replaces nothing.",
+    ),
+    (
+        "patchType",
+        "\"JSONPatch\" (default, RFC 6902) or \"JSONMergePatch\" (RFC 7386) for the patches in CanUpdate answers. \
+         A change a merge patch cannot express (a null inside a desired value) is sent as JSONPatch for that object.",
+    ),
+];
+
+/// What to do when some change cannot be performed in place.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Answer Success with partial (or no) patches: CAPI falls back to replacing the machine.
+    #[default]
+    InPlaceOrRollout,
+    /// Answer Failure naming the rejected changes: CAPI stops the rollout (cluster-api#13863).
+    InPlaceOnly,
+}
+
+/// The parsed settings; [`Settings::default`] is what an ExtensionConfig without settings gets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Settings {
+    /// `inPlace`: when false, nothing is accepted in place.
+    pub in_place: bool,
+    /// `disableActions`: actions this registration must not perform.
+    pub disabled_actions: BTreeSet<Action>,
+    /// `mode`.
+    pub mode: Mode,
+    /// `patchType`: the patch format of answers.
+    pub patch_type: PatchType,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings { in_place: true, disabled_actions: BTreeSet::new(), mode: Mode::InPlaceOrRollout, patch_type: PatchType::JsonPatch }
+    }
+}
+
+/// A setting that cannot be used. The message names the key, the value and what is allowed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingsError {
+    /// A key this updater does not know (a typo would otherwise silently widen what goes in place).
+    #[error("unknown setting {key:?} (known: inPlace, disableActions, mode, patchType)")]
+    UnknownKey {
+        /// The key as given.
+        key: String,
+    },
+    /// A value outside the allowed set.
+    #[error("setting {key}: invalid value {value:?}, expected {expected}")]
+    InvalidValue {
+        /// The key.
+        key: &'static str,
+        /// The value as given.
+        value: String,
+        /// What would have been accepted.
+        expected: &'static str,
+    },
+    /// Settings that contradict each other.
+    #[error("settings conflict: {0}")]
+    Conflict(&'static str),
+}
+
+impl Settings {
+    /// Parses ExtensionConfig settings. Keys are case-sensitive (as in the ExtensionConfig);
+    /// values of `inPlace` and `patchType` are not.
+    pub fn from_map(map: &BTreeMap<String, String>) -> Result<Settings, SettingsError> {
+        let mut s = Settings::default();
+        for (key, value) in map {
+            let v = value.trim();
+            match key.as_str() {
+                "inPlace" => {
+                    s.in_place = match v.to_ascii_lowercase().as_str() {
+                        "true" => true,
+                        "false" => false,
+                        _ => return Err(invalid("inPlace", value, "\"true\" or \"false\"")),
+                    }
+                }
+                "disableActions" => {
+                    for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                        let action = name.parse::<Action>().map_err(|_| {
+                            invalid("disableActions", value, "comma-separated kubernetes-version, files, ssh-keys, ntp, etcd-image, kubelet-args")
+                        })?;
+                        s.disabled_actions.insert(action);
+                    }
+                }
+                "mode" => {
+                    s.mode = match v {
+                        "" | "in-place-or-rollout" => Mode::InPlaceOrRollout,
+                        "in-place-only" => Mode::InPlaceOnly,
+                        _ => return Err(invalid("mode", value, "\"in-place-or-rollout\" or \"in-place-only\"")),
+                    }
+                }
+                "patchType" => {
+                    s.patch_type = match v.to_ascii_lowercase().as_str() {
+                        "" | "jsonpatch" => PatchType::JsonPatch,
+                        "jsonmergepatch" => PatchType::JsonMergePatch,
+                        _ => return Err(invalid("patchType", value, "\"JSONPatch\" or \"JSONMergePatch\"")),
+                    }
+                }
+                _ => return Err(SettingsError::UnknownKey { key: key.clone() }),
+            }
+        }
+        if !s.in_place && s.mode == Mode::InPlaceOnly {
+            return Err(SettingsError::Conflict(
+                "inPlace \"false\" with mode \"in-place-only\" would refuse every change; choose one",
+            ));
+        }
+        Ok(s)
+    }
+
+    /// Whether `action` may be performed under these settings.
+    pub fn allows(&self, action: Action) -> bool {
+        self.in_place && !self.disabled_actions.contains(&action)
+    }
+}
+
+fn invalid(key: &'static str, value: &str, expected: &'static str) -> SettingsError {
+    SettingsError::InvalidValue { key, value: value.to_owned(), expected }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+        Settings::from_map(&pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+    }
+
+    #[test]
+    fn defaults_when_empty() {
+        assert_eq!(parse(&[]).unwrap(), Settings::default());
+        assert!(Settings::default().allows(Action::Files));
+    }
+
+    #[test]
+    fn parses_every_setting() {
+        let s = parse(&[("inPlace", "TRUE"), ("disableActions", "ssh-keys, ntp,"), ("mode", "in-place-only"), ("patchType", "JSONMergePatch")]).unwrap();
+        assert!(s.in_place);
+        assert_eq!(s.disabled_actions, [Action::SshKeys, Action::Ntp].into());
+        assert_eq!(s.mode, Mode::InPlaceOnly);
+        assert_eq!(s.patch_type, PatchType::JsonMergePatch);
+        assert!(!s.allows(Action::Ntp) && s.allows(Action::Files));
+        let off = parse(&[("inPlace", "false")]).unwrap();
+        assert!(!off.allows(Action::Files));
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let e = parse(&[("disableAction", "ntp")]).unwrap_err();
+        assert!(e.to_string().contains("disableAction"), "{e}");
+        let e = parse(&[("disableActions", "ntp,reboot")]).unwrap_err();
+        assert!(e.to_string().contains("ntp,reboot"), "{e}");
+        assert!(parse(&[("inPlace", "yes")]).is_err());
+        assert!(parse(&[("mode", "strict")]).is_err());
+        assert!(parse(&[("patchType", "strategic")]).is_err());
+        assert!(matches!(parse(&[("inPlace", "false"), ("mode", "in-place-only")]), Err(SettingsError::Conflict(_))));
+    }
+}

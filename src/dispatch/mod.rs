@@ -1,0 +1,228 @@
+//! The update lifecycle of each Machine (recorded → running → done | failed), shared by every replica through
+//! the store: UpdateMachine records a run, agents long-poll for it, report each step, and UpdateMachine answers
+//! from what is recorded. Every write two replicas could race on is a compare-and-swap. Waiting agents are
+//! woken by the store's change feed, so a run recorded on replica A wakes an agent polling replica B at once.
+
+mod agent;
+pub mod records;
+mod status;
+mod update;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use inplace_agent_api::MachineRef;
+use inplace_store::{Entry, Precondition, Store, StoreError, Write};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+
+pub use agent::AgentScope;
+pub use status::{StatusRow, StatusState};
+pub use update::{UpdateAnswer, UpdateRequest};
+
+/// How many times a compare-and-swap is retried against concurrent writers before giving up.
+pub const CAS_ATTEMPTS: usize = 16;
+/// Default `retryAfterSeconds` while an update is in progress.
+pub const DEFAULT_RETRY_AFTER_SECONDS: i32 = 5;
+/// Default time finished updates are kept before retention deletes them.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How often an agent's last-seen time is persisted at most (each replica keeps the exact time in memory).
+pub const LAST_SEEN_PERSIST_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Why dispatch could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    /// The store failed (retryable when it is unavailable).
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// A record in the store could not be decoded (written by an incompatible version, or corrupt).
+    #[error("record {key} is unreadable: {detail}")]
+    Corrupt {
+        /// The key.
+        key: String,
+        /// What serde said.
+        detail: String,
+    },
+    /// Concurrent writers kept winning the compare-and-swap.
+    #[error("too much contention on {0}; try again")]
+    Contention(String),
+    /// The caller's token does not cover this machine or cluster.
+    #[error("{0}")]
+    Forbidden(String),
+    /// The report names a run that is not (any more) this Machine's current one.
+    #[error("{0}")]
+    Conflict(String),
+    /// The request is malformed.
+    #[error("{0}")]
+    BadRequest(String),
+}
+
+/// Tunables of dispatch.
+#[derive(Debug, Clone, Copy)]
+pub struct DispatchConfig {
+    /// `retryAfterSeconds` while in progress.
+    pub retry_after_seconds: i32,
+    /// How long finished runs are kept.
+    pub retention: Duration,
+}
+
+impl Default for DispatchConfig {
+    fn default() -> Self {
+        Self {
+            retry_after_seconds: DEFAULT_RETRY_AFTER_SECONDS,
+            retention: DEFAULT_RETENTION,
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+/// The dispatcher: one per server process, over a store shared by every replica.
+pub struct Dispatcher {
+    store: Arc<dyn Store>,
+    config: DispatchConfig,
+    waiters: Mutex<HashMap<MachineRef, Arc<Notify>>>,
+    /// Every waiter is also woken by this (store feed lagged or reconnected: re-check everything).
+    everyone: Notify,
+    seen: Mutex<HashMap<MachineRef, (u64, u64)>>,
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field("store", &self.store.describe())
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Dispatcher {
+    /// A dispatcher over `store`.
+    pub fn new(store: Arc<dyn Store>, config: DispatchConfig) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            config,
+            waiters: Mutex::new(HashMap::new()),
+            everyone: Notify::new(),
+            seen: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The store, for status and retention.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Follows the store's change feed and wakes the agents whose Machine record changed. Runs until the
+    /// feed closes (which ends the process: a dispatcher that cannot hear changes would starve agents).
+    pub async fn follow_changes(self: Arc<Self>) {
+        let mut feed = self.store.subscribe();
+        loop {
+            match feed.recv().await {
+                Ok(change) => {
+                    if let Some(machine) = change.key.strip_prefix("machines/").and_then(parse_machine) {
+                        self.wake(&machine);
+                    } else if change.key.is_empty() {
+                        self.everyone.notify_waiters();
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => self.everyone.notify_waiters(),
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+
+    fn waiter(&self, machine: &MachineRef) -> Arc<Notify> {
+        self.waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(machine.clone())
+            .or_default()
+            .clone()
+    }
+
+    fn wake(&self, machine: &MachineRef) {
+        let notify = self
+            .waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(machine)
+            .cloned();
+        if let Some(notify) = notify {
+            notify.notify_waiters();
+        }
+    }
+
+    fn release_waiter(&self, machine: &MachineRef, notify: Arc<Notify>) {
+        let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+        // Two references: the map's and ours. Anything more is another waiting poll.
+        if Arc::strong_count(&notify) <= 2 {
+            waiters.remove(machine);
+        }
+    }
+
+    async fn read<T: DeserializeOwned>(&self, key: &str) -> Result<Option<(T, Entry)>, DispatchError> {
+        match self.store.get(key).await? {
+            None => Ok(None),
+            Some(entry) => {
+                let value = serde_json::from_slice(&entry.value).map_err(|err| DispatchError::Corrupt {
+                    key: key.to_string(),
+                    detail: err.to_string(),
+                })?;
+                Ok(Some((value, entry)))
+            }
+        }
+    }
+
+    /// Read-modify-write with compare-and-swap: `change` sees the current value (or `None`) and returns the
+    /// new value, or `None` to leave it as is. Retries when another writer got there first. Returns the value
+    /// as stored afterwards (`None` only when the key is absent and `change` wrote nothing).
+    async fn update<T, F>(&self, key: &str, mut change: F) -> Result<Option<T>, DispatchError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnMut(Option<&T>) -> Result<Option<T>, DispatchError>,
+    {
+        for _ in 0..CAS_ATTEMPTS {
+            let current = self.read::<T>(key).await?;
+            let precondition = match &current {
+                None => Precondition::Absent,
+                Some((_, entry)) => Precondition::Revision(entry.revision),
+            };
+            let Some(next) = change(current.as_ref().map(|(value, _)| value))? else {
+                return Ok(current.map(|(value, _)| value));
+            };
+            let bytes = serde_json::to_vec(&next).map_err(|err| DispatchError::Corrupt {
+                key: key.to_string(),
+                detail: err.to_string(),
+            })?;
+            match self.store.put(key, bytes, precondition).await? {
+                Write::Done(_) => return Ok(Some(next)),
+                Write::Conflict(_) => continue,
+            }
+        }
+        Err(DispatchError::Contention(key.to_string()))
+    }
+
+    /// Writes a JSON value unconditionally (records only their owner writes, e.g. an agent's own inventory).
+    async fn put_any<T: Serialize>(&self, key: &str, value: &T) -> Result<(), DispatchError> {
+        let bytes = serde_json::to_vec(value).map_err(|err| DispatchError::Corrupt {
+            key: key.to_string(),
+            detail: err.to_string(),
+        })?;
+        self.store.put(key, bytes, Precondition::Any).await?;
+        Ok(())
+    }
+}
+
+fn parse_machine(rest: &str) -> Option<MachineRef> {
+    let (namespace, name) = rest.split_once('/')?;
+    Some(MachineRef::new(namespace, name))
+}

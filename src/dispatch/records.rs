@@ -1,0 +1,419 @@
+//! What dispatch keeps in the store, the keys it keeps it under, and the pure state transitions of an update
+//! (step reports, agent progress). No I/O: every function here is tested alone.
+
+use inplace_agent_api::{
+    InventoryReport, MachineRef, Plan, PlanProgress, PlanStatus, StepReport, StepStatus,
+};
+use serde::{Deserialize, Serialize};
+
+/// Longest stderr tail kept per step (the agent sends at most 4 KiB; operators need the end).
+pub const KEPT_STDERR_BYTES: usize = inplace_agent_api::STDERR_TAIL_MAX_BYTES;
+
+/// Key of a Machine's record: which run is current.
+pub fn machine_key(machine: &MachineRef) -> String {
+    format!("machines/{}/{}", machine.namespace, machine.name)
+}
+
+/// Key of one update run of a Machine.
+pub fn update_key(machine: &MachineRef, run_id: &str) -> String {
+    format!("updates/{}/{}/{run_id}", machine.namespace, machine.name)
+}
+
+/// Prefix of every update run.
+pub const UPDATES_PREFIX: &str = "updates/";
+
+/// Key of what the agent of a Machine last told us.
+pub fn agent_key(machine: &MachineRef) -> String {
+    format!("agents/{}/{}", machine.namespace, machine.name)
+}
+
+/// Key mapping a provider id to its Machine (provider ids contain `/`, so they are hex-encoded).
+pub fn provider_key(provider_id: &str) -> String {
+    let hex: String = provider_id.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("providers/{hex}")
+}
+
+/// Key of the claim "this Machine runs `kubeadm upgrade apply <version>` for its cluster".
+pub fn apply_claim_key(namespace: &str, cluster: &str, version: &str) -> String {
+    format!("clusters/{namespace}/{cluster}/kubeadm-apply/{version}")
+}
+
+/// Whether a name may be used as a key segment (DNS-1123 subdomain characters, bounded length).
+pub fn valid_segment(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 253
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && !text.starts_with('.')
+}
+
+/// A Machine's record: the run it is on and what that run converges to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineRecord {
+    /// Hash of the desired node state (the plan without its run id).
+    pub state_hash: String,
+    /// The current run id (what agents see as the plan id).
+    pub run_id: String,
+    /// The cluster the Machine belongs to.
+    pub cluster: String,
+    /// `spec.providerID`, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
+    /// When this run became current (Unix ms).
+    pub since_ms: u64,
+}
+
+/// State of one step of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StepState {
+    /// Not started.
+    Pending,
+    /// Started by the agent.
+    Running,
+    /// Done.
+    Succeeded,
+    /// Failed; the run stops here.
+    Failed,
+}
+
+impl StepState {
+    /// Whether the state is final.
+    pub fn is_final(self) -> bool {
+        matches!(self, StepState::Succeeded | StepState::Failed)
+    }
+}
+
+/// One step's record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepRecord {
+    /// Where it is.
+    pub state: StepState,
+    /// Which attempt the state belongs to (agent restarts re-run an interrupted step).
+    #[serde(default)]
+    pub attempt: u32,
+    /// Start of the attempt (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<u64>,
+    /// End of the attempt (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_ms: Option<u64>,
+    /// Exit code of the command that ended it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Last bytes of stderr.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_tail: Option<String>,
+    /// The agent's message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl StepRecord {
+    fn pending() -> Self {
+        Self {
+            state: StepState::Pending,
+            attempt: 0,
+            started_ms: None,
+            finished_ms: None,
+            exit_code: None,
+            stderr_tail: None,
+            message: None,
+        }
+    }
+}
+
+/// One update run of a Machine: the plan handed to its agent and how far it got.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateRecord {
+    /// The plan (its `id` is the run id).
+    pub plan: Plan,
+    /// When the run was recorded (Unix ms).
+    pub created_ms: u64,
+    /// When it ended, succeeded or failed (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_ms: Option<u64>,
+    /// One record per plan step.
+    pub steps: Vec<StepRecord>,
+}
+
+/// Where a run is, as UpdateMachine reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// No step started yet.
+    Waiting,
+    /// Step `index` is the first unfinished one.
+    InProgress {
+        /// The step.
+        index: usize,
+    },
+    /// Every step succeeded.
+    Done,
+    /// Step `index` failed.
+    Failed {
+        /// The step.
+        index: usize,
+    },
+}
+
+impl UpdateRecord {
+    /// A fresh run of `plan`.
+    pub fn new(plan: Plan, now_ms: u64) -> Self {
+        let steps = plan.steps.iter().map(|_| StepRecord::pending()).collect();
+        let mut record = Self {
+            plan,
+            created_ms: now_ms,
+            finished_ms: None,
+            steps,
+        };
+        if record.steps.is_empty() {
+            record.finished_ms = Some(now_ms);
+        }
+        record
+    }
+
+    /// Where the run is.
+    pub fn outcome(&self) -> Outcome {
+        if let Some(index) = self.steps.iter().position(|s| s.state == StepState::Failed) {
+            return Outcome::Failed { index };
+        }
+        match self.steps.iter().position(|s| s.state != StepState::Succeeded) {
+            None => Outcome::Done,
+            Some(index) if index == 0 && self.steps[0].state == StepState::Pending => Outcome::Waiting,
+            Some(index) => Outcome::InProgress { index },
+        }
+    }
+
+    fn settle(&mut self, now_ms: u64) {
+        if self.finished_ms.is_none() && matches!(self.outcome(), Outcome::Done | Outcome::Failed { .. }) {
+            self.finished_ms = Some(now_ms);
+        }
+    }
+
+    /// Applies one step report. Returns whether anything changed. Reports are at-least-once: a repeat is a
+    /// no-op, a `running` report never overwrites a final state of the same or a later attempt, and nothing
+    /// changes once the run failed.
+    pub fn apply_report(&mut self, report: &StepReport, now_ms: u64) -> Result<bool, ReportRejection> {
+        let index = report.step_index as usize;
+        let Some(step) = self.steps.get(index) else {
+            return Err(ReportRejection::NoSuchStep(report.step_index));
+        };
+        if let Outcome::Failed { index: failed } = self.outcome() {
+            if failed != index || report.status != StepStatus::Failed {
+                return Ok(false);
+            }
+        }
+        let state = match report.status {
+            StepStatus::Running => StepState::Running,
+            StepStatus::Succeeded => StepState::Succeeded,
+            StepStatus::Failed => StepState::Failed,
+        };
+        let newer_attempt = report.attempt > step.attempt;
+        let same_attempt = report.attempt == step.attempt;
+        let allowed = newer_attempt || (same_attempt && !step.state.is_final() && state != step.state);
+        if !allowed {
+            return Ok(false);
+        }
+        // A step's success implies every earlier step succeeded (the agent runs them in order).
+        if state == StepState::Succeeded {
+            for earlier in &mut self.steps[..index] {
+                if earlier.state != StepState::Succeeded {
+                    earlier.state = StepState::Succeeded;
+                }
+            }
+        }
+        let step = &mut self.steps[index];
+        step.state = state;
+        step.attempt = report.attempt;
+        step.started_ms = report.started_at_unix_ms.or(step.started_ms);
+        step.finished_ms = report.finished_at_unix_ms;
+        step.exit_code = report.exit_code;
+        step.stderr_tail = report
+            .stderr_tail
+            .as_deref()
+            .map(|t| inplace_agent_api::truncate_tail(t, KEPT_STDERR_BYTES).to_string());
+        step.message = report.message.clone();
+        self.settle(now_ms);
+        Ok(true)
+    }
+
+    /// Folds in the agent's summary of this run (sent with every poll and inventory), so progress whose
+    /// reports were lost is not lost. Returns whether anything changed.
+    pub fn apply_progress(&mut self, progress: &PlanProgress, now_ms: u64) -> bool {
+        if progress.plan_id != self.plan.id || matches!(self.outcome(), Outcome::Failed { .. }) {
+            return false;
+        }
+        let succeeded = (progress.succeeded_steps as usize).min(self.steps.len());
+        let mut changed = false;
+        for step in &mut self.steps[..succeeded] {
+            if step.state != StepState::Succeeded {
+                step.state = StepState::Succeeded;
+                changed = true;
+            }
+        }
+        if let (PlanStatus::Failed, Some(failed)) = (progress.status, progress.failed_step) {
+            if let Some(step) = self.steps.get_mut(failed as usize) {
+                if step.state != StepState::Failed {
+                    step.state = StepState::Failed;
+                    step.message.get_or_insert_with(|| "the agent reported this step failed".into());
+                    changed = true;
+                }
+            }
+        }
+        self.settle(now_ms);
+        changed
+    }
+
+    /// Whether an agent reporting `progress` (or nothing) still needs this plan handed to it.
+    pub fn agent_needs_plan(&self, progress: Option<&PlanProgress>) -> bool {
+        match progress {
+            None => self.finished_ms.is_none(),
+            Some(progress) if progress.plan_id != self.plan.id => self.finished_ms.is_none(),
+            Some(progress) => progress.status == PlanStatus::Running,
+        }
+    }
+}
+
+/// Why a step report was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReportRejection {
+    /// The plan has no step with that index.
+    #[error("plan has no step {0}")]
+    NoSuchStep(u32),
+}
+
+/// What the agent of a Machine last told us.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRecord {
+    /// Last time this agent was heard from, as persisted (Unix ms; persisted at most every few minutes).
+    pub last_seen_ms: u64,
+    /// The last inventory report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inventory: Option<InventoryReport>,
+}
+
+/// The claim that one Machine runs `kubeadm upgrade apply` for a version in its cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplyClaim {
+    /// The Machine's name.
+    pub machine: String,
+    /// When it claimed (Unix ms).
+    pub claimed_ms: u64,
+}
+
+/// Provider id index entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderIndex {
+    /// The Machine with that provider id.
+    pub machine: MachineRef,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inplace_agent_api::{AgentIdentity, Step, StepAction};
+
+    fn plan(steps: usize) -> Plan {
+        Plan {
+            id: "run-1".into(),
+            machine: MachineRef::new("default", "m"),
+            cluster: "c".into(),
+            steps: (0..steps)
+                .map(|i| Step {
+                    index: i as u32,
+                    description: format!("step {i}"),
+                    timeout_seconds: 60,
+                    action: StepAction::Ntp { servers: vec![], enabled: None },
+                })
+                .collect(),
+        }
+    }
+
+    fn report(index: u32, status: StepStatus, attempt: u32) -> StepReport {
+        StepReport {
+            agent: AgentIdentity::Machine(MachineRef::new("default", "m")),
+            plan_id: "run-1".into(),
+            step_index: index,
+            status,
+            attempt,
+            started_at_unix_ms: Some(1),
+            finished_at_unix_ms: None,
+            exit_code: None,
+            stderr_tail: None,
+            message: None,
+        }
+    }
+
+    #[test]
+    fn reports_move_a_run_forward_and_repeats_are_no_ops() {
+        let mut run = UpdateRecord::new(plan(2), 0);
+        assert_eq!(run.outcome(), Outcome::Waiting);
+        assert!(run.apply_report(&report(0, StepStatus::Running, 1), 1).unwrap());
+        assert_eq!(run.outcome(), Outcome::InProgress { index: 0 });
+        assert!(run.apply_report(&report(0, StepStatus::Succeeded, 1), 2).unwrap());
+        assert!(!run.apply_report(&report(0, StepStatus::Succeeded, 1), 3).unwrap());
+        assert!(!run.apply_report(&report(0, StepStatus::Running, 1), 3).unwrap(), "late running report ignored");
+        assert_eq!(run.outcome(), Outcome::InProgress { index: 1 });
+        assert!(run.apply_report(&report(1, StepStatus::Succeeded, 1), 4).unwrap());
+        assert_eq!(run.outcome(), Outcome::Done);
+        assert_eq!(run.finished_ms, Some(4));
+        assert_eq!(run.apply_report(&report(7, StepStatus::Running, 1), 5), Err(ReportRejection::NoSuchStep(7)));
+    }
+
+    #[test]
+    fn a_failed_run_stays_failed() {
+        let mut run = UpdateRecord::new(plan(3), 0);
+        run.apply_report(&report(0, StepStatus::Succeeded, 1), 1).unwrap();
+        let mut failed = report(1, StepStatus::Failed, 1);
+        failed.stderr_tail = Some("x".repeat(10_000));
+        run.apply_report(&failed, 2).unwrap();
+        assert_eq!(run.outcome(), Outcome::Failed { index: 1 });
+        assert!(run.steps[1].stderr_tail.as_ref().unwrap().len() <= KEPT_STDERR_BYTES);
+        assert!(!run.apply_report(&report(2, StepStatus::Succeeded, 1), 3).unwrap());
+        assert!(!run.apply_report(&report(1, StepStatus::Succeeded, 1), 3).unwrap());
+        assert_eq!(run.outcome(), Outcome::Failed { index: 1 });
+    }
+
+    #[test]
+    fn a_restarted_attempt_may_rerun_an_interrupted_step() {
+        let mut run = UpdateRecord::new(plan(1), 0);
+        run.apply_report(&report(0, StepStatus::Running, 1), 1).unwrap();
+        assert!(run.apply_report(&report(0, StepStatus::Running, 2), 2).unwrap());
+        assert_eq!(run.steps[0].attempt, 2);
+        assert!(run.apply_report(&report(0, StepStatus::Succeeded, 2), 3).unwrap());
+        assert_eq!(run.outcome(), Outcome::Done);
+    }
+
+    #[test]
+    fn agent_progress_recovers_lost_reports() {
+        let mut run = UpdateRecord::new(plan(3), 0);
+        let progress = PlanProgress {
+            plan_id: "run-1".into(),
+            status: PlanStatus::Succeeded,
+            succeeded_steps: 3,
+            total_steps: 3,
+            failed_step: None,
+        };
+        assert!(run.agent_needs_plan(None));
+        assert!(run.apply_progress(&progress, 9));
+        assert_eq!(run.outcome(), Outcome::Done);
+        assert!(!run.agent_needs_plan(Some(&progress)));
+        let other = PlanProgress { plan_id: "old".into(), ..progress };
+        assert!(!run.apply_progress(&other, 10));
+    }
+
+    #[test]
+    fn keys_are_segment_safe() {
+        assert!(valid_segment("edge-01-cp-abcde"));
+        assert!(!valid_segment("../etc"));
+        assert!(!valid_segment("a/b"));
+        assert!(!valid_segment(""));
+        assert_eq!(provider_key("a/b"), "providers/612f62");
+    }
+}

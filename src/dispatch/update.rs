@@ -1,0 +1,240 @@
+//! UpdateMachine's side of dispatch: record the run for the desired state (once), then answer from what the
+//! store says about it — never from memory, so a restart or another replica gives the same answer.
+
+use std::collections::BTreeSet;
+
+use inplace_agent_api::{KubeadmUpgradeMode, Plan, validate_plan};
+use inplace_core::Action;
+use inplace_store::{Precondition, Write};
+use serde_json::Value;
+use sha2::{Digest as _, Sha256};
+
+use super::records::{
+    AgentRecord, ApplyClaim, MachineRecord, Outcome, ProviderIndex, UpdateRecord, agent_key,
+    apply_claim_key, machine_key, provider_key, update_key,
+};
+use super::{DispatchError, Dispatcher, now_ms};
+use crate::plan::{self, MachineFacts, PlanInput};
+
+/// Longest stderr excerpt put in a Failure message (CAPI logs it; our status shows the full tail).
+pub const FAILURE_STDERR_EXCERPT_BYTES: usize = 600;
+
+/// What UpdateMachine was asked, already decoded.
+#[derive(Debug, Clone)]
+pub struct UpdateRequest {
+    /// Facts of the desired Machine.
+    pub facts: MachineFacts,
+    /// The desired bootstrap config.
+    pub bootstrap: Option<Value>,
+    /// Actions the policy and settings allow.
+    pub actions: BTreeSet<Action>,
+}
+
+/// How UpdateMachine answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpdateAnswer {
+    /// Call again after `retry_after_seconds`; `message` is what operators see.
+    InProgress {
+        /// Shown as `In-place update in progress: <message>`.
+        message: String,
+        /// Seconds.
+        retry_after_seconds: i32,
+    },
+    /// Every step done.
+    Done {
+        /// Summary.
+        message: String,
+    },
+    /// A step failed: the same answer on every later call for this run.
+    Failed {
+        /// The failing step and its error.
+        message: String,
+    },
+}
+
+/// The run id: the desired state's hash chained to the previous run, so returning to an earlier desired
+/// state (A → B → A) is a new run the agent executes again, while repeated calls keep the same id.
+fn run_id(state_hash: &str, previous_run: Option<&str>) -> String {
+    let digest = Sha256::digest(format!("{state_hash}:{}", previous_run.unwrap_or_default()).as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn ago(now: u64, then: u64) -> String {
+    let seconds = now.saturating_sub(then) / 1000;
+    match seconds {
+        0..=119 => format!("{seconds}s ago"),
+        120..=7199 => format!("{}m ago", seconds / 60),
+        _ => format!("{}h ago", seconds / 3600),
+    }
+}
+
+impl Dispatcher {
+    /// Which `kubeadm upgrade` this control-plane Machine runs: the first one to ask for a version claims
+    /// `apply` for its cluster (compare-and-swap create); every other one runs `node`.
+    async fn upgrade_mode(&self, facts: &MachineFacts) -> Result<KubeadmUpgradeMode, DispatchError> {
+        let Some(version) = facts.version.as_deref().filter(|_| facts.control_plane) else {
+            return Ok(KubeadmUpgradeMode::Node);
+        };
+        let key = apply_claim_key(&facts.machine.namespace, &facts.cluster, version);
+        let claim = ApplyClaim {
+            machine: facts.machine.name.clone(),
+            claimed_ms: now_ms(),
+        };
+        let bytes = serde_json::to_vec(&claim).map_err(|err| DispatchError::Corrupt {
+            key: key.clone(),
+            detail: err.to_string(),
+        })?;
+        let holder = match self.store.put(&key, bytes, Precondition::Absent).await? {
+            Write::Done(_) => claim.machine,
+            Write::Conflict(Some(entry)) => {
+                let existing: ApplyClaim = serde_json::from_slice(&entry.value).map_err(|err| DispatchError::Corrupt {
+                    key: key.clone(),
+                    detail: err.to_string(),
+                })?;
+                existing.machine
+            }
+            Write::Conflict(None) => return Err(DispatchError::Contention(key)),
+        };
+        Ok(if holder == facts.machine.name {
+            KubeadmUpgradeMode::Apply
+        } else {
+            KubeadmUpgradeMode::Node
+        })
+    }
+
+    /// Records the run for the desired state (idempotently) and answers from the store.
+    pub async fn update_machine(&self, request: &UpdateRequest) -> Result<UpdateAnswer, DispatchError> {
+        let facts = &request.facts;
+        let uses_version = request.actions.contains(&Action::KubernetesVersion);
+        let mode = if uses_version {
+            self.upgrade_mode(facts).await?
+        } else {
+            KubeadmUpgradeMode::Node
+        };
+        let mut plan = plan::build(&PlanInput {
+            facts,
+            bootstrap: request.bootstrap.as_ref(),
+            actions: &request.actions,
+            upgrade_mode: mode,
+        })
+        .map_err(|err| DispatchError::BadRequest(err.to_string()))?;
+        validate_plan(&plan).map_err(|err| DispatchError::BadRequest(format!("the plan is not valid: {err}")))?;
+        let state_hash = plan.id.clone();
+        let now = now_ms();
+
+        let mut switched = false;
+        let record = self
+            .update(&machine_key(&facts.machine), |current: Option<&MachineRecord>| {
+                if current.is_some_and(|record| record.state_hash == state_hash) {
+                    switched = false;
+                    return Ok(None);
+                }
+                switched = true;
+                Ok(Some(MachineRecord {
+                    state_hash: state_hash.clone(),
+                    run_id: run_id(&state_hash, current.map(|record| record.run_id.as_str())),
+                    cluster: facts.cluster.clone(),
+                    provider_id: facts.provider_id.clone(),
+                    since_ms: now,
+                }))
+            })
+            .await?
+            .ok_or_else(|| DispatchError::Contention(machine_key(&facts.machine)))?;
+        plan.id = record.run_id.clone();
+        let key = update_key(&facts.machine, &plan.id);
+        let run = match self.read::<UpdateRecord>(&key).await? {
+            Some((run, _)) => run,
+            None => {
+                let fresh = UpdateRecord::new(plan, now);
+                let bytes = serde_json::to_vec(&fresh).map_err(|err| DispatchError::Corrupt {
+                    key: key.clone(),
+                    detail: err.to_string(),
+                })?;
+                match self.store.put(&key, bytes, Precondition::Absent).await? {
+                    Write::Done(_) => fresh,
+                    // Another replica recorded it first: answer from theirs.
+                    Write::Conflict(_) => self
+                        .read::<UpdateRecord>(&key)
+                        .await?
+                        .map(|(run, _)| run)
+                        .ok_or(DispatchError::Contention(key))?,
+                }
+            }
+        };
+        if switched {
+            if let Some(provider_id) = &facts.provider_id {
+                self.put_any(&provider_key(provider_id), &ProviderIndex { machine: facts.machine.clone() })
+                    .await?;
+            }
+            // The run record is written before the machine record points at it from the agent's point of view
+            // only after both exist; wake local waiters now (other replicas wake from the change feed).
+            self.wake(&facts.machine);
+        }
+        let agent = self.read::<AgentRecord>(&agent_key(&facts.machine)).await?.map(|(a, _)| a);
+        Ok(self.answer(&run, agent.as_ref(), now))
+    }
+
+    fn last_seen(&self, machine: &inplace_agent_api::MachineRef, agent: Option<&AgentRecord>) -> Option<u64> {
+        let local = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(machine)
+            .map(|(seen, _)| *seen);
+        local.max(agent.map(|a| a.last_seen_ms))
+    }
+
+    fn answer(&self, run: &UpdateRecord, agent: Option<&AgentRecord>, now: u64) -> UpdateAnswer {
+        let plan: &Plan = &run.plan;
+        let total = plan.steps.len();
+        let retry_after_seconds = self.config.retry_after_seconds;
+        match run.outcome() {
+            Outcome::Done => UpdateAnswer::Done {
+                message: format!("in-place update done: {total} step{} on {}", if total == 1 { "" } else { "s" }, plan.machine),
+            },
+            Outcome::Failed { index } => {
+                let step = &run.steps[index];
+                let mut message = format!("step {}/{total}: {} failed", index + 1, plan.steps[index].description);
+                if let Some(code) = step.exit_code {
+                    message.push_str(&format!(" (exit {code})"));
+                }
+                if let Some(text) = &step.message {
+                    message.push_str(&format!(": {text}"));
+                }
+                if let Some(tail) = step.stderr_tail.as_deref().filter(|t| !t.trim().is_empty()) {
+                    let excerpt = inplace_agent_api::truncate_tail(tail.trim_end(), FAILURE_STDERR_EXCERPT_BYTES);
+                    message.push_str(&format!("; stderr: {excerpt}"));
+                }
+                UpdateAnswer::Failed { message }
+            }
+            Outcome::Waiting => {
+                let seen = match self.last_seen(&plan.machine, agent) {
+                    None => "never".to_string(),
+                    Some(at) => ago(now, at),
+                };
+                UpdateAnswer::InProgress {
+                    message: format!("waiting for agent on {} (last seen: {seen}); {total} steps planned", plan.machine),
+                    retry_after_seconds,
+                }
+            }
+            Outcome::InProgress { index } => UpdateAnswer::InProgress {
+                message: format!("step {}/{total}: {}", index + 1, plan.steps[index].description),
+                retry_after_seconds,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_chain_so_returning_to_an_old_state_is_a_new_run() {
+        let a1 = run_id("A", None);
+        let b = run_id("B", Some(&a1));
+        let a2 = run_id("A", Some(&b));
+        assert_ne!(a1, a2);
+        assert_eq!(a1, run_id("A", None));
+    }
+}
