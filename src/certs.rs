@@ -168,9 +168,17 @@ pub fn write_dev_certs(spec: &DevCertsSpec) -> Result<DevCertPaths, CertsError> 
     write_file(&paths.ca_cert, ca.pem().as_bytes(), 0o644)?;
     write_file(&paths.ca_key, ca.key().serialize_pem().as_bytes(), 0o600)?;
     write_file(&paths.server_cert, server_cert.pem().as_bytes(), 0o644)?;
-    write_file(&paths.server_key, server_key.serialize_pem().as_bytes(), 0o600)?;
+    write_file(
+        &paths.server_key,
+        server_key.serialize_pem().as_bytes(),
+        0o600,
+    )?;
     write_file(&paths.client_cert, client_cert.pem().as_bytes(), 0o644)?;
-    write_file(&paths.client_key, client_key.serialize_pem().as_bytes(), 0o600)?;
+    write_file(
+        &paths.client_key,
+        client_key.serialize_pem().as_bytes(),
+        0o600,
+    )?;
     Ok(paths)
 }
 
@@ -202,7 +210,11 @@ mod tests {
     #[test]
     fn writes_a_usable_set_with_private_keys() {
         let dir = tempfile::tempdir().unwrap();
-        let spec = DevCertsSpec::with_defaults(dir.path().to_owned(), vec!["extra.example".into()], vec![]);
+        let spec = DevCertsSpec::with_defaults(
+            dir.path().to_owned(),
+            vec!["extra.example".into()],
+            vec![],
+        );
         let paths = write_dev_certs(&spec).unwrap();
         assert!(paths.server_files_exist());
         for key in [&paths.ca_key, &paths.server_key, &paths.client_key] {

@@ -6,9 +6,15 @@
 //! shutdown), [`certs`] (development certificates), [`cli`] (clap types).
 
 pub mod api;
+pub mod auth;
 pub mod certs;
 pub mod cli;
+pub mod commands;
+pub mod diffcmd;
+pub mod dispatch;
 pub mod hooks;
+pub mod http;
 pub mod server;
 
+pub mod demo;
 pub mod plan;

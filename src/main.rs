@@ -1,12 +1,9 @@
-//! The `inplace-updater` binary: parses the command line into typed configs and hands them to the library.
+//! The `inplace-updater` binary: parses the command line and hands each subcommand to the library.
 
-use std::sync::Arc;
-
-use anyhow::Context as _;
 use clap::Parser as _;
-use inplace_updater::certs::{DevCertPaths, DevCertsSpec, write_dev_certs};
-use inplace_updater::cli::{Cli, Command, DEV_CERTS_DIR, LogFormat, ServeArgs};
-use inplace_updater::server::{self, Listeners, Metrics, Readiness};
+use inplace_updater::certs::{DevCertsSpec, write_dev_certs};
+use inplace_updater::cli::{Cli, Command, LogFormat, TokenCommand};
+use inplace_updater::commands;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
@@ -22,32 +19,47 @@ fn main() -> anyhow::Result<()> {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),
     }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => runtime.block_on(async {
+            let shutdown = CancellationToken::new();
+            tokio::spawn(stop_on_signal(shutdown.clone()));
+            commands::serve(*args, shutdown).await
+        }),
         Command::Certs(args) => {
             let spec = DevCertsSpec::with_defaults(args.out, args.dns, args.ip);
             let paths = write_dev_certs(&spec)?;
-            println!("wrote {}, {}, {}", paths.ca_cert.display(), paths.server_cert.display(), paths.client_cert.display());
+            println!(
+                "wrote {}, {}, {} (and their keys)",
+                paths.ca_cert.display(),
+                paths.server_cert.display(),
+                paths.client_cert.display()
+            );
+            Ok(())
+        }
+        Command::Token(TokenCommand::Create(args)) => {
+            print!("{}", commands::token_create(&args)?);
+            Ok(())
+        }
+        Command::Policy(command) => {
+            print!("{}", commands::policy(&command)?);
+            Ok(())
+        }
+        Command::Agent(args) => runtime.block_on(async {
+            let shutdown = CancellationToken::new();
+            tokio::spawn(stop_on_signal(shutdown.clone()));
+            inplace_agent::run(args.config(), async move { shutdown.cancelled().await }).await?;
+            Ok(())
+        }),
+        Command::Demo(args) => runtime.block_on(commands::demo(&args)),
+        Command::Diff(args) => std::process::exit(commands::diff(&args)),
+        Command::Status(args) => {
+            print!("{}", runtime.block_on(commands::status(&args))?);
             Ok(())
         }
     }
-}
-
-#[tokio::main]
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    if args.dev && args.tls_cert.is_none() && !DevCertPaths::in_dir(DEV_CERTS_DIR.as_ref()).server_files_exist() {
-        let spec = DevCertsSpec::with_defaults(DEV_CERTS_DIR.into(), vec![], vec![]);
-        write_dev_certs(&spec).context("generating development certificates")?;
-        tracing::info!(dir = DEV_CERTS_DIR, "generated development certificates");
-    }
-    let (hooks, health, metrics) = args.listen_addrs();
-    let listeners = Listeners::bind(hooks, health, metrics).await?;
-    let (hooks, health, metrics) = listeners.local_addrs()?;
-    tracing::info!(%hooks, %health, %metrics, "listening");
-    let shutdown = CancellationToken::new();
-    tokio::spawn(stop_on_signal(shutdown.clone()));
-    server::run(args.config(), listeners, Arc::new(Metrics::new()), Readiness::default(), shutdown).await?;
-    Ok(())
 }
 
 async fn stop_on_signal(shutdown: CancellationToken) {

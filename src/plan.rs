@@ -8,8 +8,8 @@
 use std::collections::BTreeSet;
 
 use inplace_agent_api::{
-    FileEncoding, FileSpec, KubeadmUpgradeMode, KubeletArg, MachineRef, Plan, SecretString, SshUser,
-    Step, StepAction,
+    FileEncoding, FileSpec, KubeadmUpgradeMode, KubeletArg, MachineRef, Plan, SecretString,
+    SshUser, Step, StepAction,
 };
 use inplace_core::Action;
 use serde_json::Value;
@@ -81,11 +81,19 @@ impl MachineFacts {
         })?;
         let namespace = str_at(machine, "/metadata/namespace").unwrap_or("default");
         let cluster = str_at(machine, "/spec/clusterName")
-            .or_else(|| str_at(machine, &format!("/metadata/labels/{}", CLUSTER_NAME_LABEL.replace('/', "~1"))))
+            .or_else(|| {
+                str_at(
+                    machine,
+                    &format!("/metadata/labels/{}", CLUSTER_NAME_LABEL.replace('/', "~1")),
+                )
+            })
             .filter(|c| !c.is_empty())
             .ok_or(PlanError::NoCluster)?;
         let control_plane = machine
-            .pointer(&format!("/metadata/labels/{}", CONTROL_PLANE_LABEL.replace('/', "~1")))
+            .pointer(&format!(
+                "/metadata/labels/{}",
+                CONTROL_PLANE_LABEL.replace('/', "~1")
+            ))
             .is_some();
         Ok(Self {
             machine: MachineRef::new(namespace, name),
@@ -129,14 +137,22 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         if !users.is_empty() {
             let names: Vec<&str> = users.iter().map(|u| u.name.as_str()).collect();
             let text = format!("authorized SSH keys of {}", names.join(", "));
-            actions.push((text, SSH_KEYS_TIMEOUT_SECONDS, StepAction::SshKeys { users }));
+            actions.push((
+                text,
+                SSH_KEYS_TIMEOUT_SECONDS,
+                StepAction::SshKeys { users },
+            ));
         }
     }
     if let (true, Some(ntp)) = (enabled(Action::Ntp), spec.and_then(|s| s.get("ntp"))) {
         let servers = string_list(ntp.get("servers"), "bootstrapConfig.spec.ntp.servers")?;
         let enabled = ntp.get("enabled").and_then(Value::as_bool);
         let text = format!("time servers: {}", servers.join(", "));
-        actions.push((text, NTP_TIMEOUT_SECONDS, StepAction::Ntp { servers, enabled }));
+        actions.push((
+            text,
+            NTP_TIMEOUT_SECONDS,
+            StepAction::Ntp { servers, enabled },
+        ));
     }
     if let (true, Some(version)) = (enabled(Action::KubernetesVersion), &input.facts.version) {
         let mode = if input.facts.control_plane {
@@ -151,35 +167,59 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         actions.push((
             format!("install kubeadm {version}"),
             INSTALL_KUBEADM_TIMEOUT_SECONDS,
-            StepAction::InstallKubeadm { version: version.clone() },
+            StepAction::InstallKubeadm {
+                version: version.clone(),
+            },
         ));
         actions.push((
             format!("kubeadm upgrade {mode_word} ({version})"),
             KUBEADM_UPGRADE_TIMEOUT_SECONDS,
-            StepAction::KubeadmUpgrade { version: version.clone(), mode },
+            StepAction::KubeadmUpgrade {
+                version: version.clone(),
+                mode,
+            },
         ));
         actions.push((
             format!("install kubelet and kubectl {version}, restart kubelet"),
             INSTALL_KUBELET_TIMEOUT_SECONDS,
-            StepAction::InstallKubelet { version: version.clone() },
+            StepAction::InstallKubelet {
+                version: version.clone(),
+            },
         ));
     }
-    if let (true, true, Some(spec)) = (enabled(Action::EtcdImage), input.facts.control_plane, spec) {
+    if let (true, true, Some(spec)) = (enabled(Action::EtcdImage), input.facts.control_plane, spec)
+    {
         if let Some(local) = spec.pointer("/clusterConfiguration/etcd/local") {
             if let Some(tag) = local.get("imageTag").and_then(Value::as_str) {
-                let repository = local.get("imageRepository").and_then(Value::as_str).map(str::to_string);
+                let repository = local
+                    .get("imageRepository")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
                 actions.push((
                     format!("etcd image tag {tag}"),
                     ETCD_IMAGE_TIMEOUT_SECONDS,
-                    StepAction::EtcdImage { image_tag: tag.to_string(), image_repository: repository },
+                    StepAction::EtcdImage {
+                        image_tag: tag.to_string(),
+                        image_repository: repository,
+                    },
                 ));
             }
         }
     }
     if let (true, Some(spec)) = (enabled(Action::KubeletArgs), spec) {
         if let Some(args) = kubelet_args(spec)? {
-            let text = format!("kubelet flags: {}", args.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", "));
-            actions.push((text, KUBELET_ARGS_TIMEOUT_SECONDS, StepAction::KubeletArgs { args }));
+            let text = format!(
+                "kubelet flags: {}",
+                args.iter()
+                    .map(|a| a.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            actions.push((
+                text,
+                KUBELET_ARGS_TIMEOUT_SECONDS,
+                StepAction::KubeletArgs { args },
+            ));
         }
     }
 
@@ -239,8 +279,12 @@ fn string_list(value: Option<&Value>, path: &str) -> Result<Vec<String>, PlanErr
 }
 
 fn files(spec: &Value) -> Result<Vec<FileSpec>, PlanError> {
-    let Some(items) = spec.get("files") else { return Ok(Vec::new()) };
-    let items = items.as_array().ok_or_else(|| field("bootstrapConfig.spec.files".into(), "is not a list"))?;
+    let Some(items) = spec.get("files") else {
+        return Ok(Vec::new());
+    };
+    let items = items
+        .as_array()
+        .ok_or_else(|| field("bootstrapConfig.spec.files".into(), "is not a list"))?;
     let mut files = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let at = |name: &str| format!("bootstrapConfig.spec.files[{i}].{name}");
@@ -248,7 +292,10 @@ fn files(spec: &Value) -> Result<Vec<FileSpec>, PlanError> {
         if item.get("contentFrom").is_some_and(|v| !v.is_null()) {
             continue;
         }
-        let path = item.get("path").and_then(Value::as_str).ok_or_else(|| field(at("path"), "is missing or not a string"))?;
+        let path = item
+            .get("path")
+            .and_then(Value::as_str)
+            .ok_or_else(|| field(at("path"), "is missing or not a string"))?;
         let content = match item.get("content") {
             None | Some(Value::Null) => String::new(),
             Some(Value::String(text)) => text.clone(),
@@ -259,12 +306,23 @@ fn files(spec: &Value) -> Result<Vec<FileSpec>, PlanError> {
             Some("base64") => FileEncoding::Base64,
             Some("gzip") => FileEncoding::Gzip,
             Some("gzip+base64") => FileEncoding::GzipBase64,
-            Some(_) => return Err(field(at("encoding"), "is not one of base64, gzip, gzip+base64")),
+            Some(_) => {
+                return Err(field(
+                    at("encoding"),
+                    "is not one of base64, gzip, gzip+base64",
+                ));
+            }
         };
         files.push(FileSpec {
             path: path.to_string(),
-            owner: item.get("owner").and_then(Value::as_str).map(str::to_string),
-            permissions: item.get("permissions").and_then(Value::as_str).map(str::to_string),
+            owner: item
+                .get("owner")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            permissions: item
+                .get("permissions")
+                .and_then(Value::as_str)
+                .map(str::to_string),
             encoding,
             append: item.get("append").and_then(Value::as_bool).unwrap_or(false),
             content: SecretString::new(content),
@@ -274,18 +332,27 @@ fn files(spec: &Value) -> Result<Vec<FileSpec>, PlanError> {
 }
 
 fn ssh_users(spec: &Value) -> Result<Vec<SshUser>, PlanError> {
-    let Some(items) = spec.get("users") else { return Ok(Vec::new()) };
-    let items = items.as_array().ok_or_else(|| field("bootstrapConfig.spec.users".into(), "is not a list"))?;
+    let Some(items) = spec.get("users") else {
+        return Ok(Vec::new());
+    };
+    let items = items
+        .as_array()
+        .ok_or_else(|| field("bootstrapConfig.spec.users".into(), "is not a list"))?;
     let mut users = Vec::new();
     for (i, item) in items.iter().enumerate() {
-        let name = item
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| field(format!("bootstrapConfig.spec.users[{i}].name"), "is missing or not a string"))?;
+        let name = item.get("name").and_then(Value::as_str).ok_or_else(|| {
+            field(
+                format!("bootstrapConfig.spec.users[{i}].name"),
+                "is missing or not a string",
+            )
+        })?;
         if item.get("sshAuthorizedKeys").is_none() {
             continue;
         }
-        let keys = string_list(item.get("sshAuthorizedKeys"), &format!("bootstrapConfig.spec.users[{i}].sshAuthorizedKeys"))?;
+        let keys = string_list(
+            item.get("sshAuthorizedKeys"),
+            &format!("bootstrapConfig.spec.users[{i}].sshAuthorizedKeys"),
+        )?;
         users.push(SshUser {
             name: name.to_string(),
             authorized_keys: keys.into_iter().map(SecretString::new).collect(),
@@ -302,16 +369,28 @@ fn kubelet_args(spec: &Value) -> Result<Option<Vec<KubeletArg>>, PlanError> {
             spec.pointer(&format!("/{config}/nodeRegistration/kubeletExtraArgs"))
                 .map(|args| (config, args))
         });
-    let Some((config, args)) = source else { return Ok(None) };
+    let Some((config, args)) = source else {
+        return Ok(None);
+    };
     let path = format!("bootstrapConfig.spec.{config}.nodeRegistration.kubeletExtraArgs");
-    let items = args.as_array().ok_or_else(|| field(path.clone(), "is not a list of {name, value}"))?;
+    let items = args
+        .as_array()
+        .ok_or_else(|| field(path.clone(), "is not a list of {name, value}"))?;
     let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let name = item.get("name").and_then(Value::as_str);
         let value = item.get("value").and_then(Value::as_str);
         match (name, value) {
-            (Some(name), Some(value)) => out.push(KubeletArg { name: name.to_string(), value: value.to_string() }),
-            _ => return Err(field(format!("{path}[{i}]"), "needs string `name` and `value`")),
+            (Some(name), Some(value)) => out.push(KubeletArg {
+                name: name.to_string(),
+                value: value.to_string(),
+            }),
+            _ => {
+                return Err(field(
+                    format!("{path}[{i}]"),
+                    "needs string `name` and `value`",
+                ));
+            }
         }
     }
     Ok(Some(out))

@@ -1,6 +1,7 @@
 //! Bad input against the hook router (in process, `oneshot`): every client mistake gets a clear answer
 //! naming the problem — HTTP 200 `Failure` for undecodable requests (as CAPI's Go SDK does), 404/405/413
 //! for wrong routes, methods and sizes — never a 5xx, never a crash.
+#![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
 use std::sync::Arc;
 
@@ -9,13 +10,20 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt as _;
 use inplace_updater::api::Hook;
-use inplace_updater::server::{AppState, MAX_BODY_BYTES, Metrics, app, hook_route};
+use inplace_updater::auth::AgentTokens;
+use inplace_updater::hooks::Engine;
+use inplace_updater::server::{AppState, Compute, MAX_BODY_BYTES, Metrics, app, hook_route};
 use tower::ServiceExt as _;
 
 fn state() -> AppState {
     AppState {
         metrics: Arc::new(Metrics::new()),
         require_client_cert: false,
+        engine: Arc::new(Engine {
+            policy: inplace_core::Policy::builtin(),
+            dispatcher: None,
+        }),
+        tokens: Arc::new(AgentTokens::none()),
     }
 }
 
@@ -29,7 +37,10 @@ async fn call(router: Router, request: Request<Body>) -> (StatusCode, serde_json
 }
 
 fn post(path: &str, body: impl Into<Body>) -> Request<Body> {
-    Request::post(path).header("content-type", "application/json").body(body.into()).unwrap()
+    Request::post(path)
+        .header("content-type", "application/json")
+        .body(body.into())
+        .unwrap()
 }
 
 async fn failure_message(hook: Hook, body: &str) -> String {
@@ -44,9 +55,16 @@ const MACHINE: &str = r#"{"apiVersion":"cluster.x-k8s.io/v1beta2","kind":"Machin
 
 #[tokio::test]
 async fn undecodable_json_is_a_failure_naming_the_problem() {
-    for hook in [Hook::CanUpdateMachine, Hook::CanUpdateMachineSet, Hook::UpdateMachine] {
+    for hook in [
+        Hook::CanUpdateMachine,
+        Hook::CanUpdateMachineSet,
+        Hook::UpdateMachine,
+    ] {
         let message = failure_message(hook, "{not json").await;
-        assert!(message.contains("key must be a string"), "{hook}: {message}");
+        assert!(
+            message.contains("key must be a string"),
+            "{hook}: {message}"
+        );
         let message = failure_message(hook, "").await;
         assert!(message.contains("empty"), "{hook}: {message}");
     }
@@ -54,14 +72,32 @@ async fn undecodable_json_is_a_failure_naming_the_problem() {
 
 #[tokio::test]
 async fn missing_current_desired_and_machine_are_named() {
-    let message = failure_message(Hook::CanUpdateMachine, &format!(r#"{{"desired":{{"machine":{MACHINE}}}}}"#)).await;
+    let message = failure_message(
+        Hook::CanUpdateMachine,
+        &format!(r#"{{"desired":{{"machine":{MACHINE}}}}}"#),
+    )
+    .await;
     assert!(message.contains("missing field `current`"), "{message}");
-    let message = failure_message(Hook::CanUpdateMachine, &format!(r#"{{"current":{{"machine":{MACHINE}}}}}"#)).await;
+    let message = failure_message(
+        Hook::CanUpdateMachine,
+        &format!(r#"{{"current":{{"machine":{MACHINE}}}}}"#),
+    )
+    .await;
     assert!(message.contains("missing field `desired`"), "{message}");
     let message = failure_message(Hook::UpdateMachine, r#"{"desired":{}}"#).await;
-    assert!(message.contains("desired: missing field `machine`"), "{message}");
-    let message = failure_message(Hook::CanUpdateMachineSet, &format!(r#"{{"current":{{"machineSet":{MACHINE}}},"desired":{{"machine":{MACHINE}}}}}"#)).await;
-    assert!(message.contains("desired: missing field `machineSet`"), "{message}");
+    assert!(
+        message.contains("desired: missing field `machine`"),
+        "{message}"
+    );
+    let message = failure_message(
+        Hook::CanUpdateMachineSet,
+        &format!(r#"{{"current":{{"machineSet":{MACHINE}}},"desired":{{"machine":{MACHINE}}}}}"#),
+    )
+    .await;
+    assert!(
+        message.contains("desired: missing field `machineSet`"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
@@ -71,9 +107,19 @@ async fn wrong_types_are_named_by_path() {
         &format!(r#"{{"desired":{{"machine":{MACHINE},"bootstrapConfig":[1,2]}}}}"#),
     )
     .await;
-    assert!(message.contains("desired.bootstrapConfig: invalid type: sequence"), "{message}");
-    let message = failure_message(Hook::UpdateMachine, &format!(r#"{{"settings":"x","desired":{{"machine":{MACHINE}}}}}"#)).await;
-    assert!(message.contains("settings: invalid type: string"), "{message}");
+    assert!(
+        message.contains("field `desired.bootstrapConfig` must be a JSON object, found an array"),
+        "{message}"
+    );
+    let message = failure_message(
+        Hook::UpdateMachine,
+        &format!(r#"{{"settings":"x","desired":{{"machine":{MACHINE}}}}}"#),
+    )
+    .await;
+    assert!(
+        message.contains("settings: invalid type: string"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
@@ -90,7 +136,10 @@ async fn deep_nesting_and_huge_strings_are_answered() {
     );
     let (status, json) = call(app(state()), post(Hook::UpdateMachine.path(), body)).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(json["message"].as_str().unwrap().len() < 1000, "the message must not echo the input");
+    assert!(
+        json["message"].as_str().unwrap().len() < 1000,
+        "the message must not echo the input"
+    );
 }
 
 #[tokio::test]
@@ -105,16 +154,33 @@ async fn oversized_bodies_are_refused_with_413() {
 
     // A chunked body with no length is cut off at the limit while it streams.
     let chunk = bytes::Bytes::from(vec![b' '; 1024 * 1024]);
-    let stream = futures_util::stream::iter(std::iter::repeat_n(chunk, 21).map(Ok::<_, std::io::Error>));
-    let (status, _) = call(app(state()), post(Hook::CanUpdateMachine.path(), Body::from_stream(stream))).await;
+    let stream =
+        futures_util::stream::iter(std::iter::repeat_n(chunk, 21).map(Ok::<_, std::io::Error>));
+    let (status, _) = call(
+        app(state()),
+        post(Hook::CanUpdateMachine.path(), Body::from_stream(stream)),
+    )
+    .await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
 }
 
 #[tokio::test]
 async fn unknown_paths_are_404_and_wrong_methods_405() {
-    let (status, json) = call(app(state()), post("/hooks.runtime.cluster.x-k8s.io/v1alpha1/beforeclustercreate/x", "{}")).await;
+    let (status, json) = call(
+        app(state()),
+        post(
+            "/hooks.runtime.cluster.x-k8s.io/v1alpha1/beforeclustercreate/x",
+            "{}",
+        ),
+    )
+    .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    assert!(json["message"].as_str().unwrap().contains("no such endpoint"));
+    assert!(
+        json["message"]
+            .as_str()
+            .unwrap()
+            .contains("no such endpoint")
+    );
     for hook in Hook::ALL {
         let get = Request::get(hook.path()).body(Body::empty()).unwrap();
         let response = app(state()).oneshot(get).await.unwrap();
@@ -127,7 +193,11 @@ async fn unknown_paths_are_404_and_wrong_methods_405() {
 async fn a_bad_timeout_parameter_is_named() {
     let path = format!("{}?timeout=soon", Hook::UpdateMachine.path());
     let message = {
-        let (status, json) = call(app(state()), post(&path, format!(r#"{{"desired":{{"machine":{MACHINE}}}}}"#))).await;
+        let (status, json) = call(
+            app(state()),
+            post(&path, format!(r#"{{"desired":{{"machine":{MACHINE}}}}}"#)),
+        )
+        .await;
         assert_eq!(status, StatusCode::OK);
         json["message"].as_str().unwrap().to_string()
     };
@@ -138,14 +208,22 @@ async fn a_bad_timeout_parameter_is_named() {
 async fn a_panicking_handler_becomes_a_failure_answer() {
     let state = state();
     let metrics = state.metrics.clone();
-    let router = hook_route(Hook::CanUpdateMachine, |_| panic!("boom"), state);
+    let router = hook_route(
+        Hook::CanUpdateMachine,
+        Compute::Blocking(|_, _| panic!("boom")),
+        state,
+    );
     let (status, json) = call(router, post(Hook::CanUpdateMachine.path(), "{}")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(json["status"], "Failure");
     assert_eq!(json["kind"], "CanUpdateMachineResponse");
     assert!(json["message"].as_str().unwrap().contains("panicked"));
     assert_eq!(metrics.panics.get(), 1);
-    assert!(metrics.encode().contains("inplace_updater_handler_panics_total 1"));
+    assert!(
+        metrics
+            .encode()
+            .contains("inplace_updater_handler_panics_total 1")
+    );
 }
 
 #[tokio::test]
@@ -154,5 +232,10 @@ async fn hooks_refuse_calls_without_client_certificate_when_required() {
     state.require_client_cert = true;
     let (status, json) = call(app(state), post(Hook::Discovery.path(), "{}")).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert!(json["message"].as_str().unwrap().contains("client certificate"));
+    assert!(
+        json["message"]
+            .as_str()
+            .unwrap()
+            .contains("client certificate")
+    );
 }

@@ -1,5 +1,6 @@
 //! openapi/openapi.yaml and the served routes agree: every documented route answers, every served route is
 //! documented, and real answers match their documented schema (no undocumented field, every required one).
+#![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
 mod common;
 
@@ -17,7 +18,9 @@ use serde_json::Value;
 use tower::ServiceExt as _;
 
 fn document() -> Value {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.yaml")).unwrap();
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.yaml"))
+            .unwrap();
     serde_yaml_ng::from_str(&text).unwrap()
 }
 
@@ -25,7 +28,11 @@ fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
     match schema.get("$ref").and_then(Value::as_str) {
         Some(reference) => {
             let pointer = reference.trim_start_matches('#');
-            resolve(doc, doc.pointer(pointer).unwrap_or_else(|| panic!("dangling {reference}")))
+            resolve(
+                doc,
+                doc.pointer(pointer)
+                    .unwrap_or_else(|| panic!("dangling {reference}")),
+            )
         }
         None => schema,
     }
@@ -42,7 +49,12 @@ fn check(doc: &Value, schema: &Value, value: &Value, at: &str) -> Result<(), Str
     match schema.get("type").and_then(Value::as_str) {
         Some("object") => {
             let object = value.as_object().ok_or(format!("{at}: not an object"))?;
-            for required in schema.get("required").and_then(Value::as_array).into_iter().flatten() {
+            for required in schema
+                .get("required")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 let name = required.as_str().unwrap();
                 if !object.contains_key(name) {
                     return Err(format!("{at}: required `{name}` missing"));
@@ -117,6 +129,11 @@ fn router_for(path: &str) -> Router {
         _ => app(AppState {
             metrics,
             require_client_cert: false,
+            engine: std::sync::Arc::new(inplace_updater::hooks::Engine {
+                policy: inplace_core::Policy::builtin(),
+                dispatcher: None,
+            }),
+            tokens: std::sync::Arc::new(inplace_updater::auth::AgentTokens::none()),
         }),
     }
 }
@@ -131,7 +148,10 @@ async fn documented_routes_answer_with_their_documented_schema() {
     let doc = document();
     let bodies = [
         (Hook::Discovery, "discovery-request.json"),
-        (Hook::CanUpdateMachine, "can-update-machine-kcp-version.json"),
+        (
+            Hook::CanUpdateMachine,
+            "can-update-machine-kcp-version.json",
+        ),
         (Hook::CanUpdateMachineSet, "can-update-machineset-md.json"),
         (Hook::UpdateMachine, "update-machine-kcp.json"),
     ];
@@ -141,14 +161,22 @@ async fn documented_routes_answer_with_their_documented_schema() {
             .find(|(hook, _)| hook.path() == path)
             .map(|(_, fixture)| common::fixture(fixture))
             .unwrap_or_default();
-        let request = Request::builder().method(method.as_str()).uri(&path).body(Body::from(body)).unwrap();
+        let request = Request::builder()
+            .method(method.as_str())
+            .uri(&path)
+            .body(Body::from(body))
+            .unwrap();
         let response = router_for(&path).oneshot(request).await.unwrap();
         let status = response.status().as_str().to_string();
         let operation = &doc["paths"][&path][method.to_lowercase()];
         let documented = &operation["responses"][&status];
-        assert!(!documented.is_null(), "{method} {path} answered undocumented status {status}");
+        assert!(
+            !documented.is_null(),
+            "{method} {path} answered undocumented status {status}"
+        );
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
-        if let Some(schema) = resolve(&doc, documented).pointer("/content/application~1json/schema") {
+        if let Some(schema) = resolve(&doc, documented).pointer("/content/application~1json/schema")
+        {
             let value: Value = serde_json::from_slice(&bytes).unwrap();
             check(&doc, schema, &value, &format!("{method} {path}")).unwrap();
         }
@@ -163,11 +191,23 @@ fn the_checker_catches_what_it_should() {
     check(&doc, &schema, &good, "r").unwrap();
     let mut extra = good.clone();
     extra["retryafter"] = 1.into();
-    assert!(check(&doc, &schema, &extra, "r").unwrap_err().contains("undocumented"));
+    assert!(
+        check(&doc, &schema, &extra, "r")
+            .unwrap_err()
+            .contains("undocumented")
+    );
     let mut missing = good.clone();
     missing.as_object_mut().unwrap().remove("retryAfterSeconds");
-    assert!(check(&doc, &schema, &missing, "r").unwrap_err().contains("required"));
+    assert!(
+        check(&doc, &schema, &missing, "r")
+            .unwrap_err()
+            .contains("required")
+    );
     let patch = serde_json::json!({ "$ref": "#/components/schemas/Patch" });
     let raw = serde_json::json!({"patchType": "JSONPatch", "patch": "[{\"op\":\"add\"}]"});
-    assert!(check(&doc, &patch, &raw, "p").unwrap_err().contains("base64"));
+    assert!(
+        check(&doc, &patch, &raw, "p")
+            .unwrap_err()
+            .contains("base64")
+    );
 }

@@ -23,7 +23,7 @@ pub fn parse_go_duration(text: &str) -> Result<Duration, DurationError> {
     }
     let invalid = || DurationError::Invalid(text.chars().take(64).collect());
     let body = match text.strip_prefix('-') {
-        Some(rest) if rest == "0" => return Ok(Duration::ZERO),
+        Some("0") => return Ok(Duration::ZERO),
         Some(_) => return Err(DurationError::Negative(text.chars().take(64).collect())),
         None => text.strip_prefix('+').unwrap_or(text),
     };

@@ -11,7 +11,8 @@ mod responses;
 pub use duration::{DurationError, parse_go_duration};
 pub use requests::{
     CanUpdateMachineRequest, CanUpdateMachineSetRequest, DecodeError, HookRequest, MachineObjects,
-    MachineSetObjects, Object, ObjectKey, UpdateMachineObjects, UpdateMachineRequest, decode_request,
+    MachineSetObjects, Object, ObjectKey, UpdateMachineObjects, UpdateMachineRequest,
+    decode_request,
 };
 pub use responses::{
     CanUpdateMachineResponse, CanUpdateMachineSetResponse, DiscoveryResponse, ExtensionHandler,

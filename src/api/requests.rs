@@ -5,12 +5,13 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::HOOKS_API_VERSION;
 
-/// A Kubernetes object as CAPI puts it in a request: `apiVersion`, `kind`, `metadata`, `spec`.
-pub type Object = Map<String, Value>;
+/// A Kubernetes object as CAPI puts it in a request: `apiVersion`, `kind`, `metadata`, `spec`. Kept as a
+/// JSON value (the domain logic works on values); that it is an object is checked after decoding.
+pub type Object = Value;
 
 /// Why a request body could not be decoded; the message names the offending field.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +39,14 @@ pub enum DecodeError {
         found: String,
         /// What this endpoint serves.
         expected: &'static str,
+    },
+    /// An object is not a JSON object.
+    #[error("field `{path}` must be a JSON object, found {found}")]
+    NotAnObject {
+        /// Path of the object, e.g. `desired.bootstrapConfig`.
+        path: &'static str,
+        /// The JSON type found.
+        found: &'static str,
     },
     /// An object lacks `metadata.name`, without which nothing can be tracked.
     #[error("field `{path}.metadata.name` is missing or not a string")]
@@ -112,7 +121,7 @@ pub struct ObjectKey {
 impl ObjectKey {
     /// Reads `metadata.namespace` and `metadata.name` of an object.
     pub fn of(object: &Object) -> Option<ObjectKey> {
-        let metadata = object.get("metadata")?.as_object()?;
+        let metadata = object.get("metadata")?;
         let name = metadata.get("name")?.as_str()?.to_string();
         let namespace = metadata
             .get("namespace")
@@ -129,8 +138,83 @@ impl std::fmt::Display for ObjectKey {
     }
 }
 
+fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn require_object(object: &Object, path: &'static str) -> Result<(), DecodeError> {
+    if object.is_object() {
+        Ok(())
+    } else {
+        Err(DecodeError::NotAnObject {
+            path,
+            found: json_type(object),
+        })
+    }
+}
+
+fn optional_object(object: &Option<Object>, path: &'static str) -> Result<(), DecodeError> {
+    object
+        .as_ref()
+        .map_or(Ok(()), |object| require_object(object, path))
+}
+
 fn require_name(object: &Object, path: &'static str) -> Result<ObjectKey, DecodeError> {
+    require_object(object, path)?;
     ObjectKey::of(object).ok_or(DecodeError::MissingName { path })
+}
+
+impl MachineObjects {
+    fn validate(&self, side: Side) -> Result<(), DecodeError> {
+        let (machine, infra, bootstrap) = match side {
+            Side::Current => (
+                "current.machine",
+                "current.infrastructureMachine",
+                "current.bootstrapConfig",
+            ),
+            Side::Desired => (
+                "desired.machine",
+                "desired.infrastructureMachine",
+                "desired.bootstrapConfig",
+            ),
+        };
+        require_name(&self.machine, machine)?;
+        optional_object(&self.infrastructure_machine, infra)?;
+        optional_object(&self.bootstrap_config, bootstrap)
+    }
+}
+
+impl MachineSetObjects {
+    fn validate(&self, side: Side) -> Result<(), DecodeError> {
+        let (set, infra, bootstrap) = match side {
+            Side::Current => (
+                "current.machineSet",
+                "current.infrastructureMachineTemplate",
+                "current.bootstrapConfigTemplate",
+            ),
+            Side::Desired => (
+                "desired.machineSet",
+                "desired.infrastructureMachineTemplate",
+                "desired.bootstrapConfigTemplate",
+            ),
+        };
+        require_name(&self.machine_set, set)?;
+        optional_object(&self.infrastructure_machine_template, infra)?;
+        optional_object(&self.bootstrap_config_template, bootstrap)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Side {
+    Current,
+    Desired,
 }
 
 /// The objects of one side (`current` or `desired`) of a CanUpdateMachine request.
@@ -189,8 +273,8 @@ impl HookRequest for CanUpdateMachineRequest {
         (&self.api_version, &self.kind)
     }
     fn validate(&self) -> Result<(), DecodeError> {
-        require_name(&self.current.machine, "current.machine")?;
-        require_name(&self.desired.machine, "desired.machine").map(|_| ())
+        self.current.validate(Side::Current)?;
+        self.desired.validate(Side::Desired)
     }
 }
 
@@ -219,8 +303,8 @@ impl HookRequest for CanUpdateMachineSetRequest {
         (&self.api_version, &self.kind)
     }
     fn validate(&self) -> Result<(), DecodeError> {
-        require_name(&self.current.machine_set, "current.machineSet")?;
-        require_name(&self.desired.machine_set, "desired.machineSet").map(|_| ())
+        self.current.validate(Side::Current)?;
+        self.desired.validate(Side::Desired)
     }
 }
 
@@ -247,7 +331,7 @@ impl HookRequest for UpdateMachineRequest {
         (&self.api_version, &self.kind)
     }
     fn validate(&self) -> Result<(), DecodeError> {
-        require_name(&self.desired.machine, "desired.machine").map(|_| ())
+        self.desired.validate(Side::Desired)
     }
 }
 
@@ -269,17 +353,28 @@ mod tests {
             r#"{{"current":{{"machine":{MACHINE}}},"desired":{{}}}}"#
         ))
         .unwrap_err();
-        assert!(err.to_string().contains("desired: missing field `machine`"), "{err}");
+        assert!(
+            err.to_string().contains("desired: missing field `machine`"),
+            "{err}"
+        );
         let err = decode(&format!(
             r#"{{"current":{{"machine":{MACHINE}}},"desired":{{"machine":"oops"}}}}"#
         ))
         .unwrap_err();
-        assert!(err.to_string().contains("desired.machine: invalid type: string"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("field `desired.machine` must be a JSON object, found a string"),
+            "{err}"
+        );
         let err = decode(&format!(
             r#"{{"settings":{{"mode":1}},"current":{{"machine":{MACHINE}}},"desired":{{"machine":{MACHINE}}}}}"#
         ))
         .unwrap_err();
-        assert!(err.to_string().contains("settings.mode: invalid type: integer"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("settings.mode: invalid type: integer"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -293,7 +388,10 @@ mod tests {
             r#"{{"current":{{"machine":{MACHINE}}},"desired":{{"machine":{{"spec":{{}}}}}}}}"#
         ))
         .unwrap_err();
-        assert!(err.to_string().contains("desired.machine.metadata.name"), "{err}");
+        assert!(
+            err.to_string().contains("desired.machine.metadata.name"),
+            "{err}"
+        );
         assert!(matches!(decode("  "), Err(DecodeError::Empty { .. })));
     }
 
@@ -304,6 +402,9 @@ mod tests {
         ))
         .unwrap();
         assert!(request.current.bootstrap_config.is_none());
-        assert_eq!(ObjectKey::of(&request.desired.machine).unwrap().to_string(), "ns/m");
+        assert_eq!(
+            ObjectKey::of(&request.desired.machine).unwrap().to_string(),
+            "ns/m"
+        );
     }
 }

@@ -245,7 +245,8 @@ mod tests {
 
     #[test]
     fn retry_after_is_always_written() {
-        let wire = serde_json::to_value(UpdateMachineResponse::new(Status::Success, "done", 0)).unwrap();
+        let wire =
+            serde_json::to_value(UpdateMachineResponse::new(Status::Success, "done", 0)).unwrap();
         assert_eq!(wire["retryAfterSeconds"], 0);
     }
 }

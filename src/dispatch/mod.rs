@@ -17,6 +17,7 @@ use inplace_store::{Entry, Precondition, Store, StoreError, Write};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 pub use agent::AgentScope;
 pub use status::{StatusRow, StatusState};
@@ -92,7 +93,9 @@ pub struct Dispatcher {
     waiters: Mutex<HashMap<MachineRef, Arc<Notify>>>,
     /// Every waiter is also woken by this (store feed lagged or reconnected: re-check everything).
     everyone: Notify,
+    /// Exact last-seen (ms) and last persisted last-seen (ms) per agent, on this replica.
     seen: Mutex<HashMap<MachineRef, (u64, u64)>>,
+    shutdown: CancellationToken,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -106,13 +109,18 @@ impl std::fmt::Debug for Dispatcher {
 
 impl Dispatcher {
     /// A dispatcher over `store`.
-    pub fn new(store: Arc<dyn Store>, config: DispatchConfig) -> Arc<Self> {
+    pub fn new(
+        store: Arc<dyn Store>,
+        config: DispatchConfig,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
         Arc::new(Self {
             store,
             config,
             waiters: Mutex::new(HashMap::new()),
             everyone: Notify::new(),
             seen: Mutex::new(HashMap::new()),
+            shutdown,
         })
     }
 
@@ -121,23 +129,40 @@ impl Dispatcher {
         &self.store
     }
 
-    /// Follows the store's change feed and wakes the agents whose Machine record changed. Runs until the
-    /// feed closes (which ends the process: a dispatcher that cannot hear changes would starve agents).
+    /// Follows the store's change feed and wakes the agents whose Machine record changed. Runs until shutdown
+    /// or until the feed closes (which ends the process: a dispatcher that cannot hear changes would starve
+    /// agents).
     pub async fn follow_changes(self: Arc<Self>) {
         let mut feed = self.store.subscribe();
         loop {
-            match feed.recv().await {
+            let received = tokio::select! {
+                received = feed.recv() => received,
+                () = self.shutdown.cancelled() => return,
+            };
+            match received {
                 Ok(change) => {
-                    if let Some(machine) = change.key.strip_prefix("machines/").and_then(parse_machine) {
+                    if let Some(machine) =
+                        change.key.strip_prefix("machines/").and_then(parse_machine)
+                    {
                         self.wake(&machine);
                     } else if change.key.is_empty() {
                         self.everyone.notify_waiters();
                     }
                 }
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => self.everyone.notify_waiters(),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    self.everyone.notify_waiters()
+                }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             }
         }
+    }
+
+    /// How many Machines have an agent long-polling this replica right now.
+    pub fn waiting(&self) -> usize {
+        self.waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
     fn waiter(&self, machine: &MachineRef) -> Arc<Notify> {
@@ -169,14 +194,18 @@ impl Dispatcher {
         }
     }
 
-    async fn read<T: DeserializeOwned>(&self, key: &str) -> Result<Option<(T, Entry)>, DispatchError> {
+    async fn read<T: DeserializeOwned>(
+        &self,
+        key: &str,
+    ) -> Result<Option<(T, Entry)>, DispatchError> {
         match self.store.get(key).await? {
             None => Ok(None),
             Some(entry) => {
-                let value = serde_json::from_slice(&entry.value).map_err(|err| DispatchError::Corrupt {
-                    key: key.to_string(),
-                    detail: err.to_string(),
-                })?;
+                let value =
+                    serde_json::from_slice(&entry.value).map_err(|err| DispatchError::Corrupt {
+                        key: key.to_string(),
+                        detail: err.to_string(),
+                    })?;
                 Ok(Some((value, entry)))
             }
         }
@@ -226,3 +255,6 @@ fn parse_machine(rest: &str) -> Option<MachineRef> {
     let (namespace, name) = rest.split_once('/')?;
     Some(MachineRef::new(namespace, name))
 }
+
+#[cfg(test)]
+mod tests;

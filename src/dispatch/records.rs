@@ -181,15 +181,23 @@ impl UpdateRecord {
         if let Some(index) = self.steps.iter().position(|s| s.state == StepState::Failed) {
             return Outcome::Failed { index };
         }
-        match self.steps.iter().position(|s| s.state != StepState::Succeeded) {
+        match self
+            .steps
+            .iter()
+            .position(|s| s.state != StepState::Succeeded)
+        {
             None => Outcome::Done,
-            Some(index) if index == 0 && self.steps[0].state == StepState::Pending => Outcome::Waiting,
+            Some(index) if index == 0 && self.steps[0].state == StepState::Pending => {
+                Outcome::Waiting
+            }
             Some(index) => Outcome::InProgress { index },
         }
     }
 
     fn settle(&mut self, now_ms: u64) {
-        if self.finished_ms.is_none() && matches!(self.outcome(), Outcome::Done | Outcome::Failed { .. }) {
+        if self.finished_ms.is_none()
+            && matches!(self.outcome(), Outcome::Done | Outcome::Failed { .. })
+        {
             self.finished_ms = Some(now_ms);
         }
     }
@@ -197,7 +205,11 @@ impl UpdateRecord {
     /// Applies one step report. Returns whether anything changed. Reports are at-least-once: a repeat is a
     /// no-op, a `running` report never overwrites a final state of the same or a later attempt, and nothing
     /// changes once the run failed.
-    pub fn apply_report(&mut self, report: &StepReport, now_ms: u64) -> Result<bool, ReportRejection> {
+    pub fn apply_report(
+        &mut self,
+        report: &StepReport,
+        now_ms: u64,
+    ) -> Result<bool, ReportRejection> {
         let index = report.step_index as usize;
         let Some(step) = self.steps.get(index) else {
             return Err(ReportRejection::NoSuchStep(report.step_index));
@@ -214,7 +226,8 @@ impl UpdateRecord {
         };
         let newer_attempt = report.attempt > step.attempt;
         let same_attempt = report.attempt == step.attempt;
-        let allowed = newer_attempt || (same_attempt && !step.state.is_final() && state != step.state);
+        let allowed =
+            newer_attempt || (same_attempt && !step.state.is_final() && state != step.state);
         if !allowed {
             return Ok(false);
         }
@@ -259,7 +272,8 @@ impl UpdateRecord {
             if let Some(step) = self.steps.get_mut(failed as usize) {
                 if step.state != StepState::Failed {
                     step.state = StepState::Failed;
-                    step.message.get_or_insert_with(|| "the agent reported this step failed".into());
+                    step.message
+                        .get_or_insert_with(|| "the agent reported this step failed".into());
                     changed = true;
                 }
             }
@@ -329,7 +343,10 @@ mod tests {
                     index: i as u32,
                     description: format!("step {i}"),
                     timeout_seconds: 60,
-                    action: StepAction::Ntp { servers: vec![], enabled: None },
+                    action: StepAction::Ntp {
+                        servers: vec![],
+                        enabled: None,
+                    },
                 })
                 .collect(),
         }
@@ -354,39 +371,72 @@ mod tests {
     fn reports_move_a_run_forward_and_repeats_are_no_ops() {
         let mut run = UpdateRecord::new(plan(2), 0);
         assert_eq!(run.outcome(), Outcome::Waiting);
-        assert!(run.apply_report(&report(0, StepStatus::Running, 1), 1).unwrap());
+        assert!(
+            run.apply_report(&report(0, StepStatus::Running, 1), 1)
+                .unwrap()
+        );
         assert_eq!(run.outcome(), Outcome::InProgress { index: 0 });
-        assert!(run.apply_report(&report(0, StepStatus::Succeeded, 1), 2).unwrap());
-        assert!(!run.apply_report(&report(0, StepStatus::Succeeded, 1), 3).unwrap());
-        assert!(!run.apply_report(&report(0, StepStatus::Running, 1), 3).unwrap(), "late running report ignored");
+        assert!(
+            run.apply_report(&report(0, StepStatus::Succeeded, 1), 2)
+                .unwrap()
+        );
+        assert!(
+            !run.apply_report(&report(0, StepStatus::Succeeded, 1), 3)
+                .unwrap()
+        );
+        assert!(
+            !run.apply_report(&report(0, StepStatus::Running, 1), 3)
+                .unwrap(),
+            "late running report ignored"
+        );
         assert_eq!(run.outcome(), Outcome::InProgress { index: 1 });
-        assert!(run.apply_report(&report(1, StepStatus::Succeeded, 1), 4).unwrap());
+        assert!(
+            run.apply_report(&report(1, StepStatus::Succeeded, 1), 4)
+                .unwrap()
+        );
         assert_eq!(run.outcome(), Outcome::Done);
         assert_eq!(run.finished_ms, Some(4));
-        assert_eq!(run.apply_report(&report(7, StepStatus::Running, 1), 5), Err(ReportRejection::NoSuchStep(7)));
+        assert_eq!(
+            run.apply_report(&report(7, StepStatus::Running, 1), 5),
+            Err(ReportRejection::NoSuchStep(7))
+        );
     }
 
     #[test]
     fn a_failed_run_stays_failed() {
         let mut run = UpdateRecord::new(plan(3), 0);
-        run.apply_report(&report(0, StepStatus::Succeeded, 1), 1).unwrap();
+        run.apply_report(&report(0, StepStatus::Succeeded, 1), 1)
+            .unwrap();
         let mut failed = report(1, StepStatus::Failed, 1);
         failed.stderr_tail = Some("x".repeat(10_000));
         run.apply_report(&failed, 2).unwrap();
         assert_eq!(run.outcome(), Outcome::Failed { index: 1 });
         assert!(run.steps[1].stderr_tail.as_ref().unwrap().len() <= KEPT_STDERR_BYTES);
-        assert!(!run.apply_report(&report(2, StepStatus::Succeeded, 1), 3).unwrap());
-        assert!(!run.apply_report(&report(1, StepStatus::Succeeded, 1), 3).unwrap());
+        assert!(
+            !run.apply_report(&report(2, StepStatus::Succeeded, 1), 3)
+                .unwrap()
+        );
+        assert!(
+            !run.apply_report(&report(1, StepStatus::Succeeded, 1), 3)
+                .unwrap()
+        );
         assert_eq!(run.outcome(), Outcome::Failed { index: 1 });
     }
 
     #[test]
     fn a_restarted_attempt_may_rerun_an_interrupted_step() {
         let mut run = UpdateRecord::new(plan(1), 0);
-        run.apply_report(&report(0, StepStatus::Running, 1), 1).unwrap();
-        assert!(run.apply_report(&report(0, StepStatus::Running, 2), 2).unwrap());
+        run.apply_report(&report(0, StepStatus::Running, 1), 1)
+            .unwrap();
+        assert!(
+            run.apply_report(&report(0, StepStatus::Running, 2), 2)
+                .unwrap()
+        );
         assert_eq!(run.steps[0].attempt, 2);
-        assert!(run.apply_report(&report(0, StepStatus::Succeeded, 2), 3).unwrap());
+        assert!(
+            run.apply_report(&report(0, StepStatus::Succeeded, 2), 3)
+                .unwrap()
+        );
         assert_eq!(run.outcome(), Outcome::Done);
     }
 
@@ -404,7 +454,10 @@ mod tests {
         assert!(run.apply_progress(&progress, 9));
         assert_eq!(run.outcome(), Outcome::Done);
         assert!(!run.agent_needs_plan(Some(&progress)));
-        let other = PlanProgress { plan_id: "old".into(), ..progress };
+        let other = PlanProgress {
+            plan_id: "old".into(),
+            ..progress
+        };
         assert!(!run.apply_progress(&other, 10));
     }
 

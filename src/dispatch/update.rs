@@ -55,7 +55,8 @@ pub enum UpdateAnswer {
 /// The run id: the desired state's hash chained to the previous run, so returning to an earlier desired
 /// state (A → B → A) is a new run the agent executes again, while repeated calls keep the same id.
 fn run_id(state_hash: &str, previous_run: Option<&str>) -> String {
-    let digest = Sha256::digest(format!("{state_hash}:{}", previous_run.unwrap_or_default()).as_bytes());
+    let digest =
+        Sha256::digest(format!("{state_hash}:{}", previous_run.unwrap_or_default()).as_bytes());
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -71,7 +72,10 @@ fn ago(now: u64, then: u64) -> String {
 impl Dispatcher {
     /// Which `kubeadm upgrade` this control-plane Machine runs: the first one to ask for a version claims
     /// `apply` for its cluster (compare-and-swap create); every other one runs `node`.
-    async fn upgrade_mode(&self, facts: &MachineFacts) -> Result<KubeadmUpgradeMode, DispatchError> {
+    async fn upgrade_mode(
+        &self,
+        facts: &MachineFacts,
+    ) -> Result<KubeadmUpgradeMode, DispatchError> {
         let Some(version) = facts.version.as_deref().filter(|_| facts.control_plane) else {
             return Ok(KubeadmUpgradeMode::Node);
         };
@@ -87,10 +91,11 @@ impl Dispatcher {
         let holder = match self.store.put(&key, bytes, Precondition::Absent).await? {
             Write::Done(_) => claim.machine,
             Write::Conflict(Some(entry)) => {
-                let existing: ApplyClaim = serde_json::from_slice(&entry.value).map_err(|err| DispatchError::Corrupt {
-                    key: key.clone(),
-                    detail: err.to_string(),
-                })?;
+                let existing: ApplyClaim =
+                    serde_json::from_slice(&entry.value).map_err(|err| DispatchError::Corrupt {
+                        key: key.clone(),
+                        detail: err.to_string(),
+                    })?;
                 existing.machine
             }
             Write::Conflict(None) => return Err(DispatchError::Contention(key)),
@@ -103,7 +108,10 @@ impl Dispatcher {
     }
 
     /// Records the run for the desired state (idempotently) and answers from the store.
-    pub async fn update_machine(&self, request: &UpdateRequest) -> Result<UpdateAnswer, DispatchError> {
+    pub async fn update_machine(
+        &self,
+        request: &UpdateRequest,
+    ) -> Result<UpdateAnswer, DispatchError> {
         let facts = &request.facts;
         let uses_version = request.actions.contains(&Action::KubernetesVersion);
         let mode = if uses_version {
@@ -118,26 +126,30 @@ impl Dispatcher {
             upgrade_mode: mode,
         })
         .map_err(|err| DispatchError::BadRequest(err.to_string()))?;
-        validate_plan(&plan).map_err(|err| DispatchError::BadRequest(format!("the plan is not valid: {err}")))?;
+        validate_plan(&plan)
+            .map_err(|err| DispatchError::BadRequest(format!("the plan is not valid: {err}")))?;
         let state_hash = plan.id.clone();
         let now = now_ms();
 
         let mut switched = false;
         let record = self
-            .update(&machine_key(&facts.machine), |current: Option<&MachineRecord>| {
-                if current.is_some_and(|record| record.state_hash == state_hash) {
-                    switched = false;
-                    return Ok(None);
-                }
-                switched = true;
-                Ok(Some(MachineRecord {
-                    state_hash: state_hash.clone(),
-                    run_id: run_id(&state_hash, current.map(|record| record.run_id.as_str())),
-                    cluster: facts.cluster.clone(),
-                    provider_id: facts.provider_id.clone(),
-                    since_ms: now,
-                }))
-            })
+            .update(
+                &machine_key(&facts.machine),
+                |current: Option<&MachineRecord>| {
+                    if current.is_some_and(|record| record.state_hash == state_hash) {
+                        switched = false;
+                        return Ok(None);
+                    }
+                    switched = true;
+                    Ok(Some(MachineRecord {
+                        state_hash: state_hash.clone(),
+                        run_id: run_id(&state_hash, current.map(|record| record.run_id.as_str())),
+                        cluster: facts.cluster.clone(),
+                        provider_id: facts.provider_id.clone(),
+                        since_ms: now,
+                    }))
+                },
+            )
             .await?
             .ok_or_else(|| DispatchError::Contention(machine_key(&facts.machine)))?;
         plan.id = record.run_id.clone();
@@ -163,18 +175,30 @@ impl Dispatcher {
         };
         if switched {
             if let Some(provider_id) = &facts.provider_id {
-                self.put_any(&provider_key(provider_id), &ProviderIndex { machine: facts.machine.clone() })
-                    .await?;
+                self.put_any(
+                    &provider_key(provider_id),
+                    &ProviderIndex {
+                        machine: facts.machine.clone(),
+                    },
+                )
+                .await?;
             }
             // The run record is written before the machine record points at it from the agent's point of view
             // only after both exist; wake local waiters now (other replicas wake from the change feed).
             self.wake(&facts.machine);
         }
-        let agent = self.read::<AgentRecord>(&agent_key(&facts.machine)).await?.map(|(a, _)| a);
+        let agent = self
+            .read::<AgentRecord>(&agent_key(&facts.machine))
+            .await?
+            .map(|(a, _)| a);
         Ok(self.answer(&run, agent.as_ref(), now))
     }
 
-    fn last_seen(&self, machine: &inplace_agent_api::MachineRef, agent: Option<&AgentRecord>) -> Option<u64> {
+    fn last_seen(
+        &self,
+        machine: &inplace_agent_api::MachineRef,
+        agent: Option<&AgentRecord>,
+    ) -> Option<u64> {
         let local = self
             .seen
             .lock()
@@ -190,11 +214,19 @@ impl Dispatcher {
         let retry_after_seconds = self.config.retry_after_seconds;
         match run.outcome() {
             Outcome::Done => UpdateAnswer::Done {
-                message: format!("in-place update done: {total} step{} on {}", if total == 1 { "" } else { "s" }, plan.machine),
+                message: format!(
+                    "in-place update done: {total} step{} on {}",
+                    if total == 1 { "" } else { "s" },
+                    plan.machine
+                ),
             },
             Outcome::Failed { index } => {
                 let step = &run.steps[index];
-                let mut message = format!("step {}/{total}: {} failed", index + 1, plan.steps[index].description);
+                let mut message = format!(
+                    "step {}/{total}: {} failed",
+                    index + 1,
+                    plan.steps[index].description
+                );
                 if let Some(code) = step.exit_code {
                     message.push_str(&format!(" (exit {code})"));
                 }
@@ -202,7 +234,10 @@ impl Dispatcher {
                     message.push_str(&format!(": {text}"));
                 }
                 if let Some(tail) = step.stderr_tail.as_deref().filter(|t| !t.trim().is_empty()) {
-                    let excerpt = inplace_agent_api::truncate_tail(tail.trim_end(), FAILURE_STDERR_EXCERPT_BYTES);
+                    let excerpt = inplace_agent_api::truncate_tail(
+                        tail.trim_end(),
+                        FAILURE_STDERR_EXCERPT_BYTES,
+                    );
                     message.push_str(&format!("; stderr: {excerpt}"));
                 }
                 UpdateAnswer::Failed { message }
@@ -213,12 +248,19 @@ impl Dispatcher {
                     Some(at) => ago(now, at),
                 };
                 UpdateAnswer::InProgress {
-                    message: format!("waiting for agent on {} (last seen: {seen}); {total} steps planned", plan.machine),
+                    message: format!(
+                        "waiting for agent on {} (last seen: {seen}); {total} steps planned",
+                        plan.machine
+                    ),
                     retry_after_seconds,
                 }
             }
             Outcome::InProgress { index } => UpdateAnswer::InProgress {
-                message: format!("step {}/{total}: {}", index + 1, plan.steps[index].description),
+                message: format!(
+                    "step {}/{total}: {}",
+                    index + 1,
+                    plan.steps[index].description
+                ),
                 retry_after_seconds,
             },
         }

@@ -1,14 +1,32 @@
-//! One function per hook: decode → decide → answer. No TLS, no sockets, no disk: the server calls these
-//! with the request body and writes back what they return.
+//! One function per hook: decode → decide → answer. No TLS, no sockets: the server calls these with the
+//! request body and writes back what they return. UpdateMachine reaches the store only through `dispatch`.
 
+mod can_update;
+mod update;
+
+use std::sync::Arc;
+
+use inplace_core::Policy;
 use serde::Serialize;
 
+pub use can_update::{can_update_machine, can_update_machine_set};
+pub use update::update_machine;
+
+use crate::dispatch::Dispatcher;
+
 use crate::api::{
-    CanUpdateMachineRequest, CanUpdateMachineResponse, CanUpdateMachineSetRequest,
-    CanUpdateMachineSetResponse, DiscoveryResponse, ExtensionHandler, FailurePolicy,
-    GroupVersionHook, HOOKS_API_VERSION, Hook, ObjectKey, Status, UpdateMachineRequest,
-    decode_request,
+    DiscoveryResponse, ExtensionHandler, FailurePolicy, GroupVersionHook, HOOKS_API_VERSION, Hook,
+    ObjectKey, Status,
 };
+
+/// What the hooks decide with: the policy and, when agents are configured, the dispatcher.
+#[derive(Debug)]
+pub struct Engine {
+    /// The in-place policy (`--policy` or the built-in default).
+    pub policy: Policy,
+    /// Dispatch over the store; `None` means no updater is configured and UpdateMachine answers Failure.
+    pub dispatcher: Option<Arc<Dispatcher>>,
+}
 
 /// `timeoutSeconds` advertised in discovery for every handler (CAPI allows 0..=30; 10 is its default).
 pub const HANDLER_TIMEOUT_SECONDS: i32 = 10;
@@ -28,7 +46,7 @@ pub struct Answer {
     pub message: String,
 }
 
-fn answer<T: Serialize>(
+pub(crate) fn answer<T: Serialize>(
     hook: Hook,
     response: &T,
     status: Status,
@@ -44,7 +62,12 @@ fn answer<T: Serialize>(
             object,
             message,
         },
-        Err(err) => failure(hook, format!("cannot encode the answer: {err}"), "error", object),
+        Err(err) => failure(
+            hook,
+            format!("cannot encode the answer: {err}"),
+            "error",
+            object,
+        ),
     }
 }
 
@@ -113,47 +136,5 @@ pub fn discovery() -> Answer {
         "discovered",
         None,
         String::new(),
-    )
-}
-
-/// CanUpdateMachine: which of the changes between current and desired go in place.
-pub fn can_update_machine(body: &[u8]) -> Answer {
-    let hook = Hook::CanUpdateMachine;
-    let request: CanUpdateMachineRequest = match decode_request(body) {
-        Ok(request) => request,
-        Err(err) => return failure(hook, err.to_string(), "bad-request", None),
-    };
-    let object = ObjectKey::of(&request.desired.machine);
-    let message = "no in-place rules are configured: every change needs a rollout".to_string();
-    let response = CanUpdateMachineResponse::new(Status::Success, message.clone());
-    answer(hook, &response, Status::Success, "rollout", object, message)
-}
-
-/// CanUpdateMachineSet: the same question for a MachineDeployment's old and new MachineSet.
-pub fn can_update_machine_set(body: &[u8]) -> Answer {
-    let hook = Hook::CanUpdateMachineSet;
-    let request: CanUpdateMachineSetRequest = match decode_request(body) {
-        Ok(request) => request,
-        Err(err) => return failure(hook, err.to_string(), "bad-request", None),
-    };
-    let object = ObjectKey::of(&request.desired.machine_set);
-    let message = "no in-place rules are configured: every change needs a rollout".to_string();
-    let response = CanUpdateMachineSetResponse::new(Status::Success, message.clone());
-    answer(hook, &response, Status::Success, "rollout", object, message)
-}
-
-/// UpdateMachine: performs (or reports on) the in-place update of one Machine.
-pub fn update_machine(body: &[u8]) -> Answer {
-    let hook = Hook::UpdateMachine;
-    let request: UpdateMachineRequest = match decode_request(body) {
-        Ok(request) => request,
-        Err(err) => return failure(hook, err.to_string(), "bad-request", None),
-    };
-    let object = ObjectKey::of(&request.desired.machine);
-    failure(
-        hook,
-        "no updater is configured on this server: the change was not performed",
-        "failed",
-        object,
     )
 }

@@ -40,9 +40,20 @@ fn all_actions() -> BTreeSet<Action> {
     Action::ALL.into_iter().collect()
 }
 
-fn plan_for(machine: &Value, bootstrap: &Value, actions: &BTreeSet<Action>, mode: KubeadmUpgradeMode) -> Plan {
+fn plan_for(
+    machine: &Value,
+    bootstrap: &Value,
+    actions: &BTreeSet<Action>,
+    mode: KubeadmUpgradeMode,
+) -> Plan {
     let facts = MachineFacts::of(machine).unwrap();
-    build(&PlanInput { facts: &facts, bootstrap: Some(bootstrap), actions, upgrade_mode: mode }).unwrap()
+    build(&PlanInput {
+        facts: &facts,
+        bootstrap: Some(bootstrap),
+        actions,
+        upgrade_mode: mode,
+    })
+    .unwrap()
 }
 
 fn kinds(plan: &Plan) -> Vec<&'static str> {
@@ -51,13 +62,32 @@ fn kinds(plan: &Plan) -> Vec<&'static str> {
 
 #[test]
 fn control_plane_plan_orders_config_then_upgrade_then_what_upgrade_overwrites() {
-    let plan = plan_for(&machine(true), &kubeadm_config(), &all_actions(), KubeadmUpgradeMode::Apply);
+    let plan = plan_for(
+        &machine(true),
+        &kubeadm_config(),
+        &all_actions(),
+        KubeadmUpgradeMode::Apply,
+    );
     assert_eq!(
         kinds(&plan),
-        ["files", "sshKeys", "ntp", "installKubeadm", "kubeadmUpgrade", "installKubelet", "etcdImage", "kubeletArgs"]
+        [
+            "files",
+            "sshKeys",
+            "ntp",
+            "installKubeadm",
+            "kubeadmUpgrade",
+            "installKubelet",
+            "etcdImage",
+            "kubeletArgs"
+        ]
     );
     assert_eq!(plan.steps[4].description, "kubeadm upgrade apply (v1.34.1)");
-    assert!(plan.steps.iter().enumerate().all(|(i, s)| s.index as usize == i));
+    assert!(
+        plan.steps
+            .iter()
+            .enumerate()
+            .all(|(i, s)| s.index as usize == i)
+    );
     validate_plan(&plan).expect("the agent accepts what we build");
     assert_eq!(plan.cluster, "edge-01");
     assert_eq!(plan.machine.to_string(), "default/edge-01-cp-abcde");
@@ -65,39 +95,100 @@ fn control_plane_plan_orders_config_then_upgrade_then_what_upgrade_overwrites() 
 
 #[test]
 fn workers_always_upgrade_node_and_never_touch_etcd() {
-    let plan = plan_for(&machine(false), &kubeadm_config(), &all_actions(), KubeadmUpgradeMode::Apply);
+    let plan = plan_for(
+        &machine(false),
+        &kubeadm_config(),
+        &all_actions(),
+        KubeadmUpgradeMode::Apply,
+    );
     assert!(!kinds(&plan).contains(&"etcdImage"));
-    assert!(plan.steps.iter().any(|s| matches!(s.action, StepAction::KubeadmUpgrade { mode: KubeadmUpgradeMode::Node, .. })));
+    assert!(plan.steps.iter().any(|s| matches!(
+        s.action,
+        StepAction::KubeadmUpgrade {
+            mode: KubeadmUpgradeMode::Node,
+            ..
+        }
+    )));
 }
 
 #[test]
 fn only_allowed_actions_become_steps() {
     let actions: BTreeSet<Action> = [Action::Files, Action::SshKeys].into_iter().collect();
-    let plan = plan_for(&machine(true), &kubeadm_config(), &actions, KubeadmUpgradeMode::Apply);
+    let plan = plan_for(
+        &machine(true),
+        &kubeadm_config(),
+        &actions,
+        KubeadmUpgradeMode::Apply,
+    );
     assert_eq!(kinds(&plan), ["files", "sshKeys"]);
-    let StepAction::Files { files } = &plan.steps[0].action else { panic!() };
+    let StepAction::Files { files } = &plan.steps[0].action else {
+        panic!()
+    };
     let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
-    assert_eq!(paths, ["/etc/motd", "/etc/blob"], "secret-sourced files are not managed");
+    assert_eq!(
+        paths,
+        ["/etc/motd", "/etc/blob"],
+        "secret-sourced files are not managed"
+    );
     assert_eq!(files[1].encoding, FileEncoding::Base64);
-    let StepAction::SshKeys { users } = &plan.steps[1].action else { panic!() };
-    assert_eq!(users.len(), 1, "users without sshAuthorizedKeys are left alone");
+    let StepAction::SshKeys { users } = &plan.steps[1].action else {
+        panic!()
+    };
+    assert_eq!(
+        users.len(),
+        1,
+        "users without sshAuthorizedKeys are left alone"
+    );
 }
 
 #[test]
 fn id_is_stable_and_changes_with_any_desired_byte() {
-    let a = plan_for(&machine(true), &kubeadm_config(), &all_actions(), KubeadmUpgradeMode::Apply);
-    let b = plan_for(&machine(true), &kubeadm_config(), &all_actions(), KubeadmUpgradeMode::Apply);
+    let a = plan_for(
+        &machine(true),
+        &kubeadm_config(),
+        &all_actions(),
+        KubeadmUpgradeMode::Apply,
+    );
+    let b = plan_for(
+        &machine(true),
+        &kubeadm_config(),
+        &all_actions(),
+        KubeadmUpgradeMode::Apply,
+    );
     assert_eq!(a.id, b.id);
     assert_eq!(a.id.len(), 64);
     let mut changed = kubeadm_config();
     changed["spec"]["files"][0]["content"] = json!("hello!");
-    assert_ne!(a.id, plan_for(&machine(true), &changed, &all_actions(), KubeadmUpgradeMode::Apply).id);
-    assert_ne!(a.id, plan_for(&machine(true), &kubeadm_config(), &all_actions(), KubeadmUpgradeMode::Node).id);
+    assert_ne!(
+        a.id,
+        plan_for(
+            &machine(true),
+            &changed,
+            &all_actions(),
+            KubeadmUpgradeMode::Apply
+        )
+        .id
+    );
+    assert_ne!(
+        a.id,
+        plan_for(
+            &machine(true),
+            &kubeadm_config(),
+            &all_actions(),
+            KubeadmUpgradeMode::Node
+        )
+        .id
+    );
 }
 
 #[test]
 fn secrets_stay_out_of_debug_output() {
-    let plan = plan_for(&machine(true), &kubeadm_config(), &all_actions(), KubeadmUpgradeMode::Apply);
+    let plan = plan_for(
+        &machine(true),
+        &kubeadm_config(),
+        &all_actions(),
+        KubeadmUpgradeMode::Apply,
+    );
     let debug = format!("{plan:?}");
     assert!(!debug.contains("hello"), "{debug}");
     assert!(!debug.contains("key-1"), "{debug}");
@@ -108,10 +199,23 @@ fn malformed_fields_are_named() {
     let mut bad = kubeadm_config();
     bad["spec"]["files"][0]["encoding"] = json!("rot13");
     let facts = MachineFacts::of(&machine(true)).unwrap();
-    let err = build(&PlanInput { facts: &facts, bootstrap: Some(&bad), actions: &all_actions(), upgrade_mode: KubeadmUpgradeMode::Node }).unwrap_err();
-    assert!(err.to_string().contains("bootstrapConfig.spec.files[0].encoding"), "{err}");
+    let err = build(&PlanInput {
+        facts: &facts,
+        bootstrap: Some(&bad),
+        actions: &all_actions(),
+        upgrade_mode: KubeadmUpgradeMode::Node,
+    })
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("bootstrapConfig.spec.files[0].encoding"),
+        "{err}"
+    );
     let mut nameless = machine(false);
-    nameless["spec"].as_object_mut().unwrap().remove("clusterName");
+    nameless["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("clusterName");
     nameless["metadata"]["labels"] = json!({});
     assert_eq!(MachineFacts::of(&nameless), Err(PlanError::NoCluster));
 }

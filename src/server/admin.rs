@@ -63,3 +63,26 @@ pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
         )
         .with_state(metrics)
 }
+
+/// `GET /status` on the health port: every recorded update with its current step and message (what
+/// `inplace-updater status` prints). No secrets: runs are shown by machine, step description and message.
+pub fn status_router(dispatcher: Option<Arc<crate::dispatch::Dispatcher>>) -> Router {
+    Router::new()
+        .route(
+            "/status",
+            get(
+                |State(dispatcher): State<Option<Arc<crate::dispatch::Dispatcher>>>| async move {
+                    let Some(dispatcher) = dispatcher else {
+                        return (StatusCode::SERVICE_UNAVAILABLE, "no store configured\n")
+                            .into_response();
+                    };
+                    match dispatcher.status().await {
+                        Ok(rows) => axum::Json(rows).into_response(),
+                        Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n"))
+                            .into_response(),
+                    }
+                },
+            ),
+        )
+        .with_state(dispatcher)
+}

@@ -16,7 +16,8 @@ use tower_http::timeout::TimeoutLayer;
 use super::listener::ConnInfo;
 use super::metrics::Metrics;
 use crate::api::{Hook, parse_go_duration};
-use crate::hooks::{self, Answer};
+use crate::auth::AgentTokens;
+use crate::hooks::{self, Answer, Engine};
 
 /// Largest request body accepted (CAPI's own Go server SDK uses the same cap).
 pub const MAX_BODY_BYTES: usize = 20 * 1024 * 1024;
@@ -27,30 +28,56 @@ pub const DEADLINE_FRACTION: f64 = 0.8;
 /// Hard ceiling on any hook request, whatever `?timeout=` says (CAPI's maximum handler timeout).
 pub const MAX_HOOK_TIME: Duration = Duration::from_secs(30);
 
-/// A hook's computation: request body in, answer out. Runs on the blocking pool.
-pub type Compute = fn(&[u8]) -> Answer;
+/// A boxed future answering a hook.
+pub type AnswerFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Answer> + Send>>;
 
-/// What every hook handler shares.
+/// A hook's computation: request body in, answer out.
+#[derive(Clone, Copy)]
+pub enum Compute {
+    /// CPU-bound work (decode, diff, patch): runs on the blocking pool.
+    Blocking(fn(&Engine, &[u8]) -> Answer),
+    /// Work that waits on the store (UpdateMachine).
+    Async(fn(Arc<Engine>, Bytes) -> AnswerFuture),
+}
+
+/// What every handler shares.
 #[derive(Debug, Clone)]
 pub struct AppState {
     /// Metrics registry.
     pub metrics: Arc<Metrics>,
     /// Whether hook calls must come over a connection with a verified client certificate.
     pub require_client_cert: bool,
+    /// Policy and dispatch.
+    pub engine: Arc<Engine>,
+    /// Agent tokens (agent API).
+    pub tokens: Arc<AgentTokens>,
 }
 
-/// The hook router with every hook at CAPI's path.
+/// The hook router with every hook at CAPI's path, plus the agent API under `/agent/v1/`.
 pub fn app(state: AppState) -> Router {
     let mut router = Router::new();
     for (hook, compute) in [
-        (Hook::Discovery, (|_: &[u8]| hooks::discovery()) as Compute),
-        (Hook::CanUpdateMachine, hooks::can_update_machine as Compute),
-        (Hook::CanUpdateMachineSet, hooks::can_update_machine_set as Compute),
-        (Hook::UpdateMachine, hooks::update_machine as Compute),
+        (
+            Hook::Discovery,
+            Compute::Blocking(|_, _| hooks::discovery()),
+        ),
+        (
+            Hook::CanUpdateMachine,
+            Compute::Blocking(hooks::can_update_machine),
+        ),
+        (
+            Hook::CanUpdateMachineSet,
+            Compute::Blocking(hooks::can_update_machine_set),
+        ),
+        (
+            Hook::UpdateMachine,
+            Compute::Async(|engine, body| Box::pin(hooks::update_machine(engine, body))),
+        ),
     ] {
         router = router.merge(hook_route(hook, compute, state.clone()));
     }
     router
+        .merge(super::agent_routes::agent_router(state))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
 }
@@ -62,7 +89,15 @@ pub fn hook_route(hook: Hook, compute: Compute, state: AppState) -> Router {
     let panic_answer = move |_: Box<dyn std::any::Any + Send + 'static>| {
         metrics.panics.inc();
         tracing::error!(hook = hook.name(), "handler panicked; answered Failure");
-        json_response(hooks::failure(hook, "internal error: the handler panicked (a bug: please report it)", "panic", None).body)
+        json_response(
+            hooks::failure(
+                hook,
+                "internal error: the handler panicked (a bug: please report it)",
+                "panic",
+                None,
+            )
+            .body,
+        )
     };
     Router::new()
         .route(
@@ -76,7 +111,10 @@ pub fn hook_route(hook: Hook, compute: Compute, state: AppState) -> Router {
             ),
         )
         .layer(CatchPanicLayer::custom(panic_answer))
-        .layer(TimeoutLayer::with_status_code(StatusCode::GATEWAY_TIMEOUT, MAX_HOOK_TIME))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::GATEWAY_TIMEOUT,
+            MAX_HOOK_TIME,
+        ))
         .with_state(state)
 }
 
@@ -100,7 +138,7 @@ fn json_response(body: Vec<u8>) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-fn refusal(status: StatusCode, message: &str) -> Response {
+pub(super) fn refusal(status: StatusCode, message: &str) -> Response {
     let body = serde_json::json!({ "status": "Failure", "message": message }).to_string();
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
@@ -139,8 +177,9 @@ fn deadline(query: Option<&str>) -> Result<Duration, String> {
         .find_map(|pair| pair.strip_prefix("timeout="));
     let capi_timeout = match timeout {
         None => DEFAULT_CAPI_TIMEOUT,
-        Some(text) => parse_go_duration(text)
-            .map_err(|err| format!("query parameter `timeout`: {err}"))?,
+        Some(text) => {
+            parse_go_duration(text).map_err(|err| format!("query parameter `timeout`: {err}"))?
+        }
     };
     Ok(capi_timeout.mul_f64(DEADLINE_FRACTION).min(MAX_HOOK_TIME))
 }
@@ -167,7 +206,10 @@ async fn handle(
                 status: "Unauthorized",
             })
             .inc();
-        tracing::warn!(hook = hook.name(), "hook call without a verified client certificate refused");
+        tracing::warn!(
+            hook = hook.name(),
+            "hook call without a verified client certificate refused"
+        );
         return refusal(
             StatusCode::UNAUTHORIZED,
             "this server requires a client certificate signed by its --client-ca for hook calls",
@@ -189,17 +231,31 @@ async fn handle(
     let answer = match deadline(query.as_deref()) {
         Err(message) => hooks::failure(hook, message, "bad-request", None),
         Ok(budget) => {
-            let work = tokio::task::spawn_blocking(move || compute(&body));
+            let engine = state.engine.clone();
+            let work = match compute {
+                Compute::Blocking(compute) => {
+                    tokio::task::spawn_blocking(move || compute(&engine, &body))
+                }
+                Compute::Async(compute) => tokio::spawn(compute(engine, body)),
+            };
             match tokio::time::timeout(budget, work).await {
                 Ok(Ok(answer)) => answer,
                 Ok(Err(join_error)) => {
                     state.metrics.panics.inc();
                     tracing::error!(hook = hook.name(), error = %join_error, "handler panicked; answered Failure");
-                    hooks::failure(hook, "internal error: the handler panicked (a bug: please report it)", "panic", None)
+                    hooks::failure(
+                        hook,
+                        "internal error: the handler panicked (a bug: please report it)",
+                        "panic",
+                        None,
+                    )
                 }
                 Err(_) => hooks::failure(
                     hook,
-                    format!("no answer within {:.1}s (80% of CAPI's timeout); CAPI will call again", budget.as_secs_f64()),
+                    format!(
+                        "no answer within {:.1}s (80% of CAPI's timeout); CAPI will call again",
+                        budget.as_secs_f64()
+                    ),
                     "deadline",
                     None,
                 ),
@@ -213,7 +269,11 @@ async fn handle(
         answer.verdict,
         elapsed.as_secs_f64(),
     );
-    let object = answer.object.as_ref().map(ToString::to_string).unwrap_or_default();
+    let object = answer
+        .object
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_default();
     tracing::info!(
         hook = hook.name(),
         object = %object,
@@ -235,6 +295,10 @@ mod tests {
         assert_eq!(deadline(Some("timeout=10s")), Ok(Duration::from_secs(8)));
         assert_eq!(deadline(None), Ok(Duration::from_secs(8)));
         assert_eq!(deadline(Some("timeout=5m")), Ok(MAX_HOOK_TIME));
-        assert!(deadline(Some("timeout=abc")).unwrap_err().contains("`timeout`"));
+        assert!(
+            deadline(Some("timeout=abc"))
+                .unwrap_err()
+                .contains("`timeout`")
+        );
     }
 }

@@ -127,12 +127,20 @@ impl Metrics {
     }
 
     /// Records one answered hook call.
-    pub fn record_call(&self, hook: &'static str, status: &'static str, verdict: &'static str, seconds: f64) {
+    pub fn record_call(
+        &self,
+        hook: &'static str,
+        status: &'static str,
+        verdict: &'static str,
+        seconds: f64,
+    ) {
         self.calls.get_or_create(&CallLabels { hook, status }).inc();
         self.verdicts
             .get_or_create(&VerdictLabels { hook, verdict })
             .inc();
-        self.duration.get_or_create(&HookLabels { hook }).observe(seconds);
+        self.duration
+            .get_or_create(&HookLabels { hook })
+            .observe(seconds);
     }
 
     /// The registry in Prometheus text exposition format.

@@ -2,6 +2,7 @@
 //! together and stopped together. It decides nothing about Machines; `hooks` does.
 
 mod admin;
+mod agent_routes;
 mod app;
 mod listener;
 pub mod metrics;
@@ -17,14 +18,19 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-pub use admin::{Readiness, health_router, metrics_router};
+pub use admin::{Readiness, health_router, metrics_router, status_router};
+pub use agent_routes::MAX_AGENT_REQUEST_TIME;
 pub use app::{
-    AppState, Compute, DEADLINE_FRACTION, DEFAULT_CAPI_TIMEOUT, MAX_BODY_BYTES, MAX_HOOK_TIME, app,
-    hook_route,
+    AnswerFuture, AppState, Compute, DEADLINE_FRACTION, DEFAULT_CAPI_TIMEOUT, MAX_BODY_BYTES,
+    MAX_HOOK_TIME, app, hook_route,
 };
 pub use listener::{ConnInfo, ConnLimits};
 pub use metrics::Metrics;
 use tls::{ReloadingCert, TlsError, TlsFiles};
+
+use crate::auth::AgentTokens;
+use crate::dispatch::Dispatcher;
+use crate::hooks::Engine;
 
 /// Default interval between checks of the certificate files for new content.
 pub const DEFAULT_TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
@@ -63,7 +69,11 @@ pub struct Listeners {
 
 impl Listeners {
     /// Binds the three addresses.
-    pub async fn bind(hooks: SocketAddr, health: SocketAddr, metrics: SocketAddr) -> Result<Self, ServeError> {
+    pub async fn bind(
+        hooks: SocketAddr,
+        health: SocketAddr,
+        metrics: SocketAddr,
+    ) -> Result<Self, ServeError> {
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr)
                 .await
@@ -105,11 +115,24 @@ pub enum ServeError {
     TaskDied(&'static str),
 }
 
+/// How often the retention sweep runs.
+pub const RETENTION_SWEEP_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// What the handlers decide with, built before the server starts.
+#[derive(Debug, Clone)]
+pub struct Services {
+    /// Policy and dispatch.
+    pub engine: Arc<Engine>,
+    /// Agent tokens.
+    pub tokens: Arc<AgentTokens>,
+}
+
 /// Runs the server until `shutdown` is cancelled, then drains and returns `Ok`. Returns an error at once
 /// when start-up fails or any background task dies.
 pub async fn run(
     config: ServeConfig,
     listeners: Listeners,
+    services: Services,
     metrics: Arc<Metrics>,
     readiness: Readiness,
     shutdown: CancellationToken,
@@ -121,17 +144,35 @@ pub async fn run(
     let state = AppState {
         metrics: metrics.clone(),
         require_client_cert: config.client_ca.is_some(),
+        engine: services.engine.clone(),
+        tokens: services.tokens.clone(),
     };
 
     let mut tasks: JoinSet<&'static str> = JoinSet::new();
     let stop = shutdown.clone();
     tasks.spawn(async move {
-        listener::serve_tls(listeners.hooks, acceptor, app::app(state), config.limits, stop).await;
+        listener::serve_tls(
+            listeners.hooks,
+            acceptor,
+            app::app(state),
+            config.limits,
+            stop,
+        )
+        .await;
         "hook listener"
     });
     for (name, listener, router) in [
-        ("health listener", listeners.health, health_router(readiness.clone())),
-        ("metrics listener", listeners.metrics, metrics_router(metrics.clone())),
+        (
+            "health listener",
+            listeners.health,
+            health_router(readiness.clone())
+                .merge(status_router(services.engine.dispatcher.clone())),
+        ),
+        (
+            "metrics listener",
+            listeners.metrics,
+            metrics_router(metrics.clone()),
+        ),
     ] {
         let stop = shutdown.clone();
         tasks.spawn(async move {
@@ -150,6 +191,25 @@ pub async fn run(
         watch_certificate(cert, interval, metrics, stop).await;
         "certificate watcher"
     });
+
+    let stop = shutdown.clone();
+    let tokens = services.tokens.clone();
+    tasks.spawn(async move {
+        watch_tokens(tokens, interval, stop).await;
+        "token file watcher"
+    });
+    if let Some(dispatcher) = services.engine.dispatcher.clone() {
+        let follower = dispatcher.clone();
+        tasks.spawn(async move {
+            follower.follow_changes().await;
+            "store change feed"
+        });
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            sweep_retention(dispatcher, stop).await;
+            "retention sweep"
+        });
+    }
 
     readiness.set(true);
     tracing::info!("ready");
@@ -174,6 +234,46 @@ pub async fn run(
     Ok(())
 }
 
+async fn watch_tokens(tokens: Arc<AgentTokens>, interval: Duration, shutdown: CancellationToken) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        let check = tokens.clone();
+        match tokio::task::spawn_blocking(move || check.reload_if_changed()).await {
+            Ok(Ok(true)) => tracing::info!(tokens = tokens.len(), "agent token file reloaded"),
+            Ok(Ok(false)) => {}
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, "agent token file not reloaded; keeping the previous tokens")
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "token check panicked");
+                return;
+            }
+        }
+    }
+}
+
+async fn sweep_retention(dispatcher: Arc<Dispatcher>, shutdown: CancellationToken) {
+    let mut ticker = tokio::time::interval(RETENTION_SWEEP_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        match dispatcher.sweep().await {
+            Ok(0) => {}
+            Ok(deleted) => tracing::info!(deleted, "retention: deleted finished updates"),
+            Err(err) => tracing::warn!(error = %err, "retention sweep failed; will try again"),
+        }
+    }
+}
+
 async fn watch_certificate(
     cert: Arc<ReloadingCert>,
     interval: Duration,
@@ -192,12 +292,18 @@ async fn watch_certificate(
         let result = tokio::task::spawn_blocking(move || check.reload_if_changed()).await;
         match result {
             Ok(Ok(true)) => {
-                metrics.tls_reloads.get_or_create(&metrics::ResultLabels { result: "success" }).inc();
+                metrics
+                    .tls_reloads
+                    .get_or_create(&metrics::ResultLabels { result: "success" })
+                    .inc();
                 tracing::info!(cert = %cert.files().cert.display(), "serving certificate reloaded");
             }
             Ok(Ok(false)) => {}
             Ok(Err(err)) => {
-                metrics.tls_reloads.get_or_create(&metrics::ResultLabels { result: "error" }).inc();
+                metrics
+                    .tls_reloads
+                    .get_or_create(&metrics::ResultLabels { result: "error" })
+                    .inc();
                 tracing::warn!(error = %err, "new certificate files are not usable yet; still serving the previous pair");
             }
             Err(err) => {

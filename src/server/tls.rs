@@ -171,7 +171,12 @@ impl ReloadingCert {
                 return Ok(false);
             }
         }
-        let key = Arc::new(certified_key(&self.files, &cert_pem, &key_pem, &self.provider)?);
+        let key = Arc::new(certified_key(
+            &self.files,
+            &cert_pem,
+            &key_pem,
+            &self.provider,
+        )?);
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = Loaded {
             cert_pem,
             key_pem,

@@ -2,6 +2,8 @@
 //! `inplace-updater` binary started as a child process on port-0 listeners.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod fleet;
+
 use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -76,7 +78,9 @@ impl Client {
                     .map(|c| c.expect("cert pem"))
                     .collect();
                 let key = PrivateKeyDer::from_pem_file(key).expect("key");
-                builder.with_client_auth_cert(chain, key).expect("client auth")
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .expect("client auth")
             }
         };
         config.alpn_protocols = if http1_only {
@@ -89,7 +93,10 @@ impl Client {
         }
     }
 
-    async fn tls(&self, addr: SocketAddr) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    async fn tls(
+        &self,
+        addr: SocketAddr,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
         let tcp = TcpStream::connect(addr).await?;
         TlsConnector::from(self.config.clone())
             .connect(ServerName::try_from("localhost").expect("name"), tcp)
@@ -103,7 +110,13 @@ impl Client {
     }
 
     /// One request on a new connection.
-    pub async fn request(&self, addr: SocketAddr, method: &str, path: &str, body: Vec<u8>) -> std::io::Result<Reply> {
+    pub async fn request(
+        &self,
+        addr: SocketAddr,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+    ) -> std::io::Result<Reply> {
         let tls = self.tls(addr).await?;
         let http2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         let io = hyper_util::rt::TokioIo::new(tls);
@@ -119,13 +132,19 @@ impl Client {
                     .await
                     .map_err(std::io::Error::other)?;
             tokio::spawn(conn);
-            sender.send_request(request).await.map_err(std::io::Error::other)?
+            sender
+                .send_request(request)
+                .await
+                .map_err(std::io::Error::other)?
         } else {
             let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
                 .await
                 .map_err(std::io::Error::other)?;
             tokio::spawn(conn);
-            sender.send_request(request).await.map_err(std::io::Error::other)?
+            sender
+                .send_request(request)
+                .await
+                .map_err(std::io::Error::other)?
         };
         let status = response.status().as_u16();
         let headers = response.headers().clone();
@@ -145,7 +164,9 @@ impl Client {
     }
 
     pub async fn post(&self, addr: SocketAddr, path: &str, body: impl Into<Vec<u8>>) -> Reply {
-        self.request(addr, "POST", path, body.into()).await.expect("request")
+        self.request(addr, "POST", path, body.into())
+            .await
+            .expect("request")
     }
 }
 
@@ -174,15 +195,39 @@ impl ServerProcess {
     }
 
     pub fn start_in(certs: &DevCertPaths, extra: &[&str], cwd: Option<&Path>) -> Self {
+        Self::start_at(certs, "127.0.0.1:0", extra, cwd)
+    }
+
+    /// Starts on a given hook address (a restarted server takes over its predecessor's port, so agents
+    /// configured with that URL reconnect to it).
+    pub fn start_at(
+        certs: &DevCertPaths,
+        listen: &str,
+        extra: &[&str],
+        cwd: Option<&Path>,
+    ) -> Self {
         let mut command = Command::new(binary());
         command
             .args(["--log-format", "json", "serve"])
-            .args(["--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .args([
+                "--listen",
+                listen,
+                "--health-listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ])
             .arg("--tls-cert")
             .arg(&certs.server_cert)
             .arg("--tls-key")
             .arg(&certs.server_key)
             .args(extra)
+            // Tests run side by side: each server gets its own (in-memory) store unless the test picks one.
+            .args(if extra.contains(&"--store") {
+                &[][..]
+            } else {
+                &["--store", "memory:"][..]
+            })
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -214,7 +259,10 @@ impl ServerProcess {
             Ok(addrs) => addrs,
             Err(_) => {
                 let _ = child.kill();
-                panic!("server did not report its addresses; logs: {:?}", logs.lock().expect("logs"));
+                panic!(
+                    "server did not report its addresses; logs: {:?}",
+                    logs.lock().expect("logs")
+                );
             }
         };
         let server = Self {
@@ -255,6 +303,12 @@ impl ServerProcess {
         panic!("no log line contains {needle:?}; logs: {:?}", self.logs());
     }
 
+    /// SIGKILL: no shutdown, no flush, as a crash or an OOM kill would.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub fn signal(&self, signal: &str) {
         let status = Command::new("kill")
             .args([format!("-{signal}"), self.child.id().to_string()])
@@ -288,17 +342,26 @@ pub fn plain_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     use std::io::{Read as _, Write as _};
     let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut text = String::new();
     stream.read_to_string(&mut text).ok()?;
     let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Some((status, body))
 }
 
 /// Reads a fixture from tests/fixtures.
 pub fn fixture(name: &str) -> Vec<u8> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
     std::fs::read(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
 }
 
@@ -311,9 +374,10 @@ pub struct KeptConnection {
 impl Client {
     pub async fn keep_alive(&self, addr: SocketAddr) -> KeptConnection {
         let tls = self.tls(addr).await.expect("handshake");
-        let (sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-            .await
-            .expect("http1");
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .expect("http1");
         tokio::spawn(conn);
         KeptConnection {
             sender,
@@ -328,9 +392,18 @@ impl KeptConnection {
         let request = hyper::Request::post(format!("https://localhost:{}{path}", self.port))
             .body(Full::new(Bytes::from(body)))
             .expect("request");
-        let response = self.sender.send_request(request).await.map_err(std::io::Error::other)?;
+        let response = self
+            .sender
+            .send_request(request)
+            .await
+            .map_err(std::io::Error::other)?;
         let status = response.status().as_u16();
-        let body = response.into_body().collect().await.map_err(std::io::Error::other)?.to_bytes();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(std::io::Error::other)?
+            .to_bytes();
         Ok((status, body.to_vec()))
     }
 }

@@ -12,11 +12,13 @@ import functools
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 
 import jsonschema
 import kubernetes_validate.utils as kv
+import pytest
 import referencing
 import yaml
 
@@ -29,6 +31,10 @@ K8S_VERSION = kv.latest_version()
 
 # Bound on one `kubectl kustomize` run; a render takes well under a second.
 KUSTOMIZE_TIMEOUT_S = 60
+# Bound on one short `inplace-updater` command (--help, policy check, diff, token create).
+BINARY_TIMEOUT_S = 30
+# Subcommands the tests call; a binary without them predates the formats deploy/ follows.
+BINARY_SUBCOMMANDS = ("serve", "agent", "token", "policy", "diff", "certs")
 
 KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
 
@@ -198,3 +204,166 @@ def container_port(container: dict, port) -> int:
         if p.get("name") == port:
             return p["containerPort"]
     raise AssertionError(f"container {container['name']} has no port named {port!r}")
+
+
+# ---------------------------------------------------------------- the inplace-updater binary
+
+
+@functools.cache
+def _binary_path() -> tuple[pathlib.Path, str | None]:
+    """The binary under test and, when it is unusable, why."""
+    path = pathlib.Path(os.environ.get("INPLACE_UPDATER_BIN") or REPO / "target" / "release" / "inplace-updater").absolute()
+    if not path.is_file() or not os.access(path, os.X_OK):
+        return path, f"{path} is not an executable file (cargo build --release, or set INPLACE_UPDATER_BIN)"
+    proc = subprocess.run([str(path), "--help"], capture_output=True, text=True, timeout=BINARY_TIMEOUT_S, check=False)
+    listed = set(re.findall(r"^  ([a-z]+) ", proc.stdout, re.M))
+    missing = [c for c in BINARY_SUBCOMMANDS if c not in listed]
+    if proc.returncode != 0 or missing:
+        return path, f"{path} lacks the subcommands {missing}: a stale build? (cargo build --release)"
+    return path, None
+
+
+def binary() -> pathlib.Path:
+    """The inplace-updater binary: $INPLACE_UPDATER_BIN, else target/release/inplace-updater.
+
+    Missing (or too old to have the subcommands deploy/ relies on): the calling test is skipped, except
+    under CI=true, where CI has built it first and a missing binary is a failure.
+    """
+    path, problem = _binary_path()
+    if problem is None:
+        return path
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true but {problem}")
+    pytest.skip(problem)
+
+
+def run_binary(*args: str, env: dict[str, str] | None = None, cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess:
+    """Runs a short inplace-updater command and returns its result (never raises on a non-zero exit)."""
+    return subprocess.run(
+        [str(binary()), *args], capture_output=True, text=True, timeout=BINARY_TIMEOUT_S, check=False,
+        env={"PATH": os.environ["PATH"], **(env or {})}, cwd=cwd,
+    )
+
+
+@functools.cache
+def cli_options(*subcommand: str) -> dict[str, dict]:
+    """`inplace-updater SUBCOMMAND --help`, parsed: {flag: {"env": NAME or None, "takes_value": bool}}.
+
+    Read from the binary itself, so that these tests follow src/cli.rs rather than a copy of it.
+    """
+    proc = run_binary(*subcommand, "--help")
+    assert proc.returncode == 0, proc.stderr
+    options: dict[str, dict] = {}
+    current = None
+    for line in proc.stdout.splitlines():
+        m = re.match(r"^\s+(?:-\w, )?(--[a-z0-9-]+)(?: <([A-Z_]+)>)?", line)
+        if m:
+            current = m.group(1)
+            options[current] = {"env": None, "takes_value": m.group(2) is not None}
+            continue
+        e = re.search(r"\[env: ([A-Z0-9_]+)=", line)
+        if e and current:
+            options[current]["env"] = e.group(1)
+    assert "--help" in options and len(options) > 2, f"could not parse `{' '.join(subcommand)} --help`"
+    return options
+
+
+def env_twins(*subcommand: str) -> dict[str, str]:
+    """{ENV_NAME: --flag} of a subcommand, as its --help lists them."""
+    return {o["env"]: flag for flag, o in cli_options(*subcommand).items() if o["env"]}
+
+
+@functools.cache
+def env_only_settings(*subcommand: str) -> set[str]:
+    """Variables a subcommand reads with no flag twin, named in its --help as `from NAME only`."""
+    proc = run_binary(*subcommand, "--help")
+    return set(re.findall(r"from (INPLACE_UPDATER_[A-Z0-9_]+) only", proc.stdout))
+
+
+# ---------------------------------------------------------------- settings deploy/ uses
+
+# `inplace-updater serve` settings, as in src/cli.rs (`ServeArgs`, `EtcdArgs`, the global --log-format): the
+# env twins of its flags, plus the password that is deliberately env-only. Offline tests check the
+# manifests against these; tests/deploy/test_binary.py checks that they are exactly what the binary has.
+SERVE_ENV = {
+    "INPLACE_UPDATER_" + flag.upper().replace("-", "_")
+    for flag in (
+        "log-format", "listen", "tls-cert", "tls-key", "client-ca", "health-listen", "metrics-listen", "dev",
+        "tls-reload-interval", "handshake-timeout", "header-read-timeout", "max-connections", "shutdown-grace",
+        "policy", "agent-tokens", "store", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user", "etcd-prefix",
+        "retry-after-seconds", "retention",
+    )
+}
+SERVE_ENV_ONLY = {"INPLACE_UPDATER_ETCD_PASSWORD"}
+# `inplace-updater agent` settings (`AgentArgs`): INPLACE_UPDATER_AGENT_<FLAG>, plus the global log format.
+AGENT_ENV = {"INPLACE_UPDATER_LOG_FORMAT"} | {
+    "INPLACE_UPDATER_AGENT_" + flag.upper().replace("-", "_")
+    for flag in (
+        "server", "ca-file", "token-file", "machine", "provider-id", "config", "state-dir", "root",
+        "tls-server-name", "poll-wait",
+    )
+}
+# ExtensionConfig `spec.settings` keys the server knows (crates/core/src/settings.rs); any other key is
+# answered Failure.
+SETTINGS = {
+    "inPlace": re.compile(r"(?i)true|false"),
+    "disableActions": re.compile(
+        r"\s*((kubernetes-version|files|ssh-keys|ntp|etcd-image|kubelet-args)\s*(,\s*|$))*"
+    ),
+    "mode": re.compile(r"in-place-or-rollout|in-place-only"),
+    "patchType": re.compile(r"(?i)JSONPatch|JSONMergePatch"),
+}
+# Every line of a server token file that is not blank or a comment (src/auth.rs).
+TOKEN_LINE = re.compile(
+    r"sha256:[0-9a-f]{64} (cluster|machine)=[a-z0-9][a-z0-9.-]*/[a-z0-9][a-z0-9.-]*"
+    r"( expires=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d))?"
+)
+
+
+def server_deployment(objs: list[dict]) -> tuple[dict, dict]:
+    """The server Deployment of a render and its `server` container."""
+    dep = one(objs, "Deployment", "inplace-updater")
+    containers = dep["spec"]["template"]["spec"]["containers"]
+    return dep, next(c for c in containers if c["name"] == "server")
+
+
+def env_of(container: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def read_env_file(path: pathlib.Path) -> tuple[dict[str, str], dict[str, str]]:
+    """A KEY=VALUE file (systemd EnvironmentFile, kustomize `envs`): (set, commented-out examples)."""
+    active: dict[str, str] = {}
+    examples: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        m = re.fullmatch(r"(#?)([A-Za-z_][A-Za-z0-9_]*)=(.*)", line.strip())
+        if m:
+            (examples if m.group(1) else active)[m.group(2)] = m.group(3)
+        else:
+            assert not line.strip() or line.lstrip().startswith("#"), f"{path.name}: not KEY=VALUE: {line!r}"
+    return active, examples
+
+
+# ---------------------------------------------------------------- docs/install.md, run
+
+
+def docs_block(containing: str) -> str:
+    """The one ```sh block of docs/install.md that contains `containing`."""
+    blocks = re.findall(r"^```sh\n(.*?)^```$", (REPO / "docs" / "install.md").read_text(), re.M | re.S)
+    found = [b for b in blocks if containing in b]
+    assert len(found) == 1, f"expected one ```sh block with {containing!r} in docs/install.md, found {len(found)}"
+    return found[0]
+
+
+def run_docs_token_block(workdir: pathlib.Path) -> None:
+    """Runs the docs' token-making commands (step 4) in `workdir`, `inplace-updater` being the binary."""
+    bindir = workdir / "bin"
+    bindir.mkdir(exist_ok=True)
+    if not (bindir / "inplace-updater").exists():
+        (bindir / "inplace-updater").symlink_to(binary())
+    proc = subprocess.run(
+        ["sh", "-eu", "-c", docs_block("inplace-updater token create")],
+        cwd=workdir, env={"PATH": f"{bindir}:{os.environ['PATH']}"},
+        capture_output=True, text=True, timeout=BINARY_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr

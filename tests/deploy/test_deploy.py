@@ -9,7 +9,6 @@ objects, ports, mounts, security contexts, and what each overlay changes.
 from __future__ import annotations
 
 import copy
-import os
 import pathlib
 import re
 import subprocess
@@ -24,13 +23,6 @@ NAMESPACE = "inplace-updater-system"
 SERVICE = "inplace-updater-webhook-service"
 EXTENSION_CONFIG = "inplace-updater"
 CERT_MOUNT = "/tmp/k8s-webhook-server/serving-certs"
-
-# `inplace-updater serve` flags (issue 2, 4, 5); each has the env twin INPLACE_UPDATER_<FLAG>.
-SERVER_FLAGS = [
-    "listen", "tls-cert", "tls-key", "client-ca", "health-listen", "metrics-listen", "log-format",
-    "policy", "agent-tokens", "store", "etcd-ca", "etcd-cert", "etcd-key",
-]
-SERVER_ENV = {"INPLACE_UPDATER_" + f.upper().replace("-", "_"): f for f in SERVER_FLAGS}
 
 KUSTOMIZATIONS = [p for p in d.kustomization_dirs() if not d.is_component(p)]
 COMPONENTS = [p for p in d.kustomization_dirs() if d.is_component(p)]
@@ -47,14 +39,8 @@ def rendered() -> dict[pathlib.Path, list[dict]]:
     return {p: d.render(p) for p in KUSTOMIZATIONS}
 
 
-def server_deployment(objs: list[dict]) -> tuple[dict, dict]:
-    dep = d.one(objs, "Deployment", "inplace-updater")
-    containers = dep["spec"]["template"]["spec"]["containers"]
-    return dep, next(c for c in containers if c["name"] == "server")
-
-
-def env_of(container: dict) -> dict[str, str]:
-    return {e["name"]: e.get("value") for e in container.get("env", [])}
+server_deployment = d.server_deployment
+env_of = d.env_of
 
 
 # ---------------------------------------------------------------- rendering and schemas
@@ -100,9 +86,39 @@ def plain_manifests() -> list[pathlib.Path]:
     return [f for f in files if f.resolve() not in referenced]
 
 
-def test_plain_manifests_are_the_bootstrap_snippets():
+def test_plain_manifests_are_the_bootstrap_snippets_and_the_secret_examples():
     names = {rel(p) for p in plain_manifests()}
-    assert names == {"deploy/node/kubeadmconfigtemplate.yaml", "deploy/node/kubeadmcontrolplane.yaml"}, names
+    assert names == {
+        "deploy/node/kubeadmconfigtemplate.yaml", "deploy/node/kubeadmcontrolplane.yaml",
+        "deploy/examples/agent-tokens-secret.yaml", "deploy/examples/agent-credentials-secret.yaml",
+    }, names
+
+
+def test_the_token_secret_example_is_what_the_server_mounts(rendered):
+    secret = d.load_yaml_docs(d.DEPLOY / "examples" / "agent-tokens-secret.yaml")[0]
+    for directory in SERVER_RENDERS:
+        dep, server = server_deployment(rendered[directory])
+        tokens_path = pathlib.PurePath(env_of(server)["INPLACE_UPDATER_AGENT_TOKENS"])
+        mount = next(m for m in server["volumeMounts"] if pathlib.PurePath(m["mountPath"]) == tokens_path.parent)
+        volume = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+        assert (secret["metadata"]["namespace"], secret["metadata"]["name"]) == (NAMESPACE, volume["secret"]["secretName"])
+        assert set(secret["stringData"]) == {tokens_path.name}
+    lines = [l for l in secret["stringData"]["tokens"].splitlines() if l.strip() and not l.lstrip().startswith("#")]
+    assert lines and all(d.TOKEN_LINE.fullmatch(l) for l in lines), lines
+    assert all(re.search(r"sha256:0{64} ", l) for l in lines), "an example must not hold a real token's hash"
+
+
+def test_the_credentials_secret_example_is_what_the_bootstrap_snippets_read():
+    secret = d.load_yaml_docs(d.DEPLOY / "examples" / "agent-credentials-secret.yaml")[0]
+    for name, spec_of in (("kubeadmconfigtemplate.yaml", lambda o: o["spec"]["template"]["spec"]),
+                          ("kubeadmcontrolplane.yaml", lambda o: o["spec"]["kubeadmConfigSpec"])):
+        snippet = d.load_yaml_docs(d.DEPLOY / "node" / name)[0]
+        refs = [f["contentFrom"]["secret"] for f in spec_of(snippet)["files"] if "contentFrom" in f]
+        assert {r["name"] for r in refs} == {secret["metadata"]["name"]}, name
+        assert snippet["metadata"]["namespace"] == secret["metadata"]["namespace"], "contentFrom reads the Cluster's namespace"
+        assert {r["key"] for r in refs} == set(secret["stringData"]) == {"token", "ca.crt"}
+    assert "clusterctl.cluster.x-k8s.io/move" in secret["metadata"]["labels"]
+    assert not secret["stringData"]["token"].startswith("iu1_"), "an example must not hold a token"
 
 
 @pytest.mark.parametrize("path", plain_manifests(), ids=rel)
@@ -200,7 +216,48 @@ def test_extension_config_points_at_the_service_and_its_certificate(rendered):
     assert f"{SERVICE}.{NAMESPACE}.svc.cluster.local" in cert["spec"]["dnsNames"]
     assert "caBundle" not in ext["spec"]["clientConfig"], "CAPI injects it; a stale one would be kept"
     assert ext["spec"].get("namespaceSelector") is not None
-    assert all(isinstance(v, str) for v in ext["spec"].get("settings", {}).values())
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=rel)
+def test_extension_config_settings_are_real_keys_and_values(rendered, directory):
+    # The server answers Failure to every hook call whose settings hold an unknown key or value.
+    for ext in d.find(rendered[directory], "ExtensionConfig"):
+        settings = ext["spec"].get("settings", {})
+        unknown = sorted(set(settings) - set(d.SETTINGS))
+        assert not unknown, f"{d.describe(ext)}: unknown settings {unknown} (known: {sorted(d.SETTINGS)})"
+        for key, value in settings.items():
+            assert isinstance(value, str), f"settings.{key}: ExtensionConfig settings are strings"
+            assert d.SETTINGS[key].fullmatch(value), f"settings.{key}: {value!r} is not a value the server accepts"
+
+
+def test_the_settings_check_can_fail():
+    assert not d.SETTINGS["mode"].fullmatch("in-place")
+    assert not d.SETTINGS["disableActions"].fullmatch("files,kernel")
+    assert d.SETTINGS["disableActions"].fullmatch("files, ssh-keys")
+    assert "inplace" not in d.SETTINGS, "keys are case-sensitive"
+
+
+# Every INPLACE_UPDATER_* name anywhere in deploy/ (manifests, env file, scripts, unit, comments) and in
+# docs/install.md: an operator who copies one must get a setting that exists.
+SETTING_NAME = re.compile(r"\bINPLACE_UPDATER_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_*])")
+
+
+def text_files() -> list[pathlib.Path]:
+    files = [p for p in sorted(d.DEPLOY.rglob("*")) if p.is_file() and p.suffix != ".json"]
+    return files + [d.REPO / "docs" / "install.md"]
+
+
+@pytest.mark.parametrize("path", text_files(), ids=rel)
+def test_every_setting_name_in_deploy_and_docs_is_real(path):
+    known = d.SERVE_ENV | d.SERVE_ENV_ONLY | d.AGENT_ENV
+    unknown = sorted(set(SETTING_NAME.findall(path.read_text())) - known)
+    assert not unknown, f"{rel(path)} names settings the binary does not have: {unknown}"
+
+
+def test_the_setting_name_check_can_fail():
+    assert SETTING_NAME.findall("INPLACE_UPDATER_SERVER=x, INPLACE_UPDATER_AGENT_* and INPLACE_UPDATER_*") == [
+        "INPLACE_UPDATER_SERVER"
+    ]
 
 
 def test_certificate_issuers_form_a_chain(rendered):
@@ -223,7 +280,8 @@ def test_server_mounts_and_env_agree(rendered, directory):
     dep, server = server_deployment(objs)
     env = env_of(server)
     assert len(env) == len(server["env"]), "duplicate env names"
-    assert set(env) <= set(SERVER_ENV), f"unknown server settings: {set(env) - set(SERVER_ENV)}"
+    known = d.SERVE_ENV | d.SERVE_ENV_ONLY
+    assert set(env) <= known, f"not `serve` settings: {sorted(set(env) - known)}"
     pod = dep["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m for m in server["volumeMounts"]}
@@ -341,20 +399,27 @@ def test_agent_access_overlays_expose_the_tls_port_under_a_certified_name(render
     assert [d.container_port(server, p["targetPort"]) for p in svc["spec"]["ports"]] == [9443]
     assert d.one(objs, "Service", SERVICE)["spec"]["type"] == "ClusterIP", "the base Service stays ClusterIP"
     names = d.one(objs, "Certificate", "inplace-updater-serving-cert")["spec"]["dnsNames"]
-    env_file = (d.DEPLOY / "node" / "agent.env").read_text()
-    server_url = re.search(r"^INPLACE_UPDATER_SERVER=(\S+)$", env_file, re.M).group(1)
-    assert urlparse(server_url).hostname in names, "agents would fail the TLS name check"
+    agent_env, _ = d.read_env_file(d.DEPLOY / "node" / "agent.env")
+    server_url = urlparse(agent_env["INPLACE_UPDATER_AGENT_SERVER"])
+    assert server_url.scheme == "https" and server_url.hostname in names, "agents would fail the TLS name check"
+    if svc["spec"]["type"] == "LoadBalancer":
+        # agent.env's URL is the LoadBalancer's (the NodePort one adds :<nodePort>, as its comment says).
+        assert (server_url.port or 443) in [p["port"] for p in svc["spec"]["ports"]]
+    else:
+        assert all(p["nodePort"] == 30443 for p in svc["spec"]["ports"]), "agent.env's comment names :30443"
     ingress = [r for p in d.find(objs, "NetworkPolicy") for r in p["spec"].get("ingress", [])]
     assert any("ipBlock" in f for r in ingress for f in r.get("from", [])), "agent traffic is not admitted"
 
 
-def test_policy_configmap_is_a_rule_list(rendered):
+def test_policy_configmap_is_the_shipped_policy(rendered):
+    # The offline half; test_binary.py has the binary check the policy for real.
     cm = next(c for c in d.find(rendered[d.DEPLOY], "ConfigMap") if c["metadata"]["name"].startswith("inplace-updater-policy"))
-    policy = yaml.safe_load(cm["data"]["policy.yaml"])
-    rules = policy["rules"]
-    assert rules and all("object" in r and "paths" in r for r in rules)
-    assert all(("action" in r) + ("accept" in r) + ("reject" in r) == 1 for r in rules)
-    assert rules[-1].get("reject"), "the last rule must reject what nothing else matched"
+    assert cm["data"]["policy.yaml"] == (d.DEPLOY / "base" / "policy.yaml").read_text()
+    rules = yaml.safe_load(cm["data"]["policy.yaml"])["rules"]
+    assert rules and all({"name", "objects", "paths"} <= set(r) for r in rules)
+    assert all(("action" in r) + ("accept" in r) + ("reject" in r) == 1 for r in rules), "one verdict per rule"
+    assert len({r["name"] for r in rules}) == len(rules), "rule names must be unique"
+    assert any(r.get("action") == "kubernetes-version" for r in rules)
 
 
 def test_image_tag_follows_the_crate_version():
@@ -363,32 +428,6 @@ def test_image_tag_follows_the_crate_version():
     for k in (d.DEPLOY / "base", d.DEPLOY / "node"):
         for image in d.kustomization(k)["images"]:
             assert image["newTag"] == f"v{version}", f"{rel(k)}: {image['name']} tag vs Cargo version {version}"
-
-
-def server_binary() -> pathlib.Path | None:
-    for candidate in (os.environ.get("INPLACE_UPDATER_BIN"), d.REPO / "target" / "release" / "inplace-updater"):
-        if candidate and pathlib.Path(candidate).is_file():
-            return pathlib.Path(candidate)
-    return None
-
-
-# Settings the manifests use that `serve` did not have yet when deploy/ was written (store: issue 5,
-# policy: issue 3, agent tokens: issue 4). Allowed to be missing from `serve --help`; nothing else is.
-PENDING_SERVER_ENV = {
-    "INPLACE_UPDATER_POLICY", "INPLACE_UPDATER_AGENT_TOKENS", "INPLACE_UPDATER_STORE",
-    "INPLACE_UPDATER_ETCD_CA", "INPLACE_UPDATER_ETCD_CERT", "INPLACE_UPDATER_ETCD_KEY",
-}
-
-
-@pytest.mark.skipif(server_binary() is None, reason="inplace-updater not built (cargo build --release)")
-def test_the_binary_knows_every_setting_the_manifests_use(rendered):
-    proc = subprocess.run([str(server_binary()), "serve", "--help"], capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 0, proc.stderr
-    known = set(re.findall(r"\[env: (INPLACE_UPDATER_[A-Z0-9_]+)=", proc.stdout))
-    assert "INPLACE_UPDATER_LISTEN" in known, "could not read env twins from `serve --help`"
-    used = {e["name"] for directory in SERVER_RENDERS for e in server_deployment(rendered[directory])[1]["env"]}
-    unknown = sorted(used - known - PENDING_SERVER_ENV)
-    assert not unknown, f"`serve --help` has no env twin for {unknown}"
 
 
 def test_docs_reference_existing_paths():

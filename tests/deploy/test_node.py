@@ -11,11 +11,13 @@ import hashlib
 import importlib.util
 import os
 import pathlib
+import re
 import shlex
 import shutil
 import subprocess
 
 import pytest
+import yaml
 
 import deploylib as d
 
@@ -75,24 +77,43 @@ def test_snippet_installs_agent_config_and_token(name):
     assert post.index("systemctl daemon-reload") < post.index("systemctl enable --now inplace-updater-agent.service")
 
 
-def test_unit_start_script_and_installer_agree_on_paths():
+def test_unit_start_script_env_file_and_installer_agree_on_paths():
     files = files_by_path(bootstrap_spec("kubeadmconfigtemplate.yaml"))
     unit = configparser.ConfigParser(strict=False, interpolation=None)
     unit.read_string((NODE / "inplace-updater-agent.service").read_text())
     exec_start = unit["Service"]["ExecStart"]
     assert exec_start in files and files[exec_start]["permissions"] == "0755"
-    assert unit["Service"]["EnvironmentFile"].lstrip("-") in files
+    env_file = unit["Service"]["EnvironmentFile"].lstrip("-")
+    assert files[env_file]["content"] == (NODE / "agent.env").read_text()
+    assert env_file in (NODE / "agent-start").read_text(), "agent-start names another env file in its messages"
     assert unit["Service"]["Restart"] == "always"
     assert unit["Unit"]["StartLimitIntervalSec"] == "0"
     assert "multi-user.target" in unit["Install"]["WantedBy"]
     start = (NODE / "agent-start").read_text()
     installer = (NODE / "install-agent.sh").read_text()
-    assert "/usr/local/bin/inplace-updater" in start and "/usr/local/bin/inplace-updater" in installer
-    for name in ("token", "ca.crt", "agent.yaml"):
-        assert f"/etc/inplace-updater/{name}" in files, name
-    assert "${INPLACE_UPDATER_CONF_DIR:-/etc/inplace-updater}" in start
-    state_dir = "/var/lib/" + unit["Service"]["StateDirectory"]
-    assert "${INPLACE_UPDATER_STATE_DIR:-%s}" % state_dir in start, "systemd creates a different state dir"
+    assert "${AGENT_START_BIN:-/usr/local/bin/inplace-updater}" in start
+    assert "${INSTALL_AGENT_DEST:-/usr/local/bin/inplace-updater}" in installer
+    env, _ = d.read_env_file(NODE / "agent.env")
+    # The files the agent reads are the ones the bootstrap snippets write.
+    for key in ("INPLACE_UPDATER_AGENT_CA_FILE", "INPLACE_UPDATER_AGENT_TOKEN_FILE", "INPLACE_UPDATER_AGENT_CONFIG"):
+        assert env[key] in files, f"{key}={env[key]} is written by no bootstrap file"
+    assert files[env["INPLACE_UPDATER_AGENT_TOKEN_FILE"]]["contentFrom"]["secret"]["key"] == "token"
+    assert files[env["INPLACE_UPDATER_AGENT_CA_FILE"]]["contentFrom"]["secret"]["key"] == "ca.crt"
+    assert files[env["INPLACE_UPDATER_AGENT_CONFIG"]]["content"] == (NODE / "agent.yaml").read_text()
+    assert env["INPLACE_UPDATER_AGENT_STATE_DIR"] == "/var/lib/" + unit["Service"]["StateDirectory"], \
+        "systemd creates a different state directory than the agent uses"
+    assert unit["Service"]["StateDirectoryMode"] == "0700"
+
+
+def test_agent_env_holds_only_agent_settings():
+    active, examples = d.read_env_file(NODE / "agent.env")
+    unknown = sorted((set(active) | set(examples)) - d.AGENT_ENV)
+    assert not unknown, f"agent.env sets what `inplace-updater agent` does not read: {unknown}"
+    for required in ("INPLACE_UPDATER_AGENT_SERVER", "INPLACE_UPDATER_AGENT_CA_FILE", "INPLACE_UPDATER_AGENT_TOKEN_FILE"):
+        assert active.get(required), f"{required} is a required agent setting"
+    assert not {"INPLACE_UPDATER_AGENT_MACHINE", "INPLACE_UPDATER_AGENT_PROVIDER_ID"} & set(active), \
+        "one agent.env serves every node: the Machine must be discovered, not set"
+    assert active["INPLACE_UPDATER_AGENT_SERVER"].startswith("https://")
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
@@ -123,27 +144,26 @@ def fake(path: pathlib.Path, body: str) -> pathlib.Path:
 
 @pytest.fixture
 def node(tmp_path):
-    """A sandbox node: config dir with token/CA/config, a fake agent that records its argv, a fake kubectl."""
+    """A sandbox node: agent.env's settings pointing into tmp_path, a fake agent that records its argv and
+    INPLACE_UPDATER_* environment, a fake kubectl."""
     conf = tmp_path / "etc"
     conf.mkdir()
-    for name in ("token", "ca.crt", "agent.yaml"):
-        (conf / name).write_text(name)
-    argv_file = tmp_path / "agent-argv"
-    agent = fake(tmp_path / "inplace-updater", f'for a in "$@"; do printf "%s\\n" "$a"; done > {argv_file}\n')
+    settings, _ = d.read_env_file(NODE / "agent.env")
+    for key in ("INPLACE_UPDATER_AGENT_CA_FILE", "INPLACE_UPDATER_AGENT_TOKEN_FILE", "INPLACE_UPDATER_AGENT_CONFIG"):
+        settings[key] = str(conf / pathlib.PurePath(settings[key]).name)
+        pathlib.Path(settings[key]).write_text(key)
+    settings["INPLACE_UPDATER_AGENT_STATE_DIR"] = str(tmp_path / "state")
+    record = tmp_path / "agent-call"
+    agent = fake(tmp_path / "inplace-updater", f"""
+{{ for a in "$@"; do printf 'arg %s\\n' "$a"; done; env | grep '^INPLACE_UPDATER_' | sed 's/^/env /'; }} > {record}
+""")
     kubeconfig = tmp_path / "kubelet.conf"
     kubeconfig.write_text("kubeconfig")
     kubectl_log = tmp_path / "kubectl-calls"
-    env = {
-        "PATH": os.environ["PATH"],
-        "INPLACE_UPDATER_CONF_DIR": str(conf),
-        "INPLACE_UPDATER_BIN": str(agent),
-        "INPLACE_UPDATER_KUBELET_KUBECONFIG": str(kubeconfig),
-        "INPLACE_UPDATER_STATE_DIR": str(tmp_path / "state"),
-        "INPLACE_UPDATER_SERVER": "https://inplace-updater.mgmt.example.com",
-    }
+    env = {"PATH": os.environ["PATH"], "AGENT_START_BIN": str(agent), "AGENT_START_KUBECONFIG": str(kubeconfig), **settings}
 
     def with_kubectl(whoami: str, annotations: str) -> None:
-        env["INPLACE_UPDATER_KUBECTL"] = str(fake(tmp_path / "kubectl", f"""
+        env["AGENT_START_KUBECTL"] = str(fake(tmp_path / "kubectl", f"""
 echo "$*" >> {kubectl_log}
 case "$*" in
   *"auth whoami"*) printf '%s' '{whoami}' ;;
@@ -154,70 +174,76 @@ esac
 
     def run(**extra):
         proc = subprocess.run(["sh", str(NODE / "agent-start")], env={**env, **extra}, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
-        argv = argv_file.read_text().splitlines() if argv_file.exists() else None
-        return proc, argv
+        if not record.exists():
+            return proc, None
+        lines = record.read_text().splitlines()
+        args = [l.removeprefix("arg ") for l in lines if l.startswith("arg ")]
+        agent_env = dict(l.removeprefix("env ").split("=", 1) for l in lines if l.startswith("env "))
+        return proc, (args, agent_env)
 
-    return type("Node", (), {"env": env, "conf": conf, "run": staticmethod(run), "kubectl": staticmethod(with_kubectl),
-                             "kubectl_log": kubectl_log})
+    return type("Node", (), {"env": env, "settings": settings, "conf": conf, "run": staticmethod(run),
+                             "kubectl": staticmethod(with_kubectl), "kubectl_log": kubectl_log})
 
 
 def test_agent_start_with_an_explicit_machine(node):
-    proc, argv = node.run(INPLACE_UPDATER_MACHINE="default/my-cluster-md-0-abc")
+    proc, call = node.run(INPLACE_UPDATER_AGENT_MACHINE="default/my-cluster-md-0-abc")
     assert proc.returncode == 0, proc.stderr
-    c = str(node.conf)
-    assert argv == [
-        "agent", "--server", "https://inplace-updater.mgmt.example.com",
-        "--ca-file", f"{c}/ca.crt", "--token-file", f"{c}/token",
-        "--machine", "default/my-cluster-md-0-abc",
-        "--config", f"{c}/agent.yaml", "--state-dir", node.env["INPLACE_UPDATER_STATE_DIR"], "--root", "/",
-    ]
+    args, agent_env = call
+    assert args == ["agent"], "every setting goes to the agent as its env twin, none as a flag"
+    assert agent_env == {**node.settings, "INPLACE_UPDATER_AGENT_MACHINE": "default/my-cluster-md-0-abc"}
 
 
 def test_agent_start_with_a_provider_id(node):
-    proc, argv = node.run(INPLACE_UPDATER_PROVIDER_ID="docker:////my-cluster-md-0-abc")
+    proc, call = node.run(INPLACE_UPDATER_AGENT_PROVIDER_ID="docker:////my-cluster-md-0-abc", INPLACE_UPDATER_AGENT_MACHINE="")
     assert proc.returncode == 0, proc.stderr
-    assert argv[argv.index("--provider-id") + 1] == "docker:////my-cluster-md-0-abc"
-    assert "--machine" not in argv
+    _, agent_env = call
+    assert agent_env["INPLACE_UPDATER_AGENT_PROVIDER_ID"] == "docker:////my-cluster-md-0-abc"
+    # The agent counts even an empty variable as given (and refuses --machine with --provider-id).
+    assert "INPLACE_UPDATER_AGENT_MACHINE" not in agent_env
 
 
 def test_agent_start_finds_its_machine_from_the_node_annotations(node):
     node.kubectl("system:node:worker-7", "team-a/my-cluster-md-0-xyz")
-    proc, argv = node.run()
+    proc, call = node.run()
     assert proc.returncode == 0, proc.stderr
-    assert argv[argv.index("--machine") + 1] == "team-a/my-cluster-md-0-xyz"
+    assert call[1]["INPLACE_UPDATER_AGENT_MACHINE"] == "team-a/my-cluster-md-0-xyz"
     calls = node.kubectl_log.read_text()
     assert "get node worker-7" in calls and "cluster\\.x-k8s\\.io/machine" in calls
 
 
 def test_agent_start_uses_a_given_node_name_without_asking(node):
     node.kubectl("should-not-be-asked", "ns/m")
-    proc, argv = node.run(INPLACE_UPDATER_NODE_NAME="cp-1")
+    proc, call = node.run(AGENT_START_NODE_NAME="cp-1")
     assert proc.returncode == 0, proc.stderr
-    assert "whoami" not in node.kubectl_log.read_text()
+    assert "whoami" not in node.kubectl_log.read_text() and "get node cp-1" in node.kubectl_log.read_text()
+    assert call[1]["INPLACE_UPDATER_AGENT_MACHINE"] == "ns/m"
 
 
 @pytest.mark.parametrize(
     "whoami,annotations,extra,message",
     [
         ("system:node:worker-7", "/", {}, "no Cluster API machine annotations yet"),
-        ("admin", "ns/m", {}, "not a node"),
-        ("system:node:w", "ns/m", {"INPLACE_UPDATER_SERVER": ""}, "INPLACE_UPDATER_SERVER is not set"),
-        ("system:node:w", "ns/m", {"INPLACE_UPDATER_BIN": "/nonexistent/inplace-updater"}, "missing or not executable"),
-        ("system:node:w", "ns/m", {"INPLACE_UPDATER_KUBELET_KUBECONFIG": "/nonexistent"}, "node not joined"),
+        ("admin", "ns/m", {}, "not a node; set INPLACE_UPDATER_AGENT_MACHINE"),
+        ("system:node:w", "ns/m", {"INPLACE_UPDATER_AGENT_SERVER": ""}, "INPLACE_UPDATER_AGENT_SERVER is not set (see /etc/inplace-updater/agent.env)"),
+        ("system:node:w", "ns/m", {"AGENT_START_BIN": "/nonexistent/inplace-updater"}, "missing or not executable"),
+        ("system:node:w", "ns/m", {"AGENT_START_KUBECONFIG": "/nonexistent"}, "node not joined"),
+        ("system:node:w", "ns/m", {"INPLACE_UPDATER_AGENT_CONFIG": "/nonexistent/agent.yaml"}, "INPLACE_UPDATER_AGENT_CONFIG: /nonexistent/agent.yaml is missing"),
+        ("system:node:w", "ns/m", {"INPLACE_UPDATER_AGENT_CA_FILE": ""}, "INPLACE_UPDATER_AGENT_CA_FILE is not set"),
+        ("system:node:w", "ns/m", {"INPLACE_UPDATER_AGENT_MACHINE": "a/b", "INPLACE_UPDATER_AGENT_PROVIDER_ID": "p"}, "not both"),
     ],
 )
 def test_agent_start_refuses_clearly_and_does_not_start(node, whoami, annotations, extra, message):
     node.kubectl(whoami, annotations)
-    proc, argv = node.run(**extra)
+    proc, call = node.run(**extra)
     assert proc.returncode != 0
     assert message in proc.stderr
-    assert argv is None, "the agent must not start without a known Machine and config"
+    assert call is None, "the agent must not start without a known Machine and its files"
 
 
 def test_agent_start_refuses_without_a_token(node):
-    (node.conf / "token").unlink()
-    proc, argv = node.run(INPLACE_UPDATER_MACHINE="ns/m")
-    assert proc.returncode != 0 and "token is missing" in proc.stderr and argv is None
+    pathlib.Path(node.settings["INPLACE_UPDATER_AGENT_TOKEN_FILE"]).unlink()
+    proc, call = node.run(INPLACE_UPDATER_AGENT_MACHINE="ns/m")
+    assert proc.returncode != 0 and "INPLACE_UPDATER_AGENT_TOKEN_FILE" in proc.stderr and call is None
 
 
 # ---------------------------------------------------------------- install-agent.sh, run for real
@@ -228,7 +254,7 @@ def install(tmp_path, payload: bytes, digest: str, dest: pathlib.Path):
     src.write_bytes(payload)
     return subprocess.run(
         ["sh", str(NODE / "install-agent.sh"), f"file://{src}", digest],
-        env={"PATH": os.environ["PATH"], "INPLACE_UPDATER_BIN": str(dest)},
+        env={"PATH": os.environ["PATH"], "INSTALL_AGENT_DEST": str(dest)},
         capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S,
     )
 
@@ -283,15 +309,131 @@ def test_daemonset_runs_the_same_files_in_the_host_namespaces():
     assert container["securityContext"]["privileged"] is True
     script = container["command"][-1]
     assert "nsenter --target 1 --mount --uts --ipc --net" in script
-    assert "/opt/inplace-updater/bin/agent-start" in script
     files_cm = next(c for c in d.find(objs, "ConfigMap") if c["metadata"]["name"].startswith("inplace-updater-agent-files"))
     assert files_cm["data"]["agent-start"] == (NODE / "agent-start").read_text()
     assert files_cm["data"]["agent.yaml"] == (NODE / "agent.yaml").read_text()
     env_cm = next(c for c in d.find(objs, "ConfigMap") if c["metadata"]["name"].startswith("inplace-updater-agent-env"))
-    assert env_cm["data"]["INPLACE_UPDATER_SERVER"].startswith("https://")
+    settings, _ = d.read_env_file(NODE / "agent.env")
+    assert env_cm["data"] == settings, "the DaemonSet's settings are agent.env's"
+    assert [e["configMapRef"]["name"] for e in container["envFrom"]] == [env_cm["metadata"]["name"]]
+    assert {e["name"] for e in container.get("env", [])} == {"AGENT_START_NODE_NAME"}
+    # What the script copies onto the host is where agent.env (read after nsenter, on the host) looks.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    host_dirs = {m["mountPath"]: volumes[m["name"]]["hostPath"]["path"] for m in container["volumeMounts"] if "hostPath" in volumes[m["name"]]}
+
+    def on_host(path_in_container: str) -> str:
+        for mount, host in host_dirs.items():
+            if path_in_container.startswith(mount + "/"):
+                return host + path_in_container[len(mount):]
+        raise AssertionError(f"{path_in_container} is on no hostPath volume")
+
+    installed = {on_host(m.group(1)) for m in re.finditer(r"^\s*install -m \d+ \S+ (\S+)$", script, re.M)}
+    for key in ("INPLACE_UPDATER_AGENT_CA_FILE", "INPLACE_UPDATER_AGENT_TOKEN_FILE", "INPLACE_UPDATER_AGENT_CONFIG"):
+        assert settings[key] in installed, f"{key}={settings[key]} is not written by the DaemonSet"
+    bin_path = re.search(r"AGENT_START_BIN=(\S+)", script).group(1)
+    assert bin_path in {on_host(p) for p in re.findall(r"mv -f \S+ (\S+)", script)}
+    assert re.search(r"^\s*(/\S+/agent-start)$", script, re.M).group(1) in installed
     ns = d.one(objs, "Namespace")
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    secret = volumes["credentials"]["secret"]["secretName"]
+    assert f"create secret generic {secret}" in (NODE / "kustomization.yaml").read_text(), "the comment names another Secret"
     assert (NODE / "daemonset" / "README.md").exists(), "trade-offs live next to the DaemonSet"
+
+
+# ---------------------------------------------------------------- agent.yaml, the agent's driver config
+
+# `DriverConfig` (crates/agent/src/driver_config.rs): its sections and their keys; unknown keys are errors.
+DRIVER_CONFIG = {
+    "path": None, "env": None, "pins": None,
+    "kubernetes": {"installKubeadm", "kubeadmUpgradeApply", "kubeadmUpgradeNode", "installKubelet"},
+    "kubelet": {"flagsFile", "restart"},
+    "ntp": {"flavor", "configFile", "restart"},
+    "etcd": {"manifest"},
+    "inventory": {"kubeletVersion", "kubeadmVersion"},
+}
+SEQUENCE_KEYS = {"skipIf", "commands"}
+CHECK_KEYS = {"run", "stdoutEquals", "stdoutContains"}
+COMMAND_KEYS = {"run": None, "writeFile": {"path", "content", "mode"}, "verifySha256": {"path", "sha256"}}
+# crates/agent/src/template.rs KNOWN_VARIABLES, plus pin.<name>.
+TEMPLATE_VARIABLES = {"version", "bareVersion", "minor", "root"}
+
+
+def agent_config() -> dict:
+    return yaml.safe_load((NODE / "agent.yaml").read_text())
+
+
+def strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in strings(v)]
+    return []
+
+
+def test_agent_config_is_the_agents_apt_example():
+    # The agent's own shipped example is parsed by the agent's tests; deploy/ must not drift from it.
+    example = d.REPO / "crates" / "agent" / "config-examples" / "apt.yaml"
+    assert agent_config() == yaml.safe_load(example.read_text()), \
+        f"deploy/node/agent.yaml differs from {example.relative_to(d.REPO)}: copy it, then run render-snippets.py"
+
+
+def config_problems(config: dict) -> list[str]:
+    """What the agent's config loader would refuse, as far as shapes and templates go (offline)."""
+    problems = []
+    for section, value in config.items():
+        if section not in DRIVER_CONFIG:
+            problems.append(f"unknown section {section}")
+        elif DRIVER_CONFIG[section] is not None:
+            problems += [f"{section}.{k}: unknown key" for k in set(value) - DRIVER_CONFIG[section]]
+    for kind, sequence in (config.get("kubernetes") or {}).items():
+        problems += [f"kubernetes.{kind}.{k}: unknown key" for k in set(sequence) - SEQUENCE_KEYS]
+        problems += [f"kubernetes.{kind}.skipIf.{k}: unknown key" for k in set(sequence.get("skipIf", {})) - CHECK_KEYS]
+        for i, command in enumerate(sequence.get("commands", [])):
+            (name, body), = command.items()
+            if name not in COMMAND_KEYS:
+                problems.append(f"kubernetes.{kind}.commands[{i}]: unknown command {name}")
+            elif COMMAND_KEYS[name] is None:
+                if not (isinstance(body, list) and body and all(isinstance(a, str) for a in body)):
+                    problems.append(f"kubernetes.{kind}.commands[{i}].run: not an argv list of strings")
+            elif set(body) - COMMAND_KEYS[name]:
+                problems.append(f"kubernetes.{kind}.commands[{i}].{name}: unknown keys {set(body) - COMMAND_KEYS[name]}")
+    for text in strings(config):
+        for name in re.findall(r"{{\s*([^}]*?)\s*}}", text):
+            if name not in TEMPLATE_VARIABLES and not re.fullmatch(r"pin\.[A-Za-z0-9_-]+", name):
+                problems.append(f"unknown template variable {{{{{name}}}}} in {text!r}")
+    return problems
+
+
+def test_agent_config_has_the_agents_shape():
+    config = agent_config()
+    assert config_problems(config) == []
+    kubernetes = config["kubernetes"]
+    assert set(kubernetes) == DRIVER_CONFIG["kubernetes"], "every Kubernetes step kind needs its commands"
+    for kind in ("installKubeadm", "installKubelet"):
+        check = kubernetes[kind]["skipIf"]
+        assert "{{version}}" in check.get("stdoutEquals", ""), f"{kind}: an upgraded node must be a no-op"
+    sources = [c["writeFile"] for c in kubernetes["installKubeadm"]["commands"] if "writeFile" in c]
+    assert any("https://pkgs.k8s.io/core:/stable:/{{minor}}/deb/" in f["content"] for f in sources)
+    installs = [c["run"] for k in ("installKubeadm", "installKubelet") for c in kubernetes[k]["commands"] if "run" in c]
+    assert ["apt-get", "install", "-y", "-q", "kubeadm={{bareVersion}}-*"] in installs
+
+
+@pytest.mark.parametrize(
+    "breakage,problem",
+    [
+        (lambda c: c.__setitem__("kubernetesVersion", {}), "unknown section kubernetesVersion"),
+        (lambda c: c["kubelet"].__setitem__("flagsEnv", "/x"), "kubelet.flagsEnv: unknown key"),
+        (lambda c: c["kubernetes"]["installKubelet"]["commands"].append({"shell": "x"}), "unknown command shell"),
+        (lambda c: c["kubernetes"]["kubeadmUpgradeNode"]["commands"].append({"run": "kubeadm upgrade node"}), "not an argv list"),
+        (lambda c: c["kubernetes"]["installKubeadm"]["skipIf"].__setitem__("stdoutEquals", "{semver}{{verison}}"), "{{verison}}"),
+    ],
+)
+def test_the_agent_config_check_can_fail(breakage, problem):
+    config = agent_config()
+    breakage(config)
+    assert any(problem in p for p in config_problems(config)), config_problems(config)
 
 
 def test_only_the_node_daemonset_is_privileged():

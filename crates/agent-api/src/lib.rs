@@ -19,8 +19,8 @@ pub use plan::{
 };
 pub use secret::SecretString;
 pub use validate::{
-    PlanError, ReportError, is_valid_kubernetes_version, parse_mode, truncate_tail, validate_action,
-    validate_plan, validate_plan_structure, validate_report,
+    PlanError, ReportError, is_valid_kubernetes_version, parse_mode, truncate_tail,
+    validate_action, validate_plan, validate_plan_structure, validate_report,
 };
 
 /// Common prefix of every agent endpoint.

@@ -19,7 +19,10 @@ pub struct MachineRef {
 impl MachineRef {
     /// Builds a reference.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self { namespace: namespace.into(), name: name.into() }
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
     }
 
     /// Parses `namespace/name` (both parts non-empty, exactly one `/`).

@@ -103,7 +103,9 @@ pub fn is_valid_kubernetes_version(version: &str) -> bool {
 fn is_valid_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= MAX_PLAN_ID_BYTES
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
         && id != "."
         && id != ".."
 }
@@ -136,7 +138,9 @@ pub fn validate_plan(plan: &Plan) -> Result<(), PlanError> {
 /// Checks id, machine, step count, indexes and timeouts (not the actions).
 pub fn validate_plan_structure(plan: &Plan) -> Result<(), PlanError> {
     if !is_valid_id(&plan.id) {
-        return Err(PlanError::BadId(truncate_tail(&plan.id, MAX_PLAN_ID_BYTES + 8).to_owned()));
+        return Err(PlanError::BadId(
+            truncate_tail(&plan.id, MAX_PLAN_ID_BYTES + 8).to_owned(),
+        ));
     }
     if plan.machine.namespace.is_empty() || plan.machine.name.is_empty() {
         return Err(PlanError::BadMachine);
@@ -146,10 +150,16 @@ pub fn validate_plan_structure(plan: &Plan) -> Result<(), PlanError> {
     }
     for (position, step) in plan.steps.iter().enumerate() {
         if usize::try_from(step.index).ok() != Some(position) {
-            return Err(PlanError::BadIndex { position, index: step.index });
+            return Err(PlanError::BadIndex {
+                position,
+                index: step.index,
+            });
         }
         if !(MIN_STEP_TIMEOUT_SECONDS..=MAX_STEP_TIMEOUT_SECONDS).contains(&step.timeout_seconds) {
-            return Err(PlanError::BadTimeout { index: step.index, timeout: step.timeout_seconds });
+            return Err(PlanError::BadTimeout {
+                index: step.index,
+                timeout: step.timeout_seconds,
+            });
         }
     }
     Ok(())
@@ -167,7 +177,10 @@ pub fn validate_action(action: &StepAction) -> Result<(), String> {
                 }
                 if let Some(mode) = &file.permissions {
                     parse_mode(mode).ok_or_else(|| {
-                        format!("{}: permissions {mode:?} is not an octal mode <= 07777", file.path)
+                        format!(
+                            "{}: permissions {mode:?} is not an octal mode <= 07777",
+                            file.path
+                        )
                     })?;
                 }
             }
@@ -180,7 +193,11 @@ pub fn validate_action(action: &StepAction) -> Result<(), String> {
                 if !seen.insert(user.name.as_str()) {
                     return Err(format!("user {:?} appears twice", user.name));
                 }
-                if user.authorized_keys.iter().any(|k| k.expose().contains(['\n', '\r'])) {
+                if user
+                    .authorized_keys
+                    .iter()
+                    .any(|k| k.expose().contains(['\n', '\r']))
+                {
                     return Err(format!("user {:?}: a key contains a line break", user.name));
                 }
             }
@@ -190,18 +207,27 @@ pub fn validate_action(action: &StepAction) -> Result<(), String> {
             for server in servers {
                 let ok = !server.is_empty()
                     && server.len() <= 253
-                    && server.bytes().all(|b| b.is_ascii_alphanumeric() || b".-:[]_".contains(&b));
+                    && server
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b".-:[]_".contains(&b));
                 if !ok {
-                    return Err(format!("ntp server {server:?} is not a host name or address"));
+                    return Err(format!(
+                        "ntp server {server:?} is not a host name or address"
+                    ));
                 }
             }
             Ok(())
         }
-        StepAction::EtcdImage { image_tag, image_repository } => {
+        StepAction::EtcdImage {
+            image_tag,
+            image_repository,
+        } => {
             let tag_ok = !image_tag.is_empty()
                 && image_tag.len() <= MAX_IMAGE_TAG_BYTES
                 && !image_tag.starts_with(['.', '-'])
-                && image_tag.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+                && image_tag
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
             if !tag_ok {
                 return Err(format!("imageTag {image_tag:?} is not a valid image tag"));
             }
@@ -210,9 +236,13 @@ pub fn validate_action(action: &StepAction) -> Result<(), String> {
                     && repo.len() <= 255
                     && !repo.starts_with('/')
                     && !repo.ends_with('/')
-                    && repo.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-/:".contains(&b));
+                    && repo
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"._-/:".contains(&b));
                 if !ok {
-                    return Err(format!("imageRepository {repo:?} is not a valid repository"));
+                    return Err(format!(
+                        "imageRepository {repo:?} is not a valid repository"
+                    ));
                 }
             }
             Ok(())
@@ -223,16 +253,26 @@ pub fn validate_action(action: &StepAction) -> Result<(), String> {
                 let name_ok = !arg.name.is_empty()
                     && arg.name.len() <= 128
                     && !arg.name.starts_with('-')
-                    && arg.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+                    && arg
+                        .name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
                 if !name_ok {
-                    return Err(format!("kubelet flag name {:?} is not [a-z0-9.-]", arg.name));
+                    return Err(format!(
+                        "kubelet flag name {:?} is not [a-z0-9.-]",
+                        arg.name
+                    ));
                 }
                 if !seen.insert(arg.name.as_str()) {
                     return Err(format!("kubelet flag {:?} appears twice", arg.name));
                 }
                 // kubeadm-flags.env is a systemd EnvironmentFile holding one quoted line:
                 // whitespace, quotes, backslashes or `$` in a value would change its meaning.
-                if arg.value.chars().any(|c| c.is_whitespace() || "\"'\\$`".contains(c)) {
+                if arg
+                    .value
+                    .chars()
+                    .any(|c| c.is_whitespace() || "\"'\\$`".contains(c))
+                {
                     return Err(format!(
                         "kubelet flag {:?}: value contains whitespace, a quote, a backslash, `$` or a backtick",
                         arg.name
@@ -290,7 +330,10 @@ fn check_path(path: &str) -> Result<(), String> {
         return Err(format!("path {path:?} is not absolute"));
     }
     if path.len() > MAX_PATH_BYTES || path.contains('\0') {
-        return Err(format!("path {:?} is too long or has a NUL byte", truncate_tail(path, 64)));
+        return Err(format!(
+            "path {:?} is too long or has a NUL byte",
+            truncate_tail(path, 64)
+        ));
     }
     if path.ends_with('/') || path == "/" {
         return Err(format!("path {path:?} names a directory, not a file"));
@@ -307,6 +350,12 @@ fn check_user_name(name: &str) -> Result<(), String> {
         && !name.starts_with('-')
         && name != "."
         && name != ".."
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    if ok { Ok(()) } else { Err(format!("user name {name:?} is not a valid login name")) }
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("user name {name:?} is not a valid login name"))
+    }
 }

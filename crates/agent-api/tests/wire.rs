@@ -65,19 +65,52 @@ fn plan_json_shape_is_camel_case_with_kind_tags() {
 fn every_action_kind_round_trips() {
     let actions = vec![
         StepAction::SshKeys {
-            users: vec![SshUser { name: "capi".into(), authorized_keys: vec!["ssh-ed25519 AAAA".into()] }],
+            users: vec![SshUser {
+                name: "capi".into(),
+                authorized_keys: vec!["ssh-ed25519 AAAA".into()],
+            }],
         },
-        StepAction::Ntp { servers: vec!["time.example.org".into()], enabled: Some(true) },
-        StepAction::EtcdImage { image_tag: "3.6.4-0".into(), image_repository: None },
-        StepAction::KubeletArgs { args: vec![KubeletArg { name: "max-pods".into(), value: "200".into() }] },
-        StepAction::InstallKubeadm { version: "v1.34.1".into() },
-        StepAction::InstallKubelet { version: "v1.34.1".into() },
+        StepAction::Ntp {
+            servers: vec!["time.example.org".into()],
+            enabled: Some(true),
+        },
+        StepAction::EtcdImage {
+            image_tag: "3.6.4-0".into(),
+            image_repository: None,
+        },
+        StepAction::KubeletArgs {
+            args: vec![KubeletArg {
+                name: "max-pods".into(),
+                value: "200".into(),
+            }],
+        },
+        StepAction::InstallKubeadm {
+            version: "v1.34.1".into(),
+        },
+        StepAction::InstallKubelet {
+            version: "v1.34.1".into(),
+        },
     ];
     let kinds: Vec<String> = actions
         .iter()
-        .map(|a| serde_json::to_value(a).unwrap()["kind"].as_str().unwrap().to_owned())
+        .map(|a| {
+            serde_json::to_value(a).unwrap()["kind"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
         .collect();
-    assert_eq!(kinds, ["sshKeys", "ntp", "etcdImage", "kubeletArgs", "installKubeadm", "installKubelet"]);
+    assert_eq!(
+        kinds,
+        [
+            "sshKeys",
+            "ntp",
+            "etcdImage",
+            "kubeletArgs",
+            "installKubeadm",
+            "installKubelet"
+        ]
+    );
     for action in actions {
         let text = serde_json::to_string(&action).unwrap();
         let back: StepAction = serde_json::from_str(&text).unwrap();
@@ -95,7 +128,11 @@ fn unknown_kind_decodes_as_unsupported_and_fails_validation() {
     }))
     .unwrap();
     assert_eq!(step.action, StepAction::Unsupported);
-    assert!(validate_action(&step.action).unwrap_err().contains("not supported"));
+    assert!(
+        validate_action(&step.action)
+            .unwrap_err()
+            .contains("not supported")
+    );
 }
 
 #[test]
@@ -106,7 +143,10 @@ fn debug_never_prints_contents_or_keys() {
         description: "keys".into(),
         timeout_seconds: 5,
         action: StepAction::SshKeys {
-            users: vec![SshUser { name: "capi".into(), authorized_keys: vec!["ssh-rsa TOPSECRETKEY".into()] }],
+            users: vec![SshUser {
+                name: "capi".into(),
+                authorized_keys: vec!["ssh-rsa TOPSECRETKEY".into()],
+            }],
         },
     });
     let printed = format!("{plan:?} {plan:#?}");
@@ -135,10 +175,17 @@ fn identity_and_poll_shapes() {
                "waitSeconds": 25})
     );
     let by_machine: PollRequest =
-        serde_json::from_value(json!({"agent": {"machine": {"namespace": "ns", "name": "m"}}})).unwrap();
-    assert_eq!(by_machine.agent, AgentIdentity::Machine(MachineRef::new("ns", "m")));
+        serde_json::from_value(json!({"agent": {"machine": {"namespace": "ns", "name": "m"}}}))
+            .unwrap();
+    assert_eq!(
+        by_machine.agent,
+        AgentIdentity::Machine(MachineRef::new("ns", "m"))
+    );
     assert_eq!(by_machine.wait_seconds, 0);
-    assert_eq!(serde_json::to_value(PollResponse::nothing()).unwrap(), json!({}));
+    assert_eq!(
+        serde_json::to_value(PollResponse::nothing()).unwrap(),
+        json!({})
+    );
     let nothing: PollResponse = serde_json::from_value(json!({"plan": null})).unwrap();
     assert_eq!(nothing.plan, None);
 }
@@ -163,8 +210,14 @@ fn report_shape_and_bounds() {
     assert_eq!(value["stderrTail"], "boom");
     assert_eq!(value["startedAtUnixMs"], 1_700_000_000_000u64);
     assert!(validate_report(&report).is_ok());
-    let too_long = StepReport { stderr_tail: Some("x".repeat(STDERR_TAIL_MAX_BYTES + 1)), ..report };
-    assert_eq!(validate_report(&too_long), Err(ReportError::StderrTooLong(STDERR_TAIL_MAX_BYTES + 1)));
+    let too_long = StepReport {
+        stderr_tail: Some("x".repeat(STDERR_TAIL_MAX_BYTES + 1)),
+        ..report
+    };
+    assert_eq!(
+        validate_report(&too_long),
+        Err(ReportError::StderrTooLong(STDERR_TAIL_MAX_BYTES + 1))
+    );
 }
 
 #[test]
@@ -172,7 +225,17 @@ fn versions_are_strict() {
     for good in ["v1.34.1", "v1.30.0-rc.1", "v10.0.12"] {
         assert!(is_valid_kubernetes_version(good), "{good}");
     }
-    for bad in ["1.34.1", "v1.34", "v1.34.1;rm -rf /", "v1.34.1 ", "v1.34.1+k3s1", "v1..1", "v1.2.3-", "v1.2.3-a/b", ""] {
+    for bad in [
+        "1.34.1",
+        "v1.34",
+        "v1.34.1;rm -rf /",
+        "v1.34.1 ",
+        "v1.34.1+k3s1",
+        "v1..1",
+        "v1.2.3-",
+        "v1.2.3-a/b",
+        "",
+    ] {
         assert!(!is_valid_kubernetes_version(bad), "{bad:?}");
     }
 }
@@ -182,22 +245,44 @@ fn plan_validation_names_the_problem() {
     let mut plan = sample_plan();
     assert_eq!(validate_plan(&plan), Ok(()));
     plan.steps[1].index = 5;
-    assert_eq!(validate_plan(&plan), Err(PlanError::BadIndex { position: 1, index: 5 }));
+    assert_eq!(
+        validate_plan(&plan),
+        Err(PlanError::BadIndex {
+            position: 1,
+            index: 5
+        })
+    );
     let mut plan = sample_plan();
     plan.id = "../../etc".into();
     assert!(matches!(validate_plan(&plan), Err(PlanError::BadId(_))));
     let mut plan = sample_plan();
     plan.steps[0].timeout_seconds = 0;
-    assert!(matches!(validate_plan(&plan), Err(PlanError::BadTimeout { index: 0, timeout: 0 })));
+    assert!(matches!(
+        validate_plan(&plan),
+        Err(PlanError::BadTimeout {
+            index: 0,
+            timeout: 0
+        })
+    ));
     let mut plan = sample_plan();
-    plan.steps[1].action = StepAction::InstallKubelet { version: "latest".into() };
+    plan.steps[1].action = StepAction::InstallKubelet {
+        version: "latest".into(),
+    };
     let err = validate_plan(&plan).unwrap_err().to_string();
-    assert!(err.contains("step 1 (installKubelet)") && err.contains("\"latest\""), "{err}");
+    assert!(
+        err.contains("step 1 (installKubelet)") && err.contains("\"latest\""),
+        "{err}"
+    );
     let mut plan = sample_plan();
     if let StepAction::Files { files } = &mut plan.steps[0].action {
         files.push(files[0].clone());
     }
-    assert!(validate_plan(&plan).unwrap_err().to_string().contains("appears twice"));
+    assert!(
+        validate_plan(&plan)
+            .unwrap_err()
+            .to_string()
+            .contains("appears twice")
+    );
 }
 
 #[test]
@@ -213,10 +298,27 @@ fn file_and_flag_checks() {
         }],
     };
     assert!(validate_action(&file("/etc/a", Some("0600"))).is_ok());
-    assert!(validate_action(&file("etc/a", None)).unwrap_err().contains("not absolute"));
-    assert!(validate_action(&file("/etc/../a", None)).unwrap_err().contains("`..`"));
-    assert!(validate_action(&file("/etc/a", Some("0999"))).unwrap_err().contains("octal"));
-    let flag = |value: &str| StepAction::KubeletArgs { args: vec![KubeletArg { name: "node-labels".into(), value: value.into() }] };
+    assert!(
+        validate_action(&file("etc/a", None))
+            .unwrap_err()
+            .contains("not absolute")
+    );
+    assert!(
+        validate_action(&file("/etc/../a", None))
+            .unwrap_err()
+            .contains("`..`")
+    );
+    assert!(
+        validate_action(&file("/etc/a", Some("0999")))
+            .unwrap_err()
+            .contains("octal")
+    );
+    let flag = |value: &str| StepAction::KubeletArgs {
+        args: vec![KubeletArg {
+            name: "node-labels".into(),
+            value: value.into(),
+        }],
+    };
     assert!(validate_action(&flag("a=b,c=d")).is_ok());
     assert!(validate_action(&flag("a b")).is_err());
     assert!(validate_action(&flag("$(reboot)")).is_err());
@@ -224,7 +326,10 @@ fn file_and_flag_checks() {
     assert_eq!(parse_mode("4755"), Some(0o4755));
     assert_eq!(parse_mode("-1"), None);
     assert_eq!(truncate_tail("héllo", 4), "llo");
-    assert_eq!(MachineRef::parse("ns/name"), Some(MachineRef::new("ns", "name")));
+    assert_eq!(
+        MachineRef::parse("ns/name"),
+        Some(MachineRef::new("ns", "name"))
+    );
     assert_eq!(MachineRef::parse("ns/a/b"), None);
     assert_eq!(MachineRef::parse("/x"), None);
 }

@@ -24,6 +24,13 @@ use crate::state::{LocalStepStatus, StateError, StateStore};
 
 /// Timeout of a report or inventory request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long start-up waits for the state dir lock. Another process can hold it for a moment
+/// without being an agent: a command forked by this process inherits the descriptor until it
+/// execs. A second real agent holds it for good and is refused after this long.
+pub const STATE_LOCK_WAIT: Duration = Duration::from_secs(3);
+/// Pause between tries for the state dir lock.
+const STATE_LOCK_RETRY: Duration = Duration::from_millis(50);
+
 /// An empty poll answer that came back faster than this (a server that does not hold polls)
 /// is followed by a pause of the remainder, so the agent never spins.
 pub const MIN_POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -63,7 +70,7 @@ pub(crate) struct Agent {
 
 impl Agent {
     /// Checks the config, opens the state dir and builds the client.
-    pub fn start(config: AgentConfig) -> Result<Self, AgentError> {
+    pub async fn start(config: AgentConfig) -> Result<Self, AgentError> {
         if !config.root.is_dir() {
             return Err(AgentError::Root(config.root.display().to_string()));
         }
@@ -71,14 +78,26 @@ impl Agent {
             Some(path) => DriverConfig::load(path)?,
             None => DriverConfig::default(),
         };
-        let store = StateStore::open(&config.state_dir)?;
+        let lock_deadline = Instant::now() + STATE_LOCK_WAIT;
+        let store = loop {
+            match StateStore::open(&config.state_dir) {
+                Err(StateError::Locked(_)) if Instant::now() < lock_deadline => {
+                    tokio::time::sleep(STATE_LOCK_RETRY).await;
+                }
+                other => break other?,
+            }
+        };
         let client = ServerClient::new(
             &config.server,
             &config.ca_file,
             &config.token_file,
             config.tls_server_name.as_deref(),
         )?;
-        let env = Arc::new(DriverEnv::new(config.root.clone(), driver_config, config.state_dir.clone()));
+        let env = Arc::new(DriverEnv::new(
+            config.root.clone(),
+            driver_config,
+            config.state_dir.clone(),
+        ));
         Ok(Self {
             identity: config.identity,
             env,
@@ -153,7 +172,8 @@ impl Agent {
             Some(plan) => self.accept(plan, shutdown).await,
             None => {
                 let elapsed = started.elapsed();
-                if elapsed < MIN_POLL_INTERVAL && pause(MIN_POLL_INTERVAL - elapsed, shutdown).await {
+                if elapsed < MIN_POLL_INTERVAL && pause(MIN_POLL_INTERVAL - elapsed, shutdown).await
+                {
                     return Ok(Round::Stop);
                 }
                 Ok(Round::Continue)
@@ -177,7 +197,10 @@ impl Agent {
         if let AgentIdentity::Machine(machine) = &self.identity
             && plan.machine != *machine
         {
-            refuse(format!("plan is for machine {}, this agent is {machine}", plan.machine));
+            refuse(format!(
+                "plan is for machine {}, this agent is {machine}",
+                plan.machine
+            ));
             return Ok(self.pause_after_useless_answer(shutdown).await);
         }
         let current = self.store.state.current.as_ref();
@@ -196,7 +219,10 @@ impl Agent {
             if let Some(record) = record.filter(|r| r.status() != PlanStatus::Running) {
                 tracing::info!(plan = %record.plan_id, "server still offers a plan finished here; re-sending its reports");
                 for (index, step) in record.steps.iter().enumerate() {
-                    if matches!(step.status, LocalStepStatus::Succeeded | LocalStepStatus::Failed) {
+                    if matches!(
+                        step.status,
+                        LocalStepStatus::Succeeded | LocalStepStatus::Failed
+                    ) {
                         let report = report_for(&self.identity, &record.plan_id, index, step);
                         self.store.enqueue(report);
                     }
@@ -220,17 +246,28 @@ impl Agent {
     }
 
     async fn pause_after_useless_answer(&mut self, shutdown: &mut Shutdown) -> Round {
-        if pause(self.backoff.next_delay(), shutdown).await { Round::Stop } else { Round::Continue }
+        if pause(self.backoff.next_delay(), shutdown).await {
+            Round::Stop
+        } else {
+            Round::Continue
+        }
     }
 
     /// Delivers queued reports in order. A 400/404/409 answer drops the report (it cannot
     /// become acceptable); anything else stops delivery until the next try.
     pub async fn flush_outbox(&mut self) -> Result<(), ClientError> {
         while let Some(report) = self.store.state.outbox.first().cloned() {
-            let result = self.client.post::<_, AckResponse>(REPORT_PATH, &report, REQUEST_TIMEOUT).await;
+            let result = self
+                .client
+                .post::<_, AckResponse>(REPORT_PATH, &report, REQUEST_TIMEOUT)
+                .await;
             match result {
                 Ok(_) => {}
-                Err(ClientError::Status { status: status @ (400 | 404 | 409), message, .. }) => {
+                Err(ClientError::Status {
+                    status: status @ (400 | 404 | 409),
+                    message,
+                    ..
+                }) => {
                     tracing::warn!(plan = %report.plan_id, step = report.step_index, status, %message, "server refused a report; dropping it");
                 }
                 Err(e) => return Err(e),
@@ -257,7 +294,10 @@ pub(crate) enum Round {
 fn log_failure(error: &ClientError, delay: Duration) {
     let delay_ms = delay.as_millis() as u64;
     match error {
-        ClientError::Status { status: 401 | 403, .. } | ClientError::Token { .. } => {
+        ClientError::Status {
+            status: 401 | 403, ..
+        }
+        | ClientError::Token { .. } => {
             tracing::error!(error = %error, retry_in_ms = delay_ms, "server refused the agent's token")
         }
         _ => tracing::warn!(error = %error, retry_in_ms = delay_ms, "server unreachable"),

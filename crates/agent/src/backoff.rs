@@ -25,7 +25,8 @@ impl Backoff {
 
     /// The next delay to sleep, counting one more failure.
     pub fn next_delay(&mut self) -> Duration {
-        let exp = BACKOFF_INITIAL.saturating_mul(BACKOFF_FACTOR.saturating_pow(self.failures.min(16)));
+        let exp =
+            BACKOFF_INITIAL.saturating_mul(BACKOFF_FACTOR.saturating_pow(self.failures.min(16)));
         let cap = exp.min(BACKOFF_MAX);
         self.failures = self.failures.saturating_add(1);
         let half = cap / 2;
@@ -36,7 +37,10 @@ impl Backoff {
 /// A uniform number in [0, 1) from the TLS provider's system RNG (falls back to 0.5).
 fn random_unit() -> f64 {
     let mut bytes = [0u8; 8];
-    match rustls::crypto::ring::default_provider().secure_random.fill(&mut bytes) {
+    match rustls::crypto::ring::default_provider()
+        .secure_random
+        .fill(&mut bytes)
+    {
         Ok(()) => (u64::from_le_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64,
         Err(_) => 0.5,
     }
@@ -50,7 +54,10 @@ mod tests {
     fn grows_to_the_cap_with_jitter_and_resets() {
         let mut backoff = Backoff::default();
         let first = backoff.next_delay();
-        assert!(first >= BACKOFF_INITIAL / 2 && first <= BACKOFF_INITIAL, "{first:?}");
+        assert!(
+            first >= BACKOFF_INITIAL / 2 && first <= BACKOFF_INITIAL,
+            "{first:?}"
+        );
         let delays: Vec<Duration> = (0..20).map(|_| backoff.next_delay()).collect();
         assert!(delays.iter().all(|d| *d <= BACKOFF_MAX));
         assert!(delays[15..].iter().all(|d| *d >= BACKOFF_MAX / 2));

@@ -18,12 +18,16 @@ pub(crate) struct Backups {
 impl Backups {
     /// `<state_dir>/backups`.
     pub fn new(state_dir: &Path) -> Self {
-        Self { dir: state_dir.join("backups") }
+        Self {
+            dir: state_dir.join("backups"),
+        }
     }
 
     /// Where the backup of `node_path` for `plan_id` lives.
     pub fn location(&self, plan_id: &str, node_path: &str) -> PathBuf {
-        self.dir.join(plan_id).join(node_path.trim_start_matches('/'))
+        self.dir
+            .join(plan_id)
+            .join(node_path.trim_start_matches('/'))
     }
 
     /// Keeps a copy of `real_path` (content and mode) before the agent replaces or removes it.
@@ -50,13 +54,30 @@ impl Backups {
             create_dirs(parent)?;
         }
         // Backups may hold secrets: stored owner-only; the original mode goes to `<name>.mode`.
-        atomic_write(&target, &content, FileMeta { mode: 0o600, owner: None })?;
+        atomic_write(
+            &target,
+            &content,
+            FileMeta {
+                mode: 0o600,
+                owner: None,
+            },
+        )?;
         let mode_file = target.with_file_name(format!(
             "{}.mode",
-            target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+            target
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
         ));
         let mode = format!("{:04o}\n", meta.permissions().mode() & 0o7777);
-        atomic_write(&mode_file, mode.as_bytes(), FileMeta { mode: 0o600, owner: None })?;
+        atomic_write(
+            &mode_file,
+            mode.as_bytes(),
+            FileMeta {
+                mode: 0o600,
+                owner: None,
+            },
+        )?;
         Ok(Some(target))
     }
 

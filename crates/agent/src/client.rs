@@ -82,7 +82,9 @@ pub(crate) struct ServerClient {
 
 impl std::fmt::Debug for ServerClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServerClient").field("base", &self.base).finish_non_exhaustive()
+        f.debug_struct("ServerClient")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
     }
 }
 
@@ -98,10 +100,14 @@ impl ServerClient {
             .parse()
             .map_err(|e| ClientError::Setup(format!("--server {server:?} is not a URL: {e}")))?;
         if uri.scheme_str() != Some("https") || uri.authority().is_none() {
-            return Err(ClientError::Setup(format!("--server {server:?} must be an https:// URL")));
+            return Err(ClientError::Setup(format!(
+                "--server {server:?} must be an https:// URL"
+            )));
         }
         if uri.query().is_some() {
-            return Err(ClientError::Setup(format!("--server {server:?} must not have a query")));
+            return Err(ClientError::Setup(format!(
+                "--server {server:?} must not have a query"
+            )));
         }
         let base = server.trim_end_matches('/').to_owned();
 
@@ -127,7 +133,9 @@ impl ServerClient {
         http.enforce_http(false);
         http.set_connect_timeout(Some(CONNECT_TIMEOUT));
         http.set_nodelay(true);
-        let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_only();
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_only();
         let builder = match server_name {
             Some(name) => {
                 let name = rustls_pki_types::ServerName::try_from(name.to_owned())
@@ -140,11 +148,18 @@ impl ServerClient {
         let http = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .build(connector);
-        Ok(Self { base, token_file: token_file.to_path_buf(), http })
+        Ok(Self {
+            base,
+            token_file: token_file.to_path_buf(),
+            http,
+        })
     }
 
     fn token(&self) -> Result<HeaderValue, ClientError> {
-        let err = |reason: String| ClientError::Token { path: self.token_file.display().to_string(), reason };
+        let err = |reason: String| ClientError::Token {
+            path: self.token_file.display().to_string(),
+            reason,
+        };
         let meta = std::fs::metadata(&self.token_file).map_err(|e| err(e.to_string()))?;
         if meta.len() > MAX_TOKEN_BYTES {
             return Err(err(format!("larger than {MAX_TOKEN_BYTES} bytes")));
@@ -169,23 +184,35 @@ impl ServerClient {
     ) -> Result<R, ClientError> {
         let url = format!("{}{path}", self.base);
         let token = self.token()?;
-        let bytes = serde_json::to_vec(body)
-            .map_err(|e| ClientError::Decode { url: url.clone(), reason: e.to_string() })?;
+        let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Decode {
+            url: url.clone(),
+            reason: e.to_string(),
+        })?;
         let request = hyper::Request::post(&url)
             .header(CONTENT_TYPE, "application/json")
             .header(AUTHORIZATION, token)
             .body(Full::new(Bytes::from(bytes)))
-            .map_err(|e| ClientError::Transport { url: url.clone(), reason: e.to_string() })?;
-        let exchange = async {
-            let response = self.http.request(request).await.map_err(|e| ClientError::Transport {
+            .map_err(|e| ClientError::Transport {
                 url: url.clone(),
-                reason: error_chain(&e),
+                reason: e.to_string(),
             })?;
+        let exchange = async {
+            let response =
+                self.http
+                    .request(request)
+                    .await
+                    .map_err(|e| ClientError::Transport {
+                        url: url.clone(),
+                        reason: error_chain(&e),
+                    })?;
             let status = response.status();
             let body = Limited::new(response.into_body(), MAX_POLL_RESPONSE_BYTES)
                 .collect()
                 .await
-                .map_err(|e| ClientError::Decode { url: url.clone(), reason: e.to_string() })?
+                .map_err(|e| ClientError::Decode {
+                    url: url.clone(),
+                    reason: e.to_string(),
+                })?
                 .to_bytes();
             Ok::<_, ClientError>((status, body))
         };
@@ -200,9 +227,16 @@ impl ServerClient {
                     text.into_owned()
                 }
             };
-            return Err(ClientError::Status { url, status: status.as_u16(), message });
+            return Err(ClientError::Status {
+                url,
+                status: status.as_u16(),
+                message,
+            });
         }
-        serde_json::from_slice(&body).map_err(|e| ClientError::Decode { url, reason: e.to_string() })
+        serde_json::from_slice(&body).map_err(|e| ClientError::Decode {
+            url,
+            reason: e.to_string(),
+        })
     }
 }
 

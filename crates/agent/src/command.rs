@@ -97,11 +97,19 @@ pub(crate) async fn run_command(
         Ok(child) => child,
         Err(e) => return spawn_failed(format!("cannot start {program:?}: {e}")),
     };
-    let pgid = child.id().and_then(|id| rustix::process::Pid::from_raw(id as i32));
+    let pgid = child
+        .id()
+        .and_then(|id| rustix::process::Pid::from_raw(id as i32));
     // If this future is dropped mid-command (the agent's task is aborted), the group dies too.
     let mut guard = GroupGuard(pgid);
-    let stdout = child.stdout.take().map(|s| tokio::spawn(read_tail(s, STDOUT_TAIL_MAX_BYTES)));
-    let stderr = child.stderr.take().map(|s| tokio::spawn(read_tail(s, STDERR_TAIL_MAX_BYTES)));
+    let stdout = child
+        .stdout
+        .take()
+        .map(|s| tokio::spawn(read_tail(s, STDOUT_TAIL_MAX_BYTES)));
+    let stderr = child
+        .stderr
+        .take()
+        .map(|s| tokio::spawn(read_tail(s, STDERR_TAIL_MAX_BYTES)));
 
     let end = tokio::select! {
         status = child.wait() => match status {
@@ -121,7 +129,11 @@ pub(crate) async fn run_command(
     let stdout_tail = collect(stdout, drain_until, pgid).await;
     let stderr_tail = collect(stderr, drain_until, pgid).await;
     guard.0 = None;
-    CommandOutput { end, stdout_tail, stderr_tail }
+    CommandOutput {
+        end,
+        stdout_tail,
+        stderr_tail,
+    }
 }
 
 /// Kills the process group when dropped while still armed.
@@ -154,7 +166,10 @@ async fn stop_group(child: &mut tokio::process::Child, pgid: Option<rustix::proc
     if let Some(pgid) = pgid {
         let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::TERM);
     }
-    if tokio::time::timeout(KILL_GRACE, child.wait()).await.is_err() {
+    if tokio::time::timeout(KILL_GRACE, child.wait())
+        .await
+        .is_err()
+    {
         kill_group(pgid);
         let _ = child.kill().await;
     }

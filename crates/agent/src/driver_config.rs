@@ -82,9 +82,16 @@ impl Default for DriverConfig {
 }
 
 fn default_path() -> Vec<String> {
-    ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
-        .map(String::from)
-        .to_vec()
+    [
+        "/usr/local/sbin",
+        "/usr/local/bin",
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/bin",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// One sequence per Kubernetes step kind. A kind without a sequence fails its steps with a clear
@@ -170,7 +177,10 @@ pub struct KubeletConfig {
 
 impl Default for KubeletConfig {
     fn default() -> Self {
-        Self { flags_file: default_flags_file(), restart: default_kubelet_restart() }
+        Self {
+            flags_file: default_flags_file(),
+            restart: default_kubelet_restart(),
+        }
     }
 }
 
@@ -179,7 +189,9 @@ fn default_flags_file() -> String {
 }
 
 fn default_kubelet_restart() -> Vec<String> {
-    ["systemctl", "restart", "kubelet"].map(String::from).to_vec()
+    ["systemctl", "restart", "kubelet"]
+        .map(String::from)
+        .to_vec()
 }
 
 /// Which time service the node runs.
@@ -213,10 +225,14 @@ pub struct NtpConfig {
 impl NtpConfig {
     /// The drop-in's node path.
     pub fn config_file(&self) -> String {
-        self.config_file.clone().unwrap_or_else(|| match self.flavor {
-            NtpFlavor::Chrony => "/etc/chrony/conf.d/inplace-updater.conf".to_owned(),
-            NtpFlavor::Timesyncd => "/etc/systemd/timesyncd.conf.d/inplace-updater.conf".to_owned(),
-        })
+        self.config_file
+            .clone()
+            .unwrap_or_else(|| match self.flavor {
+                NtpFlavor::Chrony => "/etc/chrony/conf.d/inplace-updater.conf".to_owned(),
+                NtpFlavor::Timesyncd => {
+                    "/etc/systemd/timesyncd.conf.d/inplace-updater.conf".to_owned()
+                }
+            })
     }
 
     /// The restart argv.
@@ -242,7 +258,9 @@ pub struct EtcdConfig {
 
 impl Default for EtcdConfig {
     fn default() -> Self {
-        Self { manifest: default_etcd_manifest() }
+        Self {
+            manifest: default_etcd_manifest(),
+        }
     }
 }
 
@@ -264,7 +282,10 @@ pub struct InventoryConfig {
 
 impl Default for InventoryConfig {
     fn default() -> Self {
-        Self { kubelet_version: default_kubelet_version(), kubeadm_version: default_kubeadm_version() }
+        Self {
+            kubelet_version: default_kubelet_version(),
+            kubeadm_version: default_kubeadm_version(),
+        }
     }
 }
 
@@ -273,14 +294,19 @@ fn default_kubelet_version() -> Vec<String> {
 }
 
 fn default_kubeadm_version() -> Vec<String> {
-    ["kubeadm", "version", "-o", "short"].map(String::from).to_vec()
+    ["kubeadm", "version", "-o", "short"]
+        .map(String::from)
+        .to_vec()
 }
 
 impl DriverConfig {
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let shown = path.display().to_string();
-        let read_err = |source| ConfigError::Read { path: shown.clone(), source };
+        let read_err = |source| ConfigError::Read {
+            path: shown.clone(),
+            source,
+        };
         let size = std::fs::metadata(path).map_err(read_err)?.len();
         if size > MAX_CONFIG_BYTES {
             return Err(ConfigError::TooLarge(shown));
@@ -314,36 +340,63 @@ impl DriverConfig {
                 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
                 && !["PATH", "INPLACE_ROOT"].contains(&name.as_str());
             if !ok {
-                return Err(invalid(format!("env: {name:?} is not a settable variable name")));
+                return Err(invalid(format!(
+                    "env: {name:?} is not a settable variable name"
+                )));
             }
         }
         for (version, pins) in &self.pins {
             if !is_valid_kubernetes_version(version) {
-                return Err(invalid(format!("pins: {version:?} is not a version like v1.34.1")));
+                return Err(invalid(format!(
+                    "pins: {version:?} is not a version like v1.34.1"
+                )));
             }
             for (name, value) in pins {
-                let ok = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b));
+                let ok = !name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b));
                 if !ok || value.contains(['\n', '\0']) {
                     return Err(invalid(format!("pins.{version}: bad entry {name:?}")));
                 }
             }
         }
         let sequences = [
-            ("kubernetes.installKubeadm", &self.kubernetes.install_kubeadm),
-            ("kubernetes.kubeadmUpgradeApply", &self.kubernetes.kubeadm_upgrade_apply),
-            ("kubernetes.kubeadmUpgradeNode", &self.kubernetes.kubeadm_upgrade_node),
-            ("kubernetes.installKubelet", &self.kubernetes.install_kubelet),
+            (
+                "kubernetes.installKubeadm",
+                &self.kubernetes.install_kubeadm,
+            ),
+            (
+                "kubernetes.kubeadmUpgradeApply",
+                &self.kubernetes.kubeadm_upgrade_apply,
+            ),
+            (
+                "kubernetes.kubeadmUpgradeNode",
+                &self.kubernetes.kubeadm_upgrade_node,
+            ),
+            (
+                "kubernetes.installKubelet",
+                &self.kubernetes.install_kubelet,
+            ),
         ];
         for (key, sequence) in sequences {
             if let Some(sequence) = sequence {
-                sequence.validate().map_err(|e| invalid(format!("{key}: {e}")))?;
+                sequence
+                    .validate()
+                    .map_err(|e| invalid(format!("{key}: {e}")))?;
             }
         }
         let argvs = [
             ("kubelet.restart", Some(&self.kubelet.restart)),
             ("ntp.restart", self.ntp.restart.as_ref()),
-            ("inventory.kubeletVersion", Some(&self.inventory.kubelet_version)),
-            ("inventory.kubeadmVersion", Some(&self.inventory.kubeadm_version)),
+            (
+                "inventory.kubeletVersion",
+                Some(&self.inventory.kubelet_version),
+            ),
+            (
+                "inventory.kubeadmVersion",
+                Some(&self.inventory.kubeadm_version),
+            ),
         ];
         for (key, argv) in argvs {
             if let Some(argv) = argv {
@@ -375,24 +428,29 @@ impl CommandSequence {
     fn validate(&self) -> Result<(), String> {
         if let Some(check) = &self.skip_if {
             check_argv(&check.run).map_err(|e| format!("skipIf.run: {e}"))?;
-            for text in [&check.stdout_equals, &check.stdout_contains].into_iter().flatten() {
+            for text in [&check.stdout_equals, &check.stdout_contains]
+                .into_iter()
+                .flatten()
+            {
                 template::check(text).map_err(|e| format!("skipIf: {e}"))?;
             }
         }
         for (i, command) in self.commands.iter().enumerate() {
             match command {
                 CommandSpec::Run(argv) => check_argv(argv),
-                CommandSpec::WriteFile { path, content, mode } => {
-                    check_node_path(path)
-                        .and_then(|()| template::check(path))
-                        .and_then(|()| template::check(content))
-                        .and_then(|()| match mode {
-                            Some(m) if inplace_agent_api::parse_mode(m).is_none() => {
-                                Err(format!("mode {m:?} is not octal"))
-                            }
-                            _ => Ok(()),
-                        })
-                }
+                CommandSpec::WriteFile {
+                    path,
+                    content,
+                    mode,
+                } => check_node_path(path)
+                    .and_then(|()| template::check(path))
+                    .and_then(|()| template::check(content))
+                    .and_then(|()| match mode {
+                        Some(m) if inplace_agent_api::parse_mode(m).is_none() => {
+                            Err(format!("mode {m:?} is not octal"))
+                        }
+                        _ => Ok(()),
+                    }),
                 CommandSpec::VerifySha256 { path, sha256 } => check_node_path(path)
                     .and_then(|()| template::check(path))
                     .and_then(|()| template::check(sha256)),

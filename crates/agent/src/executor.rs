@@ -29,7 +29,9 @@ pub const MAX_STEP_ATTEMPTS: u32 = 3;
 
 /// Milliseconds since the Unix epoch.
 pub(crate) fn now_unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The first at most `max` bytes of `text`, cut on a character boundary.
@@ -45,7 +47,12 @@ fn truncate_head(text: &str, max: usize) -> &str {
 }
 
 /// The report describing `record`.
-pub(crate) fn report_for(agent: &AgentIdentity, plan_id: &str, index: usize, record: &StepRecord) -> StepReport {
+pub(crate) fn report_for(
+    agent: &AgentIdentity,
+    plan_id: &str,
+    index: usize,
+    record: &StepRecord,
+) -> StepReport {
     let status = match record.status {
         LocalStepStatus::Succeeded => StepStatus::Succeeded,
         LocalStepStatus::Failed => StepStatus::Failed,
@@ -82,8 +89,14 @@ enum Event {
 
 impl Agent {
     /// Runs step `index` of the current plan. `Break` means shutdown was requested.
-    pub(crate) async fn run_step(&mut self, index: usize, shutdown: &mut Shutdown) -> ControlFlow<()> {
-        let (Some(plan), Some(record)) = (self.store.plan.clone(), self.store.state.current.as_mut()) else {
+    pub(crate) async fn run_step(
+        &mut self,
+        index: usize,
+        shutdown: &mut Shutdown,
+    ) -> ControlFlow<()> {
+        let (Some(plan), Some(record)) =
+            (self.store.plan.clone(), self.store.state.current.as_mut())
+        else {
             return ControlFlow::Continue(());
         };
         let Some(step) = plan.steps.get(index).cloned() else {
@@ -161,7 +174,10 @@ impl Agent {
                         Ok(r) => join(r),
                         Err(_) => {
                             task.0.abort();
-                            StepResult { outcome: Outcome::Interrupted, ..StepResult::failed("agent shutting down") }
+                            StepResult {
+                                outcome: Outcome::Interrupted,
+                                ..StepResult::failed("agent shutting down")
+                            }
                         }
                     };
                     if result.outcome == Outcome::Interrupted {
@@ -191,7 +207,10 @@ impl Agent {
         if let Err(e) = self.store.save() {
             tracing::error!(error = %e, "cannot save state at shutdown");
         }
-        tracing::info!(step = index, "step stopped by shutdown; it runs again at the next start");
+        tracing::info!(
+            step = index,
+            "step stopped by shutdown; it runs again at the next start"
+        );
     }
 
     /// Records a step's end, queues its report, and notes the plan's end.
@@ -208,14 +227,19 @@ impl Agent {
         };
         step.finished_at_unix_ms = Some(now_unix_ms());
         step.exit_code = result.exit_code;
-        step.stderr_tail = result.stderr_tail.as_deref().map(|t| truncate_tail(t, STDERR_TAIL_MAX_BYTES).to_owned());
+        step.stderr_tail = result
+            .stderr_tail
+            .as_deref()
+            .map(|t| truncate_tail(t, STDERR_TAIL_MAX_BYTES).to_owned());
         step.message = Some(truncate_head(&result.message, MESSAGE_MAX_BYTES).to_owned());
         let report = report_for(&self.identity, &plan_id, index, step);
         match step.status {
             LocalStepStatus::Succeeded => {
                 tracing::info!(plan = %plan_id, step = index, message = %result.message, "step succeeded")
             }
-            _ => tracing::error!(plan = %plan_id, step = index, message = %result.message, exit_code = ?result.exit_code, "step failed"),
+            _ => {
+                tracing::error!(plan = %plan_id, step = index, message = %result.message, exit_code = ?result.exit_code, "step failed")
+            }
         }
         let status = record.status();
         self.store.enqueue(report);

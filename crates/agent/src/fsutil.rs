@@ -31,7 +31,11 @@ pub(crate) fn fs_err<'a>(
     action: &'static str,
     path: &'a Path,
 ) -> impl FnOnce(io::Error) -> FsError + 'a {
-    move |source| FsError { action, path: path.to_path_buf(), source }
+    move |source| FsError {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// The node's filesystem as the agent sees it: every node path is joined under `root`.
@@ -118,7 +122,10 @@ pub(crate) fn atomic_write(path: &Path, content: &[u8], meta: FileMeta) -> Resul
             source: io::Error::new(io::ErrorKind::IsADirectory, "a directory is in the way"),
         });
     }
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let temp = parent.join(format!(".{name}{TEMP_SUFFIX}"));
     // A temp file left by a crash is ours: replace it.
     match fs::remove_file(&temp) {
@@ -135,7 +142,8 @@ pub(crate) fn atomic_write(path: &Path, content: &[u8], meta: FileMeta) -> Resul
             .map_err(fs_err("create", &temp))?;
         file.write_all(content).map_err(fs_err("write", &temp))?;
         if let Some((uid, gid)) = meta.owner {
-            std::os::unix::fs::fchown(&file, Some(uid), Some(gid)).map_err(fs_err("chown", &temp))?;
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
+                .map_err(fs_err("chown", &temp))?;
         }
         // After chown: chown clears setuid/setgid bits.
         file.set_permissions(fs::Permissions::from_mode(meta.mode))
@@ -166,7 +174,9 @@ pub(crate) fn remove_file(path: &Path) -> Result<bool, FsError> {
 
 /// fsync of a directory, so a rename or unlink in it survives power loss.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), FsError> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(fs_err("fsync directory", dir))
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(fs_err("fsync directory", dir))
 }
 
 /// `mkdir -p` with [`DEFAULT_DIR_MODE`] for the directories it creates.
@@ -233,7 +243,9 @@ pub(crate) fn lookup_group(fs: &RootFs, name: &str) -> Result<Option<u32>, Strin
     };
     Ok(String::from_utf8_lossy(&bytes).lines().find_map(|line| {
         let fields: Vec<&str> = line.split(':').collect();
-        (fields.len() >= 3 && fields[0] == name).then(|| fields[2].parse().ok()).flatten()
+        (fields.len() >= 3 && fields[0] == name)
+            .then(|| fields[2].parse().ok())
+            .flatten()
     }))
 }
 

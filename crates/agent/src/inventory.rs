@@ -39,7 +39,11 @@ async fn command_fact(env: &DriverEnv, argv: &[String]) -> Option<String> {
     if !output.success() {
         return None;
     }
-    let line = output.stdout_tail.lines().map(str::trim).find(|l| !l.is_empty())?;
+    let line = output
+        .stdout_tail
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())?;
     Some(truncate_tail(line, MAX_FACT_BYTES).to_owned())
 }
 
@@ -56,7 +60,8 @@ pub(crate) async fn gather(
         kubelet_version: command_fact(env, &inventory.kubelet_version).await,
         kubeadm_version: command_fact(env, &inventory.kubeadm_version).await,
         boot_id: boot_id(env),
-        hostname: read_fact(env, "/proc/sys/kernel/hostname").or_else(|| read_fact(env, "/etc/hostname")),
+        hostname: read_fact(env, "/proc/sys/kernel/hostname")
+            .or_else(|| read_fact(env, "/etc/hostname")),
         current,
     }
 }

@@ -21,7 +21,7 @@ mod template;
 
 use std::future::Future;
 
-pub use agent::{AgentError, MIN_POLL_INTERVAL, REQUEST_TIMEOUT};
+pub use agent::{AgentError, MIN_POLL_INTERVAL, REQUEST_TIMEOUT, STATE_LOCK_WAIT};
 pub use backoff::{BACKOFF_INITIAL, BACKOFF_MAX};
 pub use backup::MAX_BACKUP_PLANS;
 pub use client::{CONNECT_TIMEOUT, ClientError, POOL_IDLE_TIMEOUT};
@@ -44,7 +44,7 @@ pub async fn run(
     config: AgentConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), AgentError> {
-    let agent = agent::Agent::start(config)?;
+    let agent = agent::Agent::start(config).await?;
     agent.run(Box::pin(shutdown)).await;
     Ok(())
 }

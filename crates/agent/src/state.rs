@@ -28,7 +28,9 @@ pub enum StateError {
     #[error("state dir {0} is in use by another agent (lock held)")]
     Locked(String),
     /// `state.json` cannot be decoded. It is left as it is: move it away to start over.
-    #[error("state file {path} is unreadable ({reason}); it was left untouched — move it away to start over")]
+    #[error(
+        "state file {path} is unreadable ({reason}); it was left untouched — move it away to start over"
+    )]
     Corrupt {
         /// The file.
         path: String,
@@ -98,9 +100,17 @@ pub struct PlanRecord {
 impl PlanRecord {
     /// Overall status: failed if any step failed, succeeded if all did, else running.
     pub fn status(&self) -> PlanStatus {
-        if self.steps.iter().any(|s| s.status == LocalStepStatus::Failed) {
+        if self
+            .steps
+            .iter()
+            .any(|s| s.status == LocalStepStatus::Failed)
+        {
             PlanStatus::Failed
-        } else if self.steps.iter().all(|s| s.status == LocalStepStatus::Succeeded) {
+        } else if self
+            .steps
+            .iter()
+            .all(|s| s.status == LocalStepStatus::Succeeded)
+        {
             PlanStatus::Succeeded
         } else {
             PlanStatus::Running
@@ -113,7 +123,10 @@ impl PlanRecord {
             return None;
         }
         self.steps.iter().position(|s| {
-            matches!(s.status, LocalStepStatus::Pending | LocalStepStatus::Running)
+            matches!(
+                s.status,
+                LocalStepStatus::Pending | LocalStepStatus::Running
+            )
         })
     }
 
@@ -148,7 +161,11 @@ pub struct LocalState {
 
 impl Default for LocalState {
     fn default() -> Self {
-        Self { format: STATE_FORMAT, current: None, outbox: Vec::new() }
+        Self {
+            format: STATE_FORMAT,
+            current: None,
+            outbox: Vec::new(),
+        }
     }
 }
 
@@ -195,9 +212,12 @@ impl StateStore {
                     reason: "too large".into(),
                 });
             }
-            Some(bytes) => serde_json::from_slice::<LocalState>(&bytes).map_err(|e| {
-                StateError::Corrupt { path: state_path.display().to_string(), reason: e.to_string() }
-            })?,
+            Some(bytes) => {
+                serde_json::from_slice::<LocalState>(&bytes).map_err(|e| StateError::Corrupt {
+                    path: state_path.display().to_string(),
+                    reason: e.to_string(),
+                })?
+            }
         };
         if state.format != STATE_FORMAT {
             return Err(StateError::Corrupt {
@@ -205,7 +225,12 @@ impl StateStore {
                 reason: format!("format {} is not {STATE_FORMAT}", state.format),
             });
         }
-        let mut store = Self { dir: dir.to_path_buf(), _lock: lock, state, plan: None };
+        let mut store = Self {
+            dir: dir.to_path_buf(),
+            _lock: lock,
+            state,
+            plan: None,
+        };
         store.plan = store.load_plan_body();
         Ok(store)
     }
@@ -237,8 +262,15 @@ impl StateStore {
     pub fn save(&self) -> Result<(), StateError> {
         let path = self.dir.join("state.json");
         let bytes = serde_json::to_vec(&self.state).map_err(|e| io_err("encode", &path, e))?;
-        atomic_write(&path, &bytes, FileMeta { mode: 0o600, owner: None })
-            .map_err(|e| StateError::Io(e.to_string()))
+        atomic_write(
+            &path,
+            &bytes,
+            FileMeta {
+                mode: 0o600,
+                owner: None,
+            },
+        )
+        .map_err(|e| StateError::Io(e.to_string()))
     }
 
     /// Makes `plan` the current plan: body first, then progress (all steps pending), then the
@@ -246,9 +278,20 @@ impl StateStore {
     pub fn adopt(&mut self, plan: Plan) -> Result<(), StateError> {
         let path = self.plan_path(&plan.id);
         let bytes = serde_json::to_vec(&plan).map_err(|e| io_err("encode", &path, e))?;
-        atomic_write(&path, &bytes, FileMeta { mode: 0o600, owner: None })
-            .map_err(|e| StateError::Io(e.to_string()))?;
-        let same_id = self.state.current.as_ref().is_some_and(|c| c.plan_id == plan.id);
+        atomic_write(
+            &path,
+            &bytes,
+            FileMeta {
+                mode: 0o600,
+                owner: None,
+            },
+        )
+        .map_err(|e| StateError::Io(e.to_string()))?;
+        let same_id = self
+            .state
+            .current
+            .as_ref()
+            .is_some_and(|c| c.plan_id == plan.id);
         let old = self.state.current.as_ref().map(|c| c.plan_id.clone());
         if !same_id {
             self.state.current = Some(PlanRecord {
@@ -276,7 +319,10 @@ impl StateStore {
         });
         outbox.push(report);
         while outbox.len() > MAX_OUTBOX {
-            let victim = outbox.iter().position(|r| r.status == StepStatus::Running).unwrap_or(0);
+            let victim = outbox
+                .iter()
+                .position(|r| r.status == StepStatus::Running)
+                .unwrap_or(0);
             outbox.remove(victim);
         }
     }

@@ -40,7 +40,10 @@ impl Vars {
     pub fn root_only(root: &str) -> Self {
         let mut plain = BTreeMap::new();
         plain.insert("root", root.to_owned());
-        Self { plain, pins: BTreeMap::new() }
+        Self {
+            plain,
+            pins: BTreeMap::new(),
+        }
     }
 }
 
@@ -50,7 +53,9 @@ pub(crate) fn variables(template: &str) -> Result<Vec<&str>, String> {
     let mut rest = template;
     while let Some(start) = rest.find("{{") {
         let after = &rest[start + 2..];
-        let end = after.find("}}").ok_or_else(|| format!("unclosed `{{{{` in {template:?}"))?;
+        let end = after
+            .find("}}")
+            .ok_or_else(|| format!("unclosed `{{{{` in {template:?}"))?;
         names.push(after[..end].trim());
         rest = &after[end + 2..];
     }
@@ -80,7 +85,9 @@ pub(crate) fn expand(template: &str, vars: &Vars) -> Result<String, String> {
     while let Some(start) = rest.find("{{") {
         out.push_str(&rest[..start]);
         let after = &rest[start + 2..];
-        let end = after.find("}}").ok_or_else(|| format!("unclosed `{{{{` in {template:?}"))?;
+        let end = after
+            .find("}}")
+            .ok_or_else(|| format!("unclosed `{{{{` in {template:?}"))?;
         let name = after[..end].trim();
         let value = match name.strip_prefix("pin.") {
             Some(pin) => vars.pins.get(pin),
@@ -101,11 +108,24 @@ mod tests {
     fn expands_version_forms_and_pins() {
         let pins = BTreeMap::from([("kubeadmSha256".to_owned(), "ab12".to_owned())]);
         let vars = Vars::for_version("v1.34.1", "/sandbox", pins);
-        assert_eq!(expand("kubeadm={{bareVersion}}-*", &vars).unwrap(), "kubeadm=1.34.1-*");
-        assert_eq!(expand("/core:/stable:/{{ minor }}/deb/", &vars).unwrap(), "/core:/stable:/v1.34/deb/");
-        assert_eq!(expand("{{root}}/usr/bin/{{version}}", &vars).unwrap(), "/sandbox/usr/bin/v1.34.1");
+        assert_eq!(
+            expand("kubeadm={{bareVersion}}-*", &vars).unwrap(),
+            "kubeadm=1.34.1-*"
+        );
+        assert_eq!(
+            expand("/core:/stable:/{{ minor }}/deb/", &vars).unwrap(),
+            "/core:/stable:/v1.34/deb/"
+        );
+        assert_eq!(
+            expand("{{root}}/usr/bin/{{version}}", &vars).unwrap(),
+            "/sandbox/usr/bin/v1.34.1"
+        );
         assert_eq!(expand("{{pin.kubeadmSha256}}", &vars).unwrap(), "ab12");
-        assert!(expand("{{pin.kubeletSha256}}", &vars).unwrap_err().contains("pin.kubeletSha256"));
+        assert!(
+            expand("{{pin.kubeletSha256}}", &vars)
+                .unwrap_err()
+                .contains("pin.kubeletSha256")
+        );
     }
 
     #[test]

@@ -61,7 +61,9 @@ impl fmt::Display for Action {
 
 /// A name that is not an [`Action`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown action {0:?} (known: kubernetes-version, files, ssh-keys, ntp, etcd-image, kubelet-args)")]
+#[error(
+    "unknown action {0:?} (known: kubernetes-version, files, ssh-keys, ntp, etcd-image, kubelet-args)"
+)]
 pub struct UnknownAction(pub String);
 
 impl FromStr for Action {
@@ -82,7 +84,10 @@ mod tests {
     fn names_round_trip_through_str_and_serde() {
         for a in Action::ALL {
             assert_eq!(a.as_str().parse::<Action>(), Ok(a));
-            assert_eq!(serde_json::to_value(a).unwrap(), serde_json::Value::String(a.to_string()));
+            assert_eq!(
+                serde_json::to_value(a).unwrap(),
+                serde_json::Value::String(a.to_string())
+            );
         }
         assert!("reboot".parse::<Action>().is_err());
     }

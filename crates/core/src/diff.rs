@@ -24,19 +24,31 @@ pub const KEYED_LISTS: &[(&str, &str)] = &[
 
 /// The identifying member of items of the list field `name`, if it is a keyed list.
 pub fn keyed_list_field(name: &str) -> Option<&'static str> {
-    KEYED_LISTS.iter().find(|(list, _)| *list == name).map(|(_, key)| *key)
+    KEYED_LISTS
+        .iter()
+        .find(|(list, _)| *list == name)
+        .map(|(_, key)| *key)
 }
 
 /// The key of every item, when every item is an object with a string `key` member and no key repeats.
 pub fn list_keys<'v>(items: &'v [Value], key: &str) -> Option<Vec<&'v str>> {
-    let keys: Vec<&str> = items.iter().map(|item| item.get(key)?.as_str()).collect::<Option<_>>()?;
+    let keys: Vec<&str> = items
+        .iter()
+        .map(|item| item.get(key)?.as_str())
+        .collect::<Option<_>>()?;
     let mut seen = std::collections::HashSet::with_capacity(keys.len());
     keys.iter().all(|k| seen.insert(*k)).then_some(keys)
 }
 
 /// The key member to diff the list at `path` by, when its items allow it (see [`list_keys`]).
-pub fn list_key_for<'v>(path_last: Option<&Seg>, old: &'v [Value], new: &'v [Value]) -> Option<(&'static str, Vec<&'v str>, Vec<&'v str>)> {
-    let Some(Seg::Field(name)) = path_last else { return None };
+pub fn list_key_for<'v>(
+    path_last: Option<&Seg>,
+    old: &'v [Value],
+    new: &'v [Value],
+) -> Option<(&'static str, Vec<&'v str>, Vec<&'v str>)> {
+    let Some(Seg::Field(name)) = path_last else {
+        return None;
+    };
     let key = keyed_list_field(name)?;
     Some((key, list_keys(old, key)?, list_keys(new, key)?))
 }
@@ -96,7 +108,11 @@ pub fn typed_empty(v: &Value) -> bool {
 }
 
 /// The changes that turn `old` into `new`, both being the value at `spec` (absent = `None`).
-pub fn diff<'a>(old: Option<&'a Value>, new: Option<&'a Value>, opts: DiffOptions) -> Vec<Change<'a>> {
+pub fn diff<'a>(
+    old: Option<&'a Value>,
+    new: Option<&'a Value>,
+    opts: DiffOptions,
+) -> Vec<Change<'a>> {
     let mut out = Vec::new();
     let mut segs = vec![Seg::Field("spec".to_owned())];
     let old = old.filter(|v| !(opts.typed && typed_empty(v)));
@@ -105,11 +121,28 @@ pub fn diff<'a>(old: Option<&'a Value>, new: Option<&'a Value>, opts: DiffOption
     out
 }
 
-fn emit<'a>(segs: &[Seg], kind: ChangeKind, old: Option<&'a Value>, new: Option<&'a Value>, out: &mut Vec<Change<'a>>) {
-    out.push(Change { path: Path(segs.to_vec()), kind, old, new });
+fn emit<'a>(
+    segs: &[Seg],
+    kind: ChangeKind,
+    old: Option<&'a Value>,
+    new: Option<&'a Value>,
+    out: &mut Vec<Change<'a>>,
+) {
+    out.push(Change {
+        path: Path(segs.to_vec()),
+        kind,
+        old,
+        new,
+    });
 }
 
-fn walk<'a>(segs: &mut Vec<Seg>, old: Option<&'a Value>, new: Option<&'a Value>, opts: DiffOptions, out: &mut Vec<Change<'a>>) {
+fn walk<'a>(
+    segs: &mut Vec<Seg>,
+    old: Option<&'a Value>,
+    new: Option<&'a Value>,
+    opts: DiffOptions,
+    out: &mut Vec<Change<'a>>,
+) {
     let (o, n) = match (old, new) {
         (None, None) => return,
         (Some(o), None) => return emit(segs, ChangeKind::Removed, Some(o), None, out),
@@ -124,7 +157,13 @@ fn walk<'a>(segs: &mut Vec<Seg>, old: Option<&'a Value>, new: Option<&'a Value>,
             let present = |v: &&'a Value| !(opts.typed && typed_empty(v));
             for (k, av) in a {
                 segs.push(Seg::Field(k.clone()));
-                walk(segs, Some(av).filter(present), b.get(k).filter(present), opts, out);
+                walk(
+                    segs,
+                    Some(av).filter(present),
+                    b.get(k).filter(present),
+                    opts,
+                    out,
+                );
                 segs.pop();
             }
             for (k, bv) in b {
@@ -151,7 +190,14 @@ fn walk<'a>(segs: &mut Vec<Seg>, old: Option<&'a Value>, new: Option<&'a Value>,
 
 type Side<'a, 'k> = (&'a Value, &'a [Value], &'k [&'a str]);
 
-fn keyed<'a>(segs: &mut Vec<Seg>, old: Side<'a, '_>, new: Side<'a, '_>, key: &str, opts: DiffOptions, out: &mut Vec<Change<'a>>) {
+fn keyed<'a>(
+    segs: &mut Vec<Seg>,
+    old: Side<'a, '_>,
+    new: Side<'a, '_>,
+    key: &str,
+    opts: DiffOptions,
+    out: &mut Vec<Change<'a>>,
+) {
     let (old_list, a, ka) = old;
     let (new_list, b, kb) = new;
     let a_index: HashMap<&str, usize> = ka.iter().enumerate().map(|(i, k)| (*k, i)).collect();
@@ -159,16 +205,28 @@ fn keyed<'a>(segs: &mut Vec<Seg>, old: Side<'a, '_>, new: Side<'a, '_>, key: &st
     let common_a = ka.iter().filter(|k| b_index.contains_key(*k));
     let common_b = kb.iter().filter(|k| a_index.contains_key(*k));
     if !common_a.eq(common_b) {
-        emit(segs, ChangeKind::Reordered, Some(old_list), Some(new_list), out);
+        emit(
+            segs,
+            ChangeKind::Reordered,
+            Some(old_list),
+            Some(new_list),
+            out,
+        );
     }
     for (item, k) in a.iter().zip(ka) {
-        segs.push(Seg::Key { field: key.to_owned(), value: (*k).to_owned() });
+        segs.push(Seg::Key {
+            field: key.to_owned(),
+            value: (*k).to_owned(),
+        });
         walk(segs, Some(item), b_index.get(k).map(|&j| &b[j]), opts, out);
         segs.pop();
     }
     for (item, k) in b.iter().zip(kb) {
         if !a_index.contains_key(k) {
-            segs.push(Seg::Key { field: key.to_owned(), value: (*k).to_owned() });
+            segs.push(Seg::Key {
+                field: key.to_owned(),
+                value: (*k).to_owned(),
+            });
             walk(segs, None, Some(item), opts, out);
             segs.pop();
         }
@@ -186,13 +244,22 @@ pub fn leaves<'a>(path: &Path, value: &'a Value, out: &mut Vec<(Path, &'a Value)
         }
         Value::Array(items) if !items.is_empty() => {
             let keyed = match path.last() {
-                Some(Seg::Field(name)) => keyed_list_field(name).and_then(|key| Some((key, list_keys(items, key)?))),
+                Some(Seg::Field(name)) => {
+                    keyed_list_field(name).and_then(|key| Some((key, list_keys(items, key)?)))
+                }
                 _ => None,
             };
             match keyed {
                 Some((key, keys)) => {
                     for (item, k) in items.iter().zip(keys) {
-                        leaves(&path.child(Seg::Key { field: key.to_owned(), value: k.to_owned() }), item, out);
+                        leaves(
+                            &path.child(Seg::Key {
+                                field: key.to_owned(),
+                                value: k.to_owned(),
+                            }),
+                            item,
+                            out,
+                        );
                     }
                 }
                 None => {
@@ -212,7 +279,10 @@ mod tests {
     use serde_json::json;
 
     fn summary(changes: &[Change]) -> Vec<String> {
-        changes.iter().map(|c| format!("{:?} {}", c.kind, c.path)).collect()
+        changes
+            .iter()
+            .map(|c| format!("{:?} {}", c.kind, c.path))
+            .collect()
     }
 
     #[test]
@@ -235,14 +305,20 @@ mod tests {
     fn pure_reorder_is_one_change() {
         let old = json!({"users": [{"name": "a"}, {"name": "b"}]});
         let new = json!({"users": [{"name": "b"}, {"name": "a"}]});
-        assert_eq!(summary(&diff(Some(&old), Some(&new), DiffOptions::default())), ["Reordered spec.users"]);
+        assert_eq!(
+            summary(&diff(Some(&old), Some(&new), DiffOptions::default())),
+            ["Reordered spec.users"]
+        );
     }
 
     #[test]
     fn duplicate_or_missing_keys_fall_back_to_positions() {
         let old = json!({"extraArgs": [{"name": "x", "value": "1"}, {"name": "x", "value": "2"}]});
         let new = json!({"extraArgs": [{"name": "x", "value": "1"}, {"name": "x", "value": "3"}]});
-        assert_eq!(summary(&diff(Some(&old), Some(&new), DiffOptions::default())), ["Changed spec.extraArgs[1].value"]);
+        assert_eq!(
+            summary(&diff(Some(&old), Some(&new), DiffOptions::default())),
+            ["Changed spec.extraArgs[1].value"]
+        );
     }
 
     #[test]
@@ -251,7 +327,12 @@ mod tests {
         let new = json!({"ntp": {"servers": ["a", "c", "d"], "enabled": true}});
         assert_eq!(
             summary(&diff(Some(&old), Some(&new), DiffOptions::default())),
-            ["Changed spec.ntp.servers[1]", "Added spec.ntp.servers[2]", "Added spec.ntp.enabled", "Removed spec.x"]
+            [
+                "Changed spec.ntp.servers[1]",
+                "Added spec.ntp.servers[2]",
+                "Added spec.ntp.enabled",
+                "Removed spec.x"
+            ]
         );
     }
 
@@ -259,21 +340,33 @@ mod tests {
     fn null_is_a_value_unless_typed() {
         let old = json!({"a": null, "b": ""});
         let new = json!({});
-        assert_eq!(summary(&diff(Some(&old), Some(&new), DiffOptions::default())), ["Removed spec.a", "Removed spec.b"]);
+        assert_eq!(
+            summary(&diff(Some(&old), Some(&new), DiffOptions::default())),
+            ["Removed spec.a", "Removed spec.b"]
+        );
         assert!(diff(Some(&old), Some(&new), DiffOptions { typed: true }).is_empty());
     }
 
     #[test]
     fn leaves_use_keys() {
         let v = json!({"path": "/a", "contentFrom": {"secret": {"name": "s", "key": "k"}}});
-        let base = Path::spec().child(Seg::Field("files".into())).child(Seg::Key { field: "path".into(), value: "/a".into() });
+        let base = Path::spec()
+            .child(Seg::Field("files".into()))
+            .child(Seg::Key {
+                field: "path".into(),
+                value: "/a".into(),
+            });
         let mut out = Vec::new();
         leaves(&base, &v, &mut out);
         let mut shown: Vec<String> = out.iter().map(|(p, _)| p.to_string()).collect();
         shown.sort();
         assert_eq!(
             shown,
-            ["spec.files[path=/a].contentFrom.secret.key", "spec.files[path=/a].contentFrom.secret.name", "spec.files[path=/a].path"]
+            [
+                "spec.files[path=/a].contentFrom.secret.key",
+                "spec.files[path=/a].contentFrom.secret.name",
+                "spec.files[path=/a].path"
+            ]
         );
     }
 

@@ -69,7 +69,11 @@ pub enum ObjectRole {
 
 impl ObjectRole {
     /// All roles, in the order decisions report them.
-    pub const ALL: [ObjectRole; 3] = [ObjectRole::Machine, ObjectRole::Bootstrap, ObjectRole::Infra];
+    pub const ALL: [ObjectRole; 3] = [
+        ObjectRole::Machine,
+        ObjectRole::Bootstrap,
+        ObjectRole::Infra,
+    ];
 
     /// The name used when the object's own `kind` is unknown.
     pub fn fallback_kind(self, scope: Scope) -> &'static str {
@@ -95,13 +99,19 @@ pub fn kind_of(object: &Value) -> &str {
 /// The API group of the object's `apiVersion` (`cluster.x-k8s.io` for `cluster.x-k8s.io/v1beta2`; `""` for
 /// the core group or a missing apiVersion).
 pub fn api_group_of(object: &Value) -> &str {
-    let api_version = object.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let api_version = object
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
     api_version.rsplit_once('/').map_or("", |(group, _)| group)
 }
 
 /// The compared part of `object` (`spec` or `spec.template.spec`), if present.
 pub fn region(scope: Scope, object: &Value) -> Option<&Value> {
-    scope.segments().iter().try_fold(object, |v, name| v.get(name))
+    scope
+        .segments()
+        .iter()
+        .try_fold(object, |v, name| v.get(name))
 }
 
 /// The kind whose rules apply to a template's `spec.template.spec`: MachineSet → Machine,
@@ -136,9 +146,15 @@ mod tests {
             "spec": {"replicas": 3, "template": {"spec": {"version": "v1.33.1"}}}});
         assert_eq!(kind_of(&ms), "MachineSet");
         assert_eq!(api_group_of(&ms), "cluster.x-k8s.io");
-        assert_eq!(region(Scope::Template, &ms), Some(&json!({"version": "v1.33.1"})));
+        assert_eq!(
+            region(Scope::Template, &ms),
+            Some(&json!({"version": "v1.33.1"}))
+        );
         assert_eq!(api_group_of(&json!({"apiVersion": "v1"})), "");
-        assert_eq!(templated_kind("KubeadmConfigTemplate"), Some("KubeadmConfig"));
+        assert_eq!(
+            templated_kind("KubeadmConfigTemplate"),
+            Some("KubeadmConfig")
+        );
         assert_eq!(templated_kind("MachineSet"), Some("Machine"));
         assert_eq!(templated_kind("Template"), None);
     }
@@ -146,9 +162,16 @@ mod tests {
     #[test]
     fn control_plane_only_for_labelled_machines_in_object_scope() {
         let cp = json!({"metadata": {"labels": {CONTROL_PLANE_LABEL: ""}}});
-        let objs = Objects { machine: Some(&cp), ..Default::default() };
+        let objs = Objects {
+            machine: Some(&cp),
+            ..Default::default()
+        };
         assert!(is_control_plane(Scope::Object, &objs, &objs));
         assert!(!is_control_plane(Scope::Template, &objs, &objs));
-        assert!(!is_control_plane(Scope::Object, &Objects::default(), &Objects::default()));
+        assert!(!is_control_plane(
+            Scope::Object,
+            &Objects::default(),
+            &Objects::default()
+        ));
     }
 }

@@ -5,6 +5,7 @@
 //! `spec.files[path=/etc/x].content`, `spec.users[name=capi].sshAuthorizedKeys[0]`, `spec["odd.key"]`.
 
 use serde_json::Value;
+use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 
 use crate::objects::Scope;
@@ -103,6 +104,48 @@ pub fn resolve_segs<'v>(root: Option<&'v Value>, segs: &[Seg]) -> Option<&'v Val
     Some(cur)
 }
 
+/// Resolves many paths in the same values: the items of a keyed list are indexed once per list,
+/// where [`Path::resolve`] scans the list every time (quadratic for thousands of changed items).
+#[derive(Default)]
+pub struct Resolver<'v> {
+    // (address of the list value, key member) → key → first item with it. The values are borrowed
+    // for 'v, so an address cannot be reused for another list while the resolver lives.
+    index: HashMap<(usize, String), HashMap<&'v str, &'v Value>>,
+}
+
+impl<'v> Resolver<'v> {
+    /// An empty resolver.
+    pub fn new() -> Resolver<'v> {
+        Resolver::default()
+    }
+
+    /// Like [`Path::resolve`].
+    pub fn resolve(&mut self, spec: Option<&'v Value>, path: &Path) -> Option<&'v Value> {
+        let mut cur = spec?;
+        for seg in path.below_spec() {
+            cur = match (seg, cur) {
+                (Seg::Field(name), Value::Object(map)) => map.get(name)?,
+                (Seg::Index(i), Value::Array(items)) => items.get(*i)?,
+                (Seg::Key { field, value }, Value::Array(items)) => {
+                    let id = (std::ptr::from_ref(cur) as usize, field.clone());
+                    let index = self.index.entry(id).or_insert_with(|| {
+                        let mut index = HashMap::with_capacity(items.len());
+                        for item in items {
+                            if let Some(k) = item.get(field).and_then(Value::as_str) {
+                                index.entry(k).or_insert(item);
+                            }
+                        }
+                        index
+                    });
+                    *index.get(value.as_str())?
+                }
+                _ => return None,
+            };
+        }
+        Some(cur)
+    }
+}
+
 impl fmt::Display for Path {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.display_in(Scope::Object))
@@ -192,7 +235,10 @@ mod tests {
     use serde_json::json;
 
     fn key(field: &str, value: &str) -> Seg {
-        Seg::Key { field: field.into(), value: value.into() }
+        Seg::Key {
+            field: field.into(),
+            value: value.into(),
+        }
     }
 
     #[test]
@@ -201,23 +247,44 @@ mod tests {
             .child(Seg::Field("files".into()))
             .child(key("path", "/etc/kubernetes/audit.yaml"))
             .child(Seg::Field("content".into()));
-        assert_eq!(p.to_string(), "spec.files[path=/etc/kubernetes/audit.yaml].content");
+        assert_eq!(
+            p.to_string(),
+            "spec.files[path=/etc/kubernetes/audit.yaml].content"
+        );
         assert_eq!(
             p.display_in(Scope::Template),
             "spec.template.spec.files[path=/etc/kubernetes/audit.yaml].content"
         );
-        let q = Path::spec().child(Seg::Field("a.b".into())).child(Seg::Index(2)).child(key("name", "x]y"));
+        let q = Path::spec()
+            .child(Seg::Field("a.b".into()))
+            .child(Seg::Index(2))
+            .child(key("name", "x]y"));
         assert_eq!(q.to_string(), r#"spec["a.b"][2][name="x]y"]"#);
-        assert_eq!(p.display_tail(2), "[path=/etc/kubernetes/audit.yaml].content");
+        assert_eq!(
+            p.display_tail(2),
+            "[path=/etc/kubernetes/audit.yaml].content"
+        );
         assert_eq!(p.display_tail(3), "content");
     }
 
     #[test]
     fn resolves_keys_and_indices() {
         let spec = json!({"users": [{"name": "a", "keys": ["k1", "k2"]}, {"name": "b"}]});
-        let p = Path::spec().child(Seg::Field("users".into())).child(key("name", "a")).child(Seg::Field("keys".into())).child(Seg::Index(1));
+        let p = Path::spec()
+            .child(Seg::Field("users".into()))
+            .child(key("name", "a"))
+            .child(Seg::Field("keys".into()))
+            .child(Seg::Index(1));
         assert_eq!(p.resolve(Some(&spec)), Some(&json!("k2")));
-        let missing = Path::spec().child(Seg::Field("users".into())).child(key("name", "zz"));
+        let mut r = Resolver::new();
+        assert_eq!(r.resolve(Some(&spec), &p), Some(&json!("k2")));
+        let b = Path::spec()
+            .child(Seg::Field("users".into()))
+            .child(key("name", "b"));
+        assert_eq!(r.resolve(Some(&spec), &b), Some(&json!({"name": "b"})));
+        let missing = Path::spec()
+            .child(Seg::Field("users".into()))
+            .child(key("name", "zz"));
         assert_eq!(missing.resolve(Some(&spec)), None);
     }
 

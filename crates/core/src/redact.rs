@@ -14,7 +14,13 @@ pub const MAX_SHOWN_CHARS: usize = 160;
 pub const SHORT_HASH_HEX: usize = 12;
 
 /// Member names whose values are treated as secret wherever they appear.
-const SECRET_NAMES: &[&str] = &["content", "passwd", "contentFrom", "userData", "certificateKey"];
+const SECRET_NAMES: &[&str] = &[
+    "content",
+    "passwd",
+    "contentFrom",
+    "userData",
+    "certificateKey",
+];
 
 /// Fragments that make a member name (or an extra-arg name) secret, compared lowercase.
 const SECRET_FRAGMENTS: &[&str] = &["password", "secret", "token", "privatekey", "credential"];
@@ -35,7 +41,9 @@ pub fn is_secret_path(path: &Path) -> bool {
         Seg::Field(name) => is_secret_name(name),
         // An extra arg such as `[name=oidc-client-secret].value`.
         Seg::Key { field, value } => {
-            field == "name" && is_secret_name(value) && matches!(segs.get(i + 1), Some(Seg::Field(f)) if f == "value")
+            field == "name"
+                && is_secret_name(value)
+                && matches!(segs.get(i + 1), Some(Seg::Field(f)) if f == "value")
         }
         Seg::Index(_) => false,
     })
@@ -67,7 +75,10 @@ pub fn show(path: &Path, value: &Value) -> String {
 
 fn cut(mut s: String) -> String {
     if s.chars().count() > MAX_SHOWN_CHARS {
-        let end = s.char_indices().nth(MAX_SHOWN_CHARS).map_or(s.len(), |(i, _)| i);
+        let end = s
+            .char_indices()
+            .nth(MAX_SHOWN_CHARS)
+            .map_or(s.len(), |(i, _)| i);
         s.truncate(end);
         s.push('…');
     }
@@ -81,7 +92,10 @@ fn write_value(out: &mut String, value: &Value) {
     }
     match value {
         Value::Object(map) => {
-            let secret_arg = map.get("name").and_then(Value::as_str).is_some_and(is_secret_name);
+            let secret_arg = map
+                .get("name")
+                .and_then(Value::as_str)
+                .is_some_and(is_secret_name);
             out.push('{');
             for (i, (k, v)) in map.iter().enumerate() {
                 if i > 0 {
@@ -114,7 +128,10 @@ fn write_value(out: &mut String, value: &Value) {
             out.push(']');
         }
         Value::String(s) if s.len() > MAX_SHOWN_CHARS * 4 => {
-            let end = s.char_indices().nth(MAX_SHOWN_CHARS).map_or(s.len(), |(i, _)| i);
+            let end = s
+                .char_indices()
+                .nth(MAX_SHOWN_CHARS)
+                .map_or(s.len(), |(i, _)| i);
             out.push_str(&Value::String(s[..end].to_owned()).to_string());
         }
         other => out.push_str(&other.to_string()),
@@ -136,14 +153,33 @@ mod tests {
 
     #[test]
     fn secrets_are_hashed_everywhere() {
-        let file = p(&[Seg::Field("files".into()), Seg::Key { field: "path".into(), value: "/etc/x".into() }]);
+        let file = p(&[
+            Seg::Field("files".into()),
+            Seg::Key {
+                field: "path".into(),
+                value: "/etc/x".into(),
+            },
+        ]);
         let item = json!({"path": "/etc/x", "content": "hunter2", "contentFrom": {"secret": {"name": "s", "key": "k"}}});
         let shown = show(&file, &item);
-        assert!(!shown.contains("hunter2") && !shown.contains("\"s\""), "{shown}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("\"s\""),
+            "{shown}"
+        );
         assert!(shown.contains(&short_hash(&json!("hunter2"))));
         let content = file.child(Seg::Field("content".into()));
-        assert_eq!(show(&content, &json!("hunter2")), short_hash(&json!("hunter2")));
-        let arg = p(&[Seg::Field("extraArgs".into()), Seg::Key { field: "name".into(), value: "oidc-client-secret".into() }, Seg::Field("value".into())]);
+        assert_eq!(
+            show(&content, &json!("hunter2")),
+            short_hash(&json!("hunter2"))
+        );
+        let arg = p(&[
+            Seg::Field("extraArgs".into()),
+            Seg::Key {
+                field: "name".into(),
+                value: "oidc-client-secret".into(),
+            },
+            Seg::Field("value".into()),
+        ]);
         assert!(show(&arg, &json!("abc")).starts_with("sha256:"));
         let args = json!([{"name": "bootstrap-token", "value": "abcdef.0123456789abcdef"}]);
         assert!(!show(&p(&[Seg::Field("extraArgs".into())]), &args).contains("0123456789"));
@@ -160,6 +196,9 @@ mod tests {
         let long = "x".repeat(10_000);
         let shown = show(&p(&[Seg::Field("note".into())]), &json!(long));
         assert!(shown.chars().count() <= MAX_SHOWN_CHARS + 1 && shown.ends_with('…'));
-        assert_eq!(show(&p(&[Seg::Field("version".into())]), &json!("v1.2.3")), "\"v1.2.3\"");
+        assert_eq!(
+            show(&p(&[Seg::Field("version".into())]), &json!("v1.2.3")),
+            "\"v1.2.3\""
+        );
     }
 }

@@ -57,7 +57,12 @@ pub struct Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { in_place: true, disabled_actions: BTreeSet::new(), mode: Mode::InPlaceOrRollout, patch_type: PatchType::JsonPatch }
+        Settings {
+            in_place: true,
+            disabled_actions: BTreeSet::new(),
+            mode: Mode::InPlaceOrRollout,
+            patch_type: PatchType::JsonPatch,
+        }
     }
 }
 
@@ -112,14 +117,26 @@ impl Settings {
                     s.mode = match v {
                         "" | "in-place-or-rollout" => Mode::InPlaceOrRollout,
                         "in-place-only" => Mode::InPlaceOnly,
-                        _ => return Err(invalid("mode", value, "\"in-place-or-rollout\" or \"in-place-only\"")),
+                        _ => {
+                            return Err(invalid(
+                                "mode",
+                                value,
+                                "\"in-place-or-rollout\" or \"in-place-only\"",
+                            ));
+                        }
                     }
                 }
                 "patchType" => {
                     s.patch_type = match v.to_ascii_lowercase().as_str() {
                         "" | "jsonpatch" => PatchType::JsonPatch,
                         "jsonmergepatch" => PatchType::JsonMergePatch,
-                        _ => return Err(invalid("patchType", value, "\"JSONPatch\" or \"JSONMergePatch\"")),
+                        _ => {
+                            return Err(invalid(
+                                "patchType",
+                                value,
+                                "\"JSONPatch\" or \"JSONMergePatch\"",
+                            ));
+                        }
                     }
                 }
                 _ => return Err(SettingsError::UnknownKey { key: key.clone() }),
@@ -140,7 +157,11 @@ impl Settings {
 }
 
 fn invalid(key: &'static str, value: &str, expected: &'static str) -> SettingsError {
-    SettingsError::InvalidValue { key, value: value.to_owned(), expected }
+    SettingsError::InvalidValue {
+        key,
+        value: value.to_owned(),
+        expected,
+    }
 }
 
 #[cfg(test)]
@@ -148,7 +169,12 @@ mod tests {
     use super::*;
 
     fn parse(pairs: &[(&str, &str)]) -> Result<Settings, SettingsError> {
-        Settings::from_map(&pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+        Settings::from_map(
+            &pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
     }
 
     #[test]
@@ -159,7 +185,13 @@ mod tests {
 
     #[test]
     fn parses_every_setting() {
-        let s = parse(&[("inPlace", "TRUE"), ("disableActions", "ssh-keys, ntp,"), ("mode", "in-place-only"), ("patchType", "JSONMergePatch")]).unwrap();
+        let s = parse(&[
+            ("inPlace", "TRUE"),
+            ("disableActions", "ssh-keys, ntp,"),
+            ("mode", "in-place-only"),
+            ("patchType", "JSONMergePatch"),
+        ])
+        .unwrap();
         assert!(s.in_place);
         assert_eq!(s.disabled_actions, [Action::SshKeys, Action::Ntp].into());
         assert_eq!(s.mode, Mode::InPlaceOnly);
@@ -178,6 +210,9 @@ mod tests {
         assert!(parse(&[("inPlace", "yes")]).is_err());
         assert!(parse(&[("mode", "strict")]).is_err());
         assert!(parse(&[("patchType", "strategic")]).is_err());
-        assert!(matches!(parse(&[("inPlace", "false"), ("mode", "in-place-only")]), Err(SettingsError::Conflict(_))));
+        assert!(matches!(
+            parse(&[("inPlace", "false"), ("mode", "in-place-only")]),
+            Err(SettingsError::Conflict(_))
+        ));
     }
 }

@@ -87,9 +87,21 @@ fn cases() -> Vec<Case> {
             expect: &[
                 ("spec.providerID", I, "ignored by CAPI"),
                 ("spec.minReadySeconds", I, "ignored by CAPI"),
-                ("spec.deletion.nodeDrainTimeoutSeconds", I, "ignored by CAPI"),
-                ("spec.readinessGates[conditionType=example.com/Ready]", I, "ignored by CAPI"),
-                ("spec.readinessGates[conditionType=other/Ready]", I, "ignored by CAPI"),
+                (
+                    "spec.deletion.nodeDrainTimeoutSeconds",
+                    I,
+                    "ignored by CAPI",
+                ),
+                (
+                    "spec.readinessGates[conditionType=example.com/Ready]",
+                    I,
+                    "ignored by CAPI",
+                ),
+                (
+                    "spec.readinessGates[conditionType=other/Ready]",
+                    I,
+                    "ignored by CAPI",
+                ),
                 ("spec.taints", I, "ignored by CAPI"),
             ],
             actions: &[],
@@ -97,9 +109,17 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "inline file content",
-            mutate: |r| files(r)[0]["content"] = json!("apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: RequestResponse\n"),
+            mutate: |r| {
+                files(r)[0]["content"] = json!(
+                    "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: RequestResponse\n"
+                )
+            },
             outcome: Outcome::InPlace,
-            expect: &[("spec.files[path=/etc/kubernetes/audit-policy.yaml].content", A, "files")],
+            expect: &[(
+                "spec.files[path=/etc/kubernetes/audit-policy.yaml].content",
+                A,
+                "files",
+            )],
             actions: &[Action::Files],
             affects_availability: false,
         },
@@ -111,7 +131,10 @@ fn cases() -> Vec<Case> {
                 f.push(json!({"path": "/etc/motd", "content": "hello\n", "permissions": "0644"}));
             },
             outcome: Outcome::InPlace,
-            expect: &[("spec.files[path=/etc/motd]", A, "files"), ("spec.files[path=/etc/sysctl.d/99-k8s.conf]", A, "files")],
+            expect: &[
+                ("spec.files[path=/etc/motd]", A, "files"),
+                ("spec.files[path=/etc/sysctl.d/99-k8s.conf]", A, "files"),
+            ],
             actions: &[Action::Files],
             affects_availability: false,
         },
@@ -119,21 +142,32 @@ fn cases() -> Vec<Case> {
             name: "secret-sourced file changed",
             mutate: |r| files(r)[2]["contentFrom"]["secret"]["name"] = json!("prod-ca-2"),
             outcome: Outcome::NeedsRollout,
-            expect: &[("spec.files[path=/etc/pki/ca.pem].contentFrom.secret.name", R, "secret-sourced files need a secret resolver")],
+            expect: &[(
+                "spec.files[path=/etc/pki/ca.pem].contentFrom.secret.name",
+                R,
+                "secret-sourced files need a secret resolver",
+            )],
             actions: &[],
             affects_availability: true,
         },
         Case {
             name: "secret-sourced file added",
-            mutate: |r| files(r).push(json!({"path": "/etc/x.pem", "contentFrom": {"secret": {"name": "s", "key": "k"}}})),
+            mutate: |r| {
+                files(r).push(json!({"path": "/etc/x.pem", "contentFrom": {"secret": {"name": "s", "key": "k"}}}))
+            },
             outcome: Outcome::NeedsRollout,
-            expect: &[("spec.files[path=/etc/x.pem]", R, "secret-sourced files need a secret resolver")],
+            expect: &[("spec.files[path=/etc/x.pem]", R, "contentFrom.secret.")],
             actions: &[],
             affects_availability: true,
         },
         Case {
             name: "ssh key added",
-            mutate: |r| user(r, 0)["sshAuthorizedKeys"].as_array_mut().unwrap().push(json!("ssh-ed25519 AAAA-two dev@example.com")),
+            mutate: |r| {
+                user(r, 0)["sshAuthorizedKeys"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!("ssh-ed25519 AAAA-two dev@example.com"))
+            },
             outcome: Outcome::InPlace,
             expect: &[("spec.users[name=capv].sshAuthorizedKeys[1]", A, "ssh-keys")],
             actions: &[Action::SshKeys],
@@ -141,9 +175,15 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "ssh keys replaced",
-            mutate: |r| user(r, 1)["sshAuthorizedKeys"] = json!(["ssh-ed25519 AAAA-new backup@example.com"]),
+            mutate: |r| {
+                user(r, 1)["sshAuthorizedKeys"] = json!(["ssh-ed25519 AAAA-new backup@example.com"])
+            },
             outcome: Outcome::InPlace,
-            expect: &[("spec.users[name=backup].sshAuthorizedKeys[0]", A, "ssh-keys")],
+            expect: &[(
+                "spec.users[name=backup].sshAuthorizedKeys[0]",
+                A,
+                "ssh-keys",
+            )],
             actions: &[Action::SshKeys],
             affects_availability: false,
         },
@@ -157,9 +197,14 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "user added",
-            mutate: |r| r.desired_spec(Bootstrap)["users"].as_array_mut().unwrap().push(json!({"name": "new", "sshAuthorizedKeys": ["k"]})),
+            mutate: |r| {
+                r.desired_spec(Bootstrap)["users"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"name": "new", "sshAuthorizedKeys": ["k"]}))
+            },
             outcome: Outcome::NeedsRollout,
-            expect: &[("spec.users[name=new]", R, "name: no rule")],
+            expect: &[("spec.users[name=new]", R, "no rule")],
             actions: &[],
             affects_availability: true,
         },
@@ -167,14 +212,20 @@ fn cases() -> Vec<Case> {
             name: "ntp servers",
             mutate: |r| r.desired_spec(Bootstrap)["ntp"]["servers"] = json!(["time.example.com"]),
             outcome: Outcome::InPlace,
-            expect: &[("spec.ntp.servers[0]", A, "ntp"), ("spec.ntp.servers[1]", A, "ntp")],
+            expect: &[
+                ("spec.ntp.servers[0]", A, "ntp"),
+                ("spec.ntp.servers[1]", A, "ntp"),
+            ],
             actions: &[Action::Ntp],
             affects_availability: false,
         },
         Case {
             name: "ntp removed",
             mutate: |r| {
-                r.desired_spec(Bootstrap).as_object_mut().unwrap().remove("ntp");
+                r.desired_spec(Bootstrap)
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("ntp");
             },
             outcome: Outcome::InPlace,
             expect: &[("spec.ntp", A, "ntp")],
@@ -183,17 +234,31 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "etcd image on a control-plane machine",
-            mutate: |r| r.desired_spec(Bootstrap)["clusterConfiguration"]["etcd"]["local"]["imageTag"] = json!("3.5.22-0"),
+            mutate: |r| {
+                r.desired_spec(Bootstrap)["clusterConfiguration"]["etcd"]["local"]["imageTag"] =
+                    json!("3.5.22-0")
+            },
             outcome: Outcome::InPlace,
-            expect: &[("spec.clusterConfiguration.etcd.local.imageTag", A, "etcd-image")],
+            expect: &[(
+                "spec.clusterConfiguration.etcd.local.imageTag",
+                A,
+                "etcd-image",
+            )],
             actions: &[Action::EtcdImage],
             affects_availability: true,
         },
         Case {
             name: "etcd repository",
-            mutate: |r| r.desired_spec(Bootstrap)["clusterConfiguration"]["etcd"]["local"]["imageRepository"] = json!("mirror.example.com"),
+            mutate: |r| {
+                r.desired_spec(Bootstrap)["clusterConfiguration"]["etcd"]["local"]["imageRepository"] =
+                    json!("mirror.example.com")
+            },
             outcome: Outcome::NeedsRollout,
-            expect: &[("spec.clusterConfiguration.etcd.local.imageRepository", R, "no rule")],
+            expect: &[(
+                "spec.clusterConfiguration.etcd.local.imageRepository",
+                R,
+                "no rule",
+            )],
             actions: &[],
             affects_availability: true,
         },
@@ -201,22 +266,41 @@ fn cases() -> Vec<Case> {
             name: "kubelet args",
             mutate: |r| {
                 let s = r.desired_spec(Bootstrap);
-                s["initConfiguration"]["nodeRegistration"]["kubeletExtraArgs"][1]["value"] = json!("200");
-                s["joinConfiguration"]["nodeRegistration"]["kubeletExtraArgs"].as_array_mut().unwrap().push(json!({"name": "max-pods", "value": "200"}));
+                s["initConfiguration"]["nodeRegistration"]["kubeletExtraArgs"][1]["value"] =
+                    json!("200");
+                s["joinConfiguration"]["nodeRegistration"]["kubeletExtraArgs"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"name": "max-pods", "value": "200"}));
             },
             outcome: Outcome::InPlace,
             expect: &[
-                ("spec.initConfiguration.nodeRegistration.kubeletExtraArgs[name=max-pods].value", A, "kubelet-args"),
-                ("spec.joinConfiguration.nodeRegistration.kubeletExtraArgs[name=max-pods]", A, "kubelet-args"),
+                (
+                    "spec.initConfiguration.nodeRegistration.kubeletExtraArgs[name=max-pods].value",
+                    A,
+                    "kubelet-args",
+                ),
+                (
+                    "spec.joinConfiguration.nodeRegistration.kubeletExtraArgs[name=max-pods]",
+                    A,
+                    "kubelet-args",
+                ),
             ],
             actions: &[Action::KubeletArgs],
             affects_availability: true,
         },
         Case {
             name: "api server args",
-            mutate: |r| r.desired_spec(Bootstrap)["clusterConfiguration"]["apiServer"]["extraArgs"][0]["value"] = json!("/var/log/a.log"),
+            mutate: |r| {
+                r.desired_spec(Bootstrap)["clusterConfiguration"]["apiServer"]["extraArgs"][0]["value"] =
+                    json!("/var/log/a.log")
+            },
             outcome: Outcome::NeedsRollout,
-            expect: &[("spec.clusterConfiguration.apiServer.extraArgs[name=audit-log-path].value", R, "no rule")],
+            expect: &[(
+                "spec.clusterConfiguration.apiServer.extraArgs[name=audit-log-path].value",
+                R,
+                "no rule",
+            )],
             actions: &[],
             affects_availability: true,
         },
@@ -228,13 +312,25 @@ fn cases() -> Vec<Case> {
                 s["mounts"] = json!([["LABEL=etcd_disk", "/var/lib/etcd"]]);
             },
             outcome: Outcome::NeedsRollout,
-            expect: &[("spec.diskSetup.filesystems[0].filesystem", R, "disks are partitioned"), ("spec.mounts[0][1]", R, "disks are partitioned")],
+            expect: &[
+                (
+                    "spec.diskSetup.filesystems[0].filesystem",
+                    R,
+                    "disks are partitioned",
+                ),
+                ("spec.mounts[0][1]", R, "disks are partitioned"),
+            ],
             actions: &[],
             affects_availability: true,
         },
         Case {
             name: "commands",
-            mutate: |r| r.desired_spec(Bootstrap)["preKubeadmCommands"].as_array_mut().unwrap().push(json!("echo hi")),
+            mutate: |r| {
+                r.desired_spec(Bootstrap)["preKubeadmCommands"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!("echo hi"))
+            },
             outcome: Outcome::NeedsRollout,
             expect: &[("spec.preKubeadmCommands[1]", R, "no rule")],
             actions: &[],
@@ -265,14 +361,29 @@ fn every_default_rule_with_both_patch_types() {
             for (path, verdict, reason) in case.expect {
                 let c = verdict_of(&d, path);
                 assert_eq!(c.verdict, *verdict, "{ctx}: {path}");
-                assert!(c.reason.contains(reason), "{ctx}: {path} reason {:?} lacks {reason:?}", c.reason);
+                assert!(
+                    c.reason.contains(reason),
+                    "{ctx}: {path} reason {:?} lacks {reason:?}",
+                    c.reason
+                );
             }
-            assert_eq!(d.changes.len(), case.expect.len(), "{ctx}: {:?}", d.changes.iter().map(|c| &c.path).collect::<Vec<_>>());
+            assert_eq!(
+                d.changes.len(),
+                case.expect.len(),
+                "{ctx}: {:?}",
+                d.changes.iter().map(|c| &c.path).collect::<Vec<_>>()
+            );
             assert_eq!(d.actions, case.actions.iter().copied().collect(), "{ctx}");
             assert_eq!(d.affects_availability, case.affects_availability, "{ctx}");
             assert_capi_agrees(&req, &d);
-            let sent: Vec<_> = ObjectRole::ALL.iter().filter_map(|r| d.patches.get(*r)).collect();
-            assert!(sent.iter().all(|p| p.patch_type.as_str() == patch_type), "{ctx}: {sent:?}");
+            let sent: Vec<_> = ObjectRole::ALL
+                .iter()
+                .filter_map(|r| d.patches.get(*r))
+                .collect();
+            assert!(
+                sent.iter().all(|p| p.patch_type.as_str() == patch_type),
+                "{ctx}: {sent:?}"
+            );
         }
     }
 }
@@ -289,7 +400,9 @@ fn message_reads_like_the_issue_example() {
         "in place: Machine spec.version v1.33.4→v1.34.1 (kubernetes-version); needs rollout: VSphereMachine spec.memoryMiB 8192→16384 (no rule)"
     );
     // The partial patch still covers the version, so a second extension could add the rest.
-    assert!(d.patches.machine.is_some() && d.patches.infra.is_none() && d.patches.bootstrap.is_none());
+    assert!(
+        d.patches.machine.is_some() && d.patches.infra.is_none() && d.patches.bootstrap.is_none()
+    );
     assert_capi_agrees(&req, &d);
 }
 
@@ -308,14 +421,32 @@ fn secrets_never_reach_messages_or_debug() {
     let mut req = Req::machine("v1.33.4");
     req.desired_spec(Bootstrap)["files"][0]["content"] = json!("TOP-SECRET-CONTENT");
     req.desired_spec(Bootstrap)["users"][0]["passwd"] = json!("NEW-SECRET-HASH");
-    req.desired_spec(Bootstrap)["files"].as_array_mut().unwrap().push(json!({"path": "/etc/new", "content": "ANOTHER-SECRET"}));
-    req.desired_spec(Bootstrap)["clusterConfiguration"]["apiServer"]["extraArgs"][1]["value"] = json!("ARG-SECRET");
+    req.desired_spec(Bootstrap)["files"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"path": "/etc/new", "content": "ANOTHER-SECRET"}));
+    req.desired_spec(Bootstrap)["clusterConfiguration"]["apiServer"]["extraArgs"][1]["value"] =
+        json!("ARG-SECRET");
     let d = req.decide();
-    let everything = format!("{d:?} {} {}", d.message, serde_json::to_string(&d.changes).unwrap());
-    for secret in ["TOP-SECRET-CONTENT", "NEW-SECRET-HASH", "ANOTHER-SECRET", "ARG-SECRET", "$6$rounds", "s3cr3t"] {
+    let everything = format!(
+        "{d:?} {} {}",
+        d.message,
+        serde_json::to_string(&d.changes).unwrap()
+    );
+    for secret in [
+        "TOP-SECRET-CONTENT",
+        "NEW-SECRET-HASH",
+        "ANOTHER-SECRET",
+        "ARG-SECRET",
+        "$6$rounds",
+        "s3cr3t",
+    ] {
         assert!(!everything.contains(secret), "{secret} leaked");
     }
-    let content = verdict_of(&d, "spec.files[path=/etc/kubernetes/audit-policy.yaml].content");
+    let content = verdict_of(
+        &d,
+        "spec.files[path=/etc/kubernetes/audit-policy.yaml].content",
+    );
     assert!(content.new.as_deref().unwrap().starts_with("sha256:"));
     assert_capi_agrees(&req, &d);
 }

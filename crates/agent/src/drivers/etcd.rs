@@ -18,19 +18,25 @@ pub(crate) fn apply(
     let path = env.fs.path(node_path)?;
     let bytes = read_optional(&path)
         .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("{node_path} does not exist: not a control-plane node with local etcd"))?;
+        .ok_or_else(|| {
+            format!("{node_path} does not exist: not a control-plane node with local etcd")
+        })?;
     let text = String::from_utf8(bytes).map_err(|_| format!("{node_path} is not UTF-8"))?;
-    let (edited, old, new) = edit_manifest(&text, tag, repository).map_err(|e| format!("{node_path}: {e}"))?;
+    let (edited, old, new) =
+        edit_manifest(&text, tag, repository).map_err(|e| format!("{node_path}: {e}"))?;
     if edited == text {
         return Ok(format!("etcd image already {new}"));
     }
-    check_yaml(&edited, &new).map_err(|e| format!("{node_path}: edited manifest failed its check: {e}"))?;
+    check_yaml(&edited, &new)
+        .map_err(|e| format!("{node_path}: edited manifest failed its check: {e}"))?;
     let found = std::fs::metadata(&path).map_err(|e| format!("{node_path}: {e}"))?;
     let meta = FileMeta {
         mode: std::os::unix::fs::PermissionsExt::mode(&found.permissions()) & 0o7777,
         owner: env.is_root.then_some((found.uid(), found.gid())),
     };
-    env.backups.save(plan_id, node_path, &path).map_err(|e| e.to_string())?;
+    env.backups
+        .save(plan_id, node_path, &path)
+        .map_err(|e| e.to_string())?;
     atomic_write(&path, edited.as_bytes(), meta).map_err(|e| e.to_string())?;
     Ok(format!("etcd image {old} -> {new}"))
 }
@@ -55,10 +61,18 @@ pub(crate) fn edit_manifest(
     let (line_start, found, repo) = match hits.len() {
         1 => hits.remove(0),
         0 => return Err("no `image:` line naming an etcd image".into()),
-        n => return Err(format!("{n} `image:` lines name an etcd image; refusing to guess")),
+        n => {
+            return Err(format!(
+                "{n} `image:` lines name an etcd image; refusing to guess"
+            ));
+        }
     };
     let repo = repository.map(str::to_owned).unwrap_or(repo);
-    let new = if repo.is_empty() { format!("etcd:{tag}") } else { format!("{repo}/etcd:{tag}") };
+    let new = if repo.is_empty() {
+        format!("etcd:{tag}")
+    } else {
+        format!("{repo}/etcd:{tag}")
+    };
     let start = line_start + found.start;
     let end = start + found.value.len();
     let mut out = String::with_capacity(text.len() + new.len());
@@ -97,7 +111,10 @@ fn image_in_line(line: &str) -> Option<ImageValue<'_>> {
     if value.is_empty() {
         return None;
     }
-    Some(ImageValue { start: at + quote_len, value })
+    Some(ImageValue {
+        start: at + quote_len,
+        value,
+    })
 }
 
 /// `registry.k8s.io/etcd:3.5.21-0@sha256:…` → (`registry.k8s.io`, `etcd`).
@@ -121,7 +138,11 @@ fn check_yaml(text: &str, expected_image: &str) -> Result<(), String> {
     let ok = containers
         .iter()
         .any(|c| c.get("image").and_then(|i| i.as_str()) == Some(expected_image));
-    if ok { Ok(()) } else { Err(format!("no container has image {expected_image}")) }
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("no container has image {expected_image}"))
+    }
 }
 
 #[cfg(test)]
@@ -145,7 +166,15 @@ mod tests {
         let text = "  - image: 'reg/etcd:3.5.1-0@sha256:abc'\n";
         let (out, _, _) = edit_manifest(text, "3.5.2-0", None).unwrap();
         assert_eq!(out, "  - image: 'reg/etcd:3.5.2-0'\n");
-        assert!(edit_manifest("image: a/etcd:1\nimage: b/etcd:2\n", "3", None).unwrap_err().contains("2 `image:`"));
-        assert!(edit_manifest("image: nginx:1\n", "3", None).unwrap_err().contains("no `image:`"));
+        assert!(
+            edit_manifest("image: a/etcd:1\nimage: b/etcd:2\n", "3", None)
+                .unwrap_err()
+                .contains("2 `image:`")
+        );
+        assert!(
+            edit_manifest("image: nginx:1\n", "3", None)
+                .unwrap_err()
+                .contains("no `image:`")
+        );
     }
 }

@@ -31,15 +31,27 @@ fn load_journal(env: &DriverEnv) -> Result<Journal, String> {
     let path = env.state_dir.join(JOURNAL);
     match read_optional(&path).map_err(|e| e.to_string())? {
         None => Ok(Journal::default()),
-        Some(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| format!("{}: unreadable ({e}); move it away to forget managed files", path.display())),
+        Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+            format!(
+                "{}: unreadable ({e}); move it away to forget managed files",
+                path.display()
+            )
+        }),
     }
 }
 
 fn save_journal(env: &DriverEnv, journal: &Journal) -> Result<(), String> {
     let path = env.state_dir.join(JOURNAL);
     let bytes = serde_json::to_vec(journal).map_err(|e| e.to_string())?;
-    atomic_write(&path, &bytes, FileMeta { mode: 0o600, owner: None }).map_err(|e| e.to_string())
+    atomic_write(
+        &path,
+        &bytes,
+        FileMeta {
+            mode: 0o600,
+            owner: None,
+        },
+    )
+    .map_err(|e| e.to_string())
 }
 
 /// Decodes a file's content per its encoding (never logs it).
@@ -58,7 +70,10 @@ pub(crate) fn decode(file: &FileSpec) -> Result<Vec<u8>, String> {
             .read_to_end(&mut out)
             .map_err(|e| format!("{}: content is not valid gzip ({e})", file.path))?;
         if out.len() as u64 > MAX_DECODED_FILE_BYTES {
-            return Err(format!("{}: decoded content exceeds {MAX_DECODED_FILE_BYTES} bytes", file.path));
+            return Err(format!(
+                "{}: decoded content exceeds {MAX_DECODED_FILE_BYTES} bytes",
+                file.path
+            ));
         }
         Ok(out)
     };
@@ -83,18 +98,30 @@ pub(crate) fn apply(env: &DriverEnv, plan_id: &str, files: &[FileSpec]) -> Resul
     for spec in files {
         let content = decode(spec)?;
         let mode = match &spec.permissions {
-            Some(text) => parse_mode(text).ok_or_else(|| format!("{}: bad permissions {text:?}", spec.path))?,
+            Some(text) => parse_mode(text)
+                .ok_or_else(|| format!("{}: bad permissions {text:?}", spec.path))?,
             None => DEFAULT_FILE_MODE,
         };
-        let owner = resolve_owner(&env.fs, spec.owner.as_deref()).map_err(|e| format!("{}: {e}", spec.path))?;
-        let meta = FileMeta { mode, owner: env.is_root.then_some(owner) };
-        prepared.push(Prepared { spec, content, meta });
+        let owner = resolve_owner(&env.fs, spec.owner.as_deref())
+            .map_err(|e| format!("{}: {e}", spec.path))?;
+        let meta = FileMeta {
+            mode,
+            owner: env.is_root.then_some(owner),
+        };
+        prepared.push(Prepared {
+            spec,
+            content,
+            meta,
+        });
     }
 
     let mut journal = load_journal(env)?;
     let desired: BTreeSet<String> = files.iter().map(|f| f.path.clone()).collect();
-    let owned_now: BTreeSet<String> =
-        files.iter().filter(|f| !f.append).map(|f| f.path.clone()).collect();
+    let owned_now: BTreeSet<String> = files
+        .iter()
+        .filter(|f| !f.append)
+        .map(|f| f.path.clone())
+        .collect();
     journal.paths.extend(owned_now.iter().cloned());
     save_journal(env, &journal)?;
 
@@ -109,14 +136,19 @@ pub(crate) fn apply(env: &DriverEnv, plan_id: &str, files: &[FileSpec]) -> Resul
     }
     for dropped in journal.paths.difference(&desired) {
         let real = env.fs.path(dropped)?;
-        env.backups.save(plan_id, dropped, &real).map_err(|e| e.to_string())?;
+        env.backups
+            .save(plan_id, dropped, &real)
+            .map_err(|e| e.to_string())?;
         if remove_file(&real).map_err(|e| e.to_string())? {
             removed += 1;
         }
     }
     journal.paths = owned_now;
     save_journal(env, &journal)?;
-    let mut summary = format!("{} files: {written} written, {unchanged} unchanged, {removed} removed", files.len());
+    let mut summary = format!(
+        "{} files: {written} written, {unchanged} unchanged, {removed} removed",
+        files.len()
+    );
     if !env.is_root && files.iter().any(|f| f.owner.is_some()) {
         summary.push_str(" (owners not applied: agent is not root)");
     }
@@ -124,9 +156,16 @@ pub(crate) fn apply(env: &DriverEnv, plan_id: &str, files: &[FileSpec]) -> Resul
 }
 
 /// Writes one file when it differs; true when it wrote.
-fn converge(env: &DriverEnv, plan_id: &str, file: &Prepared<'_>, real: &Path) -> Result<bool, String> {
+fn converge(
+    env: &DriverEnv,
+    plan_id: &str,
+    file: &Prepared<'_>,
+    real: &Path,
+) -> Result<bool, String> {
     let desired = if file.spec.append {
-        let existing = read_optional(real).map_err(|e| e.to_string())?.unwrap_or_default();
+        let existing = read_optional(real)
+            .map_err(|e| e.to_string())?
+            .unwrap_or_default();
         // Already appended (by an earlier attempt, or an identical earlier plan): nothing to do
         // except mode and owner.
         if file.content.is_empty() || existing.ends_with(&file.content) {
@@ -142,7 +181,9 @@ fn converge(env: &DriverEnv, plan_id: &str, file: &Prepared<'_>, real: &Path) ->
     if matches(real, &desired, file.meta).map_err(|e| e.to_string())? {
         return Ok(false);
     }
-    env.backups.save(plan_id, &file.spec.path, real).map_err(|e| e.to_string())?;
+    env.backups
+        .save(plan_id, &file.spec.path, real)
+        .map_err(|e| e.to_string())?;
     atomic_write(real, &desired, file.meta).map_err(|e| e.to_string())?;
     Ok(true)
 }

@@ -25,7 +25,11 @@ struct Journal {
 }
 
 /// Updates the flags file; returns (changed, summary).
-pub(crate) fn write(env: &DriverEnv, plan_id: &str, args: &[KubeletArg]) -> Result<(bool, String), String> {
+pub(crate) fn write(
+    env: &DriverEnv,
+    plan_id: &str,
+    args: &[KubeletArg],
+) -> Result<(bool, String), String> {
     let node_path = &env.config.kubelet.flags_file;
     let path = env.fs.path(node_path)?;
     let journal_path = env.state_dir.join(JOURNAL);
@@ -36,7 +40,9 @@ pub(crate) fn write(env: &DriverEnv, plan_id: &str, args: &[KubeletArg]) -> Resu
     };
     let existing = read_optional(&path).map_err(|e| e.to_string())?;
     let text = match &existing {
-        Some(bytes) => String::from_utf8(bytes.clone()).map_err(|_| format!("{node_path} is not UTF-8"))?,
+        Some(bytes) => {
+            String::from_utf8(bytes.clone()).map_err(|_| format!("{node_path} is not UTF-8"))?
+        }
         None => String::new(),
     };
     let updated = update_flags(&text, args, &journal.names);
@@ -55,16 +61,29 @@ pub(crate) fn write(env: &DriverEnv, plan_id: &str, args: &[KubeletArg]) -> Resu
         ),
         Err(_) => (FLAGS_FILE_MODE, env.is_root.then_some((0, 0))),
     };
-    env.backups.save(plan_id, node_path, &path).map_err(|e| e.to_string())?;
+    env.backups
+        .save(plan_id, node_path, &path)
+        .map_err(|e| e.to_string())?;
     atomic_write(&path, updated.as_bytes(), FileMeta { mode, owner }).map_err(|e| e.to_string())?;
     journal.names = names;
     save(&journal_path, &journal)?;
-    Ok((true, format!("{} kubelet flags written to {node_path}", args.len())))
+    Ok((
+        true,
+        format!("{} kubelet flags written to {node_path}", args.len()),
+    ))
 }
 
 fn save(path: &std::path::Path, journal: &Journal) -> Result<(), String> {
     let bytes = serde_json::to_vec(journal).map_err(|e| e.to_string())?;
-    atomic_write(path, &bytes, FileMeta { mode: 0o600, owner: None }).map_err(|e| e.to_string())
+    atomic_write(
+        path,
+        &bytes,
+        FileMeta {
+            mode: 0o600,
+            owner: None,
+        },
+    )
+    .map_err(|e| e.to_string())
 }
 
 fn flag_name(token: &str) -> &str {
@@ -131,24 +150,41 @@ mod tests {
     use super::*;
 
     fn arg(name: &str, value: &str) -> KubeletArg {
-        KubeletArg { name: name.into(), value: value.into() }
+        KubeletArg {
+            name: name.into(),
+            value: value.into(),
+        }
     }
 
     #[test]
     fn replaces_adds_and_removes_only_managed_flags() {
         let text = "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock --max-pods=110 --old=1\"\n";
         let managed = BTreeSet::from(["old".to_owned()]);
-        let out = update_flags(text, &[arg("max-pods", "200"), arg("node-labels", "a=b")], &managed);
+        let out = update_flags(
+            text,
+            &[arg("max-pods", "200"), arg("node-labels", "a=b")],
+            &managed,
+        );
         assert_eq!(
             out,
             "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock --max-pods=200 --node-labels=a=b\"\n"
         );
-        assert_eq!(update_flags(&out, &[arg("max-pods", "200"), arg("node-labels", "a=b")], &managed), out);
+        assert_eq!(
+            update_flags(
+                &out,
+                &[arg("max-pods", "200"), arg("node-labels", "a=b")],
+                &managed
+            ),
+            out
+        );
     }
 
     #[test]
     fn creates_the_line_when_missing_and_keeps_other_lines() {
-        assert_eq!(update_flags("", &[arg("v", "2")], &BTreeSet::new()), "KUBELET_KUBEADM_ARGS=\"--v=2\"\n");
+        assert_eq!(
+            update_flags("", &[arg("v", "2")], &BTreeSet::new()),
+            "KUBELET_KUBEADM_ARGS=\"--v=2\"\n"
+        );
         assert_eq!(
             update_flags("# comment\nOTHER=1", &[arg("v", "2")], &BTreeSet::new()),
             "# comment\nOTHER=1\nKUBELET_KUBEADM_ARGS=\"--v=2\"\n"

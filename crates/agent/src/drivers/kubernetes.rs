@@ -17,14 +17,21 @@ pub(crate) async fn run(env: &DriverEnv, ctx: &mut StepContext, action: &StepAct
     let k = &env.config.kubernetes;
     let (key, sequence, version) = match action {
         StepAction::InstallKubeadm { version } => ("installKubeadm", &k.install_kubeadm, version),
-        StepAction::KubeadmUpgrade { version, mode: KubeadmUpgradeMode::Apply } => {
-            ("kubeadmUpgradeApply", &k.kubeadm_upgrade_apply, version)
-        }
-        StepAction::KubeadmUpgrade { version, mode: KubeadmUpgradeMode::Node } => {
-            ("kubeadmUpgradeNode", &k.kubeadm_upgrade_node, version)
-        }
+        StepAction::KubeadmUpgrade {
+            version,
+            mode: KubeadmUpgradeMode::Apply,
+        } => ("kubeadmUpgradeApply", &k.kubeadm_upgrade_apply, version),
+        StepAction::KubeadmUpgrade {
+            version,
+            mode: KubeadmUpgradeMode::Node,
+        } => ("kubeadmUpgradeNode", &k.kubeadm_upgrade_node, version),
         StepAction::InstallKubelet { version } => ("installKubelet", &k.install_kubelet, version),
-        other => return StepResult::failed(format!("{} is not a Kubernetes version step", other.kind())),
+        other => {
+            return StepResult::failed(format!(
+                "{} is not a Kubernetes version step",
+                other.kind()
+            ));
+        }
     };
     let Some(sequence) = sequence else {
         return StepResult::failed(format!(
@@ -35,7 +42,12 @@ pub(crate) async fn run(env: &DriverEnv, ctx: &mut StepContext, action: &StepAct
         return StepResult::failed(format!("version {version:?} is not of the form v1.2.3"));
     }
     let root = env.fs.root().display().to_string();
-    let pins = env.config.pins.get(version.as_str()).cloned().unwrap_or_default();
+    let pins = env
+        .config
+        .pins
+        .get(version.as_str())
+        .cloned()
+        .unwrap_or_default();
     let vars = Vars::for_version(version, &root, pins);
     run_sequence(env, ctx, key, sequence, &vars, version).await
 }
@@ -50,28 +62,44 @@ async fn run_sequence(
 ) -> StepResult {
     if let Some(check) = &sequence.skip_if {
         match check_holds(env, ctx, check, vars).await {
-            Ok(true) => return StepResult::ok(format!("already done for {version}: skipIf check passed")),
+            Ok(true) => {
+                return StepResult::ok(format!("already done for {version}: skipIf check passed"));
+            }
             Ok(false) => {}
             Err(message) => return StepResult::failed(message),
         }
     }
     for (i, command) in sequence.commands.iter().enumerate() {
         if *ctx.cancel.borrow() {
-            return StepResult { outcome: Outcome::Interrupted, ..StepResult::failed("agent shutting down") };
+            return StepResult {
+                outcome: Outcome::Interrupted,
+                ..StepResult::failed("agent shutting down")
+            };
         }
         let context = |e: String| format!("kubernetes.{key}.commands[{i}]: {e}");
         match command {
             CommandSpec::Run(template) => {
-                let argv = match template.iter().map(|a| expand(a, vars)).collect::<Result<Vec<_>, _>>() {
+                let argv = match template
+                    .iter()
+                    .map(|a| expand(a, vars))
+                    .collect::<Result<Vec<_>, _>>()
+                {
                     Ok(argv) => argv,
                     Err(e) => return StepResult::failed(context(e)),
                 };
-                let output = run_command(&argv, &env.command_env, ctx.deadline, &mut ctx.cancel).await;
-                if let Some(failure) = StepResult::from_command(&argv, &output, ctx.step.timeout_seconds) {
+                let output =
+                    run_command(&argv, &env.command_env, ctx.deadline, &mut ctx.cancel).await;
+                if let Some(failure) =
+                    StepResult::from_command(&argv, &output, ctx.step.timeout_seconds)
+                {
                     return failure;
                 }
             }
-            CommandSpec::WriteFile { path, content, mode } => {
+            CommandSpec::WriteFile {
+                path,
+                content,
+                mode,
+            } => {
                 if let Err(e) = write_file(env, path, content, mode.as_deref(), vars) {
                     return StepResult::failed(context(e));
                 }
@@ -83,11 +111,23 @@ async fn run_sequence(
             }
         }
     }
-    StepResult::ok(format!("{} configured commands ran for {version}", sequence.commands.len()))
+    StepResult::ok(format!(
+        "{} configured commands ran for {version}",
+        sequence.commands.len()
+    ))
 }
 
-async fn check_holds(env: &DriverEnv, ctx: &mut StepContext, check: &Check, vars: &Vars) -> Result<bool, String> {
-    let argv = check.run.iter().map(|a| expand(a, vars)).collect::<Result<Vec<_>, _>>()?;
+async fn check_holds(
+    env: &DriverEnv,
+    ctx: &mut StepContext,
+    check: &Check,
+    vars: &Vars,
+) -> Result<bool, String> {
+    let argv = check
+        .run
+        .iter()
+        .map(|a| expand(a, vars))
+        .collect::<Result<Vec<_>, _>>()?;
     let output = run_command(&argv, &env.command_env, ctx.deadline, &mut ctx.cancel).await;
     if !output.success() {
         tracing::debug!(command = %display_argv(&argv), end = ?output.end, "skipIf check did not pass");
@@ -107,7 +147,13 @@ async fn check_holds(env: &DriverEnv, ctx: &mut StepContext, check: &Check, vars
     Ok(true)
 }
 
-fn write_file(env: &DriverEnv, path: &str, content: &str, mode: Option<&str>, vars: &Vars) -> Result<(), String> {
+fn write_file(
+    env: &DriverEnv,
+    path: &str,
+    content: &str,
+    mode: Option<&str>,
+    vars: &Vars,
+) -> Result<(), String> {
     let node_path = expand(path, vars)?;
     let real = env.fs.path(&node_path)?;
     let content = expand(content, vars)?;
@@ -116,7 +162,12 @@ fn write_file(env: &DriverEnv, path: &str, content: &str, mode: Option<&str>, va
     atomic_write(&real, content.as_bytes(), FileMeta { mode, owner }).map_err(|e| e.to_string())
 }
 
-async fn verify_sha256(env: &DriverEnv, path: &str, expected: &str, vars: &Vars) -> Result<(), String> {
+async fn verify_sha256(
+    env: &DriverEnv,
+    path: &str,
+    expected: &str,
+    vars: &Vars,
+) -> Result<(), String> {
     let node_path = expand(path, vars)?;
     let expected = expand(expected, vars)?.to_ascii_lowercase();
     if expected.len() != 64 || !expected.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -124,15 +175,23 @@ async fn verify_sha256(env: &DriverEnv, path: &str, expected: &str, vars: &Vars)
     }
     let real = env.fs.path(&node_path)?;
     let digest = tokio::task::spawn_blocking(move || -> Result<String, String> {
-        let mut file = std::fs::File::open(&real).map_err(|e| format!("open {}: {e}", real.display()))?;
+        let mut file =
+            std::fs::File::open(&real).map_err(|e| format!("open {}: {e}", real.display()))?;
         let mut hasher = Sha256::new();
-        std::io::copy(&mut file, &mut hasher).map_err(|e| format!("read {}: {e}", real.display()))?;
-        Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+        std::io::copy(&mut file, &mut hasher)
+            .map_err(|e| format!("read {}: {e}", real.display()))?;
+        Ok(hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect())
     })
     .await
     .map_err(|e| e.to_string())??;
     if digest != expected {
-        return Err(format!("sha256 of {node_path} is {digest}, pinned {expected}"));
+        return Err(format!(
+            "sha256 of {node_path} is {digest}, pinned {expected}"
+        ));
     }
     Ok(())
 }

@@ -84,33 +84,64 @@ pub(crate) struct StepResult {
 impl StepResult {
     /// Success with a message.
     pub fn ok(message: impl Into<String>) -> Self {
-        Self { outcome: Outcome::Succeeded, message: message.into(), exit_code: None, stderr_tail: None }
+        Self {
+            outcome: Outcome::Succeeded,
+            message: message.into(),
+            exit_code: None,
+            stderr_tail: None,
+        }
     }
 
     /// Failure with a message.
     pub fn failed(message: impl Into<String>) -> Self {
-        Self { outcome: Outcome::Failed, message: message.into(), exit_code: None, stderr_tail: None }
+        Self {
+            outcome: Outcome::Failed,
+            message: message.into(),
+            exit_code: None,
+            stderr_tail: None,
+        }
     }
 
     /// The failure (or interruption) a command's end means, or `None` when it succeeded.
-    pub fn from_command(argv: &[String], output: &CommandOutput, timeout_seconds: u32) -> Option<Self> {
+    pub fn from_command(
+        argv: &[String],
+        output: &CommandOutput,
+        timeout_seconds: u32,
+    ) -> Option<Self> {
         let shown = display_argv(argv);
         let tail = (!output.stderr_tail.is_empty()).then(|| output.stderr_tail.clone());
         let (outcome, message, exit_code) = match &output.end {
             CommandEnd::Exited(0) => return None,
-            CommandEnd::Exited(code) => (Outcome::Failed, format!("`{shown}` exited with {code}"), Some(*code)),
-            CommandEnd::Signaled(signal) => {
-                (Outcome::Failed, format!("`{shown}` was killed by signal {signal}"), None)
-            }
-            CommandEnd::TimedOut => (
+            CommandEnd::Exited(code) => (
                 Outcome::Failed,
-                format!("`{shown}` timed out: step timeout of {timeout_seconds} s reached, process group killed"),
+                format!("`{shown}` exited with {code}"),
+                Some(*code),
+            ),
+            CommandEnd::Signaled(signal) => (
+                Outcome::Failed,
+                format!("`{shown}` was killed by signal {signal}"),
                 None,
             ),
-            CommandEnd::Cancelled => (Outcome::Interrupted, format!("`{shown}` stopped: agent shutting down"), None),
+            CommandEnd::TimedOut => (
+                Outcome::Failed,
+                format!(
+                    "`{shown}` timed out: step timeout of {timeout_seconds} s reached, process group killed"
+                ),
+                None,
+            ),
+            CommandEnd::Cancelled => (
+                Outcome::Interrupted,
+                format!("`{shown}` stopped: agent shutting down"),
+                None,
+            ),
             CommandEnd::SpawnFailed(e) => (Outcome::Failed, e.clone(), None),
         };
-        Some(Self { outcome, message, exit_code, stderr_tail: tail })
+        Some(Self {
+            outcome,
+            message,
+            exit_code,
+            stderr_tail: tail,
+        })
     }
 }
 
@@ -143,15 +174,21 @@ pub(crate) async fn execute(env: Arc<DriverEnv>, mut ctx: StepContext) -> StepRe
             let plan_id = ctx.plan_id.clone();
             blocking(&ctx, move || ssh::apply(&env, &plan_id, &users)).await
         }
-        StepAction::EtcdImage { image_tag, image_repository } => {
+        StepAction::EtcdImage {
+            image_tag,
+            image_repository,
+        } => {
             let plan_id = ctx.plan_id.clone();
-            blocking(&ctx, move || etcd::apply(&env, &plan_id, &image_tag, image_repository.as_deref()))
-                .await
+            blocking(&ctx, move || {
+                etcd::apply(&env, &plan_id, &image_tag, image_repository.as_deref())
+            })
+            .await
         }
         StepAction::Ntp { servers, enabled } => {
             let plan_id = ctx.plan_id.clone();
             let env2 = env.clone();
-            let changed = blocking_value(&ctx, move || ntp::write(&env2, &plan_id, &servers, enabled)).await;
+            let changed =
+                blocking_value(&ctx, move || ntp::write(&env2, &plan_id, &servers, enabled)).await;
             match changed {
                 Err(result) => result,
                 Ok((changed, message)) => {
@@ -163,7 +200,8 @@ pub(crate) async fn execute(env: Arc<DriverEnv>, mut ctx: StepContext) -> StepRe
         StepAction::KubeletArgs { args } => {
             let plan_id = ctx.plan_id.clone();
             let env2 = env.clone();
-            let changed = blocking_value(&ctx, move || kubelet::write(&env2, &plan_id, &args)).await;
+            let changed =
+                blocking_value(&ctx, move || kubelet::write(&env2, &plan_id, &args)).await;
             match changed {
                 Err(result) => result,
                 Ok((changed, message)) => {

@@ -12,10 +12,14 @@ const DROP_IN_MODE: u32 = 0o644;
 
 /// The drop-in's content for these servers.
 pub(crate) fn render(flavor: NtpFlavor, servers: &[String]) -> String {
-    let header = "# Managed by inplace-updater (from the Machine's KubeadmConfig ntp): do not edit.\n";
+    let header =
+        "# Managed by inplace-updater (from the Machine's KubeadmConfig ntp): do not edit.\n";
     match flavor {
         NtpFlavor::Chrony => {
-            let lines: String = servers.iter().map(|s| format!("server {s} iburst\n")).collect();
+            let lines: String = servers
+                .iter()
+                .map(|s| format!("server {s} iburst\n"))
+                .collect();
             format!("{header}{lines}")
         }
         NtpFlavor::Timesyncd => format!("{header}[Time]\nNTP={}\n", servers.join(" ")),
@@ -32,17 +36,34 @@ pub(crate) fn write(
     let node_path = env.config.ntp.config_file();
     let path = env.fs.path(&node_path)?;
     if enabled == Some(false) || servers.is_empty() {
-        env.backups.save(plan_id, &node_path, &path).map_err(|e| e.to_string())?;
+        env.backups
+            .save(plan_id, &node_path, &path)
+            .map_err(|e| e.to_string())?;
         let removed = remove_file(&path).map_err(|e| e.to_string())?;
-        let summary = if removed { format!("removed {node_path}") } else { format!("{node_path} already absent") };
+        let summary = if removed {
+            format!("removed {node_path}")
+        } else {
+            format!("{node_path} already absent")
+        };
         return Ok((removed, summary));
     }
     let content = render(env.config.ntp.flavor, servers);
-    let meta = FileMeta { mode: DROP_IN_MODE, owner: env.is_root.then_some((0, 0)) };
+    let meta = FileMeta {
+        mode: DROP_IN_MODE,
+        owner: env.is_root.then_some((0, 0)),
+    };
     if matches(&path, content.as_bytes(), meta).map_err(|e| e.to_string())? {
-        return Ok((false, format!("{node_path} already lists {} servers", servers.len())));
+        return Ok((
+            false,
+            format!("{node_path} already lists {} servers", servers.len()),
+        ));
     }
-    env.backups.save(plan_id, &node_path, &path).map_err(|e| e.to_string())?;
+    env.backups
+        .save(plan_id, &node_path, &path)
+        .map_err(|e| e.to_string())?;
     atomic_write(&path, content.as_bytes(), meta).map_err(|e| e.to_string())?;
-    Ok((true, format!("wrote {node_path} with {} servers", servers.len())))
+    Ok((
+        true,
+        format!("wrote {node_path} with {} servers", servers.len()),
+    ))
 }

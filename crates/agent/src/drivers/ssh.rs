@@ -23,11 +23,16 @@ pub(crate) fn apply(env: &DriverEnv, plan_id: &str, users: &[SshUser]) -> Result
     let mut unknown = Vec::new();
     for user in users {
         let entry = lookup_user(&env.fs, &user.name)?;
-        let home = entry.as_ref().map_or_else(|| format!("/home/{}", user.name), |e| e.home.clone());
+        let home = entry
+            .as_ref()
+            .map_or_else(|| format!("/home/{}", user.name), |e| e.home.clone());
         if entry.is_none() {
             unknown.push(user.name.clone());
         }
-        let owner = entry.as_ref().filter(|_| env.is_root).map(|e| (e.uid, e.gid));
+        let owner = entry
+            .as_ref()
+            .filter(|_| env.is_root)
+            .map(|e| (e.uid, e.gid));
         let ssh_dir_node = format!("{}/.ssh", home.trim_end_matches('/'));
         let keys_node = format!("{ssh_dir_node}/authorized_keys");
         let ssh_dir = env.fs.path(&ssh_dir_node)?;
@@ -38,11 +43,17 @@ pub(crate) fn apply(env: &DriverEnv, plan_id: &str, users: &[SshUser]) -> Result
             content.push_str(key.expose().trim());
             content.push('\n');
         }
-        let meta = FileMeta { mode: KEYS_MODE, owner };
+        let meta = FileMeta {
+            mode: KEYS_MODE,
+            owner,
+        };
         if !ssh_dir.exists() {
             create_dirs(&ssh_dir).map_err(|e| e.to_string())?;
-            std::fs::set_permissions(&ssh_dir, std::os::unix::fs::PermissionsExt::from_mode(SSH_DIR_MODE))
-                .map_err(|e| format!("chmod {}: {e}", ssh_dir.display()))?;
+            std::fs::set_permissions(
+                &ssh_dir,
+                std::os::unix::fs::PermissionsExt::from_mode(SSH_DIR_MODE),
+            )
+            .map_err(|e| format!("chmod {}: {e}", ssh_dir.display()))?;
             if let Some((uid, gid)) = owner {
                 std::os::unix::fs::chown(&ssh_dir, Some(uid), Some(gid))
                     .map_err(|e| format!("chown {}: {e}", ssh_dir.display()))?;
@@ -52,11 +63,16 @@ pub(crate) fn apply(env: &DriverEnv, plan_id: &str, users: &[SshUser]) -> Result
             unchanged += 1;
             continue;
         }
-        env.backups.save(plan_id, &keys_node, &keys_path).map_err(|e| e.to_string())?;
+        env.backups
+            .save(plan_id, &keys_node, &keys_path)
+            .map_err(|e| e.to_string())?;
         atomic_write(&keys_path, content.as_bytes(), meta).map_err(|e| e.to_string())?;
         written += 1;
     }
-    let mut summary = format!("{} users: {written} written, {unchanged} unchanged", users.len());
+    let mut summary = format!(
+        "{} users: {written} written, {unchanged} unchanged",
+        users.len()
+    );
     if !unknown.is_empty() {
         summary.push_str(&format!(
             "; not in /etc/passwd (keys written, owned by the agent): {}",

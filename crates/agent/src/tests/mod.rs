@@ -34,7 +34,12 @@ impl Sandbox {
         for d in [&root, &state, &bin] {
             std::fs::create_dir_all(d).unwrap();
         }
-        Self { _dir: dir, root, state, bin }
+        Self {
+            _dir: dir,
+            root,
+            state,
+            bin,
+        }
     }
 
     /// A file under the root.
@@ -50,9 +55,8 @@ impl Sandbox {
 
     /// A fake program: logs `name args…` to `<root>/calls.log`, then runs `body` (sh).
     pub fn fake(&self, name: &str, body: &str) {
-        let script = format!(
-            "#!/bin/sh\necho \"{name} $*\" >> \"$INPLACE_ROOT/calls.log\"\n{body}\n"
-        );
+        let script =
+            format!("#!/bin/sh\necho \"{name} $*\" >> \"$INPLACE_ROOT/calls.log\"\n{body}\n");
         let path = self.bin.join(name);
         std::fs::write(&path, script).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -74,12 +78,20 @@ impl Sandbox {
         } else {
             DriverConfig::from_yaml(yaml).unwrap()
         };
-        config.path = vec![self.bin.display().to_string(), "/usr/bin".into(), "/bin".into()];
+        config.path = vec![
+            self.bin.display().to_string(),
+            "/usr/bin".into(),
+            "/bin".into(),
+        ];
         config
     }
 
     pub fn env(&self, yaml: &str) -> Arc<DriverEnv> {
-        Arc::new(DriverEnv::new(self.root.clone(), self.config(yaml), self.state.clone()))
+        Arc::new(DriverEnv::new(
+            self.root.clone(),
+            self.config(yaml),
+            self.state.clone(),
+        ))
     }
 }
 
@@ -93,7 +105,12 @@ pub(crate) async fn run_action(
     let (_tx, cancel) = watch::channel(false);
     let ctx = StepContext {
         plan_id: plan_id.to_owned(),
-        step: Step { index: 0, description: "test".into(), timeout_seconds, action },
+        step: Step {
+            index: 0,
+            description: "test".into(),
+            timeout_seconds,
+            action,
+        },
         deadline: Instant::now() + Duration::from_secs(u64::from(timeout_seconds)),
         resumed: false,
         cancel,

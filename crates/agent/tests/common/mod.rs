@@ -3,6 +3,8 @@
 //! verifies this server's certificate against the test CA.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod fixtures;
+
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -42,12 +44,16 @@ impl TestServer {
         let ca_key = rcgen::KeyPair::generate().unwrap();
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "agent test CA");
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "agent test CA");
         let ca_cert = ca_params.self_signed(&ca_key).unwrap();
         let issuer = rcgen::Issuer::new(ca_params, ca_key);
         let key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
-        params.subject_alt_names.push(rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()));
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()));
         let cert = params.signed_by(&key, &issuer).unwrap();
 
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -63,23 +69,36 @@ impl TestServer {
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let state = Arc::new(Mutex::new(ServerState { token: token.to_owned(), ..Default::default() }));
+        let state = Arc::new(Mutex::new(ServerState {
+            token: token.to_owned(),
+            ..Default::default()
+        }));
         let wake = Arc::new(Notify::new());
         let (s, w) = (state.clone(), wake.clone());
         tokio::spawn(async move {
             loop {
-                let Ok((tcp, _)) = listener.accept().await else { return };
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
                 let (acceptor, s, w) = (acceptor.clone(), s.clone(), w.clone());
                 tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else { return };
-                    let service = hyper::service::service_fn(move |req| handle(req, s.clone(), w.clone()));
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service =
+                        hyper::service::service_fn(move |req| handle(req, s.clone(), w.clone()));
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(tls), service)
                         .await;
                 });
             }
         });
-        Self { addr, state, wake, ca_pem: ca_cert.pem() }
+        Self {
+            addr,
+            state,
+            wake,
+            ca_pem: ca_cert.pem(),
+        }
     }
 
     pub fn url(&self) -> String {
@@ -98,7 +117,13 @@ impl TestServer {
 
     /// Reports for one step, in arrival order.
     pub fn reports_for(&self, step: u32) -> Vec<StepReport> {
-        self.with(|s| s.reports.iter().filter(|r| r.step_index == step).cloned().collect())
+        self.with(|s| {
+            s.reports
+                .iter()
+                .filter(|r| r.step_index == step)
+                .cloned()
+                .collect()
+        })
     }
 }
 
@@ -125,12 +150,21 @@ async fn handle(
     wake: Arc<Notify>,
 ) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
     let expected = format!("Bearer {}", state.lock().unwrap().token);
-    let authorized = req.headers().get("authorization").and_then(|v| v.to_str().ok()) == Some(expected.as_str());
+    let authorized = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        == Some(expected.as_str());
     let path = req.uri().path().to_owned();
     let body = req.into_body().collect().await.unwrap().to_bytes();
     if !authorized {
         state.lock().unwrap().unauthorized += 1;
-        return Ok(json(StatusCode::UNAUTHORIZED, &ErrorResponse { message: "unknown token".into() }));
+        return Ok(json(
+            StatusCode::UNAUTHORIZED,
+            &ErrorResponse {
+                message: "unknown token".into(),
+            },
+        ));
     }
     match path.as_str() {
         POLL_PATH => {
@@ -159,7 +193,12 @@ async fn handle(
             state.lock().unwrap().inventories.push(inventory);
             Ok(json(StatusCode::OK, &AckResponse {}))
         }
-        _ => Ok(json(StatusCode::NOT_FOUND, &ErrorResponse { message: "no such path".into() })),
+        _ => Ok(json(
+            StatusCode::NOT_FOUND,
+            &ErrorResponse {
+                message: "no such path".into(),
+            },
+        )),
     }
 }
 
@@ -174,12 +213,24 @@ pub struct Node {
 impl Node {
     pub fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let (root, state, bin) = (dir.path().join("root"), dir.path().join("state"), dir.path().join("bin"));
+        let (root, state, bin) = (
+            dir.path().join("root"),
+            dir.path().join("state"),
+            dir.path().join("bin"),
+        );
         for d in [&root, &bin] {
             std::fs::create_dir_all(d).unwrap();
         }
-        let node = Self { dir, root, state, bin };
-        node.write("/proc/sys/kernel/random/boot_id", "0b5c6c5e-1111-2222-3333-444455556666\n");
+        let node = Self {
+            dir,
+            root,
+            state,
+            bin,
+        };
+        node.write(
+            "/proc/sys/kernel/random/boot_id",
+            "0b5c6c5e-1111-2222-3333-444455556666\n",
+        );
         node.write("/proc/sys/kernel/hostname", "cp-0\n");
         node
     }
@@ -197,7 +248,11 @@ impl Node {
     /// A fake program logging `name args…` to `<root>/calls.log`, then running `body`.
     pub fn fake(&self, name: &str, body: &str) {
         let path = self.bin.join(name);
-        std::fs::write(&path, format!("#!/bin/sh\necho \"{name} $*\" >> \"$INPLACE_ROOT/calls.log\"\n{body}\n")).unwrap();
+        std::fs::write(
+            &path,
+            format!("#!/bin/sh\necho \"{name} $*\" >> \"$INPLACE_ROOT/calls.log\"\n{body}\n"),
+        )
+        .unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
 
@@ -210,13 +265,21 @@ impl Node {
     }
 
     /// Writes CA, token and driver config; returns an agent config for `machine` on `server`.
-    pub fn agent_config(&self, server: &TestServer, token: &str, driver_yaml: &str) -> inplace_agent::AgentConfig {
+    pub fn agent_config(
+        &self,
+        server: &TestServer,
+        token: &str,
+        driver_yaml: &str,
+    ) -> inplace_agent::AgentConfig {
         let ca = self.dir.path().join("ca.pem");
         std::fs::write(&ca, &server.ca_pem).unwrap();
         let token_file = self.dir.path().join("token");
         std::fs::write(&token_file, format!("{token}\n")).unwrap();
         let config_file = self.dir.path().join("agent.yaml");
-        let yaml = format!("path: [\"{}\", /usr/bin, /bin]\n{driver_yaml}", self.bin.display());
+        let yaml = format!(
+            "path: [\"{}\", /usr/bin, /bin]\n{driver_yaml}",
+            self.bin.display()
+        );
         std::fs::write(&config_file, yaml).unwrap();
         let mut config = inplace_agent::AgentConfig::new(
             server.url(),
@@ -246,14 +309,21 @@ pub fn spawn_agent(config: inplace_agent::AgentConfig) -> RunningAgent {
     let task = tokio::spawn(inplace_agent::run(config, async move {
         let _ = stopped.await;
     }));
-    RunningAgent { stop: Some(stop), task }
+    RunningAgent {
+        stop: Some(stop),
+        task,
+    }
 }
 
 impl RunningAgent {
     /// Clean shutdown; the agent must return within the deadline.
     pub async fn shutdown(mut self) {
         let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(Duration::from_secs(30), self.task).await.unwrap().unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
     }
 
     /// Simulated crash: the agent's future is dropped mid-work.
@@ -273,9 +343,19 @@ pub async fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut()
 }
 
 pub fn step(index: u32, description: &str, action: StepAction) -> Step {
-    Step { index, description: description.into(), timeout_seconds: 60, action }
+    Step {
+        index,
+        description: description.into(),
+        timeout_seconds: 60,
+        action,
+    }
 }
 
 pub fn plan(id: &str, steps: Vec<Step>) -> Plan {
-    Plan { id: id.into(), machine: MachineRef::new("default", "cp-0"), cluster: "prod".into(), steps }
+    Plan {
+        id: id.into(),
+        machine: MachineRef::new("default", "cp-0"),
+        cluster: "prod".into(),
+        steps,
+    }
 }

@@ -9,13 +9,14 @@ use super::judge::{ChangeVerdict, Judged, MACHINE_FIELDS_IGNORED_BY_CAPI};
 use crate::diff::{self, Change, ChangeKind};
 use crate::objects::{ObjectRole, Scope};
 use crate::patch::{Patch, Sides, capi};
-use crate::path::Seg;
+use crate::path::{Resolver, Seg};
+use std::collections::HashSet;
 
 /// What CAPI compares of a spec: for a Machine (a typed Go struct) without the fields it drops and
 /// without zero values; for everything else the JSON as is.
-pub(crate) fn compared(role: ObjectRole, spec: Option<&Value>) -> Option<Value> {
+pub(crate) fn compared(role: ObjectRole, spec: Option<&Value>) -> Option<Cow<'_, Value>> {
     if role != ObjectRole::Machine {
-        return spec.cloned();
+        return spec.map(Cow::Borrowed);
     }
     let mut spec = spec?.clone();
     for fields in MACHINE_FIELDS_IGNORED_BY_CAPI {
@@ -29,7 +30,7 @@ pub(crate) fn compared(role: ObjectRole, spec: Option<&Value>) -> Option<Value> 
         }
     }
     strip_typed_empty(&mut spec);
-    (!diff::typed_empty(&spec)).then_some(spec)
+    (!diff::typed_empty(&spec)).then_some(Cow::Owned(spec))
 }
 
 fn strip_typed_empty(v: &mut Value) {
@@ -50,14 +51,25 @@ fn same(a: Option<&Value>, b: Option<&Value>, typed: bool) -> bool {
 }
 
 /// The keys of `list`, in order, that both versions of a reordered list contain.
-fn common_order<'v>(list: Option<&'v Value>, key: &str, old: &[&str], new: &[&str]) -> Option<Vec<&'v str>> {
+fn common_order<'v>(
+    list: Option<&'v Value>,
+    key: &str,
+    both: &HashSet<&str>,
+) -> Option<Vec<&'v str>> {
     let items = list?.as_array()?;
     let keys = diff::list_keys(items, key)?;
-    Some(keys.into_iter().filter(|k| old.contains(k) && new.contains(k)).collect())
+    Some(keys.into_iter().filter(|k| both.contains(k)).collect())
 }
 
 /// Checks one object; returns the problems found (empty when CAPI reads the patch as intended).
-pub(crate) fn check<'a>(sides: &Sides, role: ObjectRole, kind: &str, changes: &[Change<'a>], judged: &[Judged], patch: Option<&Patch>) -> Vec<String> {
+pub(crate) fn check<'a>(
+    sides: &Sides,
+    role: ObjectRole,
+    kind: &str,
+    changes: &[Change<'a>],
+    judged: &[Judged],
+    patch: Option<&Patch>,
+) -> Vec<String> {
     let scope: Scope = sides.scope;
     let after: Option<Cow<Value>> = match patch {
         Some(p) => match capi::apply(scope, sides.current_object, p) {
@@ -69,34 +81,60 @@ pub(crate) fn check<'a>(sides: &Sides, role: ObjectRole, kind: &str, changes: &[
     let after = after.as_deref();
     let typed = role == ObjectRole::Machine;
     let mut problems = Vec::new();
+    let mut resolver = Resolver::new();
     for (c, j) in changes.iter().zip(judged) {
         let (want, side) = match j.verdict {
             ChangeVerdict::Ignored => continue,
             ChangeVerdict::Action | ChangeVerdict::Accept => (sides.desired, "desired"),
             ChangeVerdict::Reject => (sides.current, "current"),
         };
-        let path = c.path.display_in(scope);
+        let path = || c.path.display_in(scope);
         if c.kind == ChangeKind::Reordered {
-            let Some(Seg::Field(name)) = c.path.last() else { continue };
-            let Some(key) = diff::keyed_list_field(name) else { continue };
-            let keys = |v: Option<&'a Value>| v.and_then(Value::as_array).and_then(|a| diff::list_keys(a, key));
-            let (Some(old), Some(new)) = (keys(c.old), keys(c.new)) else { continue };
-            let got = common_order(c.path.resolve(after), key, &old, &new);
-            let expected = common_order(c.path.resolve(want), key, &old, &new);
+            let Some(Seg::Field(name)) = c.path.last() else {
+                continue;
+            };
+            let Some(key) = diff::keyed_list_field(name) else {
+                continue;
+            };
+            let keys = |v: Option<&'a Value>| {
+                v.and_then(Value::as_array)
+                    .and_then(|a| diff::list_keys(a, key))
+            };
+            let (Some(old), Some(new)) = (keys(c.old), keys(c.new)) else {
+                continue;
+            };
+            let new: HashSet<&str> = new.into_iter().collect();
+            let both: HashSet<&str> = old.into_iter().filter(|k| new.contains(k)).collect();
+            let got = common_order(resolver.resolve(after, &c.path), key, &both);
+            let expected = common_order(resolver.resolve(want, &c.path), key, &both);
             if got.is_none() || got != expected {
-                problems.push(format!("{kind} {path}: order after our patch is not the {side} order"));
+                problems.push(format!(
+                    "{kind} {}: order after our patch is not the {side} order",
+                    path()
+                ));
             }
-        } else if !same(c.path.resolve(after), c.path.resolve(want), typed) {
-            problems.push(format!("{kind} {path}: after our patch it differs from {side}"));
+        } else if !same(
+            resolver.resolve(after, &c.path),
+            resolver.resolve(want, &c.path),
+            typed,
+        ) {
+            problems.push(format!(
+                "{kind} {}: after our patch it differs from {side}",
+                path()
+            ));
         }
     }
     let all_accepted = judged.iter().all(|j| j.verdict != ChangeVerdict::Reject);
     let equal = compared(role, after) == compared(role, sides.desired);
     if all_accepted && !equal {
-        problems.push(format!("{kind}: CAPI would still see a difference after our patch"));
+        problems.push(format!(
+            "{kind}: CAPI would still see a difference after our patch"
+        ));
     }
     if !all_accepted && equal {
-        problems.push(format!("{kind}: CAPI would see no difference although changes are rejected"));
+        problems.push(format!(
+            "{kind}: CAPI would see no difference although changes are rejected"
+        ));
     }
     problems
 }

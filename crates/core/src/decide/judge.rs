@@ -60,7 +60,11 @@ pub(crate) struct Judged {
 
 impl Judged {
     fn reject(reason: String) -> Judged {
-        Judged { verdict: ChangeVerdict::Reject, actions: BTreeSet::new(), reason }
+        Judged {
+            verdict: ChangeVerdict::Reject,
+            actions: BTreeSet::new(),
+            reason,
+        }
     }
 }
 
@@ -77,15 +81,29 @@ pub(crate) fn ignored_by_capi(role: ObjectRole, path: &Path) -> bool {
     role == ObjectRole::Machine
         && MACHINE_FIELDS_IGNORED_BY_CAPI.iter().any(|fields| {
             let below = path.below_spec();
-            below.len() >= fields.len() && fields.iter().zip(below).all(|(f, s)| matches!(s, Seg::Field(n) if n == f))
+            below.len() >= fields.len()
+                && fields
+                    .iter()
+                    .zip(below)
+                    .all(|(f, s)| matches!(s, Seg::Field(n) if n == f))
         })
 }
 
 impl Judge<'_> {
+    fn same_rule(&self, a: &Path, b: &Path) -> bool {
+        let name = |p: &Path| {
+            self.policy
+                .rule_for(&self.subject, p)
+                .map(|r| r.name.as_str())
+        };
+        name(a) == name(b)
+    }
+
     /// The verdict for `change`: every leaf of an added, removed or replaced subtree is judged, and
     /// one rejected leaf rejects the change.
     pub fn judge(&self, change: &Change) -> Judged {
-        let mut leaves: Vec<(Path, Option<&serde_json::Value>, Option<&serde_json::Value>)> = Vec::new();
+        let mut leaves: Vec<(Path, Option<&serde_json::Value>, Option<&serde_json::Value>)> =
+            Vec::new();
         if change.kind == ChangeKind::Reordered {
             leaves.push((change.path.clone(), change.old, change.new));
         } else {
@@ -118,9 +136,18 @@ impl Judge<'_> {
             }
             judged_any = true;
             match self.policy.judge(&self.subject, leaf, *old, *new) {
-                PathVerdict::Reject(reason) if *leaf == change.path => return Judged::reject(reason),
+                // Name the field only when another rule than the change's own rejected it
+                // (`contentFrom.secret.key: secret-sourced files …` inside an added file).
+                PathVerdict::Reject(reason)
+                    if *leaf == change.path || self.same_rule(leaf, &change.path) =>
+                {
+                    return Judged::reject(reason);
+                }
                 PathVerdict::Reject(reason) => {
-                    return Judged::reject(format!("{}: {reason}", leaf.display_tail(change.path.0.len())));
+                    return Judged::reject(format!(
+                        "{}: {reason}",
+                        leaf.display_tail(change.path.0.len())
+                    ));
                 }
                 PathVerdict::Action(a) => {
                     actions.insert(a);
@@ -131,20 +158,41 @@ impl Judge<'_> {
             }
         }
         if !judged_any {
-            return Judged { verdict: ChangeVerdict::Ignored, actions, reason: IGNORED_BY_CAPI.to_owned() };
+            return Judged {
+                verdict: ChangeVerdict::Ignored,
+                actions,
+                reason: IGNORED_BY_CAPI.to_owned(),
+            };
         }
         if !self.settings.in_place {
-            return Judged::reject("in-place updates are off (setting inPlace: \"false\")".to_owned());
+            return Judged::reject(
+                "in-place updates are off (setting inPlace: \"false\")".to_owned(),
+            );
         }
-        if let Some(a) = actions.iter().find(|a| self.settings.disabled_actions.contains(a)) {
+        if let Some(a) = actions
+            .iter()
+            .find(|a| self.settings.disabled_actions.contains(a))
+        {
             return Judged::reject(format!("action {a} is disabled (setting disableActions)"));
         }
         if actions.is_empty() {
             let reason = accept_reason.unwrap_or_default();
-            return Judged { verdict: ChangeVerdict::Accept, actions, reason };
+            return Judged {
+                verdict: ChangeVerdict::Accept,
+                actions,
+                reason,
+            };
         }
-        let reason = actions.iter().map(|a| a.as_str()).collect::<Vec<_>>().join(", ");
-        Judged { verdict: ChangeVerdict::Action, actions, reason }
+        let reason = actions
+            .iter()
+            .map(|a| a.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        Judged {
+            verdict: ChangeVerdict::Action,
+            actions,
+            reason,
+        }
     }
 }
 
@@ -168,9 +216,14 @@ pub(crate) fn demote(changes: &[Change], judged: &mut [Judged], scope: Scope) {
     // (list path, added?) → [(index, change number)]
     let mut tails: BTreeMap<(Path, bool), Vec<(usize, usize)>> = BTreeMap::new();
     for (n, c) in changes.iter().enumerate() {
-        if let (Some(Seg::Index(i)), ChangeKind::Added | ChangeKind::Removed) = (c.path.last(), c.kind) {
+        if let (Some(Seg::Index(i)), ChangeKind::Added | ChangeKind::Removed) =
+            (c.path.last(), c.kind)
+        {
             let parent = Path(c.path.0[..c.path.0.len() - 1].to_vec());
-            tails.entry((parent, c.kind == ChangeKind::Added)).or_default().push((*i, n));
+            tails
+                .entry((parent, c.kind == ChangeKind::Added))
+                .or_default()
+                .push((*i, n));
         }
     }
     for ((_, added), mut items) in tails {
@@ -183,7 +236,9 @@ pub(crate) fn demote(changes: &[Change], judged: &mut [Judged], scope: Scope) {
         let mut blocker: Option<String> = None;
         for (_, n) in items {
             match (&blocker, judged[n].verdict.accepted()) {
-                (Some(b), true) => judged[n] = Judged::reject(format!("needs {b} too, which is rejected")),
+                (Some(b), true) => {
+                    judged[n] = Judged::reject(format!("needs {b} too, which is rejected"))
+                }
                 (None, false) => blocker = Some(changes[n].path.display_in(scope)),
                 _ => {}
             }

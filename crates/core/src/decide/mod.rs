@@ -124,7 +124,13 @@ pub struct Decision {
 }
 
 /// Decides a CanUpdateMachine (`Scope::Object`) or CanUpdateMachineSet (`Scope::Template`) request.
-pub fn decide(scope: Scope, current: &Objects, desired: &Objects, policy: &Policy, settings: &Settings) -> Decision {
+pub fn decide(
+    scope: Scope,
+    current: &Objects,
+    desired: &Objects,
+    policy: &Policy,
+    settings: &Settings,
+) -> Decision {
     let control_plane = objects::is_control_plane(scope, current, desired);
     let mut changes = Vec::new();
     let mut patches = Patches::default();
@@ -141,9 +147,25 @@ pub fn decide(scope: Scope, current: &Objects, desired: &Objects, policy: &Polic
             changes.push(one_sided(scope, role, kind, cur.is_some()));
             continue;
         };
-        let sides = Sides { scope, current_object: cur, current: objects::region(scope, cur), desired: objects::region(scope, des) };
-        let found = diff::diff(sides.current, sides.desired, DiffOptions { typed: role == ObjectRole::Machine });
-        let judge = Judge { policy, settings, subject: Subject::of(scope, des, control_plane), role };
+        let sides = Sides {
+            scope,
+            current_object: cur,
+            current: objects::region(scope, cur),
+            desired: objects::region(scope, des),
+        };
+        let found = diff::diff(
+            sides.current,
+            sides.desired,
+            DiffOptions {
+                typed: role == ObjectRole::Machine,
+            },
+        );
+        let judge = Judge {
+            policy,
+            settings,
+            subject: Subject::of(scope, des, control_plane),
+            role,
+        };
         let mut judged: Vec<Judged> = found.iter().map(|c| judge.judge(c)).collect();
         judge::demote(&found, &mut judged, scope);
         let mut accepted = Accepted::default();
@@ -154,9 +176,21 @@ pub fn decide(scope: Scope, current: &Objects, desired: &Objects, policy: &Polic
         }
         let (patch, note) = patch::build(&sides, &accepted, settings.patch_type);
         notes.extend(note.map(|n| format!("{kind}: {n}")));
-        failures.extend(check::check(&sides, role, kind, &found, &judged, patch.as_ref()));
+        failures.extend(check::check(
+            &sides,
+            role,
+            kind,
+            &found,
+            &judged,
+            patch.as_ref(),
+        ));
         patches.set(role, patch);
-        changes.extend(found.iter().zip(judged).map(|(c, j)| shown(scope, role, kind, c, j)));
+        changes.extend(
+            found
+                .iter()
+                .zip(judged)
+                .map(|(c, j)| shown(scope, role, kind, c, j)),
+        );
     }
     let rejected = changes.iter().any(|c| c.verdict == ChangeVerdict::Reject);
     let outcome = match (failures.is_empty(), rejected, settings.mode) {
@@ -168,20 +202,41 @@ pub fn decide(scope: Scope, current: &Objects, desired: &Objects, policy: &Polic
     if !outcome.is_success() {
         patches = Patches::default();
     }
-    let actions: BTreeSet<Action> = changes.iter().filter(|c| c.verdict.accepted()).flat_map(|c| c.actions.iter().copied()).collect();
-    let affects_availability = outcome != Outcome::InPlace || actions.iter().any(|a| a.disturbs_workloads());
+    let actions: BTreeSet<Action> = changes
+        .iter()
+        .filter(|c| c.verdict.accepted())
+        .flat_map(|c| c.actions.iter().copied())
+        .collect();
+    let affects_availability =
+        outcome != Outcome::InPlace || actions.iter().any(|a| a.disturbs_workloads());
     let message = message::message(outcome, &changes, &failures, &notes);
-    Decision { outcome, patches, message, affects_availability, changes, actions, self_check_failures: failures, notes }
+    Decision {
+        outcome,
+        patches,
+        message,
+        affects_availability,
+        changes,
+        actions,
+        self_check_failures: failures,
+        notes,
+    }
 }
 
 /// A change for an object only one side has.
 fn one_sided(scope: Scope, role: ObjectRole, kind: &str, only_current: bool) -> JudgedChange {
-    let (change, side) = if only_current { (ChangeKind::Removed, "desired") } else { (ChangeKind::Added, "current") };
+    let (change, side) = if only_current {
+        (ChangeKind::Removed, "desired")
+    } else {
+        (ChangeKind::Added, "current")
+    };
     // CAPI compares bootstrap config templates only when both MachineSets reference one.
     let (verdict, reason) = if scope == Scope::Template && role == ObjectRole::Bootstrap {
         (ChangeVerdict::Ignored, IGNORED_BY_CAPI.to_owned())
     } else {
-        (ChangeVerdict::Reject, format!("the request has no {side} {kind}"))
+        (
+            ChangeVerdict::Reject,
+            format!("the request has no {side} {kind}"),
+        )
     };
     let location = Path::spec();
     JudgedChange {

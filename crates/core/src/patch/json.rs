@@ -18,13 +18,25 @@ struct Op<'a> {
 }
 
 fn add<'a>(out: &mut Vec<Op<'a>>, path: &str, value: Cow<'a, Value>) {
-    out.push(Op { op: "add", path: path.to_owned(), value: Some(value) });
+    out.push(Op {
+        op: "add",
+        path: path.to_owned(),
+        value: Some(value),
+    });
 }
 fn replace<'a>(out: &mut Vec<Op<'a>>, path: &str, value: Cow<'a, Value>) {
-    out.push(Op { op: "replace", path: path.to_owned(), value: Some(value) });
+    out.push(Op {
+        op: "replace",
+        path: path.to_owned(),
+        value: Some(value),
+    });
 }
 fn remove(out: &mut Vec<Op<'_>>, path: &str) {
-    out.push(Op { op: "remove", path: path.to_owned(), value: None });
+    out.push(Op {
+        op: "remove",
+        path: path.to_owned(),
+        value: None,
+    });
 }
 
 pub(super) fn build(sides: &Sides, accepted: &Accepted) -> Option<Patch> {
@@ -42,7 +54,10 @@ pub(super) fn build(sides: &Sides, accepted: &Accepted) -> Option<Patch> {
         return None;
     }
     let bytes = serde_json::to_vec(&out).ok()?;
-    Some(Patch { patch_type: PatchType::JsonPatch, bytes })
+    Some(Patch {
+        patch_type: PatchType::JsonPatch,
+        bytes,
+    })
 }
 
 /// Adds a compared part the current object lacks, creating missing parents (`spec`, `spec.template`).
@@ -72,7 +87,13 @@ fn add_region<'a>(sides: &Sides<'a>, des: &'a Value, out: &mut Vec<Op<'a>>) {
 }
 
 /// Ops for the node at `ptr`, which exists in current with value `cur`.
-fn ops<'a>(ptr: &mut String, cur: &'a Value, des: Option<&'a Value>, node: &Accepted, out: &mut Vec<Op<'a>>) {
+fn ops<'a>(
+    ptr: &mut String,
+    cur: &'a Value,
+    des: Option<&'a Value>,
+    node: &Accepted,
+    out: &mut Vec<Op<'a>>,
+) {
     if node.here {
         match des {
             Some(d) => replace(out, ptr, Cow::Borrowed(d)),
@@ -105,11 +126,21 @@ fn at_index(ptr: &mut String, i: usize) -> usize {
     len
 }
 
-fn list_ops<'a>(ptr: &mut String, ca: &'a [Value], da: &'a [Value], node: &Accepted, out: &mut Vec<Op<'a>>) {
+fn list_ops<'a>(
+    ptr: &mut String,
+    ca: &'a [Value],
+    da: &'a [Value],
+    node: &Accepted,
+    out: &mut Vec<Op<'a>>,
+) {
     if let Some(lists) = node.list_key().and_then(|key| KeyedLists::new(ca, da, key)) {
         if node.reorder.is_some() {
             // Common items move: express the merged list whole.
-            return replace(out, ptr, Cow::Owned(Value::Array(merged_list(ca, da, node))));
+            return replace(
+                out,
+                ptr,
+                Cow::Owned(Value::Array(merged_list(ca, da, node))),
+            );
         }
         let kids = node.keyed_children();
         let sequence = lists.sequence(node);
@@ -126,7 +157,10 @@ fn list_ops<'a>(ptr: &mut String, ca: &'a [Value], da: &'a [Value], node: &Accep
         }
         // 2. Accepted removals, highest index first so lower indices stay valid.
         let mut removed: Vec<usize> = (0..ca.len())
-            .filter(|&i| !lists.des_at.contains_key(lists.cur_keys[i]) && kids.get(lists.cur_keys[i]).is_some_and(|t| t.here))
+            .filter(|&i| {
+                !lists.des_at.contains_key(lists.cur_keys[i])
+                    && kids.get(lists.cur_keys[i]).is_some_and(|t| t.here)
+            })
             .collect();
         removed.sort_unstable_by(|a, b| b.cmp(a));
         for i in removed {

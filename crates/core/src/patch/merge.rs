@@ -17,7 +17,10 @@ pub(super) fn build(sides: &Sides, accepted: &Accepted) -> Result<Option<Patch>,
         value = Value::Object([(name.to_string(), value)].into_iter().collect());
     }
     let bytes = serde_json::to_vec(&value).map_err(|_| Path::spec())?;
-    Ok(Some(Patch { patch_type: PatchType::JsonMergePatch, bytes }))
+    Ok(Some(Patch {
+        patch_type: PatchType::JsonMergePatch,
+        bytes,
+    }))
 }
 
 fn contains_null(v: &Value) -> bool {
@@ -30,8 +33,19 @@ fn contains_null(v: &Value) -> bool {
 }
 
 /// What to put at `path` in the patch (`None`: nothing to change there).
-fn fragment(path: &Path, cur: Option<&Value>, des: Option<&Value>, node: &Accepted) -> Result<Option<Value>, Unrepresentable> {
-    let checked = |v: Value| if contains_null(&v) { Err(path.clone()) } else { Ok(Some(v)) };
+fn fragment(
+    path: &Path,
+    cur: Option<&Value>,
+    des: Option<&Value>,
+    node: &Accepted,
+) -> Result<Option<Value>, Unrepresentable> {
+    let checked = |v: Value| {
+        if contains_null(&v) {
+            Err(path.clone())
+        } else {
+            Ok(Some(v))
+        }
+    };
     if node.here {
         return match des {
             None => Ok(cur.map(|_| Value::Null)),
@@ -50,10 +64,10 @@ fn fragment(path: &Path, cur: Option<&Value>, des: Option<&Value>, node: &Accept
             }
             Ok((!out.is_empty()).then_some(Value::Object(out)))
         }
-        (Value::Array(_), Some(Value::Array(_))) => match merged(cur, des, node) {
-            Some(list) if list != *c => checked(list),
-            _ => Ok(None),
-        },
+        // Something below is accepted, so the merged list differs from current.
+        (Value::Array(_), Some(Value::Array(_))) => {
+            merged(cur, des, node).map_or(Ok(None), checked)
+        }
         _ => Ok(None),
     }
 }

@@ -118,7 +118,11 @@ impl Accepted {
     }
 }
 
-static EMPTY: Accepted = Accepted { here: false, reorder: None, children: BTreeMap::new() };
+static EMPTY: Accepted = Accepted {
+    here: false,
+    reorder: None,
+    children: BTreeMap::new(),
+};
 
 /// One item of a merged keyed list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,49 +149,59 @@ impl<'v> KeyedLists<'v> {
         let des_keys = diff::list_keys(des, key)?;
         let cur_at = cur_keys.iter().enumerate().map(|(i, k)| (*k, i)).collect();
         let des_at = des_keys.iter().enumerate().map(|(i, k)| (*k, i)).collect();
-        Some(KeyedLists { cur_keys, des_keys, cur_at, des_at })
+        Some(KeyedLists {
+            cur_keys,
+            des_keys,
+            cur_at,
+            des_at,
+        })
     }
 
     /// The merged list as entries: current order unless the reorder is accepted (then desired order);
-    /// accepted additions after their nearest desired predecessor, kept removals after their nearest
-    /// current predecessor.
+    /// accepted additions right after their nearest desired predecessor that the merged list has,
+    /// kept removals likewise after their nearest current predecessor. Linear in the list sizes.
     fn sequence(&self, node: &Accepted) -> Vec<Entry> {
         let kids = node.keyed_children();
         let accepted = |k: &str| kids.get(k).is_some_and(|t| t.here);
-        let mut out: Vec<(&str, Entry)> = Vec::with_capacity(self.cur_keys.len().max(self.des_keys.len()));
         let reorder = node.reorder.is_some();
-        let (base, base_is_des) = if reorder { (&self.des_keys, true) } else { (&self.cur_keys, false) };
-        for (i, k) in base.iter().enumerate() {
-            let entry = match (self.cur_at.get(k), self.des_at.get(k)) {
-                (Some(&cur), Some(&des)) => Some(Entry::Common { cur, des }),
-                _ if base_is_des => accepted(k).then_some(Entry::Added { des: i }),
-                _ => (!accepted(k)).then_some(Entry::Kept { cur: i }),
-            };
-            if let Some(e) = entry {
-                out.push((k, e));
-            }
-        }
-        // The items only the other version has, placed after their predecessor in that version.
-        let (other, other_at, other_is_des) =
-            if reorder { (&self.cur_keys, &self.des_at, false) } else { (&self.des_keys, &self.cur_at, true) };
+        // The order we follow, and the version whose own items we slot in.
+        let (base, other, in_base) = if reorder {
+            (&self.des_keys, &self.cur_keys, &self.des_at)
+        } else {
+            (&self.cur_keys, &self.des_keys, &self.cur_at)
+        };
+        // Items only `other` has, grouped by the last item before them that both versions have
+        // (`None`: at the start). Items between them only `other` has, so the nearest predecessor
+        // in the merged list is either that common item or an earlier item of the same group.
+        let mut groups: HashMap<Option<&str>, Vec<Entry>> = HashMap::new();
+        let mut anchor: Option<&str> = None;
         for (i, k) in other.iter().enumerate() {
-            if other_at.contains_key(k) {
+            if in_base.contains_key(k) {
+                anchor = Some(k);
                 continue;
             }
-            let entry = if other_is_des {
-                accepted(k).then_some(Entry::Added { des: i })
-            } else {
+            let entry = if reorder {
                 (!accepted(k)).then_some(Entry::Kept { cur: i })
+            } else {
+                accepted(k).then_some(Entry::Added { des: i })
             };
-            let Some(e) = entry else { continue };
-            let pos = other[..i]
-                .iter()
-                .rev()
-                .find_map(|pred| out.iter().position(|(key, _)| key == pred))
-                .map_or(0, |p| p + 1);
-            out.insert(pos, (k, e));
+            if let Some(e) = entry {
+                groups.entry(anchor).or_default().push(e);
+            }
         }
-        out.into_iter().map(|(_, e)| e).collect()
+        let mut out = Vec::with_capacity(self.cur_keys.len().max(self.des_keys.len()));
+        out.extend(groups.remove(&None).unwrap_or_default());
+        for (i, k) in base.iter().enumerate() {
+            match (self.cur_at.get(k), self.des_at.get(k)) {
+                (Some(&cur), Some(&des)) => {
+                    out.push(Entry::Common { cur, des });
+                    out.extend(groups.remove(&Some(*k)).unwrap_or_default());
+                }
+                _ if reorder => out.extend(accepted(k).then_some(Entry::Added { des: i })),
+                _ => out.extend((!accepted(k)).then_some(Entry::Kept { cur: i })),
+            }
+        }
+        out
     }
 }
 
@@ -268,7 +282,11 @@ pub struct Sides<'a> {
 
 /// The patch for one object, or `None` when nothing is accepted. A merge patch that cannot express
 /// the accepted changes (merge patch `null` means delete) falls back to JSON Patch, with a note.
-pub fn build(sides: &Sides, accepted: &Accepted, patch_type: PatchType) -> (Option<Patch>, Option<String>) {
+pub fn build(
+    sides: &Sides,
+    accepted: &Accepted,
+    patch_type: PatchType,
+) -> (Option<Patch>, Option<String>) {
     if accepted.is_empty() {
         return (None, None);
     }
@@ -278,7 +296,10 @@ pub fn build(sides: &Sides, accepted: &Accepted, patch_type: PatchType) -> (Opti
             Ok(patch) => (patch, None),
             Err(at) => (
                 json::build(sides, accepted),
-                Some(format!("JSONMergePatch cannot set {} to a value containing null; sent JSONPatch", at.display_in(sides.scope))),
+                Some(format!(
+                    "JSONMergePatch cannot set {} to a value containing null; sent JSONPatch",
+                    at.display_in(sides.scope)
+                )),
             ),
         },
     }

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::sync::OnceLock;
 
 use crate::action::Action;
-use crate::objects::{self, Objects, ObjectRole, Scope};
+use crate::objects::{self, ObjectRole, Objects, Scope};
 use crate::path::Path;
 use crate::settings::Settings;
 
@@ -100,7 +100,12 @@ pub struct Subject<'a> {
 impl<'a> Subject<'a> {
     /// The subject of `object` in a request of `scope`.
     pub fn of(scope: Scope, object: &'a Value, control_plane: bool) -> Subject<'a> {
-        Subject { kind: objects::kind_of(object), api_group: objects::api_group_of(object), scope, control_plane }
+        Subject {
+            kind: objects::kind_of(object),
+            api_group: objects::api_group_of(object),
+            scope,
+            control_plane,
+        }
     }
 }
 
@@ -174,20 +179,28 @@ impl Policy {
 
     /// Parses and validates a rule file.
     pub fn from_yaml(text: &str) -> Result<Policy, PolicyError> {
-        let file: PolicyFile = serde_yaml_ng::from_str(text).map_err(|e| PolicyError::Yaml(e.to_string()))?;
+        let file: PolicyFile =
+            serde_yaml_ng::from_str(text).map_err(|e| PolicyError::Yaml(e.to_string()))?;
         let mut rules = Vec::with_capacity(file.rules.len());
         let mut names = BTreeSet::new();
         for (i, r) in file.rules.into_iter().enumerate() {
             let name = r.name.clone().unwrap_or_else(|| format!("#{}", i + 1));
-            let fail = |problem: String| PolicyError::Rule { rule: name.clone(), problem };
+            let fail = |problem: String| PolicyError::Rule {
+                rule: name.clone(),
+                problem,
+            };
             if !names.insert(name.clone()) {
                 return Err(fail("the name is used by an earlier rule".into()));
             }
             if r.objects.is_empty() {
-                return Err(fail("`objects` is empty: name at least one {kind, apiGroup}".into()));
+                return Err(fail(
+                    "`objects` is empty: name at least one {kind, apiGroup}".into(),
+                ));
             }
             if r.objects.iter().any(|o| o.kind.is_empty()) {
-                return Err(fail("an object has an empty kind (use \"*\" for any kind)".into()));
+                return Err(fail(
+                    "an object has an empty kind (use \"*\" for any kind)".into(),
+                ));
             }
             if r.paths.is_empty() {
                 return Err(fail("`paths` is empty".into()));
@@ -201,13 +214,31 @@ impl Policy {
                 (Some(a), None, None) => Verdict::Action(a),
                 (None, Some(reason), None) => Verdict::Accept(reason),
                 (None, None, Some(reason)) => Verdict::Reject(reason),
-                _ => return Err(fail("give exactly one of `action`, `accept`, `reject`".into())),
+                _ => {
+                    return Err(fail(
+                        "give exactly one of `action`, `accept`, `reject`".into(),
+                    ));
+                }
             };
             if r.check.is_some() && !matches!(verdict, Verdict::Action(_)) {
                 return Err(fail("`check` only applies to `action` rules".into()));
             }
-            let objects = r.objects.into_iter().map(|o| ObjectMatcher { kind: o.kind, api_group: o.api_group }).collect();
-            rules.push(Rule { name, objects, paths, verdict, check: r.check, when: r.when });
+            let objects = r
+                .objects
+                .into_iter()
+                .map(|o| ObjectMatcher {
+                    kind: o.kind,
+                    api_group: o.api_group,
+                })
+                .collect();
+            rules.push(Rule {
+                name,
+                objects,
+                paths,
+                verdict,
+                check: r.check,
+                when: r.when,
+            });
         }
         Ok(Policy { rules })
     }
@@ -219,11 +250,19 @@ impl Policy {
 
     /// The first rule that applies to `path` of `subject`.
     pub fn rule_for(&self, subject: &Subject, path: &Path) -> Option<&Rule> {
-        self.rules.iter().find(|r| r.applies_to(subject) && r.paths.iter().any(|p| p.covers(path)))
+        self.rules
+            .iter()
+            .find(|r| r.applies_to(subject) && r.paths.iter().any(|p| p.covers(path)))
     }
 
     /// The verdict for a change of `path` from `old` to `new` (either absent).
-    pub fn judge(&self, subject: &Subject, path: &Path, old: Option<&Value>, new: Option<&Value>) -> PathVerdict {
+    pub fn judge(
+        &self,
+        subject: &Subject,
+        path: &Path,
+        old: Option<&Value>,
+        new: Option<&Value>,
+    ) -> PathVerdict {
         let Some(rule) = self.rule_for(subject, path) else {
             return PathVerdict::Reject(NO_RULE.to_owned());
         };
@@ -239,11 +278,18 @@ impl Policy {
 
     /// The actions this policy and these settings allow for the desired objects of a request — what
     /// an UpdateMachine plan may contain. Empty when settings turn in-place updates off.
-    pub fn actions_for(&self, scope: Scope, desired: &Objects, settings: &Settings) -> BTreeSet<Action> {
+    pub fn actions_for(
+        &self,
+        scope: Scope,
+        desired: &Objects,
+        settings: &Settings,
+    ) -> BTreeSet<Action> {
         let control_plane = objects::is_control_plane(scope, desired, desired);
         let mut out = BTreeSet::new();
         for role in ObjectRole::ALL {
-            let Some(object) = desired.get(role) else { continue };
+            let Some(object) = desired.get(role) else {
+                continue;
+            };
             let subject = Subject::of(scope, object, control_plane);
             for rule in self.rules.iter().filter(|r| r.applies_to(&subject)) {
                 if let Verdict::Action(a) = rule.verdict {
@@ -276,8 +322,13 @@ impl ObjectMatcher {
             Scope::Template => objects::templated_kind(subject.kind),
             Scope::Object => None,
         };
-        let kind_ok = glob_match(&self.kind, subject.kind) || templated.is_some_and(|k| glob_match(&self.kind, k));
-        kind_ok && self.api_group.as_deref().is_none_or(|g| glob_match(g, subject.api_group))
+        let kind_ok = glob_match(&self.kind, subject.kind)
+            || templated.is_some_and(|k| glob_match(&self.kind, k));
+        kind_ok
+            && self
+                .api_group
+                .as_deref()
+                .is_none_or(|g| glob_match(g, subject.api_group))
     }
 }
 

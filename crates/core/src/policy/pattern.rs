@@ -46,7 +46,10 @@ impl Pattern {
         if segs.is_empty() {
             return Err("empty pattern".to_owned());
         }
-        Ok(Pattern { text: text.to_owned(), segs })
+        Ok(Pattern {
+            text: text.to_owned(),
+            segs,
+        })
     }
 
     /// Whether the pattern matches `path` or one of its ancestors (a rule for `spec.ntp` covers
@@ -57,16 +60,22 @@ impl Pattern {
 }
 
 fn covers(p: &[PSeg], s: &[Seg]) -> bool {
-    let Some((first, rest)) = p.split_first() else { return true };
+    let Some((first, rest)) = p.split_first() else {
+        return true;
+    };
     if *first == PSeg::AnyDepth {
         return (0..=s.len()).any(|skip| covers(rest, &s[skip..]));
     }
-    let Some((seg, srest)) = s.split_first() else { return false };
+    let Some((seg, srest)) = s.split_first() else {
+        return false;
+    };
     let one = match (first, seg) {
         (PSeg::Field(glob), Seg::Field(name)) => glob_match(glob, name),
         (PSeg::AnyItem, Seg::Index(_) | Seg::Key { .. }) => true,
         (PSeg::Index(i), Seg::Index(j)) => i == j,
-        (PSeg::Key { field, glob }, Seg::Key { field: f, value }) => field == f && glob_match(glob, value),
+        (PSeg::Key { field, glob }, Seg::Key { field: f, value }) => {
+            field == f && glob_match(glob, value)
+        }
         _ => false,
     };
     one && covers(rest, srest)
@@ -74,11 +83,18 @@ fn covers(p: &[PSeg], s: &[Seg]) -> bool {
 
 /// `*` matches any run of characters (including `/` and `.`); everything else matches itself.
 pub fn glob_match(glob: &str, text: &str) -> bool {
-    let (g, t): (Vec<char>, Vec<char>) = (glob.chars().collect(), text.chars().collect());
+    if !glob.contains('*') {
+        return glob == text;
+    }
+    if glob == "*" {
+        return true;
+    }
+    // Byte-wise is exact for UTF-8: `*` is ASCII and literal runs compare byte for byte.
+    let (g, t) = (glob.as_bytes(), text.as_bytes());
     let (mut gi, mut ti) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
     while ti < t.len() {
-        if gi < g.len() && g[gi] == '*' {
+        if gi < g.len() && g[gi] == b'*' {
             star = Some((gi, ti));
             gi += 1;
         } else if gi < g.len() && g[gi] == t[ti] {
@@ -92,7 +108,7 @@ pub fn glob_match(glob: &str, text: &str) -> bool {
             return false;
         }
     }
-    g[gi..].iter().all(|c| *c == '*')
+    g[gi..].iter().all(|c| *c == b'*')
 }
 
 fn parse_segs(text: &str) -> Result<Vec<PSeg>, String> {
@@ -124,7 +140,11 @@ fn parse_segs(text: &str) -> Result<Vec<PSeg>, String> {
                     i += 1;
                 }
                 let name: String = chars[start..i].iter().collect();
-                segs.push(if name == "**" { PSeg::AnyDepth } else { PSeg::Field(name) });
+                segs.push(if name == "**" {
+                    PSeg::AnyDepth
+                } else {
+                    PSeg::Field(name)
+                });
                 expect_name = false;
             }
         }
@@ -155,7 +175,10 @@ fn parse_bracket(chars: &[char], open: usize) -> Result<(PSeg, usize), String> {
             .map_err(|_| format!("'[{head}]' is neither [*], an index nor [key=value]")),
         Some('=') => {
             if head.is_empty() {
-                return Err(format!("missing key name before '=' at character {}", i + 1));
+                return Err(format!(
+                    "missing key name before '=' at character {}",
+                    i + 1
+                ));
             }
             i += 1;
             if chars.get(i) == Some(&'"') {
@@ -190,7 +213,8 @@ fn parse_quoted(chars: &[char], start: usize) -> Result<(String, usize), String>
             '\\' if !escaped => escaped = true,
             '"' if !escaped => {
                 let literal: String = chars[start..=i].iter().collect();
-                let s = serde_json::from_str::<String>(&literal).map_err(|e| format!("bad quoted name {literal}: {e}"))?;
+                let s = serde_json::from_str::<String>(&literal)
+                    .map_err(|e| format!("bad quoted name {literal}: {e}"))?;
                 return Ok((s, i + 1));
             }
             _ => escaped = false,
@@ -215,40 +239,105 @@ mod tests {
         Seg::Field(n.into())
     }
     fn k(field: &str, v: &str) -> Seg {
-        Seg::Key { field: field.into(), value: v.into() }
+        Seg::Key {
+            field: field.into(),
+            value: v.into(),
+        }
     }
 
     #[test]
     fn covers_descendants_and_globs() {
-        let content = path(&[f("files"), k("path", "/etc/kubernetes/a.yaml"), f("content")]);
+        let content = path(&[
+            f("files"),
+            k("path", "/etc/kubernetes/a.yaml"),
+            f("content"),
+        ]);
         assert!(Pattern::parse("spec.files").unwrap().covers(&content));
-        assert!(Pattern::parse("spec.files[*].content").unwrap().covers(&content));
-        assert!(Pattern::parse("spec.files[path=/etc/kubernetes/*]").unwrap().covers(&content));
-        assert!(!Pattern::parse("spec.files[path=/opt/*]").unwrap().covers(&content));
-        assert!(!Pattern::parse("spec.files[name=*]").unwrap().covers(&content));
+        assert!(
+            Pattern::parse("spec.files[*].content")
+                .unwrap()
+                .covers(&content)
+        );
+        assert!(
+            Pattern::parse("spec.files[path=/etc/kubernetes/*]")
+                .unwrap()
+                .covers(&content)
+        );
+        assert!(
+            !Pattern::parse("spec.files[path=/opt/*]")
+                .unwrap()
+                .covers(&content)
+        );
+        assert!(
+            !Pattern::parse("spec.files[name=*]")
+                .unwrap()
+                .covers(&content)
+        );
         assert!(Pattern::parse("spec.**.content").unwrap().covers(&content));
         assert!(Pattern::parse("**").unwrap().covers(&content));
         assert!(Pattern::parse("spec.*").unwrap().covers(&content));
         assert!(!Pattern::parse("spec.*.x").unwrap().covers(&content));
-        assert!(Pattern::parse("spec.*Configuration.etcd").unwrap().covers(&path(&[f("clusterConfiguration"), f("etcd"), f("local")])));
-        assert!(!Pattern::parse("spec.files[*].contentFrom").unwrap().covers(&content));
-        let key0 = path(&[f("users"), k("name", "capi"), f("sshAuthorizedKeys"), Seg::Index(0)]);
-        assert!(Pattern::parse("spec.users[*].sshAuthorizedKeys").unwrap().covers(&key0));
-        assert!(Pattern::parse("spec.users[name=capi].sshAuthorizedKeys[0]").unwrap().covers(&key0));
-        assert!(!Pattern::parse("spec.users[name=capi].sshAuthorizedKeys[1]").unwrap().covers(&key0));
+        assert!(
+            Pattern::parse("spec.*Configuration.etcd")
+                .unwrap()
+                .covers(&path(&[f("clusterConfiguration"), f("etcd"), f("local")]))
+        );
+        assert!(
+            !Pattern::parse("spec.files[*].contentFrom")
+                .unwrap()
+                .covers(&content)
+        );
+        let key0 = path(&[
+            f("users"),
+            k("name", "capi"),
+            f("sshAuthorizedKeys"),
+            Seg::Index(0),
+        ]);
+        assert!(
+            Pattern::parse("spec.users[*].sshAuthorizedKeys")
+                .unwrap()
+                .covers(&key0)
+        );
+        assert!(
+            Pattern::parse("spec.users[name=capi].sshAuthorizedKeys[0]")
+                .unwrap()
+                .covers(&key0)
+        );
+        assert!(
+            !Pattern::parse("spec.users[name=capi].sshAuthorizedKeys[1]")
+                .unwrap()
+                .covers(&key0)
+        );
         // A pattern longer than the path does not cover it.
-        assert!(!Pattern::parse("spec.users[*].sshAuthorizedKeys").unwrap().covers(&path(&[f("users")])));
+        assert!(
+            !Pattern::parse("spec.users[*].sshAuthorizedKeys")
+                .unwrap()
+                .covers(&path(&[f("users")]))
+        );
     }
 
     #[test]
     fn quoted_names_and_values() {
         let p = path(&[f("a.b"), k("path", "/x]y")]);
-        assert!(Pattern::parse(r#"spec["a.b"][path="/x]y"]"#).unwrap().covers(&p));
+        assert!(
+            Pattern::parse(r#"spec["a.b"][path="/x]y"]"#)
+                .unwrap()
+                .covers(&p)
+        );
     }
 
     #[test]
     fn bad_patterns_are_explained() {
-        for bad in ["", "spec..x", "spec.", "spec[", "spec[x]", "spec[=a]", "spec]", r#"spec["a"#] {
+        for bad in [
+            "",
+            "spec..x",
+            "spec.",
+            "spec[",
+            "spec[x]",
+            "spec[=a]",
+            "spec]",
+            r#"spec["a"#,
+        ] {
             assert!(Pattern::parse(bad).is_err(), "{bad:?} should not parse");
         }
     }
@@ -260,5 +349,7 @@ mod tests {
         assert!(glob_match("/etc/*.yaml", "/etc/k/a.yaml"));
         assert!(!glob_match("a*c", "abd"));
         assert!(glob_match("capi", "capi"));
+        assert!(glob_match("/é*/x", "/étoile/x"));
+        assert!(!glob_match("a", "b"));
     }
 }

@@ -12,8 +12,18 @@ fn path(fields: &[&str]) -> Path {
     p
 }
 
-fn subject(kind: &'static str, group: &'static str, scope: Scope, control_plane: bool) -> Subject<'static> {
-    Subject { kind, api_group: group, scope, control_plane }
+fn subject(
+    kind: &'static str,
+    group: &'static str,
+    scope: Scope,
+    control_plane: bool,
+) -> Subject<'static> {
+    Subject {
+        kind,
+        api_group: group,
+        scope,
+        control_plane,
+    }
 }
 
 const KC: &str = "bootstrap.cluster.x-k8s.io";
@@ -31,15 +41,50 @@ fn builtin_parses_and_is_the_printed_yaml() {
 fn template_kinds_reuse_object_rules() {
     let p = Policy::builtin();
     let ntp = path(&["ntp", "servers"]);
-    for (kind, scope) in [("KubeadmConfig", Scope::Object), ("KubeadmConfigTemplate", Scope::Template)] {
-        assert_eq!(p.judge(&subject(kind, KC, scope, false), &ntp, None, Some(&json!("a"))), PathVerdict::Action(Action::Ntp));
+    for (kind, scope) in [
+        ("KubeadmConfig", Scope::Object),
+        ("KubeadmConfigTemplate", Scope::Template),
+    ] {
+        assert_eq!(
+            p.judge(
+                &subject(kind, KC, scope, false),
+                &ntp,
+                None,
+                Some(&json!("a"))
+            ),
+            PathVerdict::Action(Action::Ntp)
+        );
     }
     // A template kind in an object request is not a template.
-    assert!(matches!(p.judge(&subject("KubeadmConfigTemplate", KC, Scope::Object, false), &ntp, None, None), PathVerdict::Reject(_)));
+    assert!(matches!(
+        p.judge(
+            &subject("KubeadmConfigTemplate", KC, Scope::Object, false),
+            &ntp,
+            None,
+            None
+        ),
+        PathVerdict::Reject(_)
+    ));
     let ms = subject("MachineSet", "cluster.x-k8s.io", Scope::Template, false);
-    assert_eq!(p.judge(&ms, &path(&["version"]), Some(&json!("v1.33.0")), Some(&json!("v1.34.0"))), PathVerdict::Action(Action::KubernetesVersion));
+    assert_eq!(
+        p.judge(
+            &ms,
+            &path(&["version"]),
+            Some(&json!("v1.33.0")),
+            Some(&json!("v1.34.0"))
+        ),
+        PathVerdict::Action(Action::KubernetesVersion)
+    );
     // The rule names the group: another group's KubeadmConfig is not covered.
-    assert_eq!(p.judge(&subject("KubeadmConfig", "example.com", Scope::Object, false), &ntp, None, None), PathVerdict::Reject(NO_RULE.into()));
+    assert_eq!(
+        p.judge(
+            &subject("KubeadmConfig", "example.com", Scope::Object, false),
+            &ntp,
+            None,
+            None
+        ),
+        PathVerdict::Reject(NO_RULE.into())
+    );
 }
 
 #[test]
@@ -47,8 +92,21 @@ fn etcd_image_only_on_control_plane() {
     let p = Policy::builtin();
     let tag = path(&["clusterConfiguration", "etcd", "local", "imageTag"]);
     let (old, new) = (Some(json!("3.5.21-0")), Some(json!("3.5.22-0")));
-    assert_eq!(p.judge(&subject("KubeadmConfig", KC, Scope::Object, true), &tag, old.as_ref(), new.as_ref()), PathVerdict::Action(Action::EtcdImage));
-    let worker = p.judge(&subject("KubeadmConfigTemplate", KC, Scope::Template, false), &tag, old.as_ref(), new.as_ref());
+    assert_eq!(
+        p.judge(
+            &subject("KubeadmConfig", KC, Scope::Object, true),
+            &tag,
+            old.as_ref(),
+            new.as_ref()
+        ),
+        PathVerdict::Action(Action::EtcdImage)
+    );
+    let worker = p.judge(
+        &subject("KubeadmConfigTemplate", KC, Scope::Template, false),
+        &tag,
+        old.as_ref(),
+        new.as_ref(),
+    );
     assert!(matches!(worker, PathVerdict::Reject(r) if r.contains("control-plane")));
 }
 
@@ -74,18 +132,46 @@ rules:
     accept: notes are harmless
 "#;
     let p = Policy::from_yaml(yaml).unwrap();
-    let vm = subject("VSphereMachine", "infrastructure.cluster.x-k8s.io", Scope::Object, false);
-    assert!(matches!(p.judge(&vm, &path(&["template"]), None, None), PathVerdict::Accept(r) if r.contains("new machines")));
-    assert_eq!(p.judge(&vm, &path(&["memoryMiB"]), None, None), PathVerdict::Reject(NO_RULE.into()));
+    let vm = subject(
+        "VSphereMachine",
+        "infrastructure.cluster.x-k8s.io",
+        Scope::Object,
+        false,
+    );
+    assert!(
+        matches!(p.judge(&vm, &path(&["template"]), None, None), PathVerdict::Accept(r) if r.contains("new machines"))
+    );
+    assert_eq!(
+        p.judge(&vm, &path(&["memoryMiB"]), None, None),
+        PathVerdict::Reject(NO_RULE.into())
+    );
     let kc = subject("KubeadmConfig", KC, Scope::Object, false);
-    let file = |f: &str| Path::spec().child(Seg::Field("files".into())).child(Seg::Key { field: "path".into(), value: f.into() });
-    assert_eq!(p.judge(&kc, &file("/etc/ops/a"), None, None), PathVerdict::Action(Action::Files));
-    assert!(matches!(p.judge(&kc, &file("/etc/other"), None, None), PathVerdict::Reject(r) if r.contains("/etc/ops")));
+    let file = |f: &str| {
+        Path::spec()
+            .child(Seg::Field("files".into()))
+            .child(Seg::Key {
+                field: "path".into(),
+                value: f.into(),
+            })
+    };
+    assert_eq!(
+        p.judge(&kc, &file("/etc/ops/a"), None, None),
+        PathVerdict::Action(Action::Files)
+    );
+    assert!(
+        matches!(p.judge(&kc, &file("/etc/other"), None, None), PathVerdict::Reject(r) if r.contains("/etc/ops"))
+    );
     assert_eq!(p.rules()[2].name, "#3");
     let note = path(&["a", "b", "note"]);
-    assert!(matches!(p.judge(&kc, &note, None, None), PathVerdict::Accept(_)));
+    assert!(matches!(
+        p.judge(&kc, &note, None, None),
+        PathVerdict::Accept(_)
+    ));
     let cp = subject("KubeadmConfig", KC, Scope::Object, true);
-    assert_eq!(p.judge(&cp, &note, None, None), PathVerdict::Reject(NO_RULE.into()));
+    assert_eq!(
+        p.judge(&cp, &note, None, None),
+        PathVerdict::Reject(NO_RULE.into())
+    );
 }
 
 #[test]
@@ -93,32 +179,84 @@ fn actions_for_desired_objects() {
     let p = Policy::builtin();
     let machine = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "metadata": {"labels": {crate::objects::CONTROL_PLANE_LABEL: ""}}});
     let kc = json!({"apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2", "kind": "KubeadmConfig"});
-    let desired = Objects { machine: Some(&machine), bootstrap: Some(&kc), infra: None };
+    let desired = Objects {
+        machine: Some(&machine),
+        bootstrap: Some(&kc),
+        infra: None,
+    };
     let all: BTreeSet<Action> = Action::ALL.into_iter().collect();
-    assert_eq!(p.actions_for(Scope::Object, &desired, &Settings::default()), all);
+    assert_eq!(
+        p.actions_for(Scope::Object, &desired, &Settings::default()),
+        all
+    );
     let mut worker_machine = machine.clone();
     worker_machine["metadata"]["labels"] = json!({});
-    let worker = Objects { machine: Some(&worker_machine), ..desired };
-    assert!(!p.actions_for(Scope::Object, &worker, &Settings::default()).contains(&Action::EtcdImage));
-    let narrowed = Settings { disabled_actions: [Action::Ntp].into(), ..Settings::default() };
-    assert!(!p.actions_for(Scope::Object, &desired, &narrowed).contains(&Action::Ntp));
-    let off = Settings { in_place: false, ..Settings::default() };
+    let worker = Objects {
+        machine: Some(&worker_machine),
+        ..desired
+    };
+    assert!(
+        !p.actions_for(Scope::Object, &worker, &Settings::default())
+            .contains(&Action::EtcdImage)
+    );
+    let narrowed = Settings {
+        disabled_actions: [Action::Ntp].into(),
+        ..Settings::default()
+    };
+    assert!(
+        !p.actions_for(Scope::Object, &desired, &narrowed)
+            .contains(&Action::Ntp)
+    );
+    let off = Settings {
+        in_place: false,
+        ..Settings::default()
+    };
     assert!(p.actions_for(Scope::Object, &desired, &off).is_empty());
 }
 
 #[test]
 fn bad_files_name_the_rule_and_problem() {
     let cases = [
-        ("rules: [{objects: [{kind: X}], paths: [spec.a], action: reboot}]", "reboot"),
-        ("rules: [{objects: [{kind: X}], paths: [spec.a]}]", "exactly one"),
-        ("rules: [{objects: [{kind: X}], paths: [spec.a], accept: a, reject: b}]", "exactly one"),
-        ("rules: [{name: r, objects: [], paths: [spec.a], reject: x}]", "rule r: `objects` is empty"),
-        ("rules: [{objects: [{kind: X}], paths: [], reject: x}]", "`paths` is empty"),
-        ("rules: [{objects: [{kind: X}], paths: [\"spec[\"], reject: x}]", "unclosed"),
-        ("rules: [{objects: [{kind: X}], paths: [spec.a], reject: x, check: kubernetes-upgrade}]", "`check` only"),
-        ("rules: [{objects: [{kind: X}], paths: [spec.a], reject: x, colour: red}]", "colour"),
-        ("rules: [{name: a, objects: [{kind: X}], paths: [spec.a], reject: x}, {name: a, objects: [{kind: X}], paths: [spec.a], reject: x}]", "used by an earlier rule"),
-        ("rules: [{objects: [{kind: \"\"}], paths: [spec.a], reject: x}]", "empty kind"),
+        (
+            "rules: [{objects: [{kind: X}], paths: [spec.a], action: reboot}]",
+            "reboot",
+        ),
+        (
+            "rules: [{objects: [{kind: X}], paths: [spec.a]}]",
+            "exactly one",
+        ),
+        (
+            "rules: [{objects: [{kind: X}], paths: [spec.a], accept: a, reject: b}]",
+            "exactly one",
+        ),
+        (
+            "rules: [{name: r, objects: [], paths: [spec.a], reject: x}]",
+            "rule r: `objects` is empty",
+        ),
+        (
+            "rules: [{objects: [{kind: X}], paths: [], reject: x}]",
+            "`paths` is empty",
+        ),
+        (
+            "rules: [{objects: [{kind: X}], paths: [\"spec[\"], reject: x}]",
+            "unclosed",
+        ),
+        (
+            "rules: [{objects: [{kind: X}], paths: [spec.a], reject: x, check: kubernetes-upgrade}]",
+            "`check` only",
+        ),
+        (
+            "rules: [{objects: [{kind: X}], paths: [spec.a], reject: x, colour: red}]",
+            "colour",
+        ),
+        (
+            "rules: [{name: a, objects: [{kind: X}], paths: [spec.a], reject: x}, {name: a, objects: [{kind: X}], paths: [spec.a], reject: x}]",
+            "used by an earlier rule",
+        ),
+        (
+            "rules: [{objects: [{kind: \"\"}], paths: [spec.a], reject: x}]",
+            "empty kind",
+        ),
         ("rules: {}", "policy file"),
         (": : :", "policy file"),
     ];

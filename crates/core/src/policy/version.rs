@@ -28,13 +28,20 @@ impl KubeVersion {
             return None;
         }
         let mut nums = core.split('.').map(|n| {
-            (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then(|| n.parse::<u64>().ok()).flatten()
+            (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| n.parse::<u64>().ok())
+                .flatten()
         });
         let (major, minor, patch) = (nums.next()??, nums.next()??, nums.next()??);
         if nums.next().is_some() {
             return None;
         }
-        Some(KubeVersion { major, minor, patch, pre })
+        Some(KubeVersion {
+            major,
+            minor,
+            patch,
+            pre,
+        })
     }
 
     /// Semantic-version precedence (build metadata has none).
@@ -72,16 +79,26 @@ pub fn upgrade_problem(current: Option<&str>, desired: Option<&str>) -> Option<S
         return Some("a Machine version can only be changed, not added or removed".to_owned());
     };
     let Some(cur) = KubeVersion::parse(cur_text) else {
-        return Some(format!("current version {cur_text:?} is not a Kubernetes version"));
+        return Some(format!(
+            "current version {cur_text:?} is not a Kubernetes version"
+        ));
     };
     let Some(des) = KubeVersion::parse(des_text) else {
-        return Some(format!("desired version {des_text:?} is not a Kubernetes version"));
+        return Some(format!(
+            "desired version {des_text:?} is not a Kubernetes version"
+        ));
     };
     if cur.major != des.major {
-        return Some(format!("{cur_text}→{des_text} changes the major version; kubeadm cannot do that"));
+        return Some(format!(
+            "{cur_text}→{des_text} changes the major version; kubeadm cannot do that"
+        ));
     }
     match cur.precedence(&des) {
-        Ordering::Greater => return Some(format!("{cur_text}→{des_text} is a downgrade; kubeadm cannot downgrade")),
+        Ordering::Greater => {
+            return Some(format!(
+                "{cur_text}→{des_text} is a downgrade; kubeadm cannot downgrade"
+            ));
+        }
         Ordering::Equal | Ordering::Less => {}
     }
     if des.minor > cur.minor + 1 {

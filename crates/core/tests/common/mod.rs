@@ -2,7 +2,9 @@
 //! our answers the way CAPI reads them.
 #![allow(dead_code, clippy::unwrap_used)]
 
-use inplace_core::{Decision, ObjectRole, Objects, Outcome, Patch, PatchType, Policy, Scope, Settings, decide};
+use inplace_core::{
+    Decision, ObjectRole, Objects, Outcome, Patch, PatchType, Policy, Scope, Settings, decide,
+};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
@@ -66,7 +68,11 @@ fn meta(name: &str, labels: Value) -> Value {
 }
 
 pub fn machine(spec: Value, control_plane: bool) -> Value {
-    let labels = if control_plane { json!({"cluster.x-k8s.io/cluster-name": "prod", CP_LABEL: ""}) } else { json!({"cluster.x-k8s.io/cluster-name": "prod"}) };
+    let labels = if control_plane {
+        json!({"cluster.x-k8s.io/cluster-name": "prod", CP_LABEL: ""})
+    } else {
+        json!({"cluster.x-k8s.io/cluster-name": "prod"})
+    };
     json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "metadata": meta("prod-cp-abc", labels), "spec": spec})
 }
 
@@ -105,16 +111,32 @@ pub struct Req {
 impl Req {
     /// A CanUpdateMachine request for a control-plane Machine with identical sides.
     pub fn machine(version: &str) -> Req {
-        let cur = [machine(machine_spec(version), true), kubeadm_config(kubeadm_spec()), vsphere_machine(infra_spec())];
-        Req { scope: Scope::Object, current: cur.clone(), desired: cur }
+        let cur = [
+            machine(machine_spec(version), true),
+            kubeadm_config(kubeadm_spec()),
+            vsphere_machine(infra_spec()),
+        ];
+        Req {
+            scope: Scope::Object,
+            current: cur.clone(),
+            desired: cur,
+        }
     }
 
     /// A CanUpdateMachineSet request with identical sides.
     pub fn machine_set(version: &str) -> Req {
         let mut ms = machine_spec(version);
         ms.as_object_mut().unwrap().remove("providerID");
-        let cur = [machine_set(ms), kubeadm_config_template(kubeadm_spec()), vsphere_machine_template(infra_spec())];
-        Req { scope: Scope::Template, current: cur.clone(), desired: cur }
+        let cur = [
+            machine_set(ms),
+            kubeadm_config_template(kubeadm_spec()),
+            vsphere_machine_template(infra_spec()),
+        ];
+        Req {
+            scope: Scope::Template,
+            current: cur.clone(),
+            desired: cur,
+        }
     }
 
     fn idx(role: ObjectRole) -> usize {
@@ -138,11 +160,21 @@ impl Req {
     }
 
     pub fn objects(side: &[Value; 3]) -> Objects<'_> {
-        Objects { machine: Some(&side[0]), bootstrap: Some(&side[1]), infra: Some(&side[2]) }
+        Objects {
+            machine: Some(&side[0]),
+            bootstrap: Some(&side[1]),
+            infra: Some(&side[2]),
+        }
     }
 
     pub fn decide_with(&self, policy: &Policy, settings: &Settings) -> Decision {
-        decide(self.scope, &Self::objects(&self.current), &Self::objects(&self.desired), policy, settings)
+        decide(
+            self.scope,
+            &Self::objects(&self.current),
+            &Self::objects(&self.desired),
+            policy,
+            settings,
+        )
     }
 
     pub fn decide(&self) -> Decision {
@@ -151,7 +183,10 @@ impl Req {
 }
 
 pub fn settings(pairs: &[(&str, &str)]) -> Settings {
-    let map: BTreeMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let map: BTreeMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     Settings::from_map(&map).unwrap()
 }
 
@@ -167,7 +202,9 @@ fn go_merge(doc: &mut Value, patch: &Value) {
             _ => {}
         }
     }
-    let (Value::Object(d), Value::Object(p)) = (doc, patch) else { panic!("merge patch of a non-object") };
+    let (Value::Object(d), Value::Object(p)) = (doc, patch) else {
+        panic!("merge patch of a non-object")
+    };
     for (k, v) in p {
         if v.is_null() {
             d.remove(k);
@@ -192,19 +229,26 @@ fn go_merge(doc: &mut Value, patch: &Value) {
 /// The compared part of `object` after CAPI applied `patch` and copied back.
 pub fn capi_apply(scope: Scope, object: &Value, patch: Option<&Patch>) -> Value {
     let ptr = scope.pointer();
-    let Some(patch) = patch else { return object.pointer(ptr).cloned().unwrap_or(Value::Null) };
+    let Some(patch) = patch else {
+        return object.pointer(ptr).cloned().unwrap_or(Value::Null);
+    };
     let mut doc = object.clone();
     match patch.patch_type {
         PatchType::JsonPatch => {
-            let ops: json_patch::Patch = serde_json::from_slice(&patch.bytes).expect("CAPI decodes the JSON patch");
+            let ops: json_patch::Patch =
+                serde_json::from_slice(&patch.bytes).expect("CAPI decodes the JSON patch");
             json_patch::patch(&mut doc, &ops).expect("CAPI applies the JSON patch");
         }
         PatchType::JsonMergePatch => {
-            let p: Value = serde_json::from_slice(&patch.bytes).expect("CAPI decodes the merge patch");
+            let p: Value =
+                serde_json::from_slice(&patch.bytes).expect("CAPI decodes the merge patch");
             go_merge(&mut doc, &p);
         }
     }
-    doc.pointer(ptr).or_else(|| object.pointer(ptr)).cloned().unwrap_or(Value::Null)
+    doc.pointer(ptr)
+        .or_else(|| object.pointer(ptr))
+        .cloned()
+        .unwrap_or(Value::Null)
 }
 
 /// CAPI's comparison of a Machine spec: only `version` and `failureDomain` survive its cleanup, and a
@@ -219,7 +263,10 @@ pub fn capi_in_place(req: &Req, d: &Decision) -> bool {
     ObjectRole::ALL.iter().all(|&role| {
         let i = Req::idx(role);
         let after = capi_apply(req.scope, &req.current[i], d.patches.get(role));
-        let desired = req.desired[i].pointer(req.scope.pointer()).cloned().unwrap_or(Value::Null);
+        let desired = req.desired[i]
+            .pointer(req.scope.pointer())
+            .cloned()
+            .unwrap_or(Value::Null);
         match role {
             ObjectRole::Machine => machine_compared(&after) == machine_compared(&desired),
             _ => after == desired,
@@ -232,7 +279,11 @@ pub fn capi_in_place(req: &Req, d: &Decision) -> bool {
 /// matches ours.
 pub fn assert_capi_agrees(req: &Req, d: &Decision) {
     if !d.outcome.is_success() {
-        assert!(ObjectRole::ALL.iter().all(|r| d.patches.get(*r).is_none()), "no patches with a Failure");
+        assert!(
+            ObjectRole::ALL.iter().all(|r| d.patches.get(*r).is_none()),
+            "no patches with a Failure"
+        );
+        assert_capi_sim_agrees(req, d);
         return;
     }
     for c in &d.changes {
@@ -244,24 +295,138 @@ pub fn assert_capi_agrees(req: &Req, d: &Decision) {
         fn norm(v: Option<&Value>) -> Option<&Value> {
             v.filter(|v| !v.is_null() && v.as_str() != Some(""))
         }
-        let typed_eq = |a: Option<&Value>, b: Option<&Value>| if c.object == ObjectRole::Machine { norm(a) == norm(b) } else { a == b };
+        let typed_eq = |a: Option<&Value>, b: Option<&Value>| {
+            if c.object == ObjectRole::Machine {
+                norm(a) == norm(b)
+            } else {
+                a == b
+            }
+        };
         if c.change == inplace_core::ChangeKind::Reordered {
             continue;
         }
         match c.verdict {
             inplace_core::ChangeVerdict::Action | inplace_core::ChangeVerdict::Accept => {
-                assert!(typed_eq(got, c.location.resolve(des)), "accepted {} {} is not desired after CAPI applies: {}", c.kind, c.path, d.message)
+                assert!(
+                    typed_eq(got, c.location.resolve(des)),
+                    "accepted {} {} is not desired after CAPI applies: {}",
+                    c.kind,
+                    c.path,
+                    d.message
+                )
             }
             inplace_core::ChangeVerdict::Reject => {
-                assert!(typed_eq(got, c.location.resolve(cur)), "rejected {} {} is not current after CAPI applies: {}", c.kind, c.path, d.message)
+                assert!(
+                    typed_eq(got, c.location.resolve(cur)),
+                    "rejected {} {} is not current after CAPI applies: {}",
+                    c.kind,
+                    c.path,
+                    d.message
+                )
             }
             inplace_core::ChangeVerdict::Ignored => {}
         }
     }
-    assert_eq!(capi_in_place(req, d), d.outcome == Outcome::InPlace, "CAPI's reading differs from our outcome: {}", d.message);
+    assert_eq!(
+        capi_in_place(req, d),
+        d.outcome == Outcome::InPlace,
+        "CAPI's reading differs from our outcome: {}",
+        d.message
+    );
+    assert_capi_sim_agrees(req, d);
+}
+
+/// The CanUpdateMachine(Set) request body CAPI would send for `req`.
+pub fn request_body(req: &Req, settings: &[(&str, &str)]) -> Value {
+    let settings: serde_json::Map<String, Value> = settings
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    let side = |objs: &[Value; 3]| match req.scope {
+        Scope::Object => {
+            json!({"machine": objs[0], "bootstrapConfig": objs[1], "infrastructureMachine": objs[2]})
+        }
+        Scope::Template => {
+            json!({"machineSet": objs[0], "bootstrapConfigTemplate": objs[1], "infrastructureMachineTemplate": objs[2]})
+        }
+    };
+    let kind = match req.scope {
+        Scope::Object => "CanUpdateMachineRequest",
+        Scope::Template => "CanUpdateMachineSetRequest",
+    };
+    json!({"apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1", "kind": kind, "settings": settings,
+           "current": side(&req.current), "desired": side(&req.desired)})
+}
+
+/// The response body a hook built on `d` sends (patches base64-encoded as Go's []byte).
+pub fn response_body(req: &Req, d: &Decision) -> Vec<u8> {
+    response_body_for(req.scope, d)
+}
+
+/// [`response_body`] for a request of `scope`.
+pub fn response_body_for(scope: Scope, d: &Decision) -> Vec<u8> {
+    use base64::Engine as _;
+    let wire = |p: Option<&Patch>| {
+        p.map(|p| json!({"patchType": p.patch_type.as_str(), "patch": base64::engine::general_purpose::STANDARD.encode(&p.bytes)}))
+    };
+    let names = match scope {
+        Scope::Object => [
+            "machinePatch",
+            "bootstrapConfigPatch",
+            "infrastructureMachinePatch",
+        ],
+        Scope::Template => [
+            "machineSetPatch",
+            "bootstrapConfigTemplatePatch",
+            "infrastructureMachineTemplatePatch",
+        ],
+    };
+    let mut body = json!({"apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1",
+        "status": if d.outcome.is_success() { "Success" } else { "Failure" }, "message": d.message});
+    for (name, role) in names.iter().zip(ObjectRole::ALL) {
+        if let Some(p) = wire(d.patches.get(role)) {
+            body[*name] = p;
+        }
+    }
+    serde_json::to_vec(&body).unwrap()
+}
+
+/// What CAPI's controllers do with our answer (through the capi-sim crate).
+pub fn capi_sim_decision(req: &Req, d: &Decision) -> capi_sim::CapiDecision {
+    let request = request_body(req, &[]);
+    let response = response_body(req, d);
+    match req.scope {
+        Scope::Object => capi_sim::can_update_machine(&request, &response),
+        Scope::Template => capi_sim::can_update_machine_set(&request, &response),
+    }
+}
+
+/// Asserts that CAPI (as capi-sim reproduces it) reaches the outcome we announced.
+pub fn assert_capi_sim_agrees(req: &Req, d: &Decision) {
+    let capi = capi_sim_decision(req, d);
+    let ok = match d.outcome {
+        Outcome::InPlace => capi == capi_sim::CapiDecision::InPlace,
+        Outcome::NeedsRollout => matches!(capi, capi_sim::CapiDecision::Rollout { .. }),
+        Outcome::Refused | Outcome::SelfCheckFailed => {
+            matches!(capi, capi_sim::CapiDecision::Error { .. })
+        }
+    };
+    assert!(
+        ok,
+        "we said {:?} ({}), CAPI does {capi:?}",
+        d.outcome, d.message
+    );
 }
 
 /// The verdict of the change at `path` (as shown).
 pub fn verdict_of<'d>(d: &'d Decision, path: &str) -> &'d inplace_core::JudgedChange {
-    d.changes.iter().find(|c| c.path == path).unwrap_or_else(|| panic!("no change at {path}; changes: {:?}", d.changes.iter().map(|c| &c.path).collect::<Vec<_>>()))
+    d.changes
+        .iter()
+        .find(|c| c.path == path)
+        .unwrap_or_else(|| {
+            panic!(
+                "no change at {path}; changes: {:?}",
+                d.changes.iter().map(|c| &c.path).collect::<Vec<_>>()
+            )
+        })
 }

@@ -1,0 +1,185 @@
+//! Restarts: crash mid-step, clean shutdown mid-step, a step that keeps being interrupted, and a
+//! corrupt state file. The agent's state dir is what carries progress across them.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::fixtures::*;
+use common::*;
+use inplace_agent::api::*;
+
+/// `kubeadm upgrade node` blocks until `<root>/release` exists.
+fn blocking_kubeadm(node: &Node) {
+    node.fake(
+        "kubeadm",
+        "[ \"$1\" = version ] && echo v1.34.1 && exit 0\nwhile [ ! -f \"$INPLACE_ROOT/release\" ]; do sleep 0.05; done",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_mid_step_resumes_at_that_step_without_repeating_finished_ones() {
+    let server = TestServer::start(TOKEN).await;
+    let node = Node::new();
+    fakes(&node);
+    blocking_kubeadm(&node);
+    server.offer(upgrade_plan("plan-crash"));
+    let config = node.agent_config(&server, TOKEN, DRIVERS);
+    let first = spawn_agent(config.clone());
+    wait_until("step 1 running", LIMIT, || {
+        node.calls("kubeadm upgrade node") == 1
+    })
+    .await;
+    first.crash().await;
+
+    // Nothing was delivered or finished after the crash; a new agent on the same state dir
+    // resumes at step 1 (attempt 2) and never re-runs step 0.
+    let second = spawn_agent(config);
+    wait_until("step 1 re-run", LIMIT, || {
+        node.calls("kubeadm upgrade node") == 2
+    })
+    .await;
+    node.write("/release", "");
+    wait_until("plan succeeded", LIMIT, || {
+        server
+            .reports_for(2)
+            .iter()
+            .any(|r| r.status == StepStatus::Succeeded)
+    })
+    .await;
+    let step0 = server.reports_for(0);
+    assert!(
+        step0.iter().all(|r| r.attempt == 1),
+        "step 0 ran once: {:?}",
+        statuses(&step0)
+    );
+    assert_eq!(
+        step0
+            .iter()
+            .filter(|r| r.status == StepStatus::Succeeded)
+            .count(),
+        1
+    );
+    let step1 = statuses(&server.reports_for(1));
+    assert!(step1.contains(&(StepStatus::Running, 2)), "{step1:?}");
+    assert_eq!(step1.last(), Some(&(StepStatus::Succeeded, 2)));
+    assert_eq!(node.calls("apt-get"), 1);
+    assert_eq!(node.calls("kubeadm upgrade node"), 2);
+    second.shutdown().await;
+
+    // A third start after the plan finished does nothing again.
+    let third = spawn_agent(node.agent_config(&server, TOKEN, DRIVERS));
+    let polls_before = server.with(|s| s.polls.len());
+    wait_until("third agent polling", LIMIT, || {
+        server.with(|s| s.polls.len() > polls_before)
+    })
+    .await;
+    assert_eq!(node.calls("kubeadm upgrade node"), 2);
+    third.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_shutdown_mid_step_does_not_count_an_attempt() {
+    let server = TestServer::start(TOKEN).await;
+    let node = Node::new();
+    fakes(&node);
+    blocking_kubeadm(&node);
+    server.offer(upgrade_plan("plan-stop"));
+    let config = node.agent_config(&server, TOKEN, DRIVERS);
+    let first = spawn_agent(config.clone());
+    wait_until("step 1 running", LIMIT, || {
+        node.calls("kubeadm upgrade node") == 1
+    })
+    .await;
+    // The shutdown kills the blocked command's process group and returns.
+    first.shutdown().await;
+    let second = spawn_agent(config);
+    wait_until("step 1 started again", LIMIT, || {
+        node.calls("kubeadm upgrade node") == 2
+    })
+    .await;
+    node.write("/release", "");
+    wait_until("plan succeeded", LIMIT, || {
+        server
+            .reports_for(2)
+            .iter()
+            .any(|r| r.status == StepStatus::Succeeded)
+    })
+    .await;
+    let step1 = server.reports_for(1);
+    assert!(
+        step1.iter().all(|r| r.attempt == 1),
+        "{:?}",
+        step1
+            .iter()
+            .map(|r| (r.status, r.attempt))
+            .collect::<Vec<_>>()
+    );
+    second.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_interrupted_too_often_fails_instead_of_looping() {
+    let server = TestServer::start(TOKEN).await;
+    let node = Node::new();
+    fakes(&node);
+    blocking_kubeadm(&node);
+    server.offer(upgrade_plan("plan-flaky"));
+    let config = node.agent_config(&server, TOKEN, DRIVERS);
+    for attempt in 1..=inplace_agent::MAX_STEP_ATTEMPTS as usize {
+        let agent = spawn_agent(config.clone());
+        wait_until("step 1 running", LIMIT, || {
+            node.calls("kubeadm upgrade node") == attempt
+        })
+        .await;
+        agent.crash().await;
+    }
+    let last = spawn_agent(config);
+    wait_until("step 1 failed", LIMIT, || {
+        server
+            .reports_for(1)
+            .iter()
+            .any(|r| r.status == StepStatus::Failed)
+    })
+    .await;
+    let failed = server
+        .reports_for(1)
+        .into_iter()
+        .find(|r| r.status == StepStatus::Failed)
+        .unwrap();
+    assert!(
+        failed
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("interrupted 3 times"),
+        "{failed:?}"
+    );
+    assert_eq!(
+        node.calls("kubeadm upgrade node"),
+        3,
+        "not started a 4th time"
+    );
+    assert!(server.reports_for(2).is_empty());
+    last.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_state_is_refused_and_left_untouched() {
+    let server = TestServer::start(TOKEN).await;
+    let node = Node::new();
+    std::fs::create_dir_all(&node.state).unwrap();
+    let state_file = node.state.join("state.json");
+    std::fs::write(&state_file, "{\"format\": 1, \"current\": tru").unwrap();
+    let err = inplace_agent::run(node.agent_config(&server, TOKEN, DRIVERS), async {})
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("state.json is unreadable"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("move it away"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&state_file).unwrap(),
+        "{\"format\": 1, \"current\": tru"
+    );
+}

@@ -1,0 +1,319 @@
+//! `file:DIR` — the embedded default: one redb database file, `DIR/inplace-updater.redb`.
+//!
+//! Why redb rather than SQLite (rusqlite): redb is pure Rust (no C toolchain, no bundled
+//! `libsqlite3` build on 2 shared cores), its copy-on-write B-tree with checksummed, fsync'd commit
+//! slots gives the same crash safety SQLite's WAL does for our needs, and its API is exactly the
+//! ordered key → bytes map this trait needs — we would use SQLite as a key-value table anyway,
+//! paying for a SQL layer we do not use. A single-process lock comes with it: a second server on
+//! the same directory gets [`StoreError::InUse`] instead of corrupting anything.
+//!
+//! Layout: table `entries` maps key → (revision, value); table `meta` holds the schema version and
+//! the last revision handed out, so revisions keep increasing across restarts. Every write is one
+//! write transaction with [`Durability::Immediate`] (fsync before `commit` returns), its
+//! precondition checked inside the transaction. Blocking redb calls run on
+//! `tokio::task::spawn_blocking`.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::broadcast;
+
+use crate::{
+    BoxFuture, CHANGE_FEED_CAPACITY, Change, Entry, Precondition, Revision, Store, StoreError,
+    Write, check_key, check_put, precondition_holds,
+};
+
+/// The database file's name inside the `file:` directory.
+pub const FILE_NAME: &str = "inplace-updater.redb";
+
+/// key → (revision, value).
+const ENTRIES: TableDefinition<&str, (u64, &[u8])> = TableDefinition::new("entries");
+/// Bookkeeping: [`META_SCHEMA`], [`META_REVISION`].
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// The layout version this build writes; a file with another one is refused, not rewritten.
+const META_SCHEMA: &str = "schema";
+/// The last revision handed out.
+const META_REVISION: &str = "revision";
+/// The layout described in the module docs.
+const SCHEMA_VERSION: u64 = 1;
+
+/// The embedded redb store.
+pub struct FileStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Database,
+    path: PathBuf,
+    /// Held across a whole write (transaction, commit, change notification) so the change feed is
+    /// in revision order. redb serializes write transactions anyway; this adds no contention.
+    writer: Mutex<()>,
+    changes: broadcast::Sender<Change>,
+}
+
+impl FileStore {
+    /// Opens (or creates) the store in directory `dir`, creating the directory if needed.
+    /// A file that is not a redb database of ours is refused and left untouched.
+    pub async fn open(dir: &Path) -> Result<FileStore, StoreError> {
+        let dir = dir.to_owned();
+        let inner = blocking(move || {
+            std::fs::create_dir_all(&dir).map_err(|source| StoreError::Io {
+                path: dir.clone(),
+                source,
+            })?;
+            let path = dir.join(FILE_NAME);
+            let db = Database::builder()
+                .create(&path)
+                .map_err(|e| db_error(&path, e))?;
+            init_schema(&db, &path)?;
+            Ok(Inner {
+                db,
+                path,
+                writer: Mutex::new(()),
+                changes: broadcast::channel(CHANGE_FEED_CAPACITY).0,
+            })
+        })
+        .await?;
+        Ok(FileStore {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    async fn with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let inner = self.inner.clone();
+        blocking(move || f(&inner)).await
+    }
+}
+
+/// Runs blocking redb work off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::Backend(format!("storage task failed: {e}")))?
+}
+
+fn init_schema(db: &Database, path: &Path) -> Result<(), StoreError> {
+    let err = |e: redb::Error| db_error(path, e);
+    let mut txn = db.begin_write().map_err(|e| err(e.into()))?;
+    txn.set_durability(Durability::Immediate)
+        .map_err(|e| err(e.into()))?;
+    {
+        let mut meta = txn.open_table(META).map_err(|e| err(e.into()))?;
+        let schema = meta
+            .get(META_SCHEMA)
+            .map_err(|e| err(e.into()))?
+            .map(|g| g.value());
+        match schema {
+            Some(SCHEMA_VERSION) => {}
+            None => {
+                meta.insert(META_SCHEMA, SCHEMA_VERSION)
+                    .map_err(|e| err(e.into()))?;
+            }
+            Some(other) => {
+                return Err(StoreError::Corrupt(format!(
+                    "{}: schema version {other}, this build reads version {SCHEMA_VERSION}",
+                    path.display()
+                )));
+            }
+        }
+        txn.open_table(ENTRIES).map_err(|e| err(e.into()))?;
+    }
+    txn.commit().map_err(|e| err(e.into()))
+}
+
+/// Sorts a redb error into ours.
+fn db_error(path: &Path, e: impl Into<redb::Error>) -> StoreError {
+    match e.into() {
+        redb::Error::DatabaseAlreadyOpen | redb::Error::LockProtocolMismatch => StoreError::InUse {
+            path: path.to_owned(),
+        },
+        redb::Error::Corrupted(what) => StoreError::Corrupt(format!("{}: {what}", path.display())),
+        redb::Error::UpgradeRequired(version) => StoreError::Corrupt(format!(
+            "{}: redb file format {version} needs an upgrade this build cannot do",
+            path.display()
+        )),
+        redb::Error::TableTypeMismatch { table, .. } => StoreError::Corrupt(format!(
+            "{}: table `{table}` has an unexpected layout (not an inplace-updater store?)",
+            path.display()
+        )),
+        redb::Error::Io(source) => StoreError::Io {
+            path: path.to_owned(),
+            source,
+        },
+        redb::Error::PreviousIo => StoreError::Backend(format!(
+            "{}: an earlier I/O error left the database unusable until the process restarts",
+            path.display()
+        )),
+        other => StoreError::Backend(format!("{}: {other}", path.display())),
+    }
+}
+
+impl Inner {
+    fn err(&self, e: impl Into<redb::Error>) -> StoreError {
+        db_error(&self.path, e)
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let table = txn.open_table(ENTRIES).map_err(|e| self.err(e))?;
+        let found = table.get(key).map_err(|e| self.err(e))?;
+        Ok(found.map(|guard| {
+            let (revision, value) = guard.value();
+            Entry {
+                key: key.to_owned(),
+                value: value.to_vec(),
+                revision: Revision(revision),
+            }
+        }))
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<Entry>, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let table = txn.open_table(ENTRIES).map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for item in table.range::<&str>(prefix..).map_err(|e| self.err(e))? {
+            let (key, value) = item.map_err(|e| self.err(e))?;
+            let key = key.value();
+            if !key.starts_with(prefix) {
+                break;
+            }
+            let (revision, value) = value.value();
+            out.push(Entry {
+                key: key.to_owned(),
+                value: value.to_vec(),
+                revision: Revision(revision),
+            });
+        }
+        Ok(out)
+    }
+
+    /// One write transaction: check `precondition`, then put (`Some(value)`) or delete (`None`).
+    fn write(
+        &self,
+        key: &str,
+        value: Option<Vec<u8>>,
+        precondition: Precondition,
+    ) -> Result<Write, StoreError> {
+        let _writer = self
+            .writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(|e| self.err(e))?;
+        let change = {
+            let mut entries = txn.open_table(ENTRIES).map_err(|e| self.err(e))?;
+            let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
+            let current = entries.get(key).map_err(|e| self.err(e))?.map(|guard| {
+                let (revision, value) = guard.value();
+                Entry {
+                    key: key.to_owned(),
+                    value: value.to_vec(),
+                    revision: Revision(revision),
+                }
+            });
+            let last = meta
+                .get(META_REVISION)
+                .map_err(|e| self.err(e))?
+                .map_or(0, |g| g.value());
+            if !precondition_holds(precondition, current.as_ref().map(|e| e.revision)) {
+                // Dropping an uncommitted transaction aborts it.
+                return Ok(Write::Conflict(current));
+            }
+            if value.is_none() && current.is_none() {
+                return Ok(Write::Done(Revision(last)));
+            }
+            let revision = last.checked_add(1).ok_or_else(|| {
+                StoreError::Corrupt(format!(
+                    "{}: revision counter exhausted",
+                    self.path.display()
+                ))
+            })?;
+            meta.insert(META_REVISION, revision)
+                .map_err(|e| self.err(e))?;
+            match &value {
+                Some(value) => {
+                    entries
+                        .insert(key, (revision, value.as_slice()))
+                        .map_err(|e| self.err(e))?;
+                }
+                None => {
+                    entries.remove(key).map_err(|e| self.err(e))?;
+                }
+            }
+            Change {
+                key: key.to_owned(),
+                revision: Revision(revision),
+                deleted: value.is_none(),
+            }
+        };
+        txn.commit().map_err(|e| self.err(e))?;
+        let revision = change.revision;
+        // No receivers is not an error.
+        let _ = self.changes.send(change);
+        Ok(Write::Done(revision))
+    }
+}
+
+impl Store for FileStore {
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Entry>, StoreError>> {
+        Box::pin(async move {
+            check_key(key)?;
+            let key = key.to_owned();
+            self.with(move |inner| inner.get(&key)).await
+        })
+    }
+
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        value: Vec<u8>,
+        precondition: Precondition,
+    ) -> BoxFuture<'a, Result<Write, StoreError>> {
+        Box::pin(async move {
+            check_put(key, &value)?;
+            let key = key.to_owned();
+            self.with(move |inner| inner.write(&key, Some(value), precondition))
+                .await
+        })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        key: &'a str,
+        precondition: Precondition,
+    ) -> BoxFuture<'a, Result<Write, StoreError>> {
+        Box::pin(async move {
+            check_key(key)?;
+            let key = key.to_owned();
+            self.with(move |inner| inner.write(&key, None, precondition))
+                .await
+        })
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, StoreError>> {
+        Box::pin(async move {
+            let prefix = prefix.to_owned();
+            self.with(move |inner| inner.list(&prefix)).await
+        })
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.inner.changes.subscribe()
+    }
+
+    fn describe(&self) -> String {
+        format!("embedded redb at {}", self.inner.path.display())
+    }
+}

@@ -1,0 +1,239 @@
+//! `kill -9` at random moments: a child process (this test binary, re-executed with
+//! [`CHILD_ENV`] set) hammers compare-and-swap writes on an embedded store from several tasks and
+//! reports each write before trying it and after it was acknowledged; the parent SIGKILLs it after
+//! a random number of acknowledgements, reopens the store and checks that it opens, that every
+//! acknowledged write is there (or was superseded by a later write), that nothing but attempted
+//! values is stored, and that revisions keep increasing across the crashes. Several rounds on the
+//! same database.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader, Write as _};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use inplace_store::file::FileStore;
+use inplace_store::{Precondition, Revision, Store, Write};
+use rand::{Rng, SeedableRng};
+
+/// Set (to the store directory) in the child process.
+const CHILD_ENV: &str = "INPLACE_STORE_CRASH_CHILD";
+/// Seed for the child's writers.
+const SEED_ENV: &str = "INPLACE_STORE_CRASH_SEED";
+/// Crash/reopen cycles.
+const ROUNDS: usize = 6;
+/// Keys the writers fight over.
+const KEYS: usize = 8;
+/// Concurrent writer tasks in the child.
+const WRITERS: usize = 4;
+/// The kill comes after a random number of acknowledgements in this range.
+const ACKS_BEFORE_KILL: std::ops::Range<usize> = 5..400;
+/// Value sizes vary so commits touch different numbers of pages.
+const VALUE_PADDING: std::ops::Range<usize> = 0..6000;
+/// Extra random delay (µs) between the chosen acknowledgement and the SIGKILL.
+const KILL_JITTER_US: std::ops::Range<u64> = 0..3000;
+
+const TEST_NAME: &str = "kill_9_at_random_moments_loses_no_acknowledged_write";
+
+#[test]
+fn kill_9_at_random_moments_loses_no_acknowledged_write() {
+    if let Some(dir) = std::env::var_os(CHILD_ENV) {
+        let seed = std::env::var(SEED_ENV).unwrap().parse().unwrap();
+        hammer(Path::new(&dir), seed); // runs until killed
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let seed: u64 = rand::rng().random();
+    eprintln!("crash test seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let mut history = History::default();
+    for round in 0..ROUNDS {
+        let kill_after = rng.random_range(ACKS_BEFORE_KILL);
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, &dir)
+            .env(SEED_ENV, (seed ^ round as u64).to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut acks = 0;
+        let mut round_acks = Vec::new();
+        // Read until the kill moment, then SIGKILL, then drain what the child wrote before dying.
+        let mut killed = false;
+        while let Some(line) = lines.next() {
+            let line = line.unwrap();
+            if let Some(ack) = history.record(&line) {
+                round_acks.push(ack);
+                acks += 1;
+                if acks == kill_after && !killed {
+                    // A random moment after that ack: the other writers are somewhere in their
+                    // transactions or fsyncs.
+                    std::thread::sleep(Duration::from_micros(rng.random_range(KILL_JITTER_US)));
+                    child.kill().unwrap(); // SIGKILL
+                    killed = true;
+                }
+            }
+        }
+        let status = child.wait().unwrap();
+        assert!(
+            killed,
+            "round {round}: child exited by itself ({status}) after {acks} acks"
+        );
+        eprintln!("round {round}: killed after {kill_after} acks ({acks} read in total)");
+        runtime.block_on(history.verify(&dir, round, &round_acks));
+    }
+}
+
+/// What the children said, over all rounds.
+#[derive(Default)]
+struct History {
+    /// Values tried per key: id → padding length.
+    tried: HashMap<String, HashMap<String, usize>>,
+    /// Per key: the acknowledged write with the highest revision (id, revision).
+    last_ack: HashMap<String, (String, Revision)>,
+    /// Every acknowledged revision, to prove none repeats.
+    revisions: HashSet<Revision>,
+    /// The highest revision the store held at the previous verification.
+    high_water: Revision,
+}
+
+impl History {
+    /// Parses one child line; returns the revision of an acknowledgement.
+    fn record(&mut self, line: &str) -> Option<Revision> {
+        let parts: Vec<&str> = line.split(' ').collect();
+        match parts.as_slice() {
+            ["TRY", key, id, len] => {
+                self.tried
+                    .entry(key.to_string())
+                    .or_default()
+                    .insert(id.to_string(), len.parse().unwrap());
+                None
+            }
+            ["ACK", key, id, rev] => {
+                let rev = Revision(rev.parse().unwrap());
+                assert!(
+                    self.revisions.insert(rev),
+                    "revision {rev} acknowledged twice"
+                );
+                let last = self
+                    .last_ack
+                    .entry(key.to_string())
+                    .or_insert((id.to_string(), rev));
+                if rev >= last.1 {
+                    *last = (id.to_string(), rev);
+                }
+                Some(rev)
+            }
+            _ => None, // libtest's own output
+        }
+    }
+
+    async fn verify(&mut self, dir: &Path, round: usize, acks: &[Revision]) {
+        let store = FileStore::open(dir)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: store does not reopen after kill -9: {e}"));
+        for &rev in acks {
+            assert!(
+                rev > self.high_water,
+                "round {round}: revision {rev} not above the {} stored before this round",
+                self.high_water
+            );
+        }
+        for (key, (id, rev)) in &self.last_ack {
+            let entry = store
+                .get(key)
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("round {round}: acknowledged {key} is gone"));
+            assert!(
+                entry.revision >= *rev,
+                "round {round}: {key} went back from acknowledged revision {rev} to {}",
+                entry.revision
+            );
+            let (stored_id, padding) = split_value(&entry.value);
+            assert_eq!(
+                self.tried[key].get(stored_id),
+                Some(&padding),
+                "round {round}: {key} holds a value never written whole"
+            );
+            if entry.revision == *rev {
+                assert_eq!(
+                    stored_id, id,
+                    "round {round}: {key} at {rev} has another value"
+                );
+            }
+        }
+        let all = store.list("").await.unwrap();
+        assert!(all.len() <= KEYS);
+        let stored_max = all.iter().map(|e| e.revision).max().unwrap_or(Revision(0));
+        // The next revision handed out is above everything ever acknowledged.
+        let probe = match store.put("probe", vec![], Precondition::Any).await.unwrap() {
+            Write::Done(r) => r,
+            other => panic!("{other:?}"),
+        };
+        let acked_max = self.revisions.iter().max().copied().unwrap_or(Revision(0));
+        assert!(
+            probe > acked_max && probe > stored_max,
+            "round {round}: counter went back"
+        );
+        store.delete("probe", Precondition::Any).await.unwrap();
+        self.high_water = probe.max(stored_max);
+        drop(store);
+    }
+}
+
+/// `id|xxxx…` → (id, padding length); padding must be all `x`.
+fn split_value(value: &[u8]) -> (&str, usize) {
+    let text = std::str::from_utf8(value).expect("stored value is not what we wrote");
+    let (id, padding) = text
+        .split_once('|')
+        .expect("stored value lost its separator");
+    assert!(
+        padding.bytes().all(|b| b == b'x'),
+        "stored value padding damaged"
+    );
+    (id, padding.len())
+}
+
+/// The child: writers doing read-modify-CAS loops until the process is killed.
+fn hammer(dir: &Path, seed: u64) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let store: Arc<dyn Store> = Arc::new(FileStore::open(dir).await.unwrap());
+        let out = Arc::new(std::sync::Mutex::new(std::io::stdout()));
+        let mut tasks = Vec::new();
+        for writer in 0..WRITERS {
+            let (store, out) = (store.clone(), out.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed.wrapping_add(writer as u64));
+                let say = |line: String| {
+                    let mut out = out.lock().unwrap();
+                    out.write_all(line.as_bytes()).unwrap();
+                    out.flush().unwrap();
+                };
+                for seq in 0u64.. {
+                    let key = format!("k{}", rng.random_range(0..KEYS));
+                    let id = format!("s{seed}-w{writer}-{seq}");
+                    let padding = rng.random_range(VALUE_PADDING);
+                    let value = format!("{id}|{}", "x".repeat(padding)).into_bytes();
+                    let precondition = match store.get(&key).await.unwrap() {
+                        None => Precondition::Absent,
+                        Some(e) => Precondition::Revision(e.revision),
+                    };
+                    say(format!("TRY {key} {id} {padding}\n"));
+                    if let Write::Done(rev) = store.put(&key, value, precondition).await.unwrap() {
+                        say(format!("ACK {key} {id} {rev}\n"));
+                    }
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+    });
+}

@@ -1,0 +1,377 @@
+//! Agent authentication: bearer tokens scoped to one cluster or one Machine. The server holds only SHA-256
+//! hashes, read from a token file (a mounted Secret in a cluster) and re-read when its bytes change. Lookups
+//! compare against every entry in constant time, so timing says nothing about which hashes exist.
+//!
+//! Token file: one entry per line, `#` comments allowed:
+//! `sha256:<64 hex> cluster=<namespace>/<cluster> [expires=<RFC 3339>]` or
+//! `sha256:<64 hex> machine=<namespace>/<name> [expires=<RFC 3339>]`. Removing a line revokes the token.
+
+use std::path::{Path, PathBuf};
+use std::sync::{PoisonError, RwLock};
+
+use base64::Engine as _;
+use inplace_agent_api::MachineRef;
+use sha2::{Digest as _, Sha256};
+use subtle::ConstantTimeEq as _;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use crate::dispatch::AgentScope;
+
+/// Prefix of every token this server issues (lets secret scanners recognise leaked ones).
+pub const TOKEN_PREFIX: &str = "iu1_";
+/// Random bytes in a new token.
+pub const TOKEN_RANDOM_BYTES: usize = 32;
+/// Longest `Authorization` header value considered.
+pub const MAX_TOKEN_BYTES: usize = 512;
+
+/// Why a token file or a presented token was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AuthError {
+    /// No `Authorization: Bearer` header.
+    #[error("missing `Authorization: Bearer <token>` header")]
+    Missing,
+    /// The token matches no entry (unknown or revoked).
+    #[error("unknown or revoked token")]
+    Unknown,
+    /// The token's entry has expired.
+    #[error("token expired at {0}")]
+    Expired(String),
+    /// A line of the token file is malformed (never echoes the line: it may hold a hash).
+    #[error("{path}:{line}: {problem}")]
+    File {
+        /// The file.
+        path: String,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The token file could not be read.
+    #[error("cannot read {path}: {detail}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        detail: String,
+    },
+}
+
+/// One entry of the token file.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TokenEntry {
+    hash: [u8; 32],
+    /// What the token may do.
+    pub scope: AgentScope,
+    /// When it stops working, if ever.
+    pub expires: Option<OffsetDateTime>,
+}
+
+impl std::fmt::Debug for TokenEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenEntry")
+            .field("scope", &self.scope)
+            .field("expires", &self.expires)
+            .finish_non_exhaustive()
+    }
+}
+
+fn hash(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_ref(text: &str) -> Option<(String, String)> {
+    let (a, b) = text.split_once('/')?;
+    let ok = |s: &str| crate::dispatch::records::valid_segment(s);
+    (ok(a) && ok(b)).then(|| (a.to_string(), b.to_string()))
+}
+
+/// Parses a token file's text.
+pub fn parse_token_file(path: &str, text: &str) -> Result<Vec<TokenEntry>, AuthError> {
+    let mut entries = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let problem = |problem: &str| AuthError::File {
+            path: path.to_string(),
+            line: number + 1,
+            problem: problem.to_string(),
+        };
+        let mut words = line.split_whitespace();
+        let digest = words
+            .next()
+            .and_then(|w| w.strip_prefix("sha256:"))
+            .ok_or_else(|| problem("expected `sha256:<64 hex digits>` first"))?;
+        if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(problem("the hash must be 64 hex digits"));
+        }
+        let mut hash = [0u8; 32];
+        for (i, byte) in hash.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&digest[2 * i..2 * i + 2], 16)
+                .map_err(|_| problem("bad hex"))?;
+        }
+        let mut scope = None;
+        let mut expires = None;
+        for word in words {
+            match word.split_once('=') {
+                Some(("cluster", value)) => {
+                    let (namespace, cluster) = parse_ref(value)
+                        .ok_or_else(|| problem("cluster=<namespace>/<name> expected"))?;
+                    scope = Some(AgentScope::Cluster { namespace, cluster });
+                }
+                Some(("machine", value)) => {
+                    let (namespace, name) = parse_ref(value)
+                        .ok_or_else(|| problem("machine=<namespace>/<name> expected"))?;
+                    scope = Some(AgentScope::Machine(MachineRef::new(namespace, name)));
+                }
+                Some(("expires", value)) => {
+                    expires = Some(OffsetDateTime::parse(value, &Rfc3339).map_err(|_| {
+                        problem("expires must be RFC 3339, e.g. 2027-01-01T00:00:00Z")
+                    })?);
+                }
+                _ => {
+                    return Err(problem(
+                        "unknown field (expected cluster=, machine= or expires=)",
+                    ));
+                }
+            }
+        }
+        let scope = scope.ok_or_else(|| {
+            problem("needs cluster=<namespace>/<name> or machine=<namespace>/<name>")
+        })?;
+        entries.push(TokenEntry {
+            hash,
+            scope,
+            expires,
+        });
+    }
+    Ok(entries)
+}
+
+/// The token file, reloaded when its content changes.
+#[derive(Debug)]
+pub struct AgentTokens {
+    path: Option<PathBuf>,
+    state: RwLock<(Vec<u8>, Vec<TokenEntry>)>,
+}
+
+impl AgentTokens {
+    /// No tokens at all: every agent call is refused (the server runs without `--agent-tokens`).
+    pub fn none() -> Self {
+        Self {
+            path: None,
+            state: RwLock::new((Vec::new(), Vec::new())),
+        }
+    }
+
+    /// Fixed entries (tests).
+    pub fn from_entries(entries: Vec<TokenEntry>) -> Self {
+        Self {
+            path: None,
+            state: RwLock::new((Vec::new(), entries)),
+        }
+    }
+
+    /// Loads the file; fails when it is unreadable or malformed.
+    pub fn load(path: &Path) -> Result<Self, AuthError> {
+        let tokens = Self {
+            path: Some(path.to_owned()),
+            state: RwLock::new((Vec::new(), Vec::new())),
+        };
+        tokens.reload_if_changed()?;
+        Ok(tokens)
+    }
+
+    /// Re-reads the file; returns whether the entries changed. A malformed new file keeps the old entries.
+    pub fn reload_if_changed(&self) -> Result<bool, AuthError> {
+        let Some(path) = &self.path else {
+            return Ok(false);
+        };
+        let shown = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|err| AuthError::Read {
+            path: shown.clone(),
+            detail: err.to_string(),
+        })?;
+        if self.state.read().unwrap_or_else(PoisonError::into_inner).0 == bytes {
+            return Ok(false);
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        let entries = parse_token_file(&shown, &text)?;
+        *self.state.write().unwrap_or_else(PoisonError::into_inner) = (bytes, entries);
+        Ok(true)
+    }
+
+    /// How many tokens are configured.
+    pub fn len(&self) -> usize {
+        self.state
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .1
+            .len()
+    }
+
+    /// Whether no token is configured.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Checks an `Authorization` header value and returns the token's scope.
+    pub fn authenticate(&self, header: Option<&str>) -> Result<AgentScope, AuthError> {
+        let token = header
+            .filter(|h| h.len() <= MAX_TOKEN_BYTES)
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or(AuthError::Missing)?;
+        let presented = hash(token);
+        let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
+        let mut found: Option<&TokenEntry> = None;
+        for entry in &state.1 {
+            // Every entry is compared, found or not.
+            if bool::from(entry.hash.ct_eq(&presented)) {
+                found = Some(entry);
+            }
+        }
+        let entry = found.ok_or(AuthError::Unknown)?;
+        if let Some(expires) = entry.expires {
+            if expires <= OffsetDateTime::now_utc() {
+                return Err(AuthError::Expired(
+                    expires.format(&Rfc3339).unwrap_or_default(),
+                ));
+            }
+        }
+        Ok(entry.scope.clone())
+    }
+}
+
+/// A new token and the token-file line that authorises it.
+#[derive(Debug)]
+pub struct NewToken {
+    /// The secret to give the agent (shown once).
+    pub token: String,
+    /// The line to add to the server's token file.
+    pub line: String,
+}
+
+/// Creates a token for a scope.
+pub fn create_token(
+    scope: &AgentScope,
+    expires: Option<OffsetDateTime>,
+) -> Result<NewToken, getrandom::Error> {
+    let mut random = [0u8; TOKEN_RANDOM_BYTES];
+    getrandom::fill(&mut random)?;
+    let token = format!(
+        "{TOKEN_PREFIX}{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random)
+    );
+    let scope_field = match scope {
+        AgentScope::Cluster { namespace, cluster } => format!("cluster={namespace}/{cluster}"),
+        AgentScope::Machine(machine) => format!("machine={}/{}", machine.namespace, machine.name),
+    };
+    let mut line = format!("sha256:{} {scope_field}", hex(&hash(&token)));
+    if let Some(expires) = expires.and_then(|e| e.format(&Rfc3339).ok()) {
+        line.push_str(&format!(" expires={expires}"));
+    }
+    Ok(NewToken { token, line })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(ns: &str, c: &str) -> AgentScope {
+        AgentScope::Cluster {
+            namespace: ns.into(),
+            cluster: c.into(),
+        }
+    }
+
+    #[test]
+    fn created_tokens_authenticate_to_their_scope_only() {
+        let a = create_token(&cluster("default", "edge-01"), None).unwrap();
+        let b = create_token(
+            &AgentScope::Machine(MachineRef::new("default", "m-1")),
+            None,
+        )
+        .unwrap();
+        assert!(a.token.starts_with(TOKEN_PREFIX));
+        let text = format!("# agents\n{}\n\n{}\n", a.line, b.line);
+        let tokens = AgentTokens::from_entries(parse_token_file("t", &text).unwrap());
+        assert_eq!(
+            tokens.authenticate(Some(&format!("Bearer {}", a.token))),
+            Ok(cluster("default", "edge-01"))
+        );
+        assert!(matches!(
+            tokens.authenticate(Some(&format!("Bearer {}", b.token))),
+            Ok(AgentScope::Machine(_))
+        ));
+        assert_eq!(
+            tokens.authenticate(Some("Bearer iu1_nope")),
+            Err(AuthError::Unknown)
+        );
+        assert_eq!(tokens.authenticate(None), Err(AuthError::Missing));
+        assert_eq!(
+            tokens.authenticate(Some(&a.token)),
+            Err(AuthError::Missing),
+            "no Bearer prefix"
+        );
+        assert!(!a.line.contains(&a.token), "the file holds only the hash");
+    }
+
+    #[test]
+    fn expired_tokens_are_refused() {
+        let past = OffsetDateTime::now_utc() - time::Duration::hours(1);
+        let token = create_token(&cluster("default", "c"), Some(past)).unwrap();
+        let tokens = AgentTokens::from_entries(parse_token_file("t", &token.line).unwrap());
+        assert!(matches!(
+            tokens.authenticate(Some(&format!("Bearer {}", token.token))),
+            Err(AuthError::Expired(_))
+        ));
+    }
+
+    #[test]
+    fn malformed_lines_are_named_without_echoing_them() {
+        let err = parse_token_file("tokens", "sha256:abc cluster=a/b").unwrap_err();
+        assert_eq!(err.to_string(), "tokens:1: the hash must be 64 hex digits");
+        let line = format!("sha256:{} cluster=A/b", "0".repeat(64));
+        assert!(
+            parse_token_file("tokens", &line)
+                .unwrap_err()
+                .to_string()
+                .contains("cluster=<namespace>/<name>")
+        );
+        let line = format!("sha256:{}", "0".repeat(64));
+        assert!(
+            parse_token_file("tokens", &line)
+                .unwrap_err()
+                .to_string()
+                .contains("needs cluster=")
+        );
+    }
+
+    #[test]
+    fn file_changes_are_picked_up_and_bad_files_keep_the_old_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        let first = create_token(&cluster("default", "c"), None).unwrap();
+        std::fs::write(&path, &first.line).unwrap();
+        let tokens = AgentTokens::load(&path).unwrap();
+        let header = format!("Bearer {}", first.token);
+        assert!(tokens.authenticate(Some(&header)).is_ok());
+        std::fs::write(&path, "garbage").unwrap();
+        assert!(tokens.reload_if_changed().is_err());
+        assert!(
+            tokens.authenticate(Some(&header)).is_ok(),
+            "old entries stay on a bad file"
+        );
+        std::fs::write(&path, "# revoked everything\n").unwrap();
+        assert!(tokens.reload_if_changed().unwrap());
+        assert_eq!(tokens.authenticate(Some(&header)), Err(AuthError::Unknown));
+    }
+}

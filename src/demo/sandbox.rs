@@ -1,0 +1,186 @@
+//! A node in a directory: the `--root` sandbox the demo and the end-to-end tests give each agent. Its `bin/`
+//! holds stand-ins for `kubeadm`, `kubelet`, `apt-get` and `systemctl` that record their arguments in
+//! `calls.log` and keep the "installed" versions in files, so an upgrade really changes what the next
+//! `kubeadm version` prints. Nothing here touches the real machine.
+
+use std::path::{Path, PathBuf};
+
+/// The fake tools. Each appends its argv to `$INPLACE_ROOT/calls.log`.
+const KUBEADM: &str = r#"#!/bin/sh
+echo "kubeadm $*" >> "$INPLACE_ROOT/calls.log"
+case "$1" in
+  version) cat "$INPLACE_ROOT/var/lib/fake/kubeadm-version" ;;
+  upgrade)
+    if [ -e "$INPLACE_ROOT/pace" ]; then sleep "$(cat "$INPLACE_ROOT/pace")"; fi
+    if [ -e "$INPLACE_ROOT/slow-kubeadm" ]; then sleep 5; fi
+    if [ -e "$INPLACE_ROOT/fail-kubeadm" ]; then
+      echo "[preflight] Running pre-flight checks." >&2
+      echo "[ERROR CoreDNSUnsupportedPlugins]: fake failure injected by the test" >&2
+      exit 1
+    fi
+    echo "[upgrade] upgrade $2 done" ;;
+esac
+"#;
+
+const KUBELET: &str = r#"#!/bin/sh
+echo "kubelet $*" >> "$INPLACE_ROOT/calls.log"
+echo "Kubernetes $(cat "$INPLACE_ROOT/var/lib/fake/kubelet-version")"
+"#;
+
+const APT_GET: &str = r#"#!/bin/sh
+echo "apt-get $*" >> "$INPLACE_ROOT/calls.log"
+if [ -e "$INPLACE_ROOT/pace" ]; then sleep "$(cat "$INPLACE_ROOT/pace")"; fi
+for arg in "$@"; do
+  case "$arg" in
+    kubeadm=*) v="${arg#kubeadm=}"; echo "v${v%-\*}" > "$INPLACE_ROOT/var/lib/fake/kubeadm-version" ;;
+    kubelet=*) v="${arg#kubelet=}"; echo "v${v%-\*}" > "$INPLACE_ROOT/var/lib/fake/kubelet-version" ;;
+  esac
+done
+"#;
+
+const SYSTEMCTL: &str = r#"#!/bin/sh
+echo "systemctl $*" >> "$INPLACE_ROOT/calls.log"
+"#;
+
+/// Agent driver config of a sandbox: package-manager style commands, all resolved in `{{root}}/bin` first.
+pub const AGENT_CONFIG: &str = r#"path: ["{{root}}/bin", /usr/bin, /bin]
+kubernetes:
+  installKubeadm:
+    skipIf: {run: [kubeadm, version, -o, short], stdoutEquals: "{{version}}"}
+    commands:
+      - run: [apt-get, install, -y, "kubeadm={{bareVersion}}-*"]
+  kubeadmUpgradeApply:
+    commands:
+      - run: [kubeadm, upgrade, apply, "{{version}}", --yes]
+  kubeadmUpgradeNode:
+    commands:
+      - run: [kubeadm, upgrade, node]
+  installKubelet:
+    skipIf: {run: [kubelet, --version], stdoutEquals: "Kubernetes {{version}}"}
+    commands:
+      - run: [apt-get, install, -y, "kubelet={{bareVersion}}-*", "kubectl={{bareVersion}}-*"]
+      - run: [systemctl, restart, kubelet]
+inventory:
+  kubeletVersion: [kubelet, --version]
+  kubeadmVersion: [kubeadm, version, -o, short]
+"#;
+
+const ETCD_MANIFEST: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: etcd\n  namespace: kube-system\nspec:\n  containers:\n  - name: etcd\n    image: registry.k8s.io/etcd:3.5.16-0\n    command:\n    - etcd\n";
+
+/// One sandboxed node.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    /// The agent's `--root`.
+    pub root: PathBuf,
+    /// The agent's `--state-dir` (outside the root, as on a real node it would be under /var/lib).
+    pub state_dir: PathBuf,
+    /// The agent's `--config`.
+    pub config: PathBuf,
+}
+
+fn write(path: &Path, text: &str, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(path, text)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+impl Sandbox {
+    /// Lays out a node at `dir` running Kubernetes `version` (e.g. `v1.33.4`).
+    pub fn create(dir: &Path, version: &str, control_plane: bool) -> std::io::Result<Sandbox> {
+        let root = dir.join("root");
+        for (name, script) in [
+            ("kubeadm", KUBEADM),
+            ("kubelet", KUBELET),
+            ("apt-get", APT_GET),
+            ("systemctl", SYSTEMCTL),
+        ] {
+            write(&root.join("bin").join(name), script, 0o755)?;
+        }
+        write(
+            &root.join("var/lib/fake/kubeadm-version"),
+            &format!("{version}\n"),
+            0o644,
+        )?;
+        write(
+            &root.join("var/lib/fake/kubelet-version"),
+            &format!("{version}\n"),
+            0o644,
+        )?;
+        write(
+            &root.join("etc/passwd"),
+            "root:x:0:0:root:/root:/bin/sh\ncapi:x:1000:1000:capi:/home/capi:/bin/sh\n",
+            0o644,
+        )?;
+        write(
+            &root.join("var/lib/kubelet/kubeadm-flags.env"),
+            "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/containerd/containerd.sock\"\n",
+            0o644,
+        )?;
+        if control_plane {
+            write(
+                &root.join("etc/kubernetes/manifests/etcd.yaml"),
+                ETCD_MANIFEST,
+                0o600,
+            )?;
+        }
+        write(&root.join("calls.log"), "", 0o644)?;
+        let config = dir.join("agent.yaml");
+        write(&config, AGENT_CONFIG, 0o644)?;
+        let state_dir = dir.join("state");
+        Ok(Sandbox {
+            root,
+            state_dir,
+            config,
+        })
+    }
+
+    /// A node path inside the sandbox.
+    pub fn path(&self, node_path: &str) -> PathBuf {
+        self.root.join(node_path.trim_start_matches('/'))
+    }
+
+    /// Every command the fake tools saw, in order.
+    pub fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.path("/calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Makes every later `kubeadm upgrade` fail with a recognisable stderr (or stops doing so).
+    pub fn fail_kubeadm(&self, fail: bool) -> std::io::Result<()> {
+        let marker = self.path("/fail-kubeadm");
+        if fail {
+            std::fs::write(marker, "")
+        } else {
+            std::fs::remove_file(marker).or(Ok(()))
+        }
+    }
+
+    /// Makes every later `kubeadm upgrade` take 5 s (to catch an agent mid-step), or stops doing so.
+    pub fn slow_kubeadm(&self, slow: bool) -> std::io::Result<()> {
+        let marker = self.path("/slow-kubeadm");
+        if slow {
+            std::fs::write(marker, "")
+        } else {
+            std::fs::remove_file(marker).or(Ok(()))
+        }
+    }
+
+    /// Makes each fake install and upgrade take `seconds` (the demo uses it so progress is visible).
+    pub fn set_pace(&self, seconds: &str) -> std::io::Result<()> {
+        std::fs::write(self.path("/pace"), seconds)
+    }
+
+    /// The kubelet version the node now runs.
+    pub fn kubelet_version(&self) -> String {
+        std::fs::read_to_string(self.path("/var/lib/fake/kubelet-version"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+}

@@ -1,0 +1,298 @@
+//! The agents' side of dispatch: long-poll for the current run, step reports, inventory. Every call is scoped
+//! by the caller's token: an agent never sees (or learns of) a run outside its cluster or machine.
+
+use std::time::Duration;
+
+use inplace_agent_api::{
+    AgentIdentity, InventoryReport, MAX_WAIT_SECONDS, MachineRef, PlanProgress, PollRequest,
+    PollResponse, StepReport, validate_report,
+};
+
+use super::records::{
+    AgentRecord, MachineRecord, ProviderIndex, UpdateRecord, agent_key, machine_key, provider_key,
+    update_key, valid_segment,
+};
+use super::{DispatchError, Dispatcher, LAST_SEEN_PERSIST_INTERVAL, now_ms};
+
+/// What a verified agent token allows.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum AgentScope {
+    /// Every Machine of one cluster.
+    Cluster {
+        /// The cluster's namespace.
+        namespace: String,
+        /// The cluster's name.
+        cluster: String,
+    },
+    /// One Machine.
+    Machine(MachineRef),
+}
+
+impl std::fmt::Display for AgentScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AgentScope::Cluster { namespace, cluster } => {
+                write!(f, "cluster {namespace}/{cluster}")
+            }
+            AgentScope::Machine(machine) => write!(f, "machine {machine}"),
+        }
+    }
+}
+
+impl AgentScope {
+    /// Whether a Machine (with the cluster its record names, when known) is inside this scope.
+    fn covers(&self, machine: &MachineRef, cluster: Option<&str>) -> bool {
+        match self {
+            AgentScope::Machine(allowed) => allowed == machine,
+            AgentScope::Cluster {
+                namespace,
+                cluster: allowed,
+            } => namespace == &machine.namespace && cluster.is_none_or(|c| c == allowed),
+        }
+    }
+}
+
+fn forbidden(scope: &AgentScope, machine: &MachineRef) -> DispatchError {
+    DispatchError::Forbidden(format!(
+        "this token is scoped to {scope}; it does not cover machine {machine}"
+    ))
+}
+
+impl Dispatcher {
+    /// Resolves who the agent is. A provider id the server has not seen yet resolves to nothing (`None`).
+    async fn resolve(&self, identity: &AgentIdentity) -> Result<Option<MachineRef>, DispatchError> {
+        match identity {
+            AgentIdentity::Machine(machine) => {
+                if !valid_segment(&machine.namespace) || !valid_segment(&machine.name) {
+                    return Err(DispatchError::BadRequest(format!(
+                        "agent.machine {:?}/{:?} is not a valid namespace/name",
+                        truncate(&machine.namespace),
+                        truncate(&machine.name)
+                    )));
+                }
+                Ok(Some(machine.clone()))
+            }
+            AgentIdentity::ProviderId(id) => {
+                if id.is_empty() || id.len() > 512 {
+                    return Err(DispatchError::BadRequest(
+                        "agent.providerID must be 1..512 bytes".into(),
+                    ));
+                }
+                Ok(self
+                    .read::<ProviderIndex>(&provider_key(id))
+                    .await?
+                    .map(|(index, _)| index.machine))
+            }
+        }
+    }
+
+    /// Scope check against the Machine's record; returns the record (if any) when allowed.
+    async fn scoped_machine(
+        &self,
+        scope: &AgentScope,
+        machine: &MachineRef,
+    ) -> Result<Option<MachineRecord>, DispatchError> {
+        if !scope.covers(machine, None) {
+            return Err(forbidden(scope, machine));
+        }
+        let record = self
+            .read::<MachineRecord>(&machine_key(machine))
+            .await?
+            .map(|(r, _)| r);
+        if let Some(record) = &record {
+            if !scope.covers(machine, Some(&record.cluster)) {
+                return Err(forbidden(scope, machine));
+            }
+        }
+        Ok(record)
+    }
+
+    fn mark_seen(&self, machine: &MachineRef) -> bool {
+        let now = now_ms();
+        let mut seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let entry = seen.entry(machine.clone()).or_insert((now, 0));
+        entry.0 = now;
+        if now.saturating_sub(entry.1) >= LAST_SEEN_PERSIST_INTERVAL.as_millis() as u64 {
+            entry.1 = now;
+            return true;
+        }
+        false
+    }
+
+    async fn persist_seen(
+        &self,
+        machine: &MachineRef,
+        inventory: Option<InventoryReport>,
+    ) -> Result<(), DispatchError> {
+        let now = now_ms();
+        self.update(&agent_key(machine), |current: Option<&AgentRecord>| {
+            Ok(Some(AgentRecord {
+                last_seen_ms: now,
+                inventory: inventory
+                    .clone()
+                    .or_else(|| current.and_then(|c| c.inventory.clone())),
+            }))
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Folds the agent's own summary into the run it names (recovers reports lost in a crash).
+    async fn absorb_progress(
+        &self,
+        machine: &MachineRef,
+        progress: &PlanProgress,
+    ) -> Result<(), DispatchError> {
+        let key = update_key(machine, &progress.plan_id);
+        let now = now_ms();
+        self.update(&key, |current: Option<&UpdateRecord>| {
+            let Some(run) = current else { return Ok(None) };
+            let mut run = run.clone();
+            Ok(run.apply_progress(progress, now).then_some(run))
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// The run the agent should execute now, if any (already scope-checked).
+    async fn pending_plan(
+        &self,
+        scope: &AgentScope,
+        machine: &MachineRef,
+        current: Option<&PlanProgress>,
+    ) -> Result<Option<inplace_agent_api::Plan>, DispatchError> {
+        let Some(record) = self.scoped_machine(scope, machine).await? else {
+            return Ok(None);
+        };
+        let Some((run, _)) = self
+            .read::<UpdateRecord>(&update_key(machine, &record.run_id))
+            .await?
+        else {
+            return Ok(None);
+        };
+        Ok(run.agent_needs_plan(current).then_some(run.plan))
+    }
+
+    /// Long-poll: answers at once with the Machine's current run when the agent has not finished it, else
+    /// waits until one is recorded (by any replica) or `min(wait_seconds, 30)` passes.
+    pub async fn poll(
+        &self,
+        scope: &AgentScope,
+        request: &PollRequest,
+    ) -> Result<PollResponse, DispatchError> {
+        let Some(machine) = self.resolve(&request.agent).await? else {
+            // Unknown provider id: nothing to do yet; the agent polls again.
+            tokio::time::sleep(Duration::from_secs(u64::from(
+                request.wait_seconds.min(MAX_WAIT_SECONDS),
+            )))
+            .await;
+            return Ok(PollResponse::nothing());
+        };
+        if !scope.covers(&machine, None) {
+            return Err(forbidden(scope, &machine));
+        }
+        if self.mark_seen(&machine) {
+            self.persist_seen(&machine, None).await?;
+        }
+        if let Some(progress) = &request.current {
+            self.absorb_progress(&machine, progress).await?;
+        }
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_secs(u64::from(request.wait_seconds.min(MAX_WAIT_SECONDS)));
+        let notify = self.waiter(&machine);
+        let answer = loop {
+            // Register interest before looking, so a run recorded in between is not missed.
+            let for_machine = notify.notified();
+            let for_everyone = self.everyone.notified();
+            tokio::pin!(for_machine, for_everyone);
+            for_machine.as_mut().enable();
+            for_everyone.as_mut().enable();
+            match self
+                .pending_plan(scope, &machine, request.current.as_ref())
+                .await
+            {
+                Ok(Some(plan)) => break Ok(PollResponse::with_plan(plan)),
+                Ok(None) => {}
+                Err(err) => break Err(err),
+            }
+            tokio::select! {
+                () = &mut for_machine => {}
+                () = &mut for_everyone => {}
+                () = tokio::time::sleep_until(deadline) => break Ok(PollResponse::nothing()),
+                // Shutting down: answer "nothing" now so the drain is not held up by idle polls.
+                () = self.shutdown.cancelled() => break Ok(PollResponse::nothing()),
+            }
+        };
+        self.release_waiter(&machine, notify);
+        answer
+    }
+
+    /// One step report: applied to the run it names, which must be the Machine's current run.
+    pub async fn report(
+        &self,
+        scope: &AgentScope,
+        report: &StepReport,
+    ) -> Result<(), DispatchError> {
+        validate_report(report).map_err(|err| DispatchError::BadRequest(err.to_string()))?;
+        let Some(machine) = self.resolve(&report.agent).await? else {
+            return Err(DispatchError::Conflict(
+                "no run is recorded for this provider id".into(),
+            ));
+        };
+        let record = self.scoped_machine(scope, &machine).await?;
+        if record.as_ref().is_none_or(|r| r.run_id != report.plan_id) {
+            return Err(DispatchError::Conflict(format!(
+                "plan {} is not the current run of machine {machine}",
+                truncate(&report.plan_id)
+            )));
+        }
+        self.mark_seen(&machine);
+        let now = now_ms();
+        let mut rejection = None;
+        self.update(
+            &update_key(&machine, &report.plan_id),
+            |current: Option<&UpdateRecord>| {
+                let Some(run) = current else { return Ok(None) };
+                let mut run = run.clone();
+                match run.apply_report(report, now) {
+                    Ok(true) => Ok(Some(run)),
+                    Ok(false) => Ok(None),
+                    Err(err) => {
+                        rejection = Some(err);
+                        Ok(None)
+                    }
+                }
+            },
+        )
+        .await?;
+        match rejection {
+            Some(err) => Err(DispatchError::BadRequest(err.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    /// Inventory: persisted per agent, and its plan summary folded into the run it names.
+    pub async fn inventory(
+        &self,
+        scope: &AgentScope,
+        report: &InventoryReport,
+    ) -> Result<(), DispatchError> {
+        let Some(machine) = self.resolve(&report.agent).await? else {
+            return Ok(());
+        };
+        self.scoped_machine(scope, &machine).await?;
+        self.mark_seen(&machine);
+        self.persist_seen(&machine, Some(report.clone())).await?;
+        if let Some(progress) = &report.current {
+            self.absorb_progress(&machine, progress).await?;
+        }
+        Ok(())
+    }
+}
+
+fn truncate(text: &str) -> String {
+    text.chars().take(80).collect()
+}

@@ -1,0 +1,135 @@
+//! The operator's view of a rollout: every recorded run with its Machine, cluster, current step and message,
+//! and the retention sweep that deletes finished runs once they are older than the retention period.
+
+use serde::{Deserialize, Serialize};
+
+use super::records::{MachineRecord, Outcome, UPDATES_PREFIX, UpdateRecord, machine_key};
+use super::{DispatchError, Dispatcher, now_ms};
+
+/// Where a run is, for `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StatusState {
+    /// Recorded, no step started.
+    Waiting,
+    /// A step is running or pending.
+    InProgress,
+    /// Done.
+    Done,
+    /// A step failed.
+    Failed,
+    /// Replaced by a newer desired state before it finished.
+    Superseded,
+}
+
+/// One row of `inplace-updater status`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusRow {
+    /// `namespace/name` of the Machine.
+    pub machine: String,
+    /// Its cluster.
+    pub cluster: String,
+    /// The run id (first 12 characters are enough to tell runs apart).
+    pub run: String,
+    /// Where it is.
+    pub state: StatusState,
+    /// `step i/n: description` of the first unfinished (or the failed) step.
+    pub step: String,
+    /// The last message of that step (agent message, exit code, stderr tail excerpt).
+    pub message: String,
+    /// When the run was recorded (Unix ms).
+    pub created_ms: u64,
+    /// When it ended (Unix ms).
+    pub finished_ms: Option<u64>,
+}
+
+impl Dispatcher {
+    /// Every recorded run, newest first within each cluster.
+    pub async fn status(&self) -> Result<Vec<StatusRow>, DispatchError> {
+        let mut rows = Vec::new();
+        for entry in self.store.list(UPDATES_PREFIX).await? {
+            let Ok(run) = serde_json::from_slice::<UpdateRecord>(&entry.value) else {
+                continue;
+            };
+            let current = self
+                .read::<MachineRecord>(&machine_key(&run.plan.machine))
+                .await?
+                .is_some_and(|(record, _)| record.run_id == run.plan.id);
+            let total = run.plan.steps.len();
+            let (state, index) = match run.outcome() {
+                Outcome::Done => (StatusState::Done, None),
+                Outcome::Failed { index } => (StatusState::Failed, Some(index)),
+                _ if !current => (StatusState::Superseded, None),
+                Outcome::Waiting => (StatusState::Waiting, Some(0)),
+                Outcome::InProgress { index } => (StatusState::InProgress, Some(index)),
+            };
+            let (step, message) = match index.and_then(|i| run.plan.steps.get(i).map(|s| (i, s))) {
+                Some((i, step)) => {
+                    let record = &run.steps[i];
+                    let mut message = record.message.clone().unwrap_or_default();
+                    if let Some(code) = record.exit_code {
+                        message = format!("exit {code}; {message}");
+                    }
+                    (
+                        format!("step {}/{total}: {}", i + 1, step.description),
+                        message,
+                    )
+                }
+                None => (format!("{total} steps"), String::new()),
+            };
+            rows.push(StatusRow {
+                machine: run.plan.machine.to_string(),
+                cluster: run.plan.cluster.clone(),
+                run: run.plan.id.chars().take(12).collect(),
+                state,
+                step,
+                message,
+                created_ms: run.created_ms,
+                finished_ms: run.finished_ms,
+            });
+        }
+        rows.sort_by(|a, b| {
+            a.cluster
+                .cmp(&b.cluster)
+                .then(b.created_ms.cmp(&a.created_ms))
+        });
+        Ok(rows)
+    }
+
+    /// Deletes runs that finished (or were superseded) longer ago than the retention period and are not any
+    /// Machine's current run. Returns how many were deleted.
+    pub async fn sweep(&self) -> Result<usize, DispatchError> {
+        let now = now_ms();
+        let horizon = now.saturating_sub(self.config.retention.as_millis() as u64);
+        let mut deleted = 0;
+        for entry in self.store.list(UPDATES_PREFIX).await? {
+            let Ok(run) = serde_json::from_slice::<UpdateRecord>(&entry.value) else {
+                continue;
+            };
+            let ended = run.finished_ms.unwrap_or(run.created_ms);
+            if ended > horizon {
+                continue;
+            }
+            let current = self
+                .read::<MachineRecord>(&machine_key(&run.plan.machine))
+                .await?
+                .is_some_and(|(record, _)| record.run_id == run.plan.id);
+            if current {
+                // The current run stays: it is what UpdateMachine answers from (one per Machine, bounded).
+                continue;
+            }
+            if let inplace_store::Write::Done(_) = self
+                .store
+                .delete(
+                    &entry.key,
+                    inplace_store::Precondition::Revision(entry.revision),
+                )
+                .await?
+            {
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+}

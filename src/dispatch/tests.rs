@@ -1,0 +1,393 @@
+//! Dispatch over the in-memory store: recording runs once, long-poll wake-ups (also across two dispatchers on
+//! one store, as two replicas), scoping, report handling, and the answers UpdateMachine derives.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inplace_agent_api::{
+    AgentIdentity, KubeadmUpgradeMode, MachineRef, PlanProgress, PlanStatus, PollRequest,
+    StepAction, StepReport, StepStatus,
+};
+use inplace_core::Action;
+use inplace_store::{EtcdOptions, Store, StoreUrl};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::plan::MachineFacts;
+
+async fn memory() -> Arc<dyn Store> {
+    inplace_store::open(&StoreUrl::Memory, &EtcdOptions::default())
+        .await
+        .unwrap()
+}
+
+fn dispatcher(store: Arc<dyn Store>) -> Arc<Dispatcher> {
+    let dispatcher = Dispatcher::new(store, DispatchConfig::default(), CancellationToken::new());
+    tokio::spawn(dispatcher.clone().follow_changes());
+    dispatcher
+}
+
+fn request(name: &str, control_plane: bool, version: &str, motd: &str) -> UpdateRequest {
+    let mut labels = json!({ "cluster.x-k8s.io/cluster-name": "edge-01" });
+    if control_plane {
+        labels["cluster.x-k8s.io/control-plane"] = json!("");
+    }
+    let machine = json!({
+        "metadata": { "name": name, "namespace": "default", "labels": labels },
+        "spec": { "clusterName": "edge-01", "version": version }
+    });
+    let bootstrap = json!({ "spec": { "files": [ { "path": "/etc/motd", "content": motd } ] } });
+    UpdateRequest {
+        facts: MachineFacts::of(&machine).unwrap(),
+        bootstrap: Some(bootstrap),
+        actions: [Action::KubernetesVersion, Action::Files]
+            .into_iter()
+            .collect::<BTreeSet<_>>(),
+    }
+}
+
+fn scope() -> AgentScope {
+    AgentScope::Cluster {
+        namespace: "default".into(),
+        cluster: "edge-01".into(),
+    }
+}
+
+fn poll_for(name: &str, wait_seconds: u32) -> PollRequest {
+    PollRequest {
+        agent: AgentIdentity::Machine(MachineRef::new("default", name)),
+        current: None,
+        wait_seconds,
+    }
+}
+
+fn report(name: &str, plan: &str, index: u32, status: StepStatus) -> StepReport {
+    StepReport {
+        agent: AgentIdentity::Machine(MachineRef::new("default", name)),
+        plan_id: plan.into(),
+        step_index: index,
+        status,
+        attempt: 1,
+        started_at_unix_ms: Some(1),
+        finished_at_unix_ms: Some(2),
+        exit_code: (status == StepStatus::Failed).then_some(1),
+        stderr_tail: (status == StepStatus::Failed).then(|| "[ERROR] kubeadm says no".to_string()),
+        message: None,
+    }
+}
+
+#[tokio::test]
+async fn a_run_is_recorded_once_and_answered_from_the_store() {
+    let d = dispatcher(memory().await);
+    let first = d
+        .update_machine(&request("m-1", false, "v1.34.1", "hi"))
+        .await
+        .unwrap();
+    let UpdateAnswer::InProgress { message, .. } = &first else {
+        panic!("{first:?}")
+    };
+    assert!(
+        message.starts_with("waiting for agent on default/m-1 (last seen: never)"),
+        "{message}"
+    );
+    assert_eq!(
+        d.update_machine(&request("m-1", false, "v1.34.1", "hi"))
+            .await
+            .unwrap(),
+        first
+    );
+    assert_eq!(
+        d.store().list("updates/").await.unwrap().len(),
+        1,
+        "repeated calls record nothing new"
+    );
+
+    let plan = d
+        .poll(&scope(), &poll_for("m-1", 0))
+        .await
+        .unwrap()
+        .plan
+        .expect("a plan for the agent");
+    for index in 0..plan.steps.len() as u32 {
+        d.report(
+            &scope(),
+            &report("m-1", &plan.id, index, StepStatus::Running),
+        )
+        .await
+        .unwrap();
+        let UpdateAnswer::InProgress { message, .. } = d
+            .update_machine(&request("m-1", false, "v1.34.1", "hi"))
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert!(
+            message.starts_with(&format!("step {}/{}: ", index + 1, plan.steps.len())),
+            "{message}"
+        );
+        d.report(
+            &scope(),
+            &report("m-1", &plan.id, index, StepStatus::Succeeded),
+        )
+        .await
+        .unwrap();
+    }
+    assert!(matches!(
+        d.update_machine(&request("m-1", false, "v1.34.1", "hi"))
+            .await
+            .unwrap(),
+        UpdateAnswer::Done { .. }
+    ));
+    // A restart of the server (a new dispatcher on the same store) gives the same answer.
+    let again = dispatcher(d.store().clone());
+    assert!(matches!(
+        again
+            .update_machine(&request("m-1", false, "v1.34.1", "hi"))
+            .await
+            .unwrap(),
+        UpdateAnswer::Done { .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_failed_step_is_the_answer_for_ever_and_a_new_spec_starts_over() {
+    let d = dispatcher(memory().await);
+    d.update_machine(&request("m-1", false, "v1.34.1", "hi"))
+        .await
+        .unwrap();
+    let plan = d
+        .poll(&scope(), &poll_for("m-1", 0))
+        .await
+        .unwrap()
+        .plan
+        .unwrap();
+    d.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Succeeded))
+        .await
+        .unwrap();
+    d.report(&scope(), &report("m-1", &plan.id, 1, StepStatus::Failed))
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let UpdateAnswer::Failed { message } = d
+            .update_machine(&request("m-1", false, "v1.34.1", "hi"))
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert!(
+            message.contains("step 2/")
+                && message.contains("exit 1")
+                && message.contains("kubeadm says no"),
+            "{message}"
+        );
+    }
+    let changed = d
+        .update_machine(&request("m-1", false, "v1.34.2", "hi"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(changed, UpdateAnswer::InProgress { .. }),
+        "{changed:?}"
+    );
+    let stale = d
+        .report(&scope(), &report("m-1", &plan.id, 2, StepStatus::Succeeded))
+        .await;
+    assert!(
+        matches!(stale, Err(DispatchError::Conflict(_))),
+        "reports for the old run are refused: {stale:?}"
+    );
+}
+
+#[tokio::test]
+async fn returning_to_an_earlier_spec_is_a_new_run() {
+    let d = dispatcher(memory().await);
+    let run = |motd: &'static str| {
+        let d = d.clone();
+        async move {
+            d.update_machine(&request("m-1", false, "v1.34.1", motd))
+                .await
+                .unwrap();
+            d.poll(&scope(), &poll_for("m-1", 0))
+                .await
+                .unwrap()
+                .plan
+                .unwrap()
+                .id
+        }
+    };
+    let a = run("a").await;
+    let b = run("b").await;
+    let a_again = run("a").await;
+    assert_ne!(a, b);
+    assert_ne!(
+        a, a_again,
+        "the agent must converge to A again, so it gets a run id it has not finished"
+    );
+}
+
+#[tokio::test]
+async fn the_first_control_plane_machine_of_a_version_runs_apply() {
+    let d = dispatcher(memory().await);
+    let mut modes = Vec::new();
+    for name in ["cp-a", "cp-b", "cp-a"] {
+        d.update_machine(&request(name, true, "v1.34.1", "x"))
+            .await
+            .unwrap();
+        let plan = d
+            .poll(&scope(), &poll_for(name, 0))
+            .await
+            .unwrap()
+            .plan
+            .unwrap();
+        let mode = plan.steps.iter().find_map(|s| match &s.action {
+            StepAction::KubeadmUpgrade { mode, .. } => Some(*mode),
+            _ => None,
+        });
+        modes.push(mode.unwrap());
+    }
+    assert_eq!(
+        modes,
+        [
+            KubeadmUpgradeMode::Apply,
+            KubeadmUpgradeMode::Node,
+            KubeadmUpgradeMode::Apply
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_waiting_poll_wakes_when_work_is_recorded_even_on_another_replica() {
+    let store = memory().await;
+    let (a, b) = (dispatcher(store.clone()), dispatcher(store));
+    let waiting = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let answer = b.poll(&scope(), &poll_for("m-1", 30)).await.unwrap();
+            (answer, started.elapsed())
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.waiting() == 0 {
+        assert!(Instant::now() < deadline, "the poll never started waiting");
+        tokio::task::yield_now().await;
+    }
+    a.update_machine(&request("m-1", false, "v1.34.1", "hi"))
+        .await
+        .unwrap();
+    let (answer, took) = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(answer.plan.is_some());
+    assert!(
+        took < Duration::from_secs(2),
+        "woken by the change feed, not by the 30 s timeout: {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn tokens_only_see_their_own_cluster_or_machine() {
+    let d = dispatcher(memory().await);
+    d.update_machine(&request("m-1", false, "v1.34.1", "secret-content"))
+        .await
+        .unwrap();
+    let other = AgentScope::Cluster {
+        namespace: "default".into(),
+        cluster: "other".into(),
+    };
+    assert!(matches!(
+        d.poll(&other, &poll_for("m-1", 0)).await,
+        Err(DispatchError::Forbidden(_))
+    ));
+    let wrong_namespace = AgentScope::Cluster {
+        namespace: "prod".into(),
+        cluster: "edge-01".into(),
+    };
+    assert!(matches!(
+        d.poll(&wrong_namespace, &poll_for("m-1", 0)).await,
+        Err(DispatchError::Forbidden(_))
+    ));
+    let machine = AgentScope::Machine(MachineRef::new("default", "m-2"));
+    assert!(matches!(
+        d.poll(&machine, &poll_for("m-1", 0)).await,
+        Err(DispatchError::Forbidden(_))
+    ));
+    let own = AgentScope::Machine(MachineRef::new("default", "m-1"));
+    assert!(
+        d.poll(&own, &poll_for("m-1", 0))
+            .await
+            .unwrap()
+            .plan
+            .is_some()
+    );
+    let bad = poll_for("../etc", 0);
+    assert!(matches!(
+        d.poll(&scope(), &bad).await,
+        Err(DispatchError::BadRequest(_))
+    ));
+}
+
+#[tokio::test]
+async fn agent_progress_recovers_reports_lost_in_a_crash() {
+    let d = dispatcher(memory().await);
+    d.update_machine(&request("m-1", false, "v1.34.1", "hi"))
+        .await
+        .unwrap();
+    let plan = d
+        .poll(&scope(), &poll_for("m-1", 0))
+        .await
+        .unwrap()
+        .plan
+        .unwrap();
+    let mut poll = poll_for("m-1", 0);
+    poll.current = Some(PlanProgress {
+        plan_id: plan.id.clone(),
+        status: PlanStatus::Succeeded,
+        succeeded_steps: plan.steps.len() as u32,
+        total_steps: plan.steps.len() as u32,
+        failed_step: None,
+    });
+    assert!(
+        d.poll(&scope(), &poll).await.unwrap().plan.is_none(),
+        "a finished agent gets nothing more"
+    );
+    assert!(matches!(
+        d.update_machine(&request("m-1", false, "v1.34.1", "hi"))
+            .await
+            .unwrap(),
+        UpdateAnswer::Done { .. }
+    ));
+}
+
+#[tokio::test]
+async fn status_lists_runs_and_retention_keeps_current_ones() {
+    let store = memory().await;
+    let d = Dispatcher::new(
+        store,
+        DispatchConfig {
+            retry_after_seconds: 5,
+            retention: Duration::ZERO,
+        },
+        CancellationToken::new(),
+    );
+    d.update_machine(&request("m-1", false, "v1.34.1", "a"))
+        .await
+        .unwrap();
+    d.update_machine(&request("m-1", false, "v1.34.1", "b"))
+        .await
+        .unwrap();
+    let rows = d.status().await.unwrap();
+    assert_eq!(rows.len(), 2);
+    assert!(rows.iter().any(|r| r.state == StatusState::Superseded));
+    assert_eq!(
+        d.sweep().await.unwrap(),
+        1,
+        "the superseded run goes, the current one stays"
+    );
+    assert_eq!(d.status().await.unwrap().len(), 1);
+}

@@ -1,0 +1,140 @@
+//! CanUpdateMachine and CanUpdateMachineSet: diff, policy and patch (in `inplace-core`), answered the way CAPI
+//! reads it. `Success` with patches covering what goes in place (CAPI rolls out whatever is left), or `Failure`
+//! when in-place-only mode refuses a change or our own self-check caught a patch CAPI would mis-read.
+
+use inplace_core::{Decision, Objects, Outcome, Scope, Settings, decide};
+
+use super::{Answer, Engine, answer, failure};
+use crate::api::{
+    CanUpdateMachineRequest, CanUpdateMachineResponse, CanUpdateMachineSetRequest,
+    CanUpdateMachineSetResponse, Hook, ObjectKey, Patch, PatchType, Status, decode_request,
+};
+
+fn wire_patch(patch: Option<&inplace_core::Patch>) -> Option<Patch> {
+    patch.map(|patch| Patch {
+        patch_type: match patch.patch_type {
+            inplace_core::PatchType::JsonPatch => PatchType::JsonPatch,
+            inplace_core::PatchType::JsonMergePatch => PatchType::JsonMergePatch,
+        },
+        patch: patch.bytes.clone(),
+    })
+}
+
+/// The domain view of one side of a CanUpdateMachine request.
+pub fn machine_objects(side: &crate::api::MachineObjects) -> Objects<'_> {
+    Objects {
+        machine: Some(&side.machine),
+        bootstrap: side.bootstrap_config.as_ref(),
+        infra: side.infrastructure_machine.as_ref(),
+    }
+}
+
+/// The domain view of one side of a CanUpdateMachineSet request.
+pub fn machine_set_objects(side: &crate::api::MachineSetObjects) -> Objects<'_> {
+    Objects {
+        machine: Some(&side.machine_set),
+        bootstrap: side.bootstrap_config_template.as_ref(),
+        infra: side.infrastructure_machine_template.as_ref(),
+    }
+}
+
+/// Status and verdict label of a decision.
+fn verdict(decision: &Decision) -> (Status, &'static str) {
+    match decision.outcome {
+        Outcome::InPlace => (Status::Success, "in-place"),
+        Outcome::NeedsRollout => (Status::Success, "rollout"),
+        Outcome::Refused => (Status::Failure, "refused"),
+        Outcome::SelfCheckFailed => (Status::Failure, "self-check-failed"),
+    }
+}
+
+fn report_self_check(hook: Hook, object: &Option<ObjectKey>, decision: &Decision) {
+    if decision.outcome == Outcome::SelfCheckFailed {
+        tracing::error!(
+            hook = hook.name(),
+            object = %object.as_ref().map(ToString::to_string).unwrap_or_default(),
+            paths = ?decision.self_check_failures,
+            "self-check refused our own patch (a bug: please report it); answered Failure"
+        );
+    }
+}
+
+fn settings(
+    hook: Hook,
+    map: &std::collections::BTreeMap<String, String>,
+    object: &Option<ObjectKey>,
+) -> Result<Settings, Answer> {
+    Settings::from_map(map).map_err(|err| {
+        failure(
+            hook,
+            format!("ExtensionConfig settings: {err}"),
+            "bad-settings",
+            object.clone(),
+        )
+    })
+}
+
+/// CanUpdateMachine: which of the changes between current and desired go in place.
+pub fn can_update_machine(engine: &Engine, body: &[u8]) -> Answer {
+    let hook = Hook::CanUpdateMachine;
+    let request: CanUpdateMachineRequest = match decode_request(body) {
+        Ok(request) => request,
+        Err(err) => return failure(hook, err.to_string(), "bad-request", None),
+    };
+    let object = ObjectKey::of(&request.desired.machine);
+    let settings = match settings(hook, &request.settings, &object) {
+        Ok(settings) => settings,
+        Err(answer) => return answer,
+    };
+    let decision = decide(
+        Scope::Object,
+        &machine_objects(&request.current),
+        &machine_objects(&request.desired),
+        &engine.policy,
+        &settings,
+    );
+    report_self_check(hook, &object, &decision);
+    let (status, verdict) = verdict(&decision);
+    let mut response = CanUpdateMachineResponse::new(status, decision.message.clone());
+    if status == Status::Success {
+        response.machine_patch = wire_patch(decision.patches.machine.as_ref());
+        response.bootstrap_config_patch = wire_patch(decision.patches.bootstrap.as_ref());
+        response.infrastructure_machine_patch = wire_patch(decision.patches.infra.as_ref());
+        response.affects_availability =
+            (!decision.actions.is_empty()).then_some(decision.affects_availability);
+    }
+    answer(hook, &response, status, verdict, object, decision.message)
+}
+
+/// CanUpdateMachineSet: the same question for a MachineDeployment's old and new MachineSet templates.
+pub fn can_update_machine_set(engine: &Engine, body: &[u8]) -> Answer {
+    let hook = Hook::CanUpdateMachineSet;
+    let request: CanUpdateMachineSetRequest = match decode_request(body) {
+        Ok(request) => request,
+        Err(err) => return failure(hook, err.to_string(), "bad-request", None),
+    };
+    let object = ObjectKey::of(&request.desired.machine_set);
+    let settings = match settings(hook, &request.settings, &object) {
+        Ok(settings) => settings,
+        Err(answer) => return answer,
+    };
+    let decision = decide(
+        Scope::Template,
+        &machine_set_objects(&request.current),
+        &machine_set_objects(&request.desired),
+        &engine.policy,
+        &settings,
+    );
+    report_self_check(hook, &object, &decision);
+    let (status, verdict) = verdict(&decision);
+    let mut response = CanUpdateMachineSetResponse::new(status, decision.message.clone());
+    if status == Status::Success {
+        response.machine_set_patch = wire_patch(decision.patches.machine.as_ref());
+        response.bootstrap_config_template_patch = wire_patch(decision.patches.bootstrap.as_ref());
+        response.infrastructure_machine_template_patch =
+            wire_patch(decision.patches.infra.as_ref());
+        response.affects_availability =
+            (!decision.actions.is_empty()).then_some(decision.affects_availability);
+    }
+    answer(hook, &response, status, verdict, object, decision.message)
+}

@@ -1,0 +1,84 @@
+//! UpdateMachine: decode, work out which actions the policy allows for this Machine, and hand the desired
+//! state to dispatch, which records the run and answers from the store.
+
+use std::sync::Arc;
+
+use inplace_core::{Objects, Scope, Settings};
+
+use super::{Answer, Engine, answer, failure};
+use crate::api::{
+    Hook, ObjectKey, Status, UpdateMachineRequest, UpdateMachineResponse, decode_request,
+};
+use crate::dispatch::{DispatchError, UpdateAnswer, UpdateRequest};
+use crate::plan::MachineFacts;
+
+/// UpdateMachine: performs (or reports on) the in-place update of one Machine.
+pub async fn update_machine(engine: Arc<Engine>, body: bytes::Bytes) -> Answer {
+    let hook = Hook::UpdateMachine;
+    let request: UpdateMachineRequest = match decode_request(&body) {
+        Ok(request) => request,
+        Err(err) => return failure(hook, err.to_string(), "bad-request", None),
+    };
+    let object = ObjectKey::of(&request.desired.machine);
+    let Some(dispatcher) = engine.dispatcher.clone() else {
+        return failure(
+            hook,
+            "no updater is configured on this server: the change was not performed",
+            "failed",
+            object,
+        );
+    };
+    let settings = match Settings::from_map(&request.settings) {
+        Ok(settings) => settings,
+        Err(err) => {
+            return failure(
+                hook,
+                format!("ExtensionConfig settings: {err}"),
+                "bad-settings",
+                object,
+            );
+        }
+    };
+    if !settings.in_place {
+        return failure(
+            hook,
+            "in-place updates are disabled by the ExtensionConfig setting inPlace=false",
+            "refused",
+            object,
+        );
+    }
+    let facts = match MachineFacts::of(&request.desired.machine) {
+        Ok(facts) => facts,
+        Err(err) => return failure(hook, err.to_string(), "bad-request", object),
+    };
+    let desired = Objects {
+        machine: Some(&request.desired.machine),
+        bootstrap: request.desired.bootstrap_config.as_ref(),
+        infra: request.desired.infrastructure_machine.as_ref(),
+    };
+    let actions = engine
+        .policy
+        .actions_for(Scope::Object, &desired, &settings);
+    let update = UpdateRequest {
+        facts,
+        bootstrap: request.desired.bootstrap_config.clone(),
+        actions,
+    };
+    let (status, verdict, message, retry) = match dispatcher.update_machine(&update).await {
+        Ok(UpdateAnswer::InProgress {
+            message,
+            retry_after_seconds,
+        }) => (Status::Success, "in-progress", message, retry_after_seconds),
+        Ok(UpdateAnswer::Done { message }) => (Status::Success, "done", message, 0),
+        Ok(UpdateAnswer::Failed { message }) => (Status::Failure, "failed", message, 0),
+        Err(DispatchError::BadRequest(message)) => (Status::Failure, "bad-request", message, 0),
+        Err(err) => (
+            Status::Failure,
+            "error",
+            format!("cannot record the update right now ({err}); CAPI will call again"),
+            0,
+        ),
+    };
+    let response = UpdateMachineResponse::new(status, message.clone(), retry);
+    answer(hook, &response, status, verdict, object, message)
+}

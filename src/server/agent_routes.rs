@@ -1,0 +1,156 @@
+//! The agent API under `/agent/v1/` on the hook port: bearer-token authentication, body limits, JSON decoding
+//! that names the bad field, and the mapping of dispatch errors to HTTP statuses the agent understands
+//! (401 no/unknown/expired token, 403 outside the token's scope, 409 stale run, 400 bad body, 503 store down).
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use inplace_agent_api::{
+    AckResponse, INVENTORY_PATH, InventoryReport, MAX_REQUEST_BODY_BYTES, MAX_WAIT_SECONDS,
+    POLL_GRACE_SECONDS, POLL_PATH, PollRequest, REPORT_PATH, StepReport,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tower_http::timeout::TimeoutLayer;
+
+use super::app::{AppState, refusal};
+use crate::dispatch::{AgentScope, DispatchError, Dispatcher};
+
+/// Ceiling on any agent request: the longest poll plus the grace agents allow for it.
+pub const MAX_AGENT_REQUEST_TIME: Duration =
+    Duration::from_secs((MAX_WAIT_SECONDS + POLL_GRACE_SECONDS) as u64);
+
+/// The agent endpoints.
+pub fn agent_router(state: AppState) -> Router {
+    Router::new()
+        .route(POLL_PATH, post(poll))
+        .route(REPORT_PATH, post(report))
+        .route(INVENTORY_PATH, post(inventory))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::GATEWAY_TIMEOUT,
+            MAX_AGENT_REQUEST_TIME,
+        ))
+        .with_state(state)
+}
+
+enum Refused {
+    Status(StatusCode, String),
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        let Refused::Status(status, message) = self;
+        let mut response = refusal(status, &message);
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<DispatchError> for Refused {
+    fn from(err: DispatchError) -> Self {
+        let status = match &err {
+            DispatchError::Forbidden(_) => StatusCode::FORBIDDEN,
+            DispatchError::Conflict(_) => StatusCode::CONFLICT,
+            DispatchError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            DispatchError::Store(_)
+            | DispatchError::Contention(_)
+            | DispatchError::Corrupt { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        Refused::Status(status, err.to_string())
+    }
+}
+
+/// Authenticates, reads and decodes an agent request.
+async fn accept<T: DeserializeOwned>(
+    state: &AppState,
+    request: Request,
+) -> Result<(AgentScope, std::sync::Arc<Dispatcher>, T), Refused> {
+    let dispatcher = state.engine.dispatcher.clone().ok_or_else(|| {
+        Refused::Status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this server has no store configured for agents".into(),
+        )
+    })?;
+    let header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok());
+    let scope = state
+        .tokens
+        .authenticate(header)
+        .map_err(|err| Refused::Status(StatusCode::UNAUTHORIZED, err.to_string()))?;
+    let too_large = || {
+        Refused::Status(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("agent request bodies are limited to {MAX_REQUEST_BODY_BYTES} bytes"),
+        )
+    };
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > MAX_REQUEST_BODY_BYTES) {
+        return Err(too_large());
+    }
+    let body: Bytes = axum::body::to_bytes(request.into_body(), MAX_REQUEST_BODY_BYTES)
+        .await
+        .map_err(|_| too_large())?;
+    let deserializer = &mut serde_json::Deserializer::from_slice(&body);
+    let value: T = serde_path_to_error::deserialize(deserializer).map_err(|err| {
+        let path = err.path().to_string();
+        Refused::Status(
+            StatusCode::BAD_REQUEST,
+            format!("cannot decode the body: {path}: {}", err.into_inner()),
+        )
+    })?;
+    Ok((scope, dispatcher, value))
+}
+
+fn json<T: Serialize>(value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(err) => refusal(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("cannot encode the answer: {err}"),
+        ),
+    }
+}
+
+async fn poll(State(state): State<AppState>, request: Request) -> Result<Response, Refused> {
+    let (scope, dispatcher, body): (_, _, PollRequest) = accept(&state, request).await?;
+    let answer = dispatcher.poll(&scope, &body).await?;
+    if let Some(plan) = &answer.plan {
+        tracing::info!(agent = %body.agent, run = %plan.id.chars().take(12).collect::<String>(), steps = plan.steps.len(), "plan handed to agent");
+    }
+    Ok(json(&answer))
+}
+
+async fn report(State(state): State<AppState>, request: Request) -> Result<Response, Refused> {
+    let (scope, dispatcher, body): (_, _, StepReport) = accept(&state, request).await?;
+    dispatcher.report(&scope, &body).await?;
+    tracing::info!(
+        agent = %body.agent,
+        run = %body.plan_id.chars().take(12).collect::<String>(),
+        step = body.step_index,
+        status = ?body.status,
+        attempt = body.attempt,
+        "step report"
+    );
+    Ok(json(&AckResponse::default()))
+}
+
+async fn inventory(State(state): State<AppState>, request: Request) -> Result<Response, Refused> {
+    let (scope, dispatcher, body): (_, _, InventoryReport) = accept(&state, request).await?;
+    dispatcher.inventory(&scope, &body).await?;
+    Ok(json(&AckResponse::default()))
+}
