@@ -24,8 +24,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     match cli.command {
         Command::Serve(args) => runtime.block_on(async {
-            let shutdown = CancellationToken::new();
-            tokio::spawn(stop_on_signal(shutdown.clone()));
+            let shutdown = stop_on_signal()?;
             commands::serve(*args, shutdown).await
         }),
         Command::Certs(args) => {
@@ -48,8 +47,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Agent(args) => runtime.block_on(async {
-            let shutdown = CancellationToken::new();
-            tokio::spawn(stop_on_signal(shutdown.clone()));
+            let shutdown = stop_on_signal()?;
             inplace_agent::run(args.config(), async move { shutdown.cancelled().await }).await?;
             Ok(())
         }),
@@ -62,15 +60,20 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn stop_on_signal(shutdown: CancellationToken) {
+/// Installs the SIGTERM/SIGINT handlers now (a signal arriving before they exist would kill the process
+/// without a drain) and returns the token they cancel.
+fn stop_on_signal() -> anyhow::Result<CancellationToken> {
     use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut term) = signal(SignalKind::terminate()) else {
-        tracing::error!("cannot install the SIGTERM handler");
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-    }
-    shutdown.cancel();
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let shutdown = CancellationToken::new();
+    let cancel = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = interrupt.recv() => tracing::info!("SIGINT received"),
+        }
+        cancel.cancel();
+    });
+    Ok(shutdown)
 }

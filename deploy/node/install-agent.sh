@@ -12,7 +12,7 @@ dest="${INSTALL_AGENT_DEST:-/usr/local/bin/inplace-updater}"
 case "$sum" in
 *[!0-9a-f]* | "") echo "install-agent: SHA256 must be 64 lower-case hex digits" >&2; exit 2 ;;
 esac
-[ "${#sum}" -eq 64 ] || { echo "install-agent: SHA256 must be 64 lower-case hex digits" >&2; exit 2; }
+[ "$(printf '%s' "$sum" | wc -c)" -eq 64 ] || { echo "install-agent: SHA256 must be 64 lower-case hex digits" >&2; exit 2; }
 
 tmp="$(mktemp "${dest}.XXXXXX")"
 trap 'rm -f "$tmp"' EXIT

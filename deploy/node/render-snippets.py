@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
 """Writes kubeadmconfigtemplate.yaml and kubeadmcontrolplane.yaml from the node files beside it.
 
-The bootstrap snippets carry verbatim copies of agent.env, agent.yaml, the systemd unit and the two
-scripts in their `files` entries. Edit those files, then run `python3 deploy/node/render-snippets.py`;
-tests/deploy fails while a snippet and its source disagree.
+The bootstrap snippets carry copies of agent.env, agent.yaml, the systemd unit and the two scripts in
+their `files` entries. Edit those files, then run `python3 deploy/node/render-snippets.py`; tests/deploy
+fails while a snippet and its source disagree.
+
+The kubeadm bootstrap provider's cloud-init user-data is a Jinja template (it starts with
+`## template: jinja`): cloud-init renders the whole of it, file contents included, before writing any file.
+A file whose text holds a Jinja delimiter (the agent's `{{version}}` templates, a shell `${#var}`) is
+therefore embedded base64-encoded, which Jinja leaves alone; every other file is embedded as plain text.
 """
 
+import base64
 import pathlib
 import textwrap
 
@@ -23,6 +29,13 @@ SECRET = "my-cluster-inplace-updater-agent"
 AGENT_URL = "https://downloads.example.com/inplace-updater/v0.1.0/inplace-updater-linux-amd64"
 # Deliberately not a real digest: install-agent.sh refuses the download until you put yours here.
 AGENT_SHA256 = "0" * 64
+# What starts a Jinja expression, statement or comment (Jinja's default delimiters).
+JINJA_DELIMITERS = ("{{", "{%", "{#")
+
+
+def needs_encoding(text: str) -> bool:
+    """Whether cloud-init's Jinja pass would change (or choke on) this text."""
+    return any(delimiter in text for delimiter in JINJA_DELIMITERS)
 
 
 def files_section(ind: int) -> str:
@@ -51,7 +64,16 @@ def files_section(ind: int) -> str:
         out += f"""{i}- path: {path}
 {i}  owner: root:root
 {i}  permissions: "{mode}"
-{i}  content: |
+"""
+        if needs_encoding(text):
+            encoded = base64.b64encode(text.encode()).decode()
+            out += f"""{i}  # deploy/node/{src}, base64-encoded: cloud-init's Jinja pass over the user-data would
+{i}  # otherwise rewrite its templates. `base64 -d` shows it; edit the source and re-render.
+{i}  encoding: base64
+{i}  content: {encoded}
+"""
+        else:
+            out += f"""{i}  content: |
 {textwrap.indent(text, " " * (ind + 4))}"""
     return out
 

@@ -141,9 +141,14 @@ impl Dispatcher {
             };
             match received {
                 Ok(change) => {
-                    if let Some(machine) =
-                        change.key.strip_prefix("machines/").and_then(parse_machine)
-                    {
+                    // A run becomes visible to agents once both its record and the Machine's pointer
+                    // to it exist; either write may land last, so both wake the Machine's polls.
+                    let machine = change
+                        .key
+                        .strip_prefix("machines/")
+                        .or_else(|| change.key.strip_prefix(records::UPDATES_PREFIX))
+                        .and_then(parse_machine);
+                    if let Some(machine) = machine {
                         self.wake(&machine);
                     } else if change.key.is_empty() {
                         self.everyone.notify_waiters();
@@ -251,8 +256,10 @@ impl Dispatcher {
     }
 }
 
+/// `namespace/name[/...]` → the Machine.
 fn parse_machine(rest: &str) -> Option<MachineRef> {
-    let (namespace, name) = rest.split_once('/')?;
+    let mut parts = rest.split('/');
+    let (namespace, name) = (parts.next()?, parts.next()?);
     Some(MachineRef::new(namespace, name))
 }
 

@@ -70,7 +70,10 @@ impl AgentProcess {
             .expect("agent log");
         let child = Command::new(binary())
             .args(&self.args)
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("AGENT_LOG").unwrap_or("info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)

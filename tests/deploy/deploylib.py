@@ -8,6 +8,7 @@ schema is an error, never a silent pass.
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import os
@@ -367,3 +368,15 @@ def run_docs_token_block(workdir: pathlib.Path) -> None:
         capture_output=True, text=True, timeout=BINARY_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+# ---------------------------------------------------------------- bootstrap files
+
+
+def file_text(entry: dict) -> str:
+    """What a KubeadmConfig `files` entry writes on the node (its content, decoded per `encoding`)."""
+    encoding = entry.get("encoding")
+    if encoding in (None, ""):
+        return entry["content"]
+    assert encoding == "base64", f"{entry['path']}: encoding {encoding!r} is not one the snippets use"
+    return base64.b64decode(entry["content"], validate=True).decode()

@@ -59,7 +59,7 @@ def test_snippet_installs_agent_config_and_token(name):
     spec = bootstrap_spec(name)
     files = files_by_path(spec)
     for path, mode, source in render_module().EMBEDDED:
-        assert files[path]["content"] == (NODE / source).read_text(), f"{path} differs from deploy/node/{source}"
+        assert d.file_text(files[path]) == (NODE / source).read_text(), f"{path} differs from deploy/node/{source}"
         assert files[path]["permissions"] == mode
     token = files["/etc/inplace-updater/token"]
     assert token["permissions"] == "0600" and token["owner"] == "root:root"
@@ -77,6 +77,29 @@ def test_snippet_installs_agent_config_and_token(name):
     assert post.index("systemctl daemon-reload") < post.index("systemctl enable --now inplace-updater-agent.service")
 
 
+# Jinja's delimiters: the kubeadm bootstrap provider's cloud-init user-data starts with `## template: jinja`,
+# so cloud-init renders every string of it (file contents, commands) before anything runs.
+JINJA = re.compile(r"\{\{|\{%|\{#")
+
+
+@pytest.mark.parametrize("name", SNIPPETS)
+def test_snippet_survives_cloud_inits_jinja_pass(name):
+    spec = bootstrap_spec(name)
+    texts = {f"files[{f['path']}]": f.get("content", "") for f in spec["files"]}
+    texts |= {f"{key}[{i}]": c for key in ("preKubeadmCommands", "postKubeadmCommands") for i, c in enumerate(spec[key])}
+    rendered = {k: v for k, v in texts.items() if JINJA.search(v)}
+    assert not rendered, f"cloud-init's Jinja would rewrite {sorted(rendered)}: base64-encode them (render-snippets.py)"
+    # The agent config needs its {{templates}} intact, so it is the one file that must be encoded.
+    config = files_by_path(spec)["/etc/inplace-updater/agent.yaml"]
+    assert config["encoding"] == "base64" and JINJA.search(d.file_text(config))
+
+
+def test_the_jinja_check_can_fail():
+    assert JINJA.search((NODE / "agent.yaml").read_text())
+    assert JINJA.search('[ "${#sum}" -eq 64 ]'), "a shell length expansion opens a Jinja comment"
+    assert not JINJA.search("jsonpath='{.status.userInfo.username}' ${INPLACE_UPDATER_AGENT_SERVER:-}")
+
+
 def test_unit_start_script_env_file_and_installer_agree_on_paths():
     files = files_by_path(bootstrap_spec("kubeadmconfigtemplate.yaml"))
     unit = configparser.ConfigParser(strict=False, interpolation=None)
@@ -84,7 +107,7 @@ def test_unit_start_script_env_file_and_installer_agree_on_paths():
     exec_start = unit["Service"]["ExecStart"]
     assert exec_start in files and files[exec_start]["permissions"] == "0755"
     env_file = unit["Service"]["EnvironmentFile"].lstrip("-")
-    assert files[env_file]["content"] == (NODE / "agent.env").read_text()
+    assert d.file_text(files[env_file]) == (NODE / "agent.env").read_text()
     assert env_file in (NODE / "agent-start").read_text(), "agent-start names another env file in its messages"
     assert unit["Service"]["Restart"] == "always"
     assert unit["Unit"]["StartLimitIntervalSec"] == "0"
@@ -99,7 +122,7 @@ def test_unit_start_script_env_file_and_installer_agree_on_paths():
         assert env[key] in files, f"{key}={env[key]} is written by no bootstrap file"
     assert files[env["INPLACE_UPDATER_AGENT_TOKEN_FILE"]]["contentFrom"]["secret"]["key"] == "token"
     assert files[env["INPLACE_UPDATER_AGENT_CA_FILE"]]["contentFrom"]["secret"]["key"] == "ca.crt"
-    assert files[env["INPLACE_UPDATER_AGENT_CONFIG"]]["content"] == (NODE / "agent.yaml").read_text()
+    assert d.file_text(files[env["INPLACE_UPDATER_AGENT_CONFIG"]]) == (NODE / "agent.yaml").read_text()
     assert env["INPLACE_UPDATER_AGENT_STATE_DIR"] == "/var/lib/" + unit["Service"]["StateDirectory"], \
         "systemd creates a different state directory than the agent uses"
     assert unit["Service"]["StateDirectoryMode"] == "0700"

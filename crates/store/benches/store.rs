@@ -142,7 +142,7 @@ async fn feed_latency(writer: &Arc<dyn Store>, reader: &Arc<dyn Store>) -> Vec<D
     });
     let mut samples = Vec::with_capacity(FEED_SAMPLES);
     for i in 0..FEED_SAMPLES {
-        let key = format!("bench/feed/{}/{i}", samples.capacity());
+        let key = format!("bench/feed/{i}");
         let started = Instant::now();
         writer
             .put(&key, vec![b'y'; VALUE_BYTES], Precondition::Any)

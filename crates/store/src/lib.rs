@@ -24,7 +24,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub use error::StoreError;
-pub use url::{DEFAULT_ETCD_PREFIX, EtcdOptions, StoreUrl};
+pub use url::{
+    DEFAULT_DIAL_TIMEOUT, DEFAULT_ETCD_PORT, DEFAULT_ETCD_PREFIX, DEFAULT_REQUEST_TIMEOUT,
+    EtcdOptions, StoreUrl,
+};
 
 /// Longest key accepted, in bytes. Keys are paths like `updates/<ns>/<machine>/<plan id>`; etcd's
 /// own limit is far higher, this one keeps a runaway key from being stored at all.

@@ -1,5 +1,6 @@
 //! One conformance suite, run against every backend (memory, embedded redb, a real etcd): the
 //! semantics dispatch relies on must not depend on `--store`.
+#![allow(clippy::unwrap_used)] // helpers outside #[test] fns unwrap too: a failure is the test failing
 
 mod common;
 

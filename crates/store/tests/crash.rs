@@ -5,6 +5,7 @@
 //! acknowledged write is there (or was superseded by a later write), that nothing but attempted
 //! values is stored, and that revisions keep increasing across the crashes. Several rounds on the
 //! same database.
+#![allow(clippy::unwrap_used)] // helpers outside #[test] fns unwrap too: a failure is the test failing
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write as _};
@@ -22,7 +23,7 @@ const CHILD_ENV: &str = "INPLACE_STORE_CRASH_CHILD";
 /// Seed for the child's writers.
 const SEED_ENV: &str = "INPLACE_STORE_CRASH_SEED";
 /// Crash/reopen cycles.
-const ROUNDS: usize = 6;
+const ROUNDS: usize = 10;
 /// Keys the writers fight over.
 const KEYS: usize = 8;
 /// Concurrent writer tasks in the child.
@@ -60,12 +61,12 @@ fn kill_9_at_random_moments_loses_no_acknowledged_write() {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut acks = 0;
         let mut round_acks = Vec::new();
         // Read until the kill moment, then SIGKILL, then drain what the child wrote before dying.
         let mut killed = false;
-        while let Some(line) = lines.next() {
+        for line in lines {
             let line = line.unwrap();
             if let Some(ack) = history.record(&line) {
                 round_acks.push(ack);

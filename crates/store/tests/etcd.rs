@@ -1,6 +1,7 @@
 //! etcd-only behaviour, against a real etcd: replicas sharing one etcd (the HA case), key
 //! namespaces, an etcd outage and restart, unreachable endpoints, TLS with client certificates and
 //! etcd user/password auth.
+#![allow(clippy::unwrap_used)] // helpers outside #[test] fns unwrap too: a failure is the test failing
 
 mod common;
 
@@ -161,6 +162,17 @@ async fn prefixes_keep_tenants_apart() {
         "{}",
         one.describe()
     );
+    // A prefix without the trailing `/` would overlap `/tenant-b/`: refused.
+    let options = EtcdOptions {
+        prefix: "/tenant".into(),
+        ..EtcdOptions::default()
+    };
+    let err = match inplace_store::open(&etcd.url(), &options).await {
+        Ok(store) => panic!("opened {}", store.describe()),
+        Err(e) => e,
+    };
+    assert!(matches!(err, StoreError::InvalidOptions(_)), "{err}");
+    assert!(err.to_string().contains("must end with `/`"), "{err}");
 }
 
 #[tokio::test]
@@ -190,13 +202,13 @@ async fn an_etcd_outage_is_retryable_and_the_feed_recovers() {
     // B's watch comes back and says "re-read everything"; the RECONNECT_BACKOFF_MAX (5 s) bounds
     // how long that takes, hence the longer deadline.
     let deadline = tokio::time::Instant::now() + FEED_DEADLINE * 3;
-    loop {
-        match tokio::time::timeout_at(deadline, feed_b.recv()).await {
-            Ok(Ok(change)) if change.is_resync() => break,
-            Ok(Ok(change)) => panic!("unexpected change during the outage: {change:?}"),
-            Ok(Err(e)) => panic!("feed failed: {e}"),
-            Err(_) => panic!("no resync marker after the etcd restart"),
-        }
+    match tokio::time::timeout_at(deadline, feed_b.recv()).await {
+        Ok(Ok(change)) => assert!(
+            change.is_resync(),
+            "expected the resync marker first, got {change:?}"
+        ),
+        Ok(Err(e)) => panic!("feed failed: {e}"),
+        Err(_) => panic!("no resync marker after the etcd restart"),
     }
     // Data survived (etcd's own durability) and new writes by A reach B again.
     let value = retry(|| a.get("k")).await.unwrap();
@@ -434,4 +446,40 @@ async fn tls_with_client_certificates_and_password_auth() {
     // Outside the granted prefix: refused as an auth problem.
     let err = expect_open_error(&etcd, &with_user("s3cret-pw", "/elsewhere/")).await;
     assert!(matches!(err, StoreError::Auth(_)), "{err}");
+}
+
+/// Marks the re-executed child of [`a_missing_etcd_binary_says_how_to_install_it`].
+const MISSING_ETCD_CHILD_ENV: &str = "INPLACE_STORE_MISSING_ETCD_CHILD";
+
+#[test]
+fn a_missing_etcd_binary_says_how_to_install_it() {
+    if std::env::var_os(MISSING_ETCD_CHILD_ENV).is_some() {
+        let err = match Etcd::start() {
+            Ok(_) => panic!("started an etcd from a binary that does not exist"),
+            Err(e) => e,
+        };
+        assert!(
+            err.to_string().contains("apt-get install etcd-server"),
+            "{err}"
+        );
+        return;
+    }
+    // The binary is chosen by an environment variable; set it only in a child process (this
+    // test binary again, running just this test) so the other tests keep the real etcd.
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_missing_etcd_binary_says_how_to_install_it",
+            "--test-threads=1",
+        ])
+        .env(MISSING_ETCD_CHILD_ENV, "1")
+        .env(inplace_store::testing::ETCD_BIN_ENV, "/nonexistent/etcd")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

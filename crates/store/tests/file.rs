@@ -1,4 +1,5 @@
 //! The embedded redb backend across restarts and against bad files.
+#![allow(clippy::unwrap_used)] // helpers outside #[test] fns unwrap too: a failure is the test failing
 
 use inplace_store::file::FILE_NAME;
 use inplace_store::{EtcdOptions, Precondition, Revision, StoreError, StoreUrl, Write};

@@ -10,6 +10,8 @@
 
 mod watch;
 
+pub use watch::{RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN};
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -59,10 +61,12 @@ impl EtcdStore {
         endpoints: &[String],
         options: &EtcdOptions,
     ) -> Result<EtcdStore, StoreError> {
-        if options.prefix.is_empty() || options.prefix.chars().any(char::is_control) {
-            return Err(StoreError::InvalidOptions(
-                "the etcd prefix must be non-empty and free of control characters".into(),
-            ));
+        // The trailing `/` keeps `/app/` from also covering another tenant's `/app2/…`.
+        if !options.prefix.ends_with('/') || options.prefix.chars().any(char::is_control) {
+            return Err(StoreError::InvalidOptions(format!(
+                "the etcd prefix `{}` must end with `/` and hold no control characters",
+                options.prefix.escape_debug()
+            )));
         }
         let target = format!("etcd {}", endpoints.join(","));
         let tls = tls_options(options)?;

@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests: opening each backend and waiting on the change feed.
 #![allow(dead_code)] // each test binary uses a different subset
+#![allow(clippy::unwrap_used)] // a failure here is the calling test failing
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,0 +1,169 @@
+//! The CAPI side of the fleet scenarios: each Machine given work is driven as the Machine controller does —
+//! UpdateMachine, then again after `retryAfterSeconds`, until Done or Failure — through a small pool of
+//! kept-alive connections (the controller's workers).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use inplace_updater::api::Hook;
+use tokio::sync::Mutex;
+use tokio_rustls::TlsConnector;
+
+use crate::agents::Shared;
+use crate::net::Conn;
+
+/// Most UpdateMachine calls for one Machine in one run.
+const MAX_CALLS_PER_MACHINE: usize = 100;
+/// Longest any retryAfterSeconds is honoured (the server caps it lower).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// One Machine given work.
+pub struct Target {
+    pub index: usize,
+    pub body: Bytes,
+}
+
+#[derive(Default)]
+pub struct CapiResult {
+    /// Latency of each Machine's first UpdateMachine call.
+    pub first_calls: Vec<Duration>,
+    /// From each Machine's first call until the call that answered Done.
+    pub done_after: Vec<Duration>,
+    pub calls: usize,
+    pub failures: usize,
+    pub errors: usize,
+}
+
+struct Pool {
+    conns: Mutex<Vec<Conn>>,
+    gate: tokio::sync::Semaphore,
+    addr: SocketAddr,
+    tls: TlsConnector,
+}
+
+impl Pool {
+    async fn call(
+        &self,
+        path: &str,
+        body: Bytes,
+        before_send: impl FnOnce(),
+    ) -> anyhow::Result<(u16, Bytes)> {
+        let _permit = self.gate.acquire().await?;
+        let conn = self.conns.lock().await.pop();
+        let mut conn = match conn {
+            Some(conn) => conn,
+            None => Conn::open(&self.tls, self.addr, None, None).await?,
+        };
+        before_send();
+        let reply = conn.post(path, body).await?;
+        self.conns.lock().await.push(conn);
+        Ok((reply.status, reply.body))
+    }
+}
+
+enum Answer {
+    Done,
+    Retry(Duration),
+    Failure,
+}
+
+fn decode(status: u16, body: &[u8]) -> Option<Answer> {
+    if status != 200 {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let retry = value["retryAfterSeconds"].as_u64().unwrap_or(0);
+    match value["status"].as_str()? {
+        "Success" if retry == 0 => Some(Answer::Done),
+        "Success" => Some(Answer::Retry(
+            Duration::from_secs(retry).min(MAX_RETRY_AFTER),
+        )),
+        _ => Some(Answer::Failure),
+    }
+}
+
+/// Drives every target until Done, Failure, or `deadline` from now.
+pub async fn drive(
+    addr: SocketAddr,
+    tls: TlsConnector,
+    targets: Vec<Target>,
+    workers: usize,
+    shared: Arc<Shared>,
+    deadline: Duration,
+) -> CapiResult {
+    let pool = Arc::new(Pool {
+        conns: Mutex::new(Vec::new()),
+        gate: tokio::sync::Semaphore::new(workers),
+        addr,
+        tls,
+    });
+    let path: Arc<str> = format!("{}?timeout=10s", Hook::UpdateMachine.path()).into();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let until = Instant::now() + deadline;
+    let mut tasks = tokio::task::JoinSet::new();
+    for target in targets {
+        let (pool, path, shared, calls) =
+            (pool.clone(), path.clone(), shared.clone(), calls.clone());
+        tasks.spawn(async move {
+            let mut result = CapiResult::default();
+            let mut first: Option<Instant> = None;
+            for _ in 0..MAX_CALLS_PER_MACHINE {
+                if Instant::now() >= until {
+                    break;
+                }
+                let mut sent = Instant::now();
+                let reply = pool
+                    .call(&path, target.body.clone(), || {
+                        sent = Instant::now();
+                        if first.is_none() {
+                            shared.mark(&shared.update_sent, target.index);
+                        }
+                    })
+                    .await;
+                calls.fetch_add(1, Ordering::Relaxed);
+                let took = sent.elapsed();
+                let is_first = first.is_none();
+                let started = *first.get_or_insert(sent);
+                let answer = match reply {
+                    Ok((status, body)) => decode(status, &body),
+                    Err(_) => None,
+                };
+                if is_first && answer.is_some() {
+                    result.first_calls.push(took);
+                }
+                match answer {
+                    Some(Answer::Done) => {
+                        result.done_after.push(started.elapsed());
+                        break;
+                    }
+                    Some(Answer::Retry(after)) => tokio::time::sleep(after).await,
+                    Some(Answer::Failure) => {
+                        result.failures += 1;
+                        break;
+                    }
+                    None => {
+                        result.errors += 1;
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+            result
+        });
+    }
+    let mut total = CapiResult::default();
+    while let Some(done) = tasks.join_next().await {
+        if let Ok(result) = done {
+            total.first_calls.extend(result.first_calls);
+            total.done_after.extend(result.done_after);
+            total.failures += result.failures;
+            total.errors += result.errors;
+        } else {
+            total.errors += 1;
+        }
+    }
+    total.calls = calls.load(Ordering::Relaxed);
+    total
+}

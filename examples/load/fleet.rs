@@ -1,0 +1,533 @@
+//! Scenarios `fleet` and `dispatch`: the real server binary (separate process, so /proc tells its RSS and CPU),
+//! a fleet of simulated agents long-polling it over TLS with per-cluster bearer tokens, and a CAPI-style caller
+//! that creates work for some of them with UpdateMachine and re-asks after `retryAfterSeconds` until Done.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use inplace_agent_api::{DEFAULT_WAIT_SECONDS, MachineRef, POLL_GRACE_SECONDS};
+use inplace_updater::auth::create_token;
+use inplace_updater::dispatch::AgentScope;
+use tokio::sync::Semaphore;
+
+use crate::agents::{self, Agent, Shared};
+use crate::capi::{self, CapiResult, Target};
+use crate::net::connector;
+use crate::process::{ServerProcess, default_binary};
+use crate::stats::{ProcSample, Table, cpu_percent, ms, proc_sample, summarize};
+
+/// Agents sharing one loopback source address (each address has ~28 000 ephemeral ports to the server).
+const AGENTS_PER_SOURCE_IP: usize = 10_000;
+/// Longest the whole fleet may take to connect and send its first poll.
+const CONNECT_DEADLINE: Duration = Duration::from_secs(600);
+/// Longest from the first UpdateMachine call until every target has its plan.
+const PLAN_DEADLINE: Duration = Duration::from_secs(120);
+/// Extra time, after the plans, for CAPI to see every update Done.
+const DONE_DEADLINE: Duration = Duration::from_secs(120);
+/// How often progress is checked while waiting.
+const TICK: Duration = Duration::from_millis(100);
+/// Target: server RSS with the whole fleet connected.
+const TARGET_RSS_MIB: f64 = 300.0;
+/// Target: dispatch latency p99.
+const TARGET_P99: Duration = Duration::from_secs(1);
+
+#[derive(clap::Args, Clone)]
+pub struct Common {
+    /// Concurrent UpdateMachine callers (CAPI's controllers reconcile with about this many workers).
+    #[arg(long, default_value_t = 10)]
+    capi_workers: usize,
+    /// Store of the server: `memory:`, `file` (a fresh redb file in a temporary directory) or any `--store` URL.
+    #[arg(long, default_value = "memory:")]
+    store: String,
+    /// The server binary (default: target/release/inplace-updater next to this example).
+    #[arg(long)]
+    server_bin: Option<PathBuf>,
+    /// `waitSeconds` of each poll (the agent's default).
+    #[arg(long, default_value_t = DEFAULT_WAIT_SECONDS)]
+    wait_seconds: u32,
+    /// Machines per cluster; each cluster has its own agent token.
+    #[arg(long, default_value_t = 1_000)]
+    agents_per_cluster: usize,
+    /// The server's `--retry-after-seconds`.
+    #[arg(long, default_value_t = 5)]
+    retry_after_seconds: u32,
+    /// Seconds the connected fleet is held before work is created (default: one poll cycle plus 5 s, so every
+    /// agent's long-poll expires and is renewed inside the window).
+    #[arg(long)]
+    idle_seconds: Option<f64>,
+    /// TLS handshakes in flight at once while the fleet connects.
+    #[arg(long, default_value_t = 64)]
+    connect_concurrency: usize,
+}
+
+#[derive(clap::Args)]
+pub struct FleetArgs {
+    /// Agents long-polling the server.
+    #[arg(long, default_value_t = 5_000)]
+    agents: usize,
+    /// Agents that get work through UpdateMachine.
+    #[arg(long, default_value_t = 1_000)]
+    targets: usize,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(clap::Args)]
+pub struct DispatchArgs {
+    /// Agents connected; every one of them gets work.
+    #[arg(long, default_value_t = 1_000)]
+    agents: usize,
+    #[command(flatten)]
+    common: Common,
+}
+
+pub fn run_fleet(args: &FleetArgs) -> anyhow::Result<()> {
+    let outcome = run(args.agents, args.targets.min(args.agents), &args.common)?;
+    outcome.print_fleet();
+    Ok(())
+}
+
+pub fn run_dispatch(args: &DispatchArgs) -> anyhow::Result<()> {
+    let common = Common {
+        // Issue 4's benchmark is about waking connected agents; no need to wait a whole poll cycle first.
+        idle_seconds: Some(args.common.idle_seconds.unwrap_or(2.0)),
+        ..args.common.clone()
+    };
+    let outcome = run(args.agents, args.agents, &common)?;
+    outcome.print_dispatch();
+    Ok(())
+}
+
+struct Phase {
+    name: String,
+    wall: Duration,
+    before: ProcSample,
+    after: ProcSample,
+}
+
+struct Outcome {
+    agents: usize,
+    targets: usize,
+    store: String,
+    pid: u32,
+    phases: Vec<Phase>,
+    baseline: ProcSample,
+    connected: ProcSample,
+    peak: ProcSample,
+    harness_peak: ProcSample,
+    shared: Arc<Shared>,
+    target_indices: Vec<usize>,
+    capi: CapiResult,
+    oldest_poll_seen: Duration,
+    wait_seconds: u32,
+    plans_logged: usize,
+}
+
+fn source_ip(index: usize) -> IpAddr {
+    let n = 2 + (index / AGENTS_PER_SOURCE_IP) as u8;
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, n))
+}
+
+fn machine_name(cluster: usize, index: usize) -> String {
+    format!("edge-{cluster:03}-md-0-{index:05}")
+}
+
+fn run(agent_count: usize, target_count: usize, common: &Common) -> anyhow::Result<Outcome> {
+    anyhow::ensure!(
+        (1..=100_000).contains(&agent_count),
+        "--agents must be 1..=100000"
+    );
+    let dir = tempfile::tempdir()?;
+    let spec =
+        inplace_updater::certs::DevCertsSpec::with_defaults(dir.path().into(), vec![], vec![]);
+    let certs = inplace_updater::certs::write_dev_certs(&spec)?;
+    let per_cluster = common.agents_per_cluster.max(1);
+    let clusters = agent_count.div_ceil(per_cluster);
+    let mut lines = String::new();
+    let mut tokens: Vec<Arc<str>> = Vec::new();
+    for cluster in 0..clusters {
+        let scope = AgentScope::Cluster {
+            namespace: "default".into(),
+            cluster: format!("edge-{cluster:03}"),
+        };
+        let token = create_token(&scope, None).map_err(|err| anyhow::anyhow!("token: {err}"))?;
+        lines.push_str(&token.line);
+        lines.push('\n');
+        tokens.push(token.token.into());
+    }
+    let token_file = dir.path().join("agent-tokens");
+    std::fs::write(&token_file, lines)?;
+    let store = match common.store.as_str() {
+        "file" => format!("file:{}", dir.path().join("data").display()),
+        other => other.to_string(),
+    };
+    let binary = match &common.server_bin {
+        Some(path) => path.clone(),
+        None => default_binary()?,
+    };
+    let server_args: Vec<String> = vec![
+        "--tls-cert".into(),
+        certs.server_cert.display().to_string(),
+        "--tls-key".into(),
+        certs.server_key.display().to_string(),
+        "--agent-tokens".into(),
+        token_file.display().to_string(),
+        "--store".into(),
+        store.clone(),
+        "--retry-after-seconds".into(),
+        common.retry_after_seconds.to_string(),
+    ];
+    let mut server = ServerProcess::start(&binary, &server_args, dir.path())?;
+    let pid = server.pid();
+    let addr: SocketAddr = server.hooks;
+    let tls = connector(&certs.ca_cert)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let shared = Arc::new(Shared::new(agent_count));
+    let target_indices: Vec<usize> = (0..target_count)
+        .map(|k| k * agent_count / target_count.max(1))
+        .collect();
+    let idle = Duration::from_secs_f64(
+        common
+            .idle_seconds
+            .unwrap_or(f64::from(common.wait_seconds) + 5.0)
+            .clamp(0.0, 600.0),
+    );
+    println!(
+        "{agent_count} agents ({clusters} clusters, one token each) long-polling pid {pid} ({}, --store {store}), \
+         waitSeconds {}, work for {target_count} of them from {} CAPI workers",
+        binary.display(),
+        common.wait_seconds,
+        common.capi_workers
+    );
+
+    let mut phases = Vec::new();
+    let mut oldest_poll_seen = Duration::ZERO;
+    let baseline = proc_sample(pid)?;
+    let (capi, connected) = runtime.block_on(async {
+        // Connect the fleet.
+        let started = Instant::now();
+        let gate = Arc::new(Semaphore::new(common.connect_concurrency.clamp(1, 4096)));
+        let mut fleet = tokio::task::JoinSet::new();
+        for index in 0..agent_count {
+            let cluster = index / per_cluster;
+            let agent = Agent {
+                index,
+                machine: MachineRef::new("default", &machine_name(cluster, index)),
+                token: tokens[cluster].clone(),
+                source: source_ip(index),
+            };
+            fleet.spawn(agents::run(
+                agent,
+                addr,
+                tls.clone(),
+                gate.clone(),
+                common.wait_seconds,
+                shared.clone(),
+            ));
+        }
+        while shared.first_polls.load(Ordering::Relaxed) < agent_count {
+            anyhow::ensure!(
+                started.elapsed() < CONNECT_DEADLINE,
+                "only {} of {agent_count} agents connected within {CONNECT_DEADLINE:?} (errors: {})",
+                shared.first_polls.load(Ordering::Relaxed),
+                shared.errors.load(Ordering::Relaxed)
+            );
+            tokio::time::sleep(TICK).await;
+        }
+        let connected = proc_sample(pid)?;
+        phases.push(Phase {
+            name: format!("connect {agent_count} agents (TLS handshake + first poll)"),
+            wall: started.elapsed(),
+            before: baseline,
+            after: connected,
+        });
+
+        // Hold the fleet: every agent waits in its long-poll, then renews it.
+        let held = Instant::now();
+        let before = proc_sample(pid)?;
+        while held.elapsed() < idle {
+            oldest_poll_seen = oldest_poll_seen.max(shared.oldest_poll());
+            tokio::time::sleep(TICK.max(Duration::from_millis(500))).await;
+        }
+        let after_idle = proc_sample(pid)?;
+        phases.push(Phase {
+            name: format!("hold {agent_count} agents long-polling, no work"),
+            wall: held.elapsed(),
+            before,
+            after: after_idle,
+        });
+
+        // CAPI creates work for the targets.
+        let work = Instant::now();
+        let before = proc_sample(pid)?;
+        let template = crate::payloads::UpdateTemplate::worker()?;
+        let targets: Vec<Target> = target_indices
+            .iter()
+            .map(|&index| {
+                let cluster = index / per_cluster;
+                Target {
+                    index,
+                    body: template
+                        .body(&machine_name(cluster, index), &format!("edge-{cluster:03}"))
+                        .into(),
+                }
+            })
+            .collect();
+        let driver = tokio::spawn(capi::drive(
+            addr,
+            tls.clone(),
+            targets,
+            common.capi_workers.clamp(1, 256),
+            shared.clone(),
+            PLAN_DEADLINE + DONE_DEADLINE,
+        ));
+        let planned = || {
+            target_indices
+                .iter()
+                .filter(|&&i| shared.plan_received[i].load(Ordering::Acquire) != 0)
+                .count()
+        };
+        while planned() < target_count && work.elapsed() < PLAN_DEADLINE {
+            oldest_poll_seen = oldest_poll_seen.max(shared.oldest_poll());
+            tokio::time::sleep(TICK).await;
+        }
+        let capi = driver.await.context("CAPI driver")?;
+        oldest_poll_seen = oldest_poll_seen.max(shared.oldest_poll());
+        let after = proc_sample(pid)?;
+        phases.push(Phase {
+            name: format!("UpdateMachine for {target_count} Machines until all Done"),
+            wall: work.elapsed(),
+            before,
+            after,
+        });
+        shared.stop.cancel();
+        fleet.abort_all();
+        while fleet.join_next().await.is_some() {}
+        anyhow::Ok((capi, connected))
+    })?;
+    let peak = proc_sample(pid)?;
+    let harness_peak = proc_sample(std::process::id())?;
+    let plans_logged = server.log_lines_with("plan handed to agent");
+    server.stop();
+    Ok(Outcome {
+        agents: agent_count,
+        targets: target_count,
+        store,
+        pid,
+        phases,
+        baseline,
+        connected,
+        peak,
+        harness_peak,
+        shared,
+        target_indices,
+        capi,
+        oldest_poll_seen,
+        wait_seconds: common.wait_seconds,
+        plans_logged,
+    })
+}
+
+impl Outcome {
+    fn latencies(
+        &self,
+        to: impl Fn(&Shared, usize) -> &std::sync::atomic::AtomicU64,
+    ) -> Vec<Duration> {
+        self.target_indices
+            .iter()
+            .filter_map(|&i| Shared::between(&self.shared.update_sent[i], to(&self.shared, i)))
+            .collect()
+    }
+
+    fn print_process(&self) {
+        println!(
+            "\nserver process (pid {}, the real binary, --store {}):\n",
+            self.pid, self.store
+        );
+        let mut table = Table::new(&[
+            "phase",
+            "wall",
+            "server CPU",
+            "CPU (% of one core)",
+            "RSS after",
+        ]);
+        table.row(vec![
+            "started, no agent".into(),
+            "-".into(),
+            format!("{:.2} s", self.baseline.cpu.as_secs_f64()),
+            "-".into(),
+            format!("{:.1} MiB", self.baseline.rss_mib()),
+        ]);
+        for phase in &self.phases {
+            table.row(vec![
+                phase.name.clone(),
+                format!("{:.1} s", phase.wall.as_secs_f64()),
+                format!(
+                    "{:.2} s",
+                    phase
+                        .after
+                        .cpu
+                        .saturating_sub(phase.before.cpu)
+                        .as_secs_f64()
+                ),
+                format!(
+                    "{:.0} %",
+                    cpu_percent(&phase.before, &phase.after, phase.wall)
+                ),
+                format!("{:.1} MiB", phase.after.rss_mib()),
+            ]);
+        }
+        table.print();
+        let per_agent = (self.connected.rss_kib.saturating_sub(self.baseline.rss_kib)) as f64
+            / self.agents as f64;
+        println!(
+            "\npeak RSS (VmHWM) {:.1} MiB; {:.1} KiB per connected agent; {} threads; harness peak RSS {:.0} MiB",
+            self.peak.hwm_mib(),
+            per_agent,
+            self.peak.threads,
+            self.harness_peak.hwm_mib(),
+        );
+    }
+
+    fn print_latencies(&self) -> Duration {
+        let plans = summarize(self.latencies(|s, i| &s.plan_received[i]));
+        let steps = summarize(self.latencies(|s, i| &s.step_started[i]));
+        let calls = summarize(self.capi.first_calls.clone());
+        let done = summarize(self.capi.done_after.clone());
+        let mut table = Table::new(&["measure", "n", "p50", "p99", "max"]);
+        for (name, s) in [
+            ("UpdateMachine call (first call per Machine)", calls),
+            ("UpdateMachine sent → agent's poll returns its plan", plans),
+            (
+                "UpdateMachine sent → agent's first step started (report acked)",
+                steps,
+            ),
+            ("UpdateMachine first call → CAPI sees Done", done),
+        ] {
+            table.row(vec![
+                name.into(),
+                s.count.to_string(),
+                ms(s.p50),
+                ms(s.p99),
+                ms(s.max),
+            ]);
+        }
+        println!();
+        table.print();
+        plans.p99.max(if plans.count < self.targets {
+            Duration::MAX
+        } else {
+            Duration::ZERO
+        })
+    }
+
+    fn starved(&self) -> usize {
+        let no_plan = self.targets.saturating_sub(
+            self.target_indices
+                .iter()
+                .filter(|&&i| self.shared.plan_received[i].load(Ordering::Acquire) != 0)
+                .count(),
+        );
+        let limit = Duration::from_secs(u64::from(self.wait_seconds + POLL_GRACE_SECONDS));
+        no_plan + usize::from(self.oldest_poll_seen > limit)
+    }
+
+    fn print_agents(&self) {
+        let s = &self.shared;
+        let mut table = Table::new(&["agents", "value"]);
+        let rows = [
+            ("connected", s.connected.load(Ordering::Relaxed).to_string()),
+            (
+                "idle polls answered (nothing to do)",
+                s.idle_polls.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "longest idle poll (waitSeconds is the bound)",
+                ms(Duration::from_nanos(
+                    s.longest_idle_poll_ns.load(Ordering::Relaxed),
+                )),
+            ),
+            ("oldest outstanding poll seen", ms(self.oldest_poll_seen)),
+            (
+                "request errors / reconnects",
+                format!(
+                    "{} / {}",
+                    s.errors.load(Ordering::Relaxed),
+                    s.reconnects.load(Ordering::Relaxed)
+                ),
+            ),
+            (
+                "plans received / Machines given work",
+                format!(
+                    "{} / {}",
+                    self.latencies(|s, i| &s.plan_received[i]).len(),
+                    self.targets
+                ),
+            ),
+            (
+                "plans for Machines given no work",
+                s.plans_without_work.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "'plan handed to agent' lines in the server log",
+                self.plans_logged.to_string(),
+            ),
+            (
+                "UpdateMachine calls / Failure answers / errors",
+                format!(
+                    "{} / {} / {}",
+                    self.capi.calls, self.capi.failures, self.capi.errors
+                ),
+            ),
+            (
+                "starved (no plan, or a poll unanswered past waitSeconds + grace)",
+                self.starved().to_string(),
+            ),
+        ];
+        for (name, value) in rows {
+            table.row(vec![name.into(), value]);
+        }
+        println!();
+        table.print();
+    }
+
+    fn print_fleet(&self) {
+        self.print_process();
+        let p99 = self.print_latencies();
+        self.print_agents();
+        let rss = self.peak.hwm_mib();
+        println!(
+            "\ntargets: RSS ≤ {TARGET_RSS_MIB} MiB: {} ({rss:.1} MiB peak); dispatch p99 < {:?}: {}; no agent starved: {}",
+            verdict(rss <= TARGET_RSS_MIB),
+            TARGET_P99,
+            verdict(p99 < TARGET_P99),
+            verdict(self.starved() == 0),
+        );
+    }
+
+    fn print_dispatch(&self) {
+        println!(
+            "\n{} agents connected to pid {} (--store {}); every one gets work",
+            self.agents, self.pid, self.store
+        );
+        let p99 = self.print_latencies();
+        println!(
+            "\ntarget: UpdateMachine → plan p99 < {:?}: {}; all {} plans received: {}",
+            TARGET_P99,
+            verdict(p99 < TARGET_P99),
+            self.targets,
+            verdict(self.starved() == 0)
+        );
+    }
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "missed" }
+}

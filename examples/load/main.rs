@@ -1,0 +1,78 @@
+//! Load harness for the updater: hook throughput against a bare axum + rustls ceiling (`hooks`), a fleet of
+//! long-polling agents with CAPI-style UpdateMachine calls (`fleet`), and issue 4's 1 000-agent dispatch
+//! benchmark (`dispatch`). Everything runs on loopback, every loop is bounded in count and time, and each
+//! scenario prints a Markdown table with figures and the ratios measured in the same run.
+//!
+//! `cargo build --release && cargo run --release --example load -- <hooks|fleet|dispatch> [options]`
+
+mod agents;
+mod capi;
+mod ceiling;
+mod fleet;
+mod hooks;
+mod net;
+mod payloads;
+mod process;
+mod stats;
+
+use clap::{Parser, Subcommand};
+
+/// Open files the harness asks for: 30 000 agent connections on the client side (the server process inherits
+/// the limit and holds as many), plus the server's own files, with room to spare.
+const WANTED_OPEN_FILES: u64 = 80_000;
+
+#[derive(Parser)]
+#[command(about = "Load scenarios for inplace-updater (loopback only, bounded, self-stopping)")]
+struct Cli {
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+#[derive(Subcommand)]
+enum Scenario {
+    /// Hook throughput over TLS with keep-alive, next to a bare axum + rustls ceiling.
+    Hooks(hooks::HooksArgs),
+    /// Long-polling agents held by the real server binary while UpdateMachine creates work for some of them.
+    Fleet(fleet::FleetArgs),
+    /// Issue 4's benchmark: 1 000 agents connected, work for each of them, time until each has its plan.
+    Dispatch(fleet::DispatchArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let limit = raise_open_files(WANTED_OPEN_FILES);
+    println!("open-file limit: {limit} (the server process inherits it)");
+    match cli.scenario {
+        Scenario::Hooks(args) => hooks::run(&args),
+        Scenario::Fleet(args) => fleet::run_fleet(&args),
+        Scenario::Dispatch(args) => fleet::run_dispatch(&args),
+    }
+}
+
+/// Raises RLIMIT_NOFILE towards `wanted` (soft and hard when we may, else soft up to hard); returns the soft
+/// limit in force afterwards.
+fn raise_open_files(wanted: u64) -> u64 {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let current = getrlimit(Resource::Nofile);
+    let soft = current.current.unwrap_or(u64::MAX);
+    if soft >= wanted {
+        return soft;
+    }
+    let raised = Rlimit {
+        current: Some(wanted),
+        maximum: Some(current.maximum.map_or(wanted, |hard| hard.max(wanted))),
+    };
+    if setrlimit(Resource::Nofile, raised).is_ok() {
+        return wanted;
+    }
+    // Not privileged: the soft limit can still go up to the hard one.
+    let hard = current.maximum.unwrap_or(wanted).min(wanted);
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(hard),
+            maximum: current.maximum,
+        },
+    );
+    getrlimit(Resource::Nofile).current.unwrap_or(hard)
+}
