@@ -111,15 +111,28 @@ fn served_operations() -> BTreeSet<(String, String)> {
         .iter()
         .map(|hook| ("POST".to_string(), hook.path().to_string()))
         .collect();
-    for path in ["/healthz", "/readyz", "/metrics"] {
+    for path in ["/healthz", "/readyz", "/metrics", "/status"] {
         operations.insert(("GET".to_string(), path.to_string()));
+    }
+    for path in [
+        inplace_agent_api::POLL_PATH,
+        inplace_agent_api::REPORT_PATH,
+        inplace_agent_api::INVENTORY_PATH,
+    ] {
+        operations.insert(("POST".to_string(), path.to_string()));
     }
     operations
 }
 
-fn router_for(path: &str) -> Router {
+async fn router_for(path: &str) -> Router {
     let metrics = Arc::new(Metrics::new());
+    let store = inplace_store::open(&inplace_store::StoreUrl::Memory, &Default::default())
+        .await
+        .unwrap();
+    let dispatcher =
+        inplace_updater::dispatch::Dispatcher::new(store, Default::default(), Default::default());
     match path {
+        "/status" => inplace_updater::server::status_router(Some(dispatcher)),
         "/healthz" | "/readyz" => {
             let readiness = Readiness::default();
             readiness.set(true);
@@ -131,9 +144,11 @@ fn router_for(path: &str) -> Router {
             require_client_cert: false,
             engine: std::sync::Arc::new(inplace_updater::hooks::Engine {
                 policy: inplace_core::Policy::builtin(),
-                dispatcher: None,
+                dispatcher: Some(dispatcher),
             }),
-            tokens: std::sync::Arc::new(inplace_updater::auth::AgentTokens::none()),
+            tokens: std::sync::Arc::new(inplace_updater::auth::AgentTokens::from_entries(
+                inplace_updater::auth::parse_token_file("tokens", &agent_token().line).unwrap(),
+            )),
         }),
     }
 }
@@ -155,32 +170,76 @@ async fn documented_routes_answer_with_their_documented_schema() {
         (Hook::CanUpdateMachineSet, "can-update-machineset-md.json"),
         (Hook::UpdateMachine, "update-machine-kcp.json"),
     ];
+    let agent = serde_json::json!({"machine": {"namespace": "default", "name": "edge-01-control-plane-abcde"}});
+    let agent_bodies = [
+        (
+            inplace_agent_api::POLL_PATH,
+            serde_json::json!({"agent": agent, "waitSeconds": 0}),
+        ),
+        (
+            inplace_agent_api::REPORT_PATH,
+            serde_json::json!({"agent": agent, "planId": "p", "stepIndex": 0, "status": "running"}),
+        ),
+        (
+            inplace_agent_api::INVENTORY_PATH,
+            serde_json::json!({"agent": agent, "agentVersion": "0.1.0"}),
+        ),
+    ];
     for (method, path) in documented_operations(&doc) {
         let body = bodies
             .iter()
             .find(|(hook, _)| hook.path() == path)
             .map(|(_, fixture)| common::fixture(fixture))
+            .or_else(|| {
+                agent_bodies
+                    .iter()
+                    .find(|(p, _)| *p == path)
+                    .map(|(_, b)| b.to_string().into_bytes())
+            })
             .unwrap_or_default();
-        let request = Request::builder()
-            .method(method.as_str())
-            .uri(&path)
-            .body(Body::from(body))
-            .unwrap();
-        let response = router_for(&path).oneshot(request).await.unwrap();
-        let status = response.status().as_str().to_string();
-        let operation = &doc["paths"][&path][method.to_lowercase()];
-        let documented = &operation["responses"][&status];
-        assert!(
-            !documented.is_null(),
-            "{method} {path} answered undocumented status {status}"
-        );
-        let bytes = response.into_body().collect().await.unwrap().to_bytes();
-        if let Some(schema) = resolve(&doc, documented).pointer("/content/application~1json/schema")
-        {
-            let value: Value = serde_json::from_slice(&bytes).unwrap();
-            check(&doc, schema, &value, &format!("{method} {path}")).unwrap();
+        // Agent routes are called both without a token (401) and with one (their success answers).
+        let tokens: &[Option<&str>] = if path.starts_with("/agent/") {
+            &[None, Some(TOKEN_NAME)]
+        } else {
+            &[None]
+        };
+        for token in tokens {
+            let mut request = Request::builder().method(method.as_str()).uri(&path);
+            if token.is_some() {
+                request =
+                    request.header("authorization", format!("Bearer {}", agent_token().token));
+            }
+            let request = request.body(Body::from(body.clone())).unwrap();
+            let response = router_for(&path).await.oneshot(request).await.unwrap();
+            let status = response.status().as_str().to_string();
+            let operation = &doc["paths"][&path][method.to_lowercase()];
+            let documented = &operation["responses"][&status];
+            assert!(
+                !documented.is_null(),
+                "{method} {path} answered undocumented status {status}"
+            );
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            if let Some(schema) =
+                resolve(&doc, documented).pointer("/content/application~1json/schema")
+            {
+                let value: Value = serde_json::from_slice(&bytes).unwrap();
+                check(&doc, schema, &value, &format!("{method} {path}")).unwrap();
+            }
         }
     }
+}
+
+const TOKEN_NAME: &str = "edge-01";
+
+fn agent_token() -> &'static inplace_updater::auth::NewToken {
+    static TOKEN: std::sync::OnceLock<inplace_updater::auth::NewToken> = std::sync::OnceLock::new();
+    TOKEN.get_or_init(|| {
+        let scope = inplace_updater::dispatch::AgentScope::Cluster {
+            namespace: "default".into(),
+            cluster: "edge-01".into(),
+        };
+        inplace_updater::auth::create_token(&scope, None).unwrap()
+    })
 }
 
 #[test]

@@ -20,6 +20,8 @@ use crate::net::connector;
 use crate::process::{ServerProcess, default_binary};
 use crate::stats::{ProcSample, Table, cpu_percent, ms, proc_sample, summarize};
 
+/// Descriptors besides the agent connections (listeners, epoll, store, logs, CAPI's connections, stdio).
+const FD_HEADROOM: usize = 100;
 /// Agents sharing one loopback source address (each address has ~28 000 ephemeral ports to the server).
 const AGENTS_PER_SOURCE_IP: usize = 10_000;
 /// Longest the whole fleet may take to connect and send its first poll.
@@ -140,6 +142,18 @@ fn run(agent_count: usize, target_count: usize, common: &Common) -> anyhow::Resu
     anyhow::ensure!(
         (1..=100_000).contains(&agent_count),
         "--agents must be 1..=100000"
+    );
+    // Both this process and the server child hold one descriptor per agent connection.
+    let needed = (agent_count + common.capi_workers + FD_HEADROOM) as u64;
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    anyhow::ensure!(
+        limit >= needed,
+        "{agent_count} agents need about {needed} open files in this process and in the server, but the \
+         limit is {limit} and could not be raised (setrlimit needs CAP_SYS_RESOURCE past the hard limit); \
+         run with --agents {} or raise the limit",
+        limit.saturating_sub((common.capi_workers + FD_HEADROOM) as u64)
     );
     let dir = tempfile::tempdir()?;
     let spec =

@@ -41,7 +41,9 @@ enum Scenario {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let limit = raise_open_files(WANTED_OPEN_FILES);
-    println!("open-file limit: {limit} (the server process inherits it)");
+    println!(
+        "open-file limit: {limit} (asked for {WANTED_OPEN_FILES}; the server process inherits it)"
+    );
     match cli.scenario {
         Scenario::Hooks(args) => hooks::run(&args),
         Scenario::Fleet(args) => fleet::run_fleet(&args),
