@@ -172,4 +172,20 @@ async fn killed_server_resumes_the_rollout_without_repeating_a_step() {
         applies, 1,
         "kubeadm upgrade apply ran once in the cluster, restarts notwithstanding"
     );
+
+    // The operator's view after all that: every Machine done, from the running server's health port.
+    let output = std::process::Command::new(common::binary())
+        .args(["status", "--server", &format!("http://{}", server.health)])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}");
+    assert!(text.starts_with("cluster edge-01"), "{text}");
+    for machine in MACHINES {
+        let line = text
+            .lines()
+            .find(|l| l.contains(machine))
+            .unwrap_or_else(|| panic!("{machine} missing: {text}"));
+        assert!(line.contains(" done "), "{line}");
+    }
 }
