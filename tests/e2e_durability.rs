@@ -7,11 +7,8 @@ mod common;
 use std::time::Duration;
 
 use capi_sim::UpdateOutcome;
-use common::fleet::{AgentProcess, Capi, update_request, wait_until};
-use common::{Client, ServerProcess, certs, plain_get};
-use inplace_updater::auth::create_token;
-use inplace_updater::demo::Sandbox;
-use inplace_updater::dispatch::AgentScope;
+use common::fleet::{AgentProcess, Capi, Setup, update_request, wait_until};
+use common::{Client, ServerProcess, plain_get};
 
 const MACHINES: [&str; 3] = [
     "edge-01-control-plane-aaaaa",
@@ -46,29 +43,11 @@ fn status_state(server: &ServerProcess, machine: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_server_resumes_the_rollout_without_repeating_a_step() {
-    let certs = certs();
-    let dir = tempfile::tempdir().unwrap();
-    let token = create_token(
-        &AgentScope::Cluster {
-            namespace: "default".into(),
-            cluster: "edge-01".into(),
-        },
-        None,
-    )
-    .unwrap();
-    let tokens = dir.path().join("agent-tokens");
-    std::fs::write(&tokens, &token.line).unwrap();
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, &token.token).unwrap();
-    let store = format!("file:{}", dir.path().join("data").display());
-    let args = [
-        "--agent-tokens",
-        tokens.to_str().unwrap(),
-        "--store",
-        &store,
-        "--retry-after-seconds",
-        "1",
-    ];
+    let setup = Setup::new();
+    let certs = &setup.certs;
+    let store = format!("file:{}", setup.dir.path().join("data").display());
+    let args = setup.server_args(&store);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut server = ServerProcess::start(&certs.paths, &args);
     let listen = server.hooks.to_string();
     let restart = |server: &mut ServerProcess| {
@@ -78,10 +57,7 @@ async fn killed_server_resumes_the_rollout_without_repeating_a_step() {
 
     let agents: Vec<AgentProcess> = MACHINES
         .iter()
-        .map(|name| {
-            let sandbox = Sandbox::create(&dir.path().join(name), "v1.33.4", true).unwrap();
-            AgentProcess::start(&server, &certs.paths.ca_cert, &token_file, name, sandbox)
-        })
+        .map(|name| setup.agent(&server, name, true))
         .collect();
     let capi = Capi {
         client: Client::new(&certs.paths.ca_cert, None, false),

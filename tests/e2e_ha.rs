@@ -8,12 +8,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use capi_sim::UpdateOutcome;
-use common::fleet::{AgentProcess, Capi, update_request, wait_until};
-use common::{Client, ServerProcess, certs};
+use common::fleet::{AgentProcess, Capi, Setup, update_request, wait_until};
+use common::{Client, ServerProcess};
 use inplace_store::testing::Etcd;
-use inplace_updater::auth::create_token;
-use inplace_updater::demo::Sandbox;
-use inplace_updater::dispatch::AgentScope;
 
 const MACHINES: [&str; 3] = [
     "edge-01-control-plane-aaaaa",
@@ -25,39 +22,18 @@ const SETTLE: Duration = Duration::from_secs(90);
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replicas_on_etcd_share_the_rollout_and_survive_losing_one() {
     let etcd = Etcd::start().expect("etcd (apt-get install etcd-server)");
-    let certs = certs();
-    let dir = tempfile::tempdir().unwrap();
-    let token = create_token(
-        &AgentScope::Cluster {
-            namespace: "default".into(),
-            cluster: "edge-01".into(),
-        },
-        None,
-    )
-    .unwrap();
-    let tokens = dir.path().join("agent-tokens");
-    std::fs::write(&tokens, &token.line).unwrap();
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, &token.token).unwrap();
+    let setup = Setup::new();
+    let certs = &setup.certs;
     let store = etcd.store_url();
-    let args = [
-        "--agent-tokens",
-        tokens.to_str().unwrap(),
-        "--store",
-        &store,
-        "--retry-after-seconds",
-        "1",
-    ];
+    let args = setup.server_args(&store);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut a = ServerProcess::start(&certs.paths, &args);
     let b = ServerProcess::start(&certs.paths, &args);
 
     // Agents talk to B only.
     let agents: Vec<AgentProcess> = MACHINES
         .iter()
-        .map(|name| {
-            let sandbox = Sandbox::create(&dir.path().join(name), "v1.33.4", true).unwrap();
-            AgentProcess::start(&b, &certs.paths.ca_cert, &token_file, name, sandbox)
-        })
+        .map(|name| setup.agent(&b, name, true))
         .collect();
     for agent in &agents {
         let log = &agent.sandbox;

@@ -39,7 +39,50 @@ fn router() -> Router {
             }),
         );
     }
-    router.layer(DefaultBodyLimit::max(BODY_LIMIT))
+    router
+        .route(
+            inplace_agent_api::POLL_PATH,
+            post(|body: Bytes| async move {
+                // A long-poll that never has work: hold the request for its waitSeconds, answer "nothing".
+                let wait = serde_json::from_slice::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|v| v["waitSeconds"].as_u64())
+                    .unwrap_or(0)
+                    .min(u64::from(inplace_agent_api::MAX_WAIT_SECONDS));
+                tokio::time::sleep(std::time::Duration::from_secs(wait)).await;
+                ([(CONTENT_TYPE, "application/json")], "{}")
+            }),
+        )
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+}
+
+/// `load ceiling-serve`: the ceiling as a process of its own, so /proc tells its memory next to ours. Prints
+/// its address the way our server logs it, then serves until SIGTERM / SIGINT.
+pub fn serve_process(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<()> {
+    let config = tls_config(cert, key)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        eprintln!(
+            "{}",
+            serde_json::json!({"fields": {"hooks": listener.local_addr()?.to_string()}})
+        );
+        let stop = CancellationToken::new();
+        let trigger = stop.clone();
+        tokio::spawn(async move {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            trigger.cancel();
+        });
+        serve(listener, config, stop).await;
+        anyhow::Ok(())
+    })
 }
 
 /// A rustls server config for the given dev certificate (HTTP/1.1 and h2 by ALPN, as ours).

@@ -36,6 +36,14 @@ enum Scenario {
     Fleet(fleet::FleetArgs),
     /// Issue 4's benchmark: 1 000 agents connected, work for each of them, time until each has its plan.
     Dispatch(fleet::DispatchArgs),
+    /// (Used by `fleet --compare-ceiling`.) The bare axum + rustls ceiling as a process of its own.
+    #[command(hide = true)]
+    CeilingServe {
+        #[arg(long)]
+        tls_cert: std::path::PathBuf,
+        #[arg(long)]
+        tls_key: std::path::PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -48,6 +56,7 @@ fn main() -> anyhow::Result<()> {
         Scenario::Hooks(args) => hooks::run(&args),
         Scenario::Fleet(args) => fleet::run_fleet(&args),
         Scenario::Dispatch(args) => fleet::run_dispatch(&args),
+        Scenario::CeilingServe { tls_cert, tls_key } => ceiling::serve_process(&tls_cert, &tls_key),
     }
 }
 

@@ -53,19 +53,42 @@ pub fn check_binary(path: &Path) -> anyhow::Result<()> {
 }
 
 impl ServerProcess {
+    /// `inplace-updater serve` on port-0 loopback listeners with `args` added.
     pub fn start(binary: &Path, args: &[String], dir: &Path) -> anyhow::Result<ServerProcess> {
         check_binary(binary)?;
-        let log = dir.join("server.log");
+        let mut all: Vec<String> = [
+            "--log-format",
+            "json",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--health-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ]
+        .map(String::from)
+        .to_vec();
+        all.extend_from_slice(args);
+        Self::spawn(binary, &all, &dir.join("server.log"))
+    }
+
+    /// This harness as the bare ceiling server (`load ceiling-serve`).
+    pub fn start_ceiling(cert: &Path, key: &Path, dir: &Path) -> anyhow::Result<ServerProcess> {
+        let exe = std::env::current_exe()?;
+        let args = [
+            "ceiling-serve".to_string(),
+            "--tls-cert".into(),
+            cert.display().to_string(),
+            "--tls-key".into(),
+            key.display().to_string(),
+        ];
+        Self::spawn(&exe, &args, &dir.join("ceiling.log"))
+    }
+
+    fn spawn(binary: &Path, args: &[String], log: &Path) -> anyhow::Result<ServerProcess> {
+        let log = log.to_path_buf();
         let mut child = Command::new(binary)
-            .args(["--log-format", "json", "serve"])
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--health-listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ])
             .args(args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())

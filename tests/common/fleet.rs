@@ -224,3 +224,65 @@ pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
     }
     panic!("timed out waiting for {what}");
 }
+
+/// What every fleet test starts from: certificates, a cluster-scoped agent token for `default/edge-01`, the
+/// server's token file and the agents' token file, in one scratch directory.
+pub struct Setup {
+    pub certs: super::Certs,
+    pub dir: tempfile::TempDir,
+    pub token: inplace_updater::auth::NewToken,
+    /// The server's `--agent-tokens` file.
+    pub tokens: PathBuf,
+    /// The agents' `--token-file`.
+    pub token_file: PathBuf,
+}
+
+impl Setup {
+    pub fn new() -> Self {
+        let certs = super::certs();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let scope = inplace_updater::dispatch::AgentScope::Cluster {
+            namespace: "default".into(),
+            cluster: "edge-01".into(),
+        };
+        let token = inplace_updater::auth::create_token(&scope, None).expect("token");
+        let tokens = dir.path().join("agent-tokens");
+        std::fs::write(&tokens, format!("{}\n", token.line)).expect("token file");
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, &token.token).expect("token file");
+        Self {
+            certs,
+            dir,
+            token,
+            tokens,
+            token_file,
+        }
+    }
+
+    /// `serve` arguments for this setup on `store`.
+    pub fn server_args(&self, store: &str) -> Vec<String> {
+        [
+            "--agent-tokens",
+            &self.tokens.display().to_string(),
+            "--store",
+            store,
+            "--retry-after-seconds",
+            "1",
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    /// A sandboxed control-plane (or worker) node at v1.33.4 with its agent polling `server`.
+    pub fn agent(&self, server: &ServerProcess, name: &str, control_plane: bool) -> AgentProcess {
+        let sandbox = Sandbox::create(&self.dir.path().join(name), "v1.33.4", control_plane)
+            .expect("sandbox");
+        AgentProcess::start(
+            server,
+            &self.certs.paths.ca_cert,
+            &self.token_file,
+            name,
+            sandbox,
+        )
+    }
+}
