@@ -9,9 +9,9 @@
 ARG RUST_VERSION=1.95
 
 FROM rust:${RUST_VERSION}-bookworm AS build
-# musl-tools: the musl C toolchain that ring's C and assembly parts are compiled with.
+# musl-tools: the musl C toolchain for ring's C and assembly parts; protobuf-compiler: protoc for etcd-client.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends musl-tools \
+    && apt-get install -y --no-install-recommends musl-tools protobuf-compiler \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
