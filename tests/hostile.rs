@@ -101,7 +101,9 @@ async fn tcp_without_tls_is_dropped_after_the_handshake_timeout() {
     let started = Instant::now();
     let mut tcp = TcpStream::connect(server.hooks).await.unwrap();
     let mut buf = [0u8; 64];
-    let read = tokio::time::timeout(WAIT, tcp.read(&mut buf)).await.unwrap();
+    let read = tokio::time::timeout(WAIT, tcp.read(&mut buf))
+        .await
+        .unwrap();
     let closed_after = started.elapsed();
     assert!(
         matches!(read, Ok(0) | Err(_)),
@@ -114,66 +116,100 @@ async fn tcp_without_tls_is_dropped_after_the_handshake_timeout() {
     assert_healthy(&server);
 }
 
+/// Opens `count` TLS connections that complete the handshake and then say nothing.
+async fn idle_tls(
+    config: &Arc<rustls::ClientConfig>,
+    addr: SocketAddr,
+    count: usize,
+) -> Vec<tokio_rustls::client::TlsStream<TcpStream>> {
+    let mut idle = Vec::new();
+    for _ in 0..count {
+        idle.push(tls_connect(config, addr).await.unwrap());
+    }
+    idle
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_connections_beyond_the_cap_wait_and_a_fresh_client_is_served() {
+async fn connections_beyond_the_cap_wait_and_are_served_once_others_close() {
     const CAP: usize = 50;
-    const IDLE: usize = 200;
+    /// How long the test shows the over-cap client is still waiting (a bound, not a wait for a condition).
+    const HELD: Duration = Duration::from_secs(2);
     let certs = certs();
     let server = ServerProcess::start(
         &certs.paths,
         &[
             "--max-connections",
             &CAP.to_string(),
-            "--header-read-timeout",
-            "1s",
             "--handshake-timeout",
             "1s",
         ],
     );
     let config = tls_config(&certs.paths.ca_cert, b"http/1.1");
-    // 200 clients connect and then say nothing; each keeps its socket until the server closes it.
-    let mut idle = Vec::new();
-    for _ in 0..IDLE {
-        let config = config.clone();
-        let addr = server.hooks;
-        idle.push(tokio::spawn(async move {
-            let mut tcp = TcpStream::connect(addr).await.unwrap();
-            let mut hello = tokio_rustls::TlsConnector::from(config)
-                .connect("localhost".try_into().unwrap(), &mut tcp);
-            // Those over the cap sit in the backlog; either way the client only ever waits.
-            let mut buf = [0u8; 16];
-            match tokio::time::timeout(WAIT * 2, &mut hello).await {
-                Ok(Ok(mut tls)) => {
-                    let _ = tokio::time::timeout(WAIT * 2, tls.read(&mut buf)).await;
-                }
-                Ok(Err(_)) | Err(_) => {}
-            }
-        }));
-    }
-    // The health port is a different listener: never held up by the hook port's cap.
-    assert_healthy(&server);
-    let started = Instant::now();
+    let idle = idle_tls(&config, server.hooks, CAP).await;
     let client = Client::new(&certs.paths.ca_cert, None, true);
-    let reply = tokio::time::timeout(
-        WAIT,
-        client.request(
-            server.hooks,
-            "POST",
-            CAN_UPDATE_MACHINE,
-            fixture("can-update-machine-kcp-version.json"),
-        ),
-    )
-    .await
-    .expect("a fresh client is served once idle connections time out")
-    .unwrap();
-    let waited = started.elapsed();
+    let addr = server.hooks;
+    let started = Instant::now();
+    let mut waiting = tokio::spawn(async move {
+        client
+            .request(
+                addr,
+                "POST",
+                CAN_UPDATE_MACHINE,
+                fixture("can-update-machine-kcp-version.json"),
+            )
+            .await
+    });
+    assert!(
+        tokio::time::timeout(HELD, &mut waiting).await.is_err(),
+        "a connection over the cap of {CAP} was served"
+    );
+    // The health port is its own listener: the hook port's cap never makes the pod look dead.
+    assert_healthy(&server);
+    drop(idle);
+    let reply = tokio::time::timeout(WAIT, waiting)
+        .await
+        .expect("the waiting client is served once others close")
+        .unwrap()
+        .unwrap();
+    println!(
+        "over-cap client served {:?} after connecting",
+        started.elapsed()
+    );
     assert_eq!(reply.status, 200);
     assert_eq!(reply.json()["status"], "Success", "{}", reply.json());
-    println!("fresh client served after {waited:?} behind {IDLE} idle connections (cap {CAP})");
-    for task in idle {
-        tokio::time::timeout(WAIT * 3, task).await.unwrap().unwrap();
-    }
     assert_healthy(&server);
+}
+
+/// Bug (src/server/listener.rs): a client that negotiates `h2` and then sends nothing is never closed, so
+/// `--max-connections` such clients lock the hook port (HTTP/1.1 idles are closed after the header read
+/// timeout). Un-ignore once idle HTTP/2 connections time out too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug: idle HTTP/2 connections are never closed (no deadline before the preface, no idle timeout)"]
+async fn idle_tls_connections_are_closed_after_the_header_read_timeout() {
+    let certs = certs();
+    let server = ServerProcess::start(
+        &certs.paths,
+        &["--header-read-timeout", "1s", "--handshake-timeout", "1s"],
+    );
+    for alpn in [&b"http/1.1"[..], b"h2"] {
+        let config = tls_config(&certs.paths.ca_cert, alpn);
+        let mut tls = tls_connect(&config, server.hooks).await.unwrap();
+        let started = Instant::now();
+        // An HTTP/2 server speaks first (SETTINGS); what matters is that the connection ends.
+        let mut sink = Vec::new();
+        let ended = tokio::time::timeout(WAIT, tls.read_to_end(&mut sink)).await;
+        assert!(
+            ended.is_ok(),
+            "{}: an idle connection was still open after {:?}",
+            String::from_utf8_lossy(alpn),
+            started.elapsed()
+        );
+        println!(
+            "{}: idle connection closed after {:?}",
+            String::from_utf8_lossy(alpn),
+            started.elapsed()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,7 +272,9 @@ async fn a_burst_of_1000_hook_calls_is_answered_or_shed_never_a_crash() {
 
 async fn agent_poll(ca: &std::path::Path, addr: SocketAddr, token: &str) -> (u16, String) {
     use http_body_util::{BodyExt as _, Full};
-    let tls = tls_connect(&tls_config(ca, b"http/1.1"), addr).await.unwrap();
+    let tls = tls_connect(&tls_config(ca, b"http/1.1"), addr)
+        .await
+        .unwrap();
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
             .await
@@ -307,4 +345,122 @@ async fn expired_and_revoked_agent_tokens_get_401() {
         !logs.contains(&live.token) && !logs.contains(&expired.token),
         "tokens never reach the logs"
     );
+}
+
+/// A client that sends headers promptly and then one body byte at a time is cut off at the call's deadline
+/// (80% of CAPI's default 10 s timeout), not held open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_body_client_is_cut_off() {
+    const BODY_BYTES: usize = 1000;
+    let certs = certs();
+    let server = ServerProcess::start(&certs.paths, &["--header-read-timeout", "1s"]);
+    let config = tls_config(&certs.paths.ca_cert, b"http/1.1");
+    let tls = tls_connect(&config, server.hooks).await.unwrap();
+    let (mut read, mut write) = tokio::io::split(tls);
+    write
+        .write_all(
+            format!(
+                "POST {CAN_UPDATE_MACHINE} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {BODY_BYTES}\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let reader = tokio::spawn(async move {
+        let mut sink = Vec::new();
+        let _ = read.read_to_end(&mut sink).await;
+        started.elapsed()
+    });
+    for _ in 0..BODY_BYTES {
+        if reader.is_finished() || started.elapsed() > WAIT || write.write_all(b" ").await.is_err()
+        {
+            break;
+        }
+        let _ = write.flush().await;
+        tokio::time::sleep(SLOW_BYTE_INTERVAL).await;
+    }
+    assert!(
+        reader.is_finished(),
+        "a slow body still held its connection after {:?}",
+        started.elapsed()
+    );
+}
+
+fn kept_inputs(target: &str) -> Vec<(String, Vec<u8>)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fuzz-regressions")
+        .join(target);
+    let mut inputs: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read(&path).unwrap())
+        })
+        .collect();
+    inputs.sort();
+    assert!(!inputs.is_empty(), "{} holds no inputs", dir.display());
+    inputs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_fuzz_inputs_are_answered_without_a_crash() {
+    use axum::body::Body;
+    use http_body_util::BodyExt as _;
+    use inplace_updater::api::Hook;
+    use inplace_updater::auth::{AgentTokens, parse_token_file};
+    use inplace_updater::hooks::Engine;
+    use inplace_updater::server::{AppState, Metrics, app};
+    use tower::ServiceExt as _;
+
+    let state = AppState {
+        metrics: Arc::new(Metrics::new()),
+        require_client_cert: false,
+        engine: Arc::new(Engine {
+            policy: inplace_core::Policy::builtin(),
+            dispatcher: None,
+        }),
+        tokens: Arc::new(AgentTokens::none()),
+    };
+    for (name, body) in kept_inputs("hook_request") {
+        for hook in [
+            Hook::CanUpdateMachine,
+            Hook::CanUpdateMachineSet,
+            Hook::UpdateMachine,
+        ] {
+            let request = axum::http::Request::post(hook.path())
+                .header("content-type", "application/json")
+                .body(Body::from(body.clone()))
+                .unwrap();
+            let response = app(state.clone()).oneshot(request).await.unwrap();
+            let status = response.status();
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            let json: serde_json::Value = serde_json::from_slice(&bytes)
+                .unwrap_or_else(|err| panic!("{name} → {hook}: not JSON ({err})"));
+            assert_eq!(status, 200, "{name} → {hook}: {json}");
+            assert_eq!(json["status"], "Failure", "{name} → {hook}: {json}");
+            assert!(
+                !json["message"].as_str().unwrap().is_empty(),
+                "{name} → {hook}: a Failure says why"
+            );
+        }
+    }
+    for (name, body) in kept_inputs("agent_api") {
+        let poll = serde_json::from_slice::<PollRequest>(&body);
+        let report = serde_json::from_slice::<inplace_agent_api::StepReport>(&body);
+        assert!(poll.is_err() && report.is_err(), "{name} decoded");
+    }
+    for (name, text) in kept_inputs("policy_yaml") {
+        let text = String::from_utf8(text).unwrap();
+        let err = inplace_core::Policy::from_yaml(&text)
+            .err()
+            .unwrap_or_else(|| panic!("{name} was accepted as a policy"));
+        assert!(!err.to_string().is_empty(), "{name}");
+    }
+    for (name, text) in kept_inputs("token_file") {
+        let text = String::from_utf8(text).unwrap();
+        let err = parse_token_file("kept", &text).unwrap_err();
+        assert!(err.to_string().contains("kept:1"), "{name}: {err}");
+    }
 }

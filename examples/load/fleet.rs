@@ -74,8 +74,20 @@ pub struct FleetArgs {
     /// Agents that get work through UpdateMachine.
     #[arg(long, default_value_t = 1_000)]
     targets: usize,
+    /// Also hold the same fleet on the bare axum + rustls ceiling (its own process) and compare memory.
+    #[arg(long)]
+    compare_ceiling: bool,
     #[command(flatten)]
     common: Common,
+}
+
+/// Which server the fleet connects to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Against {
+    /// `inplace-updater serve`, the real binary.
+    Ours,
+    /// `load ceiling-serve`: long-polls held and answered "nothing", no work ever.
+    Ceiling,
 }
 
 #[derive(clap::Args)]
@@ -88,8 +100,18 @@ pub struct DispatchArgs {
 }
 
 pub fn run_fleet(args: &FleetArgs) -> anyhow::Result<()> {
-    let outcome = run(args.agents, args.targets.min(args.agents), &args.common)?;
-    outcome.print_fleet();
+    let outcome = run(
+        args.agents,
+        args.targets.min(args.agents),
+        &args.common,
+        Against::Ours,
+    )?;
+    let ceiling = if args.compare_ceiling {
+        Some(run(args.agents, 0, &args.common, Against::Ceiling)?)
+    } else {
+        None
+    };
+    outcome.print_fleet(ceiling.as_ref());
     Ok(())
 }
 
@@ -99,7 +121,7 @@ pub fn run_dispatch(args: &DispatchArgs) -> anyhow::Result<()> {
         idle_seconds: Some(args.common.idle_seconds.unwrap_or(2.0)),
         ..args.common.clone()
     };
-    let outcome = run(args.agents, args.agents, &common)?;
+    let outcome = run(args.agents, args.agents, &common, Against::Ours)?;
     outcome.print_dispatch();
     Ok(())
 }
@@ -138,7 +160,12 @@ fn machine_name(cluster: usize, index: usize) -> String {
     format!("edge-{cluster:03}-md-0-{index:05}")
 }
 
-fn run(agent_count: usize, target_count: usize, common: &Common) -> anyhow::Result<Outcome> {
+fn run(
+    agent_count: usize,
+    target_count: usize,
+    common: &Common,
+    against: Against,
+) -> anyhow::Result<Outcome> {
     anyhow::ensure!(
         (1..=100_000).contains(&agent_count),
         "--agents must be 1..=100000"
@@ -195,7 +222,16 @@ fn run(agent_count: usize, target_count: usize, common: &Common) -> anyhow::Resu
         "--retry-after-seconds".into(),
         common.retry_after_seconds.to_string(),
     ];
-    let mut server = ServerProcess::start(&binary, &server_args, dir.path())?;
+    let mut server = match against {
+        Against::Ours => ServerProcess::start(&binary, &server_args, dir.path())?,
+        Against::Ceiling => {
+            ServerProcess::start_ceiling(&certs.server_cert, &certs.server_key, dir.path())?
+        }
+    };
+    let binary = match against {
+        Against::Ours => binary,
+        Against::Ceiling => std::env::current_exe()?,
+    };
     let pid = server.pid();
     let addr: SocketAddr = server.hooks;
     let tls = connector(&certs.ca_cert)?;
@@ -278,6 +314,12 @@ fn run(agent_count: usize, target_count: usize, common: &Common) -> anyhow::Resu
             after: after_idle,
         });
 
+        if target_count == 0 {
+            shared.stop.cancel();
+            fleet.abort_all();
+            while fleet.join_next().await.is_some() {}
+            return anyhow::Ok((CapiResult::default(), connected));
+        }
         // CAPI creates work for the targets.
         let work = Instant::now();
         let before = proc_sample(pid)?;
@@ -399,8 +441,7 @@ impl Outcome {
             ]);
         }
         table.print();
-        let per_agent = (self.connected.rss_kib.saturating_sub(self.baseline.rss_kib)) as f64
-            / self.agents as f64;
+        let per_agent = self.per_agent_kib();
         println!(
             "\npeak RSS (VmHWM) {:.1} MiB; {:.1} KiB per connected agent; {} threads; harness peak RSS {:.0} MiB",
             self.peak.hwm_mib(),
@@ -512,8 +553,39 @@ impl Outcome {
         table.print();
     }
 
-    fn print_fleet(&self) {
+    fn per_agent_kib(&self) -> f64 {
+        self.connected.rss_kib.saturating_sub(self.baseline.rss_kib) as f64 / self.agents as f64
+    }
+
+    fn print_fleet(&self, ceiling: Option<&Outcome>) {
         self.print_process();
+        if let Some(ceiling) = ceiling {
+            let mut table = Table::new(&[
+                "same fleet held by",
+                "RSS idle",
+                "RSS, fleet connected",
+                "per agent",
+                "peak RSS",
+            ]);
+            for (name, o) in [
+                ("ours (real binary)", self),
+                ("ceiling (bare axum + rustls, own process)", ceiling),
+            ] {
+                table.row(vec![
+                    name.into(),
+                    format!("{:.1} MiB", o.baseline.rss_mib()),
+                    format!("{:.1} MiB", o.connected.rss_mib()),
+                    format!("{:.1} KiB", o.per_agent_kib()),
+                    format!("{:.1} MiB", o.peak.hwm_mib()),
+                ]);
+            }
+            println!();
+            table.print();
+            println!(
+                "\nper-agent memory, ours / ceiling: {:.2}×",
+                self.per_agent_kib() / ceiling.per_agent_kib().max(1e-9)
+            );
+        }
         let p99 = self.print_latencies();
         self.print_agents();
         let rss = self.peak.hwm_mib();

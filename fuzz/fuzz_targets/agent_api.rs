@@ -13,9 +13,10 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(report) = serde_json::from_slice::<StepReport>(data) {
         let _ = validate_report(&report);
     }
-    if let Ok(response) = serde_json::from_slice::<PollResponse>(data) {
-        if let Some(plan) = &response.plan {
-            let _ = validate_plan(plan);
-        }
+    if let Ok(PollResponse {
+        plan: Some(plan), ..
+    }) = serde_json::from_slice::<PollResponse>(data)
+    {
+        let _ = validate_plan(&plan);
     }
 });

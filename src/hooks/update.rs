@@ -72,6 +72,16 @@ pub async fn update_machine(engine: Arc<Engine>, body: bytes::Bytes) -> Answer {
         Ok(UpdateAnswer::Done { message }) => (Status::Success, "done", message, 0),
         Ok(UpdateAnswer::Failed { message }) => (Status::Failure, "failed", message, 0),
         Err(DispatchError::BadRequest(message)) => (Status::Failure, "bad-request", message, 0),
+        // Not transient: the same desired spec will never fit, so say what to change instead of "try again".
+        Err(DispatchError::Store(inplace_store::StoreError::TooLarge { size, limit, .. })) => (
+            Status::Failure,
+            "too-large",
+            format!(
+                "the desired node state is {size} bytes, over the store's per-record limit of {limit} bytes; \
+                 reduce inline file contents (e.g. move large files to an image) and apply again"
+            ),
+            0,
+        ),
         Err(err) => (
             Status::Failure,
             "error",

@@ -223,10 +223,27 @@ async fn handle(
     if declared_length.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
         return too_large();
     }
-    // Chunked bodies are counted while they stream in and cut off at the limit, never buffered past it.
-    let body: Bytes = match axum::body::to_bytes(request.into_body(), MAX_BODY_BYTES).await {
-        Ok(body) => body,
-        Err(_) => return too_large(),
+    // Chunked bodies are counted while they stream in and cut off at the limit, never buffered past it;
+    // a body that trickles in is cut off at the call's deadline (a slow client cannot hold the call open).
+    let read_budget =
+        deadline(query.as_deref()).unwrap_or(DEFAULT_CAPI_TIMEOUT.mul_f64(DEADLINE_FRACTION));
+    let body: Bytes = match tokio::time::timeout(
+        read_budget,
+        axum::body::to_bytes(request.into_body(), MAX_BODY_BYTES),
+    )
+    .await
+    {
+        Ok(Ok(body)) => body,
+        Ok(Err(_)) => return too_large(),
+        Err(_) => {
+            return refusal(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!(
+                    "request body not received within {:.1}s",
+                    read_budget.as_secs_f64()
+                ),
+            );
+        }
     };
     let answer = match deadline(query.as_deref()) {
         Err(message) => hooks::failure(hook, message, "bad-request", None),
