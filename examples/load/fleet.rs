@@ -269,7 +269,7 @@ fn run(
             let cluster = index / per_cluster;
             let agent = Agent {
                 index,
-                machine: MachineRef::new("default", &machine_name(cluster, index)),
+                machine: MachineRef::new("default", machine_name(cluster, index)),
                 token: tokens[cluster].clone(),
                 source: source_ip(index),
             };
