@@ -282,7 +282,7 @@ fn duration(text: &str) -> Result<Duration, String> {
 /// `inplace-updater serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Hook port address (TLS). Default 0.0.0.0:9443, or 127.0.0.1:9443 with --dev.
+    /// Hook port address (TLS) [default: 0.0.0.0:9443; dev: 127.0.0.1:9443].
     #[arg(long, env = "INPLACE_UPDATER_LISTEN")]
     pub listen: Option<SocketAddr>,
     /// PEM certificate chain served on the hook port [default: /tmp/k8s-webhook-server/serving-certs/tls.crt, or certs/tls.crt with --dev].
@@ -294,10 +294,10 @@ pub struct ServeArgs {
     /// CA bundle for client certificates: when given, every hook call must present one signed by it (mTLS).
     #[arg(long, env = "INPLACE_UPDATER_CLIENT_CA")]
     pub client_ca: Option<PathBuf>,
-    /// Health port address (plain HTTP: /healthz, /readyz). Default 0.0.0.0:9440, or 127.0.0.1:9440 with --dev.
+    /// Health port (HTTP: /healthz, /readyz, /status) [default: 0.0.0.0:9440; dev: 127.0.0.1:9440].
     #[arg(long, env = "INPLACE_UPDATER_HEALTH_LISTEN")]
     pub health_listen: Option<SocketAddr>,
-    /// Metrics port address (plain HTTP: /metrics). Default 0.0.0.0:8080, or 127.0.0.1:8080 with --dev.
+    /// Metrics port (HTTP: /metrics) [default: 0.0.0.0:8080; dev: 127.0.0.1:8080].
     #[arg(long, env = "INPLACE_UPDATER_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
     /// Development mode: loopback addresses and certificates in ./certs, generated when missing.

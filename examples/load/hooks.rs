@@ -475,19 +475,21 @@ fn print_table(workloads: &[Arc<Workload>], results: Vec<(Run, Run)>) {
         let throughput = o_rps / c_rps.max(1e-9);
         let p99 = o.p99.as_secs_f64() / c.p99.as_secs_f64().max(1e-9);
         let met = throughput >= TARGET_THROUGHPUT_RATIO && p99 <= TARGET_P99_RATIO;
+        let measured = c.count > 0;
+        let ratio = |text: String| if measured { text } else { "-".to_string() };
         table.row(vec![
             workload.name.to_string(),
             format!("{:.1} KiB", workload.mean_body_kib()),
             format!("{c_rps:.0}"),
             format!("{o_rps:.0}"),
-            format!("{throughput:.2}×"),
+            ratio(format!("{throughput:.2}×")),
             ms(c.p50),
             ms(o.p50),
             ms(c.p99),
             ms(o.p99),
-            format!("{p99:.2}×"),
+            ratio(format!("{p99:.2}×")),
             format!("{errors}"),
-            if met { "met" } else { "missed" }.to_string(),
+            ratio(if met { "met" } else { "missed" }.to_string()),
         ]);
     }
     println!();
