@@ -79,25 +79,17 @@ pub fn failure(
     object: Option<ObjectKey>,
 ) -> Answer {
     let message = message.into();
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "apiVersion": HOOKS_API_VERSION,
         "kind": hook.response_kind(),
         "status": Status::Failure.as_str(),
         "message": message,
     });
-    let mut bytes = body.to_string().into_bytes();
     if hook == Hook::UpdateMachine {
         // UpdateMachineResponse always carries retryAfterSeconds (no omitempty in Go).
-        bytes = serde_json::json!({
-            "apiVersion": HOOKS_API_VERSION,
-            "kind": hook.response_kind(),
-            "status": Status::Failure.as_str(),
-            "message": message,
-            "retryAfterSeconds": 0,
-        })
-        .to_string()
-        .into_bytes();
+        body["retryAfterSeconds"] = serde_json::json!(0);
     }
+    let bytes = body.to_string().into_bytes();
     Answer {
         body: bytes,
         status: Status::Failure,
