@@ -55,6 +55,9 @@ pub struct HooksArgs {
     /// Only the request kinds whose name contains this (e.g. `worst`, `MachineSet`).
     #[arg(long)]
     only: Option<String>,
+    /// Offer no ALPN protocol: both servers then detect HTTP/1.1 from the first bytes.
+    #[arg(long)]
+    no_alpn: bool,
     /// Drive only our server (for profiling it alone; no ratios then).
     #[arg(long)]
     ours_only: bool,
@@ -380,7 +383,7 @@ pub fn run(args: &HooksArgs) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let tls = connector(&certs.ca_cert)?;
+    let tls = connector(&certs.ca_cert, !args.no_alpn)?;
     let workloads: Vec<Arc<Workload>> = workloads()?
         .into_iter()
         .filter(|w| {

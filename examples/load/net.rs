@@ -20,8 +20,9 @@ use tokio_rustls::TlsConnector;
 /// Longest a TCP connect plus TLS handshake may take before the attempt counts as failed.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A TLS client trusting `ca`, offering HTTP/1.1 only (CAPI and the agent keep HTTP/1.1 connections alive).
-pub fn connector(ca: &Path) -> anyhow::Result<TlsConnector> {
+/// A TLS client trusting `ca`, offering HTTP/1.1 only (CAPI and the agent keep HTTP/1.1 connections alive), or
+/// no ALPN at all when `alpn` is false (the server then detects the protocol from the first bytes).
+pub fn connector(ca: &Path, alpn: bool) -> anyhow::Result<TlsConnector> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(ca).context("CA file")? {
@@ -31,7 +32,9 @@ pub fn connector(ca: &Path) -> anyhow::Result<TlsConnector> {
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    if alpn {
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    }
     Ok(TlsConnector::from(Arc::new(config)))
 }
 
