@@ -1,0 +1,80 @@
+//! What each hook costs on its own, with no network in between: the body bytes in, the answer bytes out,
+//! exactly the function the server runs per call (decode, diff, policy, patch, self-check; UpdateMachine on
+//! the in-memory store). Next to each, the time serde_json needs just to parse the same body into a
+//! `serde_json::Value`, the floor any JSON hook pays.
+//!
+//! `cargo bench --bench hooks` prints divan's table.
+#![allow(clippy::unwrap_used)]
+
+use std::hint::black_box;
+use std::path::Path;
+use std::sync::{Arc, LazyLock};
+
+use bytes::Bytes;
+use inplace_updater::dispatch::{DispatchConfig, Dispatcher};
+use inplace_updater::hooks::{self, Engine};
+
+fn main() {
+    divan::main();
+}
+
+fn fixture(name: &str) -> Bytes {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    Bytes::from(std::fs::read(path).unwrap())
+}
+
+const CAN_UPDATE: [&str; 4] = [
+    "can-update-machine-kcp-version.json",
+    "can-update-machine-kcp-files-keys.json",
+    "can-update-machine-kcp-mixed.json",
+    "can-update-machine-unknown-infra.json",
+];
+
+static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+});
+
+static ENGINE: LazyLock<Arc<Engine>> = LazyLock::new(|| {
+    let store = Arc::new(inplace_store::memory::MemoryStore::new());
+    let dispatcher = RUNTIME.block_on(async {
+        Dispatcher::new(
+            store,
+            DispatchConfig::default(),
+            tokio_util::sync::CancellationToken::new(),
+        )
+    });
+    Arc::new(Engine {
+        policy: inplace_core::Policy::builtin(),
+        dispatcher: Some(dispatcher),
+    })
+});
+
+#[divan::bench(args = CAN_UPDATE)]
+fn can_update_machine(bencher: divan::Bencher, name: &str) {
+    let body = fixture(name);
+    bencher.bench(|| hooks::can_update_machine(&ENGINE, black_box(&body)));
+}
+
+#[divan::bench(args = CAN_UPDATE)]
+fn parse_only(bencher: divan::Bencher, name: &str) {
+    let body = fixture(name);
+    bencher.bench(|| serde_json::from_slice::<serde_json::Value>(black_box(&body)).unwrap());
+}
+
+#[divan::bench]
+fn can_update_machine_set(bencher: divan::Bencher) {
+    let body = fixture("can-update-machineset-md.json");
+    bencher.bench(|| hooks::can_update_machine_set(&ENGINE, black_box(&body)));
+}
+
+#[divan::bench]
+fn update_machine_in_progress(bencher: divan::Bencher) {
+    let body = fixture("update-machine-kcp.json");
+    RUNTIME.block_on(hooks::update_machine(ENGINE.clone(), body.clone()));
+    bencher.bench(|| RUNTIME.block_on(hooks::update_machine(ENGINE.clone(), body.clone())));
+}
