@@ -124,12 +124,30 @@ async fn wrong_types_are_named_by_path() {
 
 #[tokio::test]
 async fn deep_nesting_and_huge_strings_are_answered() {
-    let deep = format!(
-        r#"{{"desired":{{"machine":{{"metadata":{{"name":"m"}},"spec":{{"x":{}}}}}}}}}"#,
-        "[".repeat(100_000)
-    );
-    let message = failure_message(Hook::UpdateMachine, &deep).await;
+    // Objects are first skipped over as text (no recursion), then parsed where a hook needs them (with
+    // serde_json's depth limit): either way the answer names the problem instead of overflowing the stack.
+    let deep = |open: usize, close: usize| {
+        format!(
+            r#"{{"metadata":{{"name":"m"}},"spec":{{"x":{}{}}}}}"#,
+            "[".repeat(open),
+            "]".repeat(close)
+        )
+    };
+    let message = failure_message(
+        Hook::CanUpdateMachine,
+        &format!(
+            r#"{{"current":{{"machine":{}}},"desired":{{"machine":{MACHINE}}}}}"#,
+            deep(100_000, 100_000)
+        ),
+    )
+    .await;
     assert!(message.contains("recursion limit"), "{message}");
+    let message = failure_message(
+        Hook::UpdateMachine,
+        &format!(r#"{{"desired":{{"machine":{}}}}}"#, deep(100_000, 0)),
+    )
+    .await;
+    assert!(message.contains("expected value at line 1"), "{message}");
     let huge = "x".repeat(15 * 1024 * 1024);
     let body = format!(
         r#"{{"desired":{{"machine":{{"metadata":{{"name":"m","namespace":"n","annotations":{{"a":"{huge}"}}}},"spec":{{}}}}}}}}"#

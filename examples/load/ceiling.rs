@@ -26,6 +26,7 @@ const BODY_LIMIT: usize = inplace_updater::server::MAX_BODY_BYTES;
 fn router() -> Router {
     let mut router = Router::new();
     for hook in [
+        Hook::Discovery,
         Hook::CanUpdateMachine,
         Hook::CanUpdateMachineSet,
         Hook::UpdateMachine,

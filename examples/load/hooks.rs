@@ -126,6 +126,11 @@ fn workloads() -> anyhow::Result<Vec<Workload>> {
         .collect();
     Ok(vec![
         Workload::new(
+            "Discovery (the fixed cost of a call)",
+            Hook::Discovery,
+            Bodies::Cycle(fixtures(&["discovery-request.json"])?),
+        ),
+        Workload::new(
             "CanUpdateMachine (4 KCP fixtures)",
             Hook::CanUpdateMachine,
             Bodies::Cycle(fixtures(&[

@@ -5,13 +5,15 @@
 //! CAPI's Go decoder reads them (`patch` bytes as standard base64, `status` exactly `Success`/`Failure`).
 
 mod duration;
+pub mod objects;
 mod requests;
 mod responses;
 
 pub use duration::{DurationError, parse_go_duration};
+pub use objects::{Object, Pair};
 pub use requests::{
     CanUpdateMachineRequest, CanUpdateMachineSetRequest, DecodeError, HookRequest, MachineObjects,
-    MachineSetObjects, Object, ObjectKey, UpdateMachineObjects, UpdateMachineRequest,
+    MachineSetObjects, ObjectKey, UpdateMachineObjects, UpdateMachineRequest, decode_json,
     decode_request,
 };
 pub use responses::{

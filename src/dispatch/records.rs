@@ -54,6 +54,9 @@ pub fn valid_segment(text: &str) -> bool {
 pub struct MachineRecord {
     /// Hash of the desired node state (the plan without its run id).
     pub state_hash: String,
+    /// Fingerprint of the inputs the plan was last built from (absent in records of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_hash: Option<String>,
     /// The current run id (what agents see as the plan id).
     pub run_id: String,
     /// The cluster the Machine belongs to.
@@ -160,6 +163,72 @@ pub enum Outcome {
     },
 }
 
+impl Outcome {
+    /// Where a run with these step records is.
+    pub fn of(steps: &[StepRecord]) -> Outcome {
+        if let Some(index) = steps.iter().position(|s| s.state == StepState::Failed) {
+            return Outcome::Failed { index };
+        }
+        match steps.iter().position(|s| s.state != StepState::Succeeded) {
+            None => Outcome::Done,
+            Some(0) if steps[0].state == StepState::Pending => Outcome::Waiting,
+            Some(index) => Outcome::InProgress { index },
+        }
+    }
+}
+
+/// What UpdateMachine reads of an [`UpdateRecord`] to answer: the same JSON, without the steps' desired
+/// states (file contents, keys), which a status answer never needs and which are most of a record's bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunView {
+    /// The plan's Machine and step descriptions.
+    pub plan: PlanView,
+    /// One record per plan step.
+    pub steps: Vec<StepRecord>,
+}
+
+/// The parts of a [`Plan`] a [`RunView`] keeps.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct PlanView {
+    /// The Machine.
+    pub machine: MachineRef,
+    /// The steps' descriptions, in order.
+    pub steps: Vec<StepView>,
+}
+
+/// The part of a plan step a [`RunView`] keeps.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct StepView {
+    /// Operator-facing summary.
+    pub description: String,
+}
+
+impl RunView {
+    /// The view of a record at hand.
+    pub fn of(record: &UpdateRecord) -> RunView {
+        RunView {
+            plan: PlanView {
+                machine: record.plan.machine.clone(),
+                steps: record
+                    .plan
+                    .steps
+                    .iter()
+                    .map(|step| StepView {
+                        description: step.description.clone(),
+                    })
+                    .collect(),
+            },
+            steps: record.steps.clone(),
+        }
+    }
+
+    /// Where the run is.
+    pub fn outcome(&self) -> Outcome {
+        Outcome::of(&self.steps)
+    }
+}
+
 impl UpdateRecord {
     /// A fresh run of `plan`.
     pub fn new(plan: Plan, now_ms: u64) -> Self {
@@ -178,20 +247,7 @@ impl UpdateRecord {
 
     /// Where the run is.
     pub fn outcome(&self) -> Outcome {
-        if let Some(index) = self.steps.iter().position(|s| s.state == StepState::Failed) {
-            return Outcome::Failed { index };
-        }
-        match self
-            .steps
-            .iter()
-            .position(|s| s.state != StepState::Succeeded)
-        {
-            None => Outcome::Done,
-            Some(index) if index == 0 && self.steps[0].state == StepState::Pending => {
-                Outcome::Waiting
-            }
-            Some(index) => Outcome::InProgress { index },
-        }
+        Outcome::of(&self.steps)
     }
 
     fn settle(&mut self, now_ms: u64) {

@@ -12,6 +12,7 @@ use inplace_agent_api::{
 use inplace_core::Action;
 use inplace_store::{EtcdOptions, Store, StoreUrl};
 use serde_json::json;
+use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
@@ -39,9 +40,11 @@ fn request(name: &str, control_plane: bool, version: &str, motd: &str) -> Update
         "spec": { "clusterName": "edge-01", "version": version }
     });
     let bootstrap = json!({ "spec": { "files": [ { "path": "/etc/motd", "content": motd } ] } });
+    let text = |value: &serde_json::Value| RawValue::from_string(value.to_string()).unwrap();
     UpdateRequest {
         facts: MachineFacts::of(&machine).unwrap(),
-        bootstrap: Some(bootstrap),
+        machine: text(&machine),
+        bootstrap: Some(text(&bootstrap)),
         actions: [Action::KubernetesVersion, Action::Files]
             .into_iter()
             .collect::<BTreeSet<_>>(),
@@ -390,4 +393,64 @@ async fn status_lists_runs_and_retention_keeps_current_ones() {
         "the superseded run goes, the current one stays"
     );
     assert_eq!(d.status().await.unwrap().len(), 1);
+}
+
+/// The Machine record remembers a fingerprint of the inputs its plan was built from, so CAPI's repeated calls
+/// skip building the plan. The fingerprint is of the texts: the same objects spelled differently (other
+/// whitespace, a record from a version that kept no fingerprint) cost one more build, never a new run.
+#[tokio::test]
+async fn respelled_inputs_and_older_records_keep_the_run() {
+    let d = dispatcher(memory().await);
+    let asked = request("m-1", false, "v1.34.1", "hi");
+    d.update_machine(&asked).await.unwrap();
+    let key = "machines/default/m-1";
+    let stored = |d: &Arc<Dispatcher>| {
+        let d = d.clone();
+        async move {
+            let entry = d.store().get(key).await.unwrap().unwrap();
+            serde_json::from_slice::<serde_json::Value>(&entry.value).unwrap()
+        }
+    };
+    let first = stored(&d).await;
+    assert!(first["inputHash"].is_string(), "{first}");
+
+    let pretty = |raw: &RawValue| {
+        let value: serde_json::Value = serde_json::from_str(raw.get()).unwrap();
+        RawValue::from_string(serde_json::to_string_pretty(&value).unwrap()).unwrap()
+    };
+    let respelled = UpdateRequest {
+        machine: pretty(&asked.machine),
+        bootstrap: asked.bootstrap.as_deref().map(pretty),
+        ..asked.clone()
+    };
+    d.update_machine(&respelled).await.unwrap();
+    let second = stored(&d).await;
+    assert_eq!(second["runId"], first["runId"], "same state, same run");
+    assert_ne!(
+        second["inputHash"], first["inputHash"],
+        "the new spelling is learned"
+    );
+
+    // A record written before fingerprints existed.
+    let mut old = second.clone();
+    old.as_object_mut().unwrap().remove("inputHash");
+    d.store()
+        .put(
+            key,
+            serde_json::to_vec(&old).unwrap(),
+            inplace_store::Precondition::Any,
+        )
+        .await
+        .unwrap();
+    d.update_machine(&asked).await.unwrap();
+    let third = stored(&d).await;
+    assert_eq!(third["runId"], first["runId"]);
+    assert_eq!(third["inputHash"], first["inputHash"]);
+    assert_eq!(d.store().list("updates/").await.unwrap().len(), 1);
+
+    // A real change of the desired state is a new run, fingerprint or not.
+    d.update_machine(&request("m-1", false, "v1.34.1", "changed"))
+        .await
+        .unwrap();
+    assert_ne!(stored(&d).await["runId"], first["runId"]);
 }

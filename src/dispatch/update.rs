@@ -7,11 +7,12 @@ use inplace_agent_api::{KubeadmUpgradeMode, Plan, validate_plan};
 use inplace_core::Action;
 use inplace_store::{Precondition, Write};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use sha2::{Digest as _, Sha256};
 
 use super::records::{
-    AgentRecord, ApplyClaim, MachineRecord, Outcome, ProviderIndex, UpdateRecord, agent_key,
-    apply_claim_key, machine_key, provider_key, update_key,
+    AgentRecord, ApplyClaim, MachineRecord, Outcome, ProviderIndex, RunView, UpdateRecord,
+    agent_key, apply_claim_key, machine_key, provider_key, update_key,
 };
 use super::{DispatchError, Dispatcher, now_ms};
 use crate::plan::{self, MachineFacts, PlanInput};
@@ -19,15 +20,70 @@ use crate::plan::{self, MachineFacts, PlanInput};
 /// Longest stderr excerpt put in a Failure message (CAPI logs it; our status shows the full tail).
 pub const FAILURE_STDERR_EXCERPT_BYTES: usize = 600;
 
-/// What UpdateMachine was asked, already decoded.
+/// What UpdateMachine was asked, decoded as far as answering needs.
 #[derive(Debug, Clone)]
 pub struct UpdateRequest {
     /// Facts of the desired Machine.
     pub facts: MachineFacts,
-    /// The desired bootstrap config.
-    pub bootstrap: Option<Value>,
+    /// The desired Machine's JSON text, as CAPI sent it.
+    pub machine: Box<RawValue>,
+    /// The desired bootstrap config's JSON text; parsed only when the plan has to be built.
+    pub bootstrap: Option<Box<RawValue>>,
     /// Actions the policy and settings allow.
     pub actions: BTreeSet<Action>,
+}
+
+impl UpdateRequest {
+    /// A fingerprint of everything the plan is built from: this server's version, the upgrade mode, the
+    /// actions and the desired objects' texts. The same fingerprint always builds the same plan, so a Machine
+    /// record carrying it lets a repeated call skip building and hashing the plan. Different texts that mean
+    /// the same only cost one build.
+    fn input_hash(&self, mode: KubeadmUpgradeMode) -> String {
+        let mut hash = Sha256::new();
+        hash.update(PLAN_INPUT_VERSION.as_bytes());
+        hash.update(match mode {
+            KubeadmUpgradeMode::Apply => b"\napply\n",
+            KubeadmUpgradeMode::Node => b"\nnode\n\0",
+        });
+        for action in &self.actions {
+            hash.update(action.as_str().as_bytes());
+            hash.update(b",");
+        }
+        hash.update(b"\n");
+        hash.update(self.machine.get().as_bytes());
+        hash.update(b"\n");
+        if let Some(bootstrap) = &self.bootstrap {
+            hash.update(bootstrap.get().as_bytes());
+        }
+        hex(&hash.finalize())
+    }
+
+    fn build(&self, mode: KubeadmUpgradeMode) -> Result<Plan, DispatchError> {
+        let bootstrap: Option<Value> = self
+            .bootstrap
+            .as_ref()
+            .map(|raw| serde_json::from_str(raw.get()))
+            .transpose()
+            .map_err(|err| DispatchError::BadRequest(format!("bootstrap config: {err}")))?;
+        let plan = plan::build(&PlanInput {
+            facts: &self.facts,
+            bootstrap: bootstrap.as_ref(),
+            actions: &self.actions,
+            upgrade_mode: mode,
+        })
+        .map_err(|err| DispatchError::BadRequest(err.to_string()))?;
+        validate_plan(&plan)
+            .map_err(|err| DispatchError::BadRequest(format!("the plan is not valid: {err}")))?;
+        Ok(plan)
+    }
+}
+
+/// Names the plan builder in input fingerprints: a new server version builds the plan once more (and keeps
+/// the run when the plan is the same).
+const PLAN_INPUT_VERSION: &str = concat!("inplace-updater/", env!("CARGO_PKG_VERSION"));
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// How UpdateMachine answers.
@@ -55,9 +111,9 @@ pub enum UpdateAnswer {
 /// The run id: the desired state's hash chained to the previous run, so returning to an earlier desired
 /// state (A → B → A) is a new run the agent executes again, while repeated calls keep the same id.
 fn run_id(state_hash: &str, previous_run: Option<&str>) -> String {
-    let digest =
-        Sha256::digest(format!("{state_hash}:{}", previous_run.unwrap_or_default()).as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    hex(&Sha256::digest(
+        format!("{state_hash}:{}", previous_run.unwrap_or_default()).as_bytes(),
+    ))
 }
 
 fn ago(now: u64, then: u64) -> String {
@@ -119,54 +175,66 @@ impl Dispatcher {
         } else {
             KubeadmUpgradeMode::Node
         };
-        let mut plan = plan::build(&PlanInput {
-            facts,
-            bootstrap: request.bootstrap.as_ref(),
-            actions: &request.actions,
-            upgrade_mode: mode,
-        })
-        .map_err(|err| DispatchError::BadRequest(err.to_string()))?;
-        validate_plan(&plan)
-            .map_err(|err| DispatchError::BadRequest(format!("the plan is not valid: {err}")))?;
-        let state_hash = plan.id.clone();
+        let input_hash = request.input_hash(mode);
         let now = now_ms();
 
+        // Built only when the Machine record does not already carry this input's fingerprint (CAPI asks
+        // again every few seconds while an update runs, always with the same objects).
+        let mut built: Option<Plan> = None;
         let mut switched = false;
         let record = self
             .update(
                 &machine_key(&facts.machine),
                 |current: Option<&MachineRecord>| {
-                    if current.is_some_and(|record| record.state_hash == state_hash) {
-                        switched = false;
+                    switched = false;
+                    if current.is_some_and(|r| r.input_hash.as_deref() == Some(input_hash.as_str()))
+                    {
                         return Ok(None);
                     }
-                    switched = true;
-                    Ok(Some(MachineRecord {
-                        state_hash: state_hash.clone(),
-                        run_id: run_id(&state_hash, current.map(|record| record.run_id.as_str())),
-                        cluster: facts.cluster.clone(),
-                        provider_id: facts.provider_id.clone(),
-                        since_ms: now,
+                    let plan = match &built {
+                        Some(plan) => plan,
+                        None => built.insert(request.build(mode)?),
+                    };
+                    let same_state = current.filter(|r| r.state_hash == plan.id);
+                    switched = same_state.is_none();
+                    Ok(Some(match same_state {
+                        // Same desired state from a differently spelled input: keep the run, learn the spelling.
+                        Some(record) => MachineRecord {
+                            input_hash: Some(input_hash.clone()),
+                            ..record.clone()
+                        },
+                        None => MachineRecord {
+                            state_hash: plan.id.clone(),
+                            input_hash: Some(input_hash.clone()),
+                            run_id: run_id(&plan.id, current.map(|r| r.run_id.as_str())),
+                            cluster: facts.cluster.clone(),
+                            provider_id: facts.provider_id.clone(),
+                            since_ms: now,
+                        },
                     }))
                 },
             )
             .await?
             .ok_or_else(|| DispatchError::Contention(machine_key(&facts.machine)))?;
-        plan.id = record.run_id.clone();
-        let key = update_key(&facts.machine, &plan.id);
-        let run = match self.read::<UpdateRecord>(&key).await? {
+        let key = update_key(&facts.machine, &record.run_id);
+        let run = match self.read::<RunView>(&key).await? {
             Some((run, _)) => run,
             None => {
+                let mut plan = match built {
+                    Some(plan) => plan,
+                    None => request.build(mode)?,
+                };
+                plan.id = record.run_id.clone();
                 let fresh = UpdateRecord::new(plan, now);
                 let bytes = serde_json::to_vec(&fresh).map_err(|err| DispatchError::Corrupt {
                     key: key.clone(),
                     detail: err.to_string(),
                 })?;
                 match self.store.put(&key, bytes, Precondition::Absent).await? {
-                    Write::Done(_) => fresh,
+                    Write::Done(_) => RunView::of(&fresh),
                     // Another replica recorded it first: answer from theirs.
                     Write::Conflict(_) => self
-                        .read::<UpdateRecord>(&key)
+                        .read::<RunView>(&key)
                         .await?
                         .map(|(run, _)| run)
                         .ok_or(DispatchError::Contention(key))?,
@@ -208,8 +276,8 @@ impl Dispatcher {
         local.max(agent.map(|a| a.last_seen_ms))
     }
 
-    fn answer(&self, run: &UpdateRecord, agent: Option<&AgentRecord>, now: u64) -> UpdateAnswer {
-        let plan: &Plan = &run.plan;
+    fn answer(&self, run: &RunView, agent: Option<&AgentRecord>, now: u64) -> UpdateAnswer {
+        let plan = &run.plan;
         let total = plan.steps.len();
         let retry_after_seconds = self.config.retry_after_seconds;
         match run.outcome() {

@@ -5,9 +5,11 @@
 use inplace_core::{Decision, Objects, Outcome, Scope, Settings, decide};
 
 use super::{Answer, Engine, answer, failure};
+use crate::api::objects::key_of;
 use crate::api::{
     CanUpdateMachineRequest, CanUpdateMachineResponse, CanUpdateMachineSetRequest,
-    CanUpdateMachineSetResponse, Hook, ObjectKey, Patch, PatchType, Status, decode_request,
+    CanUpdateMachineSetResponse, DecodeError, Hook, Object, ObjectKey, Pair, Patch, PatchType,
+    Status, decode_request,
 };
 
 fn wire_patch(patch: Option<&inplace_core::Patch>) -> Option<Patch> {
@@ -20,21 +22,46 @@ fn wire_patch(patch: Option<&inplace_core::Patch>) -> Option<Patch> {
     })
 }
 
-/// The domain view of one side of a CanUpdateMachine request.
-pub fn machine_objects(side: &crate::api::MachineObjects) -> Objects<'_> {
-    Objects {
-        machine: Some(&side.machine),
-        bootstrap: side.bootstrap_config.as_ref(),
-        infra: side.infrastructure_machine.as_ref(),
-    }
+/// The three objects of a CanUpdate request, both sides parsed (only as far as they can differ: see
+/// `api::objects`).
+struct Parsed {
+    machine: Pair,
+    bootstrap: Pair,
+    infra: Pair,
 }
 
-/// The domain view of one side of a CanUpdateMachineSet request.
-pub fn machine_set_objects(side: &crate::api::MachineSetObjects) -> Objects<'_> {
-    Objects {
-        machine: Some(&side.machine_set),
-        bootstrap: side.bootstrap_config_template.as_ref(),
-        infra: side.infrastructure_machine_template.as_ref(),
+impl Parsed {
+    fn new(
+        scope: Scope,
+        machine: (&Object, &Object),
+        bootstrap: (Option<&Object>, Option<&Object>),
+        infra: (Option<&Object>, Option<&Object>),
+    ) -> Result<Parsed, DecodeError> {
+        let region = scope.segments();
+        let pair = |(current, desired): (Option<&Object>, Option<&Object>), path| {
+            Pair::parse(current.map(|o| &**o), desired.map(|o| &**o), region, path)
+        };
+        Ok(Parsed {
+            machine: pair((Some(machine.0), Some(machine.1)), "machine")?,
+            bootstrap: pair(bootstrap, "bootstrap")?,
+            infra: pair(infra, "infrastructure")?,
+        })
+    }
+
+    fn current(&self) -> Objects<'_> {
+        Objects {
+            machine: self.machine.current(),
+            bootstrap: self.bootstrap.current(),
+            infra: self.infra.current(),
+        }
+    }
+
+    fn desired(&self) -> Objects<'_> {
+        Objects {
+            machine: self.machine.desired(),
+            bootstrap: self.bootstrap.desired(),
+            infra: self.infra.desired(),
+        }
     }
 }
 
@@ -81,15 +108,31 @@ pub fn can_update_machine(engine: &Engine, body: &[u8]) -> Answer {
         Ok(request) => request,
         Err(err) => return failure(hook, err.to_string(), "bad-request", None),
     };
-    let object = ObjectKey::of(&request.desired.machine);
+    let object = key_of(&request.desired.machine);
     let settings = match settings(hook, &request.settings, &object) {
         Ok(settings) => settings,
         Err(answer) => return answer,
     };
+    let (current, desired) = (&request.current, &request.desired);
+    let parsed = match Parsed::new(
+        Scope::Object,
+        (&current.machine, &desired.machine),
+        (
+            current.bootstrap_config.as_ref(),
+            desired.bootstrap_config.as_ref(),
+        ),
+        (
+            current.infrastructure_machine.as_ref(),
+            desired.infrastructure_machine.as_ref(),
+        ),
+    ) {
+        Ok(parsed) => parsed,
+        Err(err) => return failure(hook, err.to_string(), "bad-request", object),
+    };
     let decision = decide(
         Scope::Object,
-        &machine_objects(&request.current),
-        &machine_objects(&request.desired),
+        &parsed.current(),
+        &parsed.desired(),
         &engine.policy,
         &settings,
     );
@@ -113,15 +156,31 @@ pub fn can_update_machine_set(engine: &Engine, body: &[u8]) -> Answer {
         Ok(request) => request,
         Err(err) => return failure(hook, err.to_string(), "bad-request", None),
     };
-    let object = ObjectKey::of(&request.desired.machine_set);
+    let object = key_of(&request.desired.machine_set);
     let settings = match settings(hook, &request.settings, &object) {
         Ok(settings) => settings,
         Err(answer) => return answer,
     };
+    let (current, desired) = (&request.current, &request.desired);
+    let parsed = match Parsed::new(
+        Scope::Template,
+        (&current.machine_set, &desired.machine_set),
+        (
+            current.bootstrap_config_template.as_ref(),
+            desired.bootstrap_config_template.as_ref(),
+        ),
+        (
+            current.infrastructure_machine_template.as_ref(),
+            desired.infrastructure_machine_template.as_ref(),
+        ),
+    ) {
+        Ok(parsed) => parsed,
+        Err(err) => return failure(hook, err.to_string(), "bad-request", object),
+    };
     let decision = decide(
         Scope::Template,
-        &machine_set_objects(&request.current),
-        &machine_set_objects(&request.desired),
+        &parsed.current(),
+        &parsed.desired(),
         &engine.policy,
         &settings,
     );

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use inplace_core::{Objects, Scope, Settings};
 
 use super::{Answer, Engine, answer, failure};
+use crate::api::objects::{self, key_of};
 use crate::api::{
-    Hook, ObjectKey, Status, UpdateMachineRequest, UpdateMachineResponse, decode_request,
+    Hook, Object, Status, UpdateMachineRequest, UpdateMachineResponse, decode_request,
 };
 use crate::dispatch::{DispatchError, UpdateAnswer, UpdateRequest};
 use crate::plan::MachineFacts;
@@ -19,7 +20,7 @@ pub async fn update_machine(engine: Arc<Engine>, body: bytes::Bytes) -> Answer {
         Ok(request) => request,
         Err(err) => return failure(hook, err.to_string(), "bad-request", None),
     };
-    let object = ObjectKey::of(&request.desired.machine);
+    let object = key_of(&request.desired.machine);
     let Some(dispatcher) = engine.dispatcher.clone() else {
         return failure(
             hook,
@@ -47,21 +48,41 @@ pub async fn update_machine(engine: Arc<Engine>, body: bytes::Bytes) -> Answer {
             object,
         );
     }
-    let facts = match MachineFacts::of(&request.desired.machine) {
+    let desired = request.desired;
+    let parsed = (|| {
+        let machine = objects::parse(&desired.machine, "desired.machine")?;
+        // Which actions apply depends on the objects' kinds and the Machine's labels, never on a `spec` other
+        // than the Machine's: the bootstrap config stays text until a plan has to be built from it.
+        let head = |raw: &Option<Object>, path| {
+            raw.as_ref()
+                .map(|raw| objects::parse_without(raw, &["spec"], path))
+                .transpose()
+        };
+        let bootstrap = head(&desired.bootstrap_config, "desired.bootstrapConfig")?;
+        let infra = head(
+            &desired.infrastructure_machine,
+            "desired.infrastructureMachine",
+        )?;
+        Ok::<_, crate::api::DecodeError>((machine, bootstrap, infra))
+    })();
+    let (machine, bootstrap, infra) = match parsed {
+        Ok(parsed) => parsed,
+        Err(err) => return failure(hook, err.to_string(), "bad-request", object),
+    };
+    let facts = match MachineFacts::of(&machine) {
         Ok(facts) => facts,
         Err(err) => return failure(hook, err.to_string(), "bad-request", object),
     };
-    let desired = Objects {
-        machine: Some(&request.desired.machine),
-        bootstrap: request.desired.bootstrap_config.as_ref(),
-        infra: request.desired.infrastructure_machine.as_ref(),
+    let heads = Objects {
+        machine: Some(&machine),
+        bootstrap: bootstrap.as_ref(),
+        infra: infra.as_ref(),
     };
-    let actions = engine
-        .policy
-        .actions_for(Scope::Object, &desired, &settings);
+    let actions = engine.policy.actions_for(Scope::Object, &heads, &settings);
     let update = UpdateRequest {
         facts,
-        bootstrap: request.desired.bootstrap_config.clone(),
+        machine: desired.machine,
+        bootstrap: desired.bootstrap_config,
         actions,
     };
     let (status, verdict, message, retry) = match dispatcher.update_machine(&update).await {

@@ -105,12 +105,10 @@ async fn accept<T: DeserializeOwned>(
     let body: Bytes = axum::body::to_bytes(request.into_body(), MAX_REQUEST_BODY_BYTES)
         .await
         .map_err(|_| too_large())?;
-    let deserializer = &mut serde_json::Deserializer::from_slice(&body);
-    let value: T = serde_path_to_error::deserialize(deserializer).map_err(|err| {
-        let path = err.path().to_string();
+    let value: T = crate::api::decode_json(&body).map_err(|detail| {
         Refused::Status(
             StatusCode::BAD_REQUEST,
-            format!("cannot decode the body: {path}: {}", err.into_inner()),
+            format!("cannot decode the body: {detail}"),
         )
     })?;
     Ok((scope, dispatcher, value))

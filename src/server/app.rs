@@ -28,13 +28,18 @@ pub const DEADLINE_FRACTION: f64 = 0.8;
 /// Hard ceiling on any hook request, whatever `?timeout=` says (CAPI's maximum handler timeout).
 pub const MAX_HOOK_TIME: Duration = Duration::from_secs(30);
 
+/// Bodies up to this size are decided on the async worker that read them; larger ones on the blocking pool.
+/// A CanUpdate of this size takes about a millisecond, less than handing it to another thread and back costs
+/// in latency at high call rates; a 20 MiB body takes ~100 ms and must not stall agents' long-polls meanwhile.
+pub const INLINE_COMPUTE_MAX_BODY_BYTES: usize = 256 * 1024;
+
 /// A boxed future answering a hook.
 pub type AnswerFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Answer> + Send>>;
 
 /// A hook's computation: request body in, answer out.
 #[derive(Clone, Copy)]
 pub enum Compute {
-    /// CPU-bound work (decode, diff, patch): runs on the blocking pool.
+    /// CPU-bound work (decode, diff, patch): inline for small bodies, on the blocking pool for large ones.
     Blocking(fn(&Engine, &[u8]) -> Answer),
     /// Work that waits on the store (UpdateMachine).
     Async(fn(Arc<Engine>, Bytes) -> AnswerFuture),
@@ -250,16 +255,31 @@ async fn handle(
         Ok(budget) => {
             let engine = state.engine.clone();
             let work = match compute {
-                Compute::Blocking(compute) => {
-                    tokio::task::spawn_blocking(move || compute(&engine, &body))
+                // Caught here, so a panic is answered and counted exactly like one on the pool.
+                Compute::Blocking(compute) if body.len() <= INLINE_COMPUTE_MAX_BODY_BYTES => {
+                    Ok(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        compute(&engine, &body)
+                    }))
+                    .map_err(|_| "panicked inline".to_owned()))
                 }
-                Compute::Async(compute) => tokio::spawn(compute(engine, body)),
+                Compute::Blocking(compute) => tokio::time::timeout(
+                    budget,
+                    tokio::task::spawn_blocking(move || compute(&engine, &body)),
+                )
+                .await
+                .map(|joined| joined.map_err(|err| err.to_string())),
+                // Spawned, so a caller that hangs up cannot cancel a store write half-way.
+                Compute::Async(compute) => {
+                    tokio::time::timeout(budget, tokio::spawn(compute(engine, body)))
+                        .await
+                        .map(|joined| joined.map_err(|err| err.to_string()))
+                }
             };
-            match tokio::time::timeout(budget, work).await {
+            match work {
                 Ok(Ok(answer)) => answer,
-                Ok(Err(join_error)) => {
+                Ok(Err(panic)) => {
                     state.metrics.panics.inc();
-                    tracing::error!(hook = hook.name(), error = %join_error, "handler panicked; answered Failure");
+                    tracing::error!(hook = hook.name(), error = %panic, "handler panicked; answered Failure");
                     hooks::failure(
                         hook,
                         "internal error: the handler panicked (a bug: please report it)",

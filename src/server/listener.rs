@@ -1,19 +1,22 @@
 //! The hook port's accept loop: TLS handshakes (with a deadline), HTTP/1.1 or HTTP/2 per ALPN, a cap on
-//! open connections, header read timeouts, and a graceful drain of every open connection on shutdown.
+//! open connections, header read timeouts, an idle timeout for connections with no request in progress,
+//! and a graceful drain of every open connection on shutdown.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::GracefulConnection;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
 /// What the TLS layer learned about a connection, attached to every request on it.
@@ -30,7 +33,8 @@ pub struct ConnInfo {
 pub struct ConnLimits {
     /// Longest a TLS handshake may take.
     pub handshake_timeout: Duration,
-    /// Longest a client may take to send request headers (HTTP/1.1).
+    /// Longest a client may take to send request headers (HTTP/1.1), and longest any connection may stay
+    /// open with no request in progress (HTTP/1.1, HTTP/2, or no protocol negotiated).
     pub header_read_timeout: Duration,
     /// Most connections open at once; further ones wait in the kernel's backlog.
     pub max_connections: usize,
@@ -65,6 +69,98 @@ impl Protocols {
     }
 }
 
+/// Requests in progress on one connection, and since when there has been none.
+struct Activity {
+    opened: Instant,
+    active: AtomicUsize,
+    /// Milliseconds after `opened` at which the last request ended.
+    idle_since_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            opened: Instant::now(),
+            active: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(0),
+        })
+    }
+
+    fn begin(self: &Arc<Self>) -> InRequest {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        InRequest(self.clone())
+    }
+
+    /// How long the connection has had no request in progress; `None` while one is.
+    fn idle_for(&self) -> Option<Duration> {
+        if self.active.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        let since = Duration::from_millis(self.idle_since_ms.load(Ordering::SeqCst));
+        Some(self.opened.elapsed().saturating_sub(since))
+    }
+}
+
+/// One request in progress; its end starts the idle clock.
+struct InRequest(Arc<Activity>);
+
+impl Drop for InRequest {
+    fn drop(&mut self) {
+        // The idle clock is set before the count drops, so a check that sees no request sees this end.
+        let now = self.0.opened.elapsed().as_millis() as u64;
+        self.0.idle_since_ms.store(now, Ordering::SeqCst);
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Drives one connection: ends it gracefully when the server shuts down or when no request has been in
+/// progress for `idle_timeout` (an HTTP/2 client that never sends a request, or a client that negotiated no
+/// protocol and sends nothing, would otherwise hold a connection slot for ever). An idle connection that has
+/// not closed `idle_timeout` after being asked to (hyper's HTTP/2 waits for the client's preface before it
+/// can say goodbye) is dropped.
+async fn drive<C>(
+    connection: C,
+    activity: Arc<Activity>,
+    idle_timeout: Duration,
+    shutdown: CancellationToken,
+) -> Result<(), String>
+where
+    C: GracefulConnection,
+    C::Error: std::fmt::Display,
+{
+    #[derive(PartialEq)]
+    enum State {
+        Open,
+        Draining,
+        Idled,
+    }
+    let mut connection = std::pin::pin!(connection);
+    let check = tokio::time::sleep(idle_timeout);
+    let mut check = std::pin::pin!(check);
+    let mut state = State::Open;
+    loop {
+        tokio::select! {
+            ended = connection.as_mut() => return ended.map_err(|err| err.to_string()),
+            () = shutdown.cancelled(), if state == State::Open => {
+                state = State::Draining;
+                connection.as_mut().graceful_shutdown();
+            }
+            () = check.as_mut(), if state != State::Draining => match (&state, activity.idle_for()) {
+                (State::Idled, _) => return Err("idle connection did not close; dropped".to_owned()),
+                (_, Some(idle)) if idle >= idle_timeout => {
+                    state = State::Idled;
+                    connection.as_mut().graceful_shutdown();
+                    check.as_mut().reset(tokio::time::Instant::now() + idle_timeout);
+                }
+                (_, idle) => {
+                    let left = idle_timeout - idle.unwrap_or_default();
+                    check.as_mut().reset(tokio::time::Instant::now() + left);
+                }
+            },
+        }
+    }
+}
+
 /// Serves `app` over TLS on `listener` until `shutdown` fires, then stops accepting, lets in-flight
 /// requests finish (up to `limits.shutdown_grace`) and returns.
 pub async fn serve_tls(
@@ -75,7 +171,7 @@ pub async fn serve_tls(
     shutdown: CancellationToken,
 ) {
     let protocols = Arc::new(Protocols::new(&limits));
-    let graceful = GracefulShutdown::new();
+    let connections = TaskTracker::new();
     let permits = Arc::new(Semaphore::new(limits.max_connections));
 
     loop {
@@ -102,9 +198,10 @@ pub async fn serve_tls(
         let acceptor = acceptor.clone();
         let app = app.clone();
         let protocols = protocols.clone();
-        let watcher = graceful.watcher();
+        let shutdown = shutdown.clone();
         let handshake_timeout = limits.handshake_timeout;
-        tokio::spawn(async move {
+        let idle_timeout = limits.header_read_timeout;
+        connections.spawn(async move {
             let _permit = permit;
             let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
@@ -122,10 +219,21 @@ pub async fn serve_tls(
                 client_cert_verified: tls.get_ref().1.peer_certificates().is_some(),
             };
             let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
-            let service = app.map_request(move |mut request: axum::extract::Request<_>| {
-                request.extensions_mut().insert(info);
-                request
-            });
+            let activity = Activity::new();
+            let requests = activity.clone();
+            let service = app
+                .map_request(move |mut request: axum::extract::Request<_>| {
+                    request.extensions_mut().insert(info);
+                    request
+                })
+                .map_future(move |response| {
+                    let in_request = requests.begin();
+                    async move {
+                        let response = response.await;
+                        drop(in_request);
+                        response
+                    }
+                });
             let (io, service) = (TokioIo::new(tls), TowerToHyperService::new(service));
             // ALPN already named the protocol: serve exactly that one. An HTTP/1.1 connection (agents, CAPI)
             // then holds only HTTP/1.1 state in this task, ~0.9 KiB less than the auto-detecting connection,
@@ -133,20 +241,18 @@ pub async fn serve_tls(
             // HTTP/2 and detecting states are boxed so they do not size every task. Only a client that
             // negotiated nothing gets detection from the first bytes, as before.
             let ended = match alpn.as_deref() {
-                Some(b"http/1.1") => watcher
-                    .watch(protocols.http1.serve_connection(io, service))
-                    .await
-                    .map_err(|err| err.to_string()),
-                Some(b"h2") => {
-                    Box::pin(watcher.watch(protocols.http2.serve_connection(io, service)))
-                        .await
-                        .map_err(|err| err.to_string())
+                Some(b"http/1.1") => {
+                    let connection = protocols.http1.serve_connection(io, service);
+                    drive(connection, activity, idle_timeout, shutdown).await
                 }
-                _ => Box::pin(
-                    watcher.watch(protocols.auto.serve_connection(io, service).into_owned()),
-                )
-                .await
-                .map_err(|err| err.to_string()),
+                Some(b"h2") => {
+                    let connection = protocols.http2.serve_connection(io, service);
+                    Box::pin(drive(connection, activity, idle_timeout, shutdown)).await
+                }
+                _ => {
+                    let connection = protocols.auto.serve_connection(io, service).into_owned();
+                    Box::pin(drive(connection, activity, idle_timeout, shutdown)).await
+                }
             };
             if let Err(err) = ended {
                 tracing::debug!(%peer, error = %err, "connection ended with an error");
@@ -154,7 +260,8 @@ pub async fn serve_tls(
         });
     }
     drop(listener);
-    if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown())
+    connections.close();
+    if tokio::time::timeout(limits.shutdown_grace, connections.wait())
         .await
         .is_err()
     {

@@ -21,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 pub use admin::{Readiness, health_router, metrics_router, status_router};
 pub use agent_routes::MAX_AGENT_REQUEST_TIME;
 pub use app::{
-    AnswerFuture, AppState, Compute, DEADLINE_FRACTION, DEFAULT_CAPI_TIMEOUT, MAX_BODY_BYTES,
-    MAX_HOOK_TIME, app, hook_route,
+    AnswerFuture, AppState, Compute, DEADLINE_FRACTION, DEFAULT_CAPI_TIMEOUT,
+    INLINE_COMPUTE_MAX_BODY_BYTES, MAX_BODY_BYTES, MAX_HOOK_TIME, app, hook_route,
 };
 pub use listener::{ConnInfo, ConnLimits};
 pub use metrics::Metrics;
