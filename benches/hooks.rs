@@ -78,3 +78,34 @@ fn update_machine_in_progress(bencher: divan::Bencher) {
     RUNTIME.block_on(hooks::update_machine(ENGINE.clone(), body.clone()));
     bencher.bench(|| RUNTIME.block_on(hooks::update_machine(ENGINE.clone(), body.clone())));
 }
+
+/// The whole router for one call (routing, limits, deadline, metrics, one JSON log line to /dev/null as the
+/// binary writes to stderr), with the cheapest hook: what every call costs before its own work.
+#[divan::bench]
+fn router_discovery(bencher: divan::Bencher) {
+    use tower::ServiceExt as _;
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        let _ = tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+            .with_writer(std::sync::Mutex::new(null))
+            .try_init();
+    }
+    let router = inplace_updater::server::app(inplace_updater::server::AppState {
+        metrics: Arc::new(inplace_updater::server::Metrics::new()),
+        require_client_cert: false,
+        engine: ENGINE.clone(),
+        tokens: Arc::new(inplace_updater::auth::AgentTokens::none()),
+    });
+    let body = fixture("discovery-request.json");
+    let path = format!(
+        "{}?timeout=10s",
+        inplace_updater::api::Hook::Discovery.path()
+    );
+    bencher.bench(|| {
+        let request = axum::http::Request::post(&path)
+            .body(axum::body::Body::from(body.clone()))
+            .unwrap();
+        RUNTIME.block_on(router.clone().oneshot(request)).unwrap()
+    });
+}

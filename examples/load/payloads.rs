@@ -11,11 +11,15 @@ pub const WORST_FILE_BYTES: usize = 10 * 1024;
 /// How many of them differ between current and desired.
 pub const WORST_CHANGED: usize = 20;
 
+/// A fixture as CAPI would send it: compact JSON, as Go's `encoding/json` writes it (the files are indented
+/// for readers; CAPI sends no whitespace).
 pub fn fixture(name: &str) -> anyhow::Result<Vec<u8>> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(name);
-    std::fs::read(&path).with_context(|| path.display().to_string())
+    let text = std::fs::read(&path).with_context(|| path.display().to_string())?;
+    let value: Value = serde_json::from_slice(&text).with_context(|| name.to_string())?;
+    Ok(serde_json::to_vec(&value)?)
 }
 
 fn fixture_json(name: &str) -> anyhow::Result<Value> {

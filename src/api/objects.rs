@@ -60,19 +60,23 @@ pub fn parse(raw: &RawValue, path: &'static str) -> Result<Value, DecodeError> {
     serde_json::from_str(raw.get()).map_err(|err| json_error(path, &err))
 }
 
-/// Parses an object without the named top-level members (e.g. its `spec`, when only `apiVersion`, `kind` and
-/// `metadata` matter).
-pub fn parse_without(
-    raw: &RawValue,
-    skip: &[&str],
-    path: &'static str,
-) -> Result<Value, DecodeError> {
-    members(raw, path)?
-        .into_iter()
-        .filter(|(name, _)| !skip.contains(&name.as_str()))
-        .map(|(name, member)| Ok((name, parse(member, path)?)))
-        .collect::<Result<Map<String, Value>, DecodeError>>()
-        .map(Value::Object)
+/// Only `apiVersion` and `kind` of an object, as an object (what decides which policy rules apply to it),
+/// read without building the rest of it.
+pub fn type_meta(raw: &RawValue, path: &'static str) -> Result<Value, DecodeError> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct TypeMeta {
+        api_version: Option<Value>,
+        kind: Option<Value>,
+    }
+    let meta: TypeMeta = serde_json::from_str(raw.get()).map_err(|err| json_error(path, &err))?;
+    let mut object = Map::new();
+    for (name, value) in [("apiVersion", meta.api_version), ("kind", meta.kind)] {
+        if let Some(value) = value {
+            object.insert(name.to_owned(), value);
+        }
+    }
+    Ok(Value::Object(object))
 }
 
 /// `metadata.namespace` and `metadata.name` of an object, read without parsing the rest of it.
@@ -293,9 +297,11 @@ mod tests {
             key_of(&object).map(|k| k.to_string()).as_deref(),
             Some("ns/m")
         );
+        let typed =
+            raw(&json!({"apiVersion": "v", "kind": "K", "metadata": {}, "spec": {"big": [1, 2]}}));
         assert_eq!(
-            parse_without(&object, &["spec"], "x").expect("parses"),
-            json!({"metadata": {"name": "m", "namespace": "ns"}})
+            type_meta(&typed, "x").expect("parses"),
+            json!({"apiVersion": "v", "kind": "K"})
         );
     }
 }

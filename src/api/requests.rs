@@ -58,8 +58,9 @@ pub trait HookRequest: DeserializeOwned {
     const KIND: &'static str;
     /// The TypeMeta the body carried.
     fn type_meta(&self) -> (&Option<String>, &Option<String>);
-    /// Checks that decoding alone cannot express (required names).
-    fn validate(&self) -> Result<(), DecodeError> {
+    /// Checks what decoding alone cannot express (objects are objects, required names), and notes the
+    /// names it read.
+    fn validate(&mut self) -> Result<(), DecodeError> {
         Ok(())
     }
 }
@@ -69,7 +70,7 @@ pub fn decode_request<R: HookRequest>(body: &[u8]) -> Result<R, DecodeError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(DecodeError::Empty { kind: R::KIND });
     }
-    let request: R = decode_json(body).map_err(|detail| DecodeError::Json {
+    let mut request: R = decode_json(body).map_err(|detail| DecodeError::Json {
         kind: R::KIND,
         detail,
     })?;
@@ -147,7 +148,7 @@ fn require_name(object: &Object, path: &'static str) -> Result<ObjectKey, Decode
 }
 
 impl MachineObjects {
-    fn validate(&self, side: Side) -> Result<(), DecodeError> {
+    fn validate(&mut self, side: Side) -> Result<(), DecodeError> {
         let (machine, infra, bootstrap) = match side {
             Side::Current => (
                 "current.machine",
@@ -160,14 +161,14 @@ impl MachineObjects {
                 "desired.bootstrapConfig",
             ),
         };
-        require_name(&self.machine, machine)?;
+        self.key = Some(require_name(&self.machine, machine)?);
         optional_object(&self.infrastructure_machine, infra)?;
         optional_object(&self.bootstrap_config, bootstrap)
     }
 }
 
 impl MachineSetObjects {
-    fn validate(&self, side: Side) -> Result<(), DecodeError> {
+    fn validate(&mut self, side: Side) -> Result<(), DecodeError> {
         let (set, infra, bootstrap) = match side {
             Side::Current => (
                 "current.machineSet",
@@ -180,7 +181,7 @@ impl MachineSetObjects {
                 "desired.bootstrapConfigTemplate",
             ),
         };
-        require_name(&self.machine_set, set)?;
+        self.key = Some(require_name(&self.machine_set, set)?);
         optional_object(&self.infrastructure_machine_template, infra)?;
         optional_object(&self.bootstrap_config_template, bootstrap)
     }
@@ -204,6 +205,9 @@ pub struct MachineObjects {
     /// The bootstrap config (e.g. KubeadmConfig).
     #[serde(default)]
     pub bootstrap_config: Option<Object>,
+    /// The Machine's `namespace/name`, read when the request was validated.
+    #[serde(skip)]
+    pub key: Option<ObjectKey>,
 }
 
 /// The objects of one side of a CanUpdateMachineSet request.
@@ -218,6 +222,9 @@ pub struct MachineSetObjects {
     /// The bootstrap config template.
     #[serde(default)]
     pub bootstrap_config_template: Option<Object>,
+    /// The MachineSet's `namespace/name`, read when the request was validated.
+    #[serde(skip)]
+    pub key: Option<ObjectKey>,
 }
 
 /// The desired objects of an UpdateMachine request.
@@ -247,7 +254,7 @@ impl HookRequest for CanUpdateMachineRequest {
     fn type_meta(&self) -> (&Option<String>, &Option<String>) {
         (&self.api_version, &self.kind)
     }
-    fn validate(&self) -> Result<(), DecodeError> {
+    fn validate(&mut self) -> Result<(), DecodeError> {
         self.current.validate(Side::Current)?;
         self.desired.validate(Side::Desired)
     }
@@ -277,7 +284,7 @@ impl HookRequest for CanUpdateMachineSetRequest {
     fn type_meta(&self) -> (&Option<String>, &Option<String>) {
         (&self.api_version, &self.kind)
     }
-    fn validate(&self) -> Result<(), DecodeError> {
+    fn validate(&mut self) -> Result<(), DecodeError> {
         self.current.validate(Side::Current)?;
         self.desired.validate(Side::Desired)
     }
@@ -305,7 +312,7 @@ impl HookRequest for UpdateMachineRequest {
     fn type_meta(&self) -> (&Option<String>, &Option<String>) {
         (&self.api_version, &self.kind)
     }
-    fn validate(&self) -> Result<(), DecodeError> {
+    fn validate(&mut self) -> Result<(), DecodeError> {
         self.desired.validate(Side::Desired)
     }
 }
@@ -377,11 +384,6 @@ mod tests {
         ))
         .unwrap();
         assert!(request.current.bootstrap_config.is_none());
-        assert_eq!(
-            super::super::objects::key_of(&request.desired.machine)
-                .unwrap()
-                .to_string(),
-            "ns/m"
-        );
+        assert_eq!(request.desired.key.unwrap().to_string(), "ns/m");
     }
 }

@@ -242,6 +242,12 @@ impl Dispatcher {
             }
         };
         if switched {
+            tracing::info!(
+                machine = %facts.machine,
+                run = %record.run_id.chars().take(12).collect::<String>(),
+                steps = run.plan.steps.len(),
+                "update recorded"
+            );
             if let Some(provider_id) = &facts.provider_id {
                 self.put_any(
                     &provider_key(provider_id),

@@ -5,7 +5,6 @@
 use inplace_core::{Decision, Objects, Outcome, Scope, Settings, decide};
 
 use super::{Answer, Engine, answer, failure};
-use crate::api::objects::key_of;
 use crate::api::{
     CanUpdateMachineRequest, CanUpdateMachineResponse, CanUpdateMachineSetRequest,
     CanUpdateMachineSetResponse, DecodeError, Hook, Object, ObjectKey, Pair, Patch, PatchType,
@@ -108,7 +107,7 @@ pub fn can_update_machine(engine: &Engine, body: &[u8]) -> Answer {
         Ok(request) => request,
         Err(err) => return failure(hook, err.to_string(), "bad-request", None),
     };
-    let object = key_of(&request.desired.machine);
+    let object = request.desired.key.clone();
     let settings = match settings(hook, &request.settings, &object) {
         Ok(settings) => settings,
         Err(answer) => return answer,
@@ -156,7 +155,7 @@ pub fn can_update_machine_set(engine: &Engine, body: &[u8]) -> Answer {
         Ok(request) => request,
         Err(err) => return failure(hook, err.to_string(), "bad-request", None),
     };
-    let object = key_of(&request.desired.machine_set);
+    let object = request.desired.key.clone();
     let settings = match settings(hook, &request.settings, &object) {
         Ok(settings) => settings,
         Err(answer) => return answer,

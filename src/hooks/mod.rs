@@ -28,6 +28,9 @@ pub struct Engine {
     pub dispatcher: Option<Arc<Dispatcher>>,
 }
 
+/// The verdict of an UpdateMachine answer that says "still running, ask again".
+pub const VERDICT_IN_PROGRESS: &str = "in-progress";
+
 /// `timeoutSeconds` advertised in discovery for every handler (CAPI allows 0..=30; 10 is its default).
 pub const HANDLER_TIMEOUT_SECONDS: i32 = 10;
 
@@ -99,8 +102,14 @@ pub fn failure(
     }
 }
 
-/// The discovery answer: the three in-place handlers, `failurePolicy: Fail`.
+/// The discovery answer: the three in-place handlers, `failurePolicy: Fail`. The same every time, so it is
+/// encoded once.
 pub fn discovery() -> Answer {
+    static ANSWER: std::sync::LazyLock<Answer> = std::sync::LazyLock::new(encode_discovery);
+    ANSWER.clone()
+}
+
+fn encode_discovery() -> Answer {
     let handler = |hook: Hook| ExtensionHandler {
         name: hook.handler_name().unwrap_or_default(),
         request_hook: GroupVersionHook {

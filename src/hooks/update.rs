@@ -6,7 +6,7 @@ use std::sync::Arc;
 use inplace_core::{Objects, Scope, Settings};
 
 use super::{Answer, Engine, answer, failure};
-use crate::api::objects::{self, key_of};
+use crate::api::objects;
 use crate::api::{
     Hook, Object, Status, UpdateMachineRequest, UpdateMachineResponse, decode_request,
 };
@@ -20,7 +20,7 @@ pub async fn update_machine(engine: Arc<Engine>, body: bytes::Bytes) -> Answer {
         Ok(request) => request,
         Err(err) => return failure(hook, err.to_string(), "bad-request", None),
     };
-    let object = key_of(&request.desired.machine);
+    let object = request.desired.key.clone();
     let Some(dispatcher) = engine.dispatcher.clone() else {
         return failure(
             hook,
@@ -51,11 +51,11 @@ pub async fn update_machine(engine: Arc<Engine>, body: bytes::Bytes) -> Answer {
     let desired = request.desired;
     let parsed = (|| {
         let machine = objects::parse(&desired.machine, "desired.machine")?;
-        // Which actions apply depends on the objects' kinds and the Machine's labels, never on a `spec` other
-        // than the Machine's: the bootstrap config stays text until a plan has to be built from it.
+        // Which actions apply depends on the objects' kinds and the Machine's labels, nothing else: the
+        // bootstrap config stays text until a plan has to be built from it.
         let head = |raw: &Option<Object>, path| {
             raw.as_ref()
-                .map(|raw| objects::parse_without(raw, &["spec"], path))
+                .map(|raw| objects::type_meta(raw, path))
                 .transpose()
         };
         let bootstrap = head(&desired.bootstrap_config, "desired.bootstrapConfig")?;
@@ -89,7 +89,12 @@ pub async fn update_machine(engine: Arc<Engine>, body: bytes::Bytes) -> Answer {
         Ok(UpdateAnswer::InProgress {
             message,
             retry_after_seconds,
-        }) => (Status::Success, "in-progress", message, retry_after_seconds),
+        }) => (
+            Status::Success,
+            super::VERDICT_IN_PROGRESS,
+            message,
+            retry_after_seconds,
+        ),
         Ok(UpdateAnswer::Done { message }) => (Status::Success, "done", message, 0),
         Ok(UpdateAnswer::Failed { message }) => (Status::Failure, "failed", message, 0),
         Err(DispatchError::BadRequest(message)) => (Status::Failure, "bad-request", message, 0),

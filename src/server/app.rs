@@ -311,15 +311,26 @@ async fn handle(
         .as_ref()
         .map(ToString::to_string)
         .unwrap_or_default();
-    tracing::info!(
-        hook = hook.name(),
-        object = %object,
-        status = answer.status.as_str(),
-        verdict = answer.verdict,
-        duration_ms = elapsed.as_secs_f64() * 1000.0,
-        detail = %answer.message,
-        "hook call"
-    );
+    macro_rules! log_call {
+        ($level:ident) => {
+            tracing::$level!(
+                hook = hook.name(),
+                object = %object,
+                status = answer.status.as_str(),
+                verdict = answer.verdict,
+                duration_ms = elapsed.as_secs_f64() * 1000.0,
+                detail = %answer.message,
+                "hook call"
+            )
+        };
+    }
+    // CAPI re-asks UpdateMachine every few seconds while an update runs: those repeats say nothing new (the
+    // run's start, its steps and its end are logged where they happen), so they stay below info.
+    if answer.verdict == hooks::VERDICT_IN_PROGRESS {
+        log_call!(debug);
+    } else {
+        log_call!(info);
+    }
     json_response(answer.body)
 }
 
