@@ -286,15 +286,97 @@ async fn rollout_upgrades_control_plane_then_workers_for_real() {
         let body = String::from_utf8_lossy(&reply.1);
         assert!(!body.contains("steps") && !body.contains("audit"), "{body}");
     }
-    let logs = server.logs().join("\n");
-    assert!(
-        !logs.contains(&edge.token) && !logs.contains(&other.token),
-        "tokens never reach the logs"
+
+    // Every log of the run (the server's and each agent's) is free of tokens, key material and file content.
+    let mut secrets = vec![
+        ("agent token edge-01".to_string(), edge.token.clone()),
+        ("agent token other".to_string(), other.token.clone()),
+    ];
+    for key in [
+        &certs.paths.server_key,
+        &certs.paths.client_key,
+        &certs.paths.ca_key,
+    ] {
+        secrets.extend(pem_body_lines(key));
+    }
+    for fixture in ["update-machine-kcp.json", "update-machine-worker.json"] {
+        secrets.extend(plan_secrets(fixture));
+    }
+    assert!(secrets.len() > 20, "{secrets:?}");
+    // The check itself must catch a secret the way a JSON log line would carry it (quotes escaped).
+    let quoted = secrets
+        .iter()
+        .find(|(_, secret)| secret.contains('"'))
+        .unwrap();
+    let sample = format!(
+        "{{\"detail\":{}}}",
+        serde_json::to_string(&quoted.1).unwrap()
     );
-    assert!(
-        !logs.contains(spec["files"][0]["content"].as_str().unwrap()),
-        "file contents never reach the logs"
-    );
+    assert!(!sample.contains(&quoted.1) && !leaks(&sample, &secrets).is_empty());
+    let mut logs = vec![("server".to_string(), server.logs().join("\n"))];
+    for agent in &agents {
+        logs.push((format!("agent {}", agent.name), agent.log()));
+    }
+    for (whose, text) in &logs {
+        assert!(!text.is_empty(), "{whose}: no log captured");
+        let found = leaks(text, &secrets);
+        assert!(found.is_empty(), "{whose} log contains {found:?}");
+    }
+}
+
+/// Every base64 line of a PEM private key (a line is enough to identify key material).
+fn pem_body_lines(path: &std::path::Path) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(text.contains("PRIVATE KEY"), "{}", path.display());
+    text.lines()
+        .filter(|line| !line.starts_with("-----") && line.len() >= 16)
+        .map(|line| (format!("{} (PEM body)", path.display()), line.to_string()))
+        .collect()
+}
+
+/// The SSH authorized keys and the inline file contents of an UpdateMachine fixture: each key's base64
+/// blob, and each content line of 12 or more characters (raw, and decoded when base64).
+fn plan_secrets(fixture: &str) -> Vec<(String, String)> {
+    let request: Value = serde_json::from_slice(&common::fixture(fixture)).unwrap();
+    let spec = &request["desired"]["bootstrapConfig"]["spec"];
+    let mut secrets = Vec::new();
+    for user in spec["users"].as_array().into_iter().flatten() {
+        for key in user["sshAuthorizedKeys"].as_array().into_iter().flatten() {
+            let blob = key.as_str().unwrap().split_whitespace().nth(1).unwrap();
+            secrets.push((format!("{fixture}: ssh key"), blob.to_string()));
+        }
+    }
+    for file in spec["files"].as_array().into_iter().flatten() {
+        let Some(content) = file["content"].as_str() else {
+            continue;
+        };
+        let path = file["path"].as_str().unwrap();
+        let mut texts = vec![content.to_string()];
+        if file["encoding"] == "base64" {
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(content)
+                .unwrap();
+            texts.push(String::from_utf8(decoded).unwrap());
+        }
+        for text in texts {
+            for line in text.lines().map(str::trim).filter(|line| line.len() >= 12) {
+                secrets.push((format!("{fixture}: content of {path}"), line.to_string()));
+            }
+        }
+    }
+    secrets
+}
+
+/// Which secrets occur in `log`, as written or JSON-escaped (JSON log lines escape quotes and backslashes).
+fn leaks(log: &str, secrets: &[(String, String)]) -> Vec<String> {
+    secrets
+        .iter()
+        .filter(|(_, secret)| {
+            let escaped = serde_json::to_string(secret).unwrap();
+            log.contains(secret.as_str()) || log.contains(escaped.trim_matches('"'))
+        })
+        .map(|(what, secret)| format!("{what}: {secret:?}"))
+        .collect()
 }
 
 async fn agent_post(

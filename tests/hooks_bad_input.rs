@@ -257,3 +257,61 @@ async fn hooks_refuse_calls_without_client_certificate_when_required() {
             .contains("client certificate")
     );
 }
+
+/// A body that arrives 50 ms after the headers, as one read from the network can (an in-memory body is
+/// ready at once).
+fn arriving_body(bytes: &str) -> Body {
+    let bytes = bytes::Bytes::from(bytes.to_string());
+    Body::from_stream(futures_util::stream::once(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        Ok::<_, std::io::Error>(bytes)
+    }))
+}
+
+/// Found by schemathesis: `?timeout=0ns` (a valid Go duration) gave the body zero time to arrive, so a body
+/// that was sent was refused with 408. The body is read; the answer is the hook's (here a deadline Failure).
+#[tokio::test]
+async fn a_zero_timeout_still_reads_the_body_and_answers_the_hook() {
+    for timeout in ["0ns", "0", "1ns"] {
+        for hook in Hook::ALL {
+            let path = format!("{}?timeout={timeout}", hook.path());
+            let body = format!(r#"{{"desired":{{"machine":{MACHINE}}}}}"#);
+            let (status, json) = call(app(state()), post(&path, arriving_body(&body))).await;
+            assert_eq!(status, StatusCode::OK, "{hook} timeout={timeout}: {json}");
+            assert_eq!(json["kind"], hook.response_kind(), "{json}");
+        }
+    }
+}
+
+/// A body that trickles in and a computation that runs long share one deadline: the answer is a hook
+/// `Failure` within 80% of `?timeout=`, never the route's 30 s safety timeout (504).
+#[tokio::test(start_paused = true)]
+async fn a_slow_body_and_a_slow_computation_share_one_deadline() {
+    let router = hook_route(
+        Hook::UpdateMachine,
+        Compute::Async(|_, _| Box::pin(std::future::pending())),
+        state(),
+    );
+    let body = Body::from_stream(futures_util::stream::once(async {
+        tokio::time::sleep(std::time::Duration::from_secs(20)).await;
+        Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"{}"))
+    }));
+    let path = format!("{}?timeout=30s", Hook::UpdateMachine.path());
+    let started = tokio::time::Instant::now();
+    let (status, json) = call(router, post(&path, body)).await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+    assert_eq!(json["status"], "Failure", "{json}");
+    assert!(
+        json["message"]
+            .as_str()
+            .unwrap()
+            .contains("no answer within 24.0s"),
+        "{json}"
+    );
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= std::time::Duration::from_secs(24)
+            && elapsed < std::time::Duration::from_secs(25),
+        "{elapsed:?}"
+    );
+}

@@ -130,18 +130,68 @@ fn rustls_pki_types_der(path: &std::path::Path) -> Vec<u8> {
 async fn client_ca_makes_hooks_require_a_client_certificate() {
     let certs = certs();
     let ca = certs.paths.ca_cert.to_str().unwrap().to_owned();
-    let server = ServerProcess::start(&certs.paths, &["--client-ca", &ca]);
+    let dir = tempfile::tempdir().unwrap();
+    let token = inplace_updater::auth::create_token(
+        &inplace_updater::dispatch::AgentScope::Cluster {
+            namespace: "default".into(),
+            cluster: "edge-01".into(),
+        },
+        None,
+    )
+    .unwrap();
+    let tokens = dir.path().join("agent-tokens");
+    std::fs::write(&tokens, format!("{}\n", token.line)).unwrap();
+    let server = ServerProcess::start(
+        &certs.paths,
+        &[
+            "--client-ca",
+            &ca,
+            "--agent-tokens",
+            tokens.to_str().unwrap(),
+        ],
+    );
     let anonymous = Client::new(&certs.paths.ca_cert, None, false);
+    for (hook, fixture) in [
+        (Hook::Discovery, "discovery-request.json"),
+        (
+            Hook::CanUpdateMachine,
+            "can-update-machine-kcp-version.json",
+        ),
+        (Hook::CanUpdateMachineSet, "can-update-machineset-md.json"),
+        (Hook::UpdateMachine, "update-machine-kcp.json"),
+    ] {
+        let reply = anonymous
+            .post(server.hooks, hook.path(), common::fixture(fixture))
+            .await;
+        let body = String::from_utf8_lossy(&reply.body);
+        assert_eq!(reply.status, 401, "{hook}: {body}");
+        assert!(body.contains("client certificate"), "{hook}: {body}");
+    }
+    // The refused UpdateMachine recorded nothing.
+    assert_eq!(
+        plain_get(server.health, "/status").map(|(status, body)| (status, body.trim().to_string())),
+        Some((200, "[]".to_string()))
+    );
+    // Agents present no client certificate: their routes are guarded by their token, not by --client-ca.
+    let poll = serde_json::json!({
+        "agent": {"machine": {"namespace": "default", "name": "edge-01-control-plane-abcde"}},
+        "waitSeconds": 0
+    });
     let reply = anonymous
-        .post(server.hooks, Hook::Discovery.path(), discovery_body())
-        .await;
+        .request_with(
+            server.hooks,
+            inplace_agent_api::POLL_PATH,
+            poll.to_string().into_bytes(),
+            &[("authorization", &format!("Bearer {}", token.token))],
+        )
+        .await
+        .unwrap();
     assert_eq!(
         reply.status,
-        401,
+        200,
         "{}",
         String::from_utf8_lossy(&reply.body)
     );
-    assert!(String::from_utf8_lossy(&reply.body).contains("client certificate"));
 
     let other = tempfile::tempdir().unwrap();
     let stranger = write_dev_certs(&DevCertsSpec::with_defaults(

@@ -191,9 +191,9 @@ impl Dispatcher {
             .await;
             return Ok(PollResponse::nothing());
         };
-        if !scope.covers(&machine, None) {
-            return Err(forbidden(scope, &machine));
-        }
+        // Against the Machine's record, not just the namespace: a cluster token of the same namespace must be
+        // refused before its `current` progress is folded into another cluster's run.
+        self.scoped_machine(scope, &machine).await?;
         if self.mark_seen(&machine) {
             self.persist_seen(&machine, None).await?;
         }

@@ -5,6 +5,7 @@ use inplace_agent_api::{
     InventoryReport, MachineRef, Plan, PlanProgress, PlanStatus, StepReport, StepStatus,
 };
 use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
 
 /// Longest stderr tail kept per step (the agent sends at most 4 KiB; operators need the end).
 pub const KEPT_STDERR_BYTES: usize = inplace_agent_api::STDERR_TAIL_MAX_BYTES;
@@ -27,10 +28,20 @@ pub fn agent_key(machine: &MachineRef) -> String {
     format!("agents/{}/{}", machine.namespace, machine.name)
 }
 
-/// Key mapping a provider id to its Machine (provider ids contain `/`, so they are hex-encoded).
+/// Key mapping a provider id to its Machine (provider ids contain `/`, so they are hex-encoded). An id whose
+/// hex form would not fit in a store key (over ~500 bytes) is keyed by its SHA-256 instead; the
+/// `sha256-` prefix cannot be mistaken for hex.
 pub fn provider_key(provider_id: &str) -> String {
     let hex: String = provider_id.bytes().map(|b| format!("{b:02x}")).collect();
-    format!("providers/{hex}")
+    let key = format!("providers/{hex}");
+    if key.len() <= inplace_store::MAX_KEY_BYTES {
+        return key;
+    }
+    let digest: String = Sha256::digest(provider_id.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("providers/sha256-{digest}")
 }
 
 /// Key of the claim "this Machine runs `kubeadm upgrade apply <version>` for its cluster".
@@ -524,5 +535,22 @@ mod tests {
         assert!(!valid_segment("a/b"));
         assert!(!valid_segment(""));
         assert_eq!(provider_key("a/b"), "providers/612f62");
+    }
+
+    #[test]
+    fn long_provider_ids_still_make_store_keys() {
+        let longest = "p".repeat(512);
+        let other = format!("{}q", "p".repeat(511));
+        for id in [&longest, &other] {
+            assert!(
+                provider_key(id).len() <= inplace_store::MAX_KEY_BYTES,
+                "{id}"
+            );
+            assert!(provider_key(id).starts_with("providers/sha256-"));
+        }
+        assert_ne!(provider_key(&longest), provider_key(&other));
+        let fits = "p".repeat(507);
+        assert_eq!(provider_key(&fits).len(), inplace_store::MAX_KEY_BYTES);
+        assert!(!provider_key(&fits).contains("sha256"));
     }
 }

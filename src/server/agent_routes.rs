@@ -1,6 +1,7 @@
 //! The agent API under `/agent/v1/` on the hook port: bearer-token authentication, body limits, JSON decoding
 //! that names the bad field, and the mapping of dispatch errors to HTTP statuses the agent understands
-//! (401 no/unknown/expired token, 403 outside the token's scope, 409 stale run, 400 bad body, 503 store down).
+//! (401 no/unknown/expired token, 403 outside the token's scope, 409 stale run, 400 bad body, 408 body too
+//! slow, 413 body too large, 503 store down).
 
 use std::time::Duration;
 
@@ -24,6 +25,8 @@ use crate::dispatch::{AgentScope, DispatchError, Dispatcher};
 /// Ceiling on any agent request: the longest poll plus the grace agents allow for it.
 pub const MAX_AGENT_REQUEST_TIME: Duration =
     Duration::from_secs((MAX_WAIT_SECONDS + POLL_GRACE_SECONDS) as u64);
+/// Longest an agent may take to send its request body (at most 64 KiB); then 408.
+pub const AGENT_BODY_READ_TIME: Duration = Duration::from_secs(10);
 
 /// The agent endpoints.
 pub fn agent_router(state: AppState) -> Router {
@@ -102,9 +105,22 @@ async fn accept<T: DeserializeOwned>(
     if declared.is_some_and(|length| length > MAX_REQUEST_BODY_BYTES) {
         return Err(too_large());
     }
-    let body: Bytes = axum::body::to_bytes(request.into_body(), MAX_REQUEST_BODY_BYTES)
-        .await
-        .map_err(|_| too_large())?;
+    // Without its own deadline a trickling body was only stopped by the route's timeout, answered 504.
+    let body: Bytes = tokio::time::timeout(
+        AGENT_BODY_READ_TIME,
+        axum::body::to_bytes(request.into_body(), MAX_REQUEST_BODY_BYTES),
+    )
+    .await
+    .map_err(|_| {
+        Refused::Status(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "request body not received within {}s",
+                AGENT_BODY_READ_TIME.as_secs()
+            ),
+        )
+    })?
+    .map_err(|_| too_large())?;
     let value: T = crate::api::decode_json(&body).map_err(|detail| {
         Refused::Status(
             StatusCode::BAD_REQUEST,

@@ -2,7 +2,7 @@
 //! capture, and one log line plus metrics per call. `app(state)` is what tests drive with `oneshot`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -27,6 +27,8 @@ pub const DEFAULT_CAPI_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEADLINE_FRACTION: f64 = 0.8;
 /// Hard ceiling on any hook request, whatever `?timeout=` says (CAPI's maximum handler timeout).
 pub const MAX_HOOK_TIME: Duration = Duration::from_secs(30);
+/// Least time a hook request body gets to arrive, however short `?timeout=` is.
+pub const MIN_BODY_READ_TIME: Duration = Duration::from_secs(1);
 
 /// Bodies up to this size are decided on the async worker that read them; larger ones on the blocking pool.
 /// A CanUpdate of this size takes about a millisecond, less than handing it to another thread and back costs
@@ -196,7 +198,8 @@ async fn handle(
     query: Option<String>,
     request: Request,
 ) -> Response {
-    let started = Instant::now();
+    // Tokio's clock, the one the timeouts below run on (and the one a paused test runtime advances).
+    let started = tokio::time::Instant::now();
     let _in_flight = InFlight::enter(&state.metrics);
     let verified = request
         .extensions()
@@ -230,8 +233,11 @@ async fn handle(
     }
     // Chunked bodies are counted while they stream in and cut off at the limit, never buffered past it;
     // a body that trickles in is cut off at the call's deadline (a slow client cannot hold the call open).
-    let read_budget =
-        deadline(query.as_deref()).unwrap_or(DEFAULT_CAPI_TIMEOUT.mul_f64(DEADLINE_FRACTION));
+    // A `?timeout=0ns` call still gets its body read (a zero budget refused bodies already sent with 408);
+    // the computation below keeps the caller's deadline.
+    let read_budget = deadline(query.as_deref())
+        .unwrap_or(DEFAULT_CAPI_TIMEOUT.mul_f64(DEADLINE_FRACTION))
+        .max(MIN_BODY_READ_TIME);
     let body: Bytes = match tokio::time::timeout(
         read_budget,
         axum::body::to_bytes(request.into_body(), MAX_BODY_BYTES),
@@ -252,7 +258,10 @@ async fn handle(
     };
     let answer = match deadline(query.as_deref()) {
         Err(message) => hooks::failure(hook, message, "bad-request", None),
-        Ok(budget) => {
+        Ok(allowed) => {
+            // The deadline counts from the request's arrival: time spent receiving the body is spent. Without
+            // this a slow body plus a slow computation outlived the route's 30 s timeout and got a 504.
+            let budget = allowed.saturating_sub(started.elapsed());
             let engine = state.engine.clone();
             let work = match compute {
                 // Caught here, so a panic is answered and counted exactly like one on the pool.
@@ -291,7 +300,7 @@ async fn handle(
                     hook,
                     format!(
                         "no answer within {:.1}s (80% of CAPI's timeout); CAPI will call again",
-                        budget.as_secs_f64()
+                        allowed.as_secs_f64()
                     ),
                     "deadline",
                     None,

@@ -117,15 +117,39 @@ impl Client {
         path: &str,
         body: Vec<u8>,
     ) -> std::io::Result<Reply> {
+        self.send(addr, method, path, body, &[]).await
+    }
+
+    /// One POST with extra headers (e.g. `authorization`) on a new connection.
+    pub async fn request_with(
+        &self,
+        addr: SocketAddr,
+        path: &str,
+        body: Vec<u8>,
+        headers: &[(&str, &str)],
+    ) -> std::io::Result<Reply> {
+        self.send(addr, "POST", path, body, headers).await
+    }
+
+    async fn send(
+        &self,
+        addr: SocketAddr,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        headers: &[(&str, &str)],
+    ) -> std::io::Result<Reply> {
         let tls = self.tls(addr).await?;
         let http2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         let io = hyper_util::rt::TokioIo::new(tls);
-        let request = hyper::Request::builder()
+        let mut request = hyper::Request::builder()
             .method(method)
             .uri(format!("https://localhost:{}{path}", addr.port()))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .expect("request");
+            .header("content-type", "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.body(Full::new(Bytes::from(body))).expect("request");
         let response = if http2 {
             let (mut sender, conn) =
                 hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
