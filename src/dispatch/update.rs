@@ -69,6 +69,21 @@ fn ago(now: u64, then: u64) -> String {
     }
 }
 
+/// The plan an update records: built from the desired state, then checked as the agent will check it.
+/// Pure (no store, no clock), so the hook_request fuzz target runs exactly this.
+pub fn plan_for(request: &UpdateRequest, mode: KubeadmUpgradeMode) -> Result<Plan, DispatchError> {
+    let plan = plan::build(&PlanInput {
+        facts: &request.facts,
+        bootstrap: request.bootstrap.as_ref(),
+        actions: &request.actions,
+        upgrade_mode: mode,
+    })
+    .map_err(|err| DispatchError::BadRequest(err.to_string()))?;
+    validate_plan(&plan)
+        .map_err(|err| DispatchError::BadRequest(format!("the plan is not valid: {err}")))?;
+    Ok(plan)
+}
+
 impl Dispatcher {
     /// Which `kubeadm upgrade` this control-plane Machine runs: the first one to ask for a version claims
     /// `apply` for its cluster (compare-and-swap create); every other one runs `node`.
@@ -119,15 +134,7 @@ impl Dispatcher {
         } else {
             KubeadmUpgradeMode::Node
         };
-        let mut plan = plan::build(&PlanInput {
-            facts,
-            bootstrap: request.bootstrap.as_ref(),
-            actions: &request.actions,
-            upgrade_mode: mode,
-        })
-        .map_err(|err| DispatchError::BadRequest(err.to_string()))?;
-        validate_plan(&plan)
-            .map_err(|err| DispatchError::BadRequest(format!("the plan is not valid: {err}")))?;
+        let mut plan = plan_for(request, mode)?;
         let state_hash = plan.id.clone();
         let now = now_ms();
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use inplace_core::{Objects, Scope, Settings};
+use inplace_core::{Objects, Policy, Scope, Settings};
 
 use super::{Answer, Engine, answer, failure};
 use crate::api::{
@@ -11,6 +11,50 @@ use crate::api::{
 };
 use crate::dispatch::{DispatchError, UpdateAnswer, UpdateRequest};
 use crate::plan::MachineFacts;
+
+/// Why a decoded UpdateMachine request cannot become an update: the Failure message and its verdict label.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    /// What the Failure answer says.
+    pub message: String,
+    /// The metrics/log verdict (`bad-settings`, `refused`, `bad-request`).
+    pub verdict: &'static str,
+}
+
+/// The pure part of UpdateMachine after decoding: the ExtensionConfig settings, the facts of the desired
+/// Machine and the actions the policy allows it. The hook and the hook_request fuzz target share it.
+pub fn update_request(
+    policy: &Policy,
+    request: &UpdateMachineRequest,
+) -> Result<UpdateRequest, Refusal> {
+    let settings = Settings::from_map(&request.settings).map_err(|err| Refusal {
+        message: format!("ExtensionConfig settings: {err}"),
+        verdict: "bad-settings",
+    })?;
+    if !settings.in_place {
+        return Err(Refusal {
+            message: "in-place updates are disabled by the ExtensionConfig setting inPlace=false"
+                .into(),
+            verdict: "refused",
+        });
+    }
+    let facts = MachineFacts::of(&request.desired.machine).map_err(|err| Refusal {
+        message: err.to_string(),
+        verdict: "bad-request",
+    })?;
+    let desired = Objects {
+        machine: Some(&request.desired.machine),
+        bootstrap: request.desired.bootstrap_config.as_ref(),
+        infra: request.desired.infrastructure_machine.as_ref(),
+    };
+    let actions = policy.actions_for(Scope::Object, &desired, &settings);
+    Ok(UpdateRequest {
+        facts,
+        bootstrap: request.desired.bootstrap_config.clone(),
+        actions,
+    })
+}
 
 /// UpdateMachine: performs (or reports on) the in-place update of one Machine.
 pub async fn update_machine(engine: Arc<Engine>, body: bytes::Bytes) -> Answer {
@@ -28,41 +72,9 @@ pub async fn update_machine(engine: Arc<Engine>, body: bytes::Bytes) -> Answer {
             object,
         );
     };
-    let settings = match Settings::from_map(&request.settings) {
-        Ok(settings) => settings,
-        Err(err) => {
-            return failure(
-                hook,
-                format!("ExtensionConfig settings: {err}"),
-                "bad-settings",
-                object,
-            );
-        }
-    };
-    if !settings.in_place {
-        return failure(
-            hook,
-            "in-place updates are disabled by the ExtensionConfig setting inPlace=false",
-            "refused",
-            object,
-        );
-    }
-    let facts = match MachineFacts::of(&request.desired.machine) {
-        Ok(facts) => facts,
-        Err(err) => return failure(hook, err.to_string(), "bad-request", object),
-    };
-    let desired = Objects {
-        machine: Some(&request.desired.machine),
-        bootstrap: request.desired.bootstrap_config.as_ref(),
-        infra: request.desired.infrastructure_machine.as_ref(),
-    };
-    let actions = engine
-        .policy
-        .actions_for(Scope::Object, &desired, &settings);
-    let update = UpdateRequest {
-        facts,
-        bootstrap: request.desired.bootstrap_config.clone(),
-        actions,
+    let update = match update_request(&engine.policy, &request) {
+        Ok(update) => update,
+        Err(refusal) => return failure(hook, refusal.message, refusal.verdict, object),
     };
     let (status, verdict, message, retry) = match dispatcher.update_machine(&update).await {
         Ok(UpdateAnswer::InProgress {

@@ -105,15 +105,29 @@ async fn accept<T: DeserializeOwned>(
     let body: Bytes = axum::body::to_bytes(request.into_body(), MAX_REQUEST_BODY_BYTES)
         .await
         .map_err(|_| too_large())?;
-    let deserializer = &mut serde_json::Deserializer::from_slice(&body);
-    let value: T = serde_path_to_error::deserialize(deserializer).map_err(|err| {
-        let path = err.path().to_string();
-        Refused::Status(
-            StatusCode::BAD_REQUEST,
-            format!("cannot decode the body: {path}: {}", err.into_inner()),
-        )
-    })?;
+    let value: T = decode_agent_body(&body)
+        .map_err(|err| Refused::Status(StatusCode::BAD_REQUEST, err.to_string()))?;
     Ok((scope, dispatcher, value))
+}
+
+/// An agent request body that is not the expected JSON.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot decode the body: {path}: {detail}")]
+pub struct AgentBodyError {
+    /// Where decoding stopped, e.g. `current.status`.
+    pub path: String,
+    /// What serde said.
+    pub detail: String,
+}
+
+/// Decodes an agent request body (poll, report or inventory), naming the field that is wrong. The routes
+/// and the agent_api fuzz target share it.
+pub fn decode_agent_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, AgentBodyError> {
+    let deserializer = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(deserializer).map_err(|err| AgentBodyError {
+        path: err.path().to_string(),
+        detail: err.into_inner().to_string(),
+    })
 }
 
 fn json<T: Serialize>(value: &T) -> Response {

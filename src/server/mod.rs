@@ -19,7 +19,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 pub use admin::{Readiness, health_router, metrics_router, status_router};
-pub use agent_routes::MAX_AGENT_REQUEST_TIME;
+pub use agent_routes::{AgentBodyError, MAX_AGENT_REQUEST_TIME, decode_agent_body};
 pub use app::{
     AnswerFuture, AppState, Compute, DEADLINE_FRACTION, DEFAULT_CAPI_TIMEOUT, MAX_BODY_BYTES,
     MAX_HOOK_TIME, app, hook_route,
