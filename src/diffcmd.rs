@@ -305,10 +305,15 @@ fn from_request(name: &str, documents: Vec<Value>) -> Result<RequestSides, DiffE
             "{name}: with one file, it must be a whole CanUpdateMachine or CanUpdateMachineSet request"
         ))
     })?;
-    let settings: BTreeMap<String, String> = request
-        .get("settings")
-        .and_then(|s| serde_json::from_value(s.clone()).ok())
-        .unwrap_or_default();
+    // As the hooks decode it: a map of strings, or the whole request is refused (never silently dropped).
+    let settings: BTreeMap<String, String> = match request.get("settings") {
+        None => BTreeMap::new(),
+        Some(settings) => serde_json::from_value(settings.clone()).map_err(|err| {
+            DiffError::Shape(format!(
+                "{name}: `settings` must map names to strings: {err}"
+            ))
+        })?,
+    };
     let side = |key: &str, template: bool| -> Result<Side, DiffError> {
         let objects = request
             .get(key)
@@ -477,6 +482,29 @@ mod tests {
             refused.exit_code, EXIT_ROLLOUT,
             "{}",
             refused.decision.message
+        );
+    }
+
+    #[test]
+    fn request_settings_that_are_not_strings_are_refused_like_the_hook_refuses_them() {
+        let machine = r#"{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "metadata": {"name": "m"}}"#;
+        let body = format!(
+            r#"{{"settings": {{"mode": "in-place-only", "inPlace": 7}}, "current": {{"machine": {machine}}}, "desired": {{"machine": {machine}}}}}"#
+        );
+        let err = decide_inputs(
+            Input {
+                name: "request.json",
+                text: &body,
+            },
+            None,
+            &Policy::builtin(),
+            &BTreeMap::new(),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("request.json: `settings` must map names to strings"),
+            "{err}"
         );
     }
 
