@@ -21,8 +21,11 @@ use crate::dispatch::records::UpdateRecord;
 use crate::hooks::{Engine, can_update_machine, can_update_machine_set, update_request};
 use crate::server::decode_agent_body;
 
+/// A target's body: takes any bytes, must return without panicking.
+pub type TargetBody = fn(&[u8]);
+
 /// Every target: its name (the `fuzz/` binary and the regression directory) and its body.
-pub const TARGETS: [(&str, fn(&[u8])); 5] = [
+pub const TARGETS: [(&str, TargetBody); 5] = [
     ("hook_request", hook_request),
     ("agent_api", agent_api),
     ("policy_yaml", policy_yaml),
