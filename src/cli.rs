@@ -90,17 +90,11 @@ pub struct DiffArgs {
     #[arg(long, env = "INPLACE_UPDATER_POLICY")]
     pub policy: Option<PathBuf>,
     /// An ExtensionConfig setting to apply, KEY=VALUE (repeatable), e.g. mode=in-place-only.
-    #[arg(long = "setting", value_parser = key_value)]
+    #[arg(long = "setting", value_parser = crate::diffcmd::parse_setting)]
     pub settings: Vec<(String, String)>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
-}
-
-fn key_value(text: &str) -> Result<(String, String), String> {
-    text.split_once('=')
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .ok_or_else(|| format!("{text:?} is not KEY=VALUE"))
 }
 
 /// `inplace-updater agent`.

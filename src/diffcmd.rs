@@ -58,10 +58,10 @@ impl Side {
     }
 }
 
-fn read_documents(path: &Path) -> Result<Vec<Value>, DiffError> {
-    let shown = path.display().to_string();
+/// Reads one input file (at most [`MAX_INPUT_BYTES`], UTF-8).
+fn read_input(path: &Path) -> Result<String, DiffError> {
     let read_err = |detail: String| DiffError::Read {
-        path: shown.clone(),
+        path: path.display().to_string(),
         detail,
     };
     let size = std::fs::metadata(path)
@@ -70,15 +70,19 @@ fn read_documents(path: &Path) -> Result<Vec<Value>, DiffError> {
     if size > MAX_INPUT_BYTES {
         return Err(read_err(format!("larger than {MAX_INPUT_BYTES} bytes")));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| read_err(e.to_string()))?;
-    if let Ok(value) = serde_json::from_str::<Value>(&text) {
+    std::fs::read_to_string(path).map_err(|e| read_err(e.to_string()))
+}
+
+/// Parses one input: a JSON value, or every non-empty YAML document. `name` is shown in errors.
+fn parse_documents(name: &str, text: &str) -> Result<Vec<Value>, DiffError> {
+    if let Ok(value) = serde_json::from_str::<Value>(text) {
         return Ok(vec![value]);
     }
     let mut documents = Vec::new();
-    for document in serde_yaml_ng::Deserializer::from_str(&text) {
+    for document in serde_yaml_ng::Deserializer::from_str(text) {
         let value: Value =
             serde::Deserialize::deserialize(document).map_err(|e| DiffError::Parse {
-                path: shown.clone(),
+                path: name.to_string(),
                 detail: format!("neither JSON nor YAML: {e}"),
             })?;
         if !value.is_null() {
@@ -87,7 +91,7 @@ fn read_documents(path: &Path) -> Result<Vec<Value>, DiffError> {
     }
     if documents.is_empty() {
         return Err(DiffError::Parse {
-            path: shown,
+            path: name.to_string(),
             detail: "no object in the file".into(),
         });
     }
@@ -101,7 +105,7 @@ fn kind(value: &Value) -> &str {
         .unwrap_or_default()
 }
 
-fn classify(path: &Path, documents: Vec<Value>) -> Result<(Side, Option<Scope>), DiffError> {
+fn classify(name: &str, documents: Vec<Value>) -> Result<(Side, Option<Scope>), DiffError> {
     let mut side = Side::default();
     let mut scope = None;
     for document in documents {
@@ -113,8 +117,7 @@ fn classify(path: &Path, documents: Vec<Value>) -> Result<(Side, Option<Scope>),
             .to_string();
         if !document.is_object() || kind.is_empty() {
             return Err(DiffError::Shape(format!(
-                "{}: every document needs `kind` and `apiVersion`",
-                path.display()
+                "{name}: every document needs `kind` and `apiVersion`"
             )));
         }
         let slot = match kind.as_str() {
@@ -124,8 +127,7 @@ fn classify(path: &Path, documents: Vec<Value>) -> Result<(Side, Option<Scope>),
         };
         if slot.is_some() {
             return Err(DiffError::Shape(format!(
-                "{}: two objects of the same role ({kind})",
-                path.display()
+                "{name}: two objects of the same role ({kind})"
             )));
         }
         if kind == "MachineSet" || kind.ends_with("Template") {
@@ -145,19 +147,104 @@ pub struct DiffReport {
     pub exit_code: i32,
 }
 
-/// Reads the inputs and decides.
+/// Parses one `--setting KEY=VALUE` flag (split at the first `=`).
+pub fn parse_setting(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{text:?} is not KEY=VALUE"))
+}
+
+/// One input of `diff` already in memory: the name its errors show (the file path) and its text.
+#[derive(Debug, Clone, Copy)]
+pub struct Input<'a> {
+    /// Shown in error messages.
+    pub name: &'a str,
+    /// The file's content.
+    pub text: &'a str,
+}
+
+/// Reads the input files and decides ([`decide_inputs`] on their contents).
 pub fn run(
     current: &Path,
     desired: Option<&Path>,
     policy: &Policy,
     settings: &BTreeMap<String, String>,
 ) -> Result<DiffReport, DiffError> {
-    let current_docs = read_documents(current)?;
+    let current_name = current.display().to_string();
+    let current_text = read_input(current)?;
+    let desired =
+        desired.map(|path| Ok::<_, DiffError>((path.display().to_string(), read_input(path)?)));
+    let desired = desired.transpose()?;
+    decide_inputs(
+        Input {
+            name: &current_name,
+            text: &current_text,
+        },
+        desired.as_ref().map(|(name, text)| Input { name, text }),
+        policy,
+        settings,
+    )
+}
+
+/// The inputs of one `diff` call packed in one text, as the diff_inputs fuzz target and its kept regression
+/// inputs (`tests/fuzz-regressions/diff_inputs/`) hold them: `CURRENT[\0DESIRED[\0SETTINGS]]`, SETTINGS
+/// one `KEY=VALUE` per line. Lines [`parse_setting`] refuses are dropped, as the CLI never gets past them.
+#[derive(Debug, Clone)]
+pub struct PackedInputs<'a> {
+    /// CURRENT.
+    pub current: Input<'a>,
+    /// DESIRED, when there is a first NUL byte.
+    pub desired: Option<Input<'a>>,
+    /// The `--setting` flags.
+    pub settings: BTreeMap<String, String>,
+}
+
+impl<'a> PackedInputs<'a> {
+    /// Splits `text` at its first two NUL bytes.
+    pub fn unpack(text: &'a str) -> Self {
+        let mut parts = text.splitn(3, '\0');
+        let current = parts.next().unwrap_or_default();
+        let desired = parts.next();
+        let settings = parts
+            .next()
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| parse_setting(line).ok())
+            .collect();
+        Self {
+            current: Input {
+                name: "current",
+                text: current,
+            },
+            desired: desired.map(|text| Input {
+                name: "desired",
+                text,
+            }),
+            settings,
+        }
+    }
+
+    /// [`decide_inputs`] on these inputs with `policy`.
+    pub fn decide(&self, policy: &Policy) -> Result<DiffReport, DiffError> {
+        decide_inputs(self.current, self.desired, policy, &self.settings)
+    }
+}
+
+/// Everything `diff` does after reading its files: parses CURRENT (and DESIRED), pairs the objects, merges
+/// the request's settings with `settings` (the `--setting` flags win) and runs the hooks' decision. The one
+/// code path of the CLI and of `fuzz/fuzz_targets/diff_inputs.rs`.
+pub fn decide_inputs(
+    current: Input<'_>,
+    desired: Option<Input<'_>>,
+    policy: &Policy,
+    settings: &BTreeMap<String, String>,
+) -> Result<DiffReport, DiffError> {
+    let current_docs = parse_documents(current.name, current.text)?;
     let (current_side, desired_side, scope, request_settings) = match desired {
-        None => from_request(current, current_docs)?,
+        None => from_request(current.name, current_docs)?,
         Some(desired) => {
-            let (c, cs) = classify(current, current_docs)?;
-            let (d, ds) = classify(desired, read_documents(desired)?)?;
+            let (c, cs) = classify(current.name, current_docs)?;
+            let (d, ds) = classify(desired.name, parse_documents(desired.name, desired.text)?)?;
             (c, d, cs.or(ds).unwrap_or(Scope::Object), BTreeMap::new())
         }
     };
@@ -212,21 +299,25 @@ pub fn run(
 
 type RequestSides = (Side, Side, Scope, BTreeMap<String, String>);
 
-fn from_request(path: &Path, documents: Vec<Value>) -> Result<RequestSides, DiffError> {
+fn from_request(name: &str, documents: Vec<Value>) -> Result<RequestSides, DiffError> {
     let [request] = <[Value; 1]>::try_from(documents).map_err(|_| {
         DiffError::Shape(format!(
-            "{}: with one file, it must be a whole CanUpdateMachine or CanUpdateMachineSet request",
-            path.display()
+            "{name}: with one file, it must be a whole CanUpdateMachine or CanUpdateMachineSet request"
         ))
     })?;
-    let settings: BTreeMap<String, String> = request
-        .get("settings")
-        .and_then(|s| serde_json::from_value(s.clone()).ok())
-        .unwrap_or_default();
-    let side = |name: &str, template: bool| -> Result<Side, DiffError> {
-        let objects = request.get(name).ok_or_else(|| {
-            DiffError::Shape(format!("{}: no `{name}` in the request", path.display()))
-        })?;
+    // As the hooks decode it: a map of strings, or the whole request is refused (never silently dropped).
+    let settings: BTreeMap<String, String> = match request.get("settings") {
+        None => BTreeMap::new(),
+        Some(settings) => serde_json::from_value(settings.clone()).map_err(|err| {
+            DiffError::Shape(format!(
+                "{name}: `settings` must map names to strings: {err}"
+            ))
+        })?,
+    };
+    let side = |key: &str, template: bool| -> Result<Side, DiffError> {
+        let objects = request
+            .get(key)
+            .ok_or_else(|| DiffError::Shape(format!("{name}: no `{key}` in the request")))?;
         let take = |key: &str| objects.get(key).filter(|v| v.is_object()).cloned();
         Ok(if template {
             Side {
@@ -294,4 +385,167 @@ pub fn render_json(report: &DiffReport) -> String {
         "changes": report.decision.changes,
     });
     serde_json::to_string_pretty(&value).unwrap_or_default() + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
+
+    use super::*;
+
+    fn fixture(name: &str) -> String {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
+        std::fs::read_to_string(path).unwrap()
+    }
+
+    fn yaml_documents(side: &Value, keys: [&str; 3]) -> String {
+        keys.iter()
+            .filter_map(|key| side.get(key))
+            .map(|object| serde_yaml_ng::to_string(object).unwrap())
+            .collect::<Vec<_>>()
+            .join("---\n")
+    }
+
+    fn summary(report: &DiffReport) -> (Outcome, usize, i32, String) {
+        (
+            report.decision.outcome,
+            report.decision.changes.len(),
+            report.exit_code,
+            report.decision.message.clone(),
+        )
+    }
+
+    #[test]
+    fn yaml_object_sets_decide_like_the_whole_request() {
+        let policy = Policy::builtin();
+        let none = BTreeMap::new();
+        for (name, keys) in [
+            (
+                "can-update-machine-kcp-mixed.json",
+                ["machine", "bootstrapConfig", "infrastructureMachine"],
+            ),
+            (
+                "can-update-machineset-md.json",
+                [
+                    "machineSet",
+                    "bootstrapConfigTemplate",
+                    "infrastructureMachineTemplate",
+                ],
+            ),
+        ] {
+            let body = fixture(name);
+            let whole = decide_inputs(Input { name, text: &body }, None, &policy, &none).unwrap();
+            assert!(!whole.decision.changes.is_empty(), "{name}");
+            let request: Value = serde_json::from_str(&body).unwrap();
+            let settings: BTreeMap<String, String> = request
+                .get("settings")
+                .map(|s| serde_json::from_value(s.clone()).unwrap())
+                .unwrap_or_default();
+            let current = yaml_documents(&request["current"], keys);
+            let desired = yaml_documents(&request["desired"], keys);
+            let pair = decide_inputs(
+                Input {
+                    name: "current.yaml",
+                    text: &current,
+                },
+                Some(Input {
+                    name: "desired.yaml",
+                    text: &desired,
+                }),
+                &policy,
+                &settings,
+            )
+            .unwrap();
+            assert_eq!(summary(&pair), summary(&whole), "{name}");
+        }
+    }
+
+    #[test]
+    fn settings_flags_override_the_request_settings() {
+        let body = fixture("can-update-machine-kcp-version.json");
+        let input = Input {
+            name: "request.json",
+            text: &body,
+        };
+        let policy = Policy::builtin();
+        let allowed = decide_inputs(input, None, &policy, &BTreeMap::new()).unwrap();
+        let off = BTreeMap::from([parse_setting("inPlace=false").unwrap()]);
+        let refused = decide_inputs(input, None, &policy, &off).unwrap();
+        assert_eq!(
+            allowed.exit_code, EXIT_IN_PLACE,
+            "{}",
+            allowed.decision.message
+        );
+        assert_eq!(
+            refused.exit_code, EXIT_ROLLOUT,
+            "{}",
+            refused.decision.message
+        );
+    }
+
+    #[test]
+    fn request_settings_that_are_not_strings_are_refused_like_the_hook_refuses_them() {
+        let machine = r#"{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "metadata": {"name": "m"}}"#;
+        let body = format!(
+            r#"{{"settings": {{"mode": "in-place-only", "inPlace": 7}}, "current": {{"machine": {machine}}}, "desired": {{"machine": {machine}}}}}"#
+        );
+        let err = decide_inputs(
+            Input {
+                name: "request.json",
+                text: &body,
+            },
+            None,
+            &Policy::builtin(),
+            &BTreeMap::new(),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("request.json: `settings` must map names to strings"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn setting_flags_split_at_the_first_equals_sign() {
+        assert_eq!(
+            parse_setting("mode=a=b").unwrap(),
+            ("mode".to_string(), "a=b".to_string())
+        );
+        assert!(parse_setting("mode").unwrap_err().contains("KEY=VALUE"));
+    }
+
+    #[test]
+    fn packed_inputs_split_at_the_first_two_nul_bytes() {
+        let packed = PackedInputs::unpack("a\0b\0mode=in-place-only\nbogus\n\0x=y");
+        assert_eq!(packed.current.text, "a");
+        assert_eq!(packed.desired.map(|d| d.text), Some("b"));
+        assert_eq!(
+            packed.settings,
+            BTreeMap::from([
+                ("mode".to_string(), "in-place-only".to_string()),
+                ("\0x".to_string(), "y".to_string()),
+            ])
+        );
+        let alone = PackedInputs::unpack("{}");
+        assert!(alone.desired.is_none() && alone.settings.is_empty());
+    }
+
+    #[test]
+    fn errors_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let current = dir.path().join("current.yaml");
+        std::fs::write(&current, "kind: [unclosed").unwrap();
+        let missing = dir.path().join("missing.yaml");
+        let policy = Policy::builtin();
+        let none = BTreeMap::new();
+        let err = run(&current, None, &policy, &none).unwrap_err();
+        assert!(matches!(err, DiffError::Parse { .. }), "{err}");
+        assert!(err.to_string().contains("current.yaml"), "{err}");
+        let err = run(&missing, None, &policy, &none).unwrap_err();
+        assert!(matches!(err, DiffError::Read { .. }), "{err}");
+        assert!(err.to_string().contains("missing.yaml"), "{err}");
+    }
 }

@@ -12,6 +12,7 @@ pub mod cli;
 pub mod commands;
 pub mod diffcmd;
 pub mod dispatch;
+pub mod fuzzing;
 pub mod hooks;
 pub mod http;
 pub mod server;

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use common::{Client, ServerProcess, WAIT, certs, fixture, plain_get};
 use inplace_agent_api::{AgentIdentity, MachineRef, POLL_PATH, PollRequest};
 use inplace_updater::auth::create_token;
+use inplace_updater::diffcmd::{PackedInputs, render_text};
 use inplace_updater::dispatch::AgentScope;
 use rustls::pki_types::pem::PemObject as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -497,4 +498,32 @@ async fn kept_fuzz_inputs_are_answered_without_a_crash() {
         let err = parse_token_file("kept", &text).unwrap_err();
         assert!(err.to_string().contains("kept:1"), "{name}: {err}");
     }
+    for (name, text) in kept_inputs("diff_inputs") {
+        let Ok(text) = String::from_utf8(text) else {
+            continue; // the CLI refuses a non-UTF-8 file before parsing it
+        };
+        match PackedInputs::unpack(&text).decide(&inplace_core::Policy::builtin()) {
+            Ok(report) => assert!(!render_text(&report).is_empty(), "{name}"),
+            Err(err) => assert!(!err.to_string().is_empty(), "{name}: an error says why"),
+        }
+    }
+}
+
+/// Every kept input of every fuzz target (`inplace_updater::fuzzing::TARGETS`, one directory each under
+/// `tests/fuzz-regressions/`) replayed through the target's own body, so whatever crashed the fuzzer once
+/// runs again in plain `cargo test`. A target without kept inputs fails here too.
+#[test]
+fn every_kept_fuzz_input_replays_through_its_fuzz_target() {
+    let mut panicked = Vec::new();
+    for (target, body) in inplace_updater::fuzzing::TARGETS {
+        for (name, input) in kept_inputs(target) {
+            if std::panic::catch_unwind(|| body(&input)).is_err() {
+                panicked.push(format!("{target}/{name}"));
+            }
+        }
+    }
+    assert!(
+        panicked.is_empty(),
+        "kept fuzz inputs panicked: {panicked:?}"
+    );
 }

@@ -1,22 +1,6 @@
-//! Agent API bodies: what an agent posts to /agent/v1/{poll,report,inventory} (decoded and validated by
-//! the server) and the poll response the agent decodes and validates before running anything.
+//! Agent API bodies, both directions: poll, report and inventory as the server decodes and folds them
+//! into a run, and the poll response, error and ack bodies the agent decodes.
+//! The body is `inplace_updater::fuzzing::agent_api`, which `tests/hostile.rs` also replays kept inputs through.
 #![no_main]
 
-use inplace_agent_api::{
-    InventoryReport, PollRequest, PollResponse, StepReport, validate_plan, validate_report,
-};
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    let _ = serde_json::from_slice::<PollRequest>(data);
-    let _ = serde_json::from_slice::<InventoryReport>(data);
-    if let Ok(report) = serde_json::from_slice::<StepReport>(data) {
-        let _ = validate_report(&report);
-    }
-    if let Ok(PollResponse {
-        plan: Some(plan), ..
-    }) = serde_json::from_slice::<PollResponse>(data)
-    {
-        let _ = validate_plan(&plan);
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| inplace_updater::fuzzing::agent_api(data));

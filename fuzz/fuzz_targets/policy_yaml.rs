@@ -1,10 +1,6 @@
-//! The policy file (`serve --policy`, `policy check`): any text must give a policy or a clear error.
+//! The policy file (`serve --policy`, `policy check`, `diff --policy`): any text must give a policy or
+//! a clear error.
+//! The body is `inplace_updater::fuzzing::policy_yaml`, which `tests/hostile.rs` also replays kept inputs through.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    if let Ok(text) = std::str::from_utf8(data) {
-        let _ = inplace_core::Policy::from_yaml(text);
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| inplace_updater::fuzzing::policy_yaml(data));

@@ -1,10 +1,5 @@
 //! The agent token file (`--agent-tokens`): any text must give entries or an error naming the line.
+//! The body is `inplace_updater::fuzzing::token_file`, which `tests/hostile.rs` also replays kept inputs through.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    if let Ok(text) = std::str::from_utf8(data) {
-        let _ = inplace_updater::auth::parse_token_file("fuzz", text);
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| inplace_updater::fuzzing::token_file(data));

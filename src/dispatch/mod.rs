@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use agent::AgentScope;
 pub use status::{StatusRow, StatusState};
-pub use update::{UpdateAnswer, UpdateRequest};
+pub use update::{UpdateAnswer, UpdateRequest, plan_for};
 
 /// How many times a compare-and-swap is retried against concurrent writers before giving up.
 pub const CAS_ATTEMPTS: usize = 16;

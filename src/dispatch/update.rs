@@ -57,25 +57,6 @@ impl UpdateRequest {
         }
         hex(&hash.finalize())
     }
-
-    fn build(&self, mode: KubeadmUpgradeMode) -> Result<Plan, DispatchError> {
-        let bootstrap: Option<Value> = self
-            .bootstrap
-            .as_ref()
-            .map(|raw| serde_json::from_str(raw.get()))
-            .transpose()
-            .map_err(|err| DispatchError::BadRequest(format!("bootstrap config: {err}")))?;
-        let plan = plan::build(&PlanInput {
-            facts: &self.facts,
-            bootstrap: bootstrap.as_ref(),
-            actions: &self.actions,
-            upgrade_mode: mode,
-        })
-        .map_err(|err| DispatchError::BadRequest(err.to_string()))?;
-        validate_plan(&plan)
-            .map_err(|err| DispatchError::BadRequest(format!("the plan is not valid: {err}")))?;
-        Ok(plan)
-    }
 }
 
 /// Names the plan builder in input fingerprints: a new server version builds the plan once more (and keeps
@@ -123,6 +104,27 @@ fn ago(now: u64, then: u64) -> String {
         120..=7199 => format!("{}m ago", seconds / 60),
         _ => format!("{}h ago", seconds / 3600),
     }
+}
+
+/// The plan an update records: built from the desired state, then checked as the agent will check it.
+/// Pure (no store, no clock), so the hook_request fuzz target runs exactly this.
+pub fn plan_for(request: &UpdateRequest, mode: KubeadmUpgradeMode) -> Result<Plan, DispatchError> {
+    let bootstrap: Option<Value> = request
+        .bootstrap
+        .as_ref()
+        .map(|raw| serde_json::from_str(raw.get()))
+        .transpose()
+        .map_err(|err| DispatchError::BadRequest(format!("bootstrap config: {err}")))?;
+    let plan = plan::build(&PlanInput {
+        facts: &request.facts,
+        bootstrap: bootstrap.as_ref(),
+        actions: &request.actions,
+        upgrade_mode: mode,
+    })
+    .map_err(|err| DispatchError::BadRequest(err.to_string()))?;
+    validate_plan(&plan)
+        .map_err(|err| DispatchError::BadRequest(format!("the plan is not valid: {err}")))?;
+    Ok(plan)
 }
 
 impl Dispatcher {
@@ -193,7 +195,7 @@ impl Dispatcher {
                     }
                     let plan = match &built {
                         Some(plan) => plan,
-                        None => built.insert(request.build(mode)?),
+                        None => built.insert(plan_for(request, mode)?),
                     };
                     let same_state = current.filter(|r| r.state_hash == plan.id);
                     switched = same_state.is_none();
@@ -222,7 +224,7 @@ impl Dispatcher {
             None => {
                 let mut plan = match built {
                     Some(plan) => plan,
-                    None => request.build(mode)?,
+                    None => plan_for(request, mode)?,
                 };
                 plan.id = record.run_id.clone();
                 let fresh = UpdateRecord::new(plan, now);

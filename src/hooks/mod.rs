@@ -10,7 +10,7 @@ use inplace_core::Policy;
 use serde::Serialize;
 
 pub use can_update::{can_update_machine, can_update_machine_set};
-pub use update::update_machine;
+pub use update::{Refusal, update_machine, update_request};
 
 use crate::dispatch::Dispatcher;
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use inplace_core::{Objects, Scope, Settings};
+use inplace_core::{Objects, Policy, Scope, Settings};
 
 use super::{Answer, Engine, answer, failure};
 use crate::api::objects;
@@ -12,6 +12,74 @@ use crate::api::{
 };
 use crate::dispatch::{DispatchError, UpdateAnswer, UpdateRequest};
 use crate::plan::MachineFacts;
+
+/// Why a decoded UpdateMachine request cannot become an update: the Failure message and its verdict label.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    /// What the Failure answer says.
+    pub message: String,
+    /// The metrics/log verdict (`bad-settings`, `refused`, `bad-request`).
+    pub verdict: &'static str,
+}
+
+impl Refusal {
+    fn bad_request(err: impl std::fmt::Display) -> Self {
+        Refusal {
+            message: err.to_string(),
+            verdict: "bad-request",
+        }
+    }
+}
+
+/// The pure part of UpdateMachine after decoding: the ExtensionConfig settings, the facts of the desired
+/// Machine and the actions the policy allows it. The desired objects move into the update as text. The hook
+/// and the hook_request fuzz target share it.
+pub fn update_request(
+    policy: &Policy,
+    request: UpdateMachineRequest,
+) -> Result<UpdateRequest, Refusal> {
+    let settings = Settings::from_map(&request.settings).map_err(|err| Refusal {
+        message: format!("ExtensionConfig settings: {err}"),
+        verdict: "bad-settings",
+    })?;
+    if !settings.in_place {
+        return Err(Refusal {
+            message: "in-place updates are disabled by the ExtensionConfig setting inPlace=false"
+                .into(),
+            verdict: "refused",
+        });
+    }
+    let desired = request.desired;
+    let machine =
+        objects::parse(&desired.machine, "desired.machine").map_err(Refusal::bad_request)?;
+    // Which actions apply depends on the objects' kinds and the Machine's labels, nothing else: the
+    // bootstrap config stays text until a plan has to be built from it.
+    let head = |raw: &Option<Object>, path| {
+        raw.as_ref()
+            .map(|raw| objects::type_meta(raw, path))
+            .transpose()
+            .map_err(Refusal::bad_request)
+    };
+    let bootstrap = head(&desired.bootstrap_config, "desired.bootstrapConfig")?;
+    let infra = head(
+        &desired.infrastructure_machine,
+        "desired.infrastructureMachine",
+    )?;
+    let facts = MachineFacts::of(&machine).map_err(Refusal::bad_request)?;
+    let heads = Objects {
+        machine: Some(&machine),
+        bootstrap: bootstrap.as_ref(),
+        infra: infra.as_ref(),
+    };
+    let actions = policy.actions_for(Scope::Object, &heads, &settings);
+    Ok(UpdateRequest {
+        facts,
+        machine: desired.machine,
+        bootstrap: desired.bootstrap_config,
+        actions,
+    })
+}
 
 /// UpdateMachine: performs (or reports on) the in-place update of one Machine.
 pub async fn update_machine(engine: Arc<Engine>, body: bytes::Bytes) -> Answer {
@@ -29,61 +97,9 @@ pub async fn update_machine(engine: Arc<Engine>, body: bytes::Bytes) -> Answer {
             object,
         );
     };
-    let settings = match Settings::from_map(&request.settings) {
-        Ok(settings) => settings,
-        Err(err) => {
-            return failure(
-                hook,
-                format!("ExtensionConfig settings: {err}"),
-                "bad-settings",
-                object,
-            );
-        }
-    };
-    if !settings.in_place {
-        return failure(
-            hook,
-            "in-place updates are disabled by the ExtensionConfig setting inPlace=false",
-            "refused",
-            object,
-        );
-    }
-    let desired = request.desired;
-    let parsed = (|| {
-        let machine = objects::parse(&desired.machine, "desired.machine")?;
-        // Which actions apply depends on the objects' kinds and the Machine's labels, nothing else: the
-        // bootstrap config stays text until a plan has to be built from it.
-        let head = |raw: &Option<Object>, path| {
-            raw.as_ref()
-                .map(|raw| objects::type_meta(raw, path))
-                .transpose()
-        };
-        let bootstrap = head(&desired.bootstrap_config, "desired.bootstrapConfig")?;
-        let infra = head(
-            &desired.infrastructure_machine,
-            "desired.infrastructureMachine",
-        )?;
-        Ok::<_, crate::api::DecodeError>((machine, bootstrap, infra))
-    })();
-    let (machine, bootstrap, infra) = match parsed {
-        Ok(parsed) => parsed,
-        Err(err) => return failure(hook, err.to_string(), "bad-request", object),
-    };
-    let facts = match MachineFacts::of(&machine) {
-        Ok(facts) => facts,
-        Err(err) => return failure(hook, err.to_string(), "bad-request", object),
-    };
-    let heads = Objects {
-        machine: Some(&machine),
-        bootstrap: bootstrap.as_ref(),
-        infra: infra.as_ref(),
-    };
-    let actions = engine.policy.actions_for(Scope::Object, &heads, &settings);
-    let update = UpdateRequest {
-        facts,
-        machine: desired.machine,
-        bootstrap: desired.bootstrap_config,
-        actions,
+    let update = match update_request(&engine.policy, request) {
+        Ok(update) => update,
+        Err(refusal) => return failure(hook, refusal.message, refusal.verdict, object),
     };
     let (status, verdict, message, retry) = match dispatcher.update_machine(&update).await {
         Ok(UpdateAnswer::InProgress {

@@ -121,13 +121,20 @@ async fn accept<T: DeserializeOwned>(
         )
     })?
     .map_err(|_| too_large())?;
-    let value: T = crate::api::decode_json(&body).map_err(|detail| {
-        Refused::Status(
-            StatusCode::BAD_REQUEST,
-            format!("cannot decode the body: {detail}"),
-        )
-    })?;
+    let value: T = decode_agent_body(&body)
+        .map_err(|err| Refused::Status(StatusCode::BAD_REQUEST, err.to_string()))?;
     Ok((scope, dispatcher, value))
+}
+
+/// An agent request body that is not the expected JSON: where decoding stopped and what serde said.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot decode the body: {0}")]
+pub struct AgentBodyError(pub String);
+
+/// Decodes an agent request body (poll, report or inventory), naming the field that is wrong. The routes
+/// and the agent_api fuzz target share it.
+pub fn decode_agent_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, AgentBodyError> {
+    crate::api::decode_json(body).map_err(AgentBodyError)
 }
 
 fn json<T: Serialize>(value: &T) -> Response {

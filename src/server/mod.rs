@@ -19,10 +19,13 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 pub use admin::{Readiness, health_router, metrics_router, status_router};
-pub use agent_routes::{AGENT_BODY_READ_TIME, MAX_AGENT_REQUEST_TIME};
+pub use agent_routes::{
+    AGENT_BODY_READ_TIME, AgentBodyError, MAX_AGENT_REQUEST_TIME, decode_agent_body,
+};
 pub use app::{
     AnswerFuture, AppState, Compute, DEADLINE_FRACTION, DEFAULT_CAPI_TIMEOUT,
-    INLINE_COMPUTE_MAX_BODY_BYTES, MAX_BODY_BYTES, MAX_HOOK_TIME, MIN_BODY_READ_TIME, app, hook_route,
+    INLINE_COMPUTE_MAX_BODY_BYTES, MAX_BODY_BYTES, MAX_HOOK_TIME, MIN_BODY_READ_TIME, app,
+    hook_route,
 };
 pub use listener::{ConnInfo, ConnLimits};
 pub use metrics::Metrics;
