@@ -14,6 +14,11 @@ use bytes::Bytes;
 use inplace_updater::dispatch::{DispatchConfig, Dispatcher};
 use inplace_updater::hooks::{self, Engine};
 
+/// The binary's allocator, so the figures are the server's.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() {
     divan::main();
 }

@@ -17,6 +17,11 @@ mod stats;
 
 use clap::{Parser, Subcommand};
 
+/// The binary's allocator, so the in-process server of `hooks` runs as `inplace-updater serve` does.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Open files the harness asks for: 30 000 agent connections on the client side (the server process inherits
 /// the limit and holds as many), plus the server's own files, with room to spare.
 const WANTED_OPEN_FILES: u64 = 80_000;
