@@ -17,6 +17,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::dispatch::AgentScope;
+use crate::hex;
 
 /// Prefix of every token this server issues (lets secret scanners recognise leaked ones).
 pub const TOKEN_PREFIX: &str = "iu1_";
@@ -78,10 +79,6 @@ impl std::fmt::Debug for TokenEntry {
 
 fn hash(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn parse_ref(text: &str) -> Option<(String, String)> {

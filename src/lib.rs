@@ -19,3 +19,23 @@ pub mod server;
 
 pub mod demo;
 pub mod plan;
+
+/// Lower-case hex of `bytes` (digests in ids, store keys and token lines).
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hex_is_lower_case_two_digits_per_byte() {
+        assert_eq!(super::hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        assert_eq!(super::hex(&[]), "");
+    }
+}

@@ -254,8 +254,7 @@ pub fn plan_id(plan: &Plan) -> String {
         "cluster": plan.cluster,
         "steps": plan.steps,
     });
-    let digest = Sha256::digest(canonical.to_string().as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    crate::hex(&Sha256::digest(canonical.to_string().as_bytes()))
 }
 
 fn field(path: String, problem: &'static str) -> PlanError {

@@ -32,16 +32,14 @@ pub fn agent_key(machine: &MachineRef) -> String {
 /// hex form would not fit in a store key (over ~500 bytes) is keyed by its SHA-256 instead; the
 /// `sha256-` prefix cannot be mistaken for hex.
 pub fn provider_key(provider_id: &str) -> String {
-    let hex: String = provider_id.bytes().map(|b| format!("{b:02x}")).collect();
-    let key = format!("providers/{hex}");
+    let key = format!("providers/{}", crate::hex(provider_id.as_bytes()));
     if key.len() <= inplace_store::MAX_KEY_BYTES {
         return key;
     }
-    let digest: String = Sha256::digest(provider_id.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("providers/sha256-{digest}")
+    format!(
+        "providers/sha256-{}",
+        crate::hex(&Sha256::digest(provider_id.as_bytes()))
+    )
 }
 
 /// Key of the claim "this Machine runs `kubeadm upgrade apply <version>` for its cluster".

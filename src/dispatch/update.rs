@@ -15,6 +15,7 @@ use super::records::{
     agent_key, apply_claim_key, machine_key, provider_key, update_key,
 };
 use super::{DispatchError, Dispatcher, now_ms};
+use crate::hex;
 use crate::plan::{self, MachineFacts, PlanInput};
 
 /// Longest stderr excerpt put in a Failure message (CAPI logs it; our status shows the full tail).
@@ -62,10 +63,6 @@ impl UpdateRequest {
 /// Names the plan builder in input fingerprints: a new server version builds the plan once more (and keeps
 /// the run when the plan is the same).
 const PLAN_INPUT_VERSION: &str = concat!("inplace-updater/", env!("CARGO_PKG_VERSION"));
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
 
 /// How UpdateMachine answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
