@@ -7,8 +7,8 @@ use inplace_core::{Decision, Objects, Outcome, Scope, Settings, decide};
 use super::{Answer, Engine, answer, failure};
 use crate::api::{
     CanUpdateMachineRequest, CanUpdateMachineResponse, CanUpdateMachineSetRequest,
-    CanUpdateMachineSetResponse, DecodeError, Hook, Object, ObjectKey, Pair, Patch, PatchType,
-    Status, decode_request,
+    CanUpdateMachineSetResponse, DecodeError, Hook, MachineObjects, MachineSetObjects, Object,
+    ObjectKey, Pair, Patch, PatchType, Status, decode_request,
 };
 
 fn wire_patch(patch: Option<&inplace_core::Patch>) -> Option<Patch> {
@@ -29,21 +29,38 @@ struct Parsed {
     infra: Pair,
 }
 
+/// One side's object texts: machine (or MachineSet), bootstrap config (template), infrastructure (template).
+type Texts<'a> = [Option<&'a Object>; 3];
+
+/// One side of a CanUpdateMachine request as texts.
+fn machine_texts(side: &MachineObjects) -> Texts<'_> {
+    [
+        Some(&side.machine),
+        side.bootstrap_config.as_ref(),
+        side.infrastructure_machine.as_ref(),
+    ]
+}
+
+/// One side of a CanUpdateMachineSet request as texts.
+fn machine_set_texts(side: &MachineSetObjects) -> Texts<'_> {
+    [
+        Some(&side.machine_set),
+        side.bootstrap_config_template.as_ref(),
+        side.infrastructure_machine_template.as_ref(),
+    ]
+}
+
 impl Parsed {
-    fn new(
-        scope: Scope,
-        machine: (&Object, &Object),
-        bootstrap: (Option<&Object>, Option<&Object>),
-        infra: (Option<&Object>, Option<&Object>),
-    ) -> Result<Parsed, DecodeError> {
+    fn new(scope: Scope, current: Texts<'_>, desired: Texts<'_>) -> Result<Parsed, DecodeError> {
         let region = scope.segments();
-        let pair = |(current, desired): (Option<&Object>, Option<&Object>), path| {
+        let pair = |index: usize, path| {
+            let (current, desired) = (current[index], desired[index]);
             Pair::parse(current.map(|o| &**o), desired.map(|o| &**o), region, path)
         };
         Ok(Parsed {
-            machine: pair((Some(machine.0), Some(machine.1)), "machine")?,
-            bootstrap: pair(bootstrap, "bootstrap")?,
-            infra: pair(infra, "infrastructure")?,
+            machine: pair(0, "machine")?,
+            bootstrap: pair(1, "bootstrap")?,
+            infra: pair(2, "infrastructure")?,
         })
     }
 
@@ -112,18 +129,10 @@ pub fn can_update_machine(engine: &Engine, body: &[u8]) -> Answer {
         Ok(settings) => settings,
         Err(answer) => return answer,
     };
-    let (current, desired) = (&request.current, &request.desired);
     let parsed = match Parsed::new(
         Scope::Object,
-        (&current.machine, &desired.machine),
-        (
-            current.bootstrap_config.as_ref(),
-            desired.bootstrap_config.as_ref(),
-        ),
-        (
-            current.infrastructure_machine.as_ref(),
-            desired.infrastructure_machine.as_ref(),
-        ),
+        machine_texts(&request.current),
+        machine_texts(&request.desired),
     ) {
         Ok(parsed) => parsed,
         Err(err) => return failure(hook, err.to_string(), "bad-request", object),
@@ -160,18 +169,10 @@ pub fn can_update_machine_set(engine: &Engine, body: &[u8]) -> Answer {
         Ok(settings) => settings,
         Err(answer) => return answer,
     };
-    let (current, desired) = (&request.current, &request.desired);
     let parsed = match Parsed::new(
         Scope::Template,
-        (&current.machine_set, &desired.machine_set),
-        (
-            current.bootstrap_config_template.as_ref(),
-            desired.bootstrap_config_template.as_ref(),
-        ),
-        (
-            current.infrastructure_machine_template.as_ref(),
-            desired.infrastructure_machine_template.as_ref(),
-        ),
+        machine_set_texts(&request.current),
+        machine_set_texts(&request.desired),
     ) {
         Ok(parsed) => parsed,
         Err(err) => return failure(hook, err.to_string(), "bad-request", object),
