@@ -4,8 +4,11 @@
 //!
 //! Token file: one entry per line, `#` comments allowed:
 //! `sha256:<64 hex> cluster=<namespace>/<cluster> [expires=<RFC 3339>]` or
-//! `sha256:<64 hex> machine=<namespace>/<name> [expires=<RFC 3339>]`. Removing a line revokes the token.
+//! `sha256:<64 hex> machine=<namespace>/<name> [expires=<RFC 3339>]`. Removing a line revokes the token; the
+//! hashes of lines removed while the server runs are remembered (at most [`MAX_REMEMBERED_REVOKED`]), so a
+//! revoked token is refused as revoked rather than unknown until the server restarts.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::{PoisonError, RwLock};
 
@@ -25,6 +28,8 @@ pub const TOKEN_PREFIX: &str = "iu1_";
 pub const TOKEN_RANDOM_BYTES: usize = 32;
 /// Longest `Authorization` header value considered.
 pub const MAX_TOKEN_BYTES: usize = 512;
+/// Most revoked token hashes remembered (the oldest are forgotten first, and then refused as unknown).
+pub const MAX_REMEMBERED_REVOKED: usize = 10_000;
 
 /// Why a token file or a presented token was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -32,9 +37,12 @@ pub enum AuthError {
     /// No `Authorization: Bearer` header.
     #[error("missing `Authorization: Bearer <token>` header")]
     Missing,
-    /// The token matches no entry (unknown or revoked).
+    /// The token matches no entry (unknown, or revoked before this server started).
     #[error("unknown or revoked token")]
     Unknown,
+    /// The token's line was removed from the token file while this server ran.
+    #[error("token revoked: its line was removed from the server's token file")]
+    Revoked,
     /// The token's entry has expired.
     #[error("token expired at {0}")]
     Expired(String),
@@ -156,15 +164,14 @@ pub fn parse_token_file(path: &str, text: &str) -> Result<Vec<TokenEntry>, AuthE
 pub struct AgentTokens {
     path: Option<PathBuf>,
     state: RwLock<(Vec<u8>, Vec<TokenEntry>)>,
+    /// Hashes of entries removed by a reload, oldest first.
+    revoked: RwLock<VecDeque<[u8; 32]>>,
 }
 
 impl AgentTokens {
     /// No tokens at all: every agent call is refused (the server runs without `--agent-tokens`).
     pub fn none() -> Self {
-        Self {
-            path: None,
-            state: RwLock::new((Vec::new(), Vec::new())),
-        }
+        Self::from_entries(Vec::new())
     }
 
     /// Fixed entries (tests).
@@ -172,6 +179,7 @@ impl AgentTokens {
         Self {
             path: None,
             state: RwLock::new((Vec::new(), entries)),
+            revoked: RwLock::new(VecDeque::new()),
         }
     }
 
@@ -179,7 +187,7 @@ impl AgentTokens {
     pub fn load(path: &Path) -> Result<Self, AuthError> {
         let tokens = Self {
             path: Some(path.to_owned()),
-            state: RwLock::new((Vec::new(), Vec::new())),
+            ..Self::none()
         };
         tokens.reload_if_changed()?;
         Ok(tokens)
@@ -200,7 +208,19 @@ impl AgentTokens {
         }
         let text = String::from_utf8_lossy(&bytes);
         let entries = parse_token_file(&shown, &text)?;
-        *self.state.write().unwrap_or_else(PoisonError::into_inner) = (bytes, entries);
+        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        let mut revoked = self.revoked.write().unwrap_or_else(PoisonError::into_inner);
+        let kept = |hash: &[u8; 32]| entries.iter().any(|e| e.hash == *hash);
+        revoked.retain(|hash| !kept(hash));
+        for old in &state.1 {
+            if !kept(&old.hash) && !revoked.contains(&old.hash) {
+                if revoked.len() >= MAX_REMEMBERED_REVOKED {
+                    revoked.pop_front();
+                }
+                revoked.push_back(old.hash);
+            }
+        }
+        *state = (bytes, entries);
         Ok(true)
     }
 
@@ -235,7 +255,19 @@ impl AgentTokens {
                 found = Some(entry);
             }
         }
-        let entry = found.ok_or(AuthError::Unknown)?;
+        let Some(entry) = found else {
+            let revoked = self.revoked.read().unwrap_or_else(PoisonError::into_inner);
+            let mut was_revoked = false;
+            for hash in revoked.iter() {
+                // Constant time here too: timing must not tell revoked hashes from unknown ones.
+                was_revoked |= bool::from(hash.ct_eq(&presented));
+            }
+            return Err(if was_revoked {
+                AuthError::Revoked
+            } else {
+                AuthError::Unknown
+            });
+        };
         if let Some(expires) = entry.expires {
             if expires <= OffsetDateTime::now_utc() {
                 return Err(AuthError::Expired(
@@ -369,6 +401,28 @@ mod tests {
         );
         std::fs::write(&path, "# revoked everything\n").unwrap();
         assert!(tokens.reload_if_changed().unwrap());
-        assert_eq!(tokens.authenticate(Some(&header)), Err(AuthError::Unknown));
+        assert_eq!(
+            tokens.authenticate(Some(&header)),
+            Err(AuthError::Revoked),
+            "removed while running: revoked"
+        );
+        assert_eq!(
+            tokens.authenticate(Some("Bearer iu1_never-issued")),
+            Err(AuthError::Unknown)
+        );
+        // Added back: valid again, and no longer remembered as revoked.
+        std::fs::write(&path, &first.line).unwrap();
+        assert!(tokens.reload_if_changed().unwrap());
+        assert!(tokens.authenticate(Some(&header)).is_ok());
+        std::fs::write(&path, "").unwrap();
+        tokens.reload_if_changed().unwrap();
+        assert_eq!(tokens.authenticate(Some(&header)), Err(AuthError::Revoked));
+        // A restarted server never saw the line: unknown.
+        assert_eq!(
+            AgentTokens::load(&path)
+                .unwrap()
+                .authenticate(Some(&header)),
+            Err(AuthError::Unknown)
+        );
     }
 }

@@ -115,9 +115,14 @@ pub struct AgentArgs {
     /// This node's provider id, matched against the Machine's spec.providerID.
     #[arg(long, env = "INPLACE_UPDATER_AGENT_PROVIDER_ID")]
     pub provider_id: Option<String>,
-    /// Driver configuration (YAML): Kubernetes upgrade commands, service restarts, inventory commands.
+    /// Driver configuration (YAML), required unless --no-kubernetes-steps: Kubernetes upgrade commands,
+    /// service restarts, inventory commands.
     #[arg(long, env = "INPLACE_UPDATER_AGENT_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Start without the Kubernetes version step commands (for nodes that only ever get files, SSH keys,
+    /// NTP or kubelet flag changes): such a step would fail on this node.
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_NO_KUBERNETES_STEPS")]
+    pub no_kubernetes_steps: bool,
     /// Crash-safe local state (progress, journals, backups).
     #[arg(long, env = "INPLACE_UPDATER_AGENT_STATE_DIR", default_value = inplace_agent::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
@@ -151,6 +156,7 @@ impl AgentArgs {
         config.root = self.root.clone();
         config.tls_server_name = self.tls_server_name.clone();
         config.poll_wait_seconds = self.poll_wait;
+        config.require_kubernetes_steps = !self.no_kubernetes_steps;
         config
     }
 }
@@ -212,6 +218,10 @@ pub struct StatusArgs {
     /// Etcd connection options (with an etcd:// store).
     #[command(flatten)]
     pub etcd: EtcdArgs,
+    /// List agents instead of updates: every agent seen or refused, with its node, version, last contact,
+    /// whether it is connected, and its last refusal.
+    #[arg(long)]
+    pub agents: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,

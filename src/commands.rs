@@ -13,9 +13,12 @@ use crate::certs::{DevCertPaths, DevCertsSpec, write_dev_certs};
 use crate::cli::{
     DEV_CERTS_DIR, OutputFormat, PolicyCommand, ServeArgs, StatusArgs, TokenCreateArgs,
 };
-use crate::dispatch::{AgentScope, DispatchConfig, Dispatcher, StatusRow};
+use crate::dispatch::{AgentRow, AgentScope, DispatchConfig, Dispatcher, StatusRow, ago, now_ms};
+use crate::fatal::{Fatal, one_line, serve_fatal};
 use crate::hooks::Engine;
+use crate::observe::{InstrumentedStore, backend_name};
 use crate::server::{self, Listeners, Metrics, Readiness, Services};
+use inplace_store::StoreUrl;
 
 /// Reads `--policy` or takes the built-in default.
 pub fn load_policy(path: Option<&std::path::Path>) -> anyhow::Result<Policy> {
@@ -29,26 +32,65 @@ pub fn load_policy(path: Option<&std::path::Path>) -> anyhow::Result<Policy> {
     }
 }
 
-/// `serve`: everything is loaded and checked before the server reports ready.
+/// `serve`: everything is loaded and checked before the server reports ready. A start-up failure is a
+/// [`Fatal`] naming the flag to fix.
 pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     if args.dev
         && args.tls_cert.is_none()
         && !DevCertPaths::in_dir(DEV_CERTS_DIR.as_ref()).server_files_exist()
     {
         let spec = DevCertsSpec::with_defaults(DEV_CERTS_DIR.into(), vec![], vec![]);
-        write_dev_certs(&spec).context("generating development certificates")?;
+        write_dev_certs(&spec).map_err(|err| {
+            Fatal::new(
+                Some("--dev"),
+                format!(
+                    "--dev: cannot write development certificates into ./{DEV_CERTS_DIR}: {}",
+                    one_line(&err)
+                ),
+                Some("run where ./certs may be written, or pass --tls-cert and --tls-key"),
+            )
+        })?;
         tracing::info!(dir = DEV_CERTS_DIR, "generated development certificates");
     }
-    let policy = load_policy(args.policy.as_deref())?;
+    let policy = load_policy(args.policy.as_deref()).map_err(|err| {
+        Fatal::new(
+            Some("--policy"),
+            format!("--policy: {}", one_line(err.as_ref())),
+            Some("check the file with `inplace-updater policy check FILE`, or leave --policy unset for the built-in default (`inplace-updater policy show`)"),
+        )
+    })?;
     let tokens = match &args.agent_tokens {
-        Some(path) => AgentTokens::load(path).context("agent tokens")?,
+        Some(path) => AgentTokens::load(path).map_err(|err| {
+            Fatal::new(
+                Some("--agent-tokens"),
+                format!("--agent-tokens: {}", one_line(&err)),
+                Some("each line is `sha256:<64 hex> cluster=NAMESPACE/NAME` or `machine=NAMESPACE/NAME`, optionally `expires=<RFC 3339>`; `inplace-updater token create` prints one"),
+            )
+        })?,
         None => AgentTokens::none(),
     };
+    let metrics = Arc::new(Metrics::new());
     let store = inplace_store::open(&args.store, &args.etcd.options())
         .await
-        .with_context(|| format!("opening the store {}", args.store))?;
+        .map_err(|err| {
+            let fix = match &args.store {
+                StoreUrl::Etcd(_) => "check that the etcd endpoints answer from here and that --etcd-ca, --etcd-cert, --etcd-key and --etcd-user match the cluster",
+                _ => "give --store a directory this user may write that no other server uses (file:DIR), or an etcd:// URL",
+            };
+            Fatal::new(
+                Some("--store"),
+                format!("--store {}: {}", args.store, one_line(&err)),
+                Some(fix),
+            )
+        })?;
+    let store = InstrumentedStore::wrap(store, backend_name(&args.store), metrics.store.clone());
     tracing::info!(store = %store.describe(), rules = policy.rules().len(), agent_tokens = tokens.len(), "loaded");
-    let dispatcher = Dispatcher::new(store, args.dispatch_config(), shutdown.clone());
+    let dispatcher = Dispatcher::with_metrics(
+        store,
+        args.dispatch_config(),
+        shutdown.clone(),
+        metrics.fleet.clone(),
+    );
     let services = Services {
         engine: Arc::new(Engine {
             policy,
@@ -56,19 +98,22 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
         }),
         tokens: Arc::new(tokens),
     };
-    let (hooks, health, metrics) = args.listen_addrs();
-    let listeners = Listeners::bind(hooks, health, metrics).await?;
-    let (hooks, health, metrics) = listeners.local_addrs()?;
-    tracing::info!(%hooks, %health, %metrics, "listening");
+    let config = args.config();
+    let (hooks, health, metrics_addr) = args.listen_addrs();
+    let listeners = Listeners::bind(hooks, health, metrics_addr)
+        .await
+        .map_err(|err| serve_fatal(&err, &config))?;
+    // `listening` is logged by `server::run` once the certificates loaded too.
     server::run(
-        args.config(),
+        config.clone(),
         listeners,
         services,
-        Arc::new(Metrics::new()),
+        metrics,
         Readiness::default(),
         shutdown,
     )
-    .await?;
+    .await
+    .map_err(|err| serve_fatal(&err, &config))?;
     Ok(())
 }
 
@@ -120,29 +165,88 @@ pub fn policy(command: &PolicyCommand) -> anyhow::Result<String> {
     }
 }
 
-/// `status`: from a running server's health port, or straight from a store.
+/// `status`: from a running server's health port, or straight from a store. With `--agents`, the agents.
 pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
+    if args.agents {
+        let rows: Vec<AgentRow> = match &args.store {
+            Some(url) => store_dispatcher(args, url).await?.agents().await?,
+            None => get_json(args, "/status/agents").await?,
+        };
+        return Ok(match args.output {
+            OutputFormat::Json => serde_json::to_string_pretty(&rows)? + "\n",
+            OutputFormat::Text => render_agents(&rows, now_ms()),
+        });
+    }
     let rows: Vec<StatusRow> = match &args.store {
-        Some(url) => {
-            let store = inplace_store::open(url, &args.etcd.options())
-                .await
-                .with_context(|| format!("opening {url}"))?;
-            Dispatcher::new(store, DispatchConfig::default(), CancellationToken::new())
-                .status()
-                .await?
-        }
-        None => {
-            let body =
-                crate::http::get_plain(&format!("{}/status", args.server.trim_end_matches('/')))
-                    .await
-                    .with_context(|| format!("asking {} for /status", args.server))?;
-            serde_json::from_slice(&body).context("decoding /status")?
-        }
+        Some(url) => store_dispatcher(args, url).await?.status().await?,
+        None => get_json(args, "/status").await?,
     };
     Ok(match args.output {
         OutputFormat::Json => serde_json::to_string_pretty(&rows)? + "\n",
         OutputFormat::Text => render_status(&rows),
     })
+}
+
+async fn store_dispatcher(args: &StatusArgs, url: &StoreUrl) -> anyhow::Result<Arc<Dispatcher>> {
+    let store = inplace_store::open(url, &args.etcd.options())
+        .await
+        .with_context(|| format!("opening {url}"))?;
+    Ok(Dispatcher::new(
+        store,
+        DispatchConfig::default(),
+        CancellationToken::new(),
+    ))
+}
+
+async fn get_json<T: serde::de::DeserializeOwned>(
+    args: &StatusArgs,
+    path: &str,
+) -> anyhow::Result<T> {
+    let url = format!("{}{path}", args.server.trim_end_matches('/'));
+    let body = crate::http::get_plain(&url)
+        .await
+        .with_context(|| format!("asking {} for {path}", args.server))?;
+    serde_json::from_slice(&body).with_context(|| format!("decoding {path}"))
+}
+
+fn render_agents(rows: &[AgentRow], now: u64) -> String {
+    if rows.is_empty() {
+        return "no agent seen\n".into();
+    }
+    let mut out = format!(
+        "{:<40} {:<24} {:<10} {:<13} {:<12} {}\n",
+        "MACHINE", "NODE", "VERSION", "STATE", "LAST SEEN", "LAST REFUSAL"
+    );
+    for row in rows {
+        let refusal = row
+            .last_refusal
+            .as_ref()
+            .map(|r| {
+                format!(
+                    "{} {}: {} (from {})",
+                    r.reason.as_str(),
+                    ago(now, r.at_ms),
+                    r.message,
+                    r.peer.as_deref().unwrap_or("unknown peer")
+                )
+            })
+            .unwrap_or_else(|| "-".into());
+        out.push_str(&format!(
+            "{:<40} {:<24} {:<10} {:<13} {:<12} {}\n",
+            row.machine,
+            row.node.as_deref().unwrap_or("-"),
+            row.agent_version.as_deref().unwrap_or("-"),
+            if row.connected {
+                "connected"
+            } else {
+                "disconnected"
+            },
+            row.last_seen_ms
+                .map_or_else(|| "never".into(), |at| ago(now, at)),
+            refusal
+        ));
+    }
+    out
 }
 
 fn render_status(rows: &[StatusRow]) -> String {

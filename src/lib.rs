@@ -3,7 +3,8 @@
 //!
 //! The binary (`src/main.rs`) only parses the command line; everything else lives here:
 //! [`api`] (wire types), [`hooks`] (one function per hook), [`server`] (TLS, limits, health, metrics,
-//! shutdown), [`certs`] (development certificates), [`cli`] (clap types).
+//! shutdown), [`observe`] (fleet, store and process metrics), [`fatal`] (one-line fatal errors), [`certs`]
+//! (development certificates), [`cli`] (clap types).
 
 pub mod api;
 pub mod auth;
@@ -12,9 +13,11 @@ pub mod cli;
 pub mod commands;
 pub mod diffcmd;
 pub mod dispatch;
+pub mod fatal;
 pub mod fuzzing;
 pub mod hooks;
 pub mod http;
+pub mod observe;
 pub mod server;
 
 pub mod demo;

@@ -1,9 +1,10 @@
-//! The `inplace-updater` binary: parses the command line and hands each subcommand to the library.
+//! The `inplace-updater` binary: parses the command line and hands each subcommand to the library. Whatever
+//! fails is reported by [`fatal::exit`]: one log line naming the flag to fix, exit code 1.
 
 use clap::Parser as _;
 use inplace_updater::certs::{DevCertsSpec, write_dev_certs};
 use inplace_updater::cli::{Cli, Command, LogFormat, TokenCommand};
-use inplace_updater::commands;
+use inplace_updater::{commands, fatal};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
@@ -14,18 +15,43 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn main() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        // Help and version (and help for a missing subcommand) are clap's to print.
+        Err(err)
+            if !err.use_stderr()
+                || err.kind()
+                    == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
+            err.exit()
+        }
+        Err(err) => {
+            init_logs(fatal::log_format_of(&args));
+            fatal::exit(&fatal::of_clap(&err));
+        }
+    };
+    init_logs(cli.log_format);
+    if let Err(err) = run(cli) {
+        fatal::exit(&fatal::of(&err));
+    }
+}
+
+fn init_logs(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
-    match cli.log_format {
+    match format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),
     }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -87,11 +87,23 @@ impl Server {
     }
 
     /// Every stored key with its revision (a write anywhere changes some revision).
+    /// Every key and revision, except the refusal records refused calls leave on purpose (for `status
+    /// --agents`): what a refused call must not change.
     async fn snapshot(&self) -> Vec<(String, u64)> {
         let entries: Vec<Entry> = self.store.list("").await.unwrap();
         entries
             .into_iter()
+            .filter(|entry| !entry.key.starts_with("refusals/"))
             .map(|entry| (entry.key, entry.revision.0))
+            .collect()
+    }
+
+    /// The refusal records, as stored.
+    async fn refusals(&self) -> Vec<Value> {
+        let entries: Vec<Entry> = self.store.list("refusals/").await.unwrap();
+        entries
+            .iter()
+            .map(|entry| serde_json::from_slice(&entry.value).unwrap())
             .collect()
     }
 
@@ -283,6 +295,14 @@ async fn a_token_of_another_cluster_gets_403_learns_nothing_and_changes_nothing(
         before,
         "a refused call wrote to the store"
     );
+    let refusals = server.refusals().await;
+    assert_eq!(
+        refusals.len(),
+        1,
+        "the last refusal of the Machine: {refusals:?}"
+    );
+    assert_eq!(refusals[0]["reason"], "out-of-scope");
+    assert!(!refusals[0].to_string().contains(&server.other.token));
     let again = server.update_machine().await;
     assert!(
         again["retryAfterSeconds"].as_i64().unwrap() > 0,
@@ -316,6 +336,10 @@ async fn missing_unknown_and_expired_tokens_get_401_on_every_agent_route() {
         }
     }
     assert_eq!(server.snapshot().await, before);
+    let refusals = server.refusals().await.to_vec();
+    assert_eq!(refusals.len(), 1, "one record per Machine: {refusals:?}");
+    let stored = refusals[0].to_string();
+    assert!(!stored.contains(&revoked.token) && !stored.contains(&server.expired.token));
 }
 
 /// A body that never arrives used to hold the call until the route's 35 s safety timeout answered 504 (a

@@ -111,7 +111,13 @@ fn served_operations() -> BTreeSet<(String, String)> {
         .iter()
         .map(|hook| ("POST".to_string(), hook.path().to_string()))
         .collect();
-    for path in ["/healthz", "/readyz", "/metrics", "/status"] {
+    for path in [
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/status",
+        "/status/agents",
+    ] {
         operations.insert(("GET".to_string(), path.to_string()));
     }
     for path in [
@@ -132,7 +138,7 @@ async fn router_for(path: &str) -> Router {
     let dispatcher =
         inplace_updater::dispatch::Dispatcher::new(store, Default::default(), Default::default());
     match path {
-        "/status" => inplace_updater::server::status_router(Some(dispatcher)),
+        "/status" | "/status/agents" => inplace_updater::server::status_router(Some(dispatcher)),
         "/healthz" | "/readyz" => {
             let readiness = Readiness::default();
             readiness.set(true);

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use inplace_agent_api::{
     AgentIdentity, InventoryReport, MAX_WAIT_SECONDS, MachineRef, PlanProgress, PollRequest,
-    PollResponse, StepReport, validate_report,
+    PollResponse, StepReport, StepStatus, validate_report,
 };
 
 use super::records::{
-    AgentRecord, MachineRecord, ProviderIndex, UpdateRecord, agent_key, machine_key, provider_key,
-    update_key, valid_segment,
+    AgentRecord, MachineRecord, Outcome, ProviderIndex, UpdateRecord, agent_key, machine_key,
+    provider_key, update_key, valid_segment,
 };
 use super::{DispatchError, Dispatcher, LAST_SEEN_PERSIST_INTERVAL, now_ms};
 
@@ -148,12 +148,25 @@ impl Dispatcher {
     ) -> Result<(), DispatchError> {
         let key = update_key(machine, &progress.plan_id);
         let now = now_ms();
+        let mut failed_kind = None;
         self.update(&key, |current: Option<&UpdateRecord>| {
+            failed_kind = None;
             let Some(run) = current else { return Ok(None) };
+            let was_failed = matches!(run.outcome(), Outcome::Failed { .. });
             let mut run = run.clone();
-            Ok(run.apply_progress(progress, now).then_some(run))
+            if !run.apply_progress(progress, now) {
+                return Ok(None);
+            }
+            if let (Outcome::Failed { index }, false) = (run.outcome(), was_failed) {
+                failed_kind = run.plan.steps.get(index).map(|step| step.action.kind());
+            }
+            Ok(Some(run))
         })
         .await?;
+        if let Some(kind) = failed_kind {
+            // Its report was lost: no duration, but the failure counts.
+            self.metrics.step_finished(kind, None, true);
+        }
         Ok(())
     }
 
@@ -252,13 +265,22 @@ impl Dispatcher {
         self.mark_seen(&machine);
         let now = now_ms();
         let mut rejection = None;
+        let mut ended = None;
         self.update(
             &update_key(&machine, &report.plan_id),
             |current: Option<&UpdateRecord>| {
+                ended = None;
                 let Some(run) = current else { return Ok(None) };
                 let mut run = run.clone();
                 match run.apply_report(report, now) {
-                    Ok(true) => Ok(Some(run)),
+                    Ok(true) => {
+                        ended = run
+                            .plan
+                            .steps
+                            .get(report.step_index as usize)
+                            .map(|step| (step.action.kind(), step.description.clone()));
+                        Ok(Some(run))
+                    }
                     Ok(false) => Ok(None),
                     Err(err) => {
                         rejection = Some(err);
@@ -268,9 +290,44 @@ impl Dispatcher {
             },
         )
         .await?;
+        if let Some((kind, description)) = ended {
+            self.step_ended(&machine, report, kind, &description);
+        }
         match rejection {
             Some(err) => Err(DispatchError::BadRequest(err.to_string())),
             None => Ok(()),
+        }
+    }
+
+    /// Counts a step that just ended (first report of its end) and logs a failure.
+    fn step_ended(
+        &self,
+        machine: &MachineRef,
+        report: &StepReport,
+        kind: &'static str,
+        description: &str,
+    ) {
+        let failed = match report.status {
+            StepStatus::Running => return,
+            StepStatus::Succeeded => false,
+            StepStatus::Failed => true,
+        };
+        let seconds = report
+            .started_at_unix_ms
+            .zip(report.finished_at_unix_ms)
+            .map(|(start, end)| end.saturating_sub(start) as f64 / 1000.0);
+        self.metrics.step_finished(kind, seconds, failed);
+        if failed {
+            tracing::error!(
+                %machine,
+                run = %report.plan_id.chars().take(12).collect::<String>(),
+                step = report.step_index + 1,
+                kind,
+                description,
+                exit_code = ?report.exit_code,
+                detail = report.message.as_deref().unwrap_or_default(),
+                "step failed; the update stops here"
+            );
         }
     }
 

@@ -2,9 +2,15 @@
 //! the store: UpdateMachine records a run, agents long-poll for it, report each step, and UpdateMachine answers
 //! from what is recorded. Every write two replicas could race on is a compare-and-swap. Waiting agents are
 //! woken by the store's change feed, so a run recorded on replica A wakes an agent polling replica B at once.
+//! For operators: refused agents are remembered (`refusals`), every agent can be listed (`agents`), and each
+//! Machine's current update state is counted from the change feed (`census`).
 
 mod agent;
+mod agents;
+mod census;
 pub mod records;
+mod refusal_book;
+mod refusals;
 mod status;
 mod update;
 
@@ -19,8 +25,17 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::observe::{FleetMetrics, LiveFleet};
+
 pub use agent::AgentScope;
+pub use agents::{AgentRow, CONNECTED_WITHIN};
+pub use census::{CENSUS_RETRY, UpdateState};
+pub use refusals::{
+    Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL, REFUSAL_LOG_LINES_PER_MINUTE,
+    REFUSAL_PERSIST_INTERVAL, REFUSAL_WRITES_PER_MINUTE, RefusalReason, RefusalRecord,
+};
 pub use status::{StatusRow, StatusState};
+pub(crate) use update::ago;
 pub use update::{UpdateAnswer, UpdateRequest, plan_for};
 
 /// How many times a compare-and-swap is retried against concurrent writers before giving up.
@@ -96,6 +111,12 @@ pub struct Dispatcher {
     /// Exact last-seen (ms) and last persisted last-seen (ms) per agent, on this replica.
     seen: Mutex<HashMap<MachineRef, (u64, u64)>>,
     shutdown: CancellationToken,
+    /// Step, refusal and update-state metrics.
+    metrics: FleetMetrics,
+    /// Refused agents, as this replica saw them.
+    refusals: Mutex<refusal_book::RefusalBook>,
+    /// Each Machine's current update state, from the change feed.
+    census: Mutex<census::Census>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -108,20 +129,36 @@ impl std::fmt::Debug for Dispatcher {
 }
 
 impl Dispatcher {
-    /// A dispatcher over `store`.
+    /// A dispatcher over `store` whose metrics are registered nowhere.
     pub fn new(
         store: Arc<dyn Store>,
         config: DispatchConfig,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
-        Arc::new(Self {
+        Self::with_metrics(store, config, shutdown, FleetMetrics::new())
+    }
+
+    /// A dispatcher over `store` recording into `metrics`, which also read its live gauges from it.
+    pub fn with_metrics(
+        store: Arc<dyn Store>,
+        config: DispatchConfig,
+        shutdown: CancellationToken,
+        metrics: FleetMetrics,
+    ) -> Arc<Self> {
+        let dispatcher = Arc::new(Self {
             store,
             config,
             waiters: Mutex::new(HashMap::new()),
             everyone: Notify::new(),
             seen: Mutex::new(HashMap::new()),
             shutdown,
-        })
+            metrics,
+            refusals: Mutex::new(refusal_book::RefusalBook::default()),
+            census: Mutex::new(census::Census::default()),
+        });
+        let live: std::sync::Weak<dyn LiveFleet> = Arc::downgrade(&dispatcher) as _;
+        dispatcher.metrics.attach(live);
+        dispatcher
     }
 
     /// The store, for status and retention.
@@ -263,5 +300,7 @@ fn parse_machine(rest: &str) -> Option<MachineRef> {
     Some(MachineRef::new(namespace, name))
 }
 
+#[cfg(test)]
+mod observe_tests;
 #[cfg(test)]
 mod tests;

@@ -14,6 +14,7 @@ use super::records::{
     AgentRecord, ApplyClaim, MachineRecord, Outcome, ProviderIndex, RunView, UpdateRecord,
     agent_key, apply_claim_key, machine_key, provider_key, update_key,
 };
+use super::refusals::RefusalRecord;
 use super::{DispatchError, Dispatcher, now_ms};
 use crate::hex;
 use crate::plan::{self, MachineFacts, PlanInput};
@@ -94,7 +95,8 @@ fn run_id(state_hash: &str, previous_run: Option<&str>) -> String {
     ))
 }
 
-fn ago(now: u64, then: u64) -> String {
+/// `12s ago`, `5m ago`, `3h ago`.
+pub(crate) fn ago(now: u64, then: u64) -> String {
     let seconds = now.saturating_sub(then) / 1000;
     match seconds {
         0..=119 => format!("{seconds}s ago"),
@@ -264,7 +266,12 @@ impl Dispatcher {
             .read::<AgentRecord>(&agent_key(&facts.machine))
             .await?
             .map(|(a, _)| a);
-        Ok(self.answer(&run, agent.as_ref(), now))
+        // Only while waiting for the agent; best effort: the answer stands without it.
+        let refusal = match run.outcome() {
+            Outcome::Waiting => self.last_refusal(&facts.machine).await.ok().flatten(),
+            _ => None,
+        };
+        Ok(self.answer(&run, agent.as_ref(), refusal.as_ref(), now))
     }
 
     fn last_seen(
@@ -281,7 +288,13 @@ impl Dispatcher {
         local.max(agent.map(|a| a.last_seen_ms))
     }
 
-    fn answer(&self, run: &RunView, agent: Option<&AgentRecord>, now: u64) -> UpdateAnswer {
+    fn answer(
+        &self,
+        run: &RunView,
+        agent: Option<&AgentRecord>,
+        refusal: Option<&RefusalRecord>,
+        now: u64,
+    ) -> UpdateAnswer {
         let plan = &run.plan;
         let total = plan.steps.len();
         let retry_after_seconds = self.config.retry_after_seconds;
@@ -316,10 +329,19 @@ impl Dispatcher {
                 UpdateAnswer::Failed { message }
             }
             Outcome::Waiting => {
-                let seen = match self.last_seen(&plan.machine, agent) {
+                let last_seen = self.last_seen(&plan.machine, agent);
+                let mut seen = match last_seen {
                     None => "never".to_string(),
                     Some(at) => ago(now, at),
                 };
+                // A refusal since the agent last got through is why it is not here.
+                if let Some(refusal) = refusal.filter(|r| last_seen.is_none_or(|at| r.at_ms > at)) {
+                    seen.push_str(&format!(
+                        "; refused {}: {}",
+                        ago(now, refusal.at_ms),
+                        refusal.reason.summary()
+                    ));
+                }
                 UpdateAnswer::InProgress {
                     message: format!(
                         "waiting for agent on {} (last seen: {seen}); {total} steps planned",

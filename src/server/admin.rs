@@ -66,6 +66,8 @@ pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
 
 /// `GET /status` on the health port: every recorded update with its current step and message (what
 /// `inplace-updater status` prints). No secrets: runs are shown by machine, step description and message.
+/// `GET /status/agents`: every agent seen or refused (what `inplace-updater status --agents` prints); refusals
+/// show the reason, the answer and the peer address, never a token.
 pub fn status_router(dispatcher: Option<Arc<crate::dispatch::Dispatcher>>) -> Router {
     Router::new()
         .route(
@@ -77,6 +79,22 @@ pub fn status_router(dispatcher: Option<Arc<crate::dispatch::Dispatcher>>) -> Ro
                             .into_response();
                     };
                     match dispatcher.status().await {
+                        Ok(rows) => axum::Json(rows).into_response(),
+                        Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n"))
+                            .into_response(),
+                    }
+                },
+            ),
+        )
+        .route(
+            "/status/agents",
+            get(
+                |State(dispatcher): State<Option<Arc<crate::dispatch::Dispatcher>>>| async move {
+                    let Some(dispatcher) = dispatcher else {
+                        return (StatusCode::SERVICE_UNAVAILABLE, "no store configured\n")
+                            .into_response();
+                    };
+                    match dispatcher.agents().await {
                         Ok(rows) => axum::Json(rows).into_response(),
                         Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n"))
                             .into_response(),

@@ -1,8 +1,11 @@
 //! The agent API under `/agent/v1/` on the hook port: bearer-token authentication, body limits, JSON decoding
 //! that names the bad field, and the mapping of dispatch errors to HTTP statuses the agent understands
 //! (401 no/unknown/expired token, 403 outside the token's scope, 409 stale run, 400 bad body, 408 body too
-//! slow, 413 body too large, 503 store down).
+//! slow, 413 body too large, 503 store down). Every 401 and 403 is handed to dispatch's refusal tracking with
+//! the Machine the request claimed (read from its body, best effort) and the peer address.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -12,21 +15,24 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use inplace_agent_api::{
-    AckResponse, INVENTORY_PATH, InventoryReport, MAX_REQUEST_BODY_BYTES, MAX_WAIT_SECONDS,
-    POLL_GRACE_SECONDS, POLL_PATH, PollRequest, REPORT_PATH, StepReport,
+    AckResponse, AgentIdentity, INVENTORY_PATH, InventoryReport, MAX_REQUEST_BODY_BYTES,
+    MAX_WAIT_SECONDS, POLL_GRACE_SECONDS, POLL_PATH, PollRequest, REPORT_PATH, StepReport,
 };
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use tower_http::timeout::TimeoutLayer;
 
 use super::app::{AppState, refusal};
-use crate::dispatch::{AgentScope, DispatchError, Dispatcher};
+use super::listener::ConnInfo;
+use crate::dispatch::{AgentScope, DispatchError, Dispatcher, RefusalReason};
 
 /// Ceiling on any agent request: the longest poll plus the grace agents allow for it.
 pub const MAX_AGENT_REQUEST_TIME: Duration =
     Duration::from_secs((MAX_WAIT_SECONDS + POLL_GRACE_SECONDS) as u64);
 /// Longest an agent may take to send its request body (at most 64 KiB); then 408.
 pub const AGENT_BODY_READ_TIME: Duration = Duration::from_secs(10);
+/// Longest the body of a request refused for its token is waited for, to learn which Machine it claims.
+pub const REFUSED_BODY_READ_TIME: Duration = Duration::from_secs(2);
 
 /// The agent endpoints.
 pub fn agent_router(state: AppState) -> Router {
@@ -72,37 +78,96 @@ impl From<DispatchError> for Refused {
     }
 }
 
+/// An authenticated, decoded agent request.
+struct Accepted<T> {
+    scope: AgentScope,
+    dispatcher: Arc<Dispatcher>,
+    body: T,
+    peer: Option<SocketAddr>,
+}
+
+impl<T> Accepted<T> {
+    /// The refusal for a dispatch error; a 403 is also counted and logged as a refused agent.
+    async fn refusal(&self, agent: &AgentIdentity, err: DispatchError) -> Refused {
+        if let DispatchError::Forbidden(message) = &err {
+            self.dispatcher
+                .refused(Some(agent), RefusalReason::OutOfScope, message, self.peer)
+                .await;
+        }
+        Refused::from(err)
+    }
+}
+
+/// Whether the request's `Content-Length` is over [`MAX_REQUEST_BODY_BYTES`].
+fn declared_too_large(request: &Request) -> bool {
+    request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .is_some_and(|length| length > MAX_REQUEST_BODY_BYTES)
+}
+
+/// Which agent a refused request says it is, from its body (best effort: bounded in size and time).
+async fn claimed_agent(request: Request) -> Option<AgentIdentity> {
+    #[derive(Deserialize)]
+    struct Claimed {
+        agent: AgentIdentity,
+    }
+    if declared_too_large(&request) {
+        return None;
+    }
+    let body = tokio::time::timeout(
+        REFUSED_BODY_READ_TIME,
+        axum::body::to_bytes(request.into_body(), MAX_REQUEST_BODY_BYTES),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    serde_json::from_slice::<Claimed>(&body)
+        .ok()
+        .map(|claimed| claimed.agent)
+}
+
 /// Authenticates, reads and decodes an agent request.
 async fn accept<T: DeserializeOwned>(
     state: &AppState,
     request: Request,
-) -> Result<(AgentScope, std::sync::Arc<Dispatcher>, T), Refused> {
+) -> Result<Accepted<T>, Refused> {
     let dispatcher = state.engine.dispatcher.clone().ok_or_else(|| {
         Refused::Status(
             StatusCode::SERVICE_UNAVAILABLE,
             "this server has no store configured for agents".into(),
         )
     })?;
+    let peer = request.extensions().get::<ConnInfo>().map(|info| info.peer);
     let header = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|h| h.to_str().ok());
-    let scope = state
-        .tokens
-        .authenticate(header)
-        .map_err(|err| Refused::Status(StatusCode::UNAUTHORIZED, err.to_string()))?;
+    let scope = match state.tokens.authenticate(header) {
+        Ok(scope) => scope,
+        Err(err) => {
+            let claimed = claimed_agent(request).await;
+            let message = err.to_string();
+            dispatcher
+                .refused(
+                    claimed.as_ref(),
+                    RefusalReason::of_auth(&err),
+                    &message,
+                    peer,
+                )
+                .await;
+            return Err(Refused::Status(StatusCode::UNAUTHORIZED, message));
+        }
+    };
     let too_large = || {
         Refused::Status(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("agent request bodies are limited to {MAX_REQUEST_BODY_BYTES} bytes"),
         )
     };
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|length| length > MAX_REQUEST_BODY_BYTES) {
+    if declared_too_large(&request) {
         return Err(too_large());
     }
     // Without its own deadline a trickling body was only stopped by the route's timeout, answered 504.
@@ -121,9 +186,14 @@ async fn accept<T: DeserializeOwned>(
         )
     })?
     .map_err(|_| too_large())?;
-    let value: T = decode_agent_body(&body)
+    let body: T = decode_agent_body(&body)
         .map_err(|err| Refused::Status(StatusCode::BAD_REQUEST, err.to_string()))?;
-    Ok((scope, dispatcher, value))
+    Ok(Accepted {
+        scope,
+        dispatcher,
+        body,
+        peer,
+    })
 }
 
 /// An agent request body that is not the expected JSON: where decoding stopped and what serde said.
@@ -148,8 +218,12 @@ fn json<T: Serialize>(value: &T) -> Response {
 }
 
 async fn poll(State(state): State<AppState>, request: Request) -> Result<Response, Refused> {
-    let (scope, dispatcher, body): (_, _, PollRequest) = accept(&state, request).await?;
-    let answer = dispatcher.poll(&scope, &body).await?;
+    let accepted: Accepted<PollRequest> = accept(&state, request).await?;
+    let body = &accepted.body;
+    let answer = match accepted.dispatcher.poll(&accepted.scope, body).await {
+        Ok(answer) => answer,
+        Err(err) => return Err(accepted.refusal(&body.agent, err).await),
+    };
     if let Some(plan) = &answer.plan {
         tracing::info!(agent = %body.agent, run = %plan.id.chars().take(12).collect::<String>(), steps = plan.steps.len(), "plan handed to agent");
     }
@@ -157,8 +231,11 @@ async fn poll(State(state): State<AppState>, request: Request) -> Result<Respons
 }
 
 async fn report(State(state): State<AppState>, request: Request) -> Result<Response, Refused> {
-    let (scope, dispatcher, body): (_, _, StepReport) = accept(&state, request).await?;
-    dispatcher.report(&scope, &body).await?;
+    let accepted: Accepted<StepReport> = accept(&state, request).await?;
+    let body = &accepted.body;
+    if let Err(err) = accepted.dispatcher.report(&accepted.scope, body).await {
+        return Err(accepted.refusal(&body.agent, err).await);
+    }
     tracing::info!(
         agent = %body.agent,
         run = %body.plan_id.chars().take(12).collect::<String>(),
@@ -171,7 +248,10 @@ async fn report(State(state): State<AppState>, request: Request) -> Result<Respo
 }
 
 async fn inventory(State(state): State<AppState>, request: Request) -> Result<Response, Refused> {
-    let (scope, dispatcher, body): (_, _, InventoryReport) = accept(&state, request).await?;
-    dispatcher.inventory(&scope, &body).await?;
+    let accepted: Accepted<InventoryReport> = accept(&state, request).await?;
+    let body = &accepted.body;
+    if let Err(err) = accepted.dispatcher.inventory(&accepted.scope, body).await {
+        return Err(accepted.refusal(&body.agent, err).await);
+    }
     Ok(json(&AckResponse::default()))
 }

@@ -334,9 +334,12 @@ async fn handle(
         };
     }
     // CAPI re-asks UpdateMachine every few seconds while an update runs: those repeats say nothing new (the
-    // run's start, its steps and its end are logged where they happen), so they stay below info.
+    // run's start, its steps and its end are logged where they happen), so they stay below info. A Failure
+    // answer stops CAPI's change (or names a bug in the request): someone has to look, so it is a warning.
     if answer.verdict == hooks::VERDICT_IN_PROGRESS {
         log_call!(debug);
+    } else if answer.status == crate::api::Status::Failure {
+        log_call!(warn);
     } else {
         log_call!(info);
     }

@@ -1,11 +1,15 @@
-//! Prometheus metrics: hook calls by hook and status, latency histograms, verdicts, TLS reloads, panics.
+//! Prometheus metrics: hook calls by hook and status, latency histograms, verdicts, TLS reloads, panics; plus
+//! the fleet and store metrics of [`crate::observe`], `build_info`, and the unprefixed `process_*` metrics.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
+
+use crate::observe::{FleetMetrics, ProcessCollector, StoreMetrics};
 
 /// Labels of `hook_calls_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -48,6 +52,12 @@ fn new_histogram() -> Histogram {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    /// The standard `process_*` metrics, which carry no prefix.
+    process: Registry,
+    /// Updates, steps and agents.
+    pub fleet: FleetMetrics,
+    /// Store latency (handed to the [`crate::observe::InstrumentedStore`] wrapping `--store`).
+    pub store: StoreMetrics,
     /// Hook calls by hook and status.
     pub calls: Family<CallLabels, Counter>,
     /// Hook verdicts by hook and verdict.
@@ -114,7 +124,25 @@ impl Metrics {
             "Hook calls being answered right now",
             in_flight.clone(),
         );
+        let fleet = FleetMetrics::new();
+        fleet.register(&mut registry);
+        let store = StoreMetrics::new();
+        store.register(&mut registry);
+        registry.register(
+            "build",
+            "The running version: always 1, the facts are its labels",
+            Info::new(vec![
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("os", std::env::consts::OS),
+                ("arch", std::env::consts::ARCH),
+            ]),
+        );
+        let mut process = Registry::default();
+        process.register_collector(Box::new(ProcessCollector::new()));
         Self {
+            process,
+            fleet,
+            store,
             in_flight,
             registry,
             calls,
@@ -147,7 +175,12 @@ impl Metrics {
     pub fn encode(&self) -> String {
         let mut text = String::new();
         // Writing into a String cannot fail; an error here would be a prometheus-client bug.
-        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
+        let encoded = prometheus_client::encoding::text::encode_registry(&mut text, &self.registry)
+            .and_then(|()| {
+                prometheus_client::encoding::text::encode_registry(&mut text, &self.process)
+            })
+            .and_then(|()| prometheus_client::encoding::text::encode_eof(&mut text));
+        if encoded.is_err() {
             text.clear();
         }
         text

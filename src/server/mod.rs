@@ -20,7 +20,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use admin::{Readiness, health_router, metrics_router, status_router};
 pub use agent_routes::{
-    AGENT_BODY_READ_TIME, AgentBodyError, MAX_AGENT_REQUEST_TIME, decode_agent_body,
+    AGENT_BODY_READ_TIME, AgentBodyError, MAX_AGENT_REQUEST_TIME, REFUSED_BODY_READ_TIME,
+    decode_agent_body,
 };
 pub use app::{
     AnswerFuture, AppState, Compute, DEADLINE_FRACTION, DEFAULT_CAPI_TIMEOUT,
@@ -77,15 +78,15 @@ impl Listeners {
         health: SocketAddr,
         metrics: SocketAddr,
     ) -> Result<Self, ServeError> {
-        let bind = |addr: SocketAddr| async move {
+        let bind = |addr: SocketAddr, flag: &'static str| async move {
             TcpListener::bind(addr)
                 .await
-                .map_err(|source| ServeError::Bind { addr, source })
+                .map_err(|source| ServeError::Bind { addr, flag, source })
         };
         Ok(Self {
-            hooks: bind(hooks).await?,
-            health: bind(health).await?,
-            metrics: bind(metrics).await?,
+            hooks: bind(hooks, "--listen").await?,
+            health: bind(health, "--health-listen").await?,
+            metrics: bind(metrics, "--metrics-listen").await?,
         })
     }
 
@@ -103,10 +104,12 @@ impl Listeners {
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// An address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("{flag} {addr}: cannot listen: {source}")]
     Bind {
         /// The address.
         addr: SocketAddr,
+        /// The flag that sets it (`--listen`, `--health-listen`, `--metrics-listen`).
+        flag: &'static str,
         /// The I/O error.
         source: std::io::Error,
     },
@@ -144,6 +147,10 @@ pub async fn run(
     let cert = Arc::new(ReloadingCert::load(config.tls.clone(), provider.clone())?);
     let tls_config = tls::server_config(cert.clone(), config.client_ca.as_deref(), provider)?;
     let acceptor = TlsAcceptor::from(Arc::new(tls_config));
+    // Only now: the certificates loaded and every listener is bound.
+    if let Ok((hooks, health, metrics)) = listeners.local_addrs() {
+        tracing::info!(%hooks, %health, %metrics, "listening");
+    }
     let state = AppState {
         metrics: metrics.clone(),
         require_client_cert: config.client_ca.is_some(),
@@ -206,6 +213,11 @@ pub async fn run(
         tasks.spawn(async move {
             follower.follow_changes().await;
             "store change feed"
+        });
+        let counter = dispatcher.clone();
+        tasks.spawn(async move {
+            counter.run_census().await;
+            "update census"
         });
         let stop = shutdown.clone();
         tasks.spawn(async move {
@@ -273,6 +285,11 @@ async fn sweep_retention(dispatcher: Arc<Dispatcher>, shutdown: CancellationToke
             Ok(0) => {}
             Ok(deleted) => tracing::info!(deleted, "retention: deleted finished updates"),
             Err(err) => tracing::warn!(error = %err, "retention sweep failed; will try again"),
+        }
+        match dispatcher.sweep_refusals().await {
+            Ok(0) => {}
+            Ok(deleted) => tracing::info!(deleted, "retention: deleted old agent refusals"),
+            Err(err) => tracing::warn!(error = %err, "refusal sweep failed; will try again"),
         }
     }
 }

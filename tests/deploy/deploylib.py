@@ -300,8 +300,8 @@ SERVE_ENV_ONLY = {"INPLACE_UPDATER_ETCD_PASSWORD"}
 AGENT_ENV = {"INPLACE_UPDATER_LOG_FORMAT"} | {
     "INPLACE_UPDATER_AGENT_" + flag.upper().replace("-", "_")
     for flag in (
-        "server", "ca-file", "token-file", "machine", "provider-id", "config", "state-dir", "root",
-        "tls-server-name", "poll-wait",
+        "server", "ca-file", "token-file", "machine", "provider-id", "config", "no-kubernetes-steps", "state-dir",
+        "root", "tls-server-name", "poll-wait",
     )
 }
 # ExtensionConfig `spec.settings` keys the server knows (crates/core/src/settings.rs); any other key is

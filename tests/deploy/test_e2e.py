@@ -255,7 +255,7 @@ def test_agent_start_runs_the_agent_with_agent_env_and_the_shipped_config(start_
         agent.stop()
 
     # Through agent.env's CA file and server name the agent reaches the server (a TLS failure would be
-    # logged as "server unreachable"), which authenticates the docs' token and then holds it to its
+    # logged as a "tls: ..." line), which authenticates the docs' token and then holds it to its
     # scope: a node claiming a Machine of another namespace is told so, by name.
     outsider = agent_env(tmp_path / "outsider", certs, url, token, d.DEPLOY / "node" / "agent.yaml")
     outsider["INPLACE_UPDATER_AGENT_MACHINE"] = "team-b/their-machine"
@@ -270,8 +270,8 @@ def test_agent_start_runs_the_agent_with_agent_env_and_the_shipped_config(start_
     # A token the server's file does not hold is refused as such.
     stranger = start_agent(agent_env(tmp_path / "stranger", certs, url, "iu1_" + "B" * 43, d.DEPLOY / "node" / "agent.yaml"))
     try:
-        refusal = stranger.wait_for_json("server refused the agent's token")["fields"]
-        assert "unknown or revoked token" in refusal["error"], refusal
+        refusal = stranger.wait_for_json("auth: the server refused the token: it is not in the server's token file")["fields"]
+        assert "unknown or revoked token" in refusal["error"] and refusal["class"] == "auth", refusal
     finally:
         stranger.stop()
 

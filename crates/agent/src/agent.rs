@@ -50,6 +50,9 @@ pub enum AgentError {
     /// `--root` is not a directory.
     #[error("--root {0}: not a directory")]
     Root(String),
+    /// No `--config`, or one without the commands of a Kubernetes version step, while they are required.
+    #[error("{0}")]
+    NoKubernetesSteps(String),
 }
 
 /// The shutdown signal, boxed so every helper can wait on it.
@@ -66,6 +69,8 @@ pub(crate) struct Agent {
     pub poll_wait_seconds: u32,
     /// Reports are not retried before this instant after a failed delivery.
     pub next_flush_at: Instant,
+    /// Whether the last exchange with the server worked (`None` before the first).
+    pub connected: Option<bool>,
 }
 
 impl Agent {
@@ -78,6 +83,9 @@ impl Agent {
             Some(path) => DriverConfig::load(path)?,
             None => DriverConfig::default(),
         };
+        if config.require_kubernetes_steps {
+            check_kubernetes_steps(config.driver_config.as_deref(), &driver_config)?;
+        }
         let lock_deadline = Instant::now() + STATE_LOCK_WAIT;
         let store = loop {
             match StateStore::open(&config.state_dir) {
@@ -107,6 +115,7 @@ impl Agent {
             inventory_due: true,
             poll_wait_seconds: config.poll_wait_seconds,
             next_flush_at: Instant::now(),
+            connected: None,
         })
     }
 
@@ -126,7 +135,8 @@ impl Agent {
                 Err(error) => {
                     self.inventory_due = true;
                     let delay = self.backoff.next_delay();
-                    log_failure(&error, delay);
+                    self.connected = Some(false);
+                    log_failure(&error, self.client.base(), delay).await;
                     if pause(delay, &mut shutdown).await {
                         break;
                     }
@@ -155,6 +165,7 @@ impl Agent {
                 () = &mut *shutdown => return Ok(Round::Stop),
             }
             self.inventory_due = false;
+            self.mark_connected();
         }
         let request = PollRequest {
             agent: self.identity.clone(),
@@ -168,6 +179,7 @@ impl Agent {
             () = &mut *shutdown => return Ok(Round::Stop),
         };
         self.backoff.reset();
+        self.mark_connected();
         match answer.plan {
             Some(plan) => self.accept(plan, shutdown).await,
             None => {
@@ -178,6 +190,14 @@ impl Agent {
                 }
                 Ok(Round::Continue)
             }
+        }
+    }
+
+    /// One line when the server answers again (or for the first time), none while it keeps answering.
+    fn mark_connected(&mut self) {
+        if self.connected != Some(true) {
+            tracing::info!(agent = %self.identity, server = %self.client.base(), "connected to the server");
+            self.connected = Some(true);
         }
     }
 
@@ -291,17 +311,59 @@ pub(crate) enum Round {
     Stop,
 }
 
-fn log_failure(error: &ClientError, delay: Duration) {
+/// One line per failed attempt: what kind of failure, the error, the fix, and when the next try is.
+async fn log_failure(error: &ClientError, server: &str, delay: Duration) {
+    let diagnosis = crate::diagnose::diagnose(error, server).await;
     let delay_ms = delay.as_millis() as u64;
-    match error {
-        ClientError::Status {
-            status: 401 | 403, ..
-        }
-        | ClientError::Token { .. } => {
-            tracing::error!(error = %error, retry_in_ms = delay_ms, "server refused the agent's token")
-        }
-        _ => tracing::warn!(error = %error, retry_in_ms = delay_ms, "server unreachable"),
+    macro_rules! line {
+        ($level:ident) => {
+            tracing::$level!(
+                class = diagnosis.class,
+                error = %error,
+                fix = diagnosis.fix,
+                retry_in_ms = delay_ms,
+                "{}",
+                diagnosis.summary
+            )
+        };
     }
+    match diagnosis.severity {
+        crate::diagnose::Severity::Error => line!(error),
+        crate::diagnose::Severity::Warn => line!(warn),
+    }
+}
+
+/// With `--config` required for the Kubernetes version steps: it must be given and hold the sequences every
+/// node runs (control-plane nodes also need `kubeadmUpgradeApply`, which a worker's config may leave out).
+fn check_kubernetes_steps(
+    path: Option<&std::path::Path>,
+    config: &DriverConfig,
+) -> Result<(), AgentError> {
+    let Some(path) = path else {
+        return Err(AgentError::NoKubernetesSteps(
+            "--config is not given: without the node's commands for Kubernetes version steps the agent would \
+             fail every Kubernetes upgrade (fix: pass --config FILE, e.g. deploy/node/agent.yaml or \
+             crates/agent/config-examples/, or --no-kubernetes-steps on nodes that never change Kubernetes version)"
+                .into(),
+        ));
+    };
+    let missing = config.kubernetes.missing_sequences();
+    if !missing.is_empty() {
+        return Err(AgentError::NoKubernetesSteps(format!(
+            "--config {}: no kubernetes.{} (fix: add the commands for each, as in \
+             crates/agent/config-examples/, or pass --no-kubernetes-steps on nodes that never change Kubernetes version)",
+            path.display(),
+            missing.join(", kubernetes.")
+        )));
+    }
+    if config.kubernetes.kubeadm_upgrade_apply.is_none() {
+        tracing::warn!(
+            config = %path.display(),
+            "no kubernetes.kubeadmUpgradeApply in --config: fine on a worker, but the first control-plane node of \
+             a cluster runs `kubeadm upgrade apply` and would fail that step"
+        );
+    }
+    Ok(())
 }
 
 /// Sleeps `delay` unless shutdown comes first; true on shutdown.

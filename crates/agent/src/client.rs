@@ -48,6 +48,8 @@ pub enum ClientError {
         url: String,
         /// The error chain.
         reason: String,
+        /// What kind of failure it was, for the diagnosis in the log.
+        kind: TransportKind,
     },
     /// No answer within the timeout.
     #[error("request to {0} timed out")]
@@ -70,6 +72,87 @@ pub enum ClientError {
         /// The decode error.
         reason: String,
     },
+}
+
+/// What went wrong below HTTP: the network, the TLS handshake, or the server's certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    /// No TCP connection (refused, unreachable, DNS, connect timeout).
+    Connect,
+    /// The server's certificate does not chain to `--ca-file`.
+    UnknownCa,
+    /// The server's certificate is not valid for the name the agent checks.
+    NameMismatch,
+    /// The server's certificate has expired or is not valid yet.
+    CertificateExpired,
+    /// Another problem with the server's certificate.
+    Certificate,
+    /// The peer did not speak TLS (it answered with something else).
+    NotTls,
+    /// The peer closed the connection during the TLS handshake.
+    HandshakeClosed,
+    /// Anything else (e.g. a connection reset mid-request).
+    Other,
+}
+
+fn tls_kind(error: &rustls::Error) -> TransportKind {
+    use rustls::CertificateError as C;
+    match error {
+        rustls::Error::InvalidCertificate(cert) => match cert {
+            // A CA of the same name but another key (two `certs` runs, a re-created issuer) fails the
+            // signature check rather than the issuer lookup: to the operator it is the same mistake.
+            C::UnknownIssuer | C::BadSignature => TransportKind::UnknownCa,
+            C::NotValidForName | C::NotValidForNameContext { .. } => TransportKind::NameMismatch,
+            C::Expired
+            | C::ExpiredContext { .. }
+            | C::NotValidYet
+            | C::NotValidYetContext { .. } => TransportKind::CertificateExpired,
+            _ => TransportKind::Certificate,
+        },
+        rustls::Error::InvalidMessage(_) => TransportKind::NotTls,
+        _ => TransportKind::Other,
+    }
+}
+
+/// Classifies a request error by what is in its source chain. A rustls error hides inside an `io::Error`
+/// (hyper-rustls even wraps that one in another), and `io::Error::source()` skips the error it wraps, so an
+/// `io::Error` is followed into what it wraps rather than to its source.
+pub(crate) fn transport_kind(error: &(dyn std::error::Error + 'static)) -> TransportKind {
+    use std::io::ErrorKind;
+    let mut connect = false;
+    let mut current = Some(error);
+    while let Some(err) = current {
+        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
+            return tls_kind(tls);
+        }
+        if err
+            .downcast_ref::<hyper_util::client::legacy::Error>()
+            .is_some_and(|e| e.is_connect())
+        {
+            connect = true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            match io.kind() {
+                ErrorKind::UnexpectedEof if connect => return TransportKind::HandshakeClosed,
+                ErrorKind::ConnectionRefused
+                | ErrorKind::TimedOut
+                | ErrorKind::HostUnreachable
+                | ErrorKind::NetworkUnreachable
+                | ErrorKind::AddrNotAvailable => return TransportKind::Connect,
+                _ => {}
+            }
+            if let Some(inner) = io.get_ref() {
+                current = Some(inner as &(dyn std::error::Error + 'static));
+                continue;
+            }
+        }
+        current = err.source();
+    }
+    if connect {
+        TransportKind::Connect
+    } else {
+        TransportKind::Other
+    }
 }
 
 /// A client for one server.
@@ -155,6 +238,11 @@ impl ServerClient {
         })
     }
 
+    /// The server's base URL (`--server`).
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     fn token(&self) -> Result<HeaderValue, ClientError> {
         let err = |reason: String| ClientError::Token {
             path: self.token_file.display().to_string(),
@@ -195,6 +283,7 @@ impl ServerClient {
             .map_err(|e| ClientError::Transport {
                 url: url.clone(),
                 reason: e.to_string(),
+                kind: TransportKind::Other,
             })?;
         let exchange = async {
             let response =
@@ -204,6 +293,7 @@ impl ServerClient {
                     .map_err(|e| ClientError::Transport {
                         url: url.clone(),
                         reason: error_chain(&e),
+                        kind: transport_kind(&e),
                     })?;
             let status = response.status();
             let body = Limited::new(response.into_body(), MAX_POLL_RESPONSE_BYTES)

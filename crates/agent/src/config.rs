@@ -29,6 +29,9 @@ pub struct AgentConfig {
     pub tls_server_name: Option<String>,
     /// Seconds a poll asks the server to wait (capped at `MAX_WAIT_SECONDS` by the server).
     pub poll_wait_seconds: u32,
+    /// Refuse to start unless `driver_config` is given and holds the Kubernetes version step commands every
+    /// node may run (the binary sets it unless `--no-kubernetes-steps`; false in [`AgentConfig::new`]).
+    pub require_kubernetes_steps: bool,
 }
 
 impl AgentConfig {
@@ -50,6 +53,7 @@ impl AgentConfig {
             root: PathBuf::from("/"),
             tls_server_name: None,
             poll_wait_seconds: DEFAULT_WAIT_SECONDS,
+            require_kubernetes_steps: false,
         }
     }
 }

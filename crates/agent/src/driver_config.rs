@@ -109,6 +109,21 @@ pub struct KubernetesConfig {
     pub install_kubelet: Option<CommandSequence>,
 }
 
+impl KubernetesConfig {
+    /// The sequences every node may run (`installKubeadm`, `kubeadmUpgradeNode`, `installKubelet`) that this
+    /// config lacks, by their YAML names.
+    pub fn missing_sequences(&self) -> Vec<&'static str> {
+        [
+            ("installKubeadm", self.install_kubeadm.is_none()),
+            ("kubeadmUpgradeNode", self.kubeadm_upgrade_node.is_none()),
+            ("installKubelet", self.install_kubelet.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(name, missing)| missing.then_some(name))
+        .collect()
+    }
+}
+
 /// Commands run in order within the step's timeout; the first failure fails the step.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

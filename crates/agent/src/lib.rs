@@ -11,6 +11,7 @@ mod backup;
 mod client;
 mod command;
 mod config;
+mod diagnose;
 mod driver_config;
 mod drivers;
 mod executor;
@@ -24,9 +25,10 @@ use std::future::Future;
 pub use agent::{AgentError, MIN_POLL_INTERVAL, REQUEST_TIMEOUT, STATE_LOCK_WAIT};
 pub use backoff::{BACKOFF_INITIAL, BACKOFF_MAX};
 pub use backup::MAX_BACKUP_PLANS;
-pub use client::{CONNECT_TIMEOUT, ClientError, POOL_IDLE_TIMEOUT};
+pub use client::{CONNECT_TIMEOUT, ClientError, POOL_IDLE_TIMEOUT, TransportKind};
 pub use command::{KILL_GRACE, OUTPUT_DRAIN_TIMEOUT, STDOUT_TAIL_MAX_BYTES};
 pub use config::{AgentConfig, DEFAULT_STATE_DIR};
+pub use diagnose::PROBE_TIMEOUT;
 pub use driver_config::{
     Check, CommandSequence, CommandSpec, ConfigError, DriverConfig, EtcdConfig, InventoryConfig,
     KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES, NtpConfig, NtpFlavor,
@@ -37,9 +39,10 @@ pub use inventory::{AGENT_VERSION, INVENTORY_COMMAND_TIMEOUT};
 pub use state::{MAX_OUTBOX, StateError};
 
 /// Runs the agent until `shutdown` completes. Returns an error only when it cannot start (bad
-/// `--config`, state dir locked or corrupt, bad server URL or CA file, missing root); once
-/// running, network and server errors are retried with back-off, and step failures are
-/// reported, never returned.
+/// `--config`, or none while [`AgentConfig::require_kubernetes_steps`], state dir locked or corrupt, bad
+/// server URL or CA file, missing root); once running, network and server errors are retried with back-off
+/// (each failed attempt logged as one line saying what kind of failure it is and how to fix it), and step
+/// failures are reported, never returned.
 pub async fn run(
     config: AgentConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,

@@ -1,0 +1,218 @@
+//! The fleet's metrics. Counters and histograms are updated where things happen (a step report, a refused
+//! agent); the gauges are computed: `updates{state}` by dispatch's census, which follows the store's change feed
+//! (see `dispatch::census`), and the agent gauges at scrape time from what this replica knows ([`LiveFleet`]).
+//! No series carries a Machine: label values come from small fixed sets, so 30 000 agents cost no more series
+//! than three.
+
+use std::sync::{Arc, OnceLock, Weak};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// The states `inplace_updater_updates{state}` counts (each Machine's current run). `paused` and `cancelled`
+/// are exported as 0 until operators can pause and cancel updates.
+pub const UPDATE_STATES: [&str; 6] = [
+    "recorded",
+    "running",
+    "done",
+    "failed",
+    "paused",
+    "cancelled",
+];
+
+/// Step kinds of the plan (`inplace_agent_api::StepAction::kind`), pre-created so every series exists from
+/// the first scrape (a rate over a series that appears with its first failure misses that failure).
+pub const STEP_KINDS: [&str; 8] = [
+    "files",
+    "sshKeys",
+    "ntp",
+    "etcdImage",
+    "kubeletArgs",
+    "installKubeadm",
+    "kubeadmUpgrade",
+    "installKubelet",
+];
+
+/// Labels of the step metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// The step kind, e.g. `kubeadmUpgrade`.
+    pub kind: &'static str,
+}
+
+/// Labels of `agent_auth_failures_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// Why the agent was refused, e.g. `expired-token`.
+    pub reason: &'static str,
+}
+
+/// Labels of `updates`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// One of [`UPDATE_STATES`].
+    pub state: &'static str,
+}
+
+/// What this replica knows right now about agents and unfinished updates, read at each scrape.
+pub trait LiveFleet: Send + Sync + 'static {
+    /// Agents with a request to this replica within one long-poll plus its grace.
+    fn agents_connected(&self) -> usize;
+    /// The oldest last contact (Unix ms) among the agents that recorded updates wait for (the update's
+    /// recording time for an agent never seen); `None` when no update waits for its agent.
+    fn waited_agent_oldest_contact_ms(&self) -> Option<u64>;
+    /// The oldest last progress (Unix ms: recording, or a step's start or end) among recorded or running
+    /// updates; `None` when none is unfinished.
+    fn unfinished_update_oldest_progress_ms(&self) -> Option<u64>;
+}
+
+fn step_histogram() -> Histogram {
+    // 0.1 s .. ~55 min: a file write takes milliseconds, `kubeadm upgrade` may take up to its 30 min timeout.
+    Histogram::new(exponential_buckets(0.1, 2.0, 16))
+}
+
+/// The fleet's metrics; cheap to clone (every handle shares its series).
+#[derive(Clone, Debug)]
+pub struct FleetMetrics {
+    /// Duration of finished steps (as the agent measured them), by kind.
+    pub step_duration: Family<KindLabels, Histogram, fn() -> Histogram>,
+    /// Failed steps, by kind.
+    pub step_failures: Family<KindLabels, Counter>,
+    /// Refused agent requests, by reason.
+    pub auth_failures: Family<ReasonLabels, Counter>,
+    /// Machines whose current update is in each state.
+    pub updates: Family<StateLabels, Gauge>,
+    live: Arc<OnceLock<Weak<dyn LiveFleet>>>,
+}
+
+impl Default for FleetMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FleetMetrics {
+    /// Every series created at zero, not yet registered anywhere.
+    pub fn new() -> Self {
+        let metrics = Self {
+            step_duration: Family::new_with_constructor(step_histogram as fn() -> Histogram),
+            step_failures: Family::default(),
+            auth_failures: Family::default(),
+            updates: Family::default(),
+            live: Arc::new(OnceLock::new()),
+        };
+        for kind in STEP_KINDS {
+            drop(metrics.step_duration.get_or_create(&KindLabels { kind }));
+            drop(metrics.step_failures.get_or_create(&KindLabels { kind }));
+        }
+        for reason in crate::dispatch::RefusalReason::ALL {
+            drop(metrics.auth_failures.get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            }));
+        }
+        for state in UPDATE_STATES {
+            drop(metrics.updates.get_or_create(&StateLabels { state }));
+        }
+        metrics
+    }
+
+    /// Registers every series (names get the registry's `inplace_updater` prefix).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "updates",
+            "Machines whose current in-place update is in each state (from the store, every replica sees all)",
+            self.updates.clone(),
+        );
+        registry.register(
+            "step_duration_seconds",
+            "Duration of finished update steps as the agent measured them, by step kind",
+            self.step_duration.clone(),
+        );
+        registry.register(
+            "step_failures",
+            "Failed update steps, by step kind",
+            self.step_failures.clone(),
+        );
+        registry.register(
+            "agent_auth_failures",
+            "Refused agent requests, by reason",
+            self.auth_failures.clone(),
+        );
+        registry.register_collector(Box::new(LiveCollector(self.live.clone())));
+    }
+
+    /// Where the scrape-time gauges come from (the dispatcher); the first call wins.
+    pub fn attach(&self, live: Weak<dyn LiveFleet>) {
+        let _ = self.live.set(live);
+    }
+
+    /// Records one finished step.
+    pub fn step_finished(&self, kind: &'static str, seconds: Option<f64>, failed: bool) {
+        let labels = KindLabels { kind };
+        if let Some(seconds) = seconds {
+            self.step_duration.get_or_create(&labels).observe(seconds);
+        }
+        if failed {
+            self.step_failures.get_or_create(&labels).inc();
+        }
+    }
+}
+
+/// Encodes the [`LiveFleet`] gauges at scrape time.
+struct LiveCollector(Arc<OnceLock<Weak<dyn LiveFleet>>>);
+
+impl std::fmt::Debug for LiveCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LiveCollector")
+    }
+}
+
+fn gauge<N>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: N,
+) -> Result<(), std::fmt::Error>
+where
+    ConstGauge<N>: prometheus_client::encoding::EncodeMetric,
+{
+    let gauge = ConstGauge::new(value);
+    let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+    gauge.encode(metric)
+}
+
+impl Collector for LiveCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let live = self.0.get().and_then(Weak::upgrade);
+        let connected = live.as_ref().map_or(0, |l| l.agents_connected());
+        gauge(
+            &mut encoder,
+            "agents_connected",
+            "Agents with a request to this replica within one long-poll plus its grace (sum over replicas)",
+            connected as i64,
+        )?;
+        let Some(live) = live else { return Ok(()) };
+        if let Some(ms) = live.waited_agent_oldest_contact_ms() {
+            gauge(
+                &mut encoder,
+                "agent_last_seen_timestamp_seconds",
+                "Oldest last contact among the agents that recorded updates wait for (the update's recording time for an agent never seen); absent when none waits",
+                ms as f64 / 1000.0,
+            )?;
+        }
+        if let Some(ms) = live.unfinished_update_oldest_progress_ms() {
+            gauge(
+                &mut encoder,
+                "update_stalled_since_timestamp_seconds",
+                "Oldest last progress (recording, or a step's start or end) among recorded or running updates; absent when none is unfinished",
+                ms as f64 / 1000.0,
+            )?;
+        }
+        Ok(())
+    }
+}
