@@ -41,7 +41,8 @@ static ENGINE: LazyLock<Engine> = LazyLock::new(|| Engine {
 /// Hook request bodies as CAPI (or anyone who reaches the hook port) sends them: each decoder, then the
 /// full CanUpdateMachine / CanUpdateMachineSet hooks (diff, policy, patch, self-check), and UpdateMachine up
 /// to the store: settings, Machine facts and allowed actions ([`update_request`]), then the plan it would
-/// record and its validation ([`plan_for`], for both kubeadm upgrade modes).
+/// record and its validation ([`plan_for`], for both kubeadm upgrade modes), and the verdict fingerprints
+/// of the desired objects.
 pub fn hook_request(data: &[u8]) {
     let _ = decode_request::<CanUpdateMachineRequest>(data);
     let _ = decode_request::<CanUpdateMachineSetRequest>(data);
@@ -53,6 +54,31 @@ pub fn hook_request(data: &[u8]) {
     }
     let _ = can_update_machine(&ENGINE, data);
     let _ = can_update_machine_set(&ENGINE, data);
+    verdict_prints(data);
+}
+
+/// The verdict check's normalisation and fingerprints over whatever desired objects the body carries, read
+/// as a Machine's objects and as templates.
+fn verdict_prints(data: &[u8]) {
+    use inplace_core::verdict::{CheckMode, Normalized, check};
+    let Ok(body) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
+    let side = &body["desired"];
+    let first = |names: [&str; 2]| names.iter().find_map(|name| side.get(name));
+    let objects = inplace_core::Objects {
+        machine: first(["machine", "machineSet"]),
+        bootstrap: first(["bootstrapConfig", "bootstrapConfigTemplate"]),
+        infra: first(["infrastructureMachine", "infrastructureMachineTemplate"]),
+    };
+    for scope in [inplace_core::Scope::Object, inplace_core::Scope::Template] {
+        let normalized = Normalized::of(scope, &objects);
+        let prints = normalized.prints();
+        let _ = prints.fingerprint();
+        for mode in [CheckMode::Exact, CheckMode::TemplateSubset] {
+            let _ = check(&prints, &normalized, mode);
+        }
+    }
 }
 
 /// The run agent reports and progress are folded into: three steps, id `3f2a` as in the agent_api seeds.

@@ -2,11 +2,15 @@
 //! the store: UpdateMachine records a run, agents long-poll for it, report each step, and UpdateMachine answers
 //! from what is recorded. Every write two replicas could race on is a compare-and-swap. Waiting agents are
 //! woken by the store's change feed, so a run recorded on replica A wakes an agent polling replica B at once.
+//! The CanUpdate verdicts we answered are kept here too, and UpdateMachine records a run only for a desired
+//! state one of them accepted in place (`verdicts`, `licence`).
 
 mod agent;
+mod licence;
 pub mod records;
 mod status;
 mod update;
+pub mod verdicts;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -22,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 pub use agent::AgentScope;
 pub use status::{StatusRow, StatusState};
 pub use update::{UpdateAnswer, UpdateRequest, plan_for};
+pub use verdicts::{DEFAULT_VERDICT_RETENTION, RefusalReason, VerdictHook, VerdictRecord};
 
 /// How many times a compare-and-swap is retried against concurrent writers before giving up.
 pub const CAS_ATTEMPTS: usize = 16;
@@ -67,6 +72,8 @@ pub struct DispatchConfig {
     pub retry_after_seconds: i32,
     /// How long finished runs are kept.
     pub retention: Duration,
+    /// How long CanUpdate verdicts (and UpdateMachine refusals) are kept.
+    pub verdict_retention: Duration,
 }
 
 impl Default for DispatchConfig {
@@ -74,6 +81,7 @@ impl Default for DispatchConfig {
         Self {
             retry_after_seconds: DEFAULT_RETRY_AFTER_SECONDS,
             retention: DEFAULT_RETENTION,
+            verdict_retention: DEFAULT_VERDICT_RETENTION,
         }
     }
 }
@@ -265,3 +273,5 @@ fn parse_machine(rest: &str) -> Option<MachineRef> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod verdict_tests;

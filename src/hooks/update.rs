@@ -77,6 +77,7 @@ pub fn update_request(
         facts,
         machine: desired.machine,
         bootstrap: desired.bootstrap_config,
+        infra: desired.infrastructure_machine,
         actions,
     })
 }
@@ -113,6 +114,9 @@ pub async fn update_machine(engine: Arc<Engine>, body: bytes::Bytes) -> Answer {
         ),
         Ok(UpdateAnswer::Done { message }) => (Status::Success, "done", message, 0),
         Ok(UpdateAnswer::Failed { message }) => (Status::Failure, "failed", message, 0),
+        Ok(UpdateAnswer::Refused { reason, message }) => {
+            (Status::Failure, reason.as_str(), message, 0)
+        }
         Err(DispatchError::BadRequest(message)) => (Status::Failure, "bad-request", message, 0),
         // Not transient: the same desired spec will never fit, so say what to change instead of "try again".
         Err(DispatchError::Store(inplace_store::StoreError::TooLarge { size, limit, .. })) => (

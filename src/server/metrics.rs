@@ -1,4 +1,5 @@
-//! Prometheus metrics: hook calls by hook and status, latency histograms, verdicts, TLS reloads, panics.
+//! Prometheus metrics: hook calls by hook and status, latency histograms, verdicts, TLS reloads, panics, and
+//! UpdateMachine calls refused because no CanUpdate answer accepted their desired state.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -32,6 +33,13 @@ pub struct HookLabels {
     pub hook: &'static str,
 }
 
+/// Labels of `unjudged_updates_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// `changed-after-judgement`, `not-in-place` or `no-verdict`.
+    pub reason: &'static str,
+}
+
 /// Labels of `tls_reloads_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
@@ -62,6 +70,8 @@ pub struct Metrics {
     pub tls_reloads: Family<ResultLabels, Counter>,
     /// Hook calls being answered right now.
     pub in_flight: Gauge,
+    /// UpdateMachine calls refused for want of a CanUpdate verdict covering their desired state, by reason.
+    pub unjudged_updates: Family<ReasonLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -114,7 +124,20 @@ impl Metrics {
             "Hook calls being answered right now",
             in_flight.clone(),
         );
+        let unjudged_updates = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "unjudged_updates",
+            "UpdateMachine calls refused because no CanUpdate answer accepted their desired state in place, by reason",
+            unjudged_updates.clone(),
+        );
+        // Every reason shows from the start (at 0), so an alert on an increase needs no prior refusal.
+        for reason in crate::dispatch::RefusalReason::ALL {
+            let _ = unjudged_updates.get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            });
+        }
         Self {
+            unjudged_updates,
             in_flight,
             registry,
             calls,
@@ -141,6 +164,17 @@ impl Metrics {
         self.duration
             .get_or_create(&HookLabels { hook })
             .observe(seconds);
+        if hook == "UpdateMachine"
+            && let Some(reason) = crate::dispatch::RefusalReason::ALL
+                .into_iter()
+                .find(|reason| reason.as_str() == verdict)
+        {
+            self.unjudged_updates
+                .get_or_create(&ReasonLabels {
+                    reason: reason.as_str(),
+                })
+                .inc();
+        }
     }
 
     /// The registry in Prometheus text exposition format.

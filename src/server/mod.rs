@@ -274,6 +274,11 @@ async fn sweep_retention(dispatcher: Arc<Dispatcher>, shutdown: CancellationToke
             Ok(deleted) => tracing::info!(deleted, "retention: deleted finished updates"),
             Err(err) => tracing::warn!(error = %err, "retention sweep failed; will try again"),
         }
+        match dispatcher.sweep_verdicts().await {
+            Ok(0) => {}
+            Ok(deleted) => tracing::info!(deleted, "retention: deleted old verdicts and refusals"),
+            Err(err) => tracing::warn!(error = %err, "verdict retention sweep failed; will try again"),
+        }
     }
 }
 
