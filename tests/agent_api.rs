@@ -95,8 +95,23 @@ impl Server {
             .collect()
     }
 
-    /// Records an UpdateMachine run for [`MACHINE`] and returns the answer.
+    /// What CAPI asks before it triggers the update: CanUpdateMachine for [`MACHINE`] at the same version.
+    async fn can_update_machine(&self) {
+        let (status, body) = self
+            .call(
+                Hook::CanUpdateMachine.path(),
+                None,
+                Body::from(common::fixture("can-update-machine-kcp-version.json")),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(body.contains(r#""status":"Success""#), "{body}");
+    }
+
+    /// Records an UpdateMachine run for [`MACHINE`] (after CanUpdateMachine, as CAPI does) and returns the
+    /// answer.
     async fn update_machine(&self) -> Value {
+        self.can_update_machine().await;
         let (status, body) = self
             .call(
                 Hook::UpdateMachine.path(),
@@ -360,6 +375,7 @@ async fn the_longest_provider_id_is_served_not_a_503() {
     let mut request: Value =
         serde_json::from_slice(&common::fixture("update-machine-kcp.json")).unwrap();
     request["desired"]["machine"]["spec"]["providerID"] = json!(provider_id);
+    server.can_update_machine().await;
     let (status, text) = server
         .call(
             Hook::UpdateMachine.path(),

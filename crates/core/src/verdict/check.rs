@@ -94,49 +94,86 @@ fn compare(
     if judged.kind != desired.kind || judged.api_group != desired.api_group {
         return out.push(whole(&desired.kind, ChangeKind::Changed));
     }
-    let entries = fingerprint::entries(&desired.spec, judged.granularity);
-    let shown: BTreeMap<String, &str> = entries
-        .iter()
-        .map(|(path, print)| (path.to_string(), print.as_str()))
-        .collect();
-    let mismatch = |path: &str, change| Mismatch {
+    let entries: BTreeMap<String, String> =
+        fingerprint::fingerprints_at(&desired.spec, judged.granularity);
+    let mismatch = |path: String, change| Mismatch {
         role,
         kind: judged.kind.clone(),
-        path: path.to_owned(),
+        path,
         change,
     };
+    let mut removed = BTreeSet::new();
     for (path, print) in &judged.entries {
-        match shown.get(path) {
-            None => out.push(mismatch(path, ChangeKind::Removed)),
-            Some(other) if other != print => out.push(mismatch(path, ChangeKind::Changed)),
+        match entries.get(path) {
+            None => {
+                removed.insert(collapsed(path, &entries));
+            }
+            Some(other) if other != print => out.push(mismatch(path.clone(), ChangeKind::Changed)),
             Some(_) => {}
         }
     }
+    out.extend(
+        removed
+            .into_iter()
+            .map(|path| mismatch(path, ChangeKind::Removed)),
+    );
     if strict(mode, role, judged) {
-        let mut added = BTreeSet::new();
-        for (path, _) in &entries {
-            if !judged.entries.contains_key(&path.to_string()) {
-                added.insert(added_root(path, &judged.entries));
-            }
-        }
-        out.extend(added.iter().map(|path| mismatch(path, ChangeKind::Added)));
+        let added: BTreeSet<String> = entries
+            .keys()
+            .filter(|path| !judged.entries.contains_key(*path))
+            .map(|path| collapsed(path, &judged.entries))
+            .collect();
+        out.extend(added.into_iter().map(|path| mismatch(path, ChangeKind::Added)));
     }
 }
 
-/// The shortest ancestor of an added `path` under which nothing was judged (`spec.diskSetup` rather than
-/// each of its leaves), shown.
-fn added_root(path: &Path, judged: &FingerprintMap) -> String {
-    (2..=path.0.len())
-        .map(|depth| Path(path.0[..depth].to_vec()).to_string())
-        .find(|ancestor| !judged_under(judged, ancestor))
-        .unwrap_or_else(|| path.to_string())
+/// The shortest ancestor of `path` (below `spec`) under which `other` has no entry: an added or removed
+/// subtree is named once at its root (`spec.diskSetup`) rather than leaf by leaf.
+fn collapsed<V>(path: &str, other: &BTreeMap<String, V>) -> String {
+    ancestors(path)
+        .find(|ancestor| !has_under(other, ancestor))
+        .unwrap_or(path)
+        .to_owned()
 }
 
-/// Whether the judged map has an entry at `ancestor` or below it (its shown paths extend the ancestor's with
-/// `.member` or `[...]`).
-fn judged_under(judged: &FingerprintMap, ancestor: &str) -> bool {
-    judged
-        .range::<str, _>((Bound::Included(ancestor), Bound::Unbounded))
+/// The proper ancestors of a shown path below `spec`, shortest first: the prefixes ending before a `.member`
+/// or a `[...]` segment (dots and brackets inside `[...]` or quotes belong to the segment).
+pub(super) fn ancestors(path: &str) -> impl Iterator<Item = &str> {
+    let mut depth = 0usize;
+    let mut quoted = false;
+    let mut escaped = false;
+    let mut cuts = Vec::new();
+    for (i, c) in path.char_indices() {
+        if quoted {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => quoted = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => quoted = true,
+            '[' => {
+                if depth == 0 {
+                    cuts.push(i);
+                }
+                depth += 1;
+            }
+            ']' => depth = depth.saturating_sub(1),
+            '.' if depth == 0 => cuts.push(i),
+            _ => {}
+        }
+    }
+    // The first cut ends `spec` itself.
+    cuts.into_iter().skip(1).map(move |i| &path[..i])
+}
+
+/// Whether `map` has an entry at `ancestor` or below it (shown paths extend their ancestor's with `.member`
+/// or `[...]`).
+fn has_under<V>(map: &BTreeMap<String, V>, ancestor: &str) -> bool {
+    map.range::<str, _>((Bound::Included(ancestor), Bound::Unbounded))
         .take_while(|(path, _)| path.starts_with(ancestor))
         .any(|(path, _)| {
             path.len() == ancestor.len()

@@ -74,7 +74,7 @@ pub fn fingerprints_at(spec: &Value, granularity: Granularity) -> FingerprintMap
 }
 
 /// The entries of [`fingerprints_at`] with their structured paths.
-pub(crate) fn entries(spec: &Value, granularity: Granularity) -> Vec<(Path, String)> {
+fn entries(spec: &Value, granularity: Granularity) -> Vec<(Path, String)> {
     let mut out = Vec::new();
     let empty = match spec {
         Value::Object(map) => map.is_empty(),

@@ -359,6 +359,34 @@ fn template_checks_ignore_instance_fields_only_where_they_can_be() {
     );
 }
 
+/// A subtree added or removed as a whole is named once, at its root; ancestors respect keyed and quoted
+/// segments whose text holds dots or brackets.
+#[test]
+fn whole_subtrees_are_named_at_their_root() {
+    let judged = side(
+        json!({"version": "v1"}),
+        json!({"users": [{"name": "capi", "sshAuthorizedKeys": ["a", "b"]}], "ntp": {"servers": ["x"]}}),
+        json!({}),
+    );
+    let prints = normalized(Scope::Object, &judged).prints();
+    let later = side(
+        json!({"version": "v1"}),
+        json!({"ntp": {"servers": ["x"]}, "files": [{"path": "/etc/a.conf", "content": "1"}]}),
+        json!({}),
+    );
+    assert_eq!(
+        shown(&check(&prints, &normalized(Scope::Object, &later), CheckMode::Exact)),
+        [
+            "KubeadmConfig spec.users (removed)",
+            "KubeadmConfig spec.files (added)"
+        ]
+    );
+    let cut: Vec<&str> = check::ancestors("spec.files[path=/etc/a.conf].content").collect();
+    assert_eq!(cut, ["spec.files", "spec.files[path=/etc/a.conf]"]);
+    let cut: Vec<&str> = check::ancestors(r#"spec["a.b[c"].d[0]"#).collect();
+    assert_eq!(cut, [r#"spec["a.b[c"]"#, r#"spec["a.b[c"].d"#]);
+}
+
 #[test]
 fn state_fingerprints_tell_states_apart() {
     let a = normalized(
