@@ -87,8 +87,15 @@ fn can_update_machine(bencher: divan::Bencher, name: &str) {
 #[divan::bench(args = ["memory", "file"])]
 fn can_update_machine_recorded(bencher: divan::Bencher, store: &str) {
     let body = fixture(CAN_UPDATE[0]);
-    let engine = if store == "file" { &*FILE_ENGINE } else { &*ENGINE };
-    assert_eq!(judged_and_recorded(engine, &body).status.as_str(), "Success");
+    let engine = if store == "file" {
+        &*FILE_ENGINE
+    } else {
+        &*ENGINE
+    };
+    assert_eq!(
+        judged_and_recorded(engine, &body).status.as_str(),
+        "Success"
+    );
     bencher.bench(|| judged_and_recorded(engine, black_box(&body)));
 }
 

@@ -136,19 +136,34 @@ async fn kcp_changes_after_can_update_machine_are_refused_and_the_judged_spec_ru
     let outcome = capi.update_machine(&judged).await;
     assert!(in_progress(&outcome), "exactly A: {outcome:?}");
     let rows = status_of(&server, name);
-    assert_eq!(rows.len(), 1, "one run, the refusals no longer shown: {rows:?}");
+    assert_eq!(
+        rows.len(),
+        1,
+        "one run, the refusals no longer shown: {rows:?}"
+    );
     assert_eq!(rows[0].0, "waiting");
 
     let logs = server.logs().join("\n");
-    assert!(logs.contains("UpdateMachine refused"), "refusals are logged");
-    assert!(!logs.contains(BOOTSTRAP_TOKEN), "the bootstrap token reached a log");
+    assert!(
+        logs.contains("UpdateMachine refused"),
+        "refusals are logged"
+    );
+    assert!(
+        !logs.contains(BOOTSTRAP_TOKEN),
+        "the bootstrap token reached a log"
+    );
     server.kill9();
     let store = inplace_store::file::FileStore::open(&data).await.unwrap();
-    let verdicts = inplace_store::Store::list(&store, "verdicts/").await.unwrap();
+    let verdicts = inplace_store::Store::list(&store, "verdicts/")
+        .await
+        .unwrap();
     assert_eq!(verdicts.len(), 1);
     let text = String::from_utf8_lossy(&verdicts[0].value);
     for secret in [BOOTSTRAP_TOKEN, "level: Metadata", "net.ipv4.ip_forward"] {
-        assert!(!text.contains(secret), "{secret:?} in a verdict record: {text}");
+        assert!(
+            !text.contains(secret),
+            "{secret:?} in a verdict record: {text}"
+        );
     }
     assert!(text.contains("spec.files[path=/etc/kubernetes/audit-policy.yaml].content"));
 }
@@ -221,8 +236,8 @@ async fn without_a_verdict_only_the_operator_fingerprint_lets_the_update_run() {
 
     let annotate = |value: &str| {
         let mut annotated = request.clone();
-        annotated["desired"]["machine"]["metadata"]["annotations"]
-            ["inplace-updater.dev/accept-unjudged"] = json!(value);
+        annotated["desired"]["machine"]["metadata"]["annotations"]["inplace-updater.dev/accept-unjudged"] =
+            json!(value);
         annotated
     };
     let message = failed(capi.update_machine(&annotate("feedfacecafebeef")).await);

@@ -96,7 +96,10 @@ pub async fn judge_machine_sets(
     let mut conn = Conn::open(tls, addr, None, None).await?;
     for cluster in clusters {
         let reply = conn
-            .post(&path, crate::payloads::can_update_machine_set(&cluster)?.into())
+            .post(
+                &path,
+                crate::payloads::can_update_machine_set(&cluster)?.into(),
+            )
             .await?;
         let answer: serde_json::Value = serde_json::from_slice(&reply.body)?;
         anyhow::ensure!(

@@ -99,10 +99,15 @@ async fn ask(
     what: &str,
 ) -> Result<(), DemoError> {
     let path = format!("{}?timeout=10s", hook.path());
-    let (status, body) =
-        crate::http::post_tls(addr, "localhost", ca, &path, request.to_string().into_bytes())
-            .await
-            .map_err(|e| DemoError::Rollout(format!("{} for {what}: {e}", hook.name())))?;
+    let (status, body) = crate::http::post_tls(
+        addr,
+        "localhost",
+        ca,
+        &path,
+        request.to_string().into_bytes(),
+    )
+    .await
+    .map_err(|e| DemoError::Rollout(format!("{} for {what}: {e}", hook.name())))?;
     let answer: Value = serde_json::from_slice(&body).unwrap_or_default();
     let message = answer["message"].as_str().unwrap_or_default();
     println!(
@@ -289,7 +294,15 @@ pub async fn run(machines: usize, dir: &Path) -> Result<Vec<MachineResult>, Demo
                     serde_json::from_str(WORKER_QUESTION).map_err(setup("built-in request"))?;
                 let set = &question["desired"]["machineSet"]["metadata"]["name"];
                 let what = format!("MachineSet default/{}", set.as_str().unwrap_or_default());
-                ask(addr, &ca, Hook::CanUpdateMachineSet, &question, started, &what).await?;
+                ask(
+                    addr,
+                    &ca,
+                    Hook::CanUpdateMachineSet,
+                    &question,
+                    started,
+                    &what,
+                )
+                .await?;
                 workers_judged = true;
             }
             WORKER_REQUEST

@@ -31,13 +31,13 @@ pub(super) enum Licence {
 }
 
 fn label<'v>(machine: &'v Value, name: &str) -> Option<&'v str> {
-    machine
-        .pointer("/metadata/labels")?
-        .get(name)?
-        .as_str()
+    machine.pointer("/metadata/labels")?.get(name)?.as_str()
 }
 
-fn parse(text: Option<&serde_json::value::RawValue>, what: &str) -> Result<Option<Value>, DispatchError> {
+fn parse(
+    text: Option<&serde_json::value::RawValue>,
+    what: &str,
+) -> Result<Option<Value>, DispatchError> {
     text.map(|raw| serde_json::from_str(raw.get()))
         .transpose()
         .map_err(|err| DispatchError::BadRequest(format!("{what}: {err}")))
@@ -74,7 +74,8 @@ impl Dispatcher {
         if let Some(own) = self.verdict(&machine_verdict_key(machine)).await? {
             return Ok(Some(own));
         }
-        let Some(set) = label(object, SET_NAME_LABEL).filter(|v| !v.is_empty() && is_label_value(v))
+        let Some(set) =
+            label(object, SET_NAME_LABEL).filter(|v| !v.is_empty() && is_label_value(v))
         else {
             return Ok(None);
         };

@@ -40,11 +40,19 @@ pub(super) fn request(name: &str, control_plane: bool, version: &str, motd: &str
         "spec": { "clusterName": "edge-01", "version": version }
     });
     let bootstrap = json!({ "spec": { "files": [ { "path": "/etc/motd", "content": motd } ] } });
+    request_of(&machine, &bootstrap)
+}
+
+/// UpdateMachine for these desired Machine and bootstrap objects, allowed to change the version and files.
+pub(super) fn request_of(
+    machine: &serde_json::Value,
+    bootstrap: &serde_json::Value,
+) -> UpdateRequest {
     let text = |value: &serde_json::Value| RawValue::from_string(value.to_string()).unwrap();
     UpdateRequest {
-        facts: MachineFacts::of(&machine).unwrap(),
-        machine: text(&machine),
-        bootstrap: Some(text(&bootstrap)),
+        facts: MachineFacts::of(machine).unwrap(),
+        machine: text(machine),
+        bootstrap: Some(text(bootstrap)),
         infra: None,
         actions: [Action::KubernetesVersion, Action::Files]
             .into_iter()
@@ -55,9 +63,12 @@ pub(super) fn request(name: &str, control_plane: bool, version: &str, motd: &str
 /// What CAPI does before UpdateMachine: CanUpdateMachine judged the request's desired objects in place.
 pub(super) async fn judge_in_place(d: &Dispatcher, request: &UpdateRequest) {
     let record = verdict_for(request, true);
-    d.record_verdict(&verdicts::machine_verdict_key(&request.facts.machine), &record)
-        .await
-        .unwrap();
+    d.record_verdict(
+        &verdicts::machine_verdict_key(&request.facts.machine),
+        &record,
+    )
+    .await
+    .unwrap();
 }
 
 /// A CanUpdateMachine verdict on the request's desired objects.
@@ -81,7 +92,11 @@ pub(super) fn verdict_for(request: &UpdateRequest, in_place: bool) -> VerdictRec
         judged_ms: now_ms(),
         in_place,
         accepted: vec![],
-        rejected: if in_place { vec![] } else { vec!["KubeadmConfig spec.diskSetup".into()] },
+        rejected: if in_place {
+            vec![]
+        } else {
+            vec!["KubeadmConfig spec.diskSetup".into()]
+        },
         rejected_total: usize::from(!in_place),
         template_hash: None,
         fingerprint: prints.fingerprint(),
@@ -90,7 +105,10 @@ pub(super) fn verdict_for(request: &UpdateRequest, in_place: bool) -> VerdictRec
 }
 
 /// CanUpdate first, as CAPI does, then UpdateMachine.
-pub(super) async fn update(d: &Dispatcher, request: &UpdateRequest) -> Result<UpdateAnswer, DispatchError> {
+pub(super) async fn update(
+    d: &Dispatcher,
+    request: &UpdateRequest,
+) -> Result<UpdateAnswer, DispatchError> {
     judge_in_place(d, request).await;
     d.update_machine(request).await
 }
@@ -163,9 +181,10 @@ async fn a_run_is_recorded_once_and_answered_from_the_store() {
         )
         .await
         .unwrap();
-        let UpdateAnswer::InProgress { message, .. } = update(&d, &request("m-1", false, "v1.34.1", "hi"))
-            .await
-            .unwrap()
+        let UpdateAnswer::InProgress { message, .. } =
+            update(&d, &request("m-1", false, "v1.34.1", "hi"))
+                .await
+                .unwrap()
         else {
             panic!()
         };

@@ -10,11 +10,11 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::{Digest as _, Sha256};
 
+use super::licence::Licence;
 use super::records::{
     AgentRecord, ApplyClaim, MachineRecord, Outcome, ProviderIndex, RunView, UpdateRecord,
     agent_key, apply_claim_key, machine_key, provider_key, update_key,
 };
-use super::licence::Licence;
 use super::verdicts::RefusalReason;
 use super::{DispatchError, Dispatcher, now_ms};
 use crate::hex;
@@ -141,6 +141,16 @@ pub fn plan_for(request: &UpdateRequest, mode: KubeadmUpgradeMode) -> Result<Pla
     Ok(plan)
 }
 
+/// The key of the `kubeadm upgrade apply` claim a control-plane Machine with a version competes for.
+fn claim_key(facts: &MachineFacts) -> Option<String> {
+    let version = facts.version.as_deref().filter(|_| facts.control_plane)?;
+    Some(apply_claim_key(
+        &facts.machine.namespace,
+        &facts.cluster,
+        version,
+    ))
+}
+
 impl Dispatcher {
     /// Which `kubeadm upgrade` this control-plane Machine runs: the first one to ask for a version claims
     /// `apply` for its cluster (compare-and-swap create); every other one runs `node`.
@@ -148,10 +158,9 @@ impl Dispatcher {
         &self,
         facts: &MachineFacts,
     ) -> Result<KubeadmUpgradeMode, DispatchError> {
-        let Some(version) = facts.version.as_deref().filter(|_| facts.control_plane) else {
+        let Some(key) = claim_key(facts) else {
             return Ok(KubeadmUpgradeMode::Node);
         };
-        let key = apply_claim_key(&facts.machine.namespace, &facts.cluster, version);
         let claim = ApplyClaim {
             machine: facts.machine.name.clone(),
             claimed_ms: now_ms(),
@@ -185,10 +194,9 @@ impl Dispatcher {
         &self,
         facts: &MachineFacts,
     ) -> Result<KubeadmUpgradeMode, DispatchError> {
-        let Some(version) = facts.version.as_deref().filter(|_| facts.control_plane) else {
+        let Some(key) = claim_key(facts) else {
             return Ok(KubeadmUpgradeMode::Node);
         };
-        let key = apply_claim_key(&facts.machine.namespace, &facts.cluster, version);
         Ok(match self.read::<ApplyClaim>(&key).await? {
             Some((claim, _)) if claim.machine != facts.machine.name => KubeadmUpgradeMode::Node,
             _ => KubeadmUpgradeMode::Apply,
@@ -204,7 +212,9 @@ impl Dispatcher {
     ) -> Result<UpdateAnswer, DispatchError> {
         let facts = &request.facts;
         let uses_version = request.actions.contains(&Action::KubernetesVersion);
-        let existing = self.read::<MachineRecord>(&machine_key(&facts.machine)).await?;
+        let existing = self
+            .read::<MachineRecord>(&machine_key(&facts.machine))
+            .await?;
         let peeked = if uses_version {
             self.peek_upgrade_mode(facts).await?
         } else {
@@ -246,41 +256,42 @@ impl Dispatcher {
         let record = match existing.filter(|_| repeat) {
             Some((record, _)) => record,
             None => self
-            .update(
-                &machine_key(&facts.machine),
-                |current: Option<&MachineRecord>| {
-                    switched = false;
-                    if current.is_some_and(|r| r.input_hash.as_deref() == Some(input_hash.as_str()))
-                    {
-                        return Ok(None);
-                    }
-                    let plan = match &built {
-                        Some(plan) => plan,
-                        None => built.insert(plan_for(request, mode)?),
-                    };
-                    let same_state = current.filter(|r| r.state_hash == plan.id);
-                    switched = same_state.is_none();
-                    Ok(Some(match same_state {
-                        // Same desired state from a differently spelled input: keep the run, learn the spelling.
-                        Some(record) => MachineRecord {
-                            input_hash: Some(input_hash.clone()),
-                            licensed: licensed.clone().or_else(|| record.licensed.clone()),
-                            ..record.clone()
-                        },
-                        None => MachineRecord {
-                            state_hash: plan.id.clone(),
-                            input_hash: Some(input_hash.clone()),
-                            licensed: licensed.clone(),
-                            run_id: run_id(&plan.id, current.map(|r| r.run_id.as_str())),
-                            cluster: facts.cluster.clone(),
-                            provider_id: facts.provider_id.clone(),
-                            since_ms: now,
-                        },
-                    }))
-                },
-            )
-            .await?
-            .ok_or_else(|| DispatchError::Contention(machine_key(&facts.machine)))?,
+                .update(
+                    &machine_key(&facts.machine),
+                    |current: Option<&MachineRecord>| {
+                        switched = false;
+                        if current
+                            .is_some_and(|r| r.input_hash.as_deref() == Some(input_hash.as_str()))
+                        {
+                            return Ok(None);
+                        }
+                        let plan = match &built {
+                            Some(plan) => plan,
+                            None => built.insert(plan_for(request, mode)?),
+                        };
+                        let same_state = current.filter(|r| r.state_hash == plan.id);
+                        switched = same_state.is_none();
+                        Ok(Some(match same_state {
+                            // Same desired state from a differently spelled input: keep the run, learn the spelling.
+                            Some(record) => MachineRecord {
+                                input_hash: Some(input_hash.clone()),
+                                licensed: licensed.clone().or_else(|| record.licensed.clone()),
+                                ..record.clone()
+                            },
+                            None => MachineRecord {
+                                state_hash: plan.id.clone(),
+                                input_hash: Some(input_hash.clone()),
+                                licensed: licensed.clone(),
+                                run_id: run_id(&plan.id, current.map(|r| r.run_id.as_str())),
+                                cluster: facts.cluster.clone(),
+                                provider_id: facts.provider_id.clone(),
+                                since_ms: now,
+                            },
+                        }))
+                    },
+                )
+                .await?
+                .ok_or_else(|| DispatchError::Contention(machine_key(&facts.machine)))?,
         };
         let key = update_key(&facts.machine, &record.run_id);
         let run = match self.read::<RunView>(&key).await? {

@@ -2,21 +2,16 @@
 //! refusal writes nothing but its own record, the operator override, MachineSet verdicts found by label,
 //! repeats of a running update, and retention.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
-use inplace_core::Action;
 use inplace_core::verdict::{Normalized, label_value};
-use serde_json::{Value, json};
 use serde_json::value::RawValue;
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::tests::{dispatcher, judge_in_place, memory, request, verdict_for};
-use super::verdicts::{
-    ACCEPT_UNJUDGED_ANNOTATION, machine_set_verdict_key, machine_verdict_key,
-};
+use super::tests::{dispatcher, judge_in_place, memory, request, request_of, verdict_for};
+use super::verdicts::{ACCEPT_UNJUDGED_ANNOTATION, machine_set_verdict_key, machine_verdict_key};
 use super::*;
-use crate::plan::MachineFacts;
 
 fn text(value: &Value) -> Box<RawValue> {
     RawValue::from_string(value.to_string()).unwrap()
@@ -26,7 +21,14 @@ fn text(value: &Value) -> Box<RawValue> {
 async fn run_keys(d: &Dispatcher) -> Vec<String> {
     let mut keys = Vec::new();
     for prefix in ["machines/", "updates/", "clusters/", "providers/"] {
-        keys.extend(d.store().list(prefix).await.unwrap().into_iter().map(|e| e.key));
+        keys.extend(
+            d.store()
+                .list(prefix)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|e| e.key),
+        );
     }
     keys
 }
@@ -40,7 +42,9 @@ fn refused(answer: UpdateAnswer) -> (RefusalReason, String) {
 
 /// The fingerprint a refusal message offers for the override.
 fn offered(message: &str) -> String {
-    let at = message.find(&format!("{ACCEPT_UNJUDGED_ANNOTATION}=")).unwrap();
+    let at = message
+        .find(&format!("{ACCEPT_UNJUDGED_ANNOTATION}="))
+        .unwrap();
     message[at + ACCEPT_UNJUDGED_ANNOTATION.len() + 1..]
         .chars()
         .take_while(char::is_ascii_hexdigit)
@@ -62,9 +66,15 @@ async fn without_a_verdict_nothing_is_recorded_or_claimed() {
     let r = request("cp-1", true, "v1.34.1", "secret-content");
     let (reason, message) = refused(d.update_machine(&r).await.unwrap());
     assert_eq!(reason, RefusalReason::NoVerdict);
-    assert!(message.contains("no CanUpdateMachine or CanUpdateMachineSet verdict"), "{message}");
+    assert!(
+        message.contains("no CanUpdateMachine or CanUpdateMachineSet verdict"),
+        "{message}"
+    );
     assert!(message.contains("--verdict-retention 72h"), "{message}");
-    assert!(message.contains("kubectl annotate machine -n default cp-1"), "{message}");
+    assert!(
+        message.contains("kubectl annotate machine -n default cp-1"),
+        "{message}"
+    );
     assert!(!message.contains("secret-content"));
     assert!(run_keys(&d).await.is_empty(), "{:?}", run_keys(&d).await);
     let rows = d.status().await.unwrap();
@@ -90,7 +100,10 @@ async fn without_a_verdict_nothing_is_recorded_or_claimed() {
             .iter()
             .any(|s| s.description.contains("kubeadm upgrade apply")),
         "{:?}",
-        plan.steps.iter().map(|s| &s.description).collect::<Vec<_>>()
+        plan.steps
+            .iter()
+            .map(|s| &s.description)
+            .collect::<Vec<_>>()
     );
 }
 
@@ -137,7 +150,8 @@ async fn a_change_after_the_verdict_is_refused_by_path() {
     let judged = request("m-1", false, "v1.34.1", "hi");
     judge_in_place(&d, &judged).await;
     let mut later = request("m-1", false, "v1.34.1", "bye");
-    let mut bootstrap: Value = serde_json::from_str(later.bootstrap.as_ref().unwrap().get()).unwrap();
+    let mut bootstrap: Value =
+        serde_json::from_str(later.bootstrap.as_ref().unwrap().get()).unwrap();
     bootstrap["spec"]["diskSetup"] = json!({"partitions": [{"device": "/dev/sdb"}]});
     later.bootstrap = Some(text(&bootstrap));
     let (reason, message) = refused(d.update_machine(&later).await.unwrap());
@@ -160,12 +174,18 @@ async fn a_change_after_the_verdict_is_refused_by_path() {
 async fn a_rollout_verdict_licenses_nothing() {
     let d = dispatcher(memory().await);
     let r = request("m-1", false, "v1.34.1", "hi");
-    d.record_verdict(&machine_verdict_key(&r.facts.machine), &verdict_for(&r, false))
-        .await
-        .unwrap();
+    d.record_verdict(
+        &machine_verdict_key(&r.facts.machine),
+        &verdict_for(&r, false),
+    )
+    .await
+    .unwrap();
     let (reason, message) = refused(d.update_machine(&r).await.unwrap());
     assert_eq!(reason, RefusalReason::NotInPlace);
-    assert!(message.contains("sent this desired state to a rollout (KubeadmConfig spec.diskSetup)"), "{message}");
+    assert!(
+        message.contains("sent this desired state to a rollout (KubeadmConfig spec.diskSetup)"),
+        "{message}"
+    );
 }
 
 /// A worker Machine of a MachineDeployment: the new MachineSet's verdict, found through the Machine's
@@ -218,18 +238,12 @@ async fn a_machine_set_verdict_covers_the_machines_moved_to_it() {
         let bootstrap = json!({"apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2", "kind": "KubeadmConfig",
             "spec": {"files": [{"path": "/etc/motd", "content": content}],
                 "joinConfiguration": {"discovery": {"bootstrapToken": {"token": "abcdef.0123456789abcdef"}}}}});
-        UpdateRequest {
-            facts: MachineFacts::of(&machine).unwrap(),
-            machine: text(&machine),
-            bootstrap: Some(text(&bootstrap)),
-            infra: None,
-            actions: [Action::KubernetesVersion, Action::Files]
-                .into_iter()
-                .collect::<BTreeSet<_>>(),
-        }
+        request_of(&machine, &bootstrap)
     };
     assert!(matches!(
-        d.update_machine(&worker("w-1", "123-abc", "hi")).await.unwrap(),
+        d.update_machine(&worker("w-1", "123-abc", "hi"))
+            .await
+            .unwrap(),
         UpdateAnswer::InProgress { .. }
     ));
     let (reason, message) = refused(
@@ -239,11 +253,18 @@ async fn a_machine_set_verdict_covers_the_machines_moved_to_it() {
     );
     assert_eq!(reason, RefusalReason::ChangedAfterJudgement);
     assert!(
-        message.contains(&format!("CanUpdateMachineSet judged MachineSet default/{set_name}")),
+        message.contains(&format!(
+            "CanUpdateMachineSet judged MachineSet default/{set_name}"
+        )),
         "{message}"
     );
     assert_eq!(
-        refused(d.update_machine(&worker("w-3", "999-zzz", "hi")).await.unwrap()).0,
+        refused(
+            d.update_machine(&worker("w-3", "999-zzz", "hi"))
+                .await
+                .unwrap()
+        )
+        .0,
         RefusalReason::NoVerdict,
         "another template revision's MachineSet hashed to the same label"
     );
@@ -258,7 +279,10 @@ async fn a_running_update_keeps_answering_without_its_verdict() {
     judge_in_place(&d, &r).await;
     let first = d.update_machine(&r).await.unwrap();
     d.store()
-        .delete(&machine_verdict_key(&r.facts.machine), inplace_store::Precondition::Any)
+        .delete(
+            &machine_verdict_key(&r.facts.machine),
+            inplace_store::Precondition::Any,
+        )
         .await
         .unwrap();
     assert_eq!(d.update_machine(&r).await.unwrap(), first);
@@ -280,7 +304,11 @@ async fn a_running_update_keeps_answering_without_its_verdict() {
     old.as_object_mut().unwrap().remove("licensed");
     old.as_object_mut().unwrap().remove("inputHash");
     d.store()
-        .put(key, serde_json::to_vec(&old).unwrap(), inplace_store::Precondition::Any)
+        .put(
+            key,
+            serde_json::to_vec(&old).unwrap(),
+            inplace_store::Precondition::Any,
+        )
         .await
         .unwrap();
     assert_eq!(d.update_machine(&r).await.unwrap(), first);
@@ -290,7 +318,12 @@ async fn a_running_update_keeps_answering_without_its_verdict() {
 
     // A new desired state is a new judgement.
     assert_eq!(
-        refused(d.update_machine(&request("m-1", false, "v1.34.2", "hi")).await.unwrap()).0,
+        refused(
+            d.update_machine(&request("m-1", false, "v1.34.2", "hi"))
+                .await
+                .unwrap()
+        )
+        .0,
         RefusalReason::NoVerdict
     );
 }

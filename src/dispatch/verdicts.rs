@@ -318,7 +318,10 @@ pub fn judge(j: &Judgement) -> Result<Granted, Refusal> {
     let annotation = match j.accepted_by_operator {
         Some(other) => format!(
             " (its {ACCEPT_UNJUDGED_ANNOTATION} annotation holds {:?}, another state's fingerprint)",
-            other.chars().take(2 * inplace_core::verdict::OPERATOR_FINGERPRINT_HEX).collect::<String>()
+            other
+                .chars()
+                .take(2 * inplace_core::verdict::OPERATOR_FINGERPRINT_HEX)
+                .collect::<String>()
         ),
         None => String::new(),
     };
@@ -332,7 +335,10 @@ pub fn judge(j: &Judgement) -> Result<Granted, Refusal> {
         j.machine.name,
     );
     if message.chars().count() > MAX_REFUSAL_MESSAGE_CHARS {
-        message = message.chars().take(MAX_REFUSAL_MESSAGE_CHARS - 1).collect();
+        message = message
+            .chars()
+            .take(MAX_REFUSAL_MESSAGE_CHARS - 1)
+            .collect();
         message.push('…');
     }
     Err(Refusal {

@@ -17,11 +17,11 @@ use crate::api::{
     CanUpdateMachineSetResponse, DecodeError, Hook, MachineObjects, MachineSetObjects, Object,
     ObjectKey, Pair, Patch, PatchType, Status, decode_request,
 };
+use crate::dispatch::now_ms;
 use crate::dispatch::records::valid_segment;
 use crate::dispatch::verdicts::{
     TEMPLATE_HASH_LABEL, VerdictHook, VerdictRecord, machine_set_verdict_key, machine_verdict_key,
 };
-use crate::dispatch::now_ms;
 
 /// A CanUpdate answer and, for a `Success` with an updater configured, the verdict to record first.
 #[derive(Debug, Clone)]
@@ -50,14 +50,12 @@ pub async fn record(engine: std::sync::Arc<Engine>, judged: Judged) -> Answer {
     };
     match dispatcher.record_verdict(&key, &verdict).await {
         Ok(()) => judged.answer,
-        Err(err) => {
-            failure(
-                wire_hook(verdict.hook),
-                format!("cannot record the verdict ({err}); CAPI will ask again"),
-                "error",
-                judged.answer.object,
-            )
-        }
+        Err(err) => failure(
+            wire_hook(verdict.hook),
+            format!("cannot record the verdict ({err}); CAPI will ask again"),
+            "error",
+            judged.answer.object,
+        ),
     }
 }
 
@@ -103,9 +101,11 @@ fn verdict_of(
     decision: &Decision,
 ) -> Result<(String, VerdictRecord), String> {
     let Some((namespace, name)) = key.and_then(key_segments) else {
-        return Err("cannot record the verdict: the desired object's namespace and name must be \
+        return Err(
+            "cannot record the verdict: the desired object's namespace and name must be \
                     Kubernetes names"
-            .into());
+                .into(),
+        );
     };
     let scope = match hook {
         VerdictHook::CanUpdateMachine => Scope::Object,
@@ -113,22 +113,23 @@ fn verdict_of(
     };
     let normalized = normalized_desired(scope, desired).map_err(|err| err.to_string())?;
     let (store_key, template_hash) = match hook {
-        VerdictHook::CanUpdateMachine => (
-            machine_verdict_key(&MachineRef::new(namespace, name)),
-            None,
-        ),
+        VerdictHook::CanUpdateMachine => {
+            (machine_verdict_key(&MachineRef::new(namespace, name)), None)
+        }
         VerdictHook::CanUpdateMachineSet => {
             let hash = desired[0]
                 .and_then(|raw| objects::parse(raw, "desired.machineSet").ok())
                 .and_then(|set| {
                     ["/metadata/labels", "/spec/template/metadata/labels"]
                         .iter()
-                        .find_map(|at| set.pointer(at)?.get(TEMPLATE_HASH_LABEL)?.as_str().map(str::to_owned))
+                        .find_map(|at| {
+                            set.pointer(at)?
+                                .get(TEMPLATE_HASH_LABEL)?
+                                .as_str()
+                                .map(str::to_owned)
+                        })
                 });
-            (
-                machine_set_verdict_key(namespace, &label_value(name)),
-                hash,
-            )
+            (machine_set_verdict_key(namespace, &label_value(name)), hash)
         }
     };
     let record = VerdictRecord::new(
@@ -290,7 +291,14 @@ pub fn can_update_machine(engine: &Engine, body: &[u8]) -> Judged {
         VerdictHook::CanUpdateMachine,
         machine_texts(&request.desired),
         &decision,
-        answer(hook, &response, status, verdict, object, decision.message.clone()),
+        answer(
+            hook,
+            &response,
+            status,
+            verdict,
+            object,
+            decision.message.clone(),
+        ),
     )
 }
 
@@ -357,6 +365,13 @@ pub fn can_update_machine_set(engine: &Engine, body: &[u8]) -> Judged {
         VerdictHook::CanUpdateMachineSet,
         machine_set_texts(&request.desired),
         &decision,
-        answer(hook, &response, status, verdict, object, decision.message.clone()),
+        answer(
+            hook,
+            &response,
+            status,
+            verdict,
+            object,
+            decision.message.clone(),
+        ),
     )
 }

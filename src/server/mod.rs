@@ -277,7 +277,9 @@ async fn sweep_retention(dispatcher: Arc<Dispatcher>, shutdown: CancellationToke
         match dispatcher.sweep_verdicts().await {
             Ok(0) => {}
             Ok(deleted) => tracing::info!(deleted, "retention: deleted old verdicts and refusals"),
-            Err(err) => tracing::warn!(error = %err, "verdict retention sweep failed; will try again"),
+            Err(err) => {
+                tracing::warn!(error = %err, "verdict retention sweep failed; will try again")
+            }
         }
     }
 }

@@ -15,11 +15,10 @@ use std::ops::Bound;
 
 use serde::{Deserialize, Serialize};
 
-use super::fingerprint::{self, FingerprintMap};
+use super::fingerprint;
 use super::{Normalized, NormalizedObject, ObjectPrints, Prints, is_kubeadm_config};
 use crate::diff::ChangeKind;
 use crate::objects::ObjectRole;
-use crate::path::Path;
 
 /// How a verdict is compared with UpdateMachine's desired objects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -123,7 +122,11 @@ fn compare(
             .filter(|path| !judged.entries.contains_key(*path))
             .map(|path| collapsed(path, &judged.entries))
             .collect();
-        out.extend(added.into_iter().map(|path| mismatch(path, ChangeKind::Added)));
+        out.extend(
+            added
+                .into_iter()
+                .map(|path| mismatch(path, ChangeKind::Added)),
+        );
     }
 }
 

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use crate::diff::{keyed_list_field, leaves, list_keys};
+use crate::diff::{keyed_items, leaves};
 use crate::path::{Path, Seg};
 
 /// Hex digits of SHA-256 kept per fingerprint (64 bits: a chance collision between two values of one path
@@ -116,32 +116,24 @@ fn orders(path: &Path, value: &Value, out: &mut Vec<(Path, String)>) {
                 orders(&path.child(Seg::Field(name.clone())), member, out);
             }
         }
-        Value::Array(items) => {
-            let keyed = match path.last() {
-                Some(Seg::Field(name)) => {
-                    keyed_list_field(name).and_then(|key| Some((key, list_keys(items, key)?)))
-                }
-                _ => None,
-            };
-            match keyed {
-                Some((key, keys)) => {
-                    let order = format!("{path}\0order");
-                    out.push((path.clone(), print(&order, &Value::from(keys.clone()))));
-                    for (item, k) in items.iter().zip(keys) {
-                        let seg = Seg::Key {
-                            field: key.to_owned(),
-                            value: k.to_owned(),
-                        };
-                        orders(&path.child(seg), item, out);
-                    }
-                }
-                None => {
-                    for (i, item) in items.iter().enumerate() {
-                        orders(&path.child(Seg::Index(i)), item, out);
-                    }
+        Value::Array(items) => match keyed_items(path, items) {
+            Some((key, keys)) => {
+                let order = format!("{path}\0order");
+                out.push((path.clone(), print(&order, &Value::from(keys.clone()))));
+                for (item, k) in items.iter().zip(keys) {
+                    let seg = Seg::Key {
+                        field: key.to_owned(),
+                        value: k.to_owned(),
+                    };
+                    orders(&path.child(seg), item, out);
                 }
             }
-        }
+            None => {
+                for (i, item) in items.iter().enumerate() {
+                    orders(&path.child(Seg::Index(i)), item, out);
+                }
+            }
+        },
         _ => {}
     }
 }

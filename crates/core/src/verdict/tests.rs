@@ -375,7 +375,11 @@ fn whole_subtrees_are_named_at_their_root() {
         json!({}),
     );
     assert_eq!(
-        shown(&check(&prints, &normalized(Scope::Object, &later), CheckMode::Exact)),
+        shown(&check(
+            &prints,
+            &normalized(Scope::Object, &later),
+            CheckMode::Exact
+        )),
         [
             "KubeadmConfig spec.users (removed)",
             "KubeadmConfig spec.files (added)"
