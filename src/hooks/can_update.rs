@@ -7,8 +7,8 @@
 //! the answer becomes a `Failure` (CAPI asks again), never a `Success` UpdateMachine could not honour.
 
 use inplace_agent_api::MachineRef;
-use inplace_core::verdict::{Normalized, label_value};
-use inplace_core::{Decision, Objects, Outcome, Scope, Settings, decide};
+use inplace_core::verdict::{Normalized, NormalizedObject, label_value};
+use inplace_core::{Decision, ObjectRole, Objects, Outcome, Scope, Settings, decide};
 
 use super::{Answer, Engine, answer, failure};
 use crate::api::objects;
@@ -66,21 +66,30 @@ fn wire_hook(hook: VerdictHook) -> Hook {
     }
 }
 
-/// The desired objects of one side as values, normalised for the verdict (the diff saw only the members
-/// that differ, so they are parsed whole here).
-fn normalized_desired(scope: Scope, texts: Texts<'_>) -> Result<Normalized, DecodeError> {
-    let parse = |text: Option<&Object>, path| text.map(|raw| objects::parse(raw, path)).transpose();
-    let machine = parse(texts[0], "desired")?;
-    let bootstrap = parse(texts[1], "desired")?;
-    let infra = parse(texts[2], "desired")?;
-    Ok(Normalized::of(
-        scope,
-        &Objects {
-            machine: machine.as_ref(),
-            bootstrap: bootstrap.as_ref(),
-            infra: infra.as_ref(),
-        },
-    ))
+/// The desired objects, normalised for the verdict: an object whose two sides were the same text was parsed
+/// whole once; one that differs was parsed only where it differs, so its desired text is parsed again here.
+fn normalized_desired(
+    scope: Scope,
+    texts: Texts<'_>,
+    parsed: &Parsed,
+) -> Result<Normalized, DecodeError> {
+    let one = |role, pair: &Pair, text: Option<&Object>| -> Result<_, DecodeError> {
+        Ok(match pair {
+            Pair::Same(value) | Pair::OnlyDesired(value) => {
+                Some(NormalizedObject::of(role, scope, value))
+            }
+            Pair::Different { .. } => text
+                .map(|raw| objects::parse(raw, "desired"))
+                .transpose()?
+                .map(|value| NormalizedObject::from_owned(role, scope, value)),
+            Pair::OnlyCurrent(_) | Pair::Neither => None,
+        })
+    };
+    Ok(Normalized {
+        machine: one(ObjectRole::Machine, &parsed.machine, texts[0])?,
+        bootstrap: one(ObjectRole::Bootstrap, &parsed.bootstrap, texts[1])?,
+        infra: one(ObjectRole::Infra, &parsed.infra, texts[2])?,
+    })
 }
 
 /// The namespace a key uses for an object: CAPI always sends one; `default` when absent, as for UpdateMachine.
@@ -98,6 +107,7 @@ fn verdict_of(
     hook: VerdictHook,
     key: Option<&ObjectKey>,
     desired: Texts<'_>,
+    parsed: &Parsed,
     decision: &Decision,
 ) -> Result<(String, VerdictRecord), String> {
     let Some((namespace, name)) = key.and_then(key_segments) else {
@@ -111,24 +121,23 @@ fn verdict_of(
         VerdictHook::CanUpdateMachine => Scope::Object,
         VerdictHook::CanUpdateMachineSet => Scope::Template,
     };
-    let normalized = normalized_desired(scope, desired).map_err(|err| err.to_string())?;
+    let normalized = normalized_desired(scope, desired, parsed).map_err(|err| err.to_string())?;
     let (store_key, template_hash) = match hook {
         VerdictHook::CanUpdateMachine => {
             (machine_verdict_key(&MachineRef::new(namespace, name)), None)
         }
         VerdictHook::CanUpdateMachineSet => {
-            let hash = desired[0]
-                .and_then(|raw| objects::parse(raw, "desired.machineSet").ok())
-                .and_then(|set| {
-                    ["/metadata/labels", "/spec/template/metadata/labels"]
-                        .iter()
-                        .find_map(|at| {
-                            set.pointer(at)?
-                                .get(TEMPLATE_HASH_LABEL)?
-                                .as_str()
-                                .map(str::to_owned)
-                        })
-                });
+            // Labels lie outside the compared part, so even a pruned desired side has them whole.
+            let hash = parsed.machine.desired().and_then(|set| {
+                ["/metadata/labels", "/spec/template/metadata/labels"]
+                    .iter()
+                    .find_map(|at| {
+                        set.pointer(at)?
+                            .get(TEMPLATE_HASH_LABEL)?
+                            .as_str()
+                            .map(str::to_owned)
+                    })
+            });
             (machine_set_verdict_key(namespace, &label_value(name)), hash)
         }
     };
@@ -290,6 +299,7 @@ pub fn can_update_machine(engine: &Engine, body: &[u8]) -> Judged {
         engine,
         VerdictHook::CanUpdateMachine,
         machine_texts(&request.desired),
+        &parsed,
         &decision,
         answer(
             hook,
@@ -307,13 +317,14 @@ fn judged(
     engine: &Engine,
     hook: VerdictHook,
     desired: Texts<'_>,
+    parsed: &Parsed,
     decision: &Decision,
     answer: Answer,
 ) -> Judged {
     if answer.status != Status::Success || engine.dispatcher.is_none() {
         return answer.into();
     }
-    match verdict_of(hook, answer.object.as_ref(), desired, decision) {
+    match verdict_of(hook, answer.object.as_ref(), desired, parsed, decision) {
         Ok(verdict) => Judged {
             answer,
             verdict: Some(verdict),
@@ -364,6 +375,7 @@ pub fn can_update_machine_set(engine: &Engine, body: &[u8]) -> Judged {
         engine,
         VerdictHook::CanUpdateMachineSet,
         machine_set_texts(&request.desired),
+        &parsed,
         &decision,
         answer(
             hook,

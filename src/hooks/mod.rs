@@ -139,3 +139,6 @@ fn encode_discovery() -> Answer {
         String::new(),
     )
 }
+
+#[cfg(test)]
+mod tests;

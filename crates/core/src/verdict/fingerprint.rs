@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use crate::diff::{keyed_items, leaves};
-use crate::path::{Path, Seg};
+use crate::diff::{keyed_list_field, list_keys};
+use crate::path::{push_field, push_index, push_key};
 
 /// Hex digits of SHA-256 kept per fingerprint (64 bits: a chance collision between two values of one path
 /// is out of reach, and no value can be read back from it).
@@ -55,96 +55,120 @@ fn short_hex(digest: &[u8]) -> String {
     hex(digest.get(..FINGERPRINT_HEX / 2).unwrap_or(digest))
 }
 
-/// The fingerprint of the value at `path`.
+/// Feeds what is written into a hash.
+struct HashWriter<'h>(&'h mut Sha256);
+
+impl std::io::Write for HashWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.update(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The fingerprint of the value at `path`: SHA-256 over the domain, the path and the value's compact JSON,
+/// streamed (no copy of the value is made).
 fn print(path: &str, value: &Value) -> String {
     let mut hash = Sha256::new();
     hash.update(DOMAIN);
     hash.update(path.as_bytes());
     hash.update(b"\0");
-    hash.update(value.to_string().as_bytes());
+    // Writing JSON into a hash cannot fail: the writer never errs and a `Value` always serialises.
+    let _ = serde_json::to_writer(HashWriter(&mut hash), value);
     short_hex(&hash.finalize())
 }
 
 /// The fingerprint map of a normalised spec at `granularity` (no bound applied).
 pub fn fingerprints_at(spec: &Value, granularity: Granularity) -> FingerprintMap {
-    entries(spec, granularity)
-        .into_iter()
-        .map(|(path, print)| (path.to_string(), print))
-        .collect()
-}
-
-/// The entries of [`fingerprints_at`] with their structured paths.
-fn entries(spec: &Value, granularity: Granularity) -> Vec<(Path, String)> {
-    let mut out = Vec::new();
     let empty = match spec {
         Value::Object(map) => map.is_empty(),
         Value::Null => true,
         _ => false,
     };
+    let mut out = FingerprintMap::new();
     if empty {
         return out;
     }
-    let root = Path::spec();
-    let mut add = |path: Path, value: &Value| {
-        let fingerprint = print(&path.to_string(), value);
-        out.push((path, fingerprint));
-    };
+    let mut path = String::from("spec");
     match (granularity, spec) {
-        (Granularity::Leaves, _) => {
-            let mut found = Vec::new();
-            leaves(&root, spec, &mut found);
-            for (path, value) in found {
-                add(path, value);
-            }
-            orders(&root, spec, &mut out);
-        }
+        (Granularity::Leaves, _) => walk(&mut path, None, spec, &mut out),
         (Granularity::Fields, Value::Object(map)) => {
             for (name, value) in map {
-                add(root.child(Seg::Field(name.clone())), value);
+                push_field(&mut path, name, false);
+                let fingerprint = print(&path, value);
+                out.insert(path.clone(), fingerprint);
+                path.truncate("spec".len());
             }
         }
-        _ => add(root, spec),
+        _ => {
+            let fingerprint = print(&path, spec);
+            out.insert(path, fingerprint);
+        }
     }
     out
 }
 
-/// One entry per keyed list (`spec.files`) for the order of its keys: a reorder is a change the diff reports.
-fn orders(path: &Path, value: &Value, out: &mut Vec<(Path, String)>) {
+/// Every leaf below `path` (shown as [`crate::path::Path`] shows it, built in place): a fingerprint per
+/// non-container value and per empty object or list, keyed lists addressed by key, plus one entry per keyed
+/// list (at the list's own path) for the order of its keys, since a reorder is a change the diff reports.
+/// `member` is the name of the member `value` is, when it is one.
+fn walk(path: &mut String, member: Option<&str>, value: &Value, out: &mut FingerprintMap) {
+    let len = path.len();
     match value {
-        Value::Object(map) => {
-            for (name, member) in map {
-                orders(&path.child(Seg::Field(name.clone())), member, out);
+        Value::Object(map) if !map.is_empty() => {
+            for (name, item) in map {
+                push_field(path, name, false);
+                walk(path, Some(name), item, out);
+                path.truncate(len);
             }
         }
-        Value::Array(items) => match keyed_items(path, items) {
-            Some((key, keys)) => {
-                let order = format!("{path}\0order");
-                out.push((path.clone(), print(&order, &Value::from(keys.clone()))));
-                for (item, k) in items.iter().zip(keys) {
-                    let seg = Seg::Key {
-                        field: key.to_owned(),
-                        value: k.to_owned(),
-                    };
-                    orders(&path.child(seg), item, out);
+        Value::Array(items) if !items.is_empty() => {
+            let keyed = member
+                .and_then(keyed_list_field)
+                .and_then(|key| Some((key, list_keys(items, key)?)));
+            match keyed {
+                Some((key, keys)) => {
+                    let order = print(&format!("{path}\0order"), &Value::from(keys.clone()));
+                    out.insert(path.clone(), order);
+                    for (item, k) in items.iter().zip(keys) {
+                        push_key(path, key, k);
+                        walk(path, None, item, out);
+                        path.truncate(len);
+                    }
+                }
+                None => {
+                    for (i, item) in items.iter().enumerate() {
+                        push_index(path, i);
+                        walk(path, None, item, out);
+                        path.truncate(len);
+                    }
                 }
             }
-            None => {
-                for (i, item) in items.iter().enumerate() {
-                    orders(&path.child(Seg::Index(i)), item, out);
-                }
-            }
-        },
-        _ => {}
+        }
+        _ => {
+            let fingerprint = print(path, value);
+            out.insert(path.clone(), fingerprint);
+        }
     }
 }
 
-/// Bytes a map takes as JSON members (`"path":"hash",`).
+/// Bytes a map takes as JSON members (`"path":"hash",`): quotes, escapes (at most 6 bytes a character) and
+/// the hash.
 fn json_bytes(map: &FingerprintMap) -> usize {
     map.keys()
         .map(|path| {
-            serde_json::to_string(path).map_or(path.len() * 6, |quoted| quoted.len())
-                + FINGERPRINT_HEX
-                + 4
+            let quoted: usize = path
+                .chars()
+                .map(|c| match c {
+                    '"' | '\\' => 2,
+                    c if u32::from(c) < 0x20 => 6,
+                    c => c.len_utf8(),
+                })
+                .sum();
+            quoted + 2 + FINGERPRINT_HEX + 4
         })
         .sum()
 }

@@ -50,6 +50,18 @@ impl NormalizedObject {
         }
     }
 
+    /// Normalises one object of a request of `scope`, taking its compared part out instead of copying it.
+    pub fn from_owned(role: ObjectRole, scope: Scope, mut object: Value) -> NormalizedObject {
+        let kind = machine_level_kind(scope, &object).to_owned();
+        let api_group = objects::api_group_of(&object).to_owned();
+        let region = object.pointer_mut(scope.pointer()).map(Value::take);
+        NormalizedObject {
+            spec: normalize::normalize_region(role, &kind, &api_group, region),
+            kind,
+            api_group,
+        }
+    }
+
     /// Its fingerprints, bounded by [`MAX_FINGERPRINT_BYTES`].
     pub fn prints(&self) -> ObjectPrints {
         let (granularity, entries) = fingerprints(&self.spec);

@@ -48,25 +48,29 @@ pub fn is_kubeadm_config(kind: &str, api_group: &str) -> bool {
 /// The normalised compared part of `object` (its `spec`, or `spec.template.spec` for a template), as the
 /// value at the Machine-level `spec`. An object without one normalises to an empty object.
 pub fn normalize(role: ObjectRole, scope: Scope, object: &Value) -> Value {
-    let mut spec = match objects::region(scope, object) {
-        Some(Value::Object(map)) => Value::Object(map.clone()),
-        Some(other) => other.clone(),
-        None => Value::Object(Map::new()),
-    };
+    normalize_region(
+        role,
+        machine_level_kind(scope, object),
+        objects::api_group_of(object),
+        objects::region(scope, object).cloned(),
+    )
+}
+
+/// [`normalize`] for the compared part taken out of an object of this (Machine-level) kind and group.
+pub(crate) fn normalize_region(
+    role: ObjectRole,
+    kind: &str,
+    api_group: &str,
+    region: Option<Value>,
+) -> Value {
+    let mut spec = region.unwrap_or_else(|| Value::Object(Map::new()));
     match role {
         ObjectRole::Machine => {
             for fields in MACHINE_FIELDS_IGNORED_BY_CAPI {
                 remove_at(&mut spec, fields);
             }
         }
-        ObjectRole::Bootstrap
-            if is_kubeadm_config(
-                machine_level_kind(scope, object),
-                objects::api_group_of(object),
-            ) =>
-        {
-            kubeadm_config(&mut spec);
-        }
+        ObjectRole::Bootstrap if is_kubeadm_config(kind, api_group) => kubeadm_config(&mut spec),
         ObjectRole::Bootstrap | ObjectRole::Infra => {}
     }
     prune(&mut spec);
