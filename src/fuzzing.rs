@@ -60,7 +60,7 @@ pub fn hook_request(data: &[u8]) {
 /// The verdict check's normalisation and fingerprints over whatever desired objects the body carries, read
 /// as a Machine's objects and as templates.
 fn verdict_prints(data: &[u8]) {
-    use inplace_core::verdict::{CheckMode, Normalized, check};
+    use inplace_core::verdict::{CheckMode, Desired, Normalized, check};
     let Ok(body) = serde_json::from_slice::<serde_json::Value>(data) else {
         return;
     };
@@ -72,11 +72,9 @@ fn verdict_prints(data: &[u8]) {
         infra: first(["infrastructureMachine", "infrastructureMachineTemplate"]),
     };
     for scope in [inplace_core::Scope::Object, inplace_core::Scope::Template] {
-        let normalized = Normalized::of(scope, &objects);
-        let prints = normalized.prints();
-        let _ = prints.fingerprint();
+        let desired = Desired::new(Normalized::of(scope, &objects));
         for mode in [CheckMode::Exact, CheckMode::TemplateSubset] {
-            let _ = check(&prints, &normalized, mode);
+            let _ = check(&desired.prints, &desired, mode);
         }
     }
 }

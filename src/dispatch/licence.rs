@@ -4,7 +4,7 @@
 //! verdicts and refusals older than `--verdict-retention`.
 
 use inplace_agent_api::MachineRef;
-use inplace_core::verdict::{Normalized, is_label_value};
+use inplace_core::verdict::{Desired, Normalized, is_label_value};
 use inplace_core::{Objects, Scope};
 use inplace_store::{Precondition, Write};
 use serde_json::Value;
@@ -102,15 +102,15 @@ impl Dispatcher {
             .map_err(|err| DispatchError::BadRequest(format!("machine: {err}")))?;
         let bootstrap = parse(request.bootstrap.as_deref(), "bootstrap config")?;
         let infra = parse(request.infra.as_deref(), "infrastructure machine")?;
-        let desired = Normalized::of(
+        let desired = Desired::new(Normalized::of(
             Scope::Object,
             &Objects {
                 machine: Some(&machine),
                 bootstrap: bootstrap.as_ref(),
                 infra: infra.as_ref(),
             },
-        );
-        let fingerprint = desired.prints().fingerprint();
+        ));
+        let fingerprint = desired.fingerprint.clone();
         // The state this Machine's run was licensed for: CAPI asking again with other metadata or spelling.
         if existing.is_some_and(|r| r.licensed.as_deref() == Some(fingerprint.as_str())) {
             return Ok(Licence::Granted { fingerprint });
@@ -125,7 +125,6 @@ impl Dispatcher {
             machine: &facts.machine,
             verdict: verdict.as_ref(),
             desired: &desired,
-            fingerprint: &fingerprint,
             accepted_by_operator,
             retention: self.config.verdict_retention,
         };

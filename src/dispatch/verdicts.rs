@@ -11,7 +11,9 @@
 use std::time::Duration;
 
 use inplace_agent_api::MachineRef;
-use inplace_core::verdict::{CheckMode, Mismatch, Normalized, Prints, operator_fingerprint};
+use inplace_core::verdict::{
+    CheckMode, Desired, Mismatch, Normalized, Prints, operator_fingerprint,
+};
 use inplace_core::{ChangeVerdict, Decision, Outcome};
 use serde::{Deserialize, Serialize};
 
@@ -246,10 +248,8 @@ pub struct Judgement<'a> {
     pub machine: &'a MachineRef,
     /// The verdict found (the Machine's own, else its MachineSet's).
     pub verdict: Option<&'a VerdictRecord>,
-    /// The desired objects, normalised.
-    pub desired: &'a Normalized,
-    /// Fingerprint of the desired state (all of `desired.prints()`).
-    pub fingerprint: &'a str,
+    /// The desired objects, normalised and fingerprinted.
+    pub desired: &'a Desired,
     /// The Machine's [`ACCEPT_UNJUDGED_ANNOTATION`], if any.
     pub accepted_by_operator: Option<&'a str>,
     /// The verdict retention, for the message.
@@ -268,7 +268,7 @@ pub enum Granted {
 /// Whether the desired state may run: granted when a verdict accepted it in place (or the operator accepted
 /// exactly this state), else the refusal to answer.
 pub fn judge(j: &Judgement) -> Result<Granted, Refusal> {
-    let fingerprint = operator_fingerprint(j.fingerprint);
+    let fingerprint = operator_fingerprint(&j.desired.fingerprint);
     let (reason, summary) = match j.verdict {
         None => (
             RefusalReason::NoVerdict,

@@ -3,7 +3,7 @@
 //! state. An honest KCP or MachineDeployment update must never be refused.
 #![allow(clippy::unwrap_used)]
 
-use inplace_core::verdict::{CheckMode, Normalized, check, label_value};
+use inplace_core::verdict::{CheckMode, Desired, Normalized, check, label_value};
 use inplace_core::{Objects, Scope};
 use serde_json::{Value, json};
 
@@ -33,7 +33,7 @@ const SET: [&str; 3] = [
 fn shown(judged: &Normalized, desired: &Value, mode: CheckMode) -> Vec<String> {
     check(
         &judged.prints(),
-        &normalized(desired, MACHINE, Scope::Object),
+        &Desired::new(normalized(desired, MACHINE, Scope::Object)),
         mode,
     )
     .iter()

@@ -15,8 +15,8 @@ use std::ops::Bound;
 
 use serde::{Deserialize, Serialize};
 
-use super::fingerprint;
-use super::{Normalized, NormalizedObject, ObjectPrints, Prints, is_kubeadm_config};
+use super::fingerprint::{self, FingerprintMap};
+use super::{Desired, NormalizedObject, ObjectPrints, Prints, is_kubeadm_config};
 use crate::diff::ChangeKind;
 use crate::objects::ObjectRole;
 
@@ -62,11 +62,18 @@ fn strict(mode: CheckMode, role: ObjectRole, object: &ObjectPrints) -> bool {
 }
 
 /// The paths where `desired` differs from the `judged` fingerprints (none: everything was judged). The
-/// desired side is fingerprinted at the judged side's granularity.
-pub fn check(judged: &Prints, desired: &Normalized, mode: CheckMode) -> Vec<Mismatch> {
+/// desired side is compared at the judged side's granularity.
+pub fn check(judged: &Prints, desired: &Desired, mode: CheckMode) -> Vec<Mismatch> {
     let mut out = Vec::new();
     for role in ObjectRole::ALL {
-        compare(role, judged.get(role), desired.get(role), mode, &mut out);
+        compare(
+            role,
+            judged.get(role),
+            desired.normalized.get(role),
+            desired.prints.get(role),
+            mode,
+            &mut out,
+        );
     }
     out
 }
@@ -75,6 +82,7 @@ fn compare(
     role: ObjectRole,
     judged: Option<&ObjectPrints>,
     desired: Option<&NormalizedObject>,
+    desired_prints: Option<&ObjectPrints>,
     mode: CheckMode,
     out: &mut Vec<Mismatch>,
 ) {
@@ -93,8 +101,14 @@ fn compare(
     if judged.kind != desired.kind || judged.api_group != desired.api_group {
         return out.push(whole(&desired.kind, ChangeKind::Changed));
     }
-    let entries: BTreeMap<String, String> =
-        fingerprint::fingerprints_at(&desired.spec, judged.granularity);
+    let recomputed;
+    let entries: &FingerprintMap = match desired_prints {
+        Some(prints) if prints.granularity == judged.granularity => &prints.entries,
+        _ => {
+            recomputed = fingerprint::fingerprints_at(&desired.spec, judged.granularity);
+            &recomputed
+        }
+    };
     let mismatch = |path: String, change| Mismatch {
         role,
         kind: judged.kind.clone(),
@@ -105,7 +119,7 @@ fn compare(
     for (path, print) in &judged.entries {
         match entries.get(path) {
             None => {
-                removed.insert(collapsed(path, &entries));
+                removed.insert(collapsed(path, entries));
             }
             Some(other) if other != print => out.push(mismatch(path.clone(), ChangeKind::Changed)),
             Some(_) => {}

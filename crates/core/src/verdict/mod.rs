@@ -10,6 +10,7 @@ mod fingerprint;
 mod normalize;
 
 pub use check::{CheckMode, Mismatch, check};
+
 pub use fingerprint::{
     FINGERPRINT_HEX, FingerprintMap, Granularity, MAX_FINGERPRINT_BYTES, fingerprints,
     fingerprints_at,
@@ -115,6 +116,29 @@ impl Normalized {
             machine: self.machine.as_ref().map(NormalizedObject::prints),
             bootstrap: self.bootstrap.as_ref().map(NormalizedObject::prints),
             infra: self.infra.as_ref().map(NormalizedObject::prints),
+        }
+    }
+}
+
+/// Desired objects normalised and fingerprinted once: what UpdateMachine checks against a verdict.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Desired {
+    /// The objects, normalised.
+    pub normalized: Normalized,
+    /// Their fingerprints (bounded).
+    pub prints: Prints,
+    /// The fingerprint of all of `prints` (see [`Prints::fingerprint`]).
+    pub fingerprint: String,
+}
+
+impl Desired {
+    /// Fingerprints `normalized`.
+    pub fn new(normalized: Normalized) -> Desired {
+        let prints = normalized.prints();
+        Desired {
+            fingerprint: prints.fingerprint(),
+            prints,
+            normalized,
         }
     }
 }

@@ -259,7 +259,14 @@ fn exact_checks_name_every_path_that_was_not_judged() {
         json!({"files": [{"path": "/a", "content": "1"}], "joinConfiguration": {"discovery": {"bootstrapToken": {"token": "t"}}}}),
         json!({"image": "x"}),
     );
-    assert!(check(&prints, &normalized(Scope::Object, &same), CheckMode::Exact).is_empty());
+    assert!(
+        check(
+            &prints,
+            &Desired::new(normalized(Scope::Object, &same)),
+            CheckMode::Exact
+        )
+        .is_empty()
+    );
 
     let later = side(
         json!({"version": "v1.34.2"}),
@@ -269,7 +276,7 @@ fn exact_checks_name_every_path_that_was_not_judged() {
     );
     let found = check(
         &prints,
-        &normalized(Scope::Object, &later),
+        &Desired::new(normalized(Scope::Object, &later)),
         CheckMode::Exact,
     );
     assert_eq!(
@@ -290,7 +297,7 @@ fn exact_checks_name_every_path_that_was_not_judged() {
     other[2]["kind"] = json!("OtherMachine");
     let found = check(
         &prints,
-        &normalized(Scope::Object, &other),
+        &Desired::new(normalized(Scope::Object, &other)),
         CheckMode::Exact,
     );
     assert_eq!(shown(&found), ["OtherMachine spec (changed)"]);
@@ -299,7 +306,7 @@ fn exact_checks_name_every_path_that_was_not_judged() {
         ..normalized(Scope::Object, &same)
     };
     assert_eq!(
-        shown(&check(&prints, &without, CheckMode::Exact)),
+        shown(&check(&prints, &Desired::new(without), CheckMode::Exact)),
         ["KubeadmConfig spec (removed)"]
     );
 }
@@ -331,7 +338,7 @@ fn template_checks_ignore_instance_fields_only_where_they_can_be() {
         json!({"files": [{"path": "/a", "content": "1"}], "joinConfiguration": {"discovery": {"bootstrapToken": {"token": "t"}}}}),
         json!({"image": "x", "providerID": "p://1", "instanceID": "i-1"}),
     );
-    let honest = normalized(Scope::Object, &honest);
+    let honest = Desired::new(normalized(Scope::Object, &honest));
     assert!(check(&prints, &honest, CheckMode::TemplateSubset).is_empty());
     assert!(
         !check(&prints, &honest, CheckMode::Exact).is_empty(),
@@ -345,7 +352,7 @@ fn template_checks_ignore_instance_fields_only_where_they_can_be() {
     );
     let found = check(
         &prints,
-        &normalized(Scope::Object, &drifted),
+        &Desired::new(normalized(Scope::Object, &drifted)),
         CheckMode::TemplateSubset,
     );
     assert_eq!(
@@ -377,7 +384,7 @@ fn whole_subtrees_are_named_at_their_root() {
     assert_eq!(
         shown(&check(
             &prints,
-            &normalized(Scope::Object, &later),
+            &Desired::new(normalized(Scope::Object, &later)),
             CheckMode::Exact
         )),
         [
