@@ -227,13 +227,31 @@ impl Dispatcher {
     /// Read-modify-write with compare-and-swap: `change` sees the current value (or `None`) and returns the
     /// new value, or `None` to leave it as is. Retries when another writer got there first. Returns the value
     /// as stored afterwards (`None` only when the key is absent and `change` wrote nothing).
-    async fn update<T, F>(&self, key: &str, mut change: F) -> Result<Option<T>, DispatchError>
+    async fn update<T, F>(&self, key: &str, change: F) -> Result<Option<T>, DispatchError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnMut(Option<&T>) -> Result<Option<T>, DispatchError>,
+    {
+        self.update_from(key, None, change).await
+    }
+
+    /// [`Dispatcher::update`] whose first attempt starts from `read`, the key as the caller just read it
+    /// (`Some(None)`: absent), instead of reading it again.
+    async fn update_from<T, F>(
+        &self,
+        key: &str,
+        mut read: Option<Option<(T, Entry)>>,
+        mut change: F,
+    ) -> Result<Option<T>, DispatchError>
     where
         T: Serialize + DeserializeOwned,
         F: FnMut(Option<&T>) -> Result<Option<T>, DispatchError>,
     {
         for _ in 0..CAS_ATTEMPTS {
-            let current = self.read::<T>(key).await?;
+            let current = match read.take() {
+                Some(current) => current,
+                None => self.read::<T>(key).await?,
+            };
             let precondition = match &current {
                 None => Precondition::Absent,
                 Some((_, entry)) => Precondition::Revision(entry.revision),

@@ -253,11 +253,12 @@ impl Dispatcher {
         // again every few seconds while an update runs, always with the same objects).
         let mut built: Option<Plan> = None;
         let mut switched = false;
-        let record = match existing.filter(|_| repeat) {
-            Some((record, _)) => record,
-            None => self
-                .update(
+        let record = match existing {
+            Some((record, _)) if repeat => record,
+            existing => self
+                .update_from(
                     &machine_key(&facts.machine),
+                    Some(existing),
                     |current: Option<&MachineRecord>| {
                         switched = false;
                         if current
