@@ -1,11 +1,15 @@
 //! Prometheus metrics: hook calls by hook and status, latency histograms, verdicts, TLS reloads, panics.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::api::Hook;
 
 /// Labels of `hook_calls_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -62,6 +66,9 @@ pub struct Metrics {
     pub tls_reloads: Family<ResultLabels, Counter>,
     /// Hook calls being answered right now.
     pub in_flight: Gauge,
+    /// CanUpdateMachine, CanUpdateMachineSet and UpdateMachine calls answered since start (discovery excluded:
+    /// CAPI calls it whatever the namespaces). Zero is what `status` turns into a namespace-selector hint.
+    decision_calls: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -115,6 +122,7 @@ impl Metrics {
             in_flight.clone(),
         );
         Self {
+            decision_calls: AtomicU64::new(0),
             in_flight,
             registry,
             calls,
@@ -135,12 +143,20 @@ impl Metrics {
         seconds: f64,
     ) {
         self.calls.get_or_create(&CallLabels { hook, status }).inc();
+        if hook != Hook::Discovery.name() {
+            self.decision_calls.fetch_add(1, Ordering::Relaxed);
+        }
         self.verdicts
             .get_or_create(&VerdictLabels { hook, verdict })
             .inc();
         self.duration
             .get_or_create(&HookLabels { hook })
             .observe(seconds);
+    }
+
+    /// CanUpdateMachine, CanUpdateMachineSet and UpdateMachine calls answered since the process started.
+    pub fn decision_calls(&self) -> u64 {
+        self.decision_calls.load(Ordering::Relaxed)
     }
 
     /// The registry in Prometheus text exposition format.
