@@ -53,15 +53,8 @@ impl Backups {
         if let Some(parent) = target.parent() {
             create_dirs(parent)?;
         }
-        // Backups may hold secrets: stored owner-only; the original mode goes to `<name>.mode`.
-        atomic_write(
-            &target,
-            &content,
-            FileMeta {
-                mode: 0o600,
-                owner: None,
-            },
-        )?;
+        // The mode file first: the content file's existence is what says "backed up" (above),
+        // so an interruption between the two writes must not leave the content without its mode.
         let mode_file = target.with_file_name(format!(
             "{}.mode",
             target
@@ -73,6 +66,15 @@ impl Backups {
         atomic_write(
             &mode_file,
             mode.as_bytes(),
+            FileMeta {
+                mode: 0o600,
+                owner: None,
+            },
+        )?;
+        // Backups may hold secrets: stored owner-only; the original mode is in `<name>.mode`.
+        atomic_write(
+            &target,
+            &content,
             FileMeta {
                 mode: 0o600,
                 owner: None,

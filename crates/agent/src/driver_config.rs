@@ -110,12 +110,27 @@ pub struct KubernetesConfig {
 }
 
 /// Commands run in order within the step's timeout; the first failure fails the step.
+///
+/// Resume rule: a step that began (it was recorded running, even if a clean shutdown stopped it)
+/// is never skipped by `skip_if`; it runs `on_resume`, then its commands from the first one not
+/// recorded complete. So every command must be safe to run again after being interrupted
+/// part-way, or after completing but before its completion was recorded.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CommandSequence {
-    /// When this check passes the desired state already holds: the step is a no-op success.
+    /// When this check passes (and the step never began, and no earlier plan left this sequence
+    /// unfinished) the desired state already holds: the step is a no-op success.
     #[serde(default)]
     pub skip_if: Option<Check>,
+    /// Run first whenever a step that began is resumed, before its first unfinished command:
+    /// repairs an interrupted command needs before it can run again (e.g. `dpkg --configure -a`,
+    /// without which apt refuses to work after an interrupted install). Not counted as progress,
+    /// so they must be safe to run at any point of the sequence.
+    #[serde(
+        default,
+        deserialize_with = "serde_yaml_ng::with::singleton_map_recursive::deserialize"
+    )]
+    pub on_resume: Vec<CommandSpec>,
     /// The commands (`- run: …` single-key maps rather than YAML `!tags`).
     #[serde(deserialize_with = "serde_yaml_ng::with::singleton_map_recursive::deserialize")]
     pub commands: Vec<CommandSpec>,
@@ -435,29 +450,38 @@ impl CommandSequence {
                 template::check(text).map_err(|e| format!("skipIf: {e}"))?;
             }
         }
-        for (i, command) in self.commands.iter().enumerate() {
-            match command {
-                CommandSpec::Run(argv) => check_argv(argv),
-                CommandSpec::WriteFile {
-                    path,
-                    content,
-                    mode,
-                } => check_node_path(path)
-                    .and_then(|()| template::check(path))
-                    .and_then(|()| template::check(content))
-                    .and_then(|()| match mode {
-                        Some(m) if inplace_agent_api::parse_mode(m).is_none() => {
-                            Err(format!("mode {m:?} is not octal"))
-                        }
-                        _ => Ok(()),
-                    }),
-                CommandSpec::VerifySha256 { path, sha256 } => check_node_path(path)
-                    .and_then(|()| template::check(path))
-                    .and_then(|()| template::check(sha256)),
+        for (list, commands) in [("onResume", &self.on_resume), ("commands", &self.commands)] {
+            for (i, command) in commands.iter().enumerate() {
+                command
+                    .validate()
+                    .map_err(|e| format!("{list}[{i}]: {e}"))?;
             }
-            .map_err(|e| format!("commands[{i}]: {e}"))?;
         }
         Ok(())
+    }
+}
+
+impl CommandSpec {
+    fn validate(&self) -> Result<(), String> {
+        match self {
+            CommandSpec::Run(argv) => check_argv(argv),
+            CommandSpec::WriteFile {
+                path,
+                content,
+                mode,
+            } => check_node_path(path)
+                .and_then(|()| template::check(path))
+                .and_then(|()| template::check(content))
+                .and_then(|()| match mode {
+                    Some(m) if inplace_agent_api::parse_mode(m).is_none() => {
+                        Err(format!("mode {m:?} is not octal"))
+                    }
+                    _ => Ok(()),
+                }),
+            CommandSpec::VerifySha256 { path, sha256 } => check_node_path(path)
+                .and_then(|()| template::check(path))
+                .and_then(|()| template::check(sha256)),
+        }
     }
 }
 

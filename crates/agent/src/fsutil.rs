@@ -109,12 +109,6 @@ pub(crate) fn matches(path: &Path, content: &[u8], meta: FileMeta) -> Result<boo
 /// Writes `content` to `path` atomically: temp file in the same directory, mode and owner set,
 /// fsync, rename over the target, fsync of the directory. Creates missing parent directories.
 pub(crate) fn atomic_write(path: &Path, content: &[u8], meta: FileMeta) -> Result<(), FsError> {
-    let parent = path.parent().ok_or_else(|| FsError {
-        action: "write",
-        path: path.to_path_buf(),
-        source: io::Error::new(io::ErrorKind::InvalidInput, "no parent directory"),
-    })?;
-    create_dirs(parent)?;
     if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
         return Err(FsError {
             action: "write",
@@ -122,17 +116,7 @@ pub(crate) fn atomic_write(path: &Path, content: &[u8], meta: FileMeta) -> Resul
             source: io::Error::new(io::ErrorKind::IsADirectory, "a directory is in the way"),
         });
     }
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let temp = parent.join(format!(".{name}{TEMP_SUFFIX}"));
-    // A temp file left by a crash is ours: replace it.
-    match fs::remove_file(&temp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(fs_err("remove stale", &temp)(e)),
-    }
+    let (parent, temp) = temp_beside(path, "write", |p| fs::remove_file(p))?;
     let result = (|| {
         let mut file = OpenOptions::new()
             .write(true)
@@ -156,6 +140,55 @@ pub(crate) fn atomic_write(path: &Path, content: &[u8], meta: FileMeta) -> Resul
         let _ = fs::remove_file(&temp);
     }
     result
+}
+
+/// The parent of `path` (created when missing) and the temp name beside it, `.<name>.inplace-tmp`,
+/// cleared with `remove` of what an interrupted earlier attempt left there (it is ours).
+fn temp_beside<'a>(
+    path: &'a Path,
+    action: &'static str,
+    remove: fn(&Path) -> io::Result<()>,
+) -> Result<(&'a Path, PathBuf), FsError> {
+    let parent = path.parent().ok_or_else(|| FsError {
+        action,
+        path: path.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, "no parent directory"),
+    })?;
+    create_dirs(parent)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temp = parent.join(format!(".{name}{TEMP_SUFFIX}"));
+    match remove(&temp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fs_err("remove stale", &temp)(e)),
+    }
+    Ok((parent, temp))
+}
+
+/// Reads a driver journal (JSON) from the state dir: a missing file is `T::default()`; an
+/// unreadable one is an error ending with `hint` (what moving it away does).
+pub(crate) fn read_journal<T: serde::de::DeserializeOwned + Default>(
+    path: &Path,
+    hint: &str,
+) -> Result<T, String> {
+    match read_optional(path).map_err(|e| e.to_string())? {
+        None => Ok(T::default()),
+        Some(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{}: unreadable ({e}); {hint}", path.display())),
+    }
+}
+
+/// Writes a driver journal atomically, owner-only.
+pub(crate) fn write_journal<T: serde::Serialize>(path: &Path, journal: &T) -> Result<(), String> {
+    let bytes = serde_json::to_vec(journal).map_err(|e| e.to_string())?;
+    let meta = FileMeta {
+        mode: 0o600,
+        owner: None,
+    };
+    atomic_write(path, &bytes, meta).map_err(|e| e.to_string())
 }
 
 /// Removes a file and fsyncs its directory; a missing file is fine.
@@ -189,6 +222,38 @@ pub(crate) fn create_dirs(dir: &Path) -> Result<(), FsError> {
         .mode(DEFAULT_DIR_MODE)
         .create(dir)
         .map_err(fs_err("create directory", dir))
+}
+
+/// Creates directory `path` with `mode` and `owner` in one visible step: a temp directory beside
+/// it gets mode and owner first and is then renamed into place, so an interruption never leaves
+/// `path` existing with the wrong mode or owner (which a later run, seeing it exist, would keep).
+/// Missing parents are created with [`DEFAULT_DIR_MODE`]. `path` must not exist yet.
+pub(crate) fn create_dir_atomic(
+    path: &Path,
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> Result<(), FsError> {
+    // A temp directory left by an interruption is ours (and empty).
+    let (parent, temp) = temp_beside(path, "create directory", |p| fs::remove_dir(p))?;
+    let result = (|| {
+        fs::DirBuilder::new()
+            .mode(mode)
+            .create(&temp)
+            .map_err(fs_err("create directory", &temp))?;
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(&temp, Some(uid), Some(gid))
+                .map_err(fs_err("chown", &temp))?;
+        }
+        // Explicitly, since the umask may have taken bits away.
+        fs::set_permissions(&temp, fs::Permissions::from_mode(mode))
+            .map_err(fs_err("chmod", &temp))?;
+        fs::rename(&temp, path).map_err(fs_err("rename onto", path))?;
+        sync_dir(parent)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_dir(&temp);
+    }
+    result
 }
 
 /// Reads a file that may be missing.

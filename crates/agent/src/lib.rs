@@ -18,6 +18,7 @@ mod fsutil;
 mod inventory;
 mod state;
 mod template;
+mod unfinished;
 
 use std::future::Future;
 

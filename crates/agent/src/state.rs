@@ -43,7 +43,7 @@ pub enum StateError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum LocalStepStatus {
-    /// Not started (or a clean shutdown stopped it).
+    /// Not started, or a clean shutdown stopped it ([`StepRecord::began`] tells the two apart).
     Pending,
     /// Started and not finished.
     Running,
@@ -71,6 +71,22 @@ pub struct StepRecord {
     pub stderr_tail: Option<String>,
     /// Outcome text.
     pub message: Option<String>,
+    /// How far a Kubernetes version step's command sequence got (absent in files written by
+    /// agents before it existed, and for other step kinds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<SequenceProgress>,
+}
+
+/// The commands of a step's configured sequence known to have completed, written (fsynced) after
+/// each one. A resumed step continues at the first command not counted here.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SequenceProgress {
+    /// SHA-256 (hex) of the expanded commands the count refers to: a count for another sequence
+    /// (the agent config or the pins changed in between) is never used.
+    pub sequence: String,
+    /// How many commands, from the first, completed.
+    pub done: u32,
 }
 
 impl StepRecord {
@@ -83,7 +99,20 @@ impl StepRecord {
             exit_code: None,
             stderr_tail: None,
             message: None,
+            progress: None,
         }
+    }
+
+    /// Whether an attempt of this step ever started: it was recorded `running` (durably, before
+    /// its first effect) at least once. A crash leaves it `running`; a clean shutdown puts it back
+    /// to `pending` but keeps `startedAtUnixMs`, which only a start sets — so this also holds for
+    /// a `state.json` written by an older agent that was stopped mid-step. A step that began may
+    /// have made some of its effects: it is never skipped by a `skipIf` check, and drivers redo
+    /// their follow-up effects (service restarts).
+    pub fn began(&self) -> bool {
+        self.status == LocalStepStatus::Running
+            || self.attempt > 0
+            || self.started_at_unix_ms.is_some()
     }
 }
 
