@@ -25,6 +25,8 @@ pub const TOKEN_PREFIX: &str = "iu1_";
 pub const TOKEN_RANDOM_BYTES: usize = 32;
 /// Longest `Authorization` header value considered.
 pub const MAX_TOKEN_BYTES: usize = 512;
+/// Largest token file read (`--agent-tokens`, at start and on every reload check): about 100 000 entries.
+pub const MAX_TOKEN_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
 /// Why a token file or a presented token was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -48,14 +50,9 @@ pub enum AuthError {
         /// What is wrong.
         problem: String,
     },
-    /// The token file could not be read.
-    #[error("cannot read {path}: {detail}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        detail: String,
-    },
+    /// The token file could not be read, or is over [`MAX_TOKEN_FILE_BYTES`].
+    #[error("{0}")]
+    Read(String),
 }
 
 /// One entry of the token file.
@@ -191,10 +188,8 @@ impl AgentTokens {
             return Ok(false);
         };
         let shown = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|err| AuthError::Read {
-            path: shown.clone(),
-            detail: err.to_string(),
-        })?;
+        let bytes = inplace_bounded_read::read(path, MAX_TOKEN_FILE_BYTES)
+            .map_err(|err| AuthError::Read(err.to_string()))?;
         if self.state.read().unwrap_or_else(PoisonError::into_inner).0 == bytes {
             return Ok(false);
         }

@@ -29,7 +29,7 @@ struct Journal {
 
 fn load_journal(env: &DriverEnv) -> Result<Journal, String> {
     let path = env.state_dir.join(JOURNAL);
-    match read_optional(&path).map_err(|e| e.to_string())? {
+    match read_optional(&path, crate::limits::MAX_JOURNAL_BYTES).map_err(|e| e.to_string())? {
         None => Ok(Journal::default()),
         Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
             format!(
@@ -163,7 +163,7 @@ fn converge(
     real: &Path,
 ) -> Result<bool, String> {
     let desired = if file.spec.append {
-        let existing = read_optional(real)
+        let existing = read_optional(real, crate::limits::MAX_MANAGED_FILE_BYTES)
             .map_err(|e| e.to_string())?
             .unwrap_or_default();
         // Already appended (by an earlier attempt, or an identical earlier plan): nothing to do

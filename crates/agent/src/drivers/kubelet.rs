@@ -33,12 +33,15 @@ pub(crate) fn write(
     let node_path = &env.config.kubelet.flags_file;
     let path = env.fs.path(node_path)?;
     let journal_path = env.state_dir.join(JOURNAL);
-    let mut journal: Journal = match read_optional(&journal_path).map_err(|e| e.to_string())? {
+    let mut journal: Journal = match read_optional(&journal_path, crate::limits::MAX_JOURNAL_BYTES)
+        .map_err(|e| e.to_string())?
+    {
         None => Journal::default(),
         Some(bytes) => serde_json::from_slice(&bytes)
             .map_err(|e| format!("{}: unreadable ({e})", journal_path.display()))?,
     };
-    let existing = read_optional(&path).map_err(|e| e.to_string())?;
+    let existing =
+        read_optional(&path, crate::limits::MAX_KUBELET_FLAGS_BYTES).map_err(|e| e.to_string())?;
     let text = match &existing {
         Some(bytes) => {
             String::from_utf8(bytes.clone()).map_err(|_| format!("{node_path} is not UTF-8"))?
