@@ -25,6 +25,8 @@ pub const TOKEN_PREFIX: &str = "iu1_";
 pub const TOKEN_RANDOM_BYTES: usize = 32;
 /// Longest `Authorization` header value considered.
 pub const MAX_TOKEN_BYTES: usize = 512;
+/// Largest token file read (`--agent-tokens`, at start and on every reload check): about 100 000 entries.
+pub const MAX_TOKEN_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
 /// Why a token file or a presented token was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -48,14 +50,9 @@ pub enum AuthError {
         /// What is wrong.
         problem: String,
     },
-    /// The token file could not be read.
-    #[error("cannot read {path}: {detail}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        detail: String,
-    },
+    /// The token file could not be read, or is over [`MAX_TOKEN_FILE_BYTES`].
+    #[error("{0}")]
+    Read(String),
 }
 
 /// One entry of the token file.
@@ -195,17 +192,10 @@ impl AgentTokens {
             return Ok(false);
         };
         let shown = path.display().to_string();
-        let bytes = match std::fs::read(path) {
+        let bytes = match inplace_bounded_read::read(path, MAX_TOKEN_FILE_BYTES) {
             Ok(bytes) => bytes,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound && self.nothing_loaded() => {
-                return Ok(false);
-            }
-            Err(err) => {
-                return Err(AuthError::Read {
-                    path: shown,
-                    detail: err.to_string(),
-                });
-            }
+            Err(err) if err.is_not_found() && self.nothing_loaded() => return Ok(false),
+            Err(err) => return Err(AuthError::Read(err.to_string())),
         };
         if self.state.read().unwrap_or_else(PoisonError::into_inner).0 == bytes {
             return Ok(false);
@@ -410,7 +400,7 @@ mod tests {
         assert!(tokens.authenticate(Some(&header)).is_ok());
         std::fs::remove_file(&path).unwrap();
         assert!(
-            matches!(tokens.reload_if_changed(), Err(AuthError::Read { .. })),
+            matches!(tokens.reload_if_changed(), Err(AuthError::Read(_))),
             "a file that disappears after tokens were loaded is reported"
         );
         assert!(

@@ -29,13 +29,16 @@ Cluster: check the ExtensionConfig's namespaceSelector (deploy/ selects inplace-
 label on the Cluster's namespace (kubectl label namespace NAMESPACE inplace-updater/enabled=true), and that \
 `kubectl get extensionconfig inplace-updater` lists the three handlers in its status.";
 
-/// Reads `--policy` or takes the built-in default.
+/// Largest policy file read (`serve --policy`, `policy check`, `diff --policy`); the built-in policy is 4 KiB.
+pub const MAX_POLICY_BYTES: u64 = 1024 * 1024;
+
+/// Reads `--policy` (at most [`MAX_POLICY_BYTES`]) or takes the built-in default.
 pub fn load_policy(path: Option<&std::path::Path>) -> anyhow::Result<Policy> {
     match path {
         None => Ok(Policy::builtin()),
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading policy {}", path.display()))?;
+            let text = inplace_bounded_read::read_to_string(path, MAX_POLICY_BYTES)
+                .context("reading the policy")?;
             Policy::from_yaml(&text).with_context(|| format!("policy {}", path.display()))
         }
     }

@@ -4,7 +4,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::fsutil::{FileMeta, FsError, atomic_write, create_dirs, fs_err};
+use crate::fsutil::{FileMeta, FsError, atomic_write, create_dirs, fs_err, read_bounded};
 
 /// Backups of this many most recent plans are kept; older ones are pruned when a plan starts.
 pub const MAX_BACKUP_PLANS: usize = 5;
@@ -49,7 +49,7 @@ impl Backups {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(fs_err("inspect", real_path)(e)),
         };
-        let content = fs::read(real_path).map_err(fs_err("read", real_path))?;
+        let content = read_bounded(real_path, crate::limits::MAX_BACKUP_BYTES)?;
         if let Some(parent) = target.parent() {
             create_dirs(parent)?;
         }

@@ -16,18 +16,9 @@ pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
 /// Why the driver config cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The file could not be read.
-    #[error("reading agent config {path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is over [`MAX_CONFIG_BYTES`].
-    #[error("agent config {0} is larger than {MAX_CONFIG_BYTES} bytes")]
-    TooLarge(String),
+    /// The file could not be read, is not UTF-8, or is over [`MAX_CONFIG_BYTES`] (pipes included).
+    #[error("agent config: {0}")]
+    Read(#[from] inplace_bounded_read::ReadError),
     /// YAML syntax or shape.
     #[error("agent config: {0}")]
     Parse(String),
@@ -317,16 +308,7 @@ fn default_kubeadm_version() -> Vec<String> {
 impl DriverConfig {
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let shown = path.display().to_string();
-        let read_err = |source| ConfigError::Read {
-            path: shown.clone(),
-            source,
-        };
-        let size = std::fs::metadata(path).map_err(read_err)?.len();
-        if size > MAX_CONFIG_BYTES {
-            return Err(ConfigError::TooLarge(shown));
-        }
-        let text = std::fs::read_to_string(path).map_err(read_err)?;
+        let text = inplace_bounded_read::read_to_string(path, MAX_CONFIG_BYTES)?;
         Self::from_yaml(&text)
     }
 

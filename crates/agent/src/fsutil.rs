@@ -6,6 +6,8 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
+use crate::limits::MAX_USER_DB_BYTES;
+
 /// Suffix of the temporary file an atomic write creates next to its target. The name starts with
 /// a dot too, so kubelet's static-pod watcher (which skips hidden files) never reads it.
 const TEMP_SUFFIX: &str = ".inplace-tmp";
@@ -102,8 +104,12 @@ pub(crate) fn matches(path: &Path, content: &[u8], meta: FileMeta) -> Result<boo
     {
         return Ok(false);
     }
-    let existing = fs::read(path).map_err(fs_err("read", path))?;
-    Ok(existing == content)
+    // Same length as `content` a moment ago: read no more than that plus the byte that shows it grew.
+    match inplace_bounded_read::read(path, content.len() as u64) {
+        Ok(existing) => Ok(existing == content),
+        Err(inplace_bounded_read::ReadError::TooLarge { .. }) => Ok(false),
+        Err(err) => Err(bounded_err(path, err)),
+    }
 }
 
 /// Writes `content` to `path` atomically: temp file in the same directory, mode and owner set,
@@ -174,7 +180,7 @@ pub(crate) fn read_journal<T: serde::de::DeserializeOwned + Default>(
     path: &Path,
     hint: &str,
 ) -> Result<T, String> {
-    match read_optional(path).map_err(|e| e.to_string())? {
+    match read_optional(path, crate::limits::MAX_JOURNAL_BYTES).map_err(|e| e.to_string())? {
         None => Ok(T::default()),
         Some(bytes) => serde_json::from_slice(&bytes)
             .map_err(|e| format!("{}: unreadable ({e}); {hint}", path.display())),
@@ -256,13 +262,27 @@ pub(crate) fn create_dir_atomic(
     result
 }
 
-/// Reads a file that may be missing.
-pub(crate) fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, FsError> {
-    match fs::read(path) {
-        Ok(bytes) => Ok(Some(bytes)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(fs_err("read", path)(e)),
-    }
+/// Reads a file that may be missing, refusing one over `limit` bytes (a pipe or device is read no further
+/// than that: see `inplace_bounded_read`).
+pub(crate) fn read_optional(path: &Path, limit: u64) -> Result<Option<Vec<u8>>, FsError> {
+    inplace_bounded_read::read_optional(path, limit).map_err(|err| bounded_err(path, err))
+}
+
+/// [`read_optional`] for a file that must exist.
+pub(crate) fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, FsError> {
+    inplace_bounded_read::read(path, limit).map_err(|err| bounded_err(path, err))
+}
+
+fn bounded_err(path: &Path, err: inplace_bounded_read::ReadError) -> FsError {
+    use inplace_bounded_read::ReadError;
+    let source = match err {
+        ReadError::Io { source, .. } => source,
+        ReadError::TooLarge { limit, .. } => {
+            io::Error::other(format!("larger than the limit of {limit} bytes"))
+        }
+        ReadError::NotUtf8 { .. } => io::Error::new(io::ErrorKind::InvalidData, "not UTF-8"),
+    };
+    fs_err("read", path)(source)
 }
 
 /// The agent's effective uid.
@@ -284,7 +304,7 @@ pub(crate) struct PasswdEntry {
 /// Looks `name` up in `<root>/etc/passwd`. A missing file means "no such user".
 pub(crate) fn lookup_user(fs: &RootFs, name: &str) -> Result<Option<PasswdEntry>, String> {
     let path = fs.path("/etc/passwd")?;
-    let Some(bytes) = read_optional(&path).map_err(|e| e.to_string())? else {
+    let Some(bytes) = read_optional(&path, MAX_USER_DB_BYTES).map_err(|e| e.to_string())? else {
         return Ok(None);
     };
     Ok(String::from_utf8_lossy(&bytes).lines().find_map(|line| {
@@ -303,7 +323,7 @@ pub(crate) fn lookup_user(fs: &RootFs, name: &str) -> Result<Option<PasswdEntry>
 /// Looks a group name up in `<root>/etc/group`.
 pub(crate) fn lookup_group(fs: &RootFs, name: &str) -> Result<Option<u32>, String> {
     let path = fs.path("/etc/group")?;
-    let Some(bytes) = read_optional(&path).map_err(|e| e.to_string())? else {
+    let Some(bytes) = read_optional(&path, MAX_USER_DB_BYTES).map_err(|e| e.to_string())? else {
         return Ok(None);
     };
     Ok(String::from_utf8_lossy(&bytes).lines().find_map(|line| {

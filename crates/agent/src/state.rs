@@ -10,13 +10,12 @@ use inplace_agent_api::{Plan, PlanProgress, PlanStatus, StepReport, StepStatus};
 use serde::{Deserialize, Serialize};
 
 use crate::fsutil::{FileMeta, atomic_write, read_optional, remove_file};
+use crate::limits::MAX_STATE_BYTES;
 
 /// Version of the `state.json` layout.
 const STATE_FORMAT: u32 = 1;
 /// Most undelivered reports kept; past it the oldest `running` reports go first, then the oldest.
 pub const MAX_OUTBOX: usize = 256;
-/// Largest `state.json` / plan file read back.
-const MAX_STATE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Why the state dir cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -233,14 +232,10 @@ impl StateStore {
         rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
             .map_err(|_| StateError::Locked(dir.display().to_string()))?;
         let state_path = dir.join("state.json");
-        let state = match read_optional(&state_path).map_err(|e| StateError::Io(e.to_string()))? {
+        let state = match read_optional(&state_path, MAX_STATE_BYTES)
+            .map_err(|e| StateError::Io(e.to_string()))?
+        {
             None => LocalState::default(),
-            Some(bytes) if bytes.len() > MAX_STATE_BYTES => {
-                return Err(StateError::Corrupt {
-                    path: state_path.display().to_string(),
-                    reason: "too large".into(),
-                });
-            }
             Some(bytes) => {
                 serde_json::from_slice::<LocalState>(&bytes).map_err(|e| StateError::Corrupt {
                     path: state_path.display().to_string(),
@@ -276,7 +271,7 @@ impl StateStore {
     fn load_plan_body(&self) -> Option<Plan> {
         let record = self.state.current.as_ref()?;
         let path = self.plan_path(&record.plan_id);
-        let bytes = read_optional(&path).ok().flatten()?;
+        let bytes = read_optional(&path, MAX_STATE_BYTES).ok().flatten()?;
         let plan: Plan = match serde_json::from_slice(&bytes) {
             Ok(plan) => plan,
             Err(e) => {

@@ -150,7 +150,7 @@ fn converge(
     real: &Path,
 ) -> Result<bool, String> {
     let desired = if file.spec.append {
-        let existing = read_optional(real)
+        let existing = read_optional(real, crate::limits::MAX_MANAGED_FILE_BYTES)
             .map_err(|e| e.to_string())?
             .unwrap_or_default();
         // Already appended (by an earlier attempt, or an identical earlier plan): nothing to do

@@ -39,7 +39,8 @@ pub(crate) fn write(
         &journal_path,
         "move it away to forget which flags the agent set",
     )?;
-    let existing = read_optional(&path).map_err(|e| e.to_string())?;
+    let existing =
+        read_optional(&path, crate::limits::MAX_KUBELET_FLAGS_BYTES).map_err(|e| e.to_string())?;
     let text = match &existing {
         Some(bytes) => {
             String::from_utf8(bytes.clone()).map_err(|_| format!("{node_path} is not UTF-8"))?

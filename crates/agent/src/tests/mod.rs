@@ -1,6 +1,7 @@
 //! Driver and state tests on temporary `--root` sandboxes, with fake programs in a sandbox PATH
 //! that record their arguments.
 
+mod bounded_reads;
 mod commands;
 mod files;
 mod node_config;
