@@ -17,7 +17,7 @@ use crate::api::{
 };
 use crate::diffcmd::{PackedInputs, render_json, render_text};
 use crate::dispatch::plan_for;
-use crate::dispatch::records::UpdateRecord;
+use crate::dispatch::records::{UpdateRecord, valid_segment};
 use crate::hooks::{Engine, can_update_machine, can_update_machine_set, update_request};
 use crate::server::decode_agent_body;
 
@@ -38,17 +38,24 @@ static ENGINE: LazyLock<Engine> = LazyLock::new(|| Engine {
     dispatcher: None,
 });
 
-/// Hook request bodies as CAPI (or anyone who reaches the hook port) sends them: each decoder, then the
-/// full CanUpdateMachine / CanUpdateMachineSet hooks (diff, policy, patch, self-check), and UpdateMachine up
-/// to the store: settings, Machine facts and allowed actions ([`update_request`]), then the plan it would
-/// record and its validation ([`plan_for`], for both kubeadm upgrade modes), and the verdict fingerprints
-/// of the desired objects.
+/// Hook request bodies as CAPI (or anyone who reaches the hook port) sends them: each decoder (which runs
+/// every object through [`crate::api::validate`]), then the full CanUpdateMachine / CanUpdateMachineSet hooks
+/// (diff, policy, patch, self-check), and UpdateMachine up to the store: settings, Machine facts and allowed
+/// actions ([`update_request`]) — asserting that the Machine validation let through has a name agents accept
+/// — then the plan it would record and its validation ([`plan_for`], for both kubeadm upgrade modes), and the
+/// verdict fingerprints of the desired objects.
 pub fn hook_request(data: &[u8]) {
     let _ = decode_request::<CanUpdateMachineRequest>(data);
     let _ = decode_request::<CanUpdateMachineSetRequest>(data);
     if let Ok(request) = decode_request::<UpdateMachineRequest>(data)
         && let Ok(update) = update_request(&ENGINE.policy, request)
     {
+        // What validation promises: a Machine it lets through can be recorded and served to its agent.
+        let machine = &update.facts.machine;
+        assert!(
+            valid_segment(&machine.namespace) && valid_segment(&machine.name),
+            "validation let through a Machine no agent can be given: {machine}"
+        );
         let _ = plan_for(&update, KubeadmUpgradeMode::Node);
         let _ = plan_for(&update, KubeadmUpgradeMode::Apply);
     }

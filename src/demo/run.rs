@@ -210,7 +210,11 @@ pub async fn run(machines: usize, dir: &Path) -> Result<Vec<MachineResult>, Demo
         vec![],
     ))
     .map_err(setup("certificates"))?;
-    let ca = std::fs::read(certs_dir.join("ca.crt")).map_err(setup("reading the CA"))?;
+    let ca = inplace_bounded_read::read(
+        &certs_dir.join("ca.crt"),
+        crate::server::tls::MAX_PEM_FILE_BYTES,
+    )
+    .map_err(setup("reading the CA"))?;
     let token = create_token(
         &AgentScope::Cluster {
             namespace: "default".into(),

@@ -1,12 +1,16 @@
 //! Prometheus metrics: hook calls by hook and status, latency histograms, verdicts, TLS reloads, panics, and
 //! UpdateMachine calls refused because no CanUpdate answer accepted their desired state.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::api::Hook;
 
 /// Labels of `hook_calls_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -72,6 +76,9 @@ pub struct Metrics {
     pub in_flight: Gauge,
     /// UpdateMachine calls refused for want of a CanUpdate verdict covering their desired state, by reason.
     pub unjudged_updates: Family<ReasonLabels, Counter>,
+    /// CanUpdateMachine, CanUpdateMachineSet and UpdateMachine calls answered since start (discovery excluded:
+    /// CAPI calls it whatever the namespaces). Zero is what `status` turns into a namespace-selector hint.
+    decision_calls: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -138,6 +145,7 @@ impl Metrics {
         }
         Self {
             unjudged_updates,
+            decision_calls: AtomicU64::new(0),
             in_flight,
             registry,
             calls,
@@ -158,6 +166,9 @@ impl Metrics {
         seconds: f64,
     ) {
         self.calls.get_or_create(&CallLabels { hook, status }).inc();
+        if hook != Hook::Discovery.name() {
+            self.decision_calls.fetch_add(1, Ordering::Relaxed);
+        }
         self.verdicts
             .get_or_create(&VerdictLabels { hook, verdict })
             .inc();
@@ -175,6 +186,11 @@ impl Metrics {
                 })
                 .inc();
         }
+    }
+
+    /// CanUpdateMachine, CanUpdateMachineSet and UpdateMachine calls answered since the process started.
+    pub fn decision_calls(&self) -> u64 {
+        self.decision_calls.load(Ordering::Relaxed)
     }
 
     /// The registry in Prometheus text exposition format.

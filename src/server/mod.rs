@@ -18,7 +18,9 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-pub use admin::{Readiness, health_router, metrics_router, status_router};
+pub use admin::{
+    HOOK_CALLS_ANSWERED_HEADER, Readiness, health_router, metrics_router, status_router,
+};
 pub use agent_routes::{
     AGENT_BODY_READ_TIME, AgentBodyError, MAX_AGENT_REQUEST_TIME, decode_agent_body,
 };
@@ -168,8 +170,10 @@ pub async fn run(
         (
             "health listener",
             listeners.health,
-            health_router(readiness.clone())
-                .merge(status_router(services.engine.dispatcher.clone())),
+            health_router(readiness.clone()).merge(status_router(
+                services.engine.dispatcher.clone(),
+                metrics.clone(),
+            )),
         ),
         (
             "metrics listener",
