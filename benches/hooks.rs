@@ -1,7 +1,9 @@
 //! What each hook costs on its own, with no network in between: the body bytes in, the answer bytes out,
-//! exactly the function the server runs per call (decode, diff, policy, patch, self-check; UpdateMachine on
-//! the in-memory store). Next to each, the time serde_json needs just to parse the same body into a
-//! `serde_json::Value`, the floor any JSON hook pays.
+//! exactly the function the server runs per call (decode, diff, policy, patch, self-check and the verdict's
+//! fingerprints; UpdateMachine on the in-memory store). CanUpdateMachine is also measured with its verdict
+//! written, on the in-memory and on the embedded redb (`file:`) store, whose every commit is fsync'd. Next to
+//! each, the time serde_json needs just to parse the same body into a `serde_json::Value`, the floor any JSON
+//! hook pays.
 //!
 //! `cargo bench --bench hooks` prints divan's table.
 #![allow(clippy::unwrap_used)]
@@ -44,8 +46,7 @@ static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
         .unwrap()
 });
 
-static ENGINE: LazyLock<Arc<Engine>> = LazyLock::new(|| {
-    let store = Arc::new(inplace_store::memory::MemoryStore::new());
+fn engine(store: Arc<dyn inplace_store::Store>) -> Arc<Engine> {
     let dispatcher = RUNTIME.block_on(async {
         Dispatcher::new(
             store,
@@ -57,12 +58,45 @@ static ENGINE: LazyLock<Arc<Engine>> = LazyLock::new(|| {
         policy: inplace_core::Policy::builtin(),
         dispatcher: Some(dispatcher),
     })
+}
+
+static ENGINE: LazyLock<Arc<Engine>> =
+    LazyLock::new(|| engine(Arc::new(inplace_store::memory::MemoryStore::new())));
+
+/// The embedded store in a scratch directory that lives as long as the process.
+static FILE_ENGINE: LazyLock<Arc<Engine>> = LazyLock::new(|| {
+    let dir = Box::leak(Box::new(tempfile::tempdir().unwrap()));
+    let store = RUNTIME
+        .block_on(inplace_store::file::FileStore::open(dir.path()))
+        .unwrap();
+    engine(Arc::new(store))
 });
+
+/// CanUpdateMachine as the server answers it: judged, then its verdict written to the store.
+fn judged_and_recorded(engine: &Arc<Engine>, body: &[u8]) -> hooks::Answer {
+    let judged = hooks::can_update_machine(engine, body);
+    RUNTIME.block_on(hooks::record(engine.clone(), judged))
+}
 
 #[divan::bench(args = CAN_UPDATE)]
 fn can_update_machine(bencher: divan::Bencher, name: &str) {
     let body = fixture(name);
     bencher.bench(|| hooks::can_update_machine(&ENGINE, black_box(&body)));
+}
+
+#[divan::bench(args = ["memory", "file"])]
+fn can_update_machine_recorded(bencher: divan::Bencher, store: &str) {
+    let body = fixture(CAN_UPDATE[0]);
+    let engine = if store == "file" {
+        &*FILE_ENGINE
+    } else {
+        &*ENGINE
+    };
+    assert_eq!(
+        judged_and_recorded(engine, &body).status.as_str(),
+        "Success"
+    );
+    bencher.bench(|| judged_and_recorded(engine, black_box(&body)));
 }
 
 #[divan::bench(args = CAN_UPDATE)]
@@ -80,7 +114,10 @@ fn can_update_machine_set(bencher: divan::Bencher) {
 #[divan::bench]
 fn update_machine_in_progress(bencher: divan::Bencher) {
     let body = fixture("update-machine-kcp.json");
-    RUNTIME.block_on(hooks::update_machine(ENGINE.clone(), body.clone()));
+    // CAPI's CanUpdateMachine for this Machine first, then the call that records the run.
+    judged_and_recorded(&ENGINE, &fixture("can-update-machine-kcp-version.json"));
+    let first = RUNTIME.block_on(hooks::update_machine(ENGINE.clone(), body.clone()));
+    assert_eq!(first.status.as_str(), "Success", "{}", first.message);
     bencher.bench(|| RUNTIME.block_on(hooks::update_machine(ENGINE.clone(), body.clone())));
 }
 

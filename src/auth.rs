@@ -30,6 +30,8 @@ pub const TOKEN_RANDOM_BYTES: usize = 32;
 pub const MAX_TOKEN_BYTES: usize = 512;
 /// Most revoked token hashes remembered (the oldest are forgotten first, and then refused as unknown).
 pub const MAX_REMEMBERED_REVOKED: usize = 10_000;
+/// Largest token file read (`--agent-tokens`, at start and on every reload check): about 100 000 entries.
+pub const MAX_TOKEN_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
 /// Why a token file or a presented token was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -56,14 +58,9 @@ pub enum AuthError {
         /// What is wrong.
         problem: String,
     },
-    /// The token file could not be read.
-    #[error("cannot read {path}: {detail}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        detail: String,
-    },
+    /// The token file could not be read, or is over [`MAX_TOKEN_FILE_BYTES`].
+    #[error("{0}")]
+    Read(String),
 }
 
 /// One entry of the token file.
@@ -183,7 +180,8 @@ impl AgentTokens {
         }
     }
 
-    /// Loads the file; fails when it is unreadable or malformed.
+    /// Loads the file; fails when it is unreadable or malformed. A file that does not exist yet loads as no
+    /// tokens (see [`AgentTokens::reload_if_changed`]).
     pub fn load(path: &Path) -> Result<Self, AuthError> {
         let tokens = Self {
             path: Some(path.to_owned()),
@@ -194,15 +192,19 @@ impl AgentTokens {
     }
 
     /// Re-reads the file; returns whether the entries changed. A malformed new file keeps the old entries.
+    /// A file that does not exist while no token was ever loaded is "no tokens yet", not an error: an
+    /// optional Secret volume is empty until the Secret is created, and the file is picked up when it
+    /// appears. A file that disappears after tokens were loaded is an error (the tokens stay in force).
     pub fn reload_if_changed(&self) -> Result<bool, AuthError> {
         let Some(path) = &self.path else {
             return Ok(false);
         };
         let shown = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|err| AuthError::Read {
-            path: shown.clone(),
-            detail: err.to_string(),
-        })?;
+        let bytes = match inplace_bounded_read::read(path, MAX_TOKEN_FILE_BYTES) {
+            Ok(bytes) => bytes,
+            Err(err) if err.is_not_found() && self.nothing_loaded() => return Ok(false),
+            Err(err) => return Err(AuthError::Read(err.to_string())),
+        };
         if self.state.read().unwrap_or_else(PoisonError::into_inner).0 == bytes {
             return Ok(false);
         }
@@ -222,6 +224,15 @@ impl AgentTokens {
         }
         *state = (bytes, entries);
         Ok(true)
+    }
+
+    /// Whether no file content was ever loaded (an absent or empty file so far).
+    fn nothing_loaded(&self) -> bool {
+        self.state
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+            .is_empty()
     }
 
     /// How many tokens are configured.
@@ -423,6 +434,32 @@ mod tests {
                 .unwrap()
                 .authenticate(Some(&header)),
             Err(AuthError::Unknown)
+        );
+    }
+    #[test]
+    fn a_token_file_that_does_not_exist_yet_is_no_tokens_until_it_appears() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        let tokens = AgentTokens::load(&path).unwrap();
+        assert!(tokens.is_empty());
+        let created = create_token(&cluster("default", "c"), None).unwrap();
+        let header = format!("Bearer {}", created.token);
+        assert_eq!(tokens.authenticate(Some(&header)), Err(AuthError::Unknown));
+        assert!(
+            !tokens.reload_if_changed().unwrap(),
+            "still absent: no change, no error"
+        );
+        std::fs::write(&path, &created.line).unwrap();
+        assert!(tokens.reload_if_changed().unwrap());
+        assert!(tokens.authenticate(Some(&header)).is_ok());
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            matches!(tokens.reload_if_changed(), Err(AuthError::Read(_))),
+            "a file that disappears after tokens were loaded is reported"
+        );
+        assert!(
+            tokens.authenticate(Some(&header)).is_ok(),
+            "and its tokens stay in force"
         );
     }
 }

@@ -11,7 +11,9 @@ use inplace_agent_api::{AgentIdentity, MachineRef};
 use inplace_store::{EtcdOptions, StoreUrl};
 
 use crate::api::parse_go_duration;
-use crate::dispatch::{DEFAULT_RETENTION, DEFAULT_RETRY_AFTER_SECONDS, DispatchConfig};
+use crate::dispatch::{
+    DEFAULT_RETENTION, DEFAULT_RETRY_AFTER_SECONDS, DEFAULT_VERDICT_RETENTION, DispatchConfig,
+};
 use crate::server::{
     ConnLimits, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_SHUTDOWN_GRACE, DEFAULT_TLS_RELOAD_INTERVAL, ServeConfig, tls::TlsFiles,
@@ -342,6 +344,10 @@ pub struct ServeArgs {
     /// How long finished updates are kept (Go duration).
     #[arg(long, env = "INPLACE_UPDATER_RETENTION", value_parser = duration, default_value = "168h")]
     pub retention: Duration,
+    /// How long the CanUpdate verdicts UpdateMachine is checked against are kept (Go duration; longer than
+    /// CAPI's 24 h cache of CanUpdateMachineSet answers).
+    #[arg(long, env = "INPLACE_UPDATER_VERDICT_RETENTION", value_parser = duration, default_value = "72h")]
+    pub verdict_retention: Duration,
 }
 
 /// Resolved listen addresses (hooks, health, metrics).
@@ -367,6 +373,7 @@ impl ServeArgs {
         DispatchConfig {
             retry_after_seconds: self.retry_after_seconds,
             retention: self.retention,
+            verdict_retention: self.verdict_retention,
         }
     }
 
@@ -421,6 +428,7 @@ const _: () = {
     assert!(DEFAULT_HEADER_READ_TIMEOUT.as_secs() == 10);
     assert!(DEFAULT_SHUTDOWN_GRACE.as_secs() == 8);
     assert!(DEFAULT_RETENTION.as_secs() == 168 * 3600);
+    assert!(DEFAULT_VERDICT_RETENTION.as_secs() == 72 * 3600);
 };
 
 #[cfg(test)]

@@ -20,13 +20,28 @@ use crate::observe::{InstrumentedStore, backend_name};
 use crate::server::{self, Listeners, Metrics, Readiness, Services};
 use inplace_store::StoreUrl;
 
-/// Reads `--policy` or takes the built-in default.
+/// Start-up warning when the server holds no agent token: CanUpdate hooks work, but no update can be
+/// carried out because no agent gets in.
+pub const NO_AGENT_TOKENS_WARNING: &str = "no agent tokens: no agent can authenticate";
+
+/// What `status` adds when the server has answered no CanUpdate/UpdateMachine call since it started: the
+/// server cannot see namespaces, so it names what decides whether CAPI calls it at all.
+pub const NO_HOOK_CALLS_HINT: &str = "no CanUpdateMachine, CanUpdateMachineSet or UpdateMachine call \
+answered since the server started. If a rollout is under way, CAPI is not calling this extension for its \
+Cluster: check the ExtensionConfig's namespaceSelector (deploy/ selects inplace-updater/enabled=true) and the \
+label on the Cluster's namespace (kubectl label namespace NAMESPACE inplace-updater/enabled=true), and that \
+`kubectl get extensionconfig inplace-updater` lists the three handlers in its status.";
+
+/// Largest policy file read (`serve --policy`, `policy check`, `diff --policy`); the built-in policy is 4 KiB.
+pub const MAX_POLICY_BYTES: u64 = 1024 * 1024;
+
+/// Reads `--policy` (at most [`MAX_POLICY_BYTES`]) or takes the built-in default.
 pub fn load_policy(path: Option<&std::path::Path>) -> anyhow::Result<Policy> {
     match path {
         None => Ok(Policy::builtin()),
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading policy {}", path.display()))?;
+            let text = inplace_bounded_read::read_to_string(path, MAX_POLICY_BYTES)
+                .context("reading the policy")?;
             Policy::from_yaml(&text).with_context(|| format!("policy {}", path.display()))
         }
     }
@@ -85,6 +100,21 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
         })?;
     let store = InstrumentedStore::wrap(store, backend_name(&args.store), metrics.store.clone());
     tracing::info!(store = %store.describe(), rules = policy.rules().len(), agent_tokens = tokens.len(), "loaded");
+    if tokens.is_empty() {
+        let reason = match &args.agent_tokens {
+            None => "no --agent-tokens file given".to_string(),
+            Some(path) if !path.exists() => format!(
+                "{} does not exist (yet); it is read again every {:?}",
+                path.display(),
+                args.tls_reload_interval
+            ),
+            Some(path) => format!("{} has no token line", path.display()),
+        };
+        tracing::warn!(
+            %reason,
+            "{NO_AGENT_TOKENS_WARNING} (hook calls are answered; `inplace-updater token create` makes a token and its line)"
+        );
+    }
     let dispatcher = Dispatcher::with_metrics(
         store,
         args.dispatch_config(),
@@ -170,19 +200,36 @@ pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
     if args.agents {
         let rows: Vec<AgentRow> = match &args.store {
             Some(url) => store_dispatcher(args, url).await?.agents().await?,
-            None => get_json(args, "/status/agents").await?,
+            None => get_json(args, "/status/agents").await?.0,
         };
         return Ok(match args.output {
             OutputFormat::Json => serde_json::to_string_pretty(&rows)? + "\n",
             OutputFormat::Text => render_agents(&rows, now_ms()),
         });
     }
+    // Only a running server knows whether CAPI has called it; a store read directly cannot say.
+    let mut no_hook_calls = false;
     let rows: Vec<StatusRow> = match &args.store {
         Some(url) => store_dispatcher(args, url).await?.status().await?,
-        None => get_json(args, "/status").await?,
+        None => {
+            let (rows, headers) = get_json(args, "/status").await?;
+            no_hook_calls = headers
+                .get(server::HOOK_CALLS_ANSWERED_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.trim() == "0");
+            rows
+        }
     };
     Ok(match args.output {
-        OutputFormat::Json => serde_json::to_string_pretty(&rows)? + "\n",
+        OutputFormat::Json => {
+            if no_hook_calls {
+                eprintln!("{NO_HOOK_CALLS_HINT}");
+            }
+            serde_json::to_string_pretty(&rows)? + "\n"
+        }
+        OutputFormat::Text if no_hook_calls => {
+            format!("{}\n{NO_HOOK_CALLS_HINT}\n", render_status(&rows))
+        }
         OutputFormat::Text => render_status(&rows),
     })
 }
@@ -198,15 +245,17 @@ async fn store_dispatcher(args: &StatusArgs, url: &StoreUrl) -> anyhow::Result<A
     ))
 }
 
+/// GETs `path` from the server's health port and decodes the JSON body; the headers come back too.
 async fn get_json<T: serde::de::DeserializeOwned>(
     args: &StatusArgs,
     path: &str,
-) -> anyhow::Result<T> {
+) -> anyhow::Result<(T, hyper::HeaderMap)> {
     let url = format!("{}{path}", args.server.trim_end_matches('/'));
-    let body = crate::http::get_plain(&url)
+    let (body, headers) = crate::http::get_plain_response(&url)
         .await
         .with_context(|| format!("asking {} for {path}", args.server))?;
-    serde_json::from_slice(&body).with_context(|| format!("decoding {path}"))
+    let value = serde_json::from_slice(&body).with_context(|| format!("decoding {path}"))?;
+    Ok((value, headers))
 }
 
 fn render_agents(rows: &[AgentRow], now: u64) -> String {

@@ -8,26 +8,23 @@ use std::path::Path;
 use inplace_core::{ChangeVerdict, Decision, Objects, Outcome, Policy, Scope, Settings, decide};
 use serde_json::Value;
 
+use crate::api::validate::{self, Head, Role};
+
 /// Exit code when every change goes in place (or nothing changed).
 pub const EXIT_IN_PLACE: i32 = 0;
 /// Exit code when some change needs a rollout (or in-place-only mode refuses it).
 pub const EXIT_ROLLOUT: i32 = 3;
 /// Exit code on bad input.
 pub const EXIT_BAD_INPUT: i32 = 1;
-/// Largest input file read.
+/// Largest input file read (the same as a hook request body): a pipe or device is read no further than this.
 pub const MAX_INPUT_BYTES: u64 = 20 * 1024 * 1024;
 
 /// Why the inputs could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum DiffError {
-    /// A file could not be read.
-    #[error("cannot read {path}: {detail}")]
-    Read {
-        /// The file.
-        path: String,
-        /// Why.
-        detail: String,
-    },
+    /// A file could not be read (missing, not UTF-8, or over [`MAX_INPUT_BYTES`]).
+    #[error(transparent)]
+    Read(#[from] inplace_bounded_read::ReadError),
     /// A file is neither JSON nor YAML objects.
     #[error("{path}: {detail}")]
     Parse {
@@ -49,6 +46,15 @@ struct Side {
 }
 
 impl Side {
+    /// The objects in role order (machine or MachineSet, bootstrap, infrastructure).
+    fn slots(&self) -> [Option<&Value>; 3] {
+        [
+            self.machine.as_ref(),
+            self.bootstrap.as_ref(),
+            self.infra.as_ref(),
+        ]
+    }
+
     fn objects(&self) -> Objects<'_> {
         Objects {
             machine: self.machine.as_ref(),
@@ -58,19 +64,9 @@ impl Side {
     }
 }
 
-/// Reads one input file (at most [`MAX_INPUT_BYTES`], UTF-8).
+/// Reads one input file (at most [`MAX_INPUT_BYTES`], UTF-8; pipes and devices included).
 fn read_input(path: &Path) -> Result<String, DiffError> {
-    let read_err = |detail: String| DiffError::Read {
-        path: path.display().to_string(),
-        detail,
-    };
-    let size = std::fs::metadata(path)
-        .map_err(|e| read_err(e.to_string()))?
-        .len();
-    if size > MAX_INPUT_BYTES {
-        return Err(read_err(format!("larger than {MAX_INPUT_BYTES} bytes")));
-    }
-    std::fs::read_to_string(path).map_err(|e| read_err(e.to_string()))
+    inplace_bounded_read::read_to_string(path, MAX_INPUT_BYTES).map_err(DiffError::Read)
 }
 
 /// Parses one input: a JSON value, or every non-empty YAML document. `name` is shown in errors.
@@ -136,6 +132,68 @@ fn classify(name: &str, documents: Vec<Value>) -> Result<(Side, Option<Scope>), 
         *slot = Some(document);
     }
     Ok((side, scope))
+}
+
+/// Where one side's objects came from: the file (shown first in messages) and, for a whole request,
+/// `current` or `desired` (the objects are then named as the request names them).
+#[derive(Clone, Copy)]
+struct Origin<'a> {
+    file: &'a str,
+    side: Option<&'a str>,
+}
+
+/// The request field names of each role, per scope.
+fn role_fields(scope: Scope) -> ([Role; 3], [&'static str; 3]) {
+    match scope {
+        Scope::Object => (
+            Role::MACHINE_SIDE,
+            ["machine", "bootstrapConfig", "infrastructureMachine"],
+        ),
+        Scope::Template => (
+            Role::MACHINE_SET_SIDE,
+            [
+                "machineSet",
+                "bootstrapConfigTemplate",
+                "infrastructureMachineTemplate",
+            ],
+        ),
+    }
+}
+
+/// Checks both sides' objects with the hooks' own rules ([`crate::api::validate`]): role, names and the type of
+/// every field read, and the same kind on both sides.
+fn validate_sides(
+    scope: Scope,
+    current: (Origin<'_>, &Side),
+    desired: (Origin<'_>, &Side),
+) -> Result<(), DiffError> {
+    let (roles, fields) = role_fields(scope);
+    let at = |origin: Origin<'_>, index: usize| match origin.side {
+        Some(side) => format!("{side}.{}", fields[index]),
+        None => fields[index].to_owned(),
+    };
+    let invalid = |origin: Origin<'_>, err: validate::Invalid| {
+        DiffError::Shape(format!("{}: {err}", origin.file))
+    };
+    let mut heads: [[Option<Head>; 3]; 2] = Default::default();
+    for (heads, (origin, side)) in heads.iter_mut().zip([current, desired]) {
+        for (index, object) in side.slots().into_iter().enumerate() {
+            if let Some(object) = object {
+                heads[index] = Some(
+                    validate::check_value(roles[index], &at(origin, index), object)
+                        .map_err(|err| invalid(origin, err))?,
+                );
+            }
+        }
+    }
+    let [current_heads, desired_heads] = &heads;
+    for (index, pair) in current_heads.iter().zip(desired_heads).enumerate() {
+        if let (Some(c), Some(d)) = pair {
+            validate::same_kind(&at(current.0, index), c, &at(desired.0, index), d)
+                .map_err(|err| invalid(desired.0, err))?;
+        }
+    }
+    Ok(())
 }
 
 /// Everything `diff` prints, plus the exit code.
@@ -241,11 +299,30 @@ pub fn decide_inputs(
 ) -> Result<DiffReport, DiffError> {
     let current_docs = parse_documents(current.name, current.text)?;
     let (current_side, desired_side, scope, request_settings) = match desired {
-        None => from_request(current.name, current_docs)?,
+        None => {
+            let sides = from_request(current.name, current_docs)?;
+            let origin = |side| Origin {
+                file: current.name,
+                side: Some(side),
+            };
+            validate_sides(
+                sides.2,
+                (origin("current"), &sides.0),
+                (origin("desired"), &sides.1),
+            )?;
+            sides
+        }
         Some(desired) => {
             let (c, cs) = classify(current.name, current_docs)?;
             let (d, ds) = classify(desired.name, parse_documents(desired.name, desired.text)?)?;
-            (c, d, cs.or(ds).unwrap_or(Scope::Object), BTreeMap::new())
+            let scope = cs.or(ds).unwrap_or(Scope::Object);
+            let origin = |file| Origin { file, side: None };
+            validate_sides(
+                scope,
+                (origin(current.name), &c),
+                (origin(desired.name), &d),
+            )?;
+            (c, d, scope, BTreeMap::new())
         }
     };
     let mut merged = request_settings;
@@ -318,7 +395,8 @@ fn from_request(name: &str, documents: Vec<Value>) -> Result<RequestSides, DiffE
         let objects = request
             .get(key)
             .ok_or_else(|| DiffError::Shape(format!("{name}: no `{key}` in the request")))?;
-        let take = |key: &str| objects.get(key).filter(|v| v.is_object()).cloned();
+        // Present and not null: validation names anything else that is not an object.
+        let take = |key: &str| objects.get(key).filter(|v| !v.is_null()).cloned();
         Ok(if template {
             Side {
                 machine: take("machineSet"),
@@ -545,7 +623,7 @@ mod tests {
         assert!(matches!(err, DiffError::Parse { .. }), "{err}");
         assert!(err.to_string().contains("current.yaml"), "{err}");
         let err = run(&missing, None, &policy, &none).unwrap_err();
-        assert!(matches!(err, DiffError::Read { .. }), "{err}");
+        assert!(matches!(err, DiffError::Read(_)), "{err}");
         assert!(err.to_string().contains("missing.yaml"), "{err}");
     }
 }

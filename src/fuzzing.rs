@@ -17,7 +17,7 @@ use crate::api::{
 };
 use crate::diffcmd::{PackedInputs, render_json, render_text};
 use crate::dispatch::plan_for;
-use crate::dispatch::records::UpdateRecord;
+use crate::dispatch::records::{UpdateRecord, valid_segment};
 use crate::hooks::{Engine, can_update_machine, can_update_machine_set, update_request};
 use crate::server::decode_agent_body;
 
@@ -38,21 +38,52 @@ static ENGINE: LazyLock<Engine> = LazyLock::new(|| Engine {
     dispatcher: None,
 });
 
-/// Hook request bodies as CAPI (or anyone who reaches the hook port) sends them: each decoder, then the
-/// full CanUpdateMachine / CanUpdateMachineSet hooks (diff, policy, patch, self-check), and UpdateMachine up
-/// to the store: settings, Machine facts and allowed actions ([`update_request`]), then the plan it would
-/// record and its validation ([`plan_for`], for both kubeadm upgrade modes).
+/// Hook request bodies as CAPI (or anyone who reaches the hook port) sends them: each decoder (which runs
+/// every object through [`crate::api::validate`]), then the full CanUpdateMachine / CanUpdateMachineSet hooks
+/// (diff, policy, patch, self-check), and UpdateMachine up to the store: settings, Machine facts and allowed
+/// actions ([`update_request`]) — asserting that the Machine validation let through has a name agents accept
+/// — then the plan it would record and its validation ([`plan_for`], for both kubeadm upgrade modes), and the
+/// verdict fingerprints of the desired objects.
 pub fn hook_request(data: &[u8]) {
     let _ = decode_request::<CanUpdateMachineRequest>(data);
     let _ = decode_request::<CanUpdateMachineSetRequest>(data);
     if let Ok(request) = decode_request::<UpdateMachineRequest>(data)
         && let Ok(update) = update_request(&ENGINE.policy, request)
     {
+        // What validation promises: a Machine it lets through can be recorded and served to its agent.
+        let machine = &update.facts.machine;
+        assert!(
+            valid_segment(&machine.namespace) && valid_segment(&machine.name),
+            "validation let through a Machine no agent can be given: {machine}"
+        );
         let _ = plan_for(&update, KubeadmUpgradeMode::Node);
         let _ = plan_for(&update, KubeadmUpgradeMode::Apply);
     }
     let _ = can_update_machine(&ENGINE, data);
     let _ = can_update_machine_set(&ENGINE, data);
+    verdict_prints(data);
+}
+
+/// The verdict check's normalisation and fingerprints over whatever desired objects the body carries, read
+/// as a Machine's objects and as templates.
+fn verdict_prints(data: &[u8]) {
+    use inplace_core::verdict::{CheckMode, Desired, Normalized, check};
+    let Ok(body) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
+    let side = &body["desired"];
+    let first = |names: [&str; 2]| names.iter().find_map(|name| side.get(name));
+    let objects = inplace_core::Objects {
+        machine: first(["machine", "machineSet"]),
+        bootstrap: first(["bootstrapConfig", "bootstrapConfigTemplate"]),
+        infra: first(["infrastructureMachine", "infrastructureMachineTemplate"]),
+    };
+    for scope in [inplace_core::Scope::Object, inplace_core::Scope::Template] {
+        let desired = Desired::new(Normalized::of(scope, &objects));
+        for mode in [CheckMode::Exact, CheckMode::TemplateSubset] {
+            let _ = check(&desired.prints, &desired, mode);
+        }
+    }
 }
 
 /// The run agent reports and progress are folded into: three steps, id `3f2a` as in the agent_api seeds.

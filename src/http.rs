@@ -25,8 +25,8 @@ pub enum HttpError {
     },
 }
 
-/// GETs a URL over plain HTTP/1.1 and returns the body of a 200 answer.
-pub async fn get_plain(url: &str) -> Result<Vec<u8>, HttpError> {
+/// GETs a URL over plain HTTP/1.1 and returns the body and headers of a 200 answer.
+pub async fn get_plain_response(url: &str) -> Result<(Vec<u8>, hyper::HeaderMap), HttpError> {
     let rest = url
         .strip_prefix("http://")
         .ok_or_else(|| HttpError::Url(url.into()))?;
@@ -51,6 +51,7 @@ pub async fn get_plain(url: &str) -> Result<Vec<u8>, HttpError> {
         .await
         .map_err(|e| HttpError::Io(e.to_string()))?;
     let status = response.status().as_u16();
+    let headers = response.headers().clone();
     let body = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BYTES)
         .collect()
         .await
@@ -63,7 +64,7 @@ pub async fn get_plain(url: &str) -> Result<Vec<u8>, HttpError> {
             body: String::from_utf8_lossy(&body).chars().take(200).collect(),
         });
     }
-    Ok(body)
+    Ok((body, headers))
 }
 
 /// POSTs a JSON body over HTTPS (HTTP/1.1), verifying the server against `ca_pem` for `server_name`.

@@ -93,22 +93,37 @@ impl Server {
         let entries: Vec<Entry> = self.store.list("").await.unwrap();
         entries
             .into_iter()
-            .filter(|entry| !entry.key.starts_with("refusals/"))
+            .filter(|entry| !entry.key.starts_with("agent-refusals/"))
             .map(|entry| (entry.key, entry.revision.0))
             .collect()
     }
 
     /// The refusal records, as stored.
     async fn refusals(&self) -> Vec<Value> {
-        let entries: Vec<Entry> = self.store.list("refusals/").await.unwrap();
+        let entries: Vec<Entry> = self.store.list("agent-refusals/").await.unwrap();
         entries
             .iter()
             .map(|entry| serde_json::from_slice(&entry.value).unwrap())
             .collect()
     }
 
-    /// Records an UpdateMachine run for [`MACHINE`] and returns the answer.
+    /// What CAPI asks before it triggers the update: CanUpdateMachine for [`MACHINE`] at the same version.
+    async fn can_update_machine(&self) {
+        let (status, body) = self
+            .call(
+                Hook::CanUpdateMachine.path(),
+                None,
+                Body::from(common::fixture("can-update-machine-kcp-version.json")),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(body.contains(r#""status":"Success""#), "{body}");
+    }
+
+    /// Records an UpdateMachine run for [`MACHINE`] (after CanUpdateMachine, as CAPI does) and returns the
+    /// answer.
     async fn update_machine(&self) -> Value {
+        self.can_update_machine().await;
         let (status, body) = self
             .call(
                 Hook::UpdateMachine.path(),
@@ -384,6 +399,7 @@ async fn the_longest_provider_id_is_served_not_a_503() {
     let mut request: Value =
         serde_json::from_slice(&common::fixture("update-machine-kcp.json")).unwrap();
     request["desired"]["machine"]["spec"]["providerID"] = json!(provider_id);
+    server.can_update_machine().await;
     let (status, text) = server
         .call(
             Hook::UpdateMachine.path(),

@@ -1,6 +1,6 @@
 //! Durability, all real processes: the server is killed with SIGKILL at the worst moments of a rollout and
 //! restarted on the same embedded store; the rollout completes, no step runs twice, and no answer after a
-//! restart contradicts one before it.
+//! restart contradicts one before it. A CanUpdate verdict recorded before a restart is honoured after it.
 
 mod common;
 
@@ -64,6 +64,10 @@ async fn killed_server_resumes_the_rollout_without_repeating_a_step() {
         addr: server.hooks,
     };
 
+    // 0. Killed between CanUpdateMachine and UpdateMachine: the verdict is on disk.
+    capi.kcp_judges(MACHINES[0]).await;
+    restart(&mut server);
+
     // 1. Killed right after UpdateMachine recorded the work.
     let first = update_request("update-machine-kcp.json", MACHINES[0]);
     let before = progress(&capi.update_machine(&first).await);
@@ -81,6 +85,7 @@ async fn killed_server_resumes_the_rollout_without_repeating_a_step() {
     // 2. Killed while the agent is inside a step.
     agents[1].sandbox.slow_kubeadm(true).unwrap();
     let second = update_request("update-machine-kcp.json", MACHINES[1]);
+    capi.kcp_judges(MACHINES[1]).await;
     let mut last = progress(&capi.update_machine(&second).await);
     let sandbox = agents[1].sandbox.clone();
     wait_until("the agent to be inside kubeadm upgrade", || {
@@ -104,6 +109,7 @@ async fn killed_server_resumes_the_rollout_without_repeating_a_step() {
 
     // 3. Killed after the agent reported done, before CAPI asked again.
     let third = update_request("update-machine-kcp.json", MACHINES[2]);
+    capi.kcp_judges(MACHINES[2]).await;
     capi.update_machine(&third).await;
     let probe = &server;
     wait_until("the run to be recorded done", || {

@@ -1,6 +1,7 @@
 //! Two server replicas on one real etcd: CAPI calls replica A while the agents poll replica B; agents on B are
 //! woken by work A records (etcd watch, not a poll interval); then A is killed mid-rollout and CAPI switches to
-//! B. The rollout completes with no step run twice and none lost.
+//! B. The rollout completes with no step run twice and none lost. A CanUpdate verdict recorded through one
+//! replica licenses the UpdateMachine another replica answers.
 #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
 mod common;
@@ -51,7 +52,19 @@ async fn replicas_on_etcd_share_the_rollout_and_survive_losing_one() {
         addr: b.hooks,
     };
 
-    // CAPI records work on A; the agent waiting on B starts it without waiting out its 25 s poll.
+    // A desired state no CanUpdate answer judged is refused by either replica.
+    let unjudged = update_request("update-machine-kcp.json", MACHINES[0]);
+    for capi in [&on_a, &on_b] {
+        let outcome = capi.update_machine(&unjudged).await;
+        assert!(
+            matches!(&outcome, UpdateOutcome::Failed { message } if message.contains("no-verdict")),
+            "{outcome:?}"
+        );
+    }
+
+    // CanUpdateMachine answered by B, UpdateMachine by A: the verdict is in etcd, so A honours it. A records
+    // the work; the agent waiting on B starts it without waiting out its 25 s poll.
+    on_b.kcp_judges(MACHINES[0]).await;
     let first = update_request("update-machine-kcp.json", MACHINES[0]);
     let started = Instant::now();
     on_a.update_machine(&first).await;
@@ -79,6 +92,7 @@ async fn replicas_on_etcd_share_the_rollout_and_survive_losing_one() {
     // The second machine starts on A, then A dies mid-step and CAPI's calls land on B.
     agents[1].sandbox.slow_kubeadm(true).unwrap();
     let second = update_request("update-machine-kcp.json", MACHINES[1]);
+    on_a.kcp_judges(MACHINES[1]).await;
     on_a.update_machine(&second).await;
     let sandbox = agents[1].sandbox.clone();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -103,6 +117,7 @@ async fn replicas_on_etcd_share_the_rollout_and_survive_losing_one() {
         UpdateOutcome::Done
     );
     let third = update_request("update-machine-kcp.json", MACHINES[2]);
+    on_b.kcp_judges(MACHINES[2]).await;
     assert_eq!(
         on_b.update_until_settled(&third, SETTLE).await.0,
         UpdateOutcome::Done

@@ -79,12 +79,9 @@ async fn rollout_upgrades_control_plane_then_workers_for_real() {
         addr: server.hooks,
     };
 
-    // KubeadmControlPlane: asks CanUpdateMachine, then drives UpdateMachine machine by machine.
-    let can =
-        serde_json::from_slice::<Value>(&common::fixture("can-update-machine-kcp-version.json"))
-            .unwrap();
-    assert_eq!(capi.can_update_machine(&can).await, CapiDecision::InPlace);
+    // KubeadmControlPlane: asks CanUpdateMachine for each Machine, then drives its UpdateMachine.
     for name in CONTROL_PLANE {
+        capi.kcp_judges(name).await;
         let request = update_request("update-machine-kcp.json", name);
         let (outcome, messages) = capi.update_until_settled(&request, SETTLE).await;
         assert_eq!(outcome, UpdateOutcome::Done, "{name}: {messages:?}");
@@ -240,10 +237,22 @@ async fn rollout_upgrades_control_plane_then_workers_for_real() {
         worker_spec["files"][2]["content"].as_str().unwrap()
     );
 
-    // A failing kubeadm surfaces as Failure with its stderr, and stays so on every later call.
+    // A failing kubeadm surfaces as Failure with its stderr, and stays so on every later call. The
+    // MachineDeployment first asks about a newer MachineSet at v1.34.2 and moves the worker to it.
     agents[4].sandbox.fail_kubeadm(true).unwrap();
+    let mut newer_set = can_set.clone();
+    newer_set["current"] = can_set["desired"].clone();
+    newer_set["desired"]["machineSet"]["metadata"]["name"] = Value::from("edge-01-md-0-v1342");
+    newer_set["desired"]["machineSet"]["spec"]["template"]["spec"]["version"] =
+        Value::from("v1.34.2");
+    assert_eq!(
+        capi.can_update_machine_set(&newer_set).await,
+        CapiDecision::InPlace
+    );
     let mut failing = second.clone();
     failing["desired"]["machine"]["spec"]["version"] = Value::from("v1.34.2");
+    failing["desired"]["machine"]["metadata"]["labels"]["cluster.x-k8s.io/set-name"] =
+        Value::from("edge-01-md-0-v1342");
     let (outcome, _) = capi.update_until_settled(&failing, SETTLE).await;
     let UpdateOutcome::Failed { message } = outcome else {
         panic!("expected Failure, got {outcome:?}")

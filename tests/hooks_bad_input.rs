@@ -108,7 +108,7 @@ async fn wrong_types_are_named_by_path() {
     )
     .await;
     assert!(
-        message.contains("field `desired.bootstrapConfig` must be a JSON object, found an array"),
+        message.contains("desired.bootstrapConfig: expected an object, found a list"),
         "{message}"
     );
     let message = failure_message(

@@ -138,7 +138,9 @@ async fn router_for(path: &str) -> Router {
     let dispatcher =
         inplace_updater::dispatch::Dispatcher::new(store, Default::default(), Default::default());
     match path {
-        "/status" | "/status/agents" => inplace_updater::server::status_router(Some(dispatcher)),
+        "/status" | "/status/agents" => {
+            inplace_updater::server::status_router(Some(dispatcher), metrics)
+        }
         "/healthz" | "/readyz" => {
             let readiness = Readiness::default();
             readiness.set(true);

@@ -85,6 +85,31 @@ fn decode(status: u16, body: &[u8]) -> Option<Answer> {
     }
 }
 
+/// CanUpdateMachineSet for each cluster's new MachineSet, one after another on one connection (the
+/// MachineDeployment controller asks once per MachineSet); every answer must be `Success`.
+pub async fn judge_machine_sets(
+    addr: SocketAddr,
+    tls: &TlsConnector,
+    clusters: impl Iterator<Item = String>,
+) -> anyhow::Result<()> {
+    let path = format!("{}?timeout=10s", Hook::CanUpdateMachineSet.path());
+    let mut conn = Conn::open(tls, addr, None, None).await?;
+    for cluster in clusters {
+        let reply = conn
+            .post(
+                &path,
+                crate::payloads::can_update_machine_set(&cluster)?.into(),
+            )
+            .await?;
+        let answer: serde_json::Value = serde_json::from_slice(&reply.body)?;
+        anyhow::ensure!(
+            reply.status == 200 && answer["status"] == "Success",
+            "CanUpdateMachineSet for {cluster}: {answer}"
+        );
+    }
+    Ok(())
+}
+
 /// Drives every target until Done, Failure, or `deadline` from now.
 pub async fn drive(
     addr: SocketAddr,

@@ -324,7 +324,17 @@ fn run(
             while fleet.join_next().await.is_some() {}
             return anyhow::Ok((CapiResult::default(), connected));
         }
-        // CAPI creates work for the targets.
+        // The MachineDeployment of each cluster with targets asks about its new MachineSet once (as CAPI
+        // does before it moves Machines), then CAPI creates work for the targets.
+        let with_targets: std::collections::BTreeSet<usize> =
+            target_indices.iter().map(|&index| index / per_cluster).collect();
+        capi::judge_machine_sets(
+            addr,
+            &tls,
+            with_targets.iter().map(|cluster| format!("edge-{cluster:03}")),
+        )
+        .await
+        .context("CanUpdateMachineSet")?;
         let work = Instant::now();
         let before = proc_sample(pid)?;
         let template = crate::payloads::UpdateTemplate::worker()?;

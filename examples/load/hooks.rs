@@ -411,7 +411,14 @@ pub fn run(args: &HooksArgs) -> anyhow::Result<()> {
     );
     let mut results: Vec<(Run, Run)> = workloads.iter().map(|_| Default::default()).collect();
     client.block_on(async {
-        // Record the steady Machines' runs once, on both servers alike.
+        // The MachineDeployment's question before it moves Machines (the UpdateMachine bodies' MachineSet),
+        // and the steady Machines' runs, once, on both servers alike.
+        let judge = format!("{}?timeout=10s", Hook::CanUpdateMachineSet.path());
+        for addr in [ours.addr, ceiling.addr] {
+            let mut conn = Conn::open(&tls, addr, None, None).await?;
+            conn.post(&judge, payloads::can_update_machine_set("edge-01")?.into())
+                .await?;
+        }
         if let Some(steady) = workloads
             .iter()
             .find(|w| matches!(w.bodies, Bodies::Steady(_)))

@@ -77,6 +77,19 @@ pub fn worst_can_update_machine() -> anyhow::Result<Vec<u8>> {
     Ok(serde_json::to_vec(&request)?)
 }
 
+/// The new MachineSet of cluster `cluster`'s MachineDeployment, which the worker Machines are moved to.
+pub fn set_name(cluster: &str) -> String {
+    format!("{cluster}-md-0-q9vdm")
+}
+
+/// What the MachineDeployment controller asks before it moves Machines to the new MachineSet of `cluster`
+/// (the MD fixture, that MachineSet renamed), so their UpdateMachine calls find its verdict.
+pub fn can_update_machine_set(cluster: &str) -> anyhow::Result<Vec<u8>> {
+    let mut request = fixture_json("can-update-machineset-md.json")?;
+    request["desired"]["machineSet"]["metadata"]["name"] = json!(set_name(cluster));
+    Ok(serde_json::to_vec(&request)?)
+}
+
 /// An UpdateMachine body template (worker fixture) with `{{NAME}}`, `{{CLUSTER}}` placeholders, so each request
 /// for another Machine costs one string replace.
 pub struct UpdateTemplate {
@@ -101,6 +114,8 @@ impl UpdateTemplate {
             }
         }
         let machine = &mut request["desired"]["machine"];
+        // Each cluster's MachineDeployment has its own MachineSet (see `can_update_machine_set`).
+        machine["metadata"]["labels"]["cluster.x-k8s.io/set-name"] = json!(set_name(CLUSTER));
         machine["spec"]["clusterName"] = json!(CLUSTER);
         machine["spec"]["providerID"] = json!(format!("docker:////{NAME}"));
         machine["spec"]["bootstrap"]["configRef"]["name"] = json!(NAME);

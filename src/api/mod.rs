@@ -8,6 +8,7 @@ mod duration;
 pub mod objects;
 mod requests;
 mod responses;
+pub mod validate;
 
 pub use duration::{DurationError, parse_go_duration};
 pub use objects::{Object, Pair};

@@ -10,42 +10,17 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::requests::{DecodeError, ObjectKey};
+use super::requests::DecodeError;
 
 /// A Kubernetes object as CAPI put it in the request: its JSON text, checked to be an object.
 pub type Object = Box<RawValue>;
 
-/// The JSON type of a text, named for messages (`an object`, `a string`, ...).
-fn json_type(raw: &RawValue) -> &'static str {
-    match raw.get().as_bytes().first() {
-        Some(b'{') => "an object",
-        Some(b'[') => "an array",
-        Some(b'"') => "a string",
-        Some(b't' | b'f') => "a boolean",
-        Some(b'n') => "null",
-        _ => "a number",
-    }
-}
-
 /// Whether the text is a JSON object.
-pub fn is_object(raw: &RawValue) -> bool {
+fn is_object(raw: &RawValue) -> bool {
     raw.get().starts_with('{')
-}
-
-/// Checks that the text at `path` is a JSON object.
-pub fn require_object(raw: &RawValue, path: &'static str) -> Result<(), DecodeError> {
-    if is_object(raw) {
-        Ok(())
-    } else {
-        Err(DecodeError::NotAnObject {
-            path,
-            found: json_type(raw),
-        })
-    }
 }
 
 fn json_error(path: &'static str, err: &serde_json::Error) -> DecodeError {
@@ -58,48 +33,6 @@ fn json_error(path: &'static str, err: &serde_json::Error) -> DecodeError {
 /// Parses a whole object.
 pub fn parse(raw: &RawValue, path: &'static str) -> Result<Value, DecodeError> {
     serde_json::from_str(raw.get()).map_err(|err| json_error(path, &err))
-}
-
-/// Only `apiVersion` and `kind` of an object, as an object (what decides which policy rules apply to it),
-/// read without building the rest of it.
-pub fn type_meta(raw: &RawValue, path: &'static str) -> Result<Value, DecodeError> {
-    #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct TypeMeta {
-        api_version: Option<Value>,
-        kind: Option<Value>,
-    }
-    let meta: TypeMeta = serde_json::from_str(raw.get()).map_err(|err| json_error(path, &err))?;
-    let mut object = Map::new();
-    for (name, value) in [("apiVersion", meta.api_version), ("kind", meta.kind)] {
-        if let Some(value) = value {
-            object.insert(name.to_owned(), value);
-        }
-    }
-    Ok(Value::Object(object))
-}
-
-/// `metadata.namespace` and `metadata.name` of an object, read without parsing the rest of it.
-pub fn key_of(raw: &RawValue) -> Option<ObjectKey> {
-    #[derive(Deserialize)]
-    struct Head {
-        metadata: Option<Metadata>,
-    }
-    #[derive(Deserialize)]
-    struct Metadata {
-        name: Option<Value>,
-        namespace: Option<Value>,
-    }
-    let metadata = serde_json::from_str::<Head>(raw.get()).ok()?.metadata?;
-    Some(ObjectKey {
-        name: metadata.name?.as_str()?.to_owned(),
-        namespace: metadata
-            .namespace
-            .as_ref()
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned(),
-    })
 }
 
 /// One object of a CanUpdate request, both sides parsed.
@@ -284,24 +217,5 @@ mod tests {
         assert_eq!(pair.current(), Some(&json!({"spec": {"a": "A"}})));
         let one = Pair::parse(None, Some(&desired), &["spec"], "x").expect("parses");
         assert_eq!((one.current(), one.desired().is_some()), (None, true));
-    }
-
-    #[test]
-    fn non_objects_are_named_and_heads_read_without_the_rest() {
-        let text = RawValue::from_string("[1]".into()).expect("json");
-        let err = require_object(&text, "desired.machine").expect_err("not an object");
-        assert!(err.to_string().contains("found an array"), "{err}");
-        let object =
-            raw(&json!({"metadata": {"name": "m", "namespace": "ns"}, "spec": {"big": [1, 2]}}));
-        assert_eq!(
-            key_of(&object).map(|k| k.to_string()).as_deref(),
-            Some("ns/m")
-        );
-        let typed =
-            raw(&json!({"apiVersion": "v", "kind": "K", "metadata": {}, "spec": {"big": [1, 2]}}));
-        assert_eq!(
-            type_meta(&typed, "x").expect("parses"),
-            json!({"apiVersion": "v", "kind": "K"})
-        );
     }
 }

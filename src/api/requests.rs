@@ -5,9 +5,11 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 use super::HOOKS_API_VERSION;
-use super::objects::{Object, key_of, require_object};
+use super::objects::{Object, parse};
+use super::validate::{self, Head, Invalid, Role};
 
 /// Why a request body could not be decoded; the message names the offending field.
 #[derive(Debug, thiserror::Error)]
@@ -36,20 +38,9 @@ pub enum DecodeError {
         /// What this endpoint serves.
         expected: &'static str,
     },
-    /// An object is not a JSON object.
-    #[error("field `{path}` must be a JSON object, found {found}")]
-    NotAnObject {
-        /// Path of the object, e.g. `desired.bootstrapConfig`.
-        path: &'static str,
-        /// The JSON type found.
-        found: &'static str,
-    },
-    /// An object lacks `metadata.name`, without which nothing can be tracked.
-    #[error("field `{path}.metadata.name` is missing or not a string")]
-    MissingName {
-        /// Path of the object, e.g. `desired.machine`.
-        path: &'static str,
-    },
+    /// An object does not fit its role, or a field this extension reads has the wrong type or form.
+    #[error("{0}")]
+    Invalid(#[from] Invalid),
 }
 
 /// A request type: what `kind` it is and how to check it after decoding.
@@ -58,8 +49,7 @@ pub trait HookRequest: DeserializeOwned {
     const KIND: &'static str;
     /// The TypeMeta the body carried.
     fn type_meta(&self) -> (&Option<String>, &Option<String>);
-    /// Checks what decoding alone cannot express (objects are objects, required names), and notes the
-    /// names it read.
+    /// Checks every object against its role ([`validate`]), and notes the types and names it read.
     fn validate(&mut self) -> Result<(), DecodeError> {
         Ok(())
     }
@@ -136,61 +126,147 @@ impl std::fmt::Display for ObjectKey {
     }
 }
 
-fn optional_object(object: &Option<Object>, path: &'static str) -> Result<(), DecodeError> {
-    object
-        .as_ref()
-        .map_or(Ok(()), |object| require_object(object, path))
+/// One side's object texts in role order (machine or MachineSet, bootstrap, infrastructure), with the paths
+/// messages name them by.
+struct SideTexts<'a> {
+    texts: [Option<&'a Object>; 3],
+    paths: [&'static str; 3],
+    roles: [Role; 3],
 }
 
-fn require_name(object: &Object, path: &'static str) -> Result<ObjectKey, DecodeError> {
-    require_object(object, path)?;
-    key_of(object).ok_or(DecodeError::MissingName { path })
-}
-
-impl MachineObjects {
-    fn validate(&mut self, side: Side) -> Result<(), DecodeError> {
-        let (machine, infra, bootstrap) = match side {
-            Side::Current => (
-                "current.machine",
-                "current.infrastructureMachine",
-                "current.bootstrapConfig",
-            ),
-            Side::Desired => (
-                "desired.machine",
-                "desired.infrastructureMachine",
-                "desired.bootstrapConfig",
-            ),
+/// Checks every object of one side ([`validate::check_text`]); an object whose text equals the same role's
+/// text on `twin` (the other side, already checked) takes its head instead of being walked again.
+/// `checked` holds heads already known (an object checked in its parsed form); those are not walked again.
+fn check_side(
+    side: &SideTexts<'_>,
+    twin: Option<(&SideTexts<'_>, &[Option<Head>; 3])>,
+    checked: [Option<Head>; 3],
+) -> Result<[Option<Head>; 3], DecodeError> {
+    let mut heads = checked;
+    for (index, head) in heads.iter_mut().enumerate() {
+        let Some(text) = side.texts[index].filter(|_| head.is_none()) else {
+            continue;
         };
-        self.key = Some(require_name(&self.machine, machine)?);
-        optional_object(&self.infrastructure_machine, infra)?;
-        optional_object(&self.bootstrap_config, bootstrap)
+        let known = twin.and_then(|(other, heads)| {
+            let same = other.texts[index].is_some_and(|t| t.get() == text.get());
+            same.then(|| heads[index].clone()).flatten()
+        });
+        *head = Some(match known {
+            Some(head) => head,
+            None => validate::check_text(side.roles[index], side.paths[index], text)?,
+        });
+    }
+    if let Some((other, other_heads)) = twin {
+        for (index, pair) in other_heads.iter().zip(&heads).enumerate() {
+            if let (Some(current), Some(desired)) = pair {
+                validate::same_kind(other.paths[index], current, side.paths[index], desired)?;
+            }
+        }
+    }
+    Ok(heads)
+}
+
+/// What validation needs of one side's objects, whichever request they belong to.
+trait SideObjects {
+    /// The roles of the three objects.
+    const ROLES: [Role; 3];
+    /// Their paths on the current side and on the desired side.
+    const PATHS: [[&'static str; 3]; 2];
+    /// Their texts.
+    fn objects(&self) -> [Option<&Object>; 3];
+    /// Where the heads and the first object's key are kept.
+    fn heads_mut(&mut self) -> (&mut Option<ObjectKey>, &mut [Option<Head>; 3]);
+
+    fn texts(&self, side: Side) -> SideTexts<'_> {
+        SideTexts {
+            texts: self.objects(),
+            paths: Self::PATHS[side as usize],
+            roles: Self::ROLES,
+        }
+    }
+
+    fn keep(&mut self, heads: [Option<Head>; 3]) {
+        let (key, kept) = self.heads_mut();
+        *key = heads[0].as_ref().map(Head::key);
+        *kept = heads;
     }
 }
 
-impl MachineSetObjects {
-    fn validate(&mut self, side: Side) -> Result<(), DecodeError> {
-        let (set, infra, bootstrap) = match side {
-            Side::Current => (
-                "current.machineSet",
-                "current.infrastructureMachineTemplate",
-                "current.bootstrapConfigTemplate",
-            ),
-            Side::Desired => (
-                "desired.machineSet",
-                "desired.infrastructureMachineTemplate",
-                "desired.bootstrapConfigTemplate",
-            ),
-        };
-        self.key = Some(require_name(&self.machine_set, set)?);
-        optional_object(&self.infrastructure_machine_template, infra)?;
-        optional_object(&self.bootstrap_config_template, bootstrap)
+impl SideObjects for MachineObjects {
+    const ROLES: [Role; 3] = Role::MACHINE_SIDE;
+    const PATHS: [[&'static str; 3]; 2] = [
+        [
+            "current.machine",
+            "current.bootstrapConfig",
+            "current.infrastructureMachine",
+        ],
+        [
+            "desired.machine",
+            "desired.bootstrapConfig",
+            "desired.infrastructureMachine",
+        ],
+    ];
+
+    fn objects(&self) -> [Option<&Object>; 3] {
+        [
+            Some(&self.machine),
+            self.bootstrap_config.as_ref(),
+            self.infrastructure_machine.as_ref(),
+        ]
+    }
+
+    fn heads_mut(&mut self) -> (&mut Option<ObjectKey>, &mut [Option<Head>; 3]) {
+        (&mut self.key, &mut self.heads)
     }
 }
 
+impl SideObjects for MachineSetObjects {
+    const ROLES: [Role; 3] = Role::MACHINE_SET_SIDE;
+    const PATHS: [[&'static str; 3]; 2] = [
+        [
+            "current.machineSet",
+            "current.bootstrapConfigTemplate",
+            "current.infrastructureMachineTemplate",
+        ],
+        [
+            "desired.machineSet",
+            "desired.bootstrapConfigTemplate",
+            "desired.infrastructureMachineTemplate",
+        ],
+    ];
+
+    fn objects(&self) -> [Option<&Object>; 3] {
+        [
+            Some(&self.machine_set),
+            self.bootstrap_config_template.as_ref(),
+            self.infrastructure_machine_template.as_ref(),
+        ]
+    }
+
+    fn heads_mut(&mut self) -> (&mut Option<ObjectKey>, &mut [Option<Head>; 3]) {
+        (&mut self.key, &mut self.heads)
+    }
+}
+
+/// Which side of a request (an index into [`SideObjects::PATHS`]).
 #[derive(Clone, Copy)]
 enum Side {
-    Current,
-    Desired,
+    Current = 0,
+    Desired = 1,
+}
+
+/// Validates both sides of a CanUpdate request: current first, then desired against it.
+fn check_both<T: SideObjects>(current: &mut T, desired: &mut T) -> Result<(), DecodeError> {
+    let current_texts = current.texts(Side::Current);
+    let current_heads = check_side(&current_texts, None, Default::default())?;
+    let desired_heads = check_side(
+        &desired.texts(Side::Desired),
+        Some((&current_texts, &current_heads)),
+        Default::default(),
+    )?;
+    current.keep(current_heads);
+    desired.keep(desired_heads);
+    Ok(())
 }
 
 /// The objects of one side (`current` or `desired`) of a CanUpdateMachine request.
@@ -208,6 +284,10 @@ pub struct MachineObjects {
     /// The Machine's `namespace/name`, read when the request was validated.
     #[serde(skip)]
     pub key: Option<ObjectKey>,
+    /// Type and name of each object (machine, bootstrap config, infrastructure machine), read when the
+    /// request was validated.
+    #[serde(skip)]
+    pub heads: [Option<Head>; 3],
 }
 
 /// The objects of one side of a CanUpdateMachineSet request.
@@ -225,6 +305,10 @@ pub struct MachineSetObjects {
     /// The MachineSet's `namespace/name`, read when the request was validated.
     #[serde(skip)]
     pub key: Option<ObjectKey>,
+    /// Type and name of each object (MachineSet, bootstrap config template, infrastructure machine
+    /// template), read when the request was validated.
+    #[serde(skip)]
+    pub heads: [Option<Head>; 3],
 }
 
 /// The desired objects of an UpdateMachine request.
@@ -255,8 +339,7 @@ impl HookRequest for CanUpdateMachineRequest {
         (&self.api_version, &self.kind)
     }
     fn validate(&mut self) -> Result<(), DecodeError> {
-        self.current.validate(Side::Current)?;
-        self.desired.validate(Side::Desired)
+        check_both(&mut self.current, &mut self.desired)
     }
 }
 
@@ -285,8 +368,7 @@ impl HookRequest for CanUpdateMachineSetRequest {
         (&self.api_version, &self.kind)
     }
     fn validate(&mut self) -> Result<(), DecodeError> {
-        self.current.validate(Side::Current)?;
-        self.desired.validate(Side::Desired)
+        check_both(&mut self.current, &mut self.desired)
     }
 }
 
@@ -305,6 +387,9 @@ pub struct UpdateMachineRequest {
     pub settings: BTreeMap<String, String>,
     /// The objects with the desired spec already written by CAPI.
     pub desired: UpdateMachineObjects,
+    /// `desired.machine` parsed, once the request was validated.
+    #[serde(skip)]
+    pub machine: Option<Value>,
 }
 
 impl HookRequest for UpdateMachineRequest {
@@ -313,7 +398,18 @@ impl HookRequest for UpdateMachineRequest {
         (&self.api_version, &self.kind)
     }
     fn validate(&mut self) -> Result<(), DecodeError> {
-        self.desired.validate(Side::Desired)
+        // UpdateMachine reads the whole desired Machine (its facts), so it is parsed here once and checked in
+        // that form rather than walked as text first.
+        let machine = parse(&self.desired.machine, "desired.machine")?;
+        let head = validate::check_value(Role::Machine, "desired.machine", &machine)?;
+        let heads = check_side(
+            &self.desired.texts(Side::Desired),
+            None,
+            [Some(head), None, None],
+        )?;
+        self.desired.keep(heads);
+        self.machine = Some(machine);
+        Ok(())
     }
 }
 
@@ -325,7 +421,7 @@ mod tests {
         decode_request(body.as_bytes())
     }
 
-    const MACHINE: &str = r#"{"metadata":{"name":"m","namespace":"ns"},"spec":{}}"#;
+    const MACHINE: &str = r#"{"apiVersion":"cluster.x-k8s.io/v1beta2","kind":"Machine","metadata":{"name":"m","namespace":"ns"},"spec":{}}"#;
 
     #[test]
     fn names_missing_and_mistyped_fields() {
@@ -345,7 +441,7 @@ mod tests {
         .unwrap_err();
         assert!(
             err.to_string()
-                .contains("field `desired.machine` must be a JSON object, found a string"),
+                .contains("desired.machine: expected an object, found a string"),
             "{err}"
         );
         let err = decode(&format!(
@@ -367,12 +463,15 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("field `kind`"), "{err}");
         let err = decode(&format!(
-            r#"{{"current":{{"machine":{MACHINE}}},"desired":{{"machine":{{"spec":{{}}}}}}}}"#
+            r#"{{"current":{{"machine":{MACHINE}}},"desired":{{"machine":{}}}}}"#,
+            MACHINE.replace(r#""name":"m","#, "")
         ))
         .unwrap_err();
-        assert!(
-            err.to_string().contains("desired.machine.metadata.name"),
-            "{err}"
+        assert_eq!(
+            err.to_string(),
+            "desired.machine.metadata.name: missing, expected a Kubernetes object name (a DNS-1123 \
+             subdomain: at most 253 lower-case letters, digits, '-' and '.', each dot-separated part \
+             starting and ending with a letter or digit)"
         );
         assert!(matches!(decode("  "), Err(DecodeError::Empty { .. })));
     }
@@ -385,5 +484,30 @@ mod tests {
         .unwrap();
         assert!(request.current.bootstrap_config.is_none());
         assert_eq!(request.desired.key.unwrap().to_string(), "ns/m");
+        assert_eq!(request.desired.heads[0].as_ref().unwrap().kind, "Machine");
+    }
+
+    #[test]
+    fn an_object_spelled_alike_on_both_sides_is_checked_once_and_kinds_must_match() {
+        let config = |kind: &str| {
+            format!(
+                r#"{{"apiVersion":"bootstrap.cluster.x-k8s.io/v1beta2","kind":"{kind}","metadata":{{"name":"b"}},"spec":{{}}}}"#
+            )
+        };
+        let body = |current: &str, desired: &str| {
+            format!(
+                r#"{{"current":{{"machine":{MACHINE},"bootstrapConfig":{current}}},"desired":{{"machine":{MACHINE},"bootstrapConfig":{desired}}}}}"#
+            )
+        };
+        let same = config("KubeadmConfig");
+        let request = decode(&body(&same, &same)).unwrap();
+        assert_eq!(request.current.heads, request.desired.heads);
+        let err = decode(&body(&same, &config("TalosConfig"))).unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "desired.bootstrapConfig.kind: expected the kind of current.bootstrapConfig"
+            ),
+            "{err}"
+        );
     }
 }

@@ -1,6 +1,8 @@
 //! The demo rollout: this binary started as one server and N agents (child processes, sandboxed roots), then a
 //! simulated CAPI upgrading every Machine from v1.33.4 to v1.34.1 — control plane one by one, as
-//! KubeadmControlPlane does, then the workers — printing each Machine's progress as CAPI would show it.
+//! KubeadmControlPlane does, then the workers — printing each Machine's progress as CAPI would show it. As
+//! CAPI does, it asks CanUpdateMachine for each control-plane Machine and CanUpdateMachineSet once for the
+//! workers' new MachineSet before it calls UpdateMachine.
 
 use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
@@ -29,6 +31,9 @@ pub const CONTROL_PLANE_MACHINES: usize = 3;
 
 const CONTROL_PLANE_REQUEST: &str = include_str!("../../tests/fixtures/update-machine-kcp.json");
 const WORKER_REQUEST: &str = include_str!("../../tests/fixtures/update-machine-worker.json");
+const CONTROL_PLANE_QUESTION: &str =
+    include_str!("../../tests/fixtures/can-update-machine-kcp-version.json");
+const WORKER_QUESTION: &str = include_str!("../../tests/fixtures/can-update-machineset-md.json");
 
 /// Why the demo could not run.
 #[derive(Debug, thiserror::Error)]
@@ -71,13 +76,52 @@ pub struct MachineResult {
 
 fn request_for(template: &str, name: &str) -> Result<Value, DemoError> {
     let mut request: Value = serde_json::from_str(template).map_err(setup("built-in request"))?;
-    for object in ["machine", "bootstrapConfig", "infrastructureMachine"] {
-        if request["desired"][object].is_object() {
-            request["desired"][object]["metadata"]["name"] = json!(name);
+    for side in ["current", "desired"] {
+        for object in ["machine", "bootstrapConfig", "infrastructureMachine"] {
+            if request[side][object].is_object() {
+                request[side][object]["metadata"]["name"] = json!(name);
+            }
         }
     }
-    request["desired"]["machine"]["spec"]["providerID"] = json!(format!("docker:////{name}"));
+    if request["desired"]["machine"]["spec"].is_object() {
+        request["desired"]["machine"]["spec"]["providerID"] = json!(format!("docker:////{name}"));
+    }
     Ok(request)
+}
+
+/// Asks a CanUpdate hook as CAPI does before an in-place update, and prints the answer.
+async fn ask(
+    addr: SocketAddr,
+    ca: &[u8],
+    hook: Hook,
+    request: &Value,
+    started: Instant,
+    what: &str,
+) -> Result<(), DemoError> {
+    let path = format!("{}?timeout=10s", hook.path());
+    let (status, body) = crate::http::post_tls(
+        addr,
+        "localhost",
+        ca,
+        &path,
+        request.to_string().into_bytes(),
+    )
+    .await
+    .map_err(|e| DemoError::Rollout(format!("{} for {what}: {e}", hook.name())))?;
+    let answer: Value = serde_json::from_slice(&body).unwrap_or_default();
+    let message = answer["message"].as_str().unwrap_or_default();
+    println!(
+        "[{:6.1}s] {what}: {} {message}",
+        started.elapsed().as_secs_f64(),
+        hook.name()
+    );
+    if status != 200 || answer["status"] != "Success" {
+        return Err(DemoError::Rollout(format!(
+            "{} for {what} answered {status}: {message}",
+            hook.name()
+        )));
+    }
+    Ok(())
 }
 
 fn start_server(exe: &Path, dir: &Path, tokens: &Path) -> Result<(Child, SocketAddr), DemoError> {
@@ -166,7 +210,11 @@ pub async fn run(machines: usize, dir: &Path) -> Result<Vec<MachineResult>, Demo
         vec![],
     ))
     .map_err(setup("certificates"))?;
-    let ca = std::fs::read(certs_dir.join("ca.crt")).map_err(setup("reading the CA"))?;
+    let ca = inplace_bounded_read::read(
+        &certs_dir.join("ca.crt"),
+        crate::server::tls::MAX_PEM_FILE_BYTES,
+    )
+    .map_err(setup("reading the CA"))?;
     let token = create_token(
         &AgentScope::Cluster {
             namespace: "default".into(),
@@ -237,10 +285,30 @@ pub async fn run(machines: usize, dir: &Path) -> Result<Vec<MachineResult>, Demo
 
     let started = Instant::now();
     let mut results = Vec::new();
+    let mut workers_judged = false;
     for (name, control_plane, sandbox) in &names {
         let template = if *control_plane {
+            let question = request_for(CONTROL_PLANE_QUESTION, name)?;
+            let what = format!("default/{name}");
+            ask(addr, &ca, Hook::CanUpdateMachine, &question, started, &what).await?;
             CONTROL_PLANE_REQUEST
         } else {
+            if !workers_judged {
+                let question: Value =
+                    serde_json::from_str(WORKER_QUESTION).map_err(setup("built-in request"))?;
+                let set = &question["desired"]["machineSet"]["metadata"]["name"];
+                let what = format!("MachineSet default/{}", set.as_str().unwrap_or_default());
+                ask(
+                    addr,
+                    &ca,
+                    Hook::CanUpdateMachineSet,
+                    &question,
+                    started,
+                    &what,
+                )
+                .await?;
+                workers_judged = true;
+            }
             WORKER_REQUEST
         };
         let request = request_for(template, name)?;

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::records::AgentRecord;
 use super::refusal_book::newer;
-use super::refusals::{Claim, REFUSALS_PREFIX, RefusalRecord};
+use super::refusals::{Claim, AGENT_REFUSALS_PREFIX, AgentRefusalRecord};
 use super::{DispatchError, Dispatcher, LAST_SEEN_PERSIST_INTERVAL, now_ms, parse_machine};
 
 /// An agent is connected when its last request reached this replica within this long: one long-poll plus
@@ -42,7 +42,7 @@ pub struct AgentRow {
     pub connected: bool,
     /// Its last refused request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_refusal: Option<RefusalRecord>,
+    pub last_refusal: Option<AgentRefusalRecord>,
 }
 
 impl AgentRow {
@@ -95,15 +95,15 @@ impl Dispatcher {
             row.last_seen_ms = Some(record.last_seen_ms);
             persisted_seen.insert(key, record.last_seen_ms);
         }
-        for entry in self.store.list(REFUSALS_PREFIX).await? {
+        for entry in self.store.list(AGENT_REFUSALS_PREFIX).await? {
             let Some(machine) = entry
                 .key
-                .strip_prefix(REFUSALS_PREFIX)
+                .strip_prefix(AGENT_REFUSALS_PREFIX)
                 .and_then(parse_machine)
             else {
                 continue;
             };
-            let Ok(record) = serde_json::from_slice::<RefusalRecord>(&entry.value) else {
+            let Ok(record) = serde_json::from_slice::<AgentRefusalRecord>(&entry.value) else {
                 continue;
             };
             let key = machine.to_string();

@@ -3,16 +3,20 @@
 //! from what is recorded. Every write two replicas could race on is a compare-and-swap. Waiting agents are
 //! woken by the store's change feed, so a run recorded on replica A wakes an agent polling replica B at once.
 //! For operators: refused agents are remembered (`refusals`), every agent can be listed (`agents`), and each
-//! Machine's current update state is counted from the change feed (`census`).
+//! Machine's current update state is counted from the change feed (`census`). The CanUpdate verdicts we
+//! answered are kept here too, and UpdateMachine records a run only for a desired state one of them accepted
+//! in place (`verdicts`, `licence`).
 
 mod agent;
 mod agents;
 mod census;
+mod licence;
 pub mod records;
 mod refusal_book;
 mod refusals;
 mod status;
 mod update;
+pub mod verdicts;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -31,12 +35,13 @@ pub use agent::AgentScope;
 pub use agents::{AgentRow, CONNECTED_WITHIN};
 pub use census::{CENSUS_RETRY, UpdateState};
 pub use refusals::{
-    Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL, REFUSAL_LOG_LINES_PER_MINUTE,
-    REFUSAL_PERSIST_INTERVAL, REFUSAL_WRITES_PER_MINUTE, RefusalReason, RefusalRecord,
+    AgentRefusalReason, AgentRefusalRecord, Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL,
+    REFUSAL_LOG_LINES_PER_MINUTE, REFUSAL_PERSIST_INTERVAL, REFUSAL_WRITES_PER_MINUTE,
 };
 pub use status::{StatusRow, StatusState};
 pub(crate) use update::ago;
 pub use update::{UpdateAnswer, UpdateRequest, plan_for};
+pub use verdicts::{DEFAULT_VERDICT_RETENTION, RefusalReason, VerdictHook, VerdictRecord};
 
 /// How many times a compare-and-swap is retried against concurrent writers before giving up.
 pub const CAS_ATTEMPTS: usize = 16;
@@ -82,6 +87,8 @@ pub struct DispatchConfig {
     pub retry_after_seconds: i32,
     /// How long finished runs are kept.
     pub retention: Duration,
+    /// How long CanUpdate verdicts (and UpdateMachine refusals) are kept.
+    pub verdict_retention: Duration,
 }
 
 impl Default for DispatchConfig {
@@ -89,6 +96,7 @@ impl Default for DispatchConfig {
         Self {
             retry_after_seconds: DEFAULT_RETRY_AFTER_SECONDS,
             retention: DEFAULT_RETENTION,
+            verdict_retention: DEFAULT_VERDICT_RETENTION,
         }
     }
 }
@@ -256,13 +264,31 @@ impl Dispatcher {
     /// Read-modify-write with compare-and-swap: `change` sees the current value (or `None`) and returns the
     /// new value, or `None` to leave it as is. Retries when another writer got there first. Returns the value
     /// as stored afterwards (`None` only when the key is absent and `change` wrote nothing).
-    async fn update<T, F>(&self, key: &str, mut change: F) -> Result<Option<T>, DispatchError>
+    async fn update<T, F>(&self, key: &str, change: F) -> Result<Option<T>, DispatchError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnMut(Option<&T>) -> Result<Option<T>, DispatchError>,
+    {
+        self.update_from(key, None, change).await
+    }
+
+    /// [`Dispatcher::update`] whose first attempt starts from `read`, the key as the caller just read it
+    /// (`Some(None)`: absent), instead of reading it again.
+    async fn update_from<T, F>(
+        &self,
+        key: &str,
+        mut read: Option<Option<(T, Entry)>>,
+        mut change: F,
+    ) -> Result<Option<T>, DispatchError>
     where
         T: Serialize + DeserializeOwned,
         F: FnMut(Option<&T>) -> Result<Option<T>, DispatchError>,
     {
         for _ in 0..CAS_ATTEMPTS {
-            let current = self.read::<T>(key).await?;
+            let current = match read.take() {
+                Some(current) => current,
+                None => self.read::<T>(key).await?,
+            };
             let precondition = match &current {
                 None => Precondition::Absent,
                 Some((_, entry)) => Precondition::Revision(entry.revision),
@@ -304,3 +330,5 @@ fn parse_machine(rest: &str) -> Option<MachineRef> {
 mod observe_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod verdict_tests;

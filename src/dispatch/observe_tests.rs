@@ -121,14 +121,14 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
 
     a.refused(
         Some(&agent("w-1")),
-        RefusalReason::ExpiredToken,
+        AgentRefusalReason::ExpiredToken,
         "token expired at 2026-01-01T00:00:00Z",
         peer,
     )
     .await;
     assert_eq!(
         a.last_refusal(&machine).await.unwrap().unwrap().reason,
-        RefusalReason::ExpiredToken,
+        AgentRefusalReason::ExpiredToken,
         "remembered where it happened"
     );
     assert!(
@@ -136,7 +136,7 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
         "a Machine this updater has no record of is never written (the claim is not authenticated)"
     );
     assert_eq!(
-        store.list("refusals/").await.unwrap().len(),
+        store.list("agent-refusals/").await.unwrap().len(),
         0,
         "nothing stored for an invented name"
     );
@@ -147,7 +147,7 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
     tokio::time::sleep(Duration::from_millis(3)).await;
     b.refused(
         Some(&agent("w-1")),
-        RefusalReason::OutOfScope,
+        AgentRefusalReason::OutOfScope,
         "this token is scoped to cluster default/other",
         peer,
     )
@@ -155,7 +155,7 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
     let on_a = a.last_refusal(&machine).await.unwrap().unwrap();
     assert_eq!(
         on_a.reason,
-        RefusalReason::OutOfScope,
+        AgentRefusalReason::OutOfScope,
         "the newer refusal, from the store"
     );
     assert_eq!(on_a.peer.as_deref(), Some("10.0.0.7:40000"));
@@ -170,10 +170,10 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
     let row = rows.iter().find(|r| r.machine == "default/w-1").unwrap();
     assert_eq!(
         row.last_refusal.as_ref().unwrap().reason,
-        RefusalReason::OutOfScope
+        AgentRefusalReason::OutOfScope
     );
     assert!(!row.connected && row.last_seen_ms.is_none());
-    let refused = |reason: RefusalReason| {
+    let refused = |reason: AgentRefusalReason| {
         metrics
             .auth_failures
             .get_or_create(&crate::observe::ReasonLabels {
@@ -181,9 +181,9 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
             })
             .get()
     };
-    assert_eq!(refused(RefusalReason::ExpiredToken), 1);
+    assert_eq!(refused(AgentRefusalReason::ExpiredToken), 1);
     assert_eq!(
-        refused(RefusalReason::OutOfScope),
+        refused(AgentRefusalReason::OutOfScope),
         0,
         "counted on the replica that refused"
     );
@@ -217,15 +217,15 @@ async fn old_refusals_are_swept_by_retention() {
     a.update_machine(&request("w-1", "hi")).await.unwrap();
     a.refused(
         Some(&agent("w-1")),
-        RefusalReason::UnknownToken,
+        AgentRefusalReason::UnknownToken,
         "unknown or revoked token",
         None,
     )
     .await;
-    assert_eq!(store.list("refusals/").await.unwrap().len(), 1);
+    assert_eq!(store.list("agent-refusals/").await.unwrap().len(), 1);
     tokio::time::sleep(Duration::from_millis(5)).await;
     assert_eq!(a.sweep_refusals().await.unwrap(), 1);
-    assert!(store.list("refusals/").await.unwrap().is_empty());
+    assert!(store.list("agent-refusals/").await.unwrap().is_empty());
     assert!(
         a.agents().await.unwrap().is_empty(),
         "forgotten in memory too"

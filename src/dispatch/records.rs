@@ -66,6 +66,10 @@ pub struct MachineRecord {
     /// Fingerprint of the inputs the plan was last built from (absent in records of older versions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_hash: Option<String>,
+    /// Fingerprint of the normalised desired objects the current run was licensed for (by a CanUpdate verdict
+    /// or the operator); absent in records of versions without verdicts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub licensed: Option<String>,
     /// The current run id (what agents see as the plan id).
     pub run_id: String,
     /// The cluster the Machine belongs to.

@@ -9,7 +9,7 @@ use inplace_agent_api::MachineRef;
 
 use super::refusals::{
     Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL, REFUSAL_LOG_LINES_PER_MINUTE,
-    REFUSAL_PERSIST_INTERVAL, REFUSAL_WRITES_PER_MINUTE, RefusalReason, RefusalRecord,
+    REFUSAL_PERSIST_INTERVAL, REFUSAL_WRITES_PER_MINUTE, AgentRefusalReason, AgentRefusalRecord,
 };
 
 /// A per-minute budget.
@@ -43,11 +43,11 @@ impl Window {
 
 #[derive(Debug)]
 struct Tracked {
-    last: RefusalRecord,
-    /// When each reason was last logged (index: position in `RefusalReason::ALL`; 0 = never).
+    last: AgentRefusalRecord,
+    /// When each reason was last logged (index: position in `AgentRefusalReason::ALL`; 0 = never).
     logged_ms: [u64; 5],
     persisted_ms: u64,
-    persisted_reason: Option<RefusalReason>,
+    persisted_reason: Option<AgentRefusalReason>,
 }
 
 /// What to do about one refusal.
@@ -69,8 +69,8 @@ pub struct RefusalBook {
     writes: Window,
 }
 
-fn slot(reason: RefusalReason) -> usize {
-    RefusalReason::ALL
+fn slot(reason: AgentRefusalReason) -> usize {
+    AgentRefusalReason::ALL
         .iter()
         .position(|r| *r == reason)
         .unwrap_or_default()
@@ -78,7 +78,7 @@ fn slot(reason: RefusalReason) -> usize {
 
 impl RefusalBook {
     /// Notes a refusal and decides whether to log and persist it.
-    pub fn note(&mut self, claim: &Claim, record: &RefusalRecord, now: u64) -> Decision {
+    pub fn note(&mut self, claim: &Claim, record: &AgentRefusalRecord, now: u64) -> Decision {
         if !self.claims.contains_key(claim) && self.claims.len() >= MAX_TRACKED_REFUSALS {
             let horizon = now.saturating_sub(REFUSAL_LOG_INTERVAL.as_millis() as u64);
             self.claims
@@ -130,7 +130,7 @@ impl RefusalBook {
     }
 
     /// Remembers a refusal under the Machine a provider id resolved to.
-    pub fn remember(&mut self, machine: MachineRef, record: RefusalRecord) {
+    pub fn remember(&mut self, machine: MachineRef, record: AgentRefusalRecord) {
         let claim = Claim::Machine(machine);
         if let Some(tracked) = self.claims.get_mut(&claim) {
             if tracked.last.at_ms <= record.at_ms {
@@ -150,14 +150,14 @@ impl RefusalBook {
     }
 
     /// The last refusal of a Machine's claim, if this replica saw one.
-    pub fn last_for(&self, machine: &MachineRef) -> Option<RefusalRecord> {
+    pub fn last_for(&self, machine: &MachineRef) -> Option<AgentRefusalRecord> {
         self.claims
             .get(&Claim::Machine(machine.clone()))
             .map(|t| t.last.clone())
     }
 
     /// Every remembered claim with its last refusal.
-    pub fn all(&self) -> Vec<(Claim, RefusalRecord)> {
+    pub fn all(&self) -> Vec<(Claim, AgentRefusalRecord)> {
         self.claims
             .iter()
             .map(|(claim, tracked)| (claim.clone(), tracked.last.clone()))
@@ -172,7 +172,7 @@ impl RefusalBook {
 }
 
 /// The newer of two refusals.
-pub fn newer(a: Option<RefusalRecord>, b: Option<RefusalRecord>) -> Option<RefusalRecord> {
+pub fn newer(a: Option<AgentRefusalRecord>, b: Option<AgentRefusalRecord>) -> Option<AgentRefusalRecord> {
     match (a, b) {
         (Some(a), Some(b)) => Some(if b.at_ms > a.at_ms { b } else { a }),
         (a, b) => a.or(b),
@@ -186,8 +186,8 @@ mod tests {
     use super::*;
     use crate::dispatch::refusals::MAX_CLAIM_CHARS;
 
-    fn record(reason: RefusalReason, at_ms: u64) -> RefusalRecord {
-        RefusalRecord {
+    fn record(reason: AgentRefusalReason, at_ms: u64) -> AgentRefusalRecord {
+        AgentRefusalRecord {
             reason,
             message: "m".into(),
             peer: None,
@@ -203,7 +203,7 @@ mod tests {
     fn each_claim_and_reason_is_logged_once_a_minute_and_persisted_once_a_minute() {
         let mut book = RefusalBook::default();
         let m = machine("m1");
-        let expired = RefusalReason::ExpiredToken;
+        let expired = AgentRefusalReason::ExpiredToken;
         let first = book.note(&m, &record(expired, 1_000), 1_000);
         assert_eq!((first.log, first.persist), (true, true));
         let again = book.note(&m, &record(expired, 30_000), 30_000);
@@ -212,7 +212,7 @@ mod tests {
             (false, false),
             "within the minute"
         );
-        let other = book.note(&m, &record(RefusalReason::OutOfScope, 31_000), 31_000);
+        let other = book.note(&m, &record(AgentRefusalReason::OutOfScope, 31_000), 31_000);
         assert_eq!(
             (other.log, other.persist),
             (true, true),
@@ -226,7 +226,7 @@ mod tests {
                 .at_ms,
             61_000
         );
-        let unknown = book.note(&Claim::Unknown, &record(RefusalReason::MissingToken, 1), 1);
+        let unknown = book.note(&Claim::Unknown, &record(AgentRefusalReason::MissingToken, 1), 1);
         assert!(
             unknown.log && !unknown.persist,
             "nothing to key a record by"
@@ -236,7 +236,7 @@ mod tests {
     #[test]
     fn global_caps_bound_lines_and_writes_and_report_what_was_left_out() {
         let mut book = RefusalBook::default();
-        let reason = RefusalReason::ExpiredToken;
+        let reason = AgentRefusalReason::ExpiredToken;
         let mut logged = 0;
         let mut persisted = 0;
         for i in 0..(REFUSAL_LOG_LINES_PER_MINUTE + 50) {
@@ -266,7 +266,7 @@ mod tests {
         for i in 0..MAX_TRACKED_REFUSALS + 10 {
             book.note(
                 &machine_claim(i),
-                &record(RefusalReason::UnknownToken, 1),
+                &record(AgentRefusalReason::UnknownToken, 1),
                 1,
             );
         }
@@ -274,7 +274,7 @@ mod tests {
         // A minute later the old claims make room for new ones.
         book.note(
             &machine("new"),
-            &record(RefusalReason::UnknownToken, 90_000),
+            &record(AgentRefusalReason::UnknownToken, 90_000),
             90_000,
         );
         assert!(book.last_for(&MachineRef::new("default", "new")).is_some());

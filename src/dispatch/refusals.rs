@@ -1,7 +1,7 @@
 //! Refused agents: every refused agent request is counted by reason; a WARN line names the Machine it claimed,
 //! its peer address and the reason (never the token) at most once per (claim, reason) per
 //! [`REFUSAL_LOG_INTERVAL`] (the decisions are `refusal_book`'s); and the last refusal of each claimed Machine is kept in memory and, at most every
-//! [`REFUSAL_PERSIST_INTERVAL`], in the store (`refusals/<ns>/<name>`), so `status --agents` on any replica
+//! [`REFUSAL_PERSIST_INTERVAL`], in the store (`agent-refusals/<ns>/<name>`), so `status --agents` on any replica
 //! and UpdateMachine's "waiting for agent" message can say when and why that Machine's agent was turned away.
 //!
 //! A refused caller is not authenticated, so what it claims is untrusted: only Machines this updater already
@@ -35,17 +35,17 @@ pub const MAX_TRACKED_REFUSALS: usize = 100_000;
 pub(super) const MAX_CLAIM_CHARS: usize = 300;
 
 /// Key of the last refusal of a Machine's agent.
-pub fn refusal_key(machine: &MachineRef) -> String {
-    format!("refusals/{}/{}", machine.namespace, machine.name)
+pub fn agent_refusal_key(machine: &MachineRef) -> String {
+    format!("agent-refusals/{}/{}", machine.namespace, machine.name)
 }
 
 /// Prefix of every refusal record.
-pub const REFUSALS_PREFIX: &str = "refusals/";
+pub const AGENT_REFUSALS_PREFIX: &str = "agent-refusals/";
 
 /// Why an agent request was refused: the `reason` label of `inplace_updater_agent_auth_failures_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum RefusalReason {
+pub enum AgentRefusalReason {
     /// No `Authorization: Bearer` header.
     MissingToken,
     /// The token matches no line of the token file.
@@ -58,9 +58,9 @@ pub enum RefusalReason {
     OutOfScope,
 }
 
-impl RefusalReason {
+impl AgentRefusalReason {
     /// Every reason.
-    pub const ALL: [RefusalReason; 5] = [
+    pub const ALL: [AgentRefusalReason; 5] = [
         Self::MissingToken,
         Self::UnknownToken,
         Self::RevokedToken,
@@ -109,7 +109,7 @@ impl RefusalReason {
     }
 
     /// The reason of a failed authentication.
-    pub fn of_auth(error: &AuthError) -> RefusalReason {
+    pub fn of_auth(error: &AuthError) -> AgentRefusalReason {
         match error {
             AuthError::Missing => Self::MissingToken,
             AuthError::Revoked => Self::RevokedToken,
@@ -124,9 +124,9 @@ impl RefusalReason {
 /// The last refusal of one claimed Machine, as kept in memory and in the store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct RefusalRecord {
+pub struct AgentRefusalRecord {
     /// Why.
-    pub reason: RefusalReason,
+    pub reason: AgentRefusalReason,
     /// What the agent was answered (never the token).
     pub message: String,
     /// The peer address of the refused connection.
@@ -190,7 +190,7 @@ impl Dispatcher {
     pub async fn refused(
         &self,
         claimed: Option<&AgentIdentity>,
-        reason: RefusalReason,
+        reason: AgentRefusalReason,
         message: &str,
         peer: Option<SocketAddr>,
     ) {
@@ -201,7 +201,7 @@ impl Dispatcher {
             })
             .inc();
         let claim = Claim::of(claimed);
-        let record = RefusalRecord {
+        let record = AgentRefusalRecord {
             reason,
             message: clean(message),
             peer: peer.map(|p| p.to_string()),
@@ -235,7 +235,7 @@ impl Dispatcher {
     async fn persist_refusal(
         &self,
         claim: &Claim,
-        record: &RefusalRecord,
+        record: &AgentRefusalRecord,
     ) -> Result<(), DispatchError> {
         let machine = match claim {
             Claim::Machine(machine)
@@ -261,17 +261,17 @@ impl Dispatcher {
         {
             return Ok(());
         }
-        self.put_any(&refusal_key(&machine), record).await
+        self.put_any(&agent_refusal_key(&machine), record).await
     }
 
     /// The last refusal of a Machine's agent: this replica's memory or the store, whichever is newer.
     pub async fn last_refusal(
         &self,
         machine: &MachineRef,
-    ) -> Result<Option<RefusalRecord>, DispatchError> {
+    ) -> Result<Option<AgentRefusalRecord>, DispatchError> {
         let local = self.book().last_for(machine);
         let stored = self
-            .read::<RefusalRecord>(&refusal_key(machine))
+            .read::<AgentRefusalRecord>(&agent_refusal_key(machine))
             .await?
             .map(|(record, _)| record);
         Ok(newer(local, stored))
@@ -283,8 +283,8 @@ impl Dispatcher {
         let horizon = now_ms().saturating_sub(self.config.retention.as_millis() as u64);
         self.book().forget_before(horizon);
         let mut deleted = 0;
-        for entry in self.store.list(REFUSALS_PREFIX).await? {
-            let old = serde_json::from_slice::<RefusalRecord>(&entry.value)
+        for entry in self.store.list(AGENT_REFUSALS_PREFIX).await? {
+            let old = serde_json::from_slice::<AgentRefusalRecord>(&entry.value)
                 .map_or(true, |record| record.at_ms < horizon);
             if old
                 && matches!(
@@ -310,7 +310,7 @@ mod tests {
 
     #[test]
     fn reasons_have_stable_labels() {
-        let labels: Vec<_> = RefusalReason::ALL.iter().map(|r| r.as_str()).collect();
+        let labels: Vec<_> = AgentRefusalReason::ALL.iter().map(|r| r.as_str()).collect();
         assert_eq!(
             labels,
             [
@@ -321,7 +321,7 @@ mod tests {
                 "out-of-scope"
             ]
         );
-        for reason in RefusalReason::ALL {
+        for reason in AgentRefusalReason::ALL {
             assert_eq!(
                 serde_json::to_value(reason).unwrap(),
                 serde_json::json!(reason.as_str())

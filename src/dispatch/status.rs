@@ -1,9 +1,11 @@
 //! The operator's view of a rollout: every recorded run with its Machine, cluster, current step and message,
-//! and the retention sweep that deletes finished runs once they are older than the retention period.
+//! every Machine whose UpdateMachine was refused (no CanUpdate answer accepted its desired state), and the
+//! retention sweep that deletes finished runs once they are older than the retention period.
 
 use serde::{Deserialize, Serialize};
 
 use super::records::{MachineRecord, Outcome, UPDATES_PREFIX, UpdateRecord, machine_key};
+use super::verdicts::{REFUSALS_PREFIX, RefusalRecord};
 use super::{DispatchError, Dispatcher, now_ms};
 
 /// Where a run is, for `status`.
@@ -20,6 +22,8 @@ pub enum StatusState {
     Failed,
     /// Replaced by a newer desired state before it finished.
     Superseded,
+    /// UpdateMachine refused a desired state no CanUpdate answer accepted in place (nothing was run).
+    Refused,
 }
 
 /// One row of `inplace-updater status`.
@@ -89,11 +93,40 @@ impl Dispatcher {
                 finished_ms: run.finished_ms,
             });
         }
+        rows.extend(self.refusal_rows().await?);
         rows.sort_by(|a, b| {
             a.cluster
                 .cmp(&b.cluster)
                 .then(b.created_ms.cmp(&a.created_ms))
         });
+        Ok(rows)
+    }
+
+    /// A row per Machine whose last UpdateMachine was refused and that has no run recorded since.
+    async fn refusal_rows(&self) -> Result<Vec<StatusRow>, DispatchError> {
+        let mut rows = Vec::new();
+        for entry in self.store.list(REFUSALS_PREFIX).await? {
+            let Ok(refusal) = serde_json::from_slice::<RefusalRecord>(&entry.value) else {
+                continue;
+            };
+            let ran_since = self
+                .read::<MachineRecord>(&machine_key(&refusal.machine))
+                .await?
+                .is_some_and(|(record, _)| record.since_ms >= refusal.first_ms);
+            if ran_since {
+                continue;
+            }
+            rows.push(StatusRow {
+                machine: refusal.machine.to_string(),
+                cluster: refusal.cluster,
+                run: String::new(),
+                state: StatusState::Refused,
+                step: refusal.reason.as_str().to_owned(),
+                message: refusal.message,
+                created_ms: refusal.first_ms,
+                finished_ms: None,
+            });
+        }
         Ok(rows)
     }
 

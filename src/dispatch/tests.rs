@@ -18,19 +18,19 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 use crate::plan::MachineFacts;
 
-async fn memory() -> Arc<dyn Store> {
+pub(super) async fn memory() -> Arc<dyn Store> {
     inplace_store::open(&StoreUrl::Memory, &EtcdOptions::default())
         .await
         .unwrap()
 }
 
-fn dispatcher(store: Arc<dyn Store>) -> Arc<Dispatcher> {
+pub(super) fn dispatcher(store: Arc<dyn Store>) -> Arc<Dispatcher> {
     let dispatcher = Dispatcher::new(store, DispatchConfig::default(), CancellationToken::new());
     tokio::spawn(dispatcher.clone().follow_changes());
     dispatcher
 }
 
-fn request(name: &str, control_plane: bool, version: &str, motd: &str) -> UpdateRequest {
+pub(super) fn request(name: &str, control_plane: bool, version: &str, motd: &str) -> UpdateRequest {
     let mut labels = json!({ "cluster.x-k8s.io/cluster-name": "edge-01" });
     if control_plane {
         labels["cluster.x-k8s.io/control-plane"] = json!("");
@@ -40,25 +40,87 @@ fn request(name: &str, control_plane: bool, version: &str, motd: &str) -> Update
         "spec": { "clusterName": "edge-01", "version": version }
     });
     let bootstrap = json!({ "spec": { "files": [ { "path": "/etc/motd", "content": motd } ] } });
+    request_of(&machine, &bootstrap)
+}
+
+/// UpdateMachine for these desired Machine and bootstrap objects, allowed to change the version and files.
+pub(super) fn request_of(
+    machine: &serde_json::Value,
+    bootstrap: &serde_json::Value,
+) -> UpdateRequest {
     let text = |value: &serde_json::Value| RawValue::from_string(value.to_string()).unwrap();
     UpdateRequest {
-        facts: MachineFacts::of(&machine).unwrap(),
-        machine: text(&machine),
-        bootstrap: Some(text(&bootstrap)),
+        facts: MachineFacts::of(machine).unwrap(),
+        machine: text(machine),
+        bootstrap: Some(text(bootstrap)),
+        infra: None,
         actions: [Action::KubernetesVersion, Action::Files]
             .into_iter()
             .collect::<BTreeSet<_>>(),
     }
 }
 
-fn scope() -> AgentScope {
+/// What CAPI does before UpdateMachine: CanUpdateMachine judged the request's desired objects in place.
+pub(super) async fn judge_in_place(d: &Dispatcher, request: &UpdateRequest) {
+    let record = verdict_for(request, true);
+    d.record_verdict(
+        &verdicts::machine_verdict_key(&request.facts.machine),
+        &record,
+    )
+    .await
+    .unwrap();
+}
+
+/// A CanUpdateMachine verdict on the request's desired objects.
+pub(super) fn verdict_for(request: &UpdateRequest, in_place: bool) -> VerdictRecord {
+    let parse = |raw: &RawValue| serde_json::from_str::<serde_json::Value>(raw.get()).unwrap();
+    let machine = parse(&request.machine);
+    let bootstrap = request.bootstrap.as_deref().map(parse);
+    let infra = request.infra.as_deref().map(parse);
+    let normalized = inplace_core::verdict::Normalized::of(
+        inplace_core::Scope::Object,
+        &inplace_core::Objects {
+            machine: Some(&machine),
+            bootstrap: bootstrap.as_ref(),
+            infra: infra.as_ref(),
+        },
+    );
+    let prints = normalized.prints();
+    VerdictRecord {
+        hook: VerdictHook::CanUpdateMachine,
+        object: request.facts.machine.to_string(),
+        judged_ms: now_ms(),
+        in_place,
+        accepted: vec![],
+        rejected: if in_place {
+            vec![]
+        } else {
+            vec!["KubeadmConfig spec.diskSetup".into()]
+        },
+        rejected_total: usize::from(!in_place),
+        template_hash: None,
+        fingerprint: prints.fingerprint(),
+        prints,
+    }
+}
+
+/// CanUpdate first, as CAPI does, then UpdateMachine.
+pub(super) async fn update(
+    d: &Dispatcher,
+    request: &UpdateRequest,
+) -> Result<UpdateAnswer, DispatchError> {
+    judge_in_place(d, request).await;
+    d.update_machine(request).await
+}
+
+pub(super) fn scope() -> AgentScope {
     AgentScope::Cluster {
         namespace: "default".into(),
         cluster: "edge-01".into(),
     }
 }
 
-fn poll_for(name: &str, wait_seconds: u32) -> PollRequest {
+pub(super) fn poll_for(name: &str, wait_seconds: u32) -> PollRequest {
     PollRequest {
         agent: AgentIdentity::Machine(MachineRef::new("default", name)),
         current: None,
@@ -66,7 +128,7 @@ fn poll_for(name: &str, wait_seconds: u32) -> PollRequest {
     }
 }
 
-fn report(name: &str, plan: &str, index: u32, status: StepStatus) -> StepReport {
+pub(super) fn report(name: &str, plan: &str, index: u32, status: StepStatus) -> StepReport {
     StepReport {
         agent: AgentIdentity::Machine(MachineRef::new("default", name)),
         plan_id: plan.into(),
@@ -84,8 +146,7 @@ fn report(name: &str, plan: &str, index: u32, status: StepStatus) -> StepReport 
 #[tokio::test]
 async fn a_run_is_recorded_once_and_answered_from_the_store() {
     let d = dispatcher(memory().await);
-    let first = d
-        .update_machine(&request("m-1", false, "v1.34.1", "hi"))
+    let first = update(&d, &request("m-1", false, "v1.34.1", "hi"))
         .await
         .unwrap();
     let UpdateAnswer::InProgress { message, .. } = &first else {
@@ -96,7 +157,7 @@ async fn a_run_is_recorded_once_and_answered_from_the_store() {
         "{message}"
     );
     assert_eq!(
-        d.update_machine(&request("m-1", false, "v1.34.1", "hi"))
+        update(&d, &request("m-1", false, "v1.34.1", "hi"))
             .await
             .unwrap(),
         first
@@ -120,10 +181,10 @@ async fn a_run_is_recorded_once_and_answered_from_the_store() {
         )
         .await
         .unwrap();
-        let UpdateAnswer::InProgress { message, .. } = d
-            .update_machine(&request("m-1", false, "v1.34.1", "hi"))
-            .await
-            .unwrap()
+        let UpdateAnswer::InProgress { message, .. } =
+            update(&d, &request("m-1", false, "v1.34.1", "hi"))
+                .await
+                .unwrap()
         else {
             panic!()
         };
@@ -139,7 +200,7 @@ async fn a_run_is_recorded_once_and_answered_from_the_store() {
         .unwrap();
     }
     assert!(matches!(
-        d.update_machine(&request("m-1", false, "v1.34.1", "hi"))
+        update(&d, &request("m-1", false, "v1.34.1", "hi"))
             .await
             .unwrap(),
         UpdateAnswer::Done { .. }
@@ -158,7 +219,7 @@ async fn a_run_is_recorded_once_and_answered_from_the_store() {
 #[tokio::test]
 async fn a_failed_step_is_the_answer_for_ever_and_a_new_spec_starts_over() {
     let d = dispatcher(memory().await);
-    d.update_machine(&request("m-1", false, "v1.34.1", "hi"))
+    update(&d, &request("m-1", false, "v1.34.1", "hi"))
         .await
         .unwrap();
     let plan = d
@@ -174,8 +235,7 @@ async fn a_failed_step_is_the_answer_for_ever_and_a_new_spec_starts_over() {
         .await
         .unwrap();
     for _ in 0..3 {
-        let UpdateAnswer::Failed { message } = d
-            .update_machine(&request("m-1", false, "v1.34.1", "hi"))
+        let UpdateAnswer::Failed { message } = update(&d, &request("m-1", false, "v1.34.1", "hi"))
             .await
             .unwrap()
         else {
@@ -188,8 +248,7 @@ async fn a_failed_step_is_the_answer_for_ever_and_a_new_spec_starts_over() {
             "{message}"
         );
     }
-    let changed = d
-        .update_machine(&request("m-1", false, "v1.34.2", "hi"))
+    let changed = update(&d, &request("m-1", false, "v1.34.2", "hi"))
         .await
         .unwrap();
     assert!(
@@ -211,7 +270,7 @@ async fn returning_to_an_earlier_spec_is_a_new_run() {
     let run = |motd: &'static str| {
         let d = d.clone();
         async move {
-            d.update_machine(&request("m-1", false, "v1.34.1", motd))
+            update(&d, &request("m-1", false, "v1.34.1", motd))
                 .await
                 .unwrap();
             d.poll(&scope(), &poll_for("m-1", 0))
@@ -237,7 +296,7 @@ async fn the_first_control_plane_machine_of_a_version_runs_apply() {
     let d = dispatcher(memory().await);
     let mut modes = Vec::new();
     for name in ["cp-a", "cp-b", "cp-a"] {
-        d.update_machine(&request(name, true, "v1.34.1", "x"))
+        update(&d, &request(name, true, "v1.34.1", "x"))
             .await
             .unwrap();
         let plan = d
@@ -279,7 +338,7 @@ async fn a_waiting_poll_wakes_when_work_is_recorded_even_on_another_replica() {
         assert!(Instant::now() < deadline, "the poll never started waiting");
         tokio::task::yield_now().await;
     }
-    a.update_machine(&request("m-1", false, "v1.34.1", "hi"))
+    update(&a, &request("m-1", false, "v1.34.1", "hi"))
         .await
         .unwrap();
     let (answer, took) = tokio::time::timeout(Duration::from_secs(5), waiting)
@@ -296,7 +355,7 @@ async fn a_waiting_poll_wakes_when_work_is_recorded_even_on_another_replica() {
 #[tokio::test]
 async fn tokens_only_see_their_own_cluster_or_machine() {
     let d = dispatcher(memory().await);
-    d.update_machine(&request("m-1", false, "v1.34.1", "secret-content"))
+    update(&d, &request("m-1", false, "v1.34.1", "secret-content"))
         .await
         .unwrap();
     let other = AgentScope::Cluster {
@@ -338,7 +397,7 @@ async fn tokens_only_see_their_own_cluster_or_machine() {
 #[tokio::test]
 async fn agent_progress_recovers_reports_lost_in_a_crash() {
     let d = dispatcher(memory().await);
-    d.update_machine(&request("m-1", false, "v1.34.1", "hi"))
+    update(&d, &request("m-1", false, "v1.34.1", "hi"))
         .await
         .unwrap();
     let plan = d
@@ -360,7 +419,7 @@ async fn agent_progress_recovers_reports_lost_in_a_crash() {
         "a finished agent gets nothing more"
     );
     assert!(matches!(
-        d.update_machine(&request("m-1", false, "v1.34.1", "hi"))
+        update(&d, &request("m-1", false, "v1.34.1", "hi"))
             .await
             .unwrap(),
         UpdateAnswer::Done { .. }
@@ -375,13 +434,14 @@ async fn status_lists_runs_and_retention_keeps_current_ones() {
         DispatchConfig {
             retry_after_seconds: 5,
             retention: Duration::ZERO,
+            ..DispatchConfig::default()
         },
         CancellationToken::new(),
     );
-    d.update_machine(&request("m-1", false, "v1.34.1", "a"))
+    update(&d, &request("m-1", false, "v1.34.1", "a"))
         .await
         .unwrap();
-    d.update_machine(&request("m-1", false, "v1.34.1", "b"))
+    update(&d, &request("m-1", false, "v1.34.1", "b"))
         .await
         .unwrap();
     let rows = d.status().await.unwrap();
@@ -402,7 +462,7 @@ async fn status_lists_runs_and_retention_keeps_current_ones() {
 async fn respelled_inputs_and_older_records_keep_the_run() {
     let d = dispatcher(memory().await);
     let asked = request("m-1", false, "v1.34.1", "hi");
-    d.update_machine(&asked).await.unwrap();
+    update(&d, &asked).await.unwrap();
     let key = "machines/default/m-1";
     let stored = |d: &Arc<Dispatcher>| {
         let d = d.clone();
@@ -423,7 +483,7 @@ async fn respelled_inputs_and_older_records_keep_the_run() {
         bootstrap: asked.bootstrap.as_deref().map(pretty),
         ..asked.clone()
     };
-    d.update_machine(&respelled).await.unwrap();
+    update(&d, &respelled).await.unwrap();
     let second = stored(&d).await;
     assert_eq!(second["runId"], first["runId"], "same state, same run");
     assert_ne!(
@@ -442,14 +502,14 @@ async fn respelled_inputs_and_older_records_keep_the_run() {
         )
         .await
         .unwrap();
-    d.update_machine(&asked).await.unwrap();
+    update(&d, &asked).await.unwrap();
     let third = stored(&d).await;
     assert_eq!(third["runId"], first["runId"]);
     assert_eq!(third["inputHash"], first["inputHash"]);
     assert_eq!(d.store().list("updates/").await.unwrap().len(), 1);
 
     // A real change of the desired state is a new run, fingerprint or not.
-    d.update_machine(&request("m-1", false, "v1.34.1", "changed"))
+    update(&d, &request("m-1", false, "v1.34.1", "changed"))
         .await
         .unwrap();
     assert_ne!(stored(&d).await["runId"], first["runId"]);

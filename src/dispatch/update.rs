@@ -10,11 +10,13 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::{Digest as _, Sha256};
 
+use super::licence::Licence;
 use super::records::{
     AgentRecord, ApplyClaim, MachineRecord, Outcome, ProviderIndex, RunView, UpdateRecord,
     agent_key, apply_claim_key, machine_key, provider_key, update_key,
 };
-use super::refusals::RefusalRecord;
+use super::refusals::AgentRefusalRecord;
+use super::verdicts::RefusalReason;
 use super::{DispatchError, Dispatcher, now_ms};
 use crate::hex;
 use crate::plan::{self, MachineFacts, PlanInput};
@@ -31,13 +33,16 @@ pub struct UpdateRequest {
     pub machine: Box<RawValue>,
     /// The desired bootstrap config's JSON text; parsed only when the plan has to be built.
     pub bootstrap: Option<Box<RawValue>>,
+    /// The desired infrastructure machine's JSON text; parsed only to check it against a CanUpdate verdict.
+    pub infra: Option<Box<RawValue>>,
     /// Actions the policy and settings allow.
     pub actions: BTreeSet<Action>,
 }
 
 impl UpdateRequest {
     /// A fingerprint of everything the plan is built from: this server's version, the upgrade mode, the
-    /// actions and the desired objects' texts. The same fingerprint always builds the same plan, so a Machine
+    /// actions and the desired objects' texts (the infrastructure machine's too, which only the verdict check
+    /// reads). The same fingerprint always builds the same plan, so a Machine
     /// record carrying it lets a repeated call skip building and hashing the plan. Different texts that mean
     /// the same only cost one build.
     fn input_hash(&self, mode: KubeadmUpgradeMode) -> String {
@@ -56,6 +61,11 @@ impl UpdateRequest {
         hash.update(b"\n");
         if let Some(bootstrap) = &self.bootstrap {
             hash.update(bootstrap.get().as_bytes());
+        }
+        // Not read by the plan, but checked against the CanUpdate verdict: a repeat must be the same text too.
+        hash.update(b"\n");
+        if let Some(infra) = &self.infra {
+            hash.update(infra.get().as_bytes());
         }
         hex(&hash.finalize())
     }
@@ -83,6 +93,13 @@ pub enum UpdateAnswer {
     /// A step failed: the same answer on every later call for this run.
     Failed {
         /// The failing step and its error.
+        message: String,
+    },
+    /// No CanUpdate answer accepted this desired state in place: nothing was recorded or run.
+    Refused {
+        /// Why.
+        reason: RefusalReason,
+        /// The paths and what the operator can do.
         message: String,
     },
 }
@@ -126,6 +143,16 @@ pub fn plan_for(request: &UpdateRequest, mode: KubeadmUpgradeMode) -> Result<Pla
     Ok(plan)
 }
 
+/// The key of the `kubeadm upgrade apply` claim a control-plane Machine with a version competes for.
+fn claim_key(facts: &MachineFacts) -> Option<String> {
+    let version = facts.version.as_deref().filter(|_| facts.control_plane)?;
+    Some(apply_claim_key(
+        &facts.machine.namespace,
+        &facts.cluster,
+        version,
+    ))
+}
+
 impl Dispatcher {
     /// Which `kubeadm upgrade` this control-plane Machine runs: the first one to ask for a version claims
     /// `apply` for its cluster (compare-and-swap create); every other one runs `node`.
@@ -133,10 +160,9 @@ impl Dispatcher {
         &self,
         facts: &MachineFacts,
     ) -> Result<KubeadmUpgradeMode, DispatchError> {
-        let Some(version) = facts.version.as_deref().filter(|_| facts.control_plane) else {
+        let Some(key) = claim_key(facts) else {
             return Ok(KubeadmUpgradeMode::Node);
         };
-        let key = apply_claim_key(&facts.machine.namespace, &facts.cluster, version);
         let claim = ApplyClaim {
             machine: facts.machine.name.clone(),
             claimed_ms: now_ms(),
@@ -164,59 +190,112 @@ impl Dispatcher {
         })
     }
 
-    /// Records the run for the desired state (idempotently) and answers from the store.
+    /// The upgrade mode this Machine would get, without claiming anything: `apply` when it holds the claim or
+    /// nobody does yet.
+    async fn peek_upgrade_mode(
+        &self,
+        facts: &MachineFacts,
+    ) -> Result<KubeadmUpgradeMode, DispatchError> {
+        let Some(key) = claim_key(facts) else {
+            return Ok(KubeadmUpgradeMode::Node);
+        };
+        Ok(match self.read::<ApplyClaim>(&key).await? {
+            Some((claim, _)) if claim.machine != facts.machine.name => KubeadmUpgradeMode::Node,
+            _ => KubeadmUpgradeMode::Apply,
+        })
+    }
+
+    /// Records the run for the desired state (idempotently) and answers from the store. A desired state no
+    /// CanUpdate answer accepted in place is refused before anything is written (no run, no `kubeadm upgrade
+    /// apply` claim); a repeated call for the run already recorded skips that check.
     pub async fn update_machine(
         &self,
         request: &UpdateRequest,
     ) -> Result<UpdateAnswer, DispatchError> {
         let facts = &request.facts;
         let uses_version = request.actions.contains(&Action::KubernetesVersion);
-        let mode = if uses_version {
-            self.upgrade_mode(facts).await?
+        let existing = self
+            .read::<MachineRecord>(&machine_key(&facts.machine))
+            .await?;
+        let peeked = if uses_version {
+            self.peek_upgrade_mode(facts).await?
         } else {
             KubeadmUpgradeMode::Node
         };
-        let input_hash = request.input_hash(mode);
+        let mut input_hash = request.input_hash(peeked);
+        let repeat = existing
+            .as_ref()
+            .is_some_and(|(r, _)| r.input_hash.as_deref() == Some(input_hash.as_str()));
+        let mut licensed = None;
+        if !repeat {
+            match self
+                .licence(request, existing.as_ref().map(|(r, _)| r), peeked)
+                .await?
+            {
+                Licence::Refused(refusal) => {
+                    return Ok(UpdateAnswer::Refused {
+                        reason: refusal.reason,
+                        message: refusal.message,
+                    });
+                }
+                Licence::Granted { fingerprint } => licensed = Some(fingerprint),
+            }
+        }
+        let mode = if uses_version && !repeat {
+            self.upgrade_mode(facts).await?
+        } else {
+            peeked
+        };
+        if mode != peeked {
+            input_hash = request.input_hash(mode);
+        }
         let now = now_ms();
 
         // Built only when the Machine record does not already carry this input's fingerprint (CAPI asks
         // again every few seconds while an update runs, always with the same objects).
         let mut built: Option<Plan> = None;
         let mut switched = false;
-        let record = self
-            .update(
-                &machine_key(&facts.machine),
-                |current: Option<&MachineRecord>| {
-                    switched = false;
-                    if current.is_some_and(|r| r.input_hash.as_deref() == Some(input_hash.as_str()))
-                    {
-                        return Ok(None);
-                    }
-                    let plan = match &built {
-                        Some(plan) => plan,
-                        None => built.insert(plan_for(request, mode)?),
-                    };
-                    let same_state = current.filter(|r| r.state_hash == plan.id);
-                    switched = same_state.is_none();
-                    Ok(Some(match same_state {
-                        // Same desired state from a differently spelled input: keep the run, learn the spelling.
-                        Some(record) => MachineRecord {
-                            input_hash: Some(input_hash.clone()),
-                            ..record.clone()
-                        },
-                        None => MachineRecord {
-                            state_hash: plan.id.clone(),
-                            input_hash: Some(input_hash.clone()),
-                            run_id: run_id(&plan.id, current.map(|r| r.run_id.as_str())),
-                            cluster: facts.cluster.clone(),
-                            provider_id: facts.provider_id.clone(),
-                            since_ms: now,
-                        },
-                    }))
-                },
-            )
-            .await?
-            .ok_or_else(|| DispatchError::Contention(machine_key(&facts.machine)))?;
+        let record = match existing {
+            Some((record, _)) if repeat => record,
+            existing => self
+                .update_from(
+                    &machine_key(&facts.machine),
+                    Some(existing),
+                    |current: Option<&MachineRecord>| {
+                        switched = false;
+                        if current
+                            .is_some_and(|r| r.input_hash.as_deref() == Some(input_hash.as_str()))
+                        {
+                            return Ok(None);
+                        }
+                        let plan = match &built {
+                            Some(plan) => plan,
+                            None => built.insert(plan_for(request, mode)?),
+                        };
+                        let same_state = current.filter(|r| r.state_hash == plan.id);
+                        switched = same_state.is_none();
+                        Ok(Some(match same_state {
+                            // Same desired state from a differently spelled input: keep the run, learn the spelling.
+                            Some(record) => MachineRecord {
+                                input_hash: Some(input_hash.clone()),
+                                licensed: licensed.clone().or_else(|| record.licensed.clone()),
+                                ..record.clone()
+                            },
+                            None => MachineRecord {
+                                state_hash: plan.id.clone(),
+                                input_hash: Some(input_hash.clone()),
+                                licensed: licensed.clone(),
+                                run_id: run_id(&plan.id, current.map(|r| r.run_id.as_str())),
+                                cluster: facts.cluster.clone(),
+                                provider_id: facts.provider_id.clone(),
+                                since_ms: now,
+                            },
+                        }))
+                    },
+                )
+                .await?
+                .ok_or_else(|| DispatchError::Contention(machine_key(&facts.machine)))?,
+        };
         let key = update_key(&facts.machine, &record.run_id);
         let run = match self.read::<RunView>(&key).await? {
             Some((run, _)) => run,
@@ -292,7 +371,7 @@ impl Dispatcher {
         &self,
         run: &RunView,
         agent: Option<&AgentRecord>,
-        refusal: Option<&RefusalRecord>,
+        refusal: Option<&AgentRefusalRecord>,
         now: u64,
     ) -> UpdateAnswer {
         let plan = &run.plan;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use inplace_core::Policy;
 use serde::Serialize;
 
-pub use can_update::{can_update_machine, can_update_machine_set};
+pub use can_update::{Judged, can_update_machine, can_update_machine_set, record};
 pub use update::{Refusal, update_machine, update_request};
 
 use crate::dispatch::Dispatcher;
@@ -139,3 +139,6 @@ fn encode_discovery() -> Answer {
         String::new(),
     )
 }
+
+#[cfg(test)]
+mod tests;

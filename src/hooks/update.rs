@@ -7,9 +7,8 @@ use inplace_core::{Objects, Policy, Scope, Settings};
 
 use super::{Answer, Engine, answer, failure};
 use crate::api::objects;
-use crate::api::{
-    Hook, Object, Status, UpdateMachineRequest, UpdateMachineResponse, decode_request,
-};
+use crate::api::validate::Head;
+use crate::api::{Hook, Status, UpdateMachineRequest, UpdateMachineResponse, decode_request};
 use crate::dispatch::{DispatchError, UpdateAnswer, UpdateRequest};
 use crate::plan::MachineFacts;
 
@@ -51,21 +50,19 @@ pub fn update_request(
         });
     }
     let desired = request.desired;
-    let machine =
-        objects::parse(&desired.machine, "desired.machine").map_err(Refusal::bad_request)?;
-    // Which actions apply depends on the objects' kinds and the Machine's labels, nothing else: the
-    // bootstrap config stays text until a plan has to be built from it.
-    let head = |raw: &Option<Object>, path| {
-        raw.as_ref()
-            .map(|raw| objects::type_meta(raw, path))
-            .transpose()
-            .map_err(Refusal::bad_request)
+    let machine = match request.machine {
+        Some(machine) => machine,
+        None => {
+            objects::parse(&desired.machine, "desired.machine").map_err(Refusal::bad_request)?
+        }
     };
-    let bootstrap = head(&desired.bootstrap_config, "desired.bootstrapConfig")?;
-    let infra = head(
-        &desired.infrastructure_machine,
-        "desired.infrastructureMachine",
-    )?;
+    // Which actions apply depends on the objects' kinds and the Machine's labels, nothing else: the
+    // bootstrap config stays text until a plan has to be built from it, and its kind was read when the
+    // request was validated.
+    let [_, bootstrap, infra] = desired
+        .heads
+        .each_ref()
+        .map(|head| head.as_ref().map(Head::type_meta));
     let facts = MachineFacts::of(&machine).map_err(Refusal::bad_request)?;
     let heads = Objects {
         machine: Some(&machine),
@@ -77,6 +74,7 @@ pub fn update_request(
         facts,
         machine: desired.machine,
         bootstrap: desired.bootstrap_config,
+        infra: desired.infrastructure_machine,
         actions,
     })
 }
@@ -113,6 +111,9 @@ pub async fn update_machine(engine: Arc<Engine>, body: bytes::Bytes) -> Answer {
         ),
         Ok(UpdateAnswer::Done { message }) => (Status::Success, "done", message, 0),
         Ok(UpdateAnswer::Failed { message }) => (Status::Failure, "failed", message, 0),
+        Ok(UpdateAnswer::Refused { reason, message }) => {
+            (Status::Failure, reason.as_str(), message, 0)
+        }
         Err(DispatchError::BadRequest(message)) => (Status::Failure, "bad-request", message, 0),
         // Not transient: the same desired spec will never fit, so say what to change instead of "try again".
         Err(DispatchError::Store(inplace_store::StoreError::TooLarge { size, limit, .. })) => (

@@ -110,7 +110,7 @@ impl FleetMetrics {
             drop(metrics.step_duration.get_or_create(&KindLabels { kind }));
             drop(metrics.step_failures.get_or_create(&KindLabels { kind }));
         }
-        for reason in crate::dispatch::RefusalReason::ALL {
+        for reason in crate::dispatch::AgentRefusalReason::ALL {
             drop(metrics.auth_failures.get_or_create(&ReasonLabels {
                 reason: reason.as_str(),
             }));

@@ -64,22 +64,39 @@ pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
         .with_state(metrics)
 }
 
+/// Header of every `/status` answer: how many CanUpdateMachine, CanUpdateMachineSet and UpdateMachine calls
+/// this process has answered since it started (`status` explains a zero: CAPI may not be calling at all).
+pub const HOOK_CALLS_ANSWERED_HEADER: &str = "inplace-updater-hook-calls-answered";
+
 /// `GET /status` on the health port: every recorded update with its current step and message (what
 /// `inplace-updater status` prints). No secrets: runs are shown by machine, step description and message.
 /// `GET /status/agents`: every agent seen or refused (what `inplace-updater status --agents` prints); refusals
 /// show the reason, the answer and the peer address, never a token.
-pub fn status_router(dispatcher: Option<Arc<crate::dispatch::Dispatcher>>) -> Router {
+pub fn status_router(
+    dispatcher: Option<Arc<crate::dispatch::Dispatcher>>,
+    metrics: Arc<Metrics>,
+) -> Router {
     Router::new()
         .route(
             "/status",
             get(
-                |State(dispatcher): State<Option<Arc<crate::dispatch::Dispatcher>>>| async move {
+                |State((dispatcher, metrics)): State<(
+                    Option<Arc<crate::dispatch::Dispatcher>>,
+                    Arc<Metrics>,
+                )>| async move {
                     let Some(dispatcher) = dispatcher else {
                         return (StatusCode::SERVICE_UNAVAILABLE, "no store configured\n")
                             .into_response();
                     };
                     match dispatcher.status().await {
-                        Ok(rows) => axum::Json(rows).into_response(),
+                        Ok(rows) => (
+                            [(
+                                HOOK_CALLS_ANSWERED_HEADER,
+                                metrics.decision_calls().to_string(),
+                            )],
+                            axum::Json(rows),
+                        )
+                            .into_response(),
                         Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n"))
                             .into_response(),
                     }
@@ -89,7 +106,10 @@ pub fn status_router(dispatcher: Option<Arc<crate::dispatch::Dispatcher>>) -> Ro
         .route(
             "/status/agents",
             get(
-                |State(dispatcher): State<Option<Arc<crate::dispatch::Dispatcher>>>| async move {
+                |State((dispatcher, _)): State<(
+                    Option<Arc<crate::dispatch::Dispatcher>>,
+                    Arc<Metrics>,
+                )>| async move {
                     let Some(dispatcher) = dispatcher else {
                         return (StatusCode::SERVICE_UNAVAILABLE, "no store configured\n")
                             .into_response();
@@ -102,5 +122,5 @@ pub fn status_router(dispatcher: Option<Arc<crate::dispatch::Dispatcher>>) -> Ro
                 },
             ),
         )
-        .with_state(dispatcher)
+        .with_state((dispatcher, metrics))
 }

@@ -43,6 +43,9 @@ pub type AnswerFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Answe
 pub enum Compute {
     /// CPU-bound work (decode, diff, patch): inline for small bodies, on the blocking pool for large ones.
     Blocking(fn(&Engine, &[u8]) -> Answer),
+    /// CPU-bound judgement run like `Blocking`, whose verdict is then stored before the answer is sent
+    /// (CanUpdateMachine, CanUpdateMachineSet).
+    Judging(fn(&Engine, &[u8]) -> hooks::Judged),
     /// Work that waits on the store (UpdateMachine).
     Async(fn(Arc<Engine>, Bytes) -> AnswerFuture),
 }
@@ -70,11 +73,11 @@ pub fn app(state: AppState) -> Router {
         ),
         (
             Hook::CanUpdateMachine,
-            Compute::Blocking(hooks::can_update_machine),
+            Compute::Judging(hooks::can_update_machine),
         ),
         (
             Hook::CanUpdateMachineSet,
-            Compute::Blocking(hooks::can_update_machine_set),
+            Compute::Judging(hooks::can_update_machine_set),
         ),
         (
             Hook::UpdateMachine,
@@ -176,6 +179,22 @@ async fn not_found(request: Request) -> Response {
     )
 }
 
+/// Runs CPU-bound hook work: on the worker that read a small body (a panic caught here is answered and
+/// counted exactly like one on the pool), on the blocking pool within `budget` otherwise.
+async fn cpu<T: Send + 'static>(
+    small: bool,
+    budget: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<Result<T, String>, tokio::time::error::Elapsed> {
+    if small {
+        return Ok(std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+            .map_err(|_| "panicked inline".to_owned()));
+    }
+    tokio::time::timeout(budget, tokio::task::spawn_blocking(work))
+        .await
+        .map(|joined| joined.map_err(|err| err.to_string()))
+}
+
 /// The time we allow ourselves for one call, from CAPI's `?timeout=`.
 fn deadline(query: Option<&str>) -> Result<Duration, String> {
     let timeout = query
@@ -263,20 +282,26 @@ async fn handle(
             // this a slow body plus a slow computation outlived the route's 30 s timeout and got a 504.
             let budget = allowed.saturating_sub(started.elapsed());
             let engine = state.engine.clone();
+            let small = body.len() <= INLINE_COMPUTE_MAX_BODY_BYTES;
             let work = match compute {
-                // Caught here, so a panic is answered and counted exactly like one on the pool.
-                Compute::Blocking(compute) if body.len() <= INLINE_COMPUTE_MAX_BODY_BYTES => {
-                    Ok(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        compute(&engine, &body)
-                    }))
-                    .map_err(|_| "panicked inline".to_owned()))
+                Compute::Blocking(compute) => {
+                    cpu(small, budget, move || compute(&engine, &body)).await
                 }
-                Compute::Blocking(compute) => tokio::time::timeout(
-                    budget,
-                    tokio::task::spawn_blocking(move || compute(&engine, &body)),
-                )
-                .await
-                .map(|joined| joined.map_err(|err| err.to_string())),
+                Compute::Judging(compute) => {
+                    let judging = engine.clone();
+                    match cpu(small, budget, move || compute(&judging, &body)).await {
+                        // The verdict is stored before the answer leaves; spawned, so a caller that hangs
+                        // up cannot cancel the write half-way.
+                        Ok(Ok(judged)) => tokio::time::timeout(
+                            allowed.saturating_sub(started.elapsed()),
+                            tokio::spawn(hooks::record(engine, judged)),
+                        )
+                        .await
+                        .map(|joined| joined.map_err(|err| err.to_string())),
+                        Ok(Err(panic)) => Ok(Err(panic)),
+                        Err(elapsed) => Err(elapsed),
+                    }
+                }
                 // Spawned, so a caller that hangs up cannot cancel a store write half-way.
                 Compute::Async(compute) => {
                     tokio::time::timeout(budget, tokio::spawn(compute(engine, body)))

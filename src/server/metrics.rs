@@ -1,5 +1,8 @@
-//! Prometheus metrics: hook calls by hook and status, latency histograms, verdicts, TLS reloads, panics; plus
-//! the fleet and store metrics of [`crate::observe`], `build_info`, and the unprefixed `process_*` metrics.
+//! Prometheus metrics: hook calls by hook and status, latency histograms, verdicts, TLS reloads, panics,
+//! UpdateMachine calls refused because no CanUpdate answer accepted their desired state; plus the fleet and
+//! store metrics of [`crate::observe`], `build_info`, and the unprefixed `process_*` metrics.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -10,6 +13,7 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use crate::observe::{FleetMetrics, ProcessCollector, StoreMetrics};
+use crate::api::Hook;
 
 /// Labels of `hook_calls_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -34,6 +38,13 @@ pub struct VerdictLabels {
 pub struct HookLabels {
     /// Hook name.
     pub hook: &'static str,
+}
+
+/// Labels of `unjudged_updates_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// `changed-after-judgement`, `not-in-place` or `no-verdict`.
+    pub reason: &'static str,
 }
 
 /// Labels of `tls_reloads_total`.
@@ -72,6 +83,11 @@ pub struct Metrics {
     pub tls_reloads: Family<ResultLabels, Counter>,
     /// Hook calls being answered right now.
     pub in_flight: Gauge,
+    /// UpdateMachine calls refused for want of a CanUpdate verdict covering their desired state, by reason.
+    pub unjudged_updates: Family<ReasonLabels, Counter>,
+    /// CanUpdateMachine, CanUpdateMachineSet and UpdateMachine calls answered since start (discovery excluded:
+    /// CAPI calls it whatever the namespaces). Zero is what `status` turns into a namespace-selector hint.
+    decision_calls: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -139,10 +155,24 @@ impl Metrics {
         );
         let mut process = Registry::default();
         process.register_collector(Box::new(ProcessCollector::new()));
+        let unjudged_updates = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "unjudged_updates",
+            "UpdateMachine calls refused because no CanUpdate answer accepted their desired state in place, by reason",
+            unjudged_updates.clone(),
+        );
+        // Every reason shows from the start (at 0), so an alert on an increase needs no prior refusal.
+        for reason in crate::dispatch::RefusalReason::ALL {
+            let _ = unjudged_updates.get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            });
+        }
         Self {
             process,
             fleet,
             store,
+            unjudged_updates,
+            decision_calls: AtomicU64::new(0),
             in_flight,
             registry,
             calls,
@@ -163,12 +193,31 @@ impl Metrics {
         seconds: f64,
     ) {
         self.calls.get_or_create(&CallLabels { hook, status }).inc();
+        if hook != Hook::Discovery.name() {
+            self.decision_calls.fetch_add(1, Ordering::Relaxed);
+        }
         self.verdicts
             .get_or_create(&VerdictLabels { hook, verdict })
             .inc();
         self.duration
             .get_or_create(&HookLabels { hook })
             .observe(seconds);
+        if hook == "UpdateMachine"
+            && let Some(reason) = crate::dispatch::RefusalReason::ALL
+                .into_iter()
+                .find(|reason| reason.as_str() == verdict)
+        {
+            self.unjudged_updates
+                .get_or_create(&ReasonLabels {
+                    reason: reason.as_str(),
+                })
+                .inc();
+        }
+    }
+
+    /// CanUpdateMachine, CanUpdateMachineSet and UpdateMachine calls answered since the process started.
+    pub fn decision_calls(&self) -> u64 {
+        self.decision_calls.load(Ordering::Relaxed)
     }
 
     /// The registry in Prometheus text exposition format.

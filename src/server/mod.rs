@@ -18,7 +18,9 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-pub use admin::{Readiness, health_router, metrics_router, status_router};
+pub use admin::{
+    HOOK_CALLS_ANSWERED_HEADER, Readiness, health_router, metrics_router, status_router,
+};
 pub use agent_routes::{
     AGENT_BODY_READ_TIME, AgentBodyError, MAX_AGENT_REQUEST_TIME, REFUSED_BODY_READ_TIME,
     decode_agent_body,
@@ -175,8 +177,10 @@ pub async fn run(
         (
             "health listener",
             listeners.health,
-            health_router(readiness.clone())
-                .merge(status_router(services.engine.dispatcher.clone())),
+            health_router(readiness.clone()).merge(status_router(
+                services.engine.dispatcher.clone(),
+                metrics.clone(),
+            )),
         ),
         (
             "metrics listener",
@@ -290,6 +294,13 @@ async fn sweep_retention(dispatcher: Arc<Dispatcher>, shutdown: CancellationToke
             Ok(0) => {}
             Ok(deleted) => tracing::info!(deleted, "retention: deleted old agent refusals"),
             Err(err) => tracing::warn!(error = %err, "refusal sweep failed; will try again"),
+        }
+        match dispatcher.sweep_verdicts().await {
+            Ok(0) => {}
+            Ok(deleted) => tracing::info!(deleted, "retention: deleted old verdicts and refusals"),
+            Err(err) => {
+                tracing::warn!(error = %err, "verdict retention sweep failed; will try again")
+            }
         }
     }
 }

@@ -19,14 +19,9 @@ pub const ALPN_PROTOCOLS: [&[u8]; 2] = [b"h2", b"http/1.1"];
 /// Why TLS material could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    /// A file could not be read.
-    #[error("cannot read {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
+    /// A file could not be read, or is over [`MAX_PEM_FILE_BYTES`].
+    #[error(transparent)]
+    Read(#[from] inplace_bounded_read::ReadError),
     /// The certificate file holds no PEM certificate or a malformed one.
     #[error("{path}: no valid PEM certificate ({detail})")]
     Certificate {
@@ -68,11 +63,12 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// Largest certificate, key or client CA file read (`--tls-cert`, `--tls-key`, `--client-ca`, at start and on
+/// every reload check): a PEM bundle of a few hundred CA certificates fits many times over.
+pub const MAX_PEM_FILE_BYTES: u64 = 1024 * 1024;
+
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
-        path: path.to_owned(),
-        source,
-    })
+    Ok(inplace_bounded_read::read(path, MAX_PEM_FILE_BYTES)?)
 }
 
 /// Parses every certificate of a PEM file (leaf first, then intermediates).

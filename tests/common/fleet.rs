@@ -151,6 +151,17 @@ impl Capi {
         )
     }
 
+    /// What KubeadmControlPlane does before it triggers an in-place update of Machine `name`: asks
+    /// CanUpdateMachine (the version fixture, renamed) and expects CAPI to decide "in place".
+    pub async fn kcp_judges(&self, name: &str) {
+        let request = can_update_request("can-update-machine-kcp-version.json", name);
+        assert_eq!(
+            self.can_update_machine(&request).await,
+            capi_sim::CapiDecision::InPlace,
+            "{name}"
+        );
+    }
+
     pub async fn update_machine(&self, request: &Value) -> UpdateOutcome {
         let path = format!("{}?timeout=10s", Hook::UpdateMachine.path());
         let reply = self
@@ -199,6 +210,20 @@ impl Capi {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// KubeadmControlPlane's question for another Machine: a CanUpdateMachine request from a fixture, every
+/// object of both sides renamed (CAPI sends each control-plane Machine's own objects).
+pub fn can_update_request(fixture: &str, name: &str) -> Value {
+    let mut request: Value = serde_json::from_slice(&super::fixture(fixture)).expect("fixture");
+    for side in ["current", "desired"] {
+        for object in ["machine", "bootstrapConfig", "infrastructureMachine"] {
+            if request[side][object].is_object() {
+                request[side][object]["metadata"]["name"] = json!(name);
+            }
+        }
+    }
+    request
 }
 
 /// An UpdateMachine request for another Machine, from a fixture.

@@ -39,6 +39,26 @@ BINARY_SUBCOMMANDS = ("serve", "agent", "token", "policy", "diff", "certs")
 
 KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
 
+# The clusterctl provider files (deploy/clusterctl): the components rendered by render.py, and the metadata.
+CLUSTERCTL = DEPLOY / "clusterctl"
+CLUSTERCTL_FILES = {(CLUSTERCTL / "runtime-extension-components.yaml").resolve(), (CLUSTERCTL / "metadata.yaml").resolve()}
+
+
+@functools.cache
+def clusterctl_render_module():
+    """deploy/clusterctl/render.py, imported (its VARIABLES and render())."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("clusterctl_render", CLUSTERCTL / "render.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def clusterctl_variables() -> dict[str, tuple[str | None, str]]:
+    """The clusterctl variables of the components: {name: (default or None, what it sets)}."""
+    return clusterctl_render_module().VARIABLES
+
 
 @functools.cache
 def kubectl() -> str:
@@ -322,10 +342,10 @@ TOKEN_LINE = re.compile(
 
 
 def server_deployment(objs: list[dict]) -> tuple[dict, dict]:
-    """The server Deployment of a render and its `server` container."""
+    """The server Deployment of a render and its `manager` container (clusterctl's name for it)."""
     dep = one(objs, "Deployment", "inplace-updater")
     containers = dep["spec"]["template"]["spec"]["containers"]
-    return dep, next(c for c in containers if c["name"] == "server")
+    return dep, next(c for c in containers if c["name"] == "manager")
 
 
 def env_of(container: dict) -> dict[str, str]:

@@ -15,6 +15,7 @@ import os
 import pathlib
 import re
 import ssl
+import subprocess
 from urllib.parse import urlparse
 
 import pytest
@@ -49,7 +50,7 @@ def certs(objs, tmp_path_factory) -> pathlib.Path:
 class Server:
     """The server of the rendered Deployment, in a sandbox."""
 
-    def __init__(self, objs: list[dict], root: pathlib.Path, certs: pathlib.Path, tokens: str, extra_env: dict[str, str]):
+    def __init__(self, objs: list[dict], root: pathlib.Path, certs: pathlib.Path, tokens: str | None, extra_env: dict[str, str]):
         dep, container = d.server_deployment(objs)
         pod = dep["spec"]["template"]["spec"]
         volumes = {v["name"]: v for v in pod["volumes"]}
@@ -59,14 +60,19 @@ class Server:
         # docs/install.md step 4.
         secrets = {
             serving_secret: {k: (certs / k).read_text() for k in ("tls.crt", "tls.key", "ca.crt")},
-            "inplace-updater-agent-tokens": {"tokens": tokens},
         }
+        if tokens is not None:
+            secrets["inplace-updater-agent-tokens"] = {"tokens": tokens}
         for m in container["volumeMounts"]:
             target = self.mounts[m["mountPath"]]
             target.mkdir(parents=True)
             volume = volumes[m["name"]]
             if "secret" in volume:
-                files = secrets[volume["secret"]["secretName"]]
+                name = volume["secret"]["secretName"]
+                # A Secret that does not exist: the kubelet starts the Pod with an empty directory only when
+                # the volume is optional; otherwise the Pod never starts.
+                assert name in secrets or volume["secret"].get("optional"), f"Secret {name} missing and not optional"
+                files = secrets.get(name, {})
             elif "configMap" in volume:
                 files = d.one(objs, "ConfigMap", volume["configMap"]["name"])["data"]
             elif "persistentVolumeClaim" in volume or "emptyDir" in volume:
@@ -153,7 +159,7 @@ def token_files(tmp_path) -> tuple[str, str]:
 def start_server(objs, certs, tmp_path):
     started: list[Server] = []
 
-    def start(tokens: str, **extra_env: str) -> Server:
+    def start(tokens: str | None, **extra_env: str) -> Server:
         root = tmp_path / f"server-{len(started)}"
         root.mkdir()
         started.append(Server(objs, root, certs, tokens, extra_env))
@@ -209,6 +215,45 @@ def test_client_ca_guards_the_hook_paths_and_not_the_agent_api(start_server, cer
     assert post(server, certs, DISCOVERY, discovery, client_cert=True)[0] == 200
     assert post(server, certs, INVENTORY, inventory(), token=token)[0] == 200
     assert post(server, certs, INVENTORY, inventory())[0] == 401
+
+
+def test_without_the_token_secret_the_server_starts_warns_and_picks_it_up_later(start_server, certs, token_files):
+    # docs/install.md: the Secret is optional; hooks work without it, agents cannot get in until it exists.
+    token, tokens_text = token_files
+    server = start_server(None, INPLACE_UPDATER_TLS_RELOAD_INTERVAL="200ms")
+    warning = json.loads(server.proc.wait_for_line(
+        lambda l: (procs.json_message(l) or "").startswith("no agent tokens: no agent can authenticate"), "the warning"))
+    assert warning["level"] == "WARN" and "does not exist" in warning["fields"]["reason"], warning
+    discovery = {"apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1", "kind": "DiscoveryRequest"}
+    assert post(server, certs, DISCOVERY, discovery)[1]["status"] == "Success"
+    assert post(server, certs, INVENTORY, inventory(), token=token)[0] == 401
+    # What the kubelet does once the Secret is created: the file appears in the mounted directory.
+    server.tokens_file.write_text(tokens_text)
+    procs.wait_until(lambda: post(server, certs, INVENTORY, inventory(), token=token)[0] == 200, "the new token file")
+    assert "agent token file not reloaded" not in server.proc.output(), "an absent file is not an error"
+
+
+def test_status_explains_a_server_that_capi_never_called(start_server, certs, token_files):
+    # The server cannot see namespaces; `status` says what decides whether CAPI calls it at all.
+    _, tokens_text = token_files
+    server = start_server(tokens_text)
+
+    def status(*args: str) -> subprocess.CompletedProcess:
+        return d.run_binary("status", "--server", f"http://{server.health}", *args)
+
+    before = status()
+    assert before.returncode == 0, before.stderr
+    assert "no CanUpdateMachine, CanUpdateMachineSet or UpdateMachine call answered" in before.stdout
+    assert "namespaceSelector" in before.stdout and "inplace-updater/enabled=true" in before.stdout
+    as_json = status("--output", "json")
+    assert json.loads(as_json.stdout) == [] and "namespaceSelector" in as_json.stderr, "JSON stays JSON"
+    discovery = {"apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1", "kind": "DiscoveryRequest"}
+    post(server, certs, DISCOVERY, discovery)
+    assert "namespaceSelector" in status().stdout, "discovery is called whatever the namespaces"
+    request = json.loads((d.REPO / "tests" / "fixtures" / "can-update-machine-kcp-version.json").read_text())
+    assert post(server, certs, "/hooks.runtime.cluster.x-k8s.io/v1alpha1/canupdatemachine/can-update-machine", request)[0] == 200
+    after = status()
+    assert after.returncode == 0 and "namespaceSelector" not in after.stdout + after.stderr, after.stdout
 
 
 # ---------------------------------------------------------------- the node agent
@@ -309,7 +354,8 @@ def test_the_agent_loads_every_shipped_copy_of_its_config(certs, tmp_path, copy)
     [
         ("kubelet:\n  flagsFile:", "kubelett:\n  flagsFile:", "unknown field `kubelett`"),
         ('"kubeadm={{bareVersion}}-*"', '"kubeadm={{semver}}-*"', "unknown variable {{semver}}"),
-        ("      - run: [kubeadm, upgrade, node]", "      - run: []", "kubernetes.kubeadmUpgradeNode: commands[0]: argv needs a program"),
+        ("  kubeadmUpgradeNode:\n    commands:\n      - run: [", "  kubeadmUpgradeNode:\n    commands:\n      - run: []\n      - run: [",
+         "kubernetes.kubeadmUpgradeNode: commands[0]: argv needs a program"),
         ("  installKubeadm:\n", "  upgradeFirstControlPlane:\n", "unknown field `upgradeFirstControlPlane`"),
     ],
     ids=["unknown-section", "unknown-template", "empty-argv", "old-guessed-shape"],

@@ -374,7 +374,7 @@ DRIVER_CONFIG = {
     "etcd": {"manifest"},
     "inventory": {"kubeletVersion", "kubeadmVersion"},
 }
-SEQUENCE_KEYS = {"skipIf", "commands"}
+SEQUENCE_KEYS = {"skipIf", "onResume", "commands"}
 CHECK_KEYS = {"run", "stdoutEquals", "stdoutContains"}
 COMMAND_KEYS = {"run": None, "writeFile": {"path", "content", "mode"}, "verifySha256": {"path", "sha256"}}
 # crates/agent/src/template.rs KNOWN_VARIABLES, plus pin.<name>.
@@ -413,15 +413,17 @@ def config_problems(config: dict) -> list[str]:
     for kind, sequence in (config.get("kubernetes") or {}).items():
         problems += [f"kubernetes.{kind}.{k}: unknown key" for k in set(sequence) - SEQUENCE_KEYS]
         problems += [f"kubernetes.{kind}.skipIf.{k}: unknown key" for k in set(sequence.get("skipIf", {})) - CHECK_KEYS]
-        for i, command in enumerate(sequence.get("commands", [])):
-            (name, body), = command.items()
-            if name not in COMMAND_KEYS:
-                problems.append(f"kubernetes.{kind}.commands[{i}]: unknown command {name}")
-            elif COMMAND_KEYS[name] is None:
-                if not (isinstance(body, list) and body and all(isinstance(a, str) for a in body)):
-                    problems.append(f"kubernetes.{kind}.commands[{i}].run: not an argv list of strings")
-            elif set(body) - COMMAND_KEYS[name]:
-                problems.append(f"kubernetes.{kind}.commands[{i}].{name}: unknown keys {set(body) - COMMAND_KEYS[name]}")
+        for list_key in ("onResume", "commands"):
+            for i, command in enumerate(sequence.get(list_key, [])):
+                (name, body), = command.items()
+                where = f"kubernetes.{kind}.{list_key}[{i}]"
+                if name not in COMMAND_KEYS:
+                    problems.append(f"{where}: unknown command {name}")
+                elif COMMAND_KEYS[name] is None:
+                    if not (isinstance(body, list) and body and all(isinstance(a, str) for a in body)):
+                        problems.append(f"{where}.run: not an argv list of strings")
+                elif set(body) - COMMAND_KEYS[name]:
+                    problems.append(f"{where}.{name}: unknown keys {set(body) - COMMAND_KEYS[name]}")
     for text in strings(config):
         for name in re.findall(r"{{\s*([^}]*?)\s*}}", text):
             if name not in TEMPLATE_VARIABLES and not re.fullmatch(r"pin\.[A-Za-z0-9_-]+", name):
@@ -437,6 +439,8 @@ def test_agent_config_has_the_agents_shape():
     for kind in ("installKubeadm", "installKubelet"):
         check = kubernetes[kind]["skipIf"]
         assert "{{version}}" in check.get("stdoutEquals", ""), f"{kind}: an upgraded node must be a no-op"
+        # A resumed install runs again; apt refuses to, after an interrupted one, until dpkg finishes.
+        assert {"run": ["dpkg", "--configure", "-a"]} in kubernetes[kind].get("onResume", []), kind
     sources = [c["writeFile"] for c in kubernetes["installKubeadm"]["commands"] if "writeFile" in c]
     assert any("https://pkgs.k8s.io/core:/stable:/{{minor}}/deb/" in f["content"] for f in sources)
     installs = [c["run"] for k in ("installKubeadm", "installKubelet") for c in kubernetes[k]["commands"] if "run" in c]
@@ -450,6 +454,7 @@ def test_agent_config_has_the_agents_shape():
         (lambda c: c["kubelet"].__setitem__("flagsEnv", "/x"), "kubelet.flagsEnv: unknown key"),
         (lambda c: c["kubernetes"]["installKubelet"]["commands"].append({"shell": "x"}), "unknown command shell"),
         (lambda c: c["kubernetes"]["kubeadmUpgradeNode"]["commands"].append({"run": "kubeadm upgrade node"}), "not an argv list"),
+        (lambda c: c["kubernetes"]["installKubelet"]["onResume"].append({"shell": "x"}), "onResume[1]: unknown command shell"),
         (lambda c: c["kubernetes"]["installKubeadm"]["skipIf"].__setitem__("stdoutEquals", "{semver}{{verison}}"), "{{verison}}"),
     ],
 )

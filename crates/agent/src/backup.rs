@@ -4,7 +4,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::fsutil::{FileMeta, FsError, atomic_write, create_dirs, fs_err};
+use crate::fsutil::{FileMeta, FsError, atomic_write, create_dirs, fs_err, read_bounded};
 
 /// Backups of this many most recent plans are kept; older ones are pruned when a plan starts.
 pub const MAX_BACKUP_PLANS: usize = 5;
@@ -49,19 +49,12 @@ impl Backups {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(fs_err("inspect", real_path)(e)),
         };
-        let content = fs::read(real_path).map_err(fs_err("read", real_path))?;
+        let content = read_bounded(real_path, crate::limits::MAX_BACKUP_BYTES)?;
         if let Some(parent) = target.parent() {
             create_dirs(parent)?;
         }
-        // Backups may hold secrets: stored owner-only; the original mode goes to `<name>.mode`.
-        atomic_write(
-            &target,
-            &content,
-            FileMeta {
-                mode: 0o600,
-                owner: None,
-            },
-        )?;
+        // The mode file first: the content file's existence is what says "backed up" (above),
+        // so an interruption between the two writes must not leave the content without its mode.
         let mode_file = target.with_file_name(format!(
             "{}.mode",
             target
@@ -73,6 +66,15 @@ impl Backups {
         atomic_write(
             &mode_file,
             mode.as_bytes(),
+            FileMeta {
+                mode: 0o600,
+                owner: None,
+            },
+        )?;
+        // Backups may hold secrets: stored owner-only; the original mode is in `<name>.mode`.
+        atomic_write(
+            &target,
+            &content,
             FileMeta {
                 mode: 0o600,
                 owner: None,

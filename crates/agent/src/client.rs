@@ -18,12 +18,12 @@ use rustls_pki_types::pem::PemObject;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::limits::{MAX_CA_FILE_BYTES, MAX_TOKEN_FILE_BYTES};
+
 /// TCP connect timeout.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle keep-alive connections are closed after this long.
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-/// Largest token file read.
-const MAX_TOKEN_BYTES: u64 = 4096;
 /// Bytes of an error body kept for the log.
 const ERROR_BODY_KEPT: usize = 512;
 
@@ -194,8 +194,10 @@ impl ServerClient {
         }
         let base = server.trim_end_matches('/').to_owned();
 
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(ca_file)
-            .and_then(|iter| iter.collect::<Result<Vec<_>, _>>())
+        let pem = inplace_bounded_read::read(ca_file, MAX_CA_FILE_BYTES)
+            .map_err(|e| ClientError::Setup(format!("--ca-file: {e}")))?;
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
             .map_err(|e| ClientError::Setup(format!("--ca-file {}: {e}", ca_file.display())))?;
         let mut roots = rustls::RootCertStore::empty();
         let (added, _ignored) = roots.add_parsable_certificates(certs);
@@ -248,11 +250,8 @@ impl ServerClient {
             path: self.token_file.display().to_string(),
             reason,
         };
-        let meta = std::fs::metadata(&self.token_file).map_err(|e| err(e.to_string()))?;
-        if meta.len() > MAX_TOKEN_BYTES {
-            return Err(err(format!("larger than {MAX_TOKEN_BYTES} bytes")));
-        }
-        let text = std::fs::read_to_string(&self.token_file).map_err(|e| err(e.to_string()))?;
+        let text = inplace_bounded_read::read_to_string(&self.token_file, MAX_TOKEN_FILE_BYTES)
+            .map_err(|e| err(e.to_string()))?;
         let token = text.trim();
         if token.is_empty() {
             return Err(err("empty".into()));

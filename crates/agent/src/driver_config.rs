@@ -16,18 +16,9 @@ pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
 /// Why the driver config cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The file could not be read.
-    #[error("reading agent config {path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is over [`MAX_CONFIG_BYTES`].
-    #[error("agent config {0} is larger than {MAX_CONFIG_BYTES} bytes")]
-    TooLarge(String),
+    /// The file could not be read, is not UTF-8, or is over [`MAX_CONFIG_BYTES`] (pipes included).
+    #[error("agent config: {0}")]
+    Read(#[from] inplace_bounded_read::ReadError),
     /// YAML syntax or shape.
     #[error("agent config: {0}")]
     Parse(String),
@@ -125,12 +116,27 @@ impl KubernetesConfig {
 }
 
 /// Commands run in order within the step's timeout; the first failure fails the step.
+///
+/// Resume rule: a step that began (it was recorded running, even if a clean shutdown stopped it)
+/// is never skipped by `skip_if`; it runs `on_resume`, then its commands from the first one not
+/// recorded complete. So every command must be safe to run again after being interrupted
+/// part-way, or after completing but before its completion was recorded.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CommandSequence {
-    /// When this check passes the desired state already holds: the step is a no-op success.
+    /// When this check passes (and the step never began, and no earlier plan left this sequence
+    /// unfinished) the desired state already holds: the step is a no-op success.
     #[serde(default)]
     pub skip_if: Option<Check>,
+    /// Run first whenever a step that began is resumed, before its first unfinished command:
+    /// repairs an interrupted command needs before it can run again (e.g. `dpkg --configure -a`,
+    /// without which apt refuses to work after an interrupted install). Not counted as progress,
+    /// so they must be safe to run at any point of the sequence.
+    #[serde(
+        default,
+        deserialize_with = "serde_yaml_ng::with::singleton_map_recursive::deserialize"
+    )]
+    pub on_resume: Vec<CommandSpec>,
     /// The commands (`- run: …` single-key maps rather than YAML `!tags`).
     #[serde(deserialize_with = "serde_yaml_ng::with::singleton_map_recursive::deserialize")]
     pub commands: Vec<CommandSpec>,
@@ -317,16 +323,7 @@ fn default_kubeadm_version() -> Vec<String> {
 impl DriverConfig {
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let shown = path.display().to_string();
-        let read_err = |source| ConfigError::Read {
-            path: shown.clone(),
-            source,
-        };
-        let size = std::fs::metadata(path).map_err(read_err)?.len();
-        if size > MAX_CONFIG_BYTES {
-            return Err(ConfigError::TooLarge(shown));
-        }
-        let text = std::fs::read_to_string(path).map_err(read_err)?;
+        let text = inplace_bounded_read::read_to_string(path, MAX_CONFIG_BYTES)?;
         Self::from_yaml(&text)
     }
 
@@ -450,29 +447,38 @@ impl CommandSequence {
                 template::check(text).map_err(|e| format!("skipIf: {e}"))?;
             }
         }
-        for (i, command) in self.commands.iter().enumerate() {
-            match command {
-                CommandSpec::Run(argv) => check_argv(argv),
-                CommandSpec::WriteFile {
-                    path,
-                    content,
-                    mode,
-                } => check_node_path(path)
-                    .and_then(|()| template::check(path))
-                    .and_then(|()| template::check(content))
-                    .and_then(|()| match mode {
-                        Some(m) if inplace_agent_api::parse_mode(m).is_none() => {
-                            Err(format!("mode {m:?} is not octal"))
-                        }
-                        _ => Ok(()),
-                    }),
-                CommandSpec::VerifySha256 { path, sha256 } => check_node_path(path)
-                    .and_then(|()| template::check(path))
-                    .and_then(|()| template::check(sha256)),
+        for (list, commands) in [("onResume", &self.on_resume), ("commands", &self.commands)] {
+            for (i, command) in commands.iter().enumerate() {
+                command
+                    .validate()
+                    .map_err(|e| format!("{list}[{i}]: {e}"))?;
             }
-            .map_err(|e| format!("commands[{i}]: {e}"))?;
         }
         Ok(())
+    }
+}
+
+impl CommandSpec {
+    fn validate(&self) -> Result<(), String> {
+        match self {
+            CommandSpec::Run(argv) => check_argv(argv),
+            CommandSpec::WriteFile {
+                path,
+                content,
+                mode,
+            } => check_node_path(path)
+                .and_then(|()| template::check(path))
+                .and_then(|()| template::check(content))
+                .and_then(|()| match mode {
+                    Some(m) if inplace_agent_api::parse_mode(m).is_none() => {
+                        Err(format!("mode {m:?} is not octal"))
+                    }
+                    _ => Ok(()),
+                }),
+            CommandSpec::VerifySha256 { path, sha256 } => check_node_path(path)
+                .and_then(|()| template::check(path))
+                .and_then(|()| template::check(sha256)),
+        }
     }
 }
 

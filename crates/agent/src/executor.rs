@@ -1,13 +1,15 @@
 //! Runs one step of the current plan with crash-safe bookkeeping: the step is recorded
 //! `running` (attempt counted, fsynced) before it starts and `succeeded`/`failed` after, and a
-//! report is queued at both points. Reports are delivered while the step runs.
+//! report is queued at both points. Reports are delivered while the step runs. A Kubernetes
+//! version step's progress (commands completed) is written to its record after each command.
 //!
-//! A step found `running` at start-up was interrupted by a crash or reboot. It is re-run: every
-//! driver converges to a desired state and is idempotent, and the kubeadm commands are
-//! documented as safe to re-run, so a second attempt is the way to reach a known state, where
-//! failing it would leave the node half-changed for an operator to repair by hand. A step
-//! interrupted [`MAX_STEP_ATTEMPTS`] times (e.g. one that keeps crashing the node) fails instead.
-//! An attempt stopped by a clean shutdown is not counted.
+//! A step that began and did not finish — found `running` at start-up (crash, reboot, SIGKILL) or
+//! put back to `pending` by a clean shutdown — is resumed, never skipped: its driver is told
+//! (`resumed`) so that no "already done" check is trusted, the command sequences continue at the
+//! first command not recorded complete, and the converging drivers redo their follow-up effects
+//! (service restarts). Failing instead would leave the node half-changed for an operator to
+//! repair by hand. A step interrupted [`MAX_STEP_ATTEMPTS`] times (e.g. one that keeps crashing
+//! the node) fails instead. An attempt stopped by a clean shutdown is not counted.
 
 use std::ops::ControlFlow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -16,13 +18,13 @@ use inplace_agent_api::{
     AgentIdentity, MESSAGE_MAX_BYTES, PlanStatus, STDERR_TAIL_MAX_BYTES, StepReport, StepStatus,
     truncate_tail,
 };
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::agent::{Agent, Shutdown};
 use crate::command::KILL_GRACE;
-use crate::drivers::{Outcome, StepContext, StepResult, execute};
-use crate::state::{LocalStepStatus, StepRecord};
+use crate::drivers::{Outcome, ProgressRecorder, ProgressUpdate, StepContext, StepResult, execute};
+use crate::state::{LocalStepStatus, SequenceProgress, StepRecord};
 
 /// Attempts after which a step that keeps being interrupted is failed.
 pub const MAX_STEP_ATTEMPTS: u32 = 3;
@@ -85,6 +87,7 @@ enum Event {
     Finished(StepResult),
     Shutdown,
     Flushed,
+    Progress,
 }
 
 impl Agent {
@@ -104,7 +107,7 @@ impl Agent {
         };
         let step_record = &mut record.steps[index];
         let interrupted = step_record.status == LocalStepStatus::Running;
-        let resumed = interrupted || step_record.attempt > 0;
+        let resumed = step_record.began();
         if interrupted && step_record.attempt >= MAX_STEP_ATTEMPTS {
             let message = format!(
                 "step interrupted {} times (agent restart or node reboot during the step); not trying again",
@@ -114,8 +117,15 @@ impl Agent {
             return ControlFlow::Continue(());
         }
         if interrupted {
-            tracing::warn!(plan = %plan.id, step = index, attempt = step_record.attempt, "step was interrupted; running it again");
+            tracing::warn!(plan = %plan.id, step = index, attempt = step_record.attempt, "step was interrupted; resuming it");
+        } else if resumed {
+            tracing::info!(plan = %plan.id, step = index, "step was stopped by a shutdown; resuming it");
         }
+        let progress = if resumed {
+            step_record.progress.clone()
+        } else {
+            None
+        };
         step_record.status = LocalStepStatus::Running;
         step_record.attempt += 1;
         step_record.started_at_unix_ms = Some(now_unix_ms());
@@ -126,7 +136,8 @@ impl Agent {
         let report = report_for(&self.identity, &plan.id, index, step_record);
         self.store.enqueue(report);
         if let Err(e) = self.store.save() {
-            // Without a durable "running" record a crash could lose the attempt count: do not start.
+            // Without a durable "running" record a crash could lose the attempt count and the
+            // fact that the step began: do not start.
             tracing::error!(error = %e, "cannot record step start; retrying later");
             return if crate::agent::pause(self.backoff.next_delay(), shutdown).await {
                 ControlFlow::Break(())
@@ -137,11 +148,14 @@ impl Agent {
         tracing::info!(plan = %plan.id, step = index, description = %step.description, kind = step.action.kind(), "step started");
 
         let (cancel_tx, cancel_rx) = watch::channel(false);
+        let (progress_tx, mut progress_rx) = mpsc::channel::<ProgressUpdate>(1);
         let ctx = StepContext {
             plan_id: plan.id.clone(),
             deadline: Instant::now() + Duration::from_secs(u64::from(step.timeout_seconds)),
             step,
             resumed,
+            progress,
+            recorder: ProgressRecorder::new(progress_tx),
             cancel: cancel_rx,
         };
         let mut task = AbortOnDrop(tokio::spawn(execute(self.env.clone(), ctx)));
@@ -153,6 +167,10 @@ impl Agent {
             let have_reports = !self.store.state.outbox.is_empty();
             let event = tokio::select! {
                 r = &mut task.0 => Event::Finished(join(r)),
+                Some((progress, ack)) = progress_rx.recv() => {
+                    let _ = ack.send(self.record_progress(index, progress));
+                    Event::Progress
+                }
                 () = &mut *shutdown => Event::Shutdown,
                 r = async {
                     tokio::time::sleep_until(flush_at).await;
@@ -166,17 +184,24 @@ impl Agent {
             };
             match event {
                 Event::Finished(result) => break result,
-                Event::Flushed => {}
+                Event::Flushed | Event::Progress => {}
                 Event::Shutdown => {
                     let _ = cancel_tx.send(true);
-                    // The driver kills its process group (TERM, then KILL after KILL_GRACE).
-                    let result = match tokio::time::timeout(KILL_GRACE * 3, &mut task.0).await {
-                        Ok(r) => join(r),
-                        Err(_) => {
-                            task.0.abort();
-                            StepResult {
-                                outcome: Outcome::Interrupted,
-                                ..StepResult::failed("agent shutting down")
+                    // The driver kills its process group (TERM, then KILL after KILL_GRACE). A
+                    // command that completed meanwhile still gets its progress recorded.
+                    let limit = Instant::now() + KILL_GRACE * 3;
+                    let result = loop {
+                        tokio::select! {
+                            r = &mut task.0 => break join(r),
+                            Some((progress, ack)) = progress_rx.recv() => {
+                                let _ = ack.send(self.record_progress(index, progress));
+                            }
+                            () = tokio::time::sleep_until(limit) => {
+                                task.0.abort();
+                                break StepResult {
+                                    outcome: Outcome::Interrupted,
+                                    ..StepResult::failed("agent shutting down")
+                                };
                             }
                         }
                     };
@@ -197,7 +222,23 @@ impl Agent {
         ControlFlow::Continue(())
     }
 
-    /// A clean shutdown stopped the step: it goes back to pending, the attempt not counted.
+    /// Writes a sequence's progress into the step's record; true once it is on disk.
+    fn record_progress(&mut self, index: usize, progress: SequenceProgress) -> bool {
+        let Some(record) = self.store.state.current.as_mut() else {
+            return false;
+        };
+        record.steps[index].progress = Some(progress);
+        match self.store.save() {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(error = %e, step = index, "cannot record the step's progress");
+                false
+            }
+        }
+    }
+
+    /// A clean shutdown stopped the step: it goes back to pending, the attempt not counted. Its
+    /// start time and progress stay, so the next start resumes it (see `StepRecord::began`).
     fn interrupted_by_shutdown(&mut self, index: usize) {
         if let Some(record) = self.store.state.current.as_mut() {
             let step = &mut record.steps[index];

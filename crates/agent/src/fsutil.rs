@@ -6,6 +6,8 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
+use crate::limits::MAX_USER_DB_BYTES;
+
 /// Suffix of the temporary file an atomic write creates next to its target. The name starts with
 /// a dot too, so kubelet's static-pod watcher (which skips hidden files) never reads it.
 const TEMP_SUFFIX: &str = ".inplace-tmp";
@@ -102,19 +104,17 @@ pub(crate) fn matches(path: &Path, content: &[u8], meta: FileMeta) -> Result<boo
     {
         return Ok(false);
     }
-    let existing = fs::read(path).map_err(fs_err("read", path))?;
-    Ok(existing == content)
+    // Same length as `content` a moment ago: read no more than that plus the byte that shows it grew.
+    match inplace_bounded_read::read(path, content.len() as u64) {
+        Ok(existing) => Ok(existing == content),
+        Err(inplace_bounded_read::ReadError::TooLarge { .. }) => Ok(false),
+        Err(err) => Err(bounded_err(path, err)),
+    }
 }
 
 /// Writes `content` to `path` atomically: temp file in the same directory, mode and owner set,
 /// fsync, rename over the target, fsync of the directory. Creates missing parent directories.
 pub(crate) fn atomic_write(path: &Path, content: &[u8], meta: FileMeta) -> Result<(), FsError> {
-    let parent = path.parent().ok_or_else(|| FsError {
-        action: "write",
-        path: path.to_path_buf(),
-        source: io::Error::new(io::ErrorKind::InvalidInput, "no parent directory"),
-    })?;
-    create_dirs(parent)?;
     if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
         return Err(FsError {
             action: "write",
@@ -122,17 +122,7 @@ pub(crate) fn atomic_write(path: &Path, content: &[u8], meta: FileMeta) -> Resul
             source: io::Error::new(io::ErrorKind::IsADirectory, "a directory is in the way"),
         });
     }
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let temp = parent.join(format!(".{name}{TEMP_SUFFIX}"));
-    // A temp file left by a crash is ours: replace it.
-    match fs::remove_file(&temp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(fs_err("remove stale", &temp)(e)),
-    }
+    let (parent, temp) = temp_beside(path, "write", |p| fs::remove_file(p))?;
     let result = (|| {
         let mut file = OpenOptions::new()
             .write(true)
@@ -156,6 +146,55 @@ pub(crate) fn atomic_write(path: &Path, content: &[u8], meta: FileMeta) -> Resul
         let _ = fs::remove_file(&temp);
     }
     result
+}
+
+/// The parent of `path` (created when missing) and the temp name beside it, `.<name>.inplace-tmp`,
+/// cleared with `remove` of what an interrupted earlier attempt left there (it is ours).
+fn temp_beside<'a>(
+    path: &'a Path,
+    action: &'static str,
+    remove: fn(&Path) -> io::Result<()>,
+) -> Result<(&'a Path, PathBuf), FsError> {
+    let parent = path.parent().ok_or_else(|| FsError {
+        action,
+        path: path.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, "no parent directory"),
+    })?;
+    create_dirs(parent)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temp = parent.join(format!(".{name}{TEMP_SUFFIX}"));
+    match remove(&temp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fs_err("remove stale", &temp)(e)),
+    }
+    Ok((parent, temp))
+}
+
+/// Reads a driver journal (JSON) from the state dir: a missing file is `T::default()`; an
+/// unreadable one is an error ending with `hint` (what moving it away does).
+pub(crate) fn read_journal<T: serde::de::DeserializeOwned + Default>(
+    path: &Path,
+    hint: &str,
+) -> Result<T, String> {
+    match read_optional(path, crate::limits::MAX_JOURNAL_BYTES).map_err(|e| e.to_string())? {
+        None => Ok(T::default()),
+        Some(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{}: unreadable ({e}); {hint}", path.display())),
+    }
+}
+
+/// Writes a driver journal atomically, owner-only.
+pub(crate) fn write_journal<T: serde::Serialize>(path: &Path, journal: &T) -> Result<(), String> {
+    let bytes = serde_json::to_vec(journal).map_err(|e| e.to_string())?;
+    let meta = FileMeta {
+        mode: 0o600,
+        owner: None,
+    };
+    atomic_write(path, &bytes, meta).map_err(|e| e.to_string())
 }
 
 /// Removes a file and fsyncs its directory; a missing file is fine.
@@ -191,13 +230,59 @@ pub(crate) fn create_dirs(dir: &Path) -> Result<(), FsError> {
         .map_err(fs_err("create directory", dir))
 }
 
-/// Reads a file that may be missing.
-pub(crate) fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, FsError> {
-    match fs::read(path) {
-        Ok(bytes) => Ok(Some(bytes)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(fs_err("read", path)(e)),
+/// Creates directory `path` with `mode` and `owner` in one visible step: a temp directory beside
+/// it gets mode and owner first and is then renamed into place, so an interruption never leaves
+/// `path` existing with the wrong mode or owner (which a later run, seeing it exist, would keep).
+/// Missing parents are created with [`DEFAULT_DIR_MODE`]. `path` must not exist yet.
+pub(crate) fn create_dir_atomic(
+    path: &Path,
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> Result<(), FsError> {
+    // A temp directory left by an interruption is ours (and empty).
+    let (parent, temp) = temp_beside(path, "create directory", |p| fs::remove_dir(p))?;
+    let result = (|| {
+        fs::DirBuilder::new()
+            .mode(mode)
+            .create(&temp)
+            .map_err(fs_err("create directory", &temp))?;
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(&temp, Some(uid), Some(gid))
+                .map_err(fs_err("chown", &temp))?;
+        }
+        // Explicitly, since the umask may have taken bits away.
+        fs::set_permissions(&temp, fs::Permissions::from_mode(mode))
+            .map_err(fs_err("chmod", &temp))?;
+        fs::rename(&temp, path).map_err(fs_err("rename onto", path))?;
+        sync_dir(parent)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_dir(&temp);
     }
+    result
+}
+
+/// Reads a file that may be missing, refusing one over `limit` bytes (a pipe or device is read no further
+/// than that: see `inplace_bounded_read`).
+pub(crate) fn read_optional(path: &Path, limit: u64) -> Result<Option<Vec<u8>>, FsError> {
+    inplace_bounded_read::read_optional(path, limit).map_err(|err| bounded_err(path, err))
+}
+
+/// [`read_optional`] for a file that must exist.
+pub(crate) fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, FsError> {
+    inplace_bounded_read::read(path, limit).map_err(|err| bounded_err(path, err))
+}
+
+fn bounded_err(path: &Path, err: inplace_bounded_read::ReadError) -> FsError {
+    use inplace_bounded_read::ReadError;
+    let source = match err {
+        ReadError::Io { source, .. } => source,
+        ReadError::TooLarge { limit, .. } => {
+            io::Error::other(format!("larger than the limit of {limit} bytes"))
+        }
+        ReadError::NotUtf8 { .. } => io::Error::new(io::ErrorKind::InvalidData, "not UTF-8"),
+    };
+    fs_err("read", path)(source)
 }
 
 /// The agent's effective uid.
@@ -219,7 +304,7 @@ pub(crate) struct PasswdEntry {
 /// Looks `name` up in `<root>/etc/passwd`. A missing file means "no such user".
 pub(crate) fn lookup_user(fs: &RootFs, name: &str) -> Result<Option<PasswdEntry>, String> {
     let path = fs.path("/etc/passwd")?;
-    let Some(bytes) = read_optional(&path).map_err(|e| e.to_string())? else {
+    let Some(bytes) = read_optional(&path, MAX_USER_DB_BYTES).map_err(|e| e.to_string())? else {
         return Ok(None);
     };
     Ok(String::from_utf8_lossy(&bytes).lines().find_map(|line| {
@@ -238,7 +323,7 @@ pub(crate) fn lookup_user(fs: &RootFs, name: &str) -> Result<Option<PasswdEntry>
 /// Looks a group name up in `<root>/etc/group`.
 pub(crate) fn lookup_group(fs: &RootFs, name: &str) -> Result<Option<u32>, String> {
     let path = fs.path("/etc/group")?;
-    let Some(bytes) = read_optional(&path).map_err(|e| e.to_string())? else {
+    let Some(bytes) = read_optional(&path, MAX_USER_DB_BYTES).map_err(|e| e.to_string())? else {
         return Ok(None);
     };
     Ok(String::from_utf8_lossy(&bytes).lines().find_map(|line| {

@@ -26,7 +26,9 @@ pub(crate) fn boot_id(env: &DriverEnv) -> Option<String> {
 
 fn read_fact(env: &DriverEnv, node_path: &str) -> Option<String> {
     let path = env.fs.path(node_path).ok()?;
-    let bytes = read_optional(&path).ok().flatten()?;
+    let bytes = read_optional(&path, crate::limits::MAX_NODE_FACT_BYTES)
+        .ok()
+        .flatten()?;
     let text = String::from_utf8_lossy(&bytes);
     let line = text.lines().next()?.trim();
     (!line.is_empty()).then(|| truncate_tail(line, MAX_FACT_BYTES).to_owned())

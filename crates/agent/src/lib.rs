@@ -17,8 +17,10 @@ mod drivers;
 mod executor;
 mod fsutil;
 mod inventory;
+mod limits;
 mod state;
 mod template;
+mod unfinished;
 
 use std::future::Future;
 
@@ -36,6 +38,7 @@ pub use driver_config::{
 pub use executor::MAX_STEP_ATTEMPTS;
 pub use inplace_agent_api as api;
 pub use inventory::{AGENT_VERSION, INVENTORY_COMMAND_TIMEOUT};
+pub use limits::*;
 pub use state::{MAX_OUTBOX, StateError};
 
 /// Runs the agent until `shutdown` completes. Returns an error only when it cannot start (bad

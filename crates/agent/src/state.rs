@@ -10,13 +10,12 @@ use inplace_agent_api::{Plan, PlanProgress, PlanStatus, StepReport, StepStatus};
 use serde::{Deserialize, Serialize};
 
 use crate::fsutil::{FileMeta, atomic_write, read_optional, remove_file};
+use crate::limits::MAX_STATE_BYTES;
 
 /// Version of the `state.json` layout.
 const STATE_FORMAT: u32 = 1;
 /// Most undelivered reports kept; past it the oldest `running` reports go first, then the oldest.
 pub const MAX_OUTBOX: usize = 256;
-/// Largest `state.json` / plan file read back.
-const MAX_STATE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Why the state dir cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +42,7 @@ pub enum StateError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum LocalStepStatus {
-    /// Not started (or a clean shutdown stopped it).
+    /// Not started, or a clean shutdown stopped it ([`StepRecord::began`] tells the two apart).
     Pending,
     /// Started and not finished.
     Running,
@@ -71,6 +70,22 @@ pub struct StepRecord {
     pub stderr_tail: Option<String>,
     /// Outcome text.
     pub message: Option<String>,
+    /// How far a Kubernetes version step's command sequence got (absent in files written by
+    /// agents before it existed, and for other step kinds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<SequenceProgress>,
+}
+
+/// The commands of a step's configured sequence known to have completed, written (fsynced) after
+/// each one. A resumed step continues at the first command not counted here.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SequenceProgress {
+    /// SHA-256 (hex) of the expanded commands the count refers to: a count for another sequence
+    /// (the agent config or the pins changed in between) is never used.
+    pub sequence: String,
+    /// How many commands, from the first, completed.
+    pub done: u32,
 }
 
 impl StepRecord {
@@ -83,7 +98,20 @@ impl StepRecord {
             exit_code: None,
             stderr_tail: None,
             message: None,
+            progress: None,
         }
+    }
+
+    /// Whether an attempt of this step ever started: it was recorded `running` (durably, before
+    /// its first effect) at least once. A crash leaves it `running`; a clean shutdown puts it back
+    /// to `pending` but keeps `startedAtUnixMs`, which only a start sets — so this also holds for
+    /// a `state.json` written by an older agent that was stopped mid-step. A step that began may
+    /// have made some of its effects: it is never skipped by a `skipIf` check, and drivers redo
+    /// their follow-up effects (service restarts).
+    pub fn began(&self) -> bool {
+        self.status == LocalStepStatus::Running
+            || self.attempt > 0
+            || self.started_at_unix_ms.is_some()
     }
 }
 
@@ -204,14 +232,10 @@ impl StateStore {
         rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
             .map_err(|_| StateError::Locked(dir.display().to_string()))?;
         let state_path = dir.join("state.json");
-        let state = match read_optional(&state_path).map_err(|e| StateError::Io(e.to_string()))? {
+        let state = match read_optional(&state_path, MAX_STATE_BYTES)
+            .map_err(|e| StateError::Io(e.to_string()))?
+        {
             None => LocalState::default(),
-            Some(bytes) if bytes.len() > MAX_STATE_BYTES => {
-                return Err(StateError::Corrupt {
-                    path: state_path.display().to_string(),
-                    reason: "too large".into(),
-                });
-            }
             Some(bytes) => {
                 serde_json::from_slice::<LocalState>(&bytes).map_err(|e| StateError::Corrupt {
                     path: state_path.display().to_string(),
@@ -247,7 +271,7 @@ impl StateStore {
     fn load_plan_body(&self) -> Option<Plan> {
         let record = self.state.current.as_ref()?;
         let path = self.plan_path(&record.plan_id);
-        let bytes = read_optional(&path).ok().flatten()?;
+        let bytes = read_optional(&path, MAX_STATE_BYTES).ok().flatten()?;
         let plan: Plan = match serde_json::from_slice(&bytes) {
             Ok(plan) => plan,
             Err(e) => {

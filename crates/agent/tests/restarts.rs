@@ -183,3 +183,158 @@ async fn corrupt_state_is_refused_and_left_untouched() {
         "{\"format\": 1, \"current\": tru"
     );
 }
+
+/// `installKubelet` whose `skipIf` passes as soon as the package is in; `apt-get` installs, then
+/// blocks until `<root>/release` exists.
+const SKIP_IF_DRIVERS: &str = r#"
+kubernetes:
+  installKubelet:
+    skipIf: {run: [kubelet, --version], stdoutEquals: "Kubernetes {{version}}"}
+    commands:
+      - run: [apt-mark, unhold, kubelet]
+      - run: [apt-get, install, -y, "kubelet={{bareVersion}}-*"]
+      - run: [systemctl, daemon-reload]
+      - run: [systemctl, restart, kubelet]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_shutdown_inside_a_sequence_resumes_it_and_skip_if_is_not_consulted() {
+    let server = TestServer::start(TOKEN).await;
+    let node = Node::new();
+    node.write("/kubelet-version", "v1.33.4\n");
+    node.fake(
+        "kubelet",
+        "echo \"Kubernetes $(cat \"$INPLACE_ROOT/kubelet-version\")\"",
+    );
+    node.fake(
+        "apt-get",
+        "echo v1.34.1 > \"$INPLACE_ROOT/kubelet-version\"\nwhile [ ! -f \"$INPLACE_ROOT/release\" ]; do sleep 0.05; done",
+    );
+    node.fake("apt-mark", "exit 0");
+    node.fake("systemctl", "exit 0");
+    node.fake("kubeadm", "echo v1.34.1");
+    let kubelet_step = step(
+        0,
+        "install kubelet v1.34.1",
+        StepAction::InstallKubelet {
+            version: "v1.34.1".into(),
+        },
+    );
+    server.offer(plan("plan-term", vec![kubelet_step]));
+    let config = node.agent_config(&server, TOKEN, SKIP_IF_DRIVERS);
+    let first = spawn_agent(config.clone());
+    wait_until("inside apt-get install", LIMIT, || {
+        node.calls("apt-get") == 1
+    })
+    .await;
+    // The package is in, so `kubelet --version` already says v1.34.1; the shutdown comes before
+    // daemon-reload and the restart.
+    first.shutdown().await;
+    let state = std::fs::read_to_string(node.state.join("state.json")).unwrap();
+    assert!(state.contains("\"done\":1"), "progress recorded: {state}");
+    node.write("/release", "");
+    let second = spawn_agent(config);
+    wait_until("plan succeeded", LIMIT, || {
+        server
+            .reports_for(0)
+            .iter()
+            .any(|r| r.status == StepStatus::Succeeded)
+    })
+    .await;
+    second.shutdown().await;
+    let log = std::fs::read_to_string(node.path("/calls.log")).unwrap();
+    let calls: Vec<&str> = log
+        .lines()
+        .filter(|l| !l.starts_with("kubelet") && !l.starts_with("kubeadm"))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            "apt-mark unhold kubelet",
+            "apt-get install -y kubelet=1.34.1-*",
+            // Resumed at the interrupted command; the first one is not repeated.
+            "apt-get install -y kubelet=1.34.1-*",
+            "systemctl daemon-reload",
+            "systemctl restart kubelet",
+        ]
+    );
+    let succeeded = server
+        .reports_for(0)
+        .into_iter()
+        .find(|r| r.status == StepStatus::Succeeded)
+        .unwrap();
+    assert!(
+        succeeded
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("resumed at command 2 of 4"),
+        "{succeeded:?}"
+    );
+    assert_eq!(
+        succeeded.attempt, 1,
+        "a clean stop does not count an attempt"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_left_by_an_older_agent_stopped_mid_step_is_resumed_not_skipped() {
+    // An agent from before per-command progress was stopped cleanly inside installKubelet: it put
+    // the step back to pending and uncounted the attempt, but kept startedAtUnixMs. It is then
+    // upgraded; the package is in, so skipIf would pass.
+    let server = TestServer::start(TOKEN).await;
+    let node = Node::new();
+    node.write("/kubelet-version", "v1.34.1\n");
+    node.fake(
+        "kubelet",
+        "echo \"Kubernetes $(cat \"$INPLACE_ROOT/kubelet-version\")\"",
+    );
+    for fake in ["apt-get", "apt-mark", "systemctl"] {
+        node.fake(fake, "exit 0");
+    }
+    node.fake("kubeadm", "echo v1.34.1");
+    let kubelet_step = step(
+        0,
+        "install kubelet v1.34.1",
+        StepAction::InstallKubelet {
+            version: "v1.34.1".into(),
+        },
+    );
+    let old_plan = plan("plan-old", vec![kubelet_step]);
+    std::fs::create_dir_all(&node.state).unwrap();
+    std::fs::write(
+        node.state.join("plan-plan-old.json"),
+        serde_json::to_vec(&old_plan).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(
+        node.state.join("state.json"),
+        r#"{"format":1,"current":{"planId":"plan-old","steps":[{"status":"pending","attempt":0,"startedAtUnixMs":1700000000000,"finishedAtUnixMs":null,"exitCode":null,"stderrTail":null,"message":null}]},"outbox":[]}"#,
+    )
+    .unwrap();
+    server.offer(old_plan);
+    let agent = spawn_agent(node.agent_config(&server, TOKEN, SKIP_IF_DRIVERS));
+    wait_until("plan succeeded", LIMIT, || {
+        server
+            .reports_for(0)
+            .iter()
+            .any(|r| r.status == StepStatus::Succeeded)
+    })
+    .await;
+    agent.shutdown().await;
+    let log = std::fs::read_to_string(node.path("/calls.log")).unwrap();
+    let calls: Vec<&str> = log
+        .lines()
+        .filter(|l| !l.starts_with("kubelet") && !l.starts_with("kubeadm"))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            "apt-mark unhold kubelet",
+            "apt-get install -y kubelet=1.34.1-*",
+            "systemctl daemon-reload",
+            "systemctl restart kubelet",
+        ],
+        "no progress was recorded, so every command runs"
+    );
+}

@@ -40,6 +40,16 @@ pub fn list_keys<'v>(items: &'v [Value], key: &str) -> Option<Vec<&'v str>> {
     keys.iter().all(|k| seen.insert(*k)).then_some(keys)
 }
 
+/// The key member and each item's key of the list `items` found at `path`, when it is a keyed list whose items
+/// allow it (see [`list_keys`]).
+pub fn keyed_items<'v>(path: &Path, items: &'v [Value]) -> Option<(&'static str, Vec<&'v str>)> {
+    let Some(Seg::Field(name)) = path.last() else {
+        return None;
+    };
+    let key = keyed_list_field(name)?;
+    Some((key, list_keys(items, key)?))
+}
+
 /// The key member to diff the list at `path` by, when its items allow it (see [`list_keys`]).
 pub fn list_key_for<'v>(
     path_last: Option<&Seg>,
@@ -242,33 +252,25 @@ pub fn leaves<'a>(path: &Path, value: &'a Value, out: &mut Vec<(Path, &'a Value)
                 leaves(&path.child(Seg::Field(k.clone())), v, out);
             }
         }
-        Value::Array(items) if !items.is_empty() => {
-            let keyed = match path.last() {
-                Some(Seg::Field(name)) => {
-                    keyed_list_field(name).and_then(|key| Some((key, list_keys(items, key)?)))
-                }
-                _ => None,
-            };
-            match keyed {
-                Some((key, keys)) => {
-                    for (item, k) in items.iter().zip(keys) {
-                        leaves(
-                            &path.child(Seg::Key {
-                                field: key.to_owned(),
-                                value: k.to_owned(),
-                            }),
-                            item,
-                            out,
-                        );
-                    }
-                }
-                None => {
-                    for (i, item) in items.iter().enumerate() {
-                        leaves(&path.child(Seg::Index(i)), item, out);
-                    }
+        Value::Array(items) if !items.is_empty() => match keyed_items(path, items) {
+            Some((key, keys)) => {
+                for (item, k) in items.iter().zip(keys) {
+                    leaves(
+                        &path.child(Seg::Key {
+                            field: key.to_owned(),
+                            value: k.to_owned(),
+                        }),
+                        item,
+                        out,
+                    );
                 }
             }
-        }
+            None => {
+                for (i, item) in items.iter().enumerate() {
+                    leaves(&path.child(Seg::Index(i)), item, out);
+                }
+            }
+        },
         _ => out.push((path.clone(), value)),
     }
 }

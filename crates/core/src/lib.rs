@@ -5,7 +5,8 @@
 //! (an [`Action`] the node agent performs, accept, or reject), [`patch`] builds the CAPI patches that
 //! cover exactly the accepted changes, and [`decide()`] puts it together for CanUpdateMachine and
 //! CanUpdateMachineSet, self-checking every patch the way CAPI applies it. [`settings`] reads the
-//! ExtensionConfig settings that narrow the policy per registration.
+//! ExtensionConfig settings that narrow the policy per registration. [`verdict`] fingerprints what a
+//! CanUpdate answer judged, so UpdateMachine can tell a desired state nobody judged.
 
 // Tests may unwrap (house rules); the workspace lint is for code handling real input.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -19,6 +20,7 @@ pub mod path;
 pub mod policy;
 pub mod redact;
 pub mod settings;
+pub mod verdict;
 
 pub use action::Action;
 pub use decide::{ChangeVerdict, Decision, JudgedChange, Outcome, Patches, decide};

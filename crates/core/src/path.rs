@@ -184,32 +184,42 @@ pub(crate) fn is_plain_key_value(value: &str) -> bool {
 
 fn write_seg(out: &mut String, seg: &Seg, first: bool) {
     match seg {
-        Seg::Field(name) if is_plain_name(name) => {
-            if !first {
-                out.push('.');
-            }
-            out.push_str(name);
-        }
-        Seg::Field(name) => {
-            out.push('[');
-            out.push_str(&quote(name));
-            out.push(']');
-        }
-        Seg::Index(i) => {
-            let _ = write!(out, "[{i}]");
-        }
-        Seg::Key { field, value } => {
-            out.push('[');
-            out.push_str(field);
-            out.push('=');
-            if is_plain_key_value(value) {
-                out.push_str(value);
-            } else {
-                out.push_str(&quote(value));
-            }
-            out.push(']');
-        }
+        Seg::Field(name) => push_field(out, name, first),
+        Seg::Index(i) => push_index(out, *i),
+        Seg::Key { field, value } => push_key(out, field, value),
     }
+}
+
+/// Appends a member segment as [`Path`] shows it (`.name`, or `["odd.name"]`; no dot when `first`).
+pub(crate) fn push_field(out: &mut String, name: &str, first: bool) {
+    if is_plain_name(name) {
+        if !first {
+            out.push('.');
+        }
+        out.push_str(name);
+    } else {
+        out.push('[');
+        out.push_str(&quote(name));
+        out.push(']');
+    }
+}
+
+/// Appends a list position segment (`[2]`).
+pub(crate) fn push_index(out: &mut String, index: usize) {
+    let _ = write!(out, "[{index}]");
+}
+
+/// Appends a keyed-list item segment (`[path=/etc/x]`, or `[name="odd]"]`).
+pub(crate) fn push_key(out: &mut String, field: &str, value: &str) {
+    out.push('[');
+    out.push_str(field);
+    out.push('=');
+    if is_plain_key_value(value) {
+        out.push_str(value);
+    } else {
+        out.push_str(&quote(value));
+    }
+    out.push(']');
 }
 
 /// A JSON string literal for `s` (the quoting used in paths).

@@ -16,7 +16,7 @@ pub(crate) fn apply(
 ) -> Result<String, String> {
     let node_path = &env.config.etcd.manifest;
     let path = env.fs.path(node_path)?;
-    let bytes = read_optional(&path)
+    let bytes = read_optional(&path, crate::limits::MAX_ETCD_MANIFEST_BYTES)
         .map_err(|e| e.to_string())?
         .ok_or_else(|| {
             format!("{node_path} does not exist: not a control-plane node with local etcd")

@@ -13,7 +13,10 @@ use inplace_agent_api::{FileEncoding, FileSpec, parse_mode};
 use serde::{Deserialize, Serialize};
 
 use super::DriverEnv;
-use crate::fsutil::{FileMeta, atomic_write, matches, read_optional, remove_file, resolve_owner};
+use crate::fsutil::{
+    FileMeta, atomic_write, matches, read_journal, read_optional, remove_file, resolve_owner,
+    write_journal,
+};
 
 /// Largest decoded file (gzip can expand a lot: this stops a bomb).
 pub(crate) const MAX_DECODED_FILE_BYTES: u64 = 64 * 1024 * 1024;
@@ -28,30 +31,14 @@ struct Journal {
 }
 
 fn load_journal(env: &DriverEnv) -> Result<Journal, String> {
-    let path = env.state_dir.join(JOURNAL);
-    match read_optional(&path).map_err(|e| e.to_string())? {
-        None => Ok(Journal::default()),
-        Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-            format!(
-                "{}: unreadable ({e}); move it away to forget managed files",
-                path.display()
-            )
-        }),
-    }
+    read_journal(
+        &env.state_dir.join(JOURNAL),
+        "move it away to forget managed files",
+    )
 }
 
 fn save_journal(env: &DriverEnv, journal: &Journal) -> Result<(), String> {
-    let path = env.state_dir.join(JOURNAL);
-    let bytes = serde_json::to_vec(journal).map_err(|e| e.to_string())?;
-    atomic_write(
-        &path,
-        &bytes,
-        FileMeta {
-            mode: 0o600,
-            owner: None,
-        },
-    )
-    .map_err(|e| e.to_string())
+    write_journal(&env.state_dir.join(JOURNAL), journal)
 }
 
 /// Decodes a file's content per its encoding (never logs it).
@@ -163,7 +150,7 @@ fn converge(
     real: &Path,
 ) -> Result<bool, String> {
     let desired = if file.spec.append {
-        let existing = read_optional(real)
+        let existing = read_optional(real, crate::limits::MAX_MANAGED_FILE_BYTES)
             .map_err(|e| e.to_string())?
             .unwrap_or_default();
         // Already appended (by an earlier attempt, or an identical earlier plan): nothing to do

@@ -1,7 +1,7 @@
 //! The `kubeletArgs` driver: sets the flags the updater manages inside `KUBELET_KUBEADM_ARGS`
 //! of kubeadm's flags file, keeps every other flag and line as it is, and removes flags an
 //! earlier plan set that this one dropped (journaled in `<state-dir>/managed-kubelet-args.json`).
-//! The caller restarts kubelet when the file changed.
+//! The caller restarts kubelet when the file changed, or changed earlier without a restart since.
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::MetadataExt;
@@ -10,7 +10,7 @@ use inplace_agent_api::KubeletArg;
 use serde::{Deserialize, Serialize};
 
 use super::DriverEnv;
-use crate::fsutil::{FileMeta, atomic_write, read_optional};
+use crate::fsutil::{FileMeta, atomic_write, read_journal, read_optional, write_journal};
 
 /// The variable kubeadm writes.
 const VARIABLE: &str = "KUBELET_KUBEADM_ARGS";
@@ -24,21 +24,23 @@ struct Journal {
     names: BTreeSet<String>,
 }
 
-/// Updates the flags file; returns (changed, summary).
+/// Updates the flags file; returns (changed, summary). `before_change` runs right before the file
+/// is written (it records that a restart is owed).
 pub(crate) fn write(
     env: &DriverEnv,
     plan_id: &str,
     args: &[KubeletArg],
+    before_change: impl FnOnce() -> Result<(), String>,
 ) -> Result<(bool, String), String> {
     let node_path = &env.config.kubelet.flags_file;
     let path = env.fs.path(node_path)?;
     let journal_path = env.state_dir.join(JOURNAL);
-    let mut journal: Journal = match read_optional(&journal_path).map_err(|e| e.to_string())? {
-        None => Journal::default(),
-        Some(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| format!("{}: unreadable ({e})", journal_path.display()))?,
-    };
-    let existing = read_optional(&path).map_err(|e| e.to_string())?;
+    let mut journal: Journal = read_journal(
+        &journal_path,
+        "move it away to forget which flags the agent set",
+    )?;
+    let existing =
+        read_optional(&path, crate::limits::MAX_KUBELET_FLAGS_BYTES).map_err(|e| e.to_string())?;
     let text = match &existing {
         Some(bytes) => {
             String::from_utf8(bytes.clone()).map_err(|_| format!("{node_path} is not UTF-8"))?
@@ -49,11 +51,11 @@ pub(crate) fn write(
     let names: BTreeSet<String> = args.iter().map(|a| a.name.clone()).collect();
     if updated == text && existing.is_some() {
         journal.names = names;
-        save(&journal_path, &journal)?;
+        write_journal(&journal_path, &journal)?;
         return Ok((false, format!("{} kubelet flags already set", args.len())));
     }
     journal.names.extend(names.iter().cloned());
-    save(&journal_path, &journal)?;
+    write_journal(&journal_path, &journal)?;
     let (mode, owner) = match std::fs::metadata(&path) {
         Ok(found) => (
             std::os::unix::fs::PermissionsExt::mode(&found.permissions()) & 0o7777,
@@ -64,26 +66,14 @@ pub(crate) fn write(
     env.backups
         .save(plan_id, node_path, &path)
         .map_err(|e| e.to_string())?;
+    before_change()?;
     atomic_write(&path, updated.as_bytes(), FileMeta { mode, owner }).map_err(|e| e.to_string())?;
     journal.names = names;
-    save(&journal_path, &journal)?;
+    write_journal(&journal_path, &journal)?;
     Ok((
         true,
         format!("{} kubelet flags written to {node_path}", args.len()),
     ))
-}
-
-fn save(path: &std::path::Path, journal: &Journal) -> Result<(), String> {
-    let bytes = serde_json::to_vec(journal).map_err(|e| e.to_string())?;
-    atomic_write(
-        path,
-        &bytes,
-        FileMeta {
-            mode: 0o600,
-            owner: None,
-        },
-    )
-    .map_err(|e| e.to_string())
 }
 
 fn flag_name(token: &str) -> &str {

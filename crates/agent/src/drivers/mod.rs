@@ -12,13 +12,21 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use inplace_agent_api::{Step, StepAction, validate_action};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::backup::Backups;
 use crate::command::{CommandEnd, CommandEnv, CommandOutput, display_argv, run_command};
 use crate::driver_config::DriverConfig;
 use crate::fsutil::{RootFs, euid};
+use crate::state::SequenceProgress;
+use crate::unfinished;
+
+/// `unfinished.json` key of the ntp driver's restart: set before the drop-in changes, cleared
+/// after the restart succeeded.
+const NTP_RESTART: &str = "ntp.restart";
+/// `unfinished.json` key of the kubeletArgs driver's restart.
+const KUBELET_RESTART: &str = "kubeletArgs.restart";
 
 /// What every driver works with: the root, the config, the command environment, the state dir.
 #[derive(Clone, Debug)]
@@ -153,11 +161,52 @@ pub(crate) struct StepContext {
     pub step: Step,
     /// When its timeout expires.
     pub deadline: Instant,
-    /// True when an earlier attempt was interrupted: drivers then redo side effects (restarts)
-    /// even if the files already look right, since the crash may have come between the two.
+    /// True when an earlier attempt of this step began (see `StepRecord::began`) and was
+    /// interrupted, by a crash or by a clean shutdown: `skipIf` is then not consulted, and drivers
+    /// redo side effects (restarts) even if the files already look right, since the interruption
+    /// may have come between the two.
     pub resumed: bool,
+    /// The sequence progress earlier attempts recorded (only when `resumed`).
+    pub progress: Option<SequenceProgress>,
+    /// Records sequence progress durably in the step's record.
+    pub recorder: ProgressRecorder,
     /// Turns true when the agent shuts down.
     pub cancel: watch::Receiver<bool>,
+}
+
+/// A progress record on its way to `state.json`, with the answer "it is on disk".
+pub(crate) type ProgressUpdate = (SequenceProgress, oneshot::Sender<bool>);
+
+/// The driver's side of progress recording: the executor owns `state.json` and writes each
+/// update (temp, fsync, rename) before answering.
+#[derive(Clone, Debug)]
+pub(crate) struct ProgressRecorder(Option<mpsc::Sender<ProgressUpdate>>);
+
+impl ProgressRecorder {
+    /// A recorder feeding `sender`.
+    pub fn new(sender: mpsc::Sender<ProgressUpdate>) -> Self {
+        Self(Some(sender))
+    }
+
+    /// A recorder that keeps nothing (driver tests).
+    #[cfg(test)]
+    pub fn discard() -> Self {
+        Self(None)
+    }
+
+    /// Records `progress`; true once it is durable. False when it could not be written: the
+    /// step goes on (the command would then run again after an interruption, which the resume
+    /// rule makes safe).
+    pub async fn record(&self, progress: SequenceProgress) -> bool {
+        let Some(sender) = &self.0 else {
+            return false;
+        };
+        let (ack, done) = oneshot::channel();
+        if sender.send((progress, ack)).await.is_err() {
+            return false;
+        }
+        done.await.unwrap_or(false)
+    }
 }
 
 /// Runs one step through its driver.
@@ -187,26 +236,36 @@ pub(crate) async fn execute(env: Arc<DriverEnv>, mut ctx: StepContext) -> StepRe
         StepAction::Ntp { servers, enabled } => {
             let plan_id = ctx.plan_id.clone();
             let env2 = env.clone();
-            let changed =
-                blocking_value(&ctx, move || ntp::write(&env2, &plan_id, &servers, enabled)).await;
+            let changed = blocking_value(&ctx, move || {
+                let owed = unfinished::contains(&env2.state_dir, NTP_RESTART)?;
+                let mark = || unfinished::mark(&env2.state_dir, NTP_RESTART);
+                let (changed, message) = ntp::write(&env2, &plan_id, &servers, enabled, mark)?;
+                Ok((changed || owed, message))
+            })
+            .await;
             match changed {
                 Err(result) => result,
                 Ok((changed, message)) => {
                     let restart = env.config.ntp.restart();
-                    restart_if(&env, &mut ctx, changed, &restart, message).await
+                    restart_if(&env, &mut ctx, changed, NTP_RESTART, &restart, message).await
                 }
             }
         }
         StepAction::KubeletArgs { args } => {
             let plan_id = ctx.plan_id.clone();
             let env2 = env.clone();
-            let changed =
-                blocking_value(&ctx, move || kubelet::write(&env2, &plan_id, &args)).await;
+            let changed = blocking_value(&ctx, move || {
+                let owed = unfinished::contains(&env2.state_dir, KUBELET_RESTART)?;
+                let mark = || unfinished::mark(&env2.state_dir, KUBELET_RESTART);
+                let (changed, message) = kubelet::write(&env2, &plan_id, &args, mark)?;
+                Ok((changed || owed, message))
+            })
+            .await;
             match changed {
                 Err(result) => result,
                 Ok((changed, message)) => {
                     let restart = env.config.kubelet.restart.clone();
-                    restart_if(&env, &mut ctx, changed, &restart, message).await
+                    restart_if(&env, &mut ctx, changed, KUBELET_RESTART, &restart, message).await
                 }
             }
         }
@@ -243,11 +302,13 @@ async fn blocking_value<T: Send + 'static>(
     }
 }
 
-/// Runs `restart` when the driver changed something (or the step is a resumed attempt).
+/// Runs `restart` when the driver changed something now or earlier without a successful restart
+/// since (`changed`), or the step is a resumed attempt; then clears the `unfinished` key.
 async fn restart_if(
     env: &DriverEnv,
     ctx: &mut StepContext,
     changed: bool,
+    key: &str,
     restart: &[String],
     message: String,
 ) -> StepResult {
@@ -255,8 +316,12 @@ async fn restart_if(
         return StepResult::ok(message);
     }
     let output = run_command(restart, &env.command_env, ctx.deadline, &mut ctx.cancel).await;
-    match StepResult::from_command(restart, &output, ctx.step.timeout_seconds) {
-        Some(failure) => failure,
-        None => StepResult::ok(format!("{message}; ran `{}`", display_argv(restart))),
+    if let Some(failure) = StepResult::from_command(restart, &output, ctx.step.timeout_seconds) {
+        return failure;
     }
+    if let Err(e) = unfinished::clear(&env.state_dir, key) {
+        // Only costs one more restart at the next step of this kind.
+        tracing::warn!(error = %e, key, "cannot record the restart as done");
+    }
+    StepResult::ok(format!("{message}; ran `{}`", display_argv(restart)))
 }

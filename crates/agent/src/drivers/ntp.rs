@@ -1,7 +1,7 @@
 //! The `ntp` driver: writes the agent's own drop-in for the configured time service (chrony or
 //! systemd-timesyncd) and leaves the distribution's main config alone. `enabled: false`, or no
 //! servers, removes the drop-in so the distribution's defaults apply again. The caller restarts
-//! the service when the drop-in changed.
+//! the service when the drop-in changed, or changed earlier without a restart since.
 
 use super::DriverEnv;
 use crate::driver_config::NtpFlavor;
@@ -26,12 +26,14 @@ pub(crate) fn render(flavor: NtpFlavor, servers: &[String]) -> String {
     }
 }
 
-/// Converges the drop-in; returns (changed, summary).
+/// Converges the drop-in; returns (changed, summary). `before_change` runs right before the
+/// drop-in is written or removed (it records that a restart is owed).
 pub(crate) fn write(
     env: &DriverEnv,
     plan_id: &str,
     servers: &[String],
     enabled: Option<bool>,
+    before_change: impl FnOnce() -> Result<(), String>,
 ) -> Result<(bool, String), String> {
     let node_path = env.config.ntp.config_file();
     let path = env.fs.path(&node_path)?;
@@ -39,6 +41,9 @@ pub(crate) fn write(
         env.backups
             .save(plan_id, &node_path, &path)
             .map_err(|e| e.to_string())?;
+        if std::fs::symlink_metadata(&path).is_ok() {
+            before_change()?;
+        }
         let removed = remove_file(&path).map_err(|e| e.to_string())?;
         let summary = if removed {
             format!("removed {node_path}")
@@ -61,6 +66,7 @@ pub(crate) fn write(
     env.backups
         .save(plan_id, &node_path, &path)
         .map_err(|e| e.to_string())?;
+    before_change()?;
     atomic_write(&path, content.as_bytes(), meta).map_err(|e| e.to_string())?;
     Ok((
         true,

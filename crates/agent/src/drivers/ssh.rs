@@ -1,7 +1,9 @@
 //! The `sshKeys` driver: each listed user's `authorized_keys` becomes exactly the given keys.
 //!
 //! The home directory comes from `<root>/etc/passwd`, else `/home/<name>`. The file is 0600 in a
-//! 0700 `.ssh`, both owned by the user when the agent runs as root and the user exists. The agent
+//! 0700 `.ssh`, both owned by the user when the agent runs as root and the user exists. A `.ssh`
+//! the agent creates appears with its mode and owner already set (temp dir, then rename), so an
+//! interrupted run never leaves one that a re-run would take as done. The agent
 //! never creates accounts: for a user missing from passwd (sandboxes, or a user a later boot
 //! creates) the keys are still written, owned by the agent, and the report says so. Users a
 //! previous plan listed and this one dropped are left alone: the agent cannot tell their keys
@@ -10,7 +12,7 @@
 use inplace_agent_api::SshUser;
 
 use super::DriverEnv;
-use crate::fsutil::{FileMeta, atomic_write, create_dirs, lookup_user, matches};
+use crate::fsutil::{FileMeta, atomic_write, create_dir_atomic, lookup_user, matches};
 
 /// Mode of `authorized_keys`.
 const KEYS_MODE: u32 = 0o600;
@@ -48,16 +50,7 @@ pub(crate) fn apply(env: &DriverEnv, plan_id: &str, users: &[SshUser]) -> Result
             owner,
         };
         if !ssh_dir.exists() {
-            create_dirs(&ssh_dir).map_err(|e| e.to_string())?;
-            std::fs::set_permissions(
-                &ssh_dir,
-                std::os::unix::fs::PermissionsExt::from_mode(SSH_DIR_MODE),
-            )
-            .map_err(|e| format!("chmod {}: {e}", ssh_dir.display()))?;
-            if let Some((uid, gid)) = owner {
-                std::os::unix::fs::chown(&ssh_dir, Some(uid), Some(gid))
-                    .map_err(|e| format!("chown {}: {e}", ssh_dir.display()))?;
-            }
+            create_dir_atomic(&ssh_dir, SSH_DIR_MODE, owner).map_err(|e| e.to_string())?;
         }
         if matches(&keys_path, content.as_bytes(), meta).map_err(|e| e.to_string())? {
             unchanged += 1;

@@ -1,9 +1,11 @@
 //! Driver and state tests on temporary `--root` sandboxes, with fake programs in a sandbox PATH
 //! that record their arguments.
 
+mod bounded_reads;
 mod commands;
 mod files;
 mod node_config;
+mod resume;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -15,7 +17,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::driver_config::DriverConfig;
-use crate::drivers::{DriverEnv, StepContext, StepResult, execute};
+use crate::drivers::{DriverEnv, ProgressRecorder, StepContext, StepResult, execute};
+use crate::state::SequenceProgress;
 
 /// A root dir, a state dir and a bin dir of fake programs.
 pub(crate) struct Sandbox {
@@ -113,9 +116,47 @@ pub(crate) async fn run_action(
         },
         deadline: Instant::now() + Duration::from_secs(u64::from(timeout_seconds)),
         resumed: false,
+        progress: None,
+        recorder: ProgressRecorder::discard(),
         cancel,
     };
     execute(env.clone(), ctx).await
+}
+
+/// Runs one action as a resumed (or fresh) attempt with the given recorded progress; returns the
+/// result and every progress record the driver made, in order.
+pub(crate) async fn run_attempt(
+    env: &Arc<DriverEnv>,
+    action: StepAction,
+    resumed: bool,
+    progress: Option<SequenceProgress>,
+) -> (StepResult, Vec<SequenceProgress>) {
+    let (_tx, cancel) = watch::channel(false);
+    let (sender, mut receiver) = tokio::sync::mpsc::channel(1);
+    let ctx = StepContext {
+        plan_id: "p".to_owned(),
+        step: Step {
+            index: 0,
+            description: "test".into(),
+            timeout_seconds: 30,
+            action,
+        },
+        deadline: Instant::now() + Duration::from_secs(30),
+        resumed,
+        progress,
+        recorder: ProgressRecorder::new(sender),
+        cancel,
+    };
+    let collector = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while let Some((progress, ack)) = receiver.recv().await {
+            seen.push(progress);
+            let _ = ack.send(true);
+        }
+        seen
+    });
+    let result = execute(env.clone(), ctx).await;
+    (result, collector.await.unwrap())
 }
 
 /// Waits (polling, with a deadline) until `condition` holds.

@@ -41,6 +41,9 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// How long a keep-alive ping may go unanswered before the connection is dropped and redialled.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Largest etcd CA, client certificate or client key file read (`--etcd-ca`, `--etcd-cert`, `--etcd-key`).
+pub const MAX_TLS_FILE_BYTES: u64 = 1024 * 1024;
+
 /// The etcd store.
 pub struct EtcdStore {
     kv: KvClient,
@@ -322,9 +325,8 @@ fn tls_options(options: &EtcdOptions) -> Result<Option<TlsOptions>, StoreError> 
         return Ok(None);
     }
     let read = |what: &str, path: &Path| {
-        std::fs::read(path).map_err(|e| {
-            StoreError::InvalidOptions(format!("cannot read etcd {what} {}: {e}", path.display()))
-        })
+        inplace_bounded_read::read(path, MAX_TLS_FILE_BYTES)
+            .map_err(|e| StoreError::InvalidOptions(format!("etcd {what}: {e}")))
     };
     let mut tls = TlsOptions::new();
     if let Some(ca) = &options.ca {
@@ -468,5 +470,35 @@ mod tests {
         assert!(guarded(b"k", op(), Precondition::Revision(Revision(0))).is_none());
         assert!(guarded(b"k", op(), Precondition::Revision(Revision(u64::MAX))).is_none());
         assert!(guarded(b"k", op(), Precondition::Revision(Revision(5))).is_some());
+    }
+
+    #[test]
+    fn tls_files_without_a_size_are_read_no_further_than_the_limit() {
+        use inplace_bounded_read::testing::{assert_refused, fifo_with};
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = fifo_with(&dir.path().join("client.key"), 2 * MAX_TLS_FILE_BYTES);
+        for (options, shown) in [
+            (
+                EtcdOptions {
+                    ca: Some("/dev/zero".into()),
+                    ..EtcdOptions::default()
+                },
+                "/dev/zero".to_owned(),
+            ),
+            (
+                EtcdOptions {
+                    cert: Some("/dev/null".into()),
+                    key: Some(fifo.clone()),
+                    ..EtcdOptions::default()
+                },
+                fifo.display().to_string(),
+            ),
+        ] {
+            let Err(err) = tls_options(&options) else {
+                panic!("{shown} was accepted");
+            };
+            assert!(matches!(err, StoreError::InvalidOptions(_)), "{err}");
+            assert_refused(&err.to_string(), &shown, MAX_TLS_FILE_BYTES);
+        }
     }
 }

@@ -1,0 +1,132 @@
+//! The CanUpdate hooks with an updater: a `Success` carries its verdict, stored before the answer leaves, and
+//! an answer whose verdict cannot be stored becomes a `Failure` CAPI does not act on.
+
+use std::sync::Arc;
+
+use inplace_store::memory::MemoryStore;
+use inplace_store::{BoxFuture, Change, Entry, Precondition, Store, StoreError, Write};
+use tokio_util::sync::CancellationToken;
+
+use super::{Engine, can_update_machine, can_update_machine_set, record};
+use crate::dispatch::{DispatchConfig, Dispatcher};
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(format!(
+        "{}/tests/fixtures/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+/// The in-memory store, except that verdicts cannot be written (an etcd that lost its quorum).
+struct NoVerdicts(MemoryStore);
+
+impl Store for NoVerdicts {
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Entry>, StoreError>> {
+        self.0.get(key)
+    }
+
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        value: Vec<u8>,
+        precondition: Precondition,
+    ) -> BoxFuture<'a, Result<Write, StoreError>> {
+        if key.starts_with("verdicts/") {
+            return Box::pin(async {
+                Err(StoreError::Unavailable {
+                    target: "test".into(),
+                    reason: "no leader".into(),
+                })
+            });
+        }
+        self.0.put(key, value, precondition)
+    }
+
+    fn delete<'a>(
+        &'a self,
+        key: &'a str,
+        precondition: Precondition,
+    ) -> BoxFuture<'a, Result<Write, StoreError>> {
+        self.0.delete(key, precondition)
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, StoreError>> {
+        self.0.list(prefix)
+    }
+
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
+        self.0.subscribe()
+    }
+
+    fn describe(&self) -> String {
+        "in-memory store that refuses verdicts".into()
+    }
+}
+
+fn engine(store: Arc<dyn Store>) -> Arc<Engine> {
+    Arc::new(Engine {
+        policy: inplace_core::Policy::builtin(),
+        dispatcher: Some(Dispatcher::new(
+            store,
+            DispatchConfig::default(),
+            CancellationToken::new(),
+        )),
+    })
+}
+
+#[tokio::test]
+async fn a_success_is_sent_only_once_its_verdict_is_stored() {
+    let store = Arc::new(MemoryStore::new());
+    let engine = engine(store.clone());
+    let body = fixture("can-update-machine-kcp-version.json");
+    let judged = can_update_machine(&engine, &body);
+    let (key, verdict) = judged
+        .verdict
+        .clone()
+        .expect("a Success carries its verdict");
+    assert_eq!(key, "verdicts/machines/default/edge-01-control-plane-abcde");
+    assert!(verdict.in_place);
+    assert!(
+        store.get(&key).await.unwrap().is_none(),
+        "not stored before record()"
+    );
+    let answer = record(engine.clone(), judged).await;
+    assert_eq!(answer.status.as_str(), "Success");
+    assert!(store.get(&key).await.unwrap().is_some());
+
+    // A MachineSet verdict is keyed by the set-name label value of its Machines.
+    let set = can_update_machine_set(&engine, &fixture("can-update-machineset-md.json"));
+    let (key, verdict) = set.verdict.clone().unwrap();
+    assert_eq!(key, "verdicts/machinesets/default/edge-01-md-0-q9vdm");
+    assert_eq!(verdict.template_hash.as_deref(), Some("2017329940-q9vdm"));
+
+    // A rollout answer is a verdict too (not in place); a Failure is none.
+    let mixed = can_update_machine(&engine, &fixture("can-update-machine-kcp-mixed.json"));
+    assert!(!mixed.verdict.unwrap().1.in_place);
+    let engine_without = Arc::new(Engine {
+        policy: inplace_core::Policy::builtin(),
+        dispatcher: None,
+    });
+    assert!(can_update_machine(&engine_without, &body).verdict.is_none());
+}
+
+#[tokio::test]
+async fn an_answer_whose_verdict_cannot_be_stored_is_a_failure_capi_does_not_act_on() {
+    let engine = engine(Arc::new(NoVerdicts(MemoryStore::new())));
+    let body = fixture("can-update-machine-kcp-version.json");
+    let answer = record(engine.clone(), can_update_machine(&engine, &body)).await;
+    assert_eq!(answer.status.as_str(), "Failure");
+    assert!(
+        answer.message.contains("cannot record the verdict")
+            && answer.message.contains("CAPI will ask again"),
+        "{}",
+        answer.message
+    );
+    let request: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let decision = capi_sim::can_update_machine(&request, &answer.body);
+    assert!(
+        matches!(decision, capi_sim::CapiDecision::Error { .. }),
+        "CAPI's reconcile fails and asks again later: {decision:?}"
+    );
+}
