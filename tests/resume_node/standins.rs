@@ -40,7 +40,7 @@ kubeadm_tool() {
   v=$1; shift
   case "$1" in
     version) query kubeadm "$@"; echo "$v" ;;
-    upgrade) begin kubeadm "$@"; checkpoint inside; echo "$2 $3" > "$S/kubeadm-upgrade"; finish ;;
+    upgrade) begin kubeadm "$@"; checkpoint inside; shift; echo "$*" > "$S/kubeadm-upgrade"; finish ;;
     *) me="kubeadm $*"; fail "kubeadm stand-in: unexpected arguments" ;;
   esac
 }
