@@ -121,8 +121,8 @@ pub fn serve_fatal(
         }
         ServeError::Tls(tls) => {
             let path = match tls {
-                TlsError::Read { path, .. }
-                | TlsError::Certificate { path, .. }
+                TlsError::Read(read) => Some(read.path()),
+                TlsError::Certificate { path, .. }
                 | TlsError::Key { path, .. }
                 | TlsError::ClientCa { path, .. } => Some(path.as_path()),
                 TlsError::Pair { .. } => None,

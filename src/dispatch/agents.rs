@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::records::AgentRecord;
 use super::refusal_book::newer;
-use super::refusals::{Claim, AGENT_REFUSALS_PREFIX, AgentRefusalRecord};
+use super::refusals::{AGENT_REFUSALS_PREFIX, AgentRefusalRecord, Claim};
 use super::{DispatchError, Dispatcher, LAST_SEEN_PERSIST_INTERVAL, now_ms, parse_machine};
 
 /// An agent is connected when its last request reached this replica within this long: one long-poll plus

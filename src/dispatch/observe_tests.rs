@@ -42,8 +42,15 @@ fn request(name: &str, motd: &str) -> UpdateRequest {
         facts: MachineFacts::of(&machine).unwrap(),
         machine: text(&machine),
         bootstrap: Some(text(&bootstrap)),
+        infra: None,
         actions: [inplace_core::Action::Files].into_iter().collect(),
     }
+}
+
+/// UpdateMachine for `request` after CanUpdateMachine judged it in place, as CAPI calls them.
+async fn judged_update(dispatcher: &Dispatcher, request: UpdateRequest) -> super::UpdateAnswer {
+    super::tests::judge_in_place(dispatcher, &request).await;
+    dispatcher.update_machine(&request).await.unwrap()
 }
 
 fn scope() -> AgentScope {
@@ -141,7 +148,7 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
         "nothing stored for an invented name"
     );
 
-    let message = waiting_message(b.update_machine(&request("w-1", "hi")).await.unwrap());
+    let message = waiting_message(judged_update(&b, request("w-1", "hi")).await);
     assert!(message.contains("last seen: never)"), "{message}");
     // Refusal times are in milliseconds: the next one must be later to be the newer one.
     tokio::time::sleep(Duration::from_millis(3)).await;
@@ -159,7 +166,7 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
         "the newer refusal, from the store"
     );
     assert_eq!(on_a.peer.as_deref(), Some("10.0.0.7:40000"));
-    let message = waiting_message(a.update_machine(&request("w-1", "hi")).await.unwrap());
+    let message = waiting_message(judged_update(&a, request("w-1", "hi")).await);
     assert!(
         message.starts_with("waiting for agent on default/w-1 (last seen: never; refused ")
             && message.contains("s ago: token does not cover this Machine)"),
@@ -199,7 +206,7 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
     )
     .await
     .unwrap();
-    let message = waiting_message(a.update_machine(&request("w-1", "hi")).await.unwrap());
+    let message = waiting_message(judged_update(&a, request("w-1", "hi")).await);
     assert!(!message.contains("refused"), "{message}");
     let rows = a.agents().await.unwrap();
     let row = rows.iter().find(|r| r.machine == "default/w-1").unwrap();
@@ -214,7 +221,7 @@ async fn old_refusals_are_swept_by_retention() {
         ..DispatchConfig::default()
     };
     let (a, _) = replica(store.clone(), config);
-    a.update_machine(&request("w-1", "hi")).await.unwrap();
+    judged_update(&a, request("w-1", "hi")).await;
     a.refused(
         Some(&agent("w-1")),
         AgentRefusalReason::UnknownToken,
@@ -243,8 +250,8 @@ async fn every_replica_counts_each_machines_current_update_by_state() {
     .await;
     assert_eq!(a.unfinished_update_oldest_progress_ms(), None);
 
-    a.update_machine(&request("w-1", "one")).await.unwrap();
-    a.update_machine(&request("w-2", "one")).await.unwrap();
+    judged_update(&a, request("w-1", "one")).await;
+    judged_update(&a, request("w-2", "one")).await;
     eventually("two recorded, seen by the other replica", || {
         count(&on_b, "recorded") == 2
     })
@@ -270,7 +277,7 @@ async fn every_replica_counts_each_machines_current_update_by_state() {
     assert_eq!(count(&on_b, "running"), 0);
 
     // A new desired state replaces the failed run: it no longer counts.
-    b.update_machine(&request("w-1", "two")).await.unwrap();
+    judged_update(&b, request("w-1", "two")).await;
     eventually("the failed run superseded", || {
         count(&on_a, "failed") == 0 && count(&on_a, "recorded") == 2
     })
@@ -284,7 +291,7 @@ async fn every_replica_counts_each_machines_current_update_by_state() {
 async fn finished_steps_are_timed_and_failures_counted_once() {
     let store = memory().await;
     let (a, metrics) = replica(store, DispatchConfig::default());
-    a.update_machine(&request("w-1", "one")).await.unwrap();
+    judged_update(&a, request("w-1", "one")).await;
     let plan = plan_for_agent(&a, "w-1").await;
     let kind = plan.steps[0].action.kind();
     let failed = step_report("w-1", &plan.id, StepStatus::Failed);

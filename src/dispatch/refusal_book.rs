@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use inplace_agent_api::MachineRef;
 
 use super::refusals::{
-    Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL, REFUSAL_LOG_LINES_PER_MINUTE,
-    REFUSAL_PERSIST_INTERVAL, REFUSAL_WRITES_PER_MINUTE, AgentRefusalReason, AgentRefusalRecord,
+    AgentRefusalReason, AgentRefusalRecord, Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL,
+    REFUSAL_LOG_LINES_PER_MINUTE, REFUSAL_PERSIST_INTERVAL, REFUSAL_WRITES_PER_MINUTE,
 };
 
 /// A per-minute budget.
@@ -172,7 +172,10 @@ impl RefusalBook {
 }
 
 /// The newer of two refusals.
-pub fn newer(a: Option<AgentRefusalRecord>, b: Option<AgentRefusalRecord>) -> Option<AgentRefusalRecord> {
+pub fn newer(
+    a: Option<AgentRefusalRecord>,
+    b: Option<AgentRefusalRecord>,
+) -> Option<AgentRefusalRecord> {
     match (a, b) {
         (Some(a), Some(b)) => Some(if b.at_ms > a.at_ms { b } else { a }),
         (a, b) => a.or(b),
@@ -226,7 +229,11 @@ mod tests {
                 .at_ms,
             61_000
         );
-        let unknown = book.note(&Claim::Unknown, &record(AgentRefusalReason::MissingToken, 1), 1);
+        let unknown = book.note(
+            &Claim::Unknown,
+            &record(AgentRefusalReason::MissingToken, 1),
+            1,
+        );
         assert!(
             unknown.log && !unknown.persist,
             "nothing to key a record by"

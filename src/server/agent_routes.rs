@@ -24,7 +24,7 @@ use tower_http::timeout::TimeoutLayer;
 
 use super::app::{AppState, refusal};
 use super::listener::ConnInfo;
-use crate::dispatch::{AgentScope, DispatchError, Dispatcher, AgentRefusalReason};
+use crate::dispatch::{AgentRefusalReason, AgentScope, DispatchError, Dispatcher};
 
 /// Ceiling on any agent request: the longest poll plus the grace agents allow for it.
 pub const MAX_AGENT_REQUEST_TIME: Duration =
@@ -91,7 +91,12 @@ impl<T> Accepted<T> {
     async fn refusal(&self, agent: &AgentIdentity, err: DispatchError) -> Refused {
         if let DispatchError::Forbidden(message) = &err {
             self.dispatcher
-                .refused(Some(agent), AgentRefusalReason::OutOfScope, message, self.peer)
+                .refused(
+                    Some(agent),
+                    AgentRefusalReason::OutOfScope,
+                    message,
+                    self.peer,
+                )
                 .await;
         }
         Refused::from(err)

@@ -12,8 +12,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use crate::observe::{FleetMetrics, ProcessCollector, StoreMetrics};
 use crate::api::Hook;
+use crate::observe::{FleetMetrics, ProcessCollector, StoreMetrics};
 
 /// Labels of `hook_calls_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -43,6 +43,15 @@ pub enum ReadError {
 }
 
 impl ReadError {
+    /// The file the read was for.
+    pub fn path(&self) -> &Path {
+        match self {
+            ReadError::Io { path, .. }
+            | ReadError::TooLarge { path, .. }
+            | ReadError::NotUtf8 { path } => path,
+        }
+    }
+
     /// Whether the file does not exist.
     pub fn is_not_found(&self) -> bool {
         matches!(self, ReadError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
