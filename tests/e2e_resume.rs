@@ -209,6 +209,7 @@ async fn run_case(env: &Env, id: usize, case: Case) {
     };
     std::fs::write(node.path("/trap"), format!("{point} {}\n", target.argv)).expect("trap");
     let update = request(fixture, &machine, &cluster_of(id));
+    env.capi.judges(&update).await;
 
     node.start();
     assert!(

@@ -162,6 +162,18 @@ impl Capi {
         );
     }
 
+    /// What KubeadmControlPlane asks before it sends `update` (an UpdateMachine request): CanUpdateMachine
+    /// for the same desired objects ([`can_update_before`]); CAPI must decide "in place".
+    pub async fn judges(&self, update: &Value) {
+        let request = can_update_before(update, "v1.33.4");
+        assert_eq!(
+            self.can_update_machine(&request).await,
+            capi_sim::CapiDecision::InPlace,
+            "{}",
+            update["desired"]["machine"]["metadata"]["name"]
+        );
+    }
+
     pub async fn update_machine(&self, request: &Value) -> UpdateOutcome {
         let path = format!("{}?timeout=10s", Hook::UpdateMachine.path());
         let reply = self
@@ -223,6 +235,19 @@ pub fn can_update_request(fixture: &str, name: &str) -> Value {
             }
         }
     }
+    request
+}
+
+/// The CanUpdateMachine request whose desired side is exactly `update`'s (an UpdateMachine request) and whose
+/// current side holds the same objects with the Machine on Kubernetes `from`: the question whose `Success`
+/// licenses that UpdateMachine.
+pub fn can_update_before(update: &Value, from: &str) -> Value {
+    let mut request: Value =
+        serde_json::from_slice(&super::fixture("can-update-machine-kcp-version.json"))
+            .expect("fixture");
+    request["desired"] = update["desired"].clone();
+    request["current"] = update["desired"].clone();
+    request["current"]["machine"]["spec"]["version"] = json!(from);
     request
 }
 

@@ -32,6 +32,18 @@ async fn update_machine_refuses_malformed_objects_and_keeps_the_recorded_run() {
     let dispatcher = Dispatcher::new(store.clone(), Default::default(), Default::default());
     let router = router(Some(dispatcher));
     let valid = fixture("update-machine-kcp.json");
+    // What CAPI asks first: CanUpdateMachine accepts this desired state in place (its verdict licenses the run).
+    let judged = call(
+        &router,
+        Hook::CanUpdateMachine,
+        &fixture("can-update-machine-kcp-version.json"),
+    )
+    .await;
+    assert!(
+        String::from_utf8_lossy(&judged).contains(r#""status":"Success""#),
+        "{}",
+        String::from_utf8_lossy(&judged)
+    );
     // The Machine's real run, recorded by a well-formed call.
     let first = update_outcome(&call(&router, Hook::UpdateMachine, &valid).await);
     assert!(
@@ -188,6 +200,20 @@ async fn update_machine_refuses_malformed_objects_and_keeps_the_recorded_run() {
     let newer = apply(
         valid,
         &[("/desired/machine/spec/version", Some(json!("v1.34.2")))],
+    );
+    let judged = call(
+        &router,
+        Hook::CanUpdateMachine,
+        &apply(
+            fixture("can-update-machine-kcp-version.json"),
+            &[("/desired/machine/spec/version", Some(json!("v1.34.2")))],
+        ),
+    )
+    .await;
+    assert!(
+        String::from_utf8_lossy(&judged).contains(r#""status":"Success""#),
+        "{}",
+        String::from_utf8_lossy(&judged)
     );
     let answer = update_outcome(&call(&router, Hook::UpdateMachine, &newer).await);
     assert!(
