@@ -137,6 +137,7 @@ async fn refused_agents_show_in_logs_metrics_status_and_the_update_message() {
     // An update waits for its agent, which holds an expired token.
     const WORKER: &str = "edge-01-md-0-x7k2p-observe";
     let request = update_request("update-machine-worker.json", WORKER);
+    capi.judges(&request).await;
     let message = waiting_message(&capi, &request).await;
     assert!(message.contains("(last seen: never)"), "{message}");
     let token_file = setup.dir.path().join("worker-token");
@@ -305,6 +306,7 @@ async fn a_failed_step_is_counted_timed_and_logged() {
 
     const NODE: &str = "edge-01-control-plane-observe";
     let request = update_request("update-machine-kcp.json", NODE);
+    capi.judges(&request).await;
     waiting_message(&capi, &request).await;
     eventually("the recorded update to be counted", async || {
         count(&metrics(&server), "recorded") == Some(1.0)
