@@ -54,10 +54,7 @@ fn engine(store: Arc<dyn inplace_store::Store>) -> Arc<Engine> {
             tokio_util::sync::CancellationToken::new(),
         )
     });
-    Arc::new(Engine {
-        policy: inplace_core::Policy::builtin(),
-        dispatcher: Some(dispatcher),
-    })
+    Arc::new(Engine::builtin(Some(dispatcher)))
 }
 
 static ENGINE: LazyLock<Arc<Engine>> =
@@ -133,12 +130,10 @@ fn router_discovery(bencher: divan::Bencher) {
             .with_writer(std::sync::Mutex::new(null))
             .try_init();
     }
-    let router = inplace_updater::server::app(inplace_updater::server::AppState {
-        metrics: Arc::new(inplace_updater::server::Metrics::new()),
-        require_client_cert: false,
-        engine: ENGINE.clone(),
-        tokens: Arc::new(inplace_updater::auth::AgentTokens::none()),
-    });
+    let router = inplace_updater::server::app(inplace_updater::server::AppState::new(
+        ENGINE.clone(),
+        Arc::new(inplace_updater::server::auth::AgentTokens::none()),
+    ));
     let body = fixture("discovery-request.json");
     let path = format!(
         "{}?timeout=10s",

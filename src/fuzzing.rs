@@ -1,5 +1,5 @@
 //! The bodies of the cargo-fuzz targets in `fuzz/`: each `fuzz/fuzz_targets/<target>.rs` calls the function
-//! of the same name here, and `tests/hostile.rs` replays every kept input in `tests/fuzz-regressions/<target>/`
+//! of the same name here, and `tests/integration/hostile.rs` replays every kept input in `tests/fuzz-regressions/<target>/`
 //! through it, so plain `cargo test` runs exactly the code the fuzzer ran. Each function feeds arbitrary bytes
 //! to the decoders that take network or file input, through the same functions the server and CLI use, and
 //! must return without panicking whatever the bytes are.
@@ -15,7 +15,7 @@ use inplace_core::Policy;
 use crate::api::{
     CanUpdateMachineRequest, CanUpdateMachineSetRequest, UpdateMachineRequest, decode_request,
 };
-use crate::diffcmd::{PackedInputs, render_json, render_text};
+use crate::cmd::diff::{PackedInputs, render_json, render_text};
 use crate::dispatch::plan_for;
 use crate::dispatch::records::{UpdateRecord, valid_segment};
 use crate::hooks::{Engine, can_update_machine, can_update_machine_set, update_request};
@@ -33,10 +33,7 @@ pub const TARGETS: [(&str, TargetBody); 5] = [
     ("diff_inputs", diff_inputs),
 ];
 
-static ENGINE: LazyLock<Engine> = LazyLock::new(|| Engine {
-    policy: Policy::builtin(),
-    dispatcher: None,
-});
+static ENGINE: LazyLock<Engine> = LazyLock::new(|| Engine::builtin(None));
 
 /// Hook request bodies as CAPI (or anyone who reaches the hook port) sends them: each decoder (which runs
 /// every object through [`crate::api::validate`]), then the full CanUpdateMachine / CanUpdateMachineSet hooks
@@ -154,12 +151,12 @@ pub fn policy_yaml(data: &[u8]) {
 /// The agent token file (`--agent-tokens`): any text gives entries or an error naming the line.
 pub fn token_file(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = crate::auth::parse_token_file("fuzz", text);
+        let _ = crate::server::auth::parse_token_file("fuzz", text);
     }
 }
 
 /// `inplace-updater diff`'s inputs packed as [`PackedInputs`] (`CURRENT[\0DESIRED[\0SETTINGS]]`), through the
-/// CLI's own path ([`crate::diffcmd::decide_inputs`] with the built-in policy), then both renderings.
+/// CLI's own path ([`crate::cmd::diff::decide_inputs`] with the built-in policy), then both renderings.
 /// Non-UTF-8 input is skipped: the CLI refuses such a file before parsing it.
 pub fn diff_inputs(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {

@@ -1,10 +1,10 @@
 //! The `inplace-updater` binary: parses the command line and hands each subcommand to the library. Whatever
-//! fails is reported by [`fatal::exit`]: one log line naming the flag to fix, exit code 1.
+//! fails is reported by [`cmd::fatal::exit`]: one log line naming the flag to fix, exit code 1.
 
 use clap::Parser as _;
-use inplace_updater::certs::{DevCertsSpec, write_dev_certs};
-use inplace_updater::cli::{Cli, Command, LogFormat, TokenCommand};
-use inplace_updater::{commands, fatal};
+use inplace_updater::cmd::certs::{DevCertsSpec, write_dev_certs};
+use inplace_updater::cmd::cli::{Cli, Command, LogFormat, TokenCommand};
+use inplace_updater::cmd::{commands, fatal};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 

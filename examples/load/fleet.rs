@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use inplace_agent_api::{DEFAULT_WAIT_SECONDS, MachineRef};
-use inplace_updater::auth::create_token;
 use inplace_updater::dispatch::AgentScope;
+use inplace_updater::server::auth::create_token;
 use tokio::sync::Semaphore;
 
 use crate::agents::{self, Agent, Shared};
@@ -188,8 +188,8 @@ fn run(
     );
     let dir = tempfile::tempdir()?;
     let spec =
-        inplace_updater::certs::DevCertsSpec::with_defaults(dir.path().into(), vec![], vec![]);
-    let certs = inplace_updater::certs::write_dev_certs(&spec)?;
+        inplace_updater::cmd::certs::DevCertsSpec::with_defaults(dir.path().into(), vec![], vec![]);
+    let certs = inplace_updater::cmd::certs::write_dev_certs(&spec)?;
     let per_cluster = common.agents_per_cluster.max(1);
     let clusters = agent_count.div_ceil(per_cluster);
     let mut lines = String::new();

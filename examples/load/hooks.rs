@@ -296,7 +296,7 @@ where
 }
 
 fn start_ours(
-    certs: &inplace_updater::certs::DevCertPaths,
+    certs: &inplace_updater::cmd::certs::DevCertPaths,
     threads: usize,
 ) -> anyhow::Result<Hosted> {
     let config = ServeConfig {
@@ -328,7 +328,7 @@ fn start_ours(
                 policy: inplace_core::Policy::builtin(),
                 dispatcher: Some(dispatcher),
             }),
-            tokens: Arc::new(inplace_updater::auth::AgentTokens::none()),
+            tokens: Arc::new(inplace_updater::server::auth::AgentTokens::none()),
         };
         let _ = tx.send(hooks);
         if let Err(err) = server::run(
@@ -347,7 +347,7 @@ fn start_ours(
 }
 
 fn start_ceiling(
-    certs: &inplace_updater::certs::DevCertPaths,
+    certs: &inplace_updater::cmd::certs::DevCertPaths,
     threads: usize,
 ) -> anyhow::Result<Hosted> {
     let config = crate::ceiling::tls_config(&certs.server_cert, &certs.server_key)?;
@@ -380,8 +380,8 @@ pub fn run(args: &HooksArgs) -> anyhow::Result<()> {
     }
     let dir = tempfile::tempdir()?;
     let spec =
-        inplace_updater::certs::DevCertsSpec::with_defaults(dir.path().into(), vec![], vec![]);
-    let certs = inplace_updater::certs::write_dev_certs(&spec)?;
+        inplace_updater::cmd::certs::DevCertsSpec::with_defaults(dir.path().into(), vec![], vec![]);
+    let certs = inplace_updater::cmd::certs::write_dev_certs(&spec)?;
     let ours = start_ours(&certs, args.server_threads)?;
     let ceiling = start_ceiling(&certs, args.server_threads)?;
     let client = tokio::runtime::Builder::new_multi_thread()

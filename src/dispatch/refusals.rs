@@ -18,8 +18,8 @@ use serde::{Deserialize, Serialize};
 use super::records::{MachineRecord, ProviderIndex, machine_key, provider_key, valid_segment};
 use super::refusal_book::{RefusalBook, newer};
 use super::{DispatchError, Dispatcher, now_ms};
-use crate::auth::AuthError;
 use crate::observe::ReasonLabels;
+use crate::server::auth::AuthError;
 
 /// A refusal of the same claimed Machine for the same reason is logged at most this often.
 pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);

@@ -28,6 +28,16 @@ pub struct Engine {
     pub dispatcher: Option<Arc<Dispatcher>>,
 }
 
+impl Engine {
+    /// The built-in policy over `dispatcher` (`None`: CanUpdate hooks only, UpdateMachine answers Failure).
+    pub fn builtin(dispatcher: Option<Arc<Dispatcher>>) -> Self {
+        Self {
+            policy: Policy::builtin(),
+            dispatcher,
+        }
+    }
+}
+
 /// The verdict of an UpdateMachine answer that says "still running, ask again".
 pub const VERDICT_IN_PROGRESS: &str = "in-progress";
 

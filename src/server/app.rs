@@ -16,8 +16,8 @@ use tower_http::timeout::TimeoutLayer;
 use super::listener::ConnInfo;
 use super::metrics::Metrics;
 use crate::api::{Hook, parse_go_duration};
-use crate::auth::AgentTokens;
 use crate::hooks::{self, Answer, Engine};
+use crate::server::auth::AgentTokens;
 
 /// Largest request body accepted (CAPI's own Go server SDK uses the same cap).
 pub const MAX_BODY_BYTES: usize = 20 * 1024 * 1024;
@@ -61,6 +61,19 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     /// Agent tokens (agent API).
     pub tokens: Arc<AgentTokens>,
+}
+
+impl AppState {
+    /// `engine` and `tokens` with fresh metrics and no client-certificate requirement (what `serve` does
+    /// without `--client-ca`); the fields stay public for the rest.
+    pub fn new(engine: Arc<Engine>, tokens: Arc<AgentTokens>) -> Self {
+        Self {
+            metrics: Arc::new(Metrics::new()),
+            require_client_cert: false,
+            engine,
+            tokens,
+        }
+    }
 }
 
 /// The hook router with every hook at CAPI's path, plus the agent API under `/agent/v1/`.

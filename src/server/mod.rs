@@ -4,6 +4,7 @@
 mod admin;
 mod agent_routes;
 mod app;
+pub mod auth;
 mod listener;
 pub mod metrics;
 pub mod tls;
@@ -34,9 +35,9 @@ pub use listener::{ConnInfo, ConnLimits};
 pub use metrics::Metrics;
 use tls::{ReloadingCert, TlsError, TlsFiles};
 
-use crate::auth::AgentTokens;
 use crate::dispatch::Dispatcher;
 use crate::hooks::Engine;
+use crate::server::auth::AgentTokens;
 
 /// Default interval between checks of the certificate files for new content.
 pub const DEFAULT_TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);

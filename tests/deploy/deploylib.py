@@ -270,7 +270,7 @@ def run_binary(*args: str, env: dict[str, str] | None = None, cwd: pathlib.Path 
 def cli_options(*subcommand: str) -> dict[str, dict]:
     """`inplace-updater SUBCOMMAND --help`, parsed: {flag: {"env": NAME or None, "takes_value": bool}}.
 
-    Read from the binary itself, so that these tests follow src/cli.rs rather than a copy of it.
+    Read from the binary itself, so that these tests follow src/cmd/cli.rs rather than a copy of it.
     """
     proc = run_binary(*subcommand, "--help")
     assert proc.returncode == 0, proc.stderr
@@ -303,7 +303,7 @@ def env_only_settings(*subcommand: str) -> set[str]:
 
 # ---------------------------------------------------------------- settings deploy/ uses
 
-# `inplace-updater serve` settings, as in src/cli.rs (`ServeArgs`, `EtcdArgs`, the global --log-format): the
+# `inplace-updater serve` settings, as in src/cmd/cli.rs (`ServeArgs`, `EtcdArgs`, the global --log-format): the
 # env twins of its flags, plus the password that is deliberately env-only. Offline tests check the
 # manifests against these; tests/deploy/test_binary.py checks that they are exactly what the binary has.
 SERVE_ENV = {
@@ -334,7 +334,7 @@ SETTINGS = {
     "mode": re.compile(r"in-place-or-rollout|in-place-only"),
     "patchType": re.compile(r"(?i)JSONPatch|JSONMergePatch"),
 }
-# Every line of a server token file that is not blank or a comment (src/auth.rs).
+# Every line of a server token file that is not blank or a comment (src/server/auth.rs).
 TOKEN_LINE = re.compile(
     r"sha256:[0-9a-f]{64} (cluster|machine)=[a-z0-9][a-z0-9.-]*/[a-z0-9][a-z0-9.-]*"
     r"( expires=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d))?"

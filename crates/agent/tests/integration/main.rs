@@ -1,0 +1,6 @@
+//! Every integration test of this crate in one test binary: each module was a binary of its own, and
+//! each binary linked the whole crate again (one binary builds and links once).
+
+mod common;
+mod pull_loop;
+mod restarts;

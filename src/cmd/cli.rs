@@ -1,0 +1,456 @@
+//! Command-line surface: clap derive types with typed fields and `INPLACE_UPDATER_*` environment twins.
+//! No business logic: each subcommand is turned into a typed config and handed to the library.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use inplace_agent_api::{AgentIdentity, MachineRef};
+use inplace_store::{EtcdOptions, StoreUrl};
+
+use crate::api::parse_go_duration;
+use crate::dispatch::{
+    DEFAULT_RETENTION, DEFAULT_RETRY_AFTER_SECONDS, DEFAULT_VERDICT_RETENTION, DispatchConfig,
+};
+use crate::server::{
+    ConnLimits, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_SHUTDOWN_GRACE, DEFAULT_TLS_RELOAD_INTERVAL, ServeConfig, tls::TlsFiles,
+};
+
+/// Directory `serve --dev` keeps its generated development certificates in.
+pub const DEV_CERTS_DIR: &str = "certs";
+/// controller-runtime's conventional location of the serving certificate.
+pub const DEFAULT_TLS_CERT: &str = "/tmp/k8s-webhook-server/serving-certs/tls.crt";
+/// controller-runtime's conventional location of the serving key.
+pub const DEFAULT_TLS_KEY: &str = "/tmp/k8s-webhook-server/serving-certs/tls.key";
+
+/// The in-place updater for Cluster API: a runtime extension server and its node agent.
+#[derive(Debug, Parser)]
+#[command(name = "inplace-updater", version, about)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "INPLACE_UPDATER_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the runtime extension server (hook port, health port, metrics port).
+    Serve(Box<ServeArgs>),
+    /// Write development certificates: a CA, a server and a client certificate.
+    Certs(CertsArgs),
+    /// Agent tokens: `token create` prints a new token and the line for the server's token file.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// The in-place policy: `policy show` prints the built-in default.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// The operator's view of a rollout: updates in progress, failed and recent, per cluster.
+    Status(StatusArgs),
+    /// Run the node agent: pull plans from the server over HTTPS and converge this node.
+    Agent(AgentArgs),
+    /// Try it: a server, N sandboxed agents and a simulated CAPI rollout on this machine, no cluster needed.
+    Demo(DemoArgs),
+    /// Show which changes between two object sets go in place and which need a rollout (exit 0 / 3; 1 on bad input).
+    Diff(DiffArgs),
+}
+
+/// `inplace-updater demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// How many Machines (the first three are control plane).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=50))]
+    pub machines: u16,
+    /// Keep the sandboxes, store and logs in this directory (a temporary one, deleted after, by default).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+/// `inplace-updater diff`.
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// Current objects (YAML or JSON; one object, Machine + bootstrap + infra documents, or a whole CanUpdate request).
+    pub current: PathBuf,
+    /// Desired objects, same shapes; omit when CURRENT is a whole request body.
+    pub desired: Option<PathBuf>,
+    /// Policy file; the built-in default when absent.
+    #[arg(long, env = "INPLACE_UPDATER_POLICY")]
+    pub policy: Option<PathBuf>,
+    /// An ExtensionConfig setting to apply, KEY=VALUE (repeatable), e.g. mode=in-place-only.
+    #[arg(long = "setting", value_parser = crate::cmd::diff::parse_setting)]
+    pub settings: Vec<(String, String)>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+/// `inplace-updater agent`.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// Server base URL, e.g. https://inplace-updater.example:9443 (outbound HTTPS only).
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_SERVER")]
+    pub server: String,
+    /// CA bundle the server certificate must chain to.
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_CA_FILE")]
+    pub ca_file: PathBuf,
+    /// File holding this agent's bearer token (re-read on every request).
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_TOKEN_FILE")]
+    pub token_file: PathBuf,
+    /// This node's Machine as NAMESPACE/NAME.
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_MACHINE", value_parser = machine_ref, required_unless_present = "provider_id", conflicts_with = "provider_id")]
+    pub machine: Option<MachineRef>,
+    /// This node's provider id, matched against the Machine's spec.providerID.
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_PROVIDER_ID")]
+    pub provider_id: Option<String>,
+    /// Driver configuration (YAML), required unless --no-kubernetes-steps: Kubernetes upgrade commands,
+    /// service restarts, inventory commands.
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Start without the Kubernetes version step commands (for nodes that only ever get files, SSH keys,
+    /// NTP or kubelet flag changes): such a step would fail on this node.
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_NO_KUBERNETES_STEPS")]
+    pub no_kubernetes_steps: bool,
+    /// Crash-safe local state (progress, journals, backups).
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_STATE_DIR", default_value = inplace_agent::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Every node path is read and written under this root; commands get it as INPLACE_ROOT.
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_ROOT", default_value = "/")]
+    pub root: PathBuf,
+    /// Verify the server certificate for this name instead of the URL's host.
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_TLS_SERVER_NAME")]
+    pub tls_server_name: Option<String>,
+    /// Seconds each long-poll asks the server to wait for work (the server caps it at 30).
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_POLL_WAIT", default_value_t = inplace_agent_api::DEFAULT_WAIT_SECONDS, value_parser = clap::value_parser!(u32).range(0..=30))]
+    pub poll_wait: u32,
+}
+
+impl AgentArgs {
+    /// The typed agent configuration.
+    pub fn config(&self) -> inplace_agent::AgentConfig {
+        let identity = match (&self.machine, &self.provider_id) {
+            (Some(machine), _) => AgentIdentity::Machine(machine.clone()),
+            (None, Some(id)) => AgentIdentity::ProviderId(id.clone()),
+            (None, None) => AgentIdentity::ProviderId(String::new()),
+        };
+        let mut config = inplace_agent::AgentConfig::new(
+            &self.server,
+            &self.ca_file,
+            &self.token_file,
+            identity,
+        );
+        config.driver_config = self.config.clone();
+        config.state_dir = self.state_dir.clone();
+        config.root = self.root.clone();
+        config.tls_server_name = self.tls_server_name.clone();
+        config.poll_wait_seconds = self.poll_wait;
+        config.require_kubernetes_steps = !self.no_kubernetes_steps;
+        config
+    }
+}
+
+fn machine_ref(text: &str) -> Result<MachineRef, String> {
+    MachineRef::parse(text).ok_or_else(|| format!("{text:?} is not NAMESPACE/NAME"))
+}
+
+/// `inplace-updater token ...`.
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token scoped to one cluster (or one Machine) and print it with its token-file line.
+    Create(TokenCreateArgs),
+}
+
+/// `inplace-updater token create`.
+#[derive(Debug, Args)]
+pub struct TokenCreateArgs {
+    /// Namespace of the cluster (or Machine).
+    #[arg(long)]
+    pub namespace: String,
+    /// Cluster name: the token covers every Machine of this cluster.
+    #[arg(long, conflicts_with = "machine", required_unless_present = "machine")]
+    pub cluster: Option<String>,
+    /// Machine name: the token covers only this Machine.
+    #[arg(long)]
+    pub machine: Option<String>,
+    /// Lifetime of the token (Go duration, e.g. 8760h); no expiry when absent.
+    #[arg(long, value_parser = duration)]
+    pub ttl: Option<Duration>,
+}
+
+/// `inplace-updater policy ...`.
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Print the built-in default policy (YAML), the starting point for `serve --policy FILE`.
+    Show,
+    /// Check a policy file and print how many rules it has.
+    Check {
+        /// The policy YAML.
+        file: PathBuf,
+    },
+}
+
+/// `inplace-updater status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Read a running server's `/status` on its health port.
+    #[arg(
+        long,
+        env = "INPLACE_UPDATER_STATUS_SERVER",
+        default_value = "http://127.0.0.1:9440",
+        conflicts_with = "store"
+    )]
+    pub server: String,
+    /// Read the store directly instead (etcd, or an embedded store no server holds open).
+    #[arg(long, value_parser = store_url)]
+    pub store: Option<StoreUrl>,
+    /// Etcd connection options (with an etcd:// store).
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// List agents instead of updates: every agent seen or refused, with its node, version, last contact,
+    /// whether it is connected, and its last refusal.
+    #[arg(long)]
+    pub agents: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+/// Output formats of the operator commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// Aligned text for people.
+    Text,
+    /// JSON for scripts.
+    Json,
+}
+
+/// Connection options of an `etcd://` store.
+#[derive(Debug, Clone, Args)]
+pub struct EtcdArgs {
+    /// CA bundle etcd's server certificate must chain to.
+    #[arg(long, env = "INPLACE_UPDATER_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate for etcd.
+    #[arg(long, env = "INPLACE_UPDATER_ETCD_CERT")]
+    pub etcd_cert: Option<PathBuf>,
+    /// Client key for etcd.
+    #[arg(long, env = "INPLACE_UPDATER_ETCD_KEY")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user (password from INPLACE_UPDATER_ETCD_PASSWORD only, never a flag).
+    #[arg(long, env = "INPLACE_UPDATER_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// Key prefix of this updater's records in etcd.
+    #[arg(
+        long,
+        env = "INPLACE_UPDATER_ETCD_PREFIX",
+        default_value = "/inplace-updater/"
+    )]
+    pub etcd_prefix: String,
+}
+
+impl EtcdArgs {
+    /// The typed etcd options (password read from the environment).
+    pub fn options(&self) -> EtcdOptions {
+        EtcdOptions {
+            ca: self.etcd_ca.clone(),
+            cert: self.etcd_cert.clone(),
+            key: self.etcd_key.clone(),
+            user: self.etcd_user.clone(),
+            password: std::env::var("INPLACE_UPDATER_ETCD_PASSWORD").ok(),
+            prefix: self.etcd_prefix.clone(),
+            ..EtcdOptions::default()
+        }
+    }
+}
+
+fn store_url(text: &str) -> Result<StoreUrl, String> {
+    text.parse::<StoreUrl>().map_err(|err| err.to_string())
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    parse_go_duration(text).map_err(|err| err.to_string())
+}
+
+/// `inplace-updater serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Hook port address (TLS) [default: 0.0.0.0:9443; dev: 127.0.0.1:9443].
+    #[arg(long, env = "INPLACE_UPDATER_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// PEM certificate chain served on the hook port [default: /tmp/k8s-webhook-server/serving-certs/tls.crt, or certs/tls.crt with --dev].
+    #[arg(long, env = "INPLACE_UPDATER_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert [default: /tmp/k8s-webhook-server/serving-certs/tls.key, or certs/tls.key with --dev].
+    #[arg(long, env = "INPLACE_UPDATER_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// CA bundle for client certificates: when given, every hook call must present one signed by it (mTLS).
+    #[arg(long, env = "INPLACE_UPDATER_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
+    /// Health port (HTTP: /healthz, /readyz, /status) [default: 0.0.0.0:9440; dev: 127.0.0.1:9440].
+    #[arg(long, env = "INPLACE_UPDATER_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
+    /// Metrics port (HTTP: /metrics) [default: 0.0.0.0:8080; dev: 127.0.0.1:8080].
+    #[arg(long, env = "INPLACE_UPDATER_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Development mode: loopback addresses and certificates in ./certs, generated when missing.
+    #[arg(long, env = "INPLACE_UPDATER_DEV")]
+    pub dev: bool,
+    /// How often the certificate files are checked for new content (Go duration).
+    #[arg(long, env = "INPLACE_UPDATER_TLS_RELOAD_INTERVAL", value_parser = duration, default_value = "10s")]
+    pub tls_reload_interval: Duration,
+    /// Longest a TLS handshake may take (Go duration).
+    #[arg(long, env = "INPLACE_UPDATER_HANDSHAKE_TIMEOUT", value_parser = duration, default_value = "10s")]
+    pub handshake_timeout: Duration,
+    /// Longest a client may take to send its request headers (Go duration).
+    #[arg(long, env = "INPLACE_UPDATER_HEADER_READ_TIMEOUT", value_parser = duration, default_value = "10s")]
+    pub header_read_timeout: Duration,
+    /// Most hook-port connections open at once.
+    #[arg(long, env = "INPLACE_UPDATER_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// Time in-flight calls get to finish after SIGTERM (Go duration).
+    #[arg(long, env = "INPLACE_UPDATER_SHUTDOWN_GRACE", value_parser = duration, default_value = "8s")]
+    pub shutdown_grace: Duration,
+    /// Policy file (YAML); the built-in default (`policy show`) when absent.
+    #[arg(long, env = "INPLACE_UPDATER_POLICY")]
+    pub policy: Option<PathBuf>,
+    /// Agent token file (hashes and scopes, see `token create`); re-read when it changes. No agent can
+    /// authenticate without it.
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_TOKENS")]
+    pub agent_tokens: Option<PathBuf>,
+    /// Where updates are recorded: `file:DIR` (embedded, default), `etcd://host:port[,host:port]` (HA),
+    /// `memory:` (tests only: lost on exit).
+    #[arg(long, env = "INPLACE_UPDATER_STORE", value_parser = store_url, default_value = "file:./data")]
+    pub store: StoreUrl,
+    /// Etcd connection options (with an etcd:// store).
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// `retryAfterSeconds` UpdateMachine answers while an update is in progress.
+    #[arg(long, env = "INPLACE_UPDATER_RETRY_AFTER_SECONDS", default_value_t = DEFAULT_RETRY_AFTER_SECONDS, value_parser = clap::value_parser!(i32).range(1..=60))]
+    pub retry_after_seconds: i32,
+    /// How long finished updates are kept (Go duration).
+    #[arg(long, env = "INPLACE_UPDATER_RETENTION", value_parser = duration, default_value = "168h")]
+    pub retention: Duration,
+    /// How long the CanUpdate verdicts UpdateMachine is checked against are kept (Go duration; longer than
+    /// CAPI's 24 h cache of CanUpdateMachineSet answers).
+    #[arg(long, env = "INPLACE_UPDATER_VERDICT_RETENTION", value_parser = duration, default_value = "72h")]
+    pub verdict_retention: Duration,
+}
+
+/// Resolved listen addresses (hooks, health, metrics).
+pub type ListenAddrs = (SocketAddr, SocketAddr, SocketAddr);
+
+impl ServeArgs {
+    /// The addresses to bind, applying the --dev defaults.
+    pub fn listen_addrs(&self) -> ListenAddrs {
+        let host: IpAddr = if self.dev {
+            IpAddr::from([127, 0, 0, 1])
+        } else {
+            IpAddr::from([0, 0, 0, 0])
+        };
+        (
+            self.listen.unwrap_or(SocketAddr::new(host, 9443)),
+            self.health_listen.unwrap_or(SocketAddr::new(host, 9440)),
+            self.metrics_listen.unwrap_or(SocketAddr::new(host, 8080)),
+        )
+    }
+
+    /// Dispatch tunables.
+    pub fn dispatch_config(&self) -> DispatchConfig {
+        DispatchConfig {
+            retry_after_seconds: self.retry_after_seconds,
+            retention: self.retention,
+            verdict_retention: self.verdict_retention,
+        }
+    }
+
+    /// The typed server configuration.
+    pub fn config(&self) -> ServeConfig {
+        let (cert, key) = if self.dev {
+            (
+                PathBuf::from(DEV_CERTS_DIR).join("tls.crt"),
+                PathBuf::from(DEV_CERTS_DIR).join("tls.key"),
+            )
+        } else {
+            (
+                PathBuf::from(DEFAULT_TLS_CERT),
+                PathBuf::from(DEFAULT_TLS_KEY),
+            )
+        };
+        ServeConfig {
+            tls: TlsFiles {
+                cert: self.tls_cert.clone().unwrap_or(cert),
+                key: self.tls_key.clone().unwrap_or(key),
+            },
+            client_ca: self.client_ca.clone(),
+            tls_reload_interval: self.tls_reload_interval,
+            limits: ConnLimits {
+                handshake_timeout: self.handshake_timeout,
+                header_read_timeout: self.header_read_timeout,
+                max_connections: self.max_connections.max(1),
+                shutdown_grace: self.shutdown_grace,
+            },
+        }
+    }
+}
+
+/// `inplace-updater certs`.
+#[derive(Debug, Args)]
+pub struct CertsArgs {
+    /// Directory to write ca.crt, ca.key, tls.crt, tls.key, client.crt, client.key into.
+    #[arg(long, env = "INPLACE_UPDATER_CERTS_OUT")]
+    pub out: PathBuf,
+    /// Extra DNS name for the server certificate (repeatable); localhost and the deploy/ Service names are always included.
+    #[arg(long = "dns")]
+    pub dns: Vec<String>,
+    /// Extra IP address for the server certificate (repeatable); 127.0.0.1 and ::1 are always included.
+    #[arg(long = "ip")]
+    pub ip: Vec<IpAddr>,
+}
+
+// Keep the documented defaults and the constants from drifting apart.
+const _: () = {
+    assert!(DEFAULT_TLS_RELOAD_INTERVAL.as_secs() == 10);
+    assert!(DEFAULT_HANDSHAKE_TIMEOUT.as_secs() == 10);
+    assert!(DEFAULT_HEADER_READ_TIMEOUT.as_secs() == 10);
+    assert!(DEFAULT_SHUTDOWN_GRACE.as_secs() == 8);
+    assert!(DEFAULT_RETENTION.as_secs() == 168 * 3600);
+    assert!(DEFAULT_VERDICT_RETENTION.as_secs() == 72 * 3600);
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn dev_mode_uses_loopback_and_local_certs() {
+        let cli = Cli::try_parse_from(["inplace-updater", "serve", "--dev"]).unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve")
+        };
+        assert!(args.listen_addrs().0.ip().is_loopback());
+        assert_eq!(args.config().tls.cert, PathBuf::from("certs/tls.crt"));
+        assert!(
+            Cli::try_parse_from(["inplace-updater", "serve", "--shutdown-grace", "soon"]).is_err()
+        );
+    }
+}

@@ -1,0 +1,377 @@
+//! CLI glue: turns each parsed subcommand into library calls and prints the result. `anyhow` lives here and
+//! in `main`, nowhere else.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use inplace_agent_api::MachineRef;
+use inplace_core::{DEFAULT_POLICY_YAML, Policy};
+use tokio_util::sync::CancellationToken;
+
+use crate::cmd::certs::{DevCertPaths, DevCertsSpec, write_dev_certs};
+use crate::cmd::cli::{
+    DEV_CERTS_DIR, OutputFormat, PolicyCommand, ServeArgs, StatusArgs, TokenCreateArgs,
+};
+use crate::cmd::fatal::{Fatal, one_line, serve_fatal};
+use crate::dispatch::{AgentRow, AgentScope, DispatchConfig, Dispatcher, StatusRow, ago, now_ms};
+use crate::hooks::Engine;
+use crate::observe::{InstrumentedStore, backend_name};
+use crate::server::auth::{AgentTokens, create_token};
+use crate::server::{self, Listeners, Metrics, Readiness, Services};
+use inplace_store::StoreUrl;
+
+/// Start-up warning when the server holds no agent token: CanUpdate hooks work, but no update can be
+/// carried out because no agent gets in.
+pub const NO_AGENT_TOKENS_WARNING: &str = "no agent tokens: no agent can authenticate";
+
+/// What `status` adds when the server has answered no CanUpdate/UpdateMachine call since it started: the
+/// server cannot see namespaces, so it names what decides whether CAPI calls it at all.
+pub const NO_HOOK_CALLS_HINT: &str = "no CanUpdateMachine, CanUpdateMachineSet or UpdateMachine call \
+answered since the server started. If a rollout is under way, CAPI is not calling this extension for its \
+Cluster: check the ExtensionConfig's namespaceSelector (deploy/ selects inplace-updater/enabled=true) and the \
+label on the Cluster's namespace (kubectl label namespace NAMESPACE inplace-updater/enabled=true), and that \
+`kubectl get extensionconfig inplace-updater` lists the three handlers in its status.";
+
+/// Largest policy file read (`serve --policy`, `policy check`, `diff --policy`); the built-in policy is 4 KiB.
+pub const MAX_POLICY_BYTES: u64 = 1024 * 1024;
+
+/// Reads `--policy` (at most [`MAX_POLICY_BYTES`]) or takes the built-in default.
+pub fn load_policy(path: Option<&std::path::Path>) -> anyhow::Result<Policy> {
+    match path {
+        None => Ok(Policy::builtin()),
+        Some(path) => {
+            let text = inplace_bounded_read::read_to_string(path, MAX_POLICY_BYTES)
+                .context("reading the policy")?;
+            Policy::from_yaml(&text).with_context(|| format!("policy {}", path.display()))
+        }
+    }
+}
+
+/// `serve`: everything is loaded and checked before the server reports ready. A start-up failure is a
+/// [`Fatal`] naming the flag to fix.
+pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    if args.dev
+        && args.tls_cert.is_none()
+        && !DevCertPaths::in_dir(DEV_CERTS_DIR.as_ref()).server_files_exist()
+    {
+        let spec = DevCertsSpec::with_defaults(DEV_CERTS_DIR.into(), vec![], vec![]);
+        write_dev_certs(&spec).map_err(|err| {
+            Fatal::new(
+                Some("--dev"),
+                format!(
+                    "--dev: cannot write development certificates into ./{DEV_CERTS_DIR}: {}",
+                    one_line(&err)
+                ),
+                Some("run where ./certs may be written, or pass --tls-cert and --tls-key"),
+            )
+        })?;
+        tracing::info!(dir = DEV_CERTS_DIR, "generated development certificates");
+    }
+    let policy = load_policy(args.policy.as_deref()).map_err(|err| {
+        Fatal::new(
+            Some("--policy"),
+            format!("--policy: {}", one_line(err.as_ref())),
+            Some("check the file with `inplace-updater policy check FILE`, or leave --policy unset for the built-in default (`inplace-updater policy show`)"),
+        )
+    })?;
+    let tokens = match &args.agent_tokens {
+        Some(path) => AgentTokens::load(path).map_err(|err| {
+            Fatal::new(
+                Some("--agent-tokens"),
+                format!("--agent-tokens: {}", one_line(&err)),
+                Some("each line is `sha256:<64 hex> cluster=NAMESPACE/NAME` or `machine=NAMESPACE/NAME`, optionally `expires=<RFC 3339>`; `inplace-updater token create` prints one"),
+            )
+        })?,
+        None => AgentTokens::none(),
+    };
+    let metrics = Arc::new(Metrics::new());
+    let store = inplace_store::open(&args.store, &args.etcd.options())
+        .await
+        .map_err(|err| {
+            let fix = match &args.store {
+                StoreUrl::Etcd(_) => "check that the etcd endpoints answer from here and that --etcd-ca, --etcd-cert, --etcd-key and --etcd-user match the cluster",
+                _ => "give --store a directory this user may write that no other server uses (file:DIR), or an etcd:// URL",
+            };
+            Fatal::new(
+                Some("--store"),
+                format!("--store {}: {}", args.store, one_line(&err)),
+                Some(fix),
+            )
+        })?;
+    let store = InstrumentedStore::wrap(store, backend_name(&args.store), metrics.store.clone());
+    tracing::info!(store = %store.describe(), rules = policy.rules().len(), agent_tokens = tokens.len(), "loaded");
+    if tokens.is_empty() {
+        let reason = match &args.agent_tokens {
+            None => "no --agent-tokens file given".to_string(),
+            Some(path) if !path.exists() => format!(
+                "{} does not exist (yet); it is read again every {:?}",
+                path.display(),
+                args.tls_reload_interval
+            ),
+            Some(path) => format!("{} has no token line", path.display()),
+        };
+        tracing::warn!(
+            %reason,
+            "{NO_AGENT_TOKENS_WARNING} (hook calls are answered; `inplace-updater token create` makes a token and its line)"
+        );
+    }
+    let dispatcher = Dispatcher::with_metrics(
+        store,
+        args.dispatch_config(),
+        shutdown.clone(),
+        metrics.fleet.clone(),
+    );
+    let services = Services {
+        engine: Arc::new(Engine {
+            policy,
+            dispatcher: Some(dispatcher),
+        }),
+        tokens: Arc::new(tokens),
+    };
+    let config = args.config();
+    let (hooks, health, metrics_addr) = args.listen_addrs();
+    let listeners = Listeners::bind(hooks, health, metrics_addr)
+        .await
+        .map_err(|err| serve_fatal(&err, &config))?;
+    // `listening` is logged by `server::run` once the certificates loaded too.
+    server::run(
+        config.clone(),
+        listeners,
+        services,
+        metrics,
+        Readiness::default(),
+        shutdown,
+    )
+    .await
+    .map_err(|err| serve_fatal(&err, &config))?;
+    Ok(())
+}
+
+/// `token create`: prints the token (for the node) and the line for the server's token file.
+pub fn token_create(args: &TokenCreateArgs) -> anyhow::Result<String> {
+    let scope = match (&args.cluster, &args.machine) {
+        (Some(cluster), _) => AgentScope::Cluster {
+            namespace: args.namespace.clone(),
+            cluster: cluster.clone(),
+        },
+        (None, Some(machine)) => AgentScope::Machine(MachineRef::new(&args.namespace, machine)),
+        (None, None) => anyhow::bail!("give --cluster or --machine"),
+    };
+    for part in [
+        &args.namespace,
+        args.cluster
+            .as_ref()
+            .or(args.machine.as_ref())
+            .unwrap_or(&args.namespace),
+    ] {
+        anyhow::ensure!(
+            crate::dispatch::records::valid_segment(part),
+            "{part:?} is not a valid Kubernetes name"
+        );
+    }
+    let expires = args
+        .ttl
+        .map(|ttl| time::OffsetDateTime::now_utc() + time::Duration::seconds(ttl.as_secs() as i64));
+    let token =
+        create_token(&scope, expires).map_err(|err| anyhow::anyhow!("no OS randomness: {err}"))?;
+    Ok(format!(
+        "token (give this to the agent as its --token-file; it is shown once):\n{}\n\nline for the server's --agent-tokens file:\n{}\n",
+        token.token, token.line
+    ))
+}
+
+/// `policy show` / `policy check`.
+pub fn policy(command: &PolicyCommand) -> anyhow::Result<String> {
+    match command {
+        PolicyCommand::Show => Ok(DEFAULT_POLICY_YAML.to_string()),
+        PolicyCommand::Check { file } => {
+            let policy = load_policy(Some(file))?;
+            Ok(format!(
+                "{}: {} rules, valid\n",
+                file.display(),
+                policy.rules().len()
+            ))
+        }
+    }
+}
+
+/// `status`: from a running server's health port, or straight from a store. With `--agents`, the agents.
+pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
+    if args.agents {
+        let rows: Vec<AgentRow> = match &args.store {
+            Some(url) => store_dispatcher(args, url).await?.agents().await?,
+            None => get_json(args, "/status/agents").await?.0,
+        };
+        return Ok(match args.output {
+            OutputFormat::Json => serde_json::to_string_pretty(&rows)? + "\n",
+            OutputFormat::Text => render_agents(&rows, now_ms()),
+        });
+    }
+    // Only a running server knows whether CAPI has called it; a store read directly cannot say.
+    let mut no_hook_calls = false;
+    let rows: Vec<StatusRow> = match &args.store {
+        Some(url) => store_dispatcher(args, url).await?.status().await?,
+        None => {
+            let (rows, headers) = get_json(args, "/status").await?;
+            no_hook_calls = headers
+                .get(server::HOOK_CALLS_ANSWERED_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.trim() == "0");
+            rows
+        }
+    };
+    Ok(match args.output {
+        OutputFormat::Json => {
+            if no_hook_calls {
+                eprintln!("{NO_HOOK_CALLS_HINT}");
+            }
+            serde_json::to_string_pretty(&rows)? + "\n"
+        }
+        OutputFormat::Text if no_hook_calls => {
+            format!("{}\n{NO_HOOK_CALLS_HINT}\n", render_status(&rows))
+        }
+        OutputFormat::Text => render_status(&rows),
+    })
+}
+
+async fn store_dispatcher(args: &StatusArgs, url: &StoreUrl) -> anyhow::Result<Arc<Dispatcher>> {
+    let store = inplace_store::open(url, &args.etcd.options())
+        .await
+        .with_context(|| format!("opening {url}"))?;
+    Ok(Dispatcher::new(
+        store,
+        DispatchConfig::default(),
+        CancellationToken::new(),
+    ))
+}
+
+/// GETs `path` from the server's health port and decodes the JSON body; the headers come back too.
+async fn get_json<T: serde::de::DeserializeOwned>(
+    args: &StatusArgs,
+    path: &str,
+) -> anyhow::Result<(T, hyper::HeaderMap)> {
+    let url = format!("{}{path}", args.server.trim_end_matches('/'));
+    let (body, headers) = crate::cmd::http::get_plain_response(&url)
+        .await
+        .with_context(|| format!("asking {} for {path}", args.server))?;
+    let value = serde_json::from_slice(&body).with_context(|| format!("decoding {path}"))?;
+    Ok((value, headers))
+}
+
+fn render_agents(rows: &[AgentRow], now: u64) -> String {
+    if rows.is_empty() {
+        return "no agent seen\n".into();
+    }
+    let mut out = format!(
+        "{:<40} {:<24} {:<10} {:<13} {:<12} {}\n",
+        "MACHINE", "NODE", "VERSION", "STATE", "LAST SEEN", "LAST REFUSAL"
+    );
+    for row in rows {
+        let refusal = row
+            .last_refusal
+            .as_ref()
+            .map(|r| {
+                format!(
+                    "{} {}: {} (from {})",
+                    r.reason.as_str(),
+                    ago(now, r.at_ms),
+                    r.message,
+                    r.peer.as_deref().unwrap_or("unknown peer")
+                )
+            })
+            .unwrap_or_else(|| "-".into());
+        out.push_str(&format!(
+            "{:<40} {:<24} {:<10} {:<13} {:<12} {}\n",
+            row.machine,
+            row.node.as_deref().unwrap_or("-"),
+            row.agent_version.as_deref().unwrap_or("-"),
+            if row.connected {
+                "connected"
+            } else {
+                "disconnected"
+            },
+            row.last_seen_ms
+                .map_or_else(|| "never".into(), |at| ago(now, at)),
+            refusal
+        ));
+    }
+    out
+}
+
+fn render_status(rows: &[StatusRow]) -> String {
+    if rows.is_empty() {
+        return "no updates recorded\n".into();
+    }
+    let mut out = String::new();
+    let mut cluster = "";
+    for row in rows {
+        if row.cluster != cluster {
+            cluster = &row.cluster;
+            out.push_str(&format!("cluster {cluster}\n"));
+        }
+        let state = serde_json::to_value(row.state)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "  {:<40} {:<12} {:<12} {}",
+            row.machine, state, row.run, row.step
+        ));
+        if !row.message.is_empty() {
+            out.push_str(&format!(
+                " — {}",
+                row.message.lines().next().unwrap_or_default()
+            ));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// `diff`: prints the verdicts and returns the exit code (0 in place, 3 rollout, 1 bad input).
+pub fn diff(args: &crate::cmd::cli::DiffArgs) -> i32 {
+    let policy = match load_policy(args.policy.as_deref()) {
+        Ok(policy) => policy,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            return crate::cmd::diff::EXIT_BAD_INPUT;
+        }
+    };
+    let settings = args.settings.iter().cloned().collect();
+    match crate::cmd::diff::run(&args.current, args.desired.as_deref(), &policy, &settings) {
+        Ok(report) => {
+            let text = match args.output {
+                OutputFormat::Text => crate::cmd::diff::render_text(&report),
+                OutputFormat::Json => crate::cmd::diff::render_json(&report),
+            };
+            print!("{text}");
+            report.exit_code
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            crate::cmd::diff::EXIT_BAD_INPUT
+        }
+    }
+}
+
+/// `demo`: runs the demo rollout and prints its summary; fails unless every Machine was updated.
+pub async fn demo(args: &crate::cmd::cli::DemoArgs) -> anyhow::Result<()> {
+    let temp;
+    let dir = match &args.dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            dir.clone()
+        }
+        None => {
+            temp = tempfile::tempdir()?;
+            temp.path().to_owned()
+        }
+    };
+    let results = crate::cmd::demo::run::run(usize::from(args.machines), &dir).await?;
+    print!("{}", crate::cmd::demo::run::summary(&results));
+    anyhow::ensure!(
+        results.iter().all(|r| r.result == "done"),
+        "some Machines were not updated"
+    );
+    Ok(())
+}

@@ -1,0 +1,382 @@
+//! The demo rollout: this binary started as one server and N agents (child processes, sandboxed roots), then a
+//! simulated CAPI upgrading every Machine from v1.33.4 to v1.34.1 — control plane one by one, as
+//! KubeadmControlPlane does, then the workers — printing each Machine's progress as CAPI would show it. As
+//! CAPI does, it asks CanUpdateMachine for each control-plane Machine and CanUpdateMachineSet once for the
+//! workers' new MachineSet before it calls UpdateMachine.
+
+use std::io::{BufRead as _, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::Sandbox;
+use crate::api::Hook;
+use crate::cmd::certs::{DevCertsSpec, write_dev_certs};
+use crate::dispatch::AgentScope;
+use crate::server::auth::create_token;
+
+/// Longest the demo waits for one Machine's update.
+pub const MACHINE_DEADLINE: Duration = Duration::from_secs(120);
+/// Longest the demo waits for the server to start.
+pub const START_DEADLINE: Duration = Duration::from_secs(20);
+/// How often the simulated CAPI calls UpdateMachine (CAPI itself honours retryAfterSeconds).
+pub const CALL_INTERVAL: Duration = Duration::from_millis(200);
+/// How long each fake package install or kubeadm upgrade takes in the demo, so progress can be watched.
+pub const DEMO_PACE_SECONDS: &str = "0.4";
+/// Control-plane Machines in the demo cluster (the rest are workers).
+pub const CONTROL_PLANE_MACHINES: usize = 3;
+
+const CONTROL_PLANE_REQUEST: &str = include_str!("../../../tests/fixtures/update-machine-kcp.json");
+const WORKER_REQUEST: &str = include_str!("../../../tests/fixtures/update-machine-worker.json");
+const CONTROL_PLANE_QUESTION: &str =
+    include_str!("../../../tests/fixtures/can-update-machine-kcp-version.json");
+const WORKER_QUESTION: &str = include_str!("../../../tests/fixtures/can-update-machineset-md.json");
+
+/// Why the demo could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// Setting up files or processes failed.
+    #[error("{0}")]
+    Setup(String),
+    /// A Machine did not finish.
+    #[error("{0}")]
+    Rollout(String),
+}
+
+fn setup<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> DemoError + '_ {
+    move |err| DemoError::Setup(format!("{what}: {err}"))
+}
+
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// One line of the summary.
+#[derive(Debug, Clone)]
+pub struct MachineResult {
+    /// The Machine.
+    pub name: String,
+    /// `done` or the failure.
+    pub result: String,
+    /// Time from the first UpdateMachine call to done.
+    pub took: Duration,
+    /// The kubeadm commands the node ran.
+    pub kubeadm: Vec<String>,
+}
+
+fn request_for(template: &str, name: &str) -> Result<Value, DemoError> {
+    let mut request: Value = serde_json::from_str(template).map_err(setup("built-in request"))?;
+    for side in ["current", "desired"] {
+        for object in ["machine", "bootstrapConfig", "infrastructureMachine"] {
+            if request[side][object].is_object() {
+                request[side][object]["metadata"]["name"] = json!(name);
+            }
+        }
+    }
+    if request["desired"]["machine"]["spec"].is_object() {
+        request["desired"]["machine"]["spec"]["providerID"] = json!(format!("docker:////{name}"));
+    }
+    Ok(request)
+}
+
+/// Asks a CanUpdate hook as CAPI does before an in-place update, and prints the answer.
+async fn ask(
+    addr: SocketAddr,
+    ca: &[u8],
+    hook: Hook,
+    request: &Value,
+    started: Instant,
+    what: &str,
+) -> Result<(), DemoError> {
+    let path = format!("{}?timeout=10s", hook.path());
+    let (status, body) = crate::cmd::http::post_tls(
+        addr,
+        "localhost",
+        ca,
+        &path,
+        request.to_string().into_bytes(),
+    )
+    .await
+    .map_err(|e| DemoError::Rollout(format!("{} for {what}: {e}", hook.name())))?;
+    let answer: Value = serde_json::from_slice(&body).unwrap_or_default();
+    let message = answer["message"].as_str().unwrap_or_default();
+    println!(
+        "[{:6.1}s] {what}: {} {message}",
+        started.elapsed().as_secs_f64(),
+        hook.name()
+    );
+    if status != 200 || answer["status"] != "Success" {
+        return Err(DemoError::Rollout(format!(
+            "{} for {what} answered {status}: {message}",
+            hook.name()
+        )));
+    }
+    Ok(())
+}
+
+fn start_server(exe: &Path, dir: &Path, tokens: &Path) -> Result<(Child, SocketAddr), DemoError> {
+    let certs = dir.join("certs");
+    let mut child = Command::new(exe)
+        .args([
+            "--log-format",
+            "json",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--health-listen",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--retry-after-seconds",
+            "1",
+        ])
+        .arg("--tls-cert")
+        .arg(certs.join("tls.crt"))
+        .arg("--tls-key")
+        .arg(certs.join("tls.key"))
+        .arg("--agent-tokens")
+        .arg(tokens)
+        .arg("--store")
+        .arg(format!("file:{}", dir.join("data").display()))
+        .env("RUST_LOG", "warn,inplace_updater=info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(setup("starting the server"))?;
+    let stderr = child
+        .stderr
+        .take()
+        .ok_or_else(|| DemoError::Setup("no server stderr".into()))?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let log = dir.join("server.log");
+    std::thread::spawn(move || {
+        let mut file = std::fs::File::create(log).ok();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Ok(json) = serde_json::from_str::<Value>(&line) {
+                if json["fields"]["message"] == "ready" {
+                    let _ = tx.send(None);
+                }
+                if let Some(addr) = json["fields"]["hooks"]
+                    .as_str()
+                    .and_then(|a| a.parse().ok())
+                {
+                    let _ = tx.send(Some(addr));
+                }
+            }
+            if let Some(file) = file.as_mut() {
+                let _ = std::io::Write::write_all(file, format!("{line}\n").as_bytes());
+            }
+        }
+    });
+    let deadline = Instant::now() + START_DEADLINE;
+    let mut addr = None;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Some(found)) => addr = Some(found),
+            Ok(None) => break,
+            Err(_) => {
+                return Err(DemoError::Setup(format!(
+                    "the server did not start; see {}",
+                    dir.join("server.log").display()
+                )));
+            }
+        }
+    }
+    let addr = addr.ok_or_else(|| DemoError::Setup("the server reported no address".into()))?;
+    Ok((child, addr))
+}
+
+/// Runs the demo with `machines` Machines in `dir`, printing progress to stdout.
+pub async fn run(machines: usize, dir: &Path) -> Result<Vec<MachineResult>, DemoError> {
+    let exe: PathBuf = std::env::current_exe().map_err(setup("locating this binary"))?;
+    let certs_dir = dir.join("certs");
+    write_dev_certs(&DevCertsSpec::with_defaults(
+        certs_dir.clone(),
+        vec![],
+        vec![],
+    ))
+    .map_err(setup("certificates"))?;
+    let ca = inplace_bounded_read::read(
+        &certs_dir.join("ca.crt"),
+        crate::server::tls::MAX_PEM_FILE_BYTES,
+    )
+    .map_err(setup("reading the CA"))?;
+    let token = create_token(
+        &AgentScope::Cluster {
+            namespace: "default".into(),
+            cluster: "edge-01".into(),
+        },
+        None,
+    )
+    .map_err(setup("token"))?;
+    let tokens = dir.join("agent-tokens");
+    std::fs::write(&tokens, format!("{}\n", token.line)).map_err(setup("token file"))?;
+    let token_file = dir.join("agent-token");
+    std::fs::write(&token_file, &token.token).map_err(setup("token file"))?;
+
+    let (server, addr) = start_server(&exe, dir, &tokens)?;
+    let mut children = Children(vec![server]);
+    println!(
+        "server   https://{addr}  (store, logs and sandboxes in {})",
+        dir.display()
+    );
+
+    let mut names = Vec::new();
+    for i in 0..machines {
+        let control_plane = i < CONTROL_PLANE_MACHINES;
+        let name = if control_plane {
+            format!("edge-01-control-plane-{i}")
+        } else {
+            format!("edge-01-md-0-worker-{i}")
+        };
+        let node_dir = dir.join("nodes").join(&name);
+        let sandbox =
+            Sandbox::create(&node_dir, "v1.33.4", control_plane).map_err(setup("sandbox"))?;
+        sandbox
+            .set_pace(DEMO_PACE_SECONDS)
+            .map_err(setup("sandbox"))?;
+        let log = std::fs::File::create(node_dir.join("agent.log")).map_err(setup("agent log"))?;
+        let child = Command::new(&exe)
+            .args([
+                "agent",
+                "--server",
+                &format!("https://{addr}"),
+                "--tls-server-name",
+                "localhost",
+            ])
+            .arg("--ca-file")
+            .arg(certs_dir.join("ca.crt"))
+            .arg("--token-file")
+            .arg(&token_file)
+            .args(["--machine", &format!("default/{name}")])
+            .arg("--config")
+            .arg(&sandbox.config)
+            .arg("--state-dir")
+            .arg(&sandbox.state_dir)
+            .arg("--root")
+            .arg(&sandbox.root)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(setup("agent log"))?)
+            .stderr(log)
+            .spawn()
+            .map_err(setup("starting an agent"))?;
+        children.0.push(child);
+        println!("agent    default/{name}  (root {})", sandbox.root.display());
+        names.push((name, control_plane, sandbox));
+    }
+    println!(
+        "\nCAPI: upgrade v1.33.4 → v1.34.1 in place (control plane one by one, then workers)\n"
+    );
+
+    let started = Instant::now();
+    let mut results = Vec::new();
+    let mut workers_judged = false;
+    for (name, control_plane, sandbox) in &names {
+        let template = if *control_plane {
+            let question = request_for(CONTROL_PLANE_QUESTION, name)?;
+            let what = format!("default/{name}");
+            ask(addr, &ca, Hook::CanUpdateMachine, &question, started, &what).await?;
+            CONTROL_PLANE_REQUEST
+        } else {
+            if !workers_judged {
+                let question: Value =
+                    serde_json::from_str(WORKER_QUESTION).map_err(setup("built-in request"))?;
+                let set = &question["desired"]["machineSet"]["metadata"]["name"];
+                let what = format!("MachineSet default/{}", set.as_str().unwrap_or_default());
+                ask(
+                    addr,
+                    &ca,
+                    Hook::CanUpdateMachineSet,
+                    &question,
+                    started,
+                    &what,
+                )
+                .await?;
+                workers_judged = true;
+            }
+            WORKER_REQUEST
+        };
+        let request = request_for(template, name)?;
+        let begun = Instant::now();
+        let mut last = String::new();
+        let result = loop {
+            let path = format!("{}?timeout=10s", Hook::UpdateMachine.path());
+            let (status, body) = crate::cmd::http::post_tls(
+                addr,
+                "localhost",
+                &ca,
+                &path,
+                request.to_string().into_bytes(),
+            )
+            .await
+            .map_err(|e| DemoError::Rollout(format!("UpdateMachine for {name}: {e}")))?;
+            let answer: Value = serde_json::from_slice(&body).unwrap_or_default();
+            let message = answer["message"].as_str().unwrap_or_default().to_string();
+            let retry = answer["retryAfterSeconds"].as_i64().unwrap_or_default();
+            if message != last {
+                println!(
+                    "[{:6.1}s] default/{name}: {message}",
+                    started.elapsed().as_secs_f64()
+                );
+                last = message.clone();
+            }
+            match (status, answer["status"].as_str(), retry) {
+                (200, Some("Success"), 0) => break "done".to_string(),
+                (200, Some("Success"), _) => {}
+                _ => break format!("failed: {message}"),
+            }
+            if begun.elapsed() > MACHINE_DEADLINE {
+                break format!("not done after {}s", MACHINE_DEADLINE.as_secs());
+            }
+            tokio::time::sleep(CALL_INTERVAL).await;
+        };
+        let kubeadm = sandbox
+            .calls()
+            .into_iter()
+            .filter(|c| c.starts_with("kubeadm upgrade"))
+            .collect();
+        results.push(MachineResult {
+            name: name.clone(),
+            result,
+            took: begun.elapsed(),
+            kubeadm,
+        });
+    }
+    drop(children);
+    Ok(results)
+}
+
+/// The summary table.
+pub fn summary(results: &[MachineResult]) -> String {
+    let mut out = String::from("\nsummary\n");
+    for r in results {
+        out.push_str(&format!(
+            "  default/{:<32} {:<8} {:>6.1}s  {}\n",
+            r.name,
+            r.result,
+            r.took.as_secs_f64(),
+            r.kubeadm.join("; ")
+        ));
+    }
+    let done = results.iter().filter(|r| r.result == "done").count();
+    out.push_str(&format!(
+        "{done}/{} Machines updated in place\n",
+        results.len()
+    ));
+    out
+}

@@ -1,0 +1,253 @@
+//! What CAPI would decide from our CanUpdate answers: every fixture goes through the router and then through
+//! `capi-sim`, which decodes the answer the way Go does, applies the patches the way KCP / the MachineDeployment
+//! controller do, and compares with CAPI's cleanup rules.
+#![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
+
+use crate::common;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::Request;
+use capi_sim::CapiDecision;
+use http_body_util::BodyExt as _;
+use inplace_updater::api::Hook;
+use inplace_updater::hooks::Engine;
+use inplace_updater::server::auth::AgentTokens;
+use inplace_updater::server::{AppState, app};
+use serde_json::{Value, json};
+use tower::ServiceExt as _;
+
+fn state() -> AppState {
+    AppState::new(
+        Arc::new(Engine::builtin(None)),
+        Arc::new(AgentTokens::none()),
+    )
+}
+
+fn request(fixture: &str, settings: &[(&str, &str)]) -> Value {
+    let mut request: Value = serde_json::from_slice(&common::fixture(fixture)).unwrap();
+    if !settings.is_empty() {
+        let map: serde_json::Map<String, Value> = settings
+            .iter()
+            .map(|(k, v)| (k.to_string(), json!(v)))
+            .collect();
+        request["settings"] = Value::Object(map);
+    }
+    request
+}
+
+async fn ask(hook: Hook, request: &Value) -> (Value, Vec<u8>) {
+    let http = Request::post(hook.path())
+        .body(Body::from(request.to_string()))
+        .unwrap();
+    let response = app(state()).oneshot(http).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    (serde_json::from_slice(&body).unwrap(), body)
+}
+
+async fn capi_decides(fixture: &str, settings: &[(&str, &str)]) -> (CapiDecision, Value) {
+    let request = request(fixture, settings);
+    if fixture.contains("machineset") {
+        let (json, body) = ask(Hook::CanUpdateMachineSet, &request).await;
+        (capi_sim::can_update_machine_set(&request, &body), json)
+    } else {
+        let (json, body) = ask(Hook::CanUpdateMachine, &request).await;
+        (capi_sim::can_update_machine(&request, &body), json)
+    }
+}
+
+const BOTH: [&[(&str, &str)]; 2] = [&[], &[("patchType", "JSONMergePatch")]];
+
+#[tokio::test]
+async fn a_single_minor_version_upgrade_goes_in_place() {
+    for settings in BOTH {
+        let (decision, answer) =
+            capi_decides("can-update-machine-kcp-version.json", settings).await;
+        assert_eq!(decision, CapiDecision::InPlace, "{settings:?}: {answer}");
+        let message = answer["message"].as_str().unwrap();
+        assert!(
+            message.contains("spec.version") && message.contains("kubernetes-version"),
+            "{message}"
+        );
+        assert_eq!(
+            answer["affectsAvailability"], true,
+            "a kubelet restart disturbs workloads"
+        );
+    }
+}
+
+#[tokio::test]
+async fn files_keys_and_ntp_go_in_place_without_disturbing_workloads() {
+    for settings in BOTH {
+        let (decision, answer) =
+            capi_decides("can-update-machine-kcp-files-keys.json", settings).await;
+        assert_eq!(decision, CapiDecision::InPlace, "{settings:?}: {answer}");
+        assert_eq!(answer["affectsAvailability"], false);
+        assert_eq!(
+            answer["machinePatch"],
+            Value::Null,
+            "nothing changed on the Machine"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_machine_deployment_template_change_goes_in_place() {
+    for settings in BOTH {
+        let (decision, answer) = capi_decides("can-update-machineset-md.json", settings).await;
+        assert_eq!(decision, CapiDecision::InPlace, "{settings:?}: {answer}");
+    }
+}
+
+fn rollout_reasons(decision: CapiDecision) -> Vec<String> {
+    match decision {
+        CapiDecision::Rollout { reasons } => reasons,
+        other => panic!("expected a rollout, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn mixed_changes_cover_only_what_can_be_done_and_capi_rolls_out_the_rest() {
+    for settings in BOTH {
+        let (decision, answer) = capi_decides("can-update-machine-kcp-mixed.json", settings).await;
+        let reasons = rollout_reasons(decision).join("; ");
+        for rejected in ["failureDomain", "diskSetup", "mounts", "customImage"] {
+            assert!(
+                reasons.contains(rejected),
+                "{rejected} must be left for the rollout: {reasons}"
+            );
+        }
+        assert!(
+            !reasons.contains("ntp"),
+            "ntp was accepted, so the patch must cover it: {reasons}"
+        );
+        let message = answer["message"].as_str().unwrap();
+        assert!(message.contains("needs rollout"), "{message}");
+    }
+}
+
+#[tokio::test]
+async fn an_unknown_infrastructure_kind_is_left_to_a_rollout() {
+    let (decision, answer) = capi_decides("can-update-machine-unknown-infra.json", &[]).await;
+    let reasons = rollout_reasons(decision);
+    assert_eq!(
+        reasons.len(),
+        1,
+        "only the infra change remains: {reasons:?}"
+    );
+    assert!(reasons[0].contains("AcmeMetalMachine"), "{reasons:?}");
+    assert!(
+        answer["message"]
+            .as_str()
+            .unwrap()
+            .contains("AcmeMetalMachine")
+    );
+}
+
+#[tokio::test]
+async fn in_place_only_mode_stops_capi_instead_of_replacing() {
+    let (decision, answer) = capi_decides(
+        "can-update-machine-kcp-mixed.json",
+        &[("mode", "in-place-only")],
+    )
+    .await;
+    let CapiDecision::Error { message } = decision else {
+        panic!("expected CAPI to stop: {decision:?}")
+    };
+    assert!(message.contains("failureDomain"), "{message}");
+    assert_eq!(answer["status"], "Failure");
+    // ... and changes that all go in place still do.
+    let (decision, _) = capi_decides(
+        "can-update-machine-kcp-version.json",
+        &[("mode", "in-place-only")],
+    )
+    .await;
+    assert_eq!(decision, CapiDecision::InPlace);
+}
+
+#[tokio::test]
+async fn settings_narrow_the_policy() {
+    let (decision, _) = capi_decides(
+        "can-update-machine-kcp-version.json",
+        &[("inPlace", "false")],
+    )
+    .await;
+    assert!(
+        matches!(decision, CapiDecision::Rollout { .. }),
+        "{decision:?}"
+    );
+    let (decision, _) = capi_decides(
+        "can-update-machine-kcp-files-keys.json",
+        &[("disableActions", "ssh-keys")],
+    )
+    .await;
+    let reasons = rollout_reasons(decision);
+    assert!(
+        reasons.iter().all(|r| r.contains("users")),
+        "only the key rotation is left: {reasons:?}"
+    );
+    let (decision, answer) = capi_decides(
+        "can-update-machine-kcp-version.json",
+        &[("mode", "sometimes")],
+    )
+    .await;
+    assert!(
+        matches!(decision, CapiDecision::Error { .. }),
+        "a bad setting is a Failure: {decision:?}"
+    );
+    assert!(
+        answer["message"].as_str().unwrap().contains("mode"),
+        "{answer}"
+    );
+}
+
+#[tokio::test]
+async fn version_skips_and_downgrades_need_a_rollout() {
+    for (version, why) in [("v1.35.0", "minor"), ("v1.32.9", "downgrade")] {
+        let mut request = request("can-update-machine-kcp-version.json", &[]);
+        request["desired"]["machine"]["spec"]["version"] = json!(version);
+        let (answer, body) = ask(Hook::CanUpdateMachine, &request).await;
+        let reasons = rollout_reasons(capi_sim::can_update_machine(&request, &body));
+        assert!(
+            reasons.iter().any(|r| r.contains("spec.version")),
+            "{why}: {reasons:?}"
+        );
+        assert!(
+            answer["message"]
+                .as_str()
+                .unwrap()
+                .contains("needs rollout"),
+            "{answer}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn secret_values_never_appear_in_answers() {
+    let request = request("can-update-machine-kcp-files-keys.json", &[]);
+    let (answer, _) = ask(Hook::CanUpdateMachine, &request).await;
+    let message = answer["message"].as_str().unwrap();
+    let desired_files = request["desired"]["bootstrapConfig"]["spec"]["files"]
+        .as_array()
+        .unwrap();
+    for file in desired_files {
+        if let Some(content) = file["content"].as_str().filter(|c| c.len() > 12) {
+            assert!(
+                !message.contains(content),
+                "file content leaked into the message: {message}"
+            );
+        }
+    }
+    let key = request["desired"]["bootstrapConfig"]["spec"]["users"][0]["sshAuthorizedKeys"][1]
+        .as_str()
+        .unwrap();
+    assert!(!message.contains(key), "{message}");
+}

@@ -1,0 +1,118 @@
+//! The load harness behind README "Performance" runs as the README shows it, scaled down: every scenario
+//! exits 0, prints its tables, and reports no request error and no starved agent. The figures themselves are
+//! the README's (taken with the full-size commands); this only keeps the commands working.
+#![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
+
+use crate::common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// `target/<profile>/examples/load`, built by `cargo test` next to the binary.
+fn harness() -> PathBuf {
+    let binary = common::binary();
+    let path = binary.parent().unwrap().join("examples").join("load");
+    assert!(
+        path.exists(),
+        "{} is missing: run the whole suite (`cargo test --release`), which builds the examples",
+        path.display()
+    );
+    path
+}
+
+fn run(args: &[&str]) -> String {
+    let output = Command::new(harness())
+        .args(args)
+        .arg("--server-bin")
+        .arg(common::binary())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "load {args:?} failed\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// The cell of `column` in each data row of the Markdown table whose header holds `column`.
+fn column(stdout: &str, column: &str) -> Vec<String> {
+    let mut lines = stdout
+        .lines()
+        .skip_while(|l| !(l.starts_with('|') && l.contains(column)));
+    let header: Vec<&str> = lines.next().unwrap().split('|').map(str::trim).collect();
+    let index = header.iter().position(|h| *h == column).unwrap();
+    lines
+        .skip(1)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| l.split('|').map(str::trim).nth(index).unwrap().to_string())
+        .collect()
+}
+
+fn row_value(stdout: &str, label: &str) -> String {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with('|') && l.contains(label))
+        .unwrap_or_else(|| panic!("no row {label:?} in\n{stdout}"));
+    line.split('|').map(str::trim).nth(2).unwrap().to_string()
+}
+
+#[test]
+fn hooks_scenario_answers_every_request_kind_without_errors() {
+    // `--server-bin` is the fleet scenarios' flag; hooks serves in-process, so it goes through run() only there.
+    let output = Command::new(harness())
+        .args([
+            "hooks",
+            "--seconds",
+            "0.2",
+            "--rounds",
+            "1",
+            "--connections",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let kinds = column(&stdout, "request");
+    assert_eq!(kinds.len(), 6, "{stdout}");
+    for (kind, ours) in kinds.iter().zip(column(&stdout, "ours req/s")) {
+        let ours: f64 = ours.parse().unwrap();
+        assert!(ours > 0.0, "{kind}: no request answered\n{stdout}");
+    }
+    assert!(
+        column(&stdout, "errors").iter().all(|e| e == "0"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn fleet_scenario_gives_every_target_its_plan_and_starves_no_agent() {
+    let stdout = run(&[
+        "fleet",
+        "--agents",
+        "60",
+        "--targets",
+        "20",
+        "--idle-seconds",
+        "1",
+        "--retry-after-seconds",
+        "1",
+    ]);
+    assert_eq!(row_value(&stdout, "connected"), "60", "{stdout}");
+    assert_eq!(
+        row_value(&stdout, "plans received / Machines given work"),
+        "20 / 20"
+    );
+    assert_eq!(row_value(&stdout, "plans for Machines given no work"), "0");
+    assert_eq!(row_value(&stdout, "request errors / reconnects"), "0 / 0");
+    assert!(row_value(&stdout, "starved").starts_with('0'), "{stdout}");
+    assert!(stdout.contains("peak RSS (VmHWM)"), "{stdout}");
+}
+
+#[test]
+fn dispatch_scenario_hands_every_agent_its_plan() {
+    let stdout = run(&["dispatch", "--agents", "40", "--retry-after-seconds", "1"]);
+    assert!(stdout.contains("all 40 plans received: met"), "{stdout}");
+}

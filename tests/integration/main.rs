@@ -1,0 +1,24 @@
+//! Every integration test of this crate in one test binary: each module was a binary of its own, and
+//! each binary linked the whole crate again (one binary builds and links once).
+
+mod agent_api;
+mod agent_diagnostics;
+mod bounded_inputs;
+mod common;
+mod deploy_configs;
+mod e2e_durability;
+mod e2e_ha;
+mod e2e_observe;
+mod e2e_resume;
+mod e2e_rollout;
+mod e2e_verdicts;
+mod fatal_errors;
+mod hooks_bad_input;
+mod hooks_capi;
+mod hooks_malformed;
+mod hostile;
+mod load_harness;
+mod openapi;
+mod readme;
+mod resume_node;
+mod server_tls;

@@ -1,0 +1,107 @@
+//! Every command in README.md runs as written: the server is started the way the README starts it
+//! (`serve --dev`, fixed ports, certificates in ./certs) in a scratch copy of the repository's fixtures, and each
+//! `curl` / `cargo run --release -- …` line is executed with `sh` (the latter through the built binary).
+//! A `# exit N` comment on a line states its expected exit code; otherwise it must succeed.
+#![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
+
+use crate::common;
+
+use std::path::Path;
+use std::process::Command;
+
+fn readme_commands() -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let mut commands = Vec::new();
+    let mut in_sh = false;
+    let mut pending = String::new();
+    for line in readme.lines() {
+        if line.starts_with("```") {
+            in_sh = line == "```sh";
+            continue;
+        }
+        if !in_sh {
+            continue;
+        }
+        let line = line.trim_end();
+        if let Some(start) = line.strip_suffix('\\') {
+            pending.push_str(start.trim_end());
+            pending.push(' ');
+            continue;
+        }
+        pending.push_str(line.trim_start());
+        commands.push(std::mem::take(&mut pending));
+    }
+    commands
+}
+
+fn expected_exit(command: &str) -> i32 {
+    command
+        .split_once("# exit ")
+        .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn every_readme_command_runs_as_written() {
+    let commands = readme_commands();
+    assert!(
+        commands.iter().any(|c| c.starts_with("curl")),
+        "the README shows curl examples"
+    );
+    let scratch = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests"),
+        scratch.path().join("tests"),
+    )
+    .unwrap();
+    let binary = common::binary();
+    let mut server = Command::new(&binary)
+        .args(["serve", "--dev"])
+        .current_dir(scratch.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let health: std::net::SocketAddr = "127.0.0.1:9440".parse().unwrap();
+    common::fleet::wait_until("serve --dev to be ready", || {
+        common::plain_get(health, "/readyz").is_some_and(|r| r.0 == 200)
+    });
+
+    let mut ran = 0;
+    for command in &commands {
+        // The first command (`./scripts/serve-dev`) starts the server this test started above; it is run as
+        // written by tests/deploy/test_readme_first_command.py.
+        if command.contains("serve --dev")
+            || command.starts_with("./scripts/serve-dev")
+            || command.starts_with(".ci/run")
+            || command.starts_with('#')
+            || command.is_empty()
+        {
+            continue;
+        }
+        let shell = command.replace("cargo run --release --", &binary.display().to_string());
+        let output = Command::new("sh")
+            .args(["-c", &shell])
+            .current_dir(scratch.path())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            output.status.code(),
+            Some(expected_exit(command)),
+            "{command}\nstdout: {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        if command.contains("/hooks.runtime.cluster.x-k8s.io/") {
+            let answer: serde_json::Value =
+                serde_json::from_str(&stdout).unwrap_or_else(|_| panic!("{command}: {stdout}"));
+            assert!(answer["status"] == "Success", "{command}: {answer}");
+        }
+        ran += 1;
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(ran >= 10, "only {ran} README commands ran");
+}
