@@ -396,4 +396,6 @@ fn kubelet_args(spec: &Value) -> Result<Option<Vec<KubeletArg>>, PlanError> {
 }
 
 #[cfg(test)]
+mod golden;
+#[cfg(test)]
 mod tests;
