@@ -4,13 +4,13 @@
 use std::collections::BTreeSet;
 
 use inplace_agent_api::KubeadmUpgradeMode::{self, Apply, Node};
-use inplace_core::Action;
 use serde_json::Value;
 
 use super::*;
+use crate::Action;
 
-const KCP: &str = include_str!("../../tests/fixtures/update-machine-kcp.json");
-const WORKER: &str = include_str!("../../tests/fixtures/update-machine-worker.json");
+const KCP: &str = include_str!("../../../../tests/fixtures/update-machine-kcp.json");
+const WORKER: &str = include_str!("../../../../tests/fixtures/update-machine-worker.json");
 
 /// The desired Machine and KubeadmConfig of an UpdateMachine fixture.
 fn desired(fixture: &str) -> (Value, Value) {
@@ -60,7 +60,7 @@ fn ids_and_kinds(
     let actions: BTreeSet<Action> = Action::ALL.into_iter().collect();
     let plan = build(&PlanInput {
         facts: &facts,
-        bootstrap: Some(bootstrap),
+        bootstrap: Some(&bootstrap.to_string()),
         actions: &actions,
         upgrade_mode: mode,
     })
@@ -89,7 +89,8 @@ const WORKER_KINDS: [&str; 7] = [
     "kubeletArgs",
 ];
 
-/// Recorded before `plan` moved to `crates/core` (commit "golden plan ids before the move").
+/// Recorded in `src/plan.rs` before `plan` moved to `crates/core` (commit "golden plan ids before the move"),
+/// unchanged since.
 const GOLDEN: [(&str, KubeadmUpgradeMode, &str, &[&str]); 6] = [
     (
         "kcp",
