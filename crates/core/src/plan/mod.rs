@@ -7,7 +7,7 @@
 //! domain; the agent's drivers converge idempotently (an already-true step is a no-op).
 
 mod facts;
-mod view;
+pub mod view;
 
 use std::collections::BTreeSet;
 
@@ -18,7 +18,7 @@ use inplace_agent_api::{
 use sha2::{Digest as _, Sha256};
 
 use crate::Action;
-pub use crate::objects::CLUSTER_NAME_LABEL;
+use crate::objects::CLUSTER_NAME_LABEL;
 pub use facts::MachineFacts;
 use view::KubeadmConfigSpec;
 pub use view::KubeadmConfigView;
