@@ -11,11 +11,12 @@ mod responses;
 pub mod validate;
 
 pub use duration::{DurationError, parse_go_duration};
+/// The one JSON decoder (Go's field naming, the failing field named), shared with the plan in `inplace-core`.
+pub use inplace_core::decode_json;
 pub use objects::{Object, Pair};
 pub use requests::{
     CanUpdateMachineRequest, CanUpdateMachineSetRequest, DecodeError, HookRequest, MachineObjects,
-    MachineSetObjects, ObjectKey, UpdateMachineObjects, UpdateMachineRequest, decode_json,
-    decode_request,
+    MachineSetObjects, ObjectKey, UpdateMachineObjects, UpdateMachineRequest, decode_request,
 };
 pub use responses::{
     CanUpdateMachineResponse, CanUpdateMachineSetResponse, DiscoveryResponse, ExtensionHandler,

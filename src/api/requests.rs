@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use inplace_core::decode_json;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -69,31 +70,6 @@ pub fn decode_request<R: HookRequest>(body: &[u8]) -> Result<R, DecodeError> {
     check_type_meta("kind", kind, R::KIND)?;
     request.validate()?;
     Ok(request)
-}
-
-/// Decodes JSON into `T`; on failure, says where: `path: serde message` (just the message at the top).
-///
-/// The plain decoder runs first: tracking the path of every field costs about a third of a decode, and only a
-/// body that fails needs it, so such a body is decoded a second time to name the field.
-pub fn decode_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
-    let plain = match serde_json::from_slice(body) {
-        Ok(value) => return Ok(value),
-        Err(err) => err,
-    };
-    let deserializer = &mut serde_json::Deserializer::from_slice(body);
-    match serde_path_to_error::deserialize::<_, T>(deserializer) {
-        // Both are serde_json underneath; should they ever disagree, the plain error stands.
-        Ok(_) => Err(plain.to_string()),
-        Err(err) => {
-            let path = err.path().to_string();
-            let inner = err.into_inner();
-            Err(if path == "." {
-                inner.to_string()
-            } else {
-                format!("{path}: {inner}")
-            })
-        }
-    }
 }
 
 fn check_type_meta(
