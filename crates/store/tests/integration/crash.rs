@@ -106,7 +106,13 @@ struct History {
 impl History {
     /// Parses one child line; returns the revision of an acknowledgement.
     fn record(&mut self, line: &str) -> Option<Revision> {
-        let parts: Vec<&str> = line.split(' ').collect();
+        // libtest prints `test NAME ... ` without a newline before the test runs, so the child's first
+        // line arrives after it on the same line: read from the first `TRY `/`ACK ` on.
+        let start = ["TRY ", "ACK "]
+            .iter()
+            .filter_map(|tag| line.find(tag))
+            .min()?;
+        let parts: Vec<&str> = line[start..].split(' ').collect();
         match parts.as_slice() {
             ["TRY", key, id, len] => {
                 self.tried
