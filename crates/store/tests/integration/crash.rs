@@ -35,7 +35,8 @@ const VALUE_PADDING: std::ops::Range<usize> = 0..6000;
 /// Extra random delay (µs) between the chosen acknowledgement and the SIGKILL.
 const KILL_JITTER_US: std::ops::Range<u64> = 0..3000;
 
-const TEST_NAME: &str = "kill_9_at_random_moments_loses_no_acknowledged_write";
+/// The test's name in the integration binary (module path included), for the child's `--exact`.
+const TEST_NAME: &str = "crash::kill_9_at_random_moments_loses_no_acknowledged_write";
 
 #[test]
 fn kill_9_at_random_moments_loses_no_acknowledged_write() {
