@@ -104,7 +104,7 @@ impl std::fmt::Display for ObjectKey {
 
 /// One side's object texts in role order (machine or MachineSet, bootstrap, infrastructure), with the paths
 /// messages name them by.
-struct SideTexts<'a> {
+pub(super) struct SideTexts<'a> {
     texts: [Option<&'a Object>; 3],
     paths: [&'static str; 3],
     roles: [Role; 3],
@@ -143,9 +143,11 @@ fn check_side(
 }
 
 /// What validation needs of one side's objects, whichever request they belong to.
-trait SideObjects {
+pub(super) trait SideObjects {
     /// The roles of the three objects.
     const ROLES: [Role; 3];
+    /// Their field names in a side.
+    const FIELDS: [&'static str; 3];
     /// Their paths on the current side and on the desired side.
     const PATHS: [[&'static str; 3]; 2];
     /// Their texts.
@@ -170,6 +172,7 @@ trait SideObjects {
 
 impl SideObjects for MachineObjects {
     const ROLES: [Role; 3] = Role::MACHINE_SIDE;
+    const FIELDS: [&'static str; 3] = ["machine", "bootstrapConfig", "infrastructureMachine"];
     const PATHS: [[&'static str; 3]; 2] = [
         [
             "current.machine",
@@ -198,6 +201,11 @@ impl SideObjects for MachineObjects {
 
 impl SideObjects for MachineSetObjects {
     const ROLES: [Role; 3] = Role::MACHINE_SET_SIDE;
+    const FIELDS: [&'static str; 3] = [
+        "machineSet",
+        "bootstrapConfigTemplate",
+        "infrastructureMachineTemplate",
+    ];
     const PATHS: [[&'static str; 3]; 2] = [
         [
             "current.machineSet",
@@ -226,7 +234,7 @@ impl SideObjects for MachineSetObjects {
 
 /// Which side of a request (an index into [`SideObjects::PATHS`]).
 #[derive(Clone, Copy)]
-enum Side {
+pub(super) enum Side {
     Current = 0,
     Desired = 1,
 }
