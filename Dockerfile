@@ -9,9 +9,10 @@
 ARG RUST_VERSION=1.95
 
 FROM rust:${RUST_VERSION}-bookworm AS build
-# musl-tools: the musl C toolchain for ring's C and assembly parts; protobuf-compiler: protoc for etcd-client.
+# musl-tools: the musl C toolchain for ring's C and assembly parts; protobuf-compiler and libprotobuf-dev: protoc for etcd-client and
+# the well-known .proto files it imports (a Recommends of protobuf-compiler, so --no-install-recommends needs it named).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends musl-tools protobuf-compiler \
+    && apt-get install -y --no-install-recommends musl-tools protobuf-compiler libprotobuf-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
