@@ -99,8 +99,8 @@ def test_the_in_place_only_limits_name_the_settings_and_bounds_the_code_uses():
         for claim in ("maxSurge: 0", "maxUnavailable", "24 hours", "cluster.x-k8s.io/paused",
                       "cluster.x-k8s.io/skip-remediation", "rollout.after", "preflight"):
             assert claim in text, claim
-    # The MachineHealthCheck advice: timeouts longer than the longest step, as src/plan.rs bounds it.
-    plan = (d.REPO / "src" / "plan.rs").read_text()
+    # The MachineHealthCheck advice: timeouts longer than the longest step, as the plan (crates/core) bounds it.
+    plan = (d.REPO / "crates" / "core" / "src" / "plan" / "mod.rs").read_text()
     longest = max(int(n.replace("_", "")) for n in re.findall(r"TIMEOUT_SECONDS: u\d+ = ([\d_]+);", plan))
     flat = " ".join((README + DOCS).split())
     assert f"steps time out after {longest} s" in flat, "the docs name the longest step's timeout"
