@@ -312,8 +312,12 @@ impl UpdateRecord {
         };
         let newer_attempt = report.attempt > step.attempt;
         let same_attempt = report.attempt == step.attempt;
-        let allowed =
-            newer_attempt || (same_attempt && !step.state.is_final() && state != step.state);
+        // A running step's new message (the agent's automatic retries: "attempt 2/3 …") is news too.
+        let news = state != step.state
+            || (state == StepState::Running
+                && report.message.is_some()
+                && report.message != step.message);
+        let allowed = newer_attempt || (same_attempt && !step.state.is_final() && news);
         if !allowed {
             return Ok(false);
         }

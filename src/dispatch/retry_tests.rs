@@ -81,10 +81,7 @@ async fn two_replicas_seeing_one_value_start_one_fresh_run() {
     // The agent is handed the fresh run, and UpdateMachine answers from it.
     let plan = b.poll(&scope(), &poll_for("m-1", 0)).await.unwrap().plan;
     assert_eq!(plan.map(|p| p.id).as_ref(), Some(run_id));
-    let answer = a
-        .update_machine(&annotated(None, "v1.34.1"))
-        .await
-        .unwrap();
+    let answer = a.update_machine(&annotated(None, "v1.34.1")).await.unwrap();
     assert!(
         matches!(answer, UpdateAnswer::InProgress { .. }),
         "{answer:?}"

@@ -12,8 +12,8 @@ use sha2::{Digest as _, Sha256};
 
 use super::licence::Licence;
 use super::records::{
-    AgentRecord, ApplyClaim, MachineRecord, Outcome, ProviderIndex, RetryMark, RunView, UpdateRecord,
-    agent_key, apply_claim_key, machine_key, provider_key, update_key,
+    AgentRecord, ApplyClaim, MachineRecord, Outcome, ProviderIndex, RetryMark, RunView, StepState,
+    UpdateRecord, agent_key, apply_claim_key, machine_key, provider_key, update_key,
 };
 use super::refusals::AgentRefusalRecord;
 use super::retry::{RETRY_ANNOTATION, RetryOutcome, retry_command};
@@ -299,7 +299,9 @@ impl Dispatcher {
             let plan = built.insert(plan_for(request, mode)?);
             let outcome = self.retry(&facts.machine, value, Some(&plan.id)).await?;
             if !matches!(outcome, RetryOutcome::OtherState) {
-                existing = self.read::<MachineRecord>(&machine_key(&facts.machine)).await?;
+                existing = self
+                    .read::<MachineRecord>(&machine_key(&facts.machine))
+                    .await?;
             }
         }
         let mut switched = false;
@@ -531,14 +533,26 @@ impl Dispatcher {
                     retry_after_seconds,
                 }
             }
-            Outcome::InProgress { index } => UpdateAnswer::InProgress {
-                message: format!(
+            Outcome::InProgress { index } => {
+                let mut message = format!(
                     "step {}/{total}: {}",
                     index + 1,
                     plan.steps[index].description
-                ),
-                retry_after_seconds,
-            },
+                );
+                // What the agent says about the running step, e.g. which retry attempt is due.
+                let step = &run.steps[index];
+                if let Some(text) = step
+                    .message
+                    .as_deref()
+                    .filter(|_| step.state == StepState::Running)
+                {
+                    message.push_str(&format!(" ({text})"));
+                }
+                UpdateAnswer::InProgress {
+                    message,
+                    retry_after_seconds,
+                }
+            }
         }
     }
 }
