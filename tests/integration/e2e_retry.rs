@@ -197,3 +197,91 @@ async fn the_agent_retries_a_retryable_command_and_names_exhausted_attempts() {
         .count();
     assert_eq!(fetches, 3);
 }
+
+/// `inplace-updater retry NAMESPACE/NAME --store URL`, with `args` after it.
+fn retry_cli(store: &str, machine: &str, args: &[&str]) -> (bool, String, String) {
+    let output = std::process::Command::new(common::binary())
+        .args(["retry", machine, "--store", store])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_command_starts_a_fresh_run_from_the_store() {
+    let setup = Setup::new();
+    let store = format!("file:{}", setup.dir.path().join("data").display());
+    let args = setup.server_args(&store);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut server = ServerProcess::start(&setup.certs.paths, &args);
+    let capi = Capi {
+        client: Client::new(&setup.certs.paths.ca_cert, None, false),
+        addr: server.hooks,
+    };
+    let mut agent = setup.agent(&server, FIRST, true);
+    agent.sandbox.fail_kubeadm(true).unwrap();
+    capi.kcp_judges(FIRST).await;
+    let request = update_request("update-machine-kcp.json", FIRST);
+    let (outcome, _) = capi.update_until_settled(&request, SETTLE).await;
+    assert!(
+        matches!(outcome, UpdateOutcome::Failed { .. }),
+        "{outcome:?}"
+    );
+    agent.kill();
+    agent.sandbox.fail_kubeadm(false).unwrap();
+
+    // The embedded store is the server's while it runs: stop it, then write the retry.
+    server.signal("TERM");
+    server.wait_exit(Duration::from_secs(15));
+    let machine = format!("default/{FIRST}");
+    let (ok, stdout, stderr) = retry_cli(&store, &machine, &[]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.starts_with(&format!(
+            "{machine}: a fresh run of the failed update started (run "
+        )),
+        "{stdout}"
+    );
+    // Nothing more to retry: the fresh run has not failed; a value used before does nothing either.
+    let (ok, _, stderr) = retry_cli(&store, &machine, &["--value", "again"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains(&format!(
+            "{machine}: nothing to retry: its current update has not failed (waiting for its agent)"
+        )),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = retry_cli(&store, &machine, &["--value", "again"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("was used before; pass a new --value"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = retry_cli(&store, "default/nobody", &[]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("default/nobody: no update is recorded for this Machine"),
+        "{stderr}"
+    );
+
+    // The server answers from the fresh run, and the node's agent runs it to the end.
+    let server = ServerProcess::start(&setup.certs.paths, &args);
+    let capi = Capi {
+        client: Client::new(&setup.certs.paths.ca_cert, None, false),
+        addr: server.hooks,
+    };
+    let _agent = AgentProcess::start(
+        &server,
+        &setup.certs.paths.ca_cert,
+        &setup.token_file,
+        FIRST,
+        Sandbox::create(&setup.dir.path().join("fixed"), "v1.33.4", true).unwrap(),
+    );
+    let (outcome, messages) = capi.update_until_settled(&request, SETTLE).await;
+    assert_eq!(outcome, UpdateOutcome::Done, "{messages:?}");
+}
