@@ -61,6 +61,39 @@ pub fn check_retry_value(value: &str) -> Result<(), DispatchError> {
     Ok(())
 }
 
+/// The desired Machine's [`RETRY_ANNOTATION`] value, if it has a non-empty one.
+pub(super) fn retry_value(machine: &str) -> Result<Option<String>, DispatchError> {
+    #[derive(serde::Deserialize)]
+    struct Object {
+        #[serde(default)]
+        metadata: Metadata,
+    }
+    #[derive(Default, serde::Deserialize)]
+    struct Metadata {
+        #[serde(default)]
+        annotations: Option<std::collections::BTreeMap<String, serde_json::Value>>,
+    }
+    let object: Object = serde_json::from_str(machine)
+        .map_err(|err| DispatchError::BadRequest(format!("machine: {err}")))?;
+    let Some(value) = object
+        .metadata
+        .annotations
+        .and_then(|mut a| a.remove(RETRY_ANNOTATION))
+    else {
+        return Ok(None);
+    };
+    match value {
+        serde_json::Value::String(text) if text.is_empty() => Ok(None),
+        serde_json::Value::String(text) => {
+            check_retry_value(&text)?;
+            Ok(Some(text))
+        }
+        other => Err(DispatchError::BadRequest(format!(
+            "annotation {RETRY_ANNOTATION} must be a string, not {other}"
+        ))),
+    }
+}
+
 fn describe(outcome: &Outcome) -> &'static str {
     match outcome {
         Outcome::Waiting => "waiting for its agent",

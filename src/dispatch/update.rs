@@ -113,39 +113,6 @@ pub(super) fn run_id(state_hash: &str, previous_run: Option<&str>) -> String {
     ))
 }
 
-/// The desired Machine's [`RETRY_ANNOTATION`] value, if it has a non-empty one.
-fn retry_value(request: &UpdateRequest) -> Result<Option<String>, DispatchError> {
-    #[derive(serde::Deserialize)]
-    struct Object {
-        #[serde(default)]
-        metadata: Metadata,
-    }
-    #[derive(Default, serde::Deserialize)]
-    struct Metadata {
-        #[serde(default)]
-        annotations: Option<std::collections::BTreeMap<String, Value>>,
-    }
-    let object: Object = serde_json::from_str(request.machine.get())
-        .map_err(|err| DispatchError::BadRequest(format!("machine: {err}")))?;
-    let Some(value) = object
-        .metadata
-        .annotations
-        .and_then(|mut a| a.remove(RETRY_ANNOTATION))
-    else {
-        return Ok(None);
-    };
-    match value {
-        Value::String(text) if text.is_empty() => Ok(None),
-        Value::String(text) => {
-            super::retry::check_retry_value(&text)?;
-            Ok(Some(text))
-        }
-        other => Err(DispatchError::BadRequest(format!(
-            "annotation {RETRY_ANNOTATION} must be a string, not {other}"
-        ))),
-    }
-}
-
 /// `12s ago`, `5m ago`, `3h ago`.
 pub(crate) fn ago(now: u64, then: u64) -> String {
     let seconds = now.saturating_sub(then) / 1000;
@@ -290,7 +257,11 @@ impl Dispatcher {
         let mut built: Option<Plan> = None;
         // A retry value is part of the input text, so a new one never arrives as a repeat.
         let mut existing = existing;
-        let retry = if repeat { None } else { retry_value(request)? };
+        let retry = if repeat {
+            None
+        } else {
+            super::retry::retry_value(request.machine.get())?
+        };
         if let Some(value) = &retry
             && existing
                 .as_ref()

@@ -19,6 +19,7 @@ mod fsutil;
 mod inventory;
 mod limits;
 mod retry;
+mod sequence_command;
 mod state;
 mod template;
 mod unfinished;
