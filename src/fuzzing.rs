@@ -37,7 +37,7 @@ static ENGINE: LazyLock<Engine> = LazyLock::new(|| Engine::builtin(None));
 
 /// Hook request bodies as CAPI (or anyone who reaches the hook port) sends them: each decoder (which runs
 /// every object through [`crate::api::validate`]), then the full CanUpdateMachine / CanUpdateMachineSet hooks
-/// (diff, policy, patch, self-check), and UpdateMachine up to the store: settings, Machine facts and allowed
+/// (their one path, [`crate::hooks::Question::decide`]: diff, policy, patch, self-check), and UpdateMachine up to the store: settings, Machine facts and allowed
 /// actions ([`update_request`]) — asserting that the Machine validation let through has a name agents accept
 /// — then the plan it would record and its validation ([`plan_for`], for both kubeadm upgrade modes), and the
 /// verdict fingerprints of the desired objects.
@@ -156,7 +156,8 @@ pub fn token_file(data: &[u8]) {
 }
 
 /// `inplace-updater diff`'s inputs packed as [`PackedInputs`] (`CURRENT[\0DESIRED[\0SETTINGS]]`), through the
-/// CLI's own path ([`crate::cmd::diff::decide_inputs`] with the built-in policy), then both renderings.
+/// CLI's own path ([`crate::cmd::diff::decide_inputs`] with the built-in policy, which decides through the
+/// hooks' [`crate::hooks::Question::decide`]), then both renderings.
 /// Non-UTF-8 input is skipped: the CLI refuses such a file before parsing it.
 pub fn diff_inputs(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {

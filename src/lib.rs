@@ -7,8 +7,9 @@
 //!    calls (authenticated by [`server::auth`]) to [`dispatch`].
 //! 2. [`api`] — CAPI's wire types: decoding with Go's field rules, `api::validate` (the object rules), answers.
 //! 3. [`hooks`] — one function per hook: CanUpdate runs `inplace_core`'s diff, policy and patch and records a
-//!    verdict; UpdateMachine builds the desired node state with [`plan`] and hands it to [`dispatch`].
-//! 4. [`plan`] — the desired Machine and bootstrap config turned into ordered agent steps with a stable id.
+//!    verdict; UpdateMachine reads the Machine's facts and allowed actions and hands them to [`dispatch`].
+//! 4. `inplace_core::plan` — the desired Machine and bootstrap config turned into ordered agent steps with a
+//!    stable id (pure, so it lives in the core crate; [`dispatch`] builds it once per desired state).
 //! 5. [`dispatch`] — the store-backed runs: verdicts and their licence, agent polls and reports, status.
 //! 6. [`observe`] — fleet, store and process metrics beside the data path.
 //!
@@ -21,25 +22,7 @@ pub mod dispatch;
 pub mod fuzzing;
 pub mod hooks;
 pub mod observe;
-pub mod plan;
 pub mod server;
 
 /// Lower-case hex of `bytes` (digests in ids, store keys and token lines).
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn hex_is_lower_case_two_digits_per_byte() {
-        assert_eq!(super::hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
-        assert_eq!(super::hex(&[]), "");
-    }
-}
+pub(crate) use inplace_core::hex;

@@ -4,18 +4,23 @@
 //! Requests are decoded strictly enough to name the field that is wrong; responses are written the way
 //! CAPI's Go decoder reads them (`patch` bytes as standard base64, `status` exactly `Success`/`Failure`).
 
+mod can_update;
 mod duration;
 pub mod objects;
 mod requests;
 mod responses;
 pub mod validate;
 
+pub use can_update::{
+    AnyCanUpdateRequest, CanUpdateRequest, InvalidObjectSet, SideTexts, check_object_sets,
+};
 pub use duration::{DurationError, parse_go_duration};
+/// The one JSON decoder (Go's field naming, the failing field named), shared with the plan in `inplace-core`.
+pub use inplace_core::decode_json;
 pub use objects::{Object, Pair};
 pub use requests::{
     CanUpdateMachineRequest, CanUpdateMachineSetRequest, DecodeError, HookRequest, MachineObjects,
-    MachineSetObjects, ObjectKey, UpdateMachineObjects, UpdateMachineRequest, decode_json,
-    decode_request,
+    MachineSetObjects, ObjectKey, UpdateMachineObjects, UpdateMachineRequest, decode_request,
 };
 pub use responses::{
     CanUpdateMachineResponse, CanUpdateMachineSetResponse, DiscoveryResponse, ExtensionHandler,

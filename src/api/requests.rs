@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use inplace_core::decode_json;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -71,31 +72,6 @@ pub fn decode_request<R: HookRequest>(body: &[u8]) -> Result<R, DecodeError> {
     Ok(request)
 }
 
-/// Decodes JSON into `T`; on failure, says where: `path: serde message` (just the message at the top).
-///
-/// The plain decoder runs first: tracking the path of every field costs about a third of a decode, and only a
-/// body that fails needs it, so such a body is decoded a second time to name the field.
-pub fn decode_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
-    let plain = match serde_json::from_slice(body) {
-        Ok(value) => return Ok(value),
-        Err(err) => err,
-    };
-    let deserializer = &mut serde_json::Deserializer::from_slice(body);
-    match serde_path_to_error::deserialize::<_, T>(deserializer) {
-        // Both are serde_json underneath; should they ever disagree, the plain error stands.
-        Ok(_) => Err(plain.to_string()),
-        Err(err) => {
-            let path = err.path().to_string();
-            let inner = err.into_inner();
-            Err(if path == "." {
-                inner.to_string()
-            } else {
-                format!("{path}: {inner}")
-            })
-        }
-    }
-}
-
 fn check_type_meta(
     field: &'static str,
     found: &Option<String>,
@@ -128,7 +104,7 @@ impl std::fmt::Display for ObjectKey {
 
 /// One side's object texts in role order (machine or MachineSet, bootstrap, infrastructure), with the paths
 /// messages name them by.
-struct SideTexts<'a> {
+pub(super) struct SideTexts<'a> {
     texts: [Option<&'a Object>; 3],
     paths: [&'static str; 3],
     roles: [Role; 3],
@@ -167,9 +143,11 @@ fn check_side(
 }
 
 /// What validation needs of one side's objects, whichever request they belong to.
-trait SideObjects {
+pub(super) trait SideObjects {
     /// The roles of the three objects.
     const ROLES: [Role; 3];
+    /// Their field names in a side.
+    const FIELDS: [&'static str; 3];
     /// Their paths on the current side and on the desired side.
     const PATHS: [[&'static str; 3]; 2];
     /// Their texts.
@@ -194,6 +172,7 @@ trait SideObjects {
 
 impl SideObjects for MachineObjects {
     const ROLES: [Role; 3] = Role::MACHINE_SIDE;
+    const FIELDS: [&'static str; 3] = ["machine", "bootstrapConfig", "infrastructureMachine"];
     const PATHS: [[&'static str; 3]; 2] = [
         [
             "current.machine",
@@ -222,6 +201,11 @@ impl SideObjects for MachineObjects {
 
 impl SideObjects for MachineSetObjects {
     const ROLES: [Role; 3] = Role::MACHINE_SET_SIDE;
+    const FIELDS: [&'static str; 3] = [
+        "machineSet",
+        "bootstrapConfigTemplate",
+        "infrastructureMachineTemplate",
+    ];
     const PATHS: [[&'static str; 3]; 2] = [
         [
             "current.machineSet",
@@ -250,7 +234,7 @@ impl SideObjects for MachineSetObjects {
 
 /// Which side of a request (an index into [`SideObjects::PATHS`]).
 #[derive(Clone, Copy)]
-enum Side {
+pub(super) enum Side {
     Current = 0,
     Desired = 1,
 }

@@ -1,14 +1,20 @@
 //! `inplace-updater diff`: what would go in place, before anyone applies the change. Reads current and desired
 //! objects (YAML or JSON: one object, a multi-document Machine + bootstrap + infra set, or a whole CanUpdate
 //! request body), runs the same decision the hooks run, and prints every change with its verdict.
+//!
+//! A whole request is decoded by the hooks' own decoder (`api::AnyCanUpdateRequest`); object sets are checked
+//! by the requests' rules (`api::check_object_sets`); either becomes a `hooks::Question`, decided the one way
+//! the hooks decide ([`crate::hooks::Question::decide`]).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use inplace_core::{ChangeVerdict, Decision, Objects, Outcome, Policy, Scope, Settings, decide};
+use inplace_core::{ChangeVerdict, Decision, Outcome, Policy, Scope};
 use serde_json::Value;
 
-use crate::api::validate::{self, Head, Role};
+use crate::api::{AnyCanUpdateRequest, DecodeError, Object, check_object_sets};
+use crate::hooks::{Question, Unanswerable};
 
 /// Exit code when every change goes in place (or nothing changed).
 pub const EXIT_IN_PLACE: i32 = 0;
@@ -36,6 +42,15 @@ pub enum DiffError {
     /// The inputs do not describe comparable objects.
     #[error("{0}")]
     Shape(String),
+    /// A whole request the hooks would refuse (the message is the hook's), or objects that cannot be parsed.
+    #[error("{path}: {source}")]
+    Request {
+        /// The file (or files).
+        path: String,
+        /// What the hooks' decoder said.
+        #[source]
+        source: DecodeError,
+    },
 }
 
 #[derive(Default)]
@@ -55,12 +70,16 @@ impl Side {
         ]
     }
 
-    fn objects(&self) -> Objects<'_> {
-        Objects {
-            machine: self.machine.as_ref(),
-            bootstrap: self.bootstrap.as_ref(),
-            infra: self.infra.as_ref(),
-        }
+    /// The objects as JSON texts, the form the hooks decide from.
+    fn texts(&self) -> Result<[Option<Object>; 3], DiffError> {
+        let text = |object: Option<&Value>| {
+            object
+                .map(serde_json::value::to_raw_value)
+                .transpose()
+                .map_err(|err| DiffError::Shape(format!("cannot write an object as JSON: {err}")))
+        };
+        let [machine, bootstrap, infra] = self.slots();
+        Ok([text(machine)?, text(bootstrap)?, text(infra)?])
     }
 }
 
@@ -70,9 +89,9 @@ fn read_input(path: &Path) -> Result<String, DiffError> {
 }
 
 /// Parses one input: a JSON value, or every non-empty YAML document. `name` is shown in errors.
-fn parse_documents(name: &str, text: &str) -> Result<Vec<Value>, DiffError> {
+fn parse_documents(name: &str, text: &str) -> Result<Documents, DiffError> {
     if let Ok(value) = serde_json::from_str::<Value>(text) {
-        return Ok(vec![value]);
+        return Ok(Documents::Json(value));
     }
     let mut documents = Vec::new();
     for document in serde_yaml_ng::Deserializer::from_str(text) {
@@ -91,7 +110,24 @@ fn parse_documents(name: &str, text: &str) -> Result<Vec<Value>, DiffError> {
             detail: "no object in the file".into(),
         });
     }
-    Ok(documents)
+    Ok(Documents::Yaml(documents))
+}
+
+/// What an input file held.
+enum Documents {
+    /// One JSON value: the text itself is JSON.
+    Json(Value),
+    /// Every non-empty YAML document.
+    Yaml(Vec<Value>),
+}
+
+impl Documents {
+    fn into_vec(self) -> Vec<Value> {
+        match self {
+            Documents::Json(value) => vec![value],
+            Documents::Yaml(values) => values,
+        }
+    }
 }
 
 fn kind(value: &Value) -> &str {
@@ -132,68 +168,6 @@ fn classify(name: &str, documents: Vec<Value>) -> Result<(Side, Option<Scope>), 
         *slot = Some(document);
     }
     Ok((side, scope))
-}
-
-/// Where one side's objects came from: the file (shown first in messages) and, for a whole request,
-/// `current` or `desired` (the objects are then named as the request names them).
-#[derive(Clone, Copy)]
-struct Origin<'a> {
-    file: &'a str,
-    side: Option<&'a str>,
-}
-
-/// The request field names of each role, per scope.
-fn role_fields(scope: Scope) -> ([Role; 3], [&'static str; 3]) {
-    match scope {
-        Scope::Object => (
-            Role::MACHINE_SIDE,
-            ["machine", "bootstrapConfig", "infrastructureMachine"],
-        ),
-        Scope::Template => (
-            Role::MACHINE_SET_SIDE,
-            [
-                "machineSet",
-                "bootstrapConfigTemplate",
-                "infrastructureMachineTemplate",
-            ],
-        ),
-    }
-}
-
-/// Checks both sides' objects with the hooks' own rules ([`crate::api::validate`]): role, names and the type of
-/// every field read, and the same kind on both sides.
-fn validate_sides(
-    scope: Scope,
-    current: (Origin<'_>, &Side),
-    desired: (Origin<'_>, &Side),
-) -> Result<(), DiffError> {
-    let (roles, fields) = role_fields(scope);
-    let at = |origin: Origin<'_>, index: usize| match origin.side {
-        Some(side) => format!("{side}.{}", fields[index]),
-        None => fields[index].to_owned(),
-    };
-    let invalid = |origin: Origin<'_>, err: validate::Invalid| {
-        DiffError::Shape(format!("{}: {err}", origin.file))
-    };
-    let mut heads: [[Option<Head>; 3]; 2] = Default::default();
-    for (heads, (origin, side)) in heads.iter_mut().zip([current, desired]) {
-        for (index, object) in side.slots().into_iter().enumerate() {
-            if let Some(object) = object {
-                heads[index] = Some(
-                    validate::check_value(roles[index], &at(origin, index), object)
-                        .map_err(|err| invalid(origin, err))?,
-                );
-            }
-        }
-    }
-    let [current_heads, desired_heads] = &heads;
-    for (index, pair) in current_heads.iter().zip(desired_heads).enumerate() {
-        if let (Some(c), Some(d)) = pair {
-            validate::same_kind(&at(current.0, index), c, &at(desired.0, index), d)
-                .map_err(|err| invalid(desired.0, err))?;
-        }
-    }
-    Ok(())
 }
 
 /// Everything `diff` prints, plus the exit code.
@@ -288,81 +262,20 @@ impl<'a> PackedInputs<'a> {
     }
 }
 
-/// Everything `diff` does after reading its files: parses CURRENT (and DESIRED), pairs the objects, merges
-/// the request's settings with `settings` (the `--setting` flags win) and runs the hooks' decision. The one
-/// code path of the CLI and of `fuzz/fuzz_targets/diff_inputs.rs`.
+/// Everything `diff` does after reading its files: parses CURRENT (and DESIRED) into the hooks' question — a
+/// whole request decoded as the hook decodes it, or two object sets checked by the requests' rules — merges
+/// the question's settings with `settings` (the `--setting` flags win) and decides it the way the hooks do.
+/// The one code path of the CLI and of `fuzz/fuzz_targets/diff_inputs.rs`.
 pub fn decide_inputs(
     current: Input<'_>,
     desired: Option<Input<'_>>,
     policy: &Policy,
     settings: &BTreeMap<String, String>,
 ) -> Result<DiffReport, DiffError> {
-    let current_docs = parse_documents(current.name, current.text)?;
-    let (current_side, desired_side, scope, request_settings) = match desired {
-        None => {
-            let sides = from_request(current.name, current_docs)?;
-            let origin = |side| Origin {
-                file: current.name,
-                side: Some(side),
-            };
-            validate_sides(
-                sides.2,
-                (origin("current"), &sides.0),
-                (origin("desired"), &sides.1),
-            )?;
-            sides
-        }
-        Some(desired) => {
-            let (c, cs) = classify(current.name, current_docs)?;
-            let (d, ds) = classify(desired.name, parse_documents(desired.name, desired.text)?)?;
-            let scope = cs.or(ds).unwrap_or(Scope::Object);
-            let origin = |file| Origin { file, side: None };
-            validate_sides(
-                scope,
-                (origin(current.name), &c),
-                (origin(desired.name), &d),
-            )?;
-            (c, d, scope, BTreeMap::new())
-        }
+    let decision = match desired {
+        None => decide_request(current, policy, settings)?,
+        Some(desired) => decide_object_sets(current, desired, policy, settings)?,
     };
-    let mut merged = request_settings;
-    merged.extend(settings.clone());
-    let settings =
-        Settings::from_map(&merged).map_err(|e| DiffError::Shape(format!("settings: {e}")))?;
-    let roles = [
-        (
-            current_side.machine.is_some(),
-            desired_side.machine.is_some(),
-            "Machine",
-        ),
-        (
-            current_side.bootstrap.is_some(),
-            desired_side.bootstrap.is_some(),
-            "bootstrap config",
-        ),
-        (
-            current_side.infra.is_some(),
-            desired_side.infra.is_some(),
-            "infrastructure machine",
-        ),
-    ];
-    for (c, d, what) in roles {
-        if c != d {
-            return Err(DiffError::Shape(format!(
-                "only one side has a {what}: give both or neither"
-            )));
-        }
-    }
-    if roles.iter().all(|(c, _, _)| !c) {
-        return Err(DiffError::Shape("no objects to compare".into()));
-    }
-    let decision = decide(
-        scope,
-        &current_side.objects(),
-        &desired_side.objects(),
-        policy,
-        &settings,
-    );
     let exit_code = if decision.outcome == Outcome::InPlace {
         EXIT_IN_PLACE
     } else {
@@ -374,55 +287,114 @@ pub fn decide_inputs(
     })
 }
 
-type RequestSides = (Side, Side, Scope, BTreeMap<String, String>);
-
-fn from_request(name: &str, documents: Vec<Value>) -> Result<RequestSides, DiffError> {
-    let [request] = <[Value; 1]>::try_from(documents).map_err(|_| {
-        DiffError::Shape(format!(
-            "{name}: with one file, it must be a whole CanUpdateMachine or CanUpdateMachineSet request"
-        ))
+/// A whole CanUpdate request in one file: JSON is decoded from its own text (so messages point into the
+/// file), a YAML request from its JSON form.
+fn decide_request(
+    input: Input<'_>,
+    policy: &Policy,
+    flags: &BTreeMap<String, String>,
+) -> Result<Decision, DiffError> {
+    let body = match parse_documents(input.name, input.text)? {
+        Documents::Json(_) => Cow::Borrowed(input.text.as_bytes()),
+        Documents::Yaml(documents) => {
+            let [request] = <[Value; 1]>::try_from(documents).map_err(|_| {
+                DiffError::Shape(format!(
+                    "{}: with one file, it must be a whole CanUpdateMachine or CanUpdateMachineSet request",
+                    input.name
+                ))
+            })?;
+            Cow::Owned(
+                serde_json::to_vec(&request).map_err(|err| DiffError::Parse {
+                    path: input.name.to_owned(),
+                    detail: format!("cannot write the request as JSON: {err}"),
+                })?,
+            )
+        }
+    };
+    let request = AnyCanUpdateRequest::decode(&body).map_err(|source| DiffError::Request {
+        path: input.name.to_owned(),
+        source,
     })?;
-    // As the hooks decode it: a map of strings, or the whole request is refused (never silently dropped).
-    let settings: BTreeMap<String, String> = match request.get("settings") {
-        None => BTreeMap::new(),
-        Some(settings) => serde_json::from_value(settings.clone()).map_err(|err| {
-            DiffError::Shape(format!(
-                "{name}: `settings` must map names to strings: {err}"
-            ))
-        })?,
+    match &request {
+        AnyCanUpdateRequest::Machine(request) => {
+            decide_question(Question::of(request), input.name, policy, flags)
+        }
+        AnyCanUpdateRequest::MachineSet(request) => {
+            decide_question(Question::of(request), input.name, policy, flags)
+        }
+    }
+}
+
+/// Two object sets (one object, or a Machine + bootstrap + infrastructure set per file).
+fn decide_object_sets(
+    current: Input<'_>,
+    desired: Input<'_>,
+    policy: &Policy,
+    flags: &BTreeMap<String, String>,
+) -> Result<Decision, DiffError> {
+    let documents = |input: Input<'_>| -> Result<_, DiffError> {
+        classify(
+            input.name,
+            parse_documents(input.name, input.text)?.into_vec(),
+        )
     };
-    let side = |key: &str, template: bool| -> Result<Side, DiffError> {
-        let objects = request
-            .get(key)
-            .ok_or_else(|| DiffError::Shape(format!("{name}: no `{key}` in the request")))?;
-        // Present and not null: validation names anything else that is not an object.
-        let take = |key: &str| objects.get(key).filter(|v| !v.is_null()).cloned();
-        Ok(if template {
-            Side {
-                machine: take("machineSet"),
-                bootstrap: take("bootstrapConfigTemplate"),
-                infra: take("infrastructureMachineTemplate"),
-            }
+    let (c, cs) = documents(current)?;
+    let (d, ds) = documents(desired)?;
+    let scope = cs.or(ds).unwrap_or(Scope::Object);
+    check_object_sets(scope == Scope::Template, [c.slots(), d.slots()]).map_err(|err| {
+        let file = if err.desired {
+            desired.name
         } else {
-            Side {
-                machine: take("machine"),
-                bootstrap: take("bootstrapConfig"),
-                infra: take("infrastructureMachine"),
-            }
-        })
-    };
-    let template = request.pointer("/current/machineSet").is_some();
-    let scope = if template {
-        Scope::Template
-    } else {
-        Scope::Object
-    };
-    Ok((
-        side("current", template)?,
-        side("desired", template)?,
+            current.name
+        };
+        DiffError::Shape(format!("{file}: {err}"))
+    })?;
+    let roles = ["Machine", "bootstrap config", "infrastructure machine"];
+    let present = |side: &Side| side.slots().map(|object| object.is_some());
+    let (current_present, desired_present) = (present(&c), present(&d));
+    for ((c, d), what) in current_present.iter().zip(&desired_present).zip(roles) {
+        if c != d {
+            return Err(DiffError::Shape(format!(
+                "only one side has a {what}: give both or neither"
+            )));
+        }
+    }
+    if current_present.iter().all(|present| !present) {
+        return Err(DiffError::Shape("no objects to compare".into()));
+    }
+    let (current_texts, desired_texts) = (c.texts()?, d.texts()?);
+    let question = Question {
         scope,
-        settings,
-    ))
+        current: current_texts.each_ref().map(Option::as_ref),
+        desired: desired_texts.each_ref().map(Option::as_ref),
+        settings: &BTreeMap::new(),
+        object: None,
+    };
+    let files = format!("{}, {}", current.name, desired.name);
+    decide_question(question, &files, policy, flags)
+}
+
+/// Decides `question` as the hooks do, with the `--setting` flags over its settings.
+fn decide_question(
+    question: Question<'_>,
+    files: &str,
+    policy: &Policy,
+    flags: &BTreeMap<String, String>,
+) -> Result<Decision, DiffError> {
+    let mut settings = question.settings.clone();
+    settings.extend(flags.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let question = Question {
+        settings: &settings,
+        ..question
+    };
+    match question.decide(policy) {
+        Ok(decided) => Ok(decided.decision),
+        Err(Unanswerable::Settings(err)) => Err(DiffError::Shape(format!("settings: {err}"))),
+        Err(Unanswerable::Objects(source)) => Err(DiffError::Request {
+            path: files.to_owned(),
+            source,
+        }),
+    }
 }
 
 /// The text rendering: one line per change, then the summary.
@@ -466,164 +438,4 @@ pub fn render_json(report: &DiffReport) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
-
-    use super::*;
-
-    fn fixture(name: &str) -> String {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures")
-            .join(name);
-        std::fs::read_to_string(path).unwrap()
-    }
-
-    fn yaml_documents(side: &Value, keys: [&str; 3]) -> String {
-        keys.iter()
-            .filter_map(|key| side.get(key))
-            .map(|object| serde_yaml_ng::to_string(object).unwrap())
-            .collect::<Vec<_>>()
-            .join("---\n")
-    }
-
-    fn summary(report: &DiffReport) -> (Outcome, usize, i32, String) {
-        (
-            report.decision.outcome,
-            report.decision.changes.len(),
-            report.exit_code,
-            report.decision.message.clone(),
-        )
-    }
-
-    #[test]
-    fn yaml_object_sets_decide_like_the_whole_request() {
-        let policy = Policy::builtin();
-        let none = BTreeMap::new();
-        for (name, keys) in [
-            (
-                "can-update-machine-kcp-mixed.json",
-                ["machine", "bootstrapConfig", "infrastructureMachine"],
-            ),
-            (
-                "can-update-machineset-md.json",
-                [
-                    "machineSet",
-                    "bootstrapConfigTemplate",
-                    "infrastructureMachineTemplate",
-                ],
-            ),
-        ] {
-            let body = fixture(name);
-            let whole = decide_inputs(Input { name, text: &body }, None, &policy, &none).unwrap();
-            assert!(!whole.decision.changes.is_empty(), "{name}");
-            let request: Value = serde_json::from_str(&body).unwrap();
-            let settings: BTreeMap<String, String> = request
-                .get("settings")
-                .map(|s| serde_json::from_value(s.clone()).unwrap())
-                .unwrap_or_default();
-            let current = yaml_documents(&request["current"], keys);
-            let desired = yaml_documents(&request["desired"], keys);
-            let pair = decide_inputs(
-                Input {
-                    name: "current.yaml",
-                    text: &current,
-                },
-                Some(Input {
-                    name: "desired.yaml",
-                    text: &desired,
-                }),
-                &policy,
-                &settings,
-            )
-            .unwrap();
-            assert_eq!(summary(&pair), summary(&whole), "{name}");
-        }
-    }
-
-    #[test]
-    fn settings_flags_override_the_request_settings() {
-        let body = fixture("can-update-machine-kcp-version.json");
-        let input = Input {
-            name: "request.json",
-            text: &body,
-        };
-        let policy = Policy::builtin();
-        let allowed = decide_inputs(input, None, &policy, &BTreeMap::new()).unwrap();
-        let off = BTreeMap::from([parse_setting("inPlace=false").unwrap()]);
-        let refused = decide_inputs(input, None, &policy, &off).unwrap();
-        assert_eq!(
-            allowed.exit_code, EXIT_IN_PLACE,
-            "{}",
-            allowed.decision.message
-        );
-        assert_eq!(
-            refused.exit_code, EXIT_ROLLOUT,
-            "{}",
-            refused.decision.message
-        );
-    }
-
-    #[test]
-    fn request_settings_that_are_not_strings_are_refused_like_the_hook_refuses_them() {
-        let machine = r#"{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "metadata": {"name": "m"}}"#;
-        let body = format!(
-            r#"{{"settings": {{"mode": "in-place-only", "inPlace": 7}}, "current": {{"machine": {machine}}}, "desired": {{"machine": {machine}}}}}"#
-        );
-        let err = decide_inputs(
-            Input {
-                name: "request.json",
-                text: &body,
-            },
-            None,
-            &Policy::builtin(),
-            &BTreeMap::new(),
-        )
-        .unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("request.json: `settings` must map names to strings"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn setting_flags_split_at_the_first_equals_sign() {
-        assert_eq!(
-            parse_setting("mode=a=b").unwrap(),
-            ("mode".to_string(), "a=b".to_string())
-        );
-        assert!(parse_setting("mode").unwrap_err().contains("KEY=VALUE"));
-    }
-
-    #[test]
-    fn packed_inputs_split_at_the_first_two_nul_bytes() {
-        let packed = PackedInputs::unpack("a\0b\0mode=in-place-only\nbogus\n\0x=y");
-        assert_eq!(packed.current.text, "a");
-        assert_eq!(packed.desired.map(|d| d.text), Some("b"));
-        assert_eq!(
-            packed.settings,
-            BTreeMap::from([
-                ("mode".to_string(), "in-place-only".to_string()),
-                ("\0x".to_string(), "y".to_string()),
-            ])
-        );
-        let alone = PackedInputs::unpack("{}");
-        assert!(alone.desired.is_none() && alone.settings.is_empty());
-    }
-
-    #[test]
-    fn errors_name_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let current = dir.path().join("current.yaml");
-        std::fs::write(&current, "kind: [unclosed").unwrap();
-        let missing = dir.path().join("missing.yaml");
-        let policy = Policy::builtin();
-        let none = BTreeMap::new();
-        let err = run(&current, None, &policy, &none).unwrap_err();
-        assert!(matches!(err, DiffError::Parse { .. }), "{err}");
-        assert!(err.to_string().contains("current.yaml"), "{err}");
-        let err = run(&missing, None, &policy, &none).unwrap_err();
-        assert!(matches!(err, DiffError::Read(_)), "{err}");
-        assert!(err.to_string().contains("missing.yaml"), "{err}");
-    }
-}
+mod tests;

@@ -179,7 +179,7 @@ impl Dispatcher {
 
     /// Keeps the refusal for `status` and logs it at WARN once (again after [`REFUSAL_WARN_INTERVAL`]). A
     /// store failure here changes nothing about the answer.
-    async fn note_refusal(&self, facts: &crate::plan::MachineFacts, refusal: &Refusal) {
+    async fn note_refusal(&self, facts: &inplace_core::plan::MachineFacts, refusal: &Refusal) {
         let key = refusal_key(&facts.machine);
         let now = now_ms();
         let previous = self

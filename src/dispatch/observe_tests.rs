@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::*;
 use crate::observe::{KindLabels, StateLabels};
-use crate::plan::MachineFacts;
+use inplace_core::plan::MachineFacts;
 
 async fn memory() -> Arc<dyn Store> {
     inplace_store::open(&StoreUrl::Memory, &EtcdOptions::default())

@@ -16,7 +16,7 @@ use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::plan::MachineFacts;
+use inplace_core::plan::MachineFacts;
 
 pub(super) async fn memory() -> Arc<dyn Store> {
     inplace_store::open(&StoreUrl::Memory, &EtcdOptions::default())

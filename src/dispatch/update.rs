@@ -5,8 +5,8 @@ use std::collections::BTreeSet;
 
 use inplace_agent_api::{KubeadmUpgradeMode, Plan, validate_plan};
 use inplace_core::Action;
+use inplace_core::plan::{self, MachineFacts, PlanInput};
 use inplace_store::{Precondition, Write};
-use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::{Digest as _, Sha256};
 
@@ -20,7 +20,6 @@ use super::retry::{RETRY_ANNOTATION, RetryOutcome, retry_command};
 use super::verdicts::RefusalReason;
 use super::{DispatchError, Dispatcher, now_ms};
 use crate::hex;
-use crate::plan::{self, MachineFacts, PlanInput};
 
 /// Longest stderr excerpt put in a Failure message (CAPI logs it; our status shows the full tail).
 pub const FAILURE_STDERR_EXCERPT_BYTES: usize = 600;
@@ -126,15 +125,9 @@ pub(crate) fn ago(now: u64, then: u64) -> String {
 /// The plan an update records: built from the desired state, then checked as the agent will check it.
 /// Pure (no store, no clock), so the hook_request fuzz target runs exactly this.
 pub fn plan_for(request: &UpdateRequest, mode: KubeadmUpgradeMode) -> Result<Plan, DispatchError> {
-    let bootstrap: Option<Value> = request
-        .bootstrap
-        .as_ref()
-        .map(|raw| serde_json::from_str(raw.get()))
-        .transpose()
-        .map_err(|err| DispatchError::BadRequest(format!("bootstrap config: {err}")))?;
     let plan = plan::build(&PlanInput {
         facts: &request.facts,
-        bootstrap: bootstrap.as_ref(),
+        bootstrap: request.bootstrap.as_deref().map(RawValue::get),
         actions: &request.actions,
         upgrade_mode: mode,
     })

@@ -2,20 +2,30 @@
 //! reads it. `Success` with patches covering what goes in place (CAPI rolls out whatever is left), or `Failure`
 //! when in-place-only mode refuses a change or our own self-check caught a patch CAPI would mis-read.
 //!
+//! Every CanUpdate question goes one way to `inplace_core::decide`: a [`Question`] (scope, both sides' object
+//! texts, settings, the desired object's key) built from a decoded request ([`Question::of`]) or from
+//! `inplace-updater diff`'s object sets, then [`Question::decide`]: settings, both sides parsed, the decision,
+//! the self-check report. The two hooks differ only in their request and response types ([`Answering`]).
+//!
 //! A `Success` is also a verdict UpdateMachine will be checked against: with an updater configured, the
 //! answer comes with the [`VerdictRecord`] to store before it is sent ([`record`]); if it cannot be stored
 //! the answer becomes a `Failure` (CAPI asks again), never a `Success` UpdateMachine could not honour.
 
+use std::collections::BTreeMap;
+
 use inplace_agent_api::MachineRef;
 use inplace_core::verdict::{Normalized, NormalizedObject, label_value};
-use inplace_core::{Decision, ObjectRole, Objects, Outcome, Scope, Settings, decide};
+use inplace_core::{
+    Decision, ObjectRole, Objects, Outcome, Policy, Scope, Settings, SettingsError, decide,
+};
+use serde::Serialize;
 
 use super::{Answer, Engine, answer, failure};
 use crate::api::objects;
 use crate::api::{
     CanUpdateMachineRequest, CanUpdateMachineResponse, CanUpdateMachineSetRequest,
-    CanUpdateMachineSetResponse, DecodeError, Hook, MachineObjects, MachineSetObjects, Object,
-    ObjectKey, Pair, Patch, PatchType, Status, decode_request,
+    CanUpdateMachineSetResponse, CanUpdateRequest, DecodeError, Hook, Object, ObjectKey, Pair,
+    Patch, PatchType, SideTexts, Status, decode_request,
 };
 use crate::dispatch::now_ms;
 use crate::dispatch::records::valid_segment;
@@ -70,7 +80,7 @@ fn wire_hook(hook: VerdictHook) -> Hook {
 /// whole once; one that differs was parsed only where it differs, so its desired text is parsed again here.
 fn normalized_desired(
     scope: Scope,
-    texts: Texts<'_>,
+    texts: SideTexts<'_>,
     parsed: &Parsed,
 ) -> Result<Normalized, DecodeError> {
     let one = |role, pair: &Pair, text: Option<&Object>| -> Result<_, DecodeError> {
@@ -102,26 +112,113 @@ fn key_segments(key: &ObjectKey) -> Option<(&str, &str)> {
     (valid_segment(namespace) && valid_segment(&key.name)).then_some((namespace, &key.name))
 }
 
+/// One CanUpdate question, however it was asked: by CanUpdateMachine, by CanUpdateMachineSet or by
+/// `inplace-updater diff`. Deciding it ([`Question::decide`]) is the one way into `inplace_core::decide`.
+#[derive(Debug, Clone)]
+pub struct Question<'a> {
+    /// [`Scope::Object`] for a Machine's objects, [`Scope::Template`] for a MachineSet and templates.
+    pub scope: Scope,
+    /// The current objects' texts.
+    pub current: SideTexts<'a>,
+    /// The desired objects' texts.
+    pub desired: SideTexts<'a>,
+    /// ExtensionConfig settings.
+    pub settings: &'a BTreeMap<String, String>,
+    /// The desired Machine or MachineSet, for logs, messages and the verdict's key.
+    pub object: Option<ObjectKey>,
+}
+
+/// Why a question could not be decided.
+#[derive(Debug, thiserror::Error)]
+pub enum Unanswerable {
+    /// The settings name something this extension does not know.
+    #[error(transparent)]
+    Settings(SettingsError),
+    /// An object could not be parsed.
+    #[error(transparent)]
+    Objects(DecodeError),
+}
+
+/// A decided question: the decision, and both sides as they were parsed for it (the verdict reads them).
+#[derive(Debug)]
+pub struct Decided {
+    /// The decision.
+    pub decision: Decision,
+    parsed: Parsed,
+}
+
+impl<'a> Question<'a> {
+    /// The question a decoded request asks.
+    pub fn of<R: CanUpdateRequest>(request: &'a R) -> Self {
+        let [current, desired] = request.sides();
+        Question {
+            scope: scope_of(R::TEMPLATES),
+            current,
+            desired,
+            settings: request.settings(),
+            object: request.key().cloned(),
+        }
+    }
+
+    /// The hook that asks it: CanUpdateMachine for a Machine's objects, CanUpdateMachineSet for templates.
+    pub fn hook(&self) -> Hook {
+        hook_of(self.scope)
+    }
+
+    /// Settings, both sides parsed, `inplace_core::decide` under `policy`, and the self-check report.
+    pub fn decide(&self, policy: &Policy) -> Result<Decided, Unanswerable> {
+        let settings = Settings::from_map(self.settings).map_err(Unanswerable::Settings)?;
+        let parsed =
+            Parsed::new(self.scope, self.current, self.desired).map_err(Unanswerable::Objects)?;
+        let decision = decide(
+            self.scope,
+            &parsed.current(),
+            &parsed.desired(),
+            policy,
+            &settings,
+        );
+        report_self_check(self.hook(), &self.object, &decision);
+        Ok(Decided { decision, parsed })
+    }
+
+    fn verdict_hook(&self) -> VerdictHook {
+        match self.scope {
+            Scope::Object => VerdictHook::CanUpdateMachine,
+            Scope::Template => VerdictHook::CanUpdateMachineSet,
+        }
+    }
+}
+
+fn hook_of(scope: Scope) -> Hook {
+    match scope {
+        Scope::Object => Hook::CanUpdateMachine,
+        Scope::Template => Hook::CanUpdateMachineSet,
+    }
+}
+
+fn scope_of(templates: bool) -> Scope {
+    if templates {
+        Scope::Template
+    } else {
+        Scope::Object
+    }
+}
+
 /// The verdict of a `Success` answer: its key and record.
 fn verdict_of(
-    hook: VerdictHook,
-    key: Option<&ObjectKey>,
-    desired: Texts<'_>,
-    parsed: &Parsed,
-    decision: &Decision,
+    question: &Question<'_>,
+    decided: &Decided,
 ) -> Result<(String, VerdictRecord), String> {
-    let Some((namespace, name)) = key.and_then(key_segments) else {
+    let Some((namespace, name)) = question.object.as_ref().and_then(key_segments) else {
         return Err(
             "cannot record the verdict: the desired object's namespace and name must be \
                     Kubernetes names"
                 .into(),
         );
     };
-    let scope = match hook {
-        VerdictHook::CanUpdateMachine => Scope::Object,
-        VerdictHook::CanUpdateMachineSet => Scope::Template,
-    };
-    let normalized = normalized_desired(scope, desired, parsed).map_err(|err| err.to_string())?;
+    let (hook, parsed) = (question.verdict_hook(), &decided.parsed);
+    let normalized = normalized_desired(question.scope, question.desired, parsed)
+        .map_err(|err| err.to_string())?;
     let (store_key, template_hash) = match hook {
         VerdictHook::CanUpdateMachine => {
             (machine_verdict_key(&MachineRef::new(namespace, name)), None)
@@ -144,7 +241,7 @@ fn verdict_of(
     let record = VerdictRecord::new(
         hook,
         format!("{namespace}/{name}"),
-        decision,
+        &decided.decision,
         &normalized,
         template_hash,
         now_ms(),
@@ -162,37 +259,21 @@ fn wire_patch(patch: Option<&inplace_core::Patch>) -> Option<Patch> {
     })
 }
 
-/// The three objects of a CanUpdate request, both sides parsed (only as far as they can differ: see
+/// The three objects of a CanUpdate question, both sides parsed (only as far as they can differ: see
 /// `api::objects`).
+#[derive(Debug)]
 struct Parsed {
     machine: Pair,
     bootstrap: Pair,
     infra: Pair,
 }
 
-/// One side's object texts: machine (or MachineSet), bootstrap config (template), infrastructure (template).
-type Texts<'a> = [Option<&'a Object>; 3];
-
-/// One side of a CanUpdateMachine request as texts.
-fn machine_texts(side: &MachineObjects) -> Texts<'_> {
-    [
-        Some(&side.machine),
-        side.bootstrap_config.as_ref(),
-        side.infrastructure_machine.as_ref(),
-    ]
-}
-
-/// One side of a CanUpdateMachineSet request as texts.
-fn machine_set_texts(side: &MachineSetObjects) -> Texts<'_> {
-    [
-        Some(&side.machine_set),
-        side.bootstrap_config_template.as_ref(),
-        side.infrastructure_machine_template.as_ref(),
-    ]
-}
-
 impl Parsed {
-    fn new(scope: Scope, current: Texts<'_>, desired: Texts<'_>) -> Result<Parsed, DecodeError> {
+    fn new(
+        scope: Scope,
+        current: SideTexts<'_>,
+        desired: SideTexts<'_>,
+    ) -> Result<Parsed, DecodeError> {
         let region = scope.segments();
         let pair = |index: usize, path| {
             let (current, desired) = (current[index], desired[index]);
@@ -243,147 +324,101 @@ fn report_self_check(hook: Hook, object: &Option<ObjectKey>, decision: &Decision
     }
 }
 
-fn settings(
-    hook: Hook,
-    map: &std::collections::BTreeMap<String, String>,
-    object: &Option<ObjectKey>,
-) -> Result<Settings, Answer> {
-    Settings::from_map(map).map_err(|err| {
-        failure(
-            hook,
-            format!("ExtensionConfig settings: {err}"),
-            "bad-settings",
-            object.clone(),
-        )
-    })
+/// What differs between the two hooks: the request type (through [`CanUpdateRequest`]) and where the
+/// response carries the patches.
+trait Answering: CanUpdateRequest {
+    /// The response type.
+    type Response: Serialize;
+    /// The response to `decision`: patches and `affectsAvailability` for a `Success` only.
+    fn response(status: Status, decision: &Decision) -> Self::Response;
 }
 
-/// CanUpdateMachine: which of the changes between current and desired go in place.
-pub fn can_update_machine(engine: &Engine, body: &[u8]) -> Judged {
-    let hook = Hook::CanUpdateMachine;
-    let request: CanUpdateMachineRequest = match decode_request(body) {
+/// `affectsAvailability`: said only when something is done in place.
+fn affects_availability(decision: &Decision) -> Option<bool> {
+    (!decision.actions.is_empty()).then_some(decision.affects_availability)
+}
+
+impl Answering for CanUpdateMachineRequest {
+    type Response = CanUpdateMachineResponse;
+    fn response(status: Status, decision: &Decision) -> Self::Response {
+        let mut response = CanUpdateMachineResponse::new(status, decision.message.clone());
+        if status == Status::Success {
+            let patches = &decision.patches;
+            response.machine_patch = wire_patch(patches.machine.as_ref());
+            response.bootstrap_config_patch = wire_patch(patches.bootstrap.as_ref());
+            response.infrastructure_machine_patch = wire_patch(patches.infra.as_ref());
+            response.affects_availability = affects_availability(decision);
+        }
+        response
+    }
+}
+
+impl Answering for CanUpdateMachineSetRequest {
+    type Response = CanUpdateMachineSetResponse;
+    fn response(status: Status, decision: &Decision) -> Self::Response {
+        let mut response = CanUpdateMachineSetResponse::new(status, decision.message.clone());
+        if status == Status::Success {
+            let patches = &decision.patches;
+            response.machine_set_patch = wire_patch(patches.machine.as_ref());
+            response.bootstrap_config_template_patch = wire_patch(patches.bootstrap.as_ref());
+            response.infrastructure_machine_template_patch = wire_patch(patches.infra.as_ref());
+            response.affects_availability = affects_availability(decision);
+        }
+        response
+    }
+}
+
+/// Both hooks: decode → [`Question::decide`] → answer → the verdict to record with a `Success`.
+fn can_update<R: Answering>(engine: &Engine, body: &[u8]) -> Judged {
+    let hook = hook_of(scope_of(R::TEMPLATES));
+    let request: R = match decode_request(body) {
         Ok(request) => request,
         Err(err) => return failure(hook, err.to_string(), "bad-request", None).into(),
     };
-    let object = request.desired.key.clone();
-    let settings = match settings(hook, &request.settings, &object) {
-        Ok(settings) => settings,
-        Err(answer) => return answer.into(),
+    let question = Question::of(&request);
+    let decided = match question.decide(&engine.policy) {
+        Ok(decided) => decided,
+        Err(Unanswerable::Settings(err)) => {
+            let message = format!("ExtensionConfig settings: {err}");
+            return failure(hook, message, "bad-settings", question.object).into();
+        }
+        Err(Unanswerable::Objects(err)) => {
+            return failure(hook, err.to_string(), "bad-request", question.object).into();
+        }
     };
-    let parsed = match Parsed::new(
-        Scope::Object,
-        machine_texts(&request.current),
-        machine_texts(&request.desired),
-    ) {
-        Ok(parsed) => parsed,
-        Err(err) => return failure(hook, err.to_string(), "bad-request", object).into(),
-    };
-    let decision = decide(
-        Scope::Object,
-        &parsed.current(),
-        &parsed.desired(),
-        &engine.policy,
-        &settings,
+    let decision = &decided.decision;
+    let (status, verdict) = verdict(decision);
+    let answer = answer(
+        hook,
+        &R::response(status, decision),
+        status,
+        verdict,
+        question.object.clone(),
+        decision.message.clone(),
     );
-    report_self_check(hook, &object, &decision);
-    let (status, verdict) = verdict(&decision);
-    let mut response = CanUpdateMachineResponse::new(status, decision.message.clone());
-    if status == Status::Success {
-        response.machine_patch = wire_patch(decision.patches.machine.as_ref());
-        response.bootstrap_config_patch = wire_patch(decision.patches.bootstrap.as_ref());
-        response.infrastructure_machine_patch = wire_patch(decision.patches.infra.as_ref());
-        response.affects_availability =
-            (!decision.actions.is_empty()).then_some(decision.affects_availability);
-    }
-    judged(
-        engine,
-        VerdictHook::CanUpdateMachine,
-        machine_texts(&request.desired),
-        &parsed,
-        &decision,
-        answer(
-            hook,
-            &response,
-            status,
-            verdict,
-            object,
-            decision.message.clone(),
-        ),
-    )
+    judged(engine, &question, &decided, answer)
 }
 
 /// The answer with its verdict, when it is a `Success` and an updater will check UpdateMachine against it.
-fn judged(
-    engine: &Engine,
-    hook: VerdictHook,
-    desired: Texts<'_>,
-    parsed: &Parsed,
-    decision: &Decision,
-    answer: Answer,
-) -> Judged {
+fn judged(engine: &Engine, question: &Question<'_>, decided: &Decided, answer: Answer) -> Judged {
     if answer.status != Status::Success || engine.dispatcher.is_none() {
         return answer.into();
     }
-    match verdict_of(hook, answer.object.as_ref(), desired, parsed, decision) {
+    match verdict_of(question, decided) {
         Ok(verdict) => Judged {
             answer,
             verdict: Some(verdict),
         },
-        Err(message) => failure(wire_hook(hook), message, "bad-request", answer.object).into(),
+        Err(message) => failure(question.hook(), message, "bad-request", answer.object).into(),
     }
+}
+
+/// CanUpdateMachine: which of the changes between current and desired go in place.
+pub fn can_update_machine(engine: &Engine, body: &[u8]) -> Judged {
+    can_update::<CanUpdateMachineRequest>(engine, body)
 }
 
 /// CanUpdateMachineSet: the same question for a MachineDeployment's old and new MachineSet templates.
 pub fn can_update_machine_set(engine: &Engine, body: &[u8]) -> Judged {
-    let hook = Hook::CanUpdateMachineSet;
-    let request: CanUpdateMachineSetRequest = match decode_request(body) {
-        Ok(request) => request,
-        Err(err) => return failure(hook, err.to_string(), "bad-request", None).into(),
-    };
-    let object = request.desired.key.clone();
-    let settings = match settings(hook, &request.settings, &object) {
-        Ok(settings) => settings,
-        Err(answer) => return answer.into(),
-    };
-    let parsed = match Parsed::new(
-        Scope::Template,
-        machine_set_texts(&request.current),
-        machine_set_texts(&request.desired),
-    ) {
-        Ok(parsed) => parsed,
-        Err(err) => return failure(hook, err.to_string(), "bad-request", object).into(),
-    };
-    let decision = decide(
-        Scope::Template,
-        &parsed.current(),
-        &parsed.desired(),
-        &engine.policy,
-        &settings,
-    );
-    report_self_check(hook, &object, &decision);
-    let (status, verdict) = verdict(&decision);
-    let mut response = CanUpdateMachineSetResponse::new(status, decision.message.clone());
-    if status == Status::Success {
-        response.machine_set_patch = wire_patch(decision.patches.machine.as_ref());
-        response.bootstrap_config_template_patch = wire_patch(decision.patches.bootstrap.as_ref());
-        response.infrastructure_machine_template_patch =
-            wire_patch(decision.patches.infra.as_ref());
-        response.affects_availability =
-            (!decision.actions.is_empty()).then_some(decision.affects_availability);
-    }
-    judged(
-        engine,
-        VerdictHook::CanUpdateMachineSet,
-        machine_set_texts(&request.desired),
-        &parsed,
-        &decision,
-        answer(
-            hook,
-            &response,
-            status,
-            verdict,
-            object,
-            decision.message.clone(),
-        ),
-    )
+    can_update::<CanUpdateMachineSetRequest>(engine, body)
 }

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use inplace_core::Policy;
 use serde::Serialize;
 
-pub use can_update::{Judged, can_update_machine, can_update_machine_set, record};
+pub use can_update::{
+    Decided, Judged, Question, Unanswerable, can_update_machine, can_update_machine_set, record,
+};
 pub use update::{Refusal, update_machine, update_request};
 
 use crate::dispatch::Dispatcher;

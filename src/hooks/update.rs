@@ -10,7 +10,7 @@ use crate::api::objects;
 use crate::api::validate::Head;
 use crate::api::{Hook, Status, UpdateMachineRequest, UpdateMachineResponse, decode_request};
 use crate::dispatch::{DispatchError, UpdateAnswer, UpdateRequest};
-use crate::plan::MachineFacts;
+use inplace_core::plan::MachineFacts;
 
 /// Why a decoded UpdateMachine request cannot become an update: the Failure message and its verdict label.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

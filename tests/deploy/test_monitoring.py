@@ -22,6 +22,7 @@ RULE_FILE = MONITORING / "prometheusrule.yaml"
 DASHBOARD_FILE = MONITORING / "grafana-dashboard.json"
 PRODUCTION = d.DEPLOY / "overlays" / "production"
 UPDATE_MACHINE = "/hooks.runtime.cluster.x-k8s.io/v1alpha1/updatemachine/update-machine"
+CAN_UPDATE_MACHINE_SET = "/hooks.runtime.cluster.x-k8s.io/v1alpha1/canupdatemachineset/can-update-machineset"
 DISCOVERY = "/hooks.runtime.cluster.x-k8s.io/v1alpha1/discovery"
 FIXTURES = d.REPO / "tests" / "fixtures"
 # Bound on one HTTP call to the sandboxed server.
@@ -231,6 +232,10 @@ def served(tmp_path_factory) -> dict[str, list[dict[str, str]]]:
         listening = proc.wait_for_json("listening")["fields"]
         assert https_post(listening["hooks"], certs / "ca.crt", DISCOVERY,
                           (FIXTURES / "discovery-request.json").read_bytes()) == 200
+        # As CAPI does: the MachineDeployment asks CanUpdateMachineSet first, and UpdateMachine is recorded only
+        # for a desired state such an answer accepted.
+        assert https_post(listening["hooks"], certs / "ca.crt", CAN_UPDATE_MACHINE_SET,
+                          (FIXTURES / "can-update-machineset-md.json").read_bytes()) == 200
         assert https_post(listening["hooks"], certs / "ca.crt", UPDATE_MACHINE,
                           (FIXTURES / "update-machine-worker.json").read_bytes()) == 200
         text = ""

@@ -90,6 +90,8 @@ impl ObjectRole {
 
 /// The label CAPI puts on control-plane Machines.
 pub const CONTROL_PLANE_LABEL: &str = "cluster.x-k8s.io/control-plane";
+/// The label CAPI puts on every Machine with its cluster's name.
+pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
 
 /// The object's `kind`, or `""`.
 pub fn kind_of(object: &Value) -> &str {

@@ -3,12 +3,12 @@
 //! here must have its Cluster API (v1beta2) type, or the request is refused naming it.
 //!
 //! Who reads what (keep in step when a reader changes):
-//! - `plan::MachineFacts`: Machine `metadata.name/namespace/labels`, `spec.clusterName`, `spec.version`,
+//! - `inplace_core::plan::MachineFacts`: Machine `metadata.name/namespace/labels`, `spec.clusterName`, `spec.version`,
 //!   `spec.providerID`; the cluster-name label as a fallback cluster name.
 //! - the policy (`crates/core`): `apiVersion`, `kind`, the control-plane label; `spec.version` (its
 //!   `kubernetes-upgrade` check), `spec.failureDomain`, and the keyed lists the diff matches by key
 //!   (`readinessGates[conditionType]`, `files[path]`, `users[name]`, `kubeletExtraArgs[name]`).
-//! - `plan::build`: KubeadmConfig `spec.files`, `spec.users[].sshAuthorizedKeys`, `spec.ntp`,
+//! - `inplace_core::plan::build` (through its typed `KubeadmConfigView`): KubeadmConfig `spec.files`, `spec.users[].sshAuthorizedKeys`, `spec.ntp`,
 //!   `spec.clusterConfiguration.etcd.local.imageTag/imageRepository`,
 //!   `spec.{init,join}Configuration.nodeRegistration.kubeletExtraArgs`.
 
@@ -42,7 +42,7 @@ const ANY_OBJECT: Shape = Shape::Object(&[]);
 const LABELS: Shape = Shape::Map(
     &STRING,
     &[(
-        crate::plan::CLUSTER_NAME_LABEL,
+        inplace_core::objects::CLUSTER_NAME_LABEL,
         Shape::Text(Text::NameOrEmpty),
     )],
 );

@@ -40,15 +40,7 @@ pub enum Granularity {
 /// Path → fingerprint.
 pub type FingerprintMap = BTreeMap<String, String>;
 
-/// Lowercase hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    bytes
-        .iter()
-        .flat_map(|byte| [HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 15)]])
-        .map(char::from)
-        .collect()
-}
+pub(crate) use crate::hex;
 
 /// The first [`FINGERPRINT_HEX`] hex digits of `digest`.
 fn short_hex(digest: &[u8]) -> String {

@@ -35,7 +35,8 @@ const VALUE_PADDING: std::ops::Range<usize> = 0..6000;
 /// Extra random delay (µs) between the chosen acknowledgement and the SIGKILL.
 const KILL_JITTER_US: std::ops::Range<u64> = 0..3000;
 
-const TEST_NAME: &str = "kill_9_at_random_moments_loses_no_acknowledged_write";
+/// The test's name in the integration binary (module path included), for the child's `--exact`.
+const TEST_NAME: &str = "crash::kill_9_at_random_moments_loses_no_acknowledged_write";
 
 #[test]
 fn kill_9_at_random_moments_loses_no_acknowledged_write() {
@@ -106,7 +107,13 @@ struct History {
 impl History {
     /// Parses one child line; returns the revision of an acknowledgement.
     fn record(&mut self, line: &str) -> Option<Revision> {
-        let parts: Vec<&str> = line.split(' ').collect();
+        // libtest prints `test NAME ... ` without a newline before the test runs, so the child's first
+        // line arrives after it on the same line: read from the first `TRY `/`ACK ` on.
+        let start = ["TRY ", "ACK "]
+            .iter()
+            .filter_map(|tag| line.find(tag))
+            .min()?;
+        let parts: Vec<&str> = line[start..].split(' ').collect();
         match parts.as_slice() {
             ["TRY", key, id, len] => {
                 self.tried

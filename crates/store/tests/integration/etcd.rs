@@ -469,7 +469,7 @@ fn a_missing_etcd_binary_says_how_to_install_it() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "a_missing_etcd_binary_says_how_to_install_it",
+            "etcd::a_missing_etcd_binary_says_how_to_install_it",
             "--test-threads=1",
         ])
         .env(MISSING_ETCD_CHILD_ENV, "1")

@@ -1,10 +1,10 @@
 use std::collections::BTreeSet;
 
 use inplace_agent_api::{KubeadmUpgradeMode, StepAction, validate_plan};
-use inplace_core::Action;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::*;
+use crate::Action;
 
 fn machine(control_plane: bool) -> Value {
     let mut labels = json!({ "cluster.x-k8s.io/cluster-name": "edge-01" });
@@ -49,7 +49,7 @@ fn plan_for(
     let facts = MachineFacts::of(machine).unwrap();
     build(&PlanInput {
         facts: &facts,
-        bootstrap: Some(bootstrap),
+        bootstrap: Some(&bootstrap.to_string()),
         actions,
         upgrade_mode: mode,
     })
@@ -201,7 +201,7 @@ fn malformed_fields_are_named() {
     let facts = MachineFacts::of(&machine(true)).unwrap();
     let err = build(&PlanInput {
         facts: &facts,
-        bootstrap: Some(&bad),
+        bootstrap: Some(&bad.to_string()),
         actions: &all_actions(),
         upgrade_mode: KubeadmUpgradeMode::Node,
     })
@@ -218,4 +218,90 @@ fn malformed_fields_are_named() {
         .remove("clusterName");
     nameless["metadata"]["labels"] = json!({});
     assert_eq!(MachineFacts::of(&nameless), Err(PlanError::NoCluster));
+}
+
+fn try_build(bootstrap: &str, actions: &BTreeSet<Action>) -> Result<Plan, PlanError> {
+    let facts = MachineFacts::of(&machine(true)).unwrap();
+    build(&PlanInput {
+        facts: &facts,
+        bootstrap: Some(bootstrap),
+        actions,
+        upgrade_mode: KubeadmUpgradeMode::Node,
+    })
+}
+
+#[test]
+fn null_is_unset_as_in_go() {
+    let config = json!({"spec": {
+        "files": null, "ntp": null,
+        "users": [{"name": "capi", "sshAuthorizedKeys": null}],
+        "joinConfiguration": {"nodeRegistration": {"kubeletExtraArgs": null}},
+        "initConfiguration": {"nodeRegistration": {"kubeletExtraArgs": [{"name": "v", "value": "2"}]}}
+    }});
+    let plan = try_build(&config.to_string(), &all_actions()).unwrap();
+    // No files, no ntp, the user's keys left alone; the join flags unset, so the init flags apply.
+    assert_eq!(
+        kinds(&plan),
+        [
+            "installKubeadm",
+            "kubeadmUpgrade",
+            "installKubelet",
+            "kubeletArgs"
+        ]
+    );
+    let StepAction::KubeletArgs { args } = &plan.steps[3].action else {
+        panic!()
+    };
+    assert_eq!(args[0].name, "v");
+}
+
+#[test]
+fn field_names_are_exact_and_unknown_fields_are_skipped() {
+    let config = json!({"spec": {
+        "Files": [{"path": "/etc/motd"}],
+        "ntp": {"Servers": ["a"], "servers": ["b"], "extra": {"anything": 1}}
+    }});
+    let actions: BTreeSet<Action> = [Action::Files, Action::Ntp].into_iter().collect();
+    let plan = try_build(&config.to_string(), &actions).unwrap();
+    assert_eq!(kinds(&plan), ["ntp"]);
+    let StepAction::Ntp { servers, .. } = &plan.steps[0].action else {
+        panic!()
+    };
+    assert_eq!(servers, &["b"]);
+}
+
+#[test]
+fn decode_errors_name_the_field_and_never_show_a_value() {
+    let mut config = kubeadm_config();
+    config["spec"]["users"][0]["sshAuthorizedKeys"] = json!("ssh-ed25519 AAAA key-1");
+    let err = try_build(&config.to_string(), &all_actions())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with(
+            "field `bootstrapConfig.spec.users[0].sshAuthorizedKeys`: invalid type: a string, expected a sequence"
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("key-1"), "{err}");
+    let err = try_build("\"secret\"", &all_actions())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("field `bootstrapConfig`: invalid type: a string, expected"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_bootstrap_config_no_allowed_action_reads_is_not_decoded() {
+    // e.g. another provider's config, whose `files` has another shape: only the version is planned.
+    let talos = json!({"kind": "TalosConfig", "spec": {"files": "not a list"}});
+    let actions: BTreeSet<Action> = [Action::KubernetesVersion].into_iter().collect();
+    let plan = try_build(&talos.to_string(), &actions).unwrap();
+    assert_eq!(
+        kinds(&plan),
+        ["installKubeadm", "kubeadmUpgrade", "installKubelet"]
+    );
+    assert!(try_build(&talos.to_string(), &all_actions()).is_err());
 }

@@ -1,0 +1,286 @@
+//! Desired node state: turns the desired Machine ([`MachineFacts`]) and bootstrap config
+//! ([`KubeadmConfigView`]) of an UpdateMachine call, plus the actions the policy lets this updater perform,
+//! into an ordered list of declarative agent steps with a stable id (a hash of exactly what the agent will
+//! converge to). Pure: no I/O, no clock.
+//!
+//! UpdateMachine carries no current state, so the plan is the whole desired state of every managed
+//! domain; the agent's drivers converge idempotently (an already-true step is a no-op).
+
+mod facts;
+pub mod view;
+
+use std::collections::BTreeSet;
+
+use inplace_agent_api::{
+    FileEncoding, FileSpec, KubeadmUpgradeMode, KubeletArg, Plan, SecretString, SshUser, Step,
+    StepAction,
+};
+use sha2::{Digest as _, Sha256};
+
+use crate::Action;
+use crate::objects::CLUSTER_NAME_LABEL;
+pub use facts::MachineFacts;
+use view::KubeadmConfigSpec;
+pub use view::KubeadmConfigView;
+
+/// Timeout of a files step.
+pub const FILES_TIMEOUT_SECONDS: u32 = 60;
+/// Timeout of an ssh-keys step.
+pub const SSH_KEYS_TIMEOUT_SECONDS: u32 = 60;
+/// Timeout of an ntp step (config write and service restart).
+pub const NTP_TIMEOUT_SECONDS: u32 = 120;
+/// Timeout of installing kubeadm (package download included).
+pub const INSTALL_KUBEADM_TIMEOUT_SECONDS: u32 = 600;
+/// Timeout of `kubeadm upgrade apply|node` (image pulls and static pod restarts included).
+pub const KUBEADM_UPGRADE_TIMEOUT_SECONDS: u32 = 1800;
+/// Timeout of installing kubelet and kubectl and restarting kubelet.
+pub const INSTALL_KUBELET_TIMEOUT_SECONDS: u32 = 600;
+/// Timeout of an etcd image change.
+pub const ETCD_IMAGE_TIMEOUT_SECONDS: u32 = 120;
+/// Timeout of a kubelet flags change (kubelet restart included).
+pub const KUBELET_ARGS_TIMEOUT_SECONDS: u32 = 120;
+
+/// Why no plan could be built from the desired objects.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PlanError {
+    /// A field the plan needs has the wrong shape.
+    #[error("field `{path}`: {problem}")]
+    Field {
+        /// Where, e.g. `bootstrapConfig.spec.files[2].path`.
+        path: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The Machine has no cluster name (neither `spec.clusterName` nor the cluster-name label).
+    #[error("Machine has no spec.clusterName and no {CLUSTER_NAME_LABEL} label")]
+    NoCluster,
+}
+
+/// The actions whose steps are read from the bootstrap config: with none of them allowed, the bootstrap
+/// config is not decoded at all (it may be of any kind).
+pub const BOOTSTRAP_ACTIONS: [Action; 5] = [
+    Action::Files,
+    Action::SshKeys,
+    Action::Ntp,
+    Action::EtcdImage,
+    Action::KubeletArgs,
+];
+
+/// Everything a plan is built from.
+#[derive(Debug, Clone)]
+pub struct PlanInput<'a> {
+    /// Facts of the desired Machine.
+    pub facts: &'a MachineFacts,
+    /// The desired bootstrap config's JSON text (a KubeadmConfig), when there is one. Decoded into a
+    /// [`KubeadmConfigView`] only when an allowed action reads it ([`BOOTSTRAP_ACTIONS`]).
+    pub bootstrap: Option<&'a str>,
+    /// Actions the policy and settings allow for this Machine.
+    pub actions: &'a BTreeSet<Action>,
+    /// For a version change on a control-plane node: `apply` on the first node of that version, else `node`.
+    pub upgrade_mode: KubeadmUpgradeMode,
+}
+
+/// Builds the plan: steps in a safe order (node-local config first, then the Kubernetes upgrade, then what the
+/// upgrade would overwrite: the etcd image and kubelet flags) and an id hashing all of it.
+pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
+    let mut actions: Vec<(String, u32, StepAction)> = Vec::new();
+    let enabled = |action: Action| input.actions.contains(&action);
+    let view = match input.bootstrap {
+        Some(text) if BOOTSTRAP_ACTIONS.into_iter().any(enabled) => {
+            Some(KubeadmConfigView::decode(text)?)
+        }
+        _ => None,
+    };
+    let spec = view.as_ref().and_then(|b| b.spec.as_ref());
+
+    if let (true, Some(spec)) = (enabled(Action::Files), spec) {
+        let files = files(spec)?;
+        if !files.is_empty() {
+            let text = format!("write {} file{}", files.len(), plural(files.len()));
+            actions.push((text, FILES_TIMEOUT_SECONDS, StepAction::Files { files }));
+        }
+    }
+    if let (true, Some(spec)) = (enabled(Action::SshKeys), spec) {
+        let users = ssh_users(spec);
+        if !users.is_empty() {
+            let names: Vec<&str> = users.iter().map(|u| u.name.as_str()).collect();
+            let text = format!("authorized SSH keys of {}", names.join(", "));
+            actions.push((
+                text,
+                SSH_KEYS_TIMEOUT_SECONDS,
+                StepAction::SshKeys { users },
+            ));
+        }
+    }
+    if let (true, Some(ntp)) = (enabled(Action::Ntp), spec.and_then(|s| s.ntp.as_ref())) {
+        let servers = ntp.servers.clone().unwrap_or_default();
+        let enabled = ntp.enabled;
+        let text = format!("time servers: {}", servers.join(", "));
+        actions.push((
+            text,
+            NTP_TIMEOUT_SECONDS,
+            StepAction::Ntp { servers, enabled },
+        ));
+    }
+    if let (true, Some(version)) = (enabled(Action::KubernetesVersion), &input.facts.version) {
+        let mode = if input.facts.control_plane {
+            input.upgrade_mode
+        } else {
+            KubeadmUpgradeMode::Node
+        };
+        let mode_word = match mode {
+            KubeadmUpgradeMode::Apply => "apply",
+            KubeadmUpgradeMode::Node => "node",
+        };
+        actions.push((
+            format!("install kubeadm {version}"),
+            INSTALL_KUBEADM_TIMEOUT_SECONDS,
+            StepAction::InstallKubeadm {
+                version: version.clone(),
+            },
+        ));
+        actions.push((
+            format!("kubeadm upgrade {mode_word} ({version})"),
+            KUBEADM_UPGRADE_TIMEOUT_SECONDS,
+            StepAction::KubeadmUpgrade {
+                version: version.clone(),
+                mode,
+            },
+        ));
+        actions.push((
+            format!("install kubelet and kubectl {version}, restart kubelet"),
+            INSTALL_KUBELET_TIMEOUT_SECONDS,
+            StepAction::InstallKubelet {
+                version: version.clone(),
+            },
+        ));
+    }
+    if let (true, true, Some(spec)) = (enabled(Action::EtcdImage), input.facts.control_plane, spec)
+    {
+        let local = (spec.cluster_configuration.as_ref())
+            .and_then(|c| c.etcd.as_ref())
+            .and_then(|e| e.local.as_ref());
+        if let Some((local, tag)) = local.and_then(|l| Some((l, l.image_tag.as_ref()?))) {
+            actions.push((
+                format!("etcd image tag {tag}"),
+                ETCD_IMAGE_TIMEOUT_SECONDS,
+                StepAction::EtcdImage {
+                    image_tag: tag.clone(),
+                    image_repository: local.image_repository.clone(),
+                },
+            ));
+        }
+    }
+    if let (true, Some(spec)) = (enabled(Action::KubeletArgs), spec) {
+        if let Some(args) = kubelet_args(spec) {
+            let text = format!(
+                "kubelet flags: {}",
+                args.iter()
+                    .map(|a| a.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            actions.push((
+                text,
+                KUBELET_ARGS_TIMEOUT_SECONDS,
+                StepAction::KubeletArgs { args },
+            ));
+        }
+    }
+
+    let steps: Vec<Step> = actions
+        .into_iter()
+        .enumerate()
+        .map(|(index, (description, timeout_seconds, action))| Step {
+            index: index as u32,
+            description,
+            timeout_seconds,
+            action,
+        })
+        .collect();
+    let mut plan = Plan {
+        id: String::new(),
+        machine: input.facts.machine.clone(),
+        cluster: input.facts.cluster.clone(),
+        steps,
+    };
+    plan.id = plan_id(&plan);
+    Ok(plan)
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// The stable id: sha256 over the canonical JSON of machine, cluster and steps.
+pub fn plan_id(plan: &Plan) -> String {
+    let canonical = serde_json::json!({
+        "machine": plan.machine,
+        "cluster": plan.cluster,
+        "steps": plan.steps,
+    });
+    crate::hex(&Sha256::digest(canonical.to_string().as_bytes()))
+}
+
+fn files(spec: &KubeadmConfigSpec) -> Result<Vec<FileSpec>, PlanError> {
+    let mut files = Vec::new();
+    for (i, item) in spec.files.iter().flatten().enumerate() {
+        // Secret-sourced files were written at bootstrap; the updater does not manage them.
+        if item.content_from.is_some() {
+            continue;
+        }
+        let path = item.path.clone().ok_or_else(|| PlanError::Field {
+            path: format!("bootstrapConfig.spec.files[{i}].path"),
+            problem: "is missing".into(),
+        })?;
+        files.push(FileSpec {
+            path,
+            owner: item.owner.clone(),
+            permissions: item.permissions.clone(),
+            encoding: item.encoding.map_or(FileEncoding::None, |e| e.0),
+            append: item.append.unwrap_or(false),
+            content: item
+                .content
+                .clone()
+                .unwrap_or_else(|| SecretString::new("")),
+        });
+    }
+    Ok(files)
+}
+
+/// Users whose keys the config sets; a user without `sshAuthorizedKeys` is left alone.
+fn ssh_users(spec: &KubeadmConfigSpec) -> Vec<SshUser> {
+    let users = spec.users.iter().flatten();
+    users
+        .filter_map(|user| {
+            Some(SshUser {
+                name: user.name.clone(),
+                authorized_keys: user.ssh_authorized_keys.clone()?,
+            })
+        })
+        .collect()
+}
+
+/// kubelet flags of the configuration this node joined (or was initialised) with.
+fn kubelet_args(spec: &KubeadmConfigSpec) -> Option<Vec<KubeletArg>> {
+    let args = [&spec.join_configuration, &spec.init_configuration]
+        .into_iter()
+        .find_map(|config| {
+            config
+                .as_ref()?
+                .node_registration
+                .as_ref()?
+                .kubelet_extra_args
+                .as_ref()
+        })?;
+    let args = args.iter().map(|arg| KubeletArg {
+        name: arg.name.clone(),
+        value: arg.value.clone(),
+    });
+    Some(args.collect())
+}
+
+#[cfg(test)]
+mod golden;
+#[cfg(test)]
+mod tests;
