@@ -90,6 +90,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", runtime.block_on(commands::status(&args))?);
             Ok(())
         }
+        Command::Retry(args) => {
+            print!("{}", runtime.block_on(commands::retry(&args))?);
+            Ok(())
+        }
     }
 }
 

@@ -62,6 +62,9 @@ pub enum Command {
     Policy(PolicyCommand),
     /// The operator's view of a rollout: updates in progress, failed and recent, per cluster.
     Status(StatusArgs),
+    /// Start a fresh run of a Machine's failed update (same desired state), like a new value of its
+    /// `inplace-updater.dev/retry` annotation.
+    Retry(RetryArgs),
     /// Run the node agent: pull plans from the server over HTTPS and converge this node.
     Agent(AgentArgs),
     /// Try it: a server, N sandboxed agents and a simulated CAPI rollout on this machine, no cluster needed.
@@ -227,6 +230,24 @@ pub struct StatusArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
+}
+
+/// `inplace-updater retry`.
+#[derive(Debug, Args)]
+pub struct RetryArgs {
+    /// The Machine, as `NAMESPACE/NAME`.
+    #[arg(value_parser = machine_ref)]
+    pub machine: MachineRef,
+    /// The store the servers share (etcd, or an embedded store no server holds open). Written directly: the
+    /// servers' health ports are unauthenticated and take no writes.
+    #[arg(long, env = "INPLACE_UPDATER_STORE", value_parser = store_url)]
+    pub store: StoreUrl,
+    /// Etcd connection options (with an etcd:// store).
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// The retry value recorded (each value acts once) [default: `cli-` and the time in milliseconds].
+    #[arg(long)]
+    pub value: Option<String>,
 }
 
 /// Output formats of the operator commands.

@@ -10,10 +10,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cmd::certs::{DevCertPaths, DevCertsSpec, write_dev_certs};
 use crate::cmd::cli::{
-    DEV_CERTS_DIR, OutputFormat, PolicyCommand, ServeArgs, StatusArgs, TokenCreateArgs,
+    DEV_CERTS_DIR, EtcdArgs, OutputFormat, PolicyCommand, RetryArgs, ServeArgs, StatusArgs,
+    TokenCreateArgs,
 };
 use crate::cmd::fatal::{Fatal, one_line, serve_fatal};
-use crate::dispatch::{AgentRow, AgentScope, DispatchConfig, Dispatcher, StatusRow, ago, now_ms};
+use crate::dispatch::{
+    AgentRow, AgentScope, DispatchConfig, Dispatcher, RetryOutcome, StatusRow, ago, now_ms,
+};
 use crate::hooks::Engine;
 use crate::observe::{InstrumentedStore, backend_name};
 use crate::server::auth::{AgentTokens, create_token};
@@ -199,7 +202,7 @@ pub fn policy(command: &PolicyCommand) -> anyhow::Result<String> {
 pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
     if args.agents {
         let rows: Vec<AgentRow> = match &args.store {
-            Some(url) => store_dispatcher(args, url).await?.agents().await?,
+            Some(url) => store_dispatcher(&args.etcd, url).await?.agents().await?,
             None => get_json(args, "/status/agents").await?.0,
         };
         return Ok(match args.output {
@@ -210,7 +213,7 @@ pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
     // Only a running server knows whether CAPI has called it; a store read directly cannot say.
     let mut no_hook_calls = false;
     let rows: Vec<StatusRow> = match &args.store {
-        Some(url) => store_dispatcher(args, url).await?.status().await?,
+        Some(url) => store_dispatcher(&args.etcd, url).await?.status().await?,
         None => {
             let (rows, headers) = get_json(args, "/status").await?;
             no_hook_calls = headers
@@ -234,8 +237,35 @@ pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
     })
 }
 
-async fn store_dispatcher(args: &StatusArgs, url: &StoreUrl) -> anyhow::Result<Arc<Dispatcher>> {
-    let store = inplace_store::open(url, &args.etcd.options())
+/// `retry`: starts a fresh run of the Machine's failed update in the store; an error when there is nothing to
+/// retry.
+pub async fn retry(args: &RetryArgs) -> anyhow::Result<String> {
+    let machine = &args.machine;
+    let value = args
+        .value
+        .clone()
+        .unwrap_or_else(|| format!("cli-{}", now_ms()));
+    let dispatcher = store_dispatcher(&args.etcd, &args.store).await?;
+    match dispatcher.retry(machine, &value, None).await? {
+        RetryOutcome::Started { run_id } => Ok(format!(
+            "{machine}: a fresh run of the failed update started (run {}); its agent picks it up at once, \
+             and the next UpdateMachine answers from it\n",
+            run_id.chars().take(12).collect::<String>()
+        )),
+        RetryOutcome::Ignored { state } => anyhow::bail!(
+            "{machine}: nothing to retry: its current update has not failed ({state})"
+        ),
+        RetryOutcome::AlreadySeen => {
+            anyhow::bail!("{machine}: retry value {value:?} was used before; pass a new --value")
+        }
+        RetryOutcome::NoRecord | RetryOutcome::OtherState => {
+            anyhow::bail!("{machine}: no update is recorded for this Machine")
+        }
+    }
+}
+
+async fn store_dispatcher(etcd: &EtcdArgs, url: &StoreUrl) -> anyhow::Result<Arc<Dispatcher>> {
+    let store = inplace_store::open(url, &etcd.options())
         .await
         .with_context(|| format!("opening {url}"))?;
     Ok(Dispatcher::new(

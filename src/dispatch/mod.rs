@@ -14,6 +14,7 @@ mod licence;
 pub mod records;
 mod refusal_book;
 mod refusals;
+mod retry;
 mod status;
 mod update;
 pub mod verdicts;
@@ -37,6 +38,9 @@ pub use census::{CENSUS_RETRY, UpdateState};
 pub use refusals::{
     AgentRefusalReason, AgentRefusalRecord, Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL,
     REFUSAL_LOG_LINES_PER_MINUTE, REFUSAL_PERSIST_INTERVAL, REFUSAL_WRITES_PER_MINUTE,
+};
+pub use retry::{
+    MAX_RETRY_VALUE_BYTES, RETRY_ANNOTATION, RetryOutcome, check_retry_value, retry_command,
 };
 pub use status::{StatusRow, StatusState};
 pub(crate) use update::ago;
@@ -328,6 +332,8 @@ fn parse_machine(rest: &str) -> Option<MachineRef> {
 
 #[cfg(test)]
 mod observe_tests;
+#[cfg(test)]
+mod retry_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

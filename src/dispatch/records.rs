@@ -79,6 +79,23 @@ pub struct MachineRecord {
     pub provider_id: Option<String>,
     /// When this run became current (Unix ms).
     pub since_ms: u64,
+    /// The last operator retry value seen for this Machine (`inplace-updater.dev/retry` or
+    /// `inplace-updater retry`): each value acts at most once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryMark>,
+}
+
+/// An operator retry value as dispatch recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryMark {
+    /// The value.
+    pub value: String,
+    /// The run that was current once the value was handled (the fresh run when it started one).
+    pub run_id: String,
+    /// True when the value started nothing because that run had not failed.
+    #[serde(default)]
+    pub ignored: bool,
 }
 
 /// State of one step of a run.
@@ -295,8 +312,12 @@ impl UpdateRecord {
         };
         let newer_attempt = report.attempt > step.attempt;
         let same_attempt = report.attempt == step.attempt;
-        let allowed =
-            newer_attempt || (same_attempt && !step.state.is_final() && state != step.state);
+        // A running step's new message (the agent's automatic retries: "attempt 2/3 …") is news too.
+        let news = state != step.state
+            || (state == StepState::Running
+                && report.message.is_some()
+                && report.message != step.message);
+        let allowed = newer_attempt || (same_attempt && !step.state.is_final() && news);
         if !allowed {
             return Ok(false);
         }

@@ -12,10 +12,11 @@ use sha2::{Digest as _, Sha256};
 
 use super::licence::Licence;
 use super::records::{
-    AgentRecord, ApplyClaim, MachineRecord, Outcome, ProviderIndex, RunView, UpdateRecord,
-    agent_key, apply_claim_key, machine_key, provider_key, update_key,
+    AgentRecord, ApplyClaim, MachineRecord, Outcome, ProviderIndex, RetryMark, RunView, StepState,
+    UpdateRecord, agent_key, apply_claim_key, machine_key, provider_key, update_key,
 };
 use super::refusals::AgentRefusalRecord;
+use super::retry::{RETRY_ANNOTATION, RetryOutcome, retry_command};
 use super::verdicts::RefusalReason;
 use super::{DispatchError, Dispatcher, now_ms};
 use crate::hex;
@@ -105,7 +106,7 @@ pub enum UpdateAnswer {
 
 /// The run id: the desired state's hash chained to the previous run, so returning to an earlier desired
 /// state (A → B → A) is a new run the agent executes again, while repeated calls keep the same id.
-fn run_id(state_hash: &str, previous_run: Option<&str>) -> String {
+pub(super) fn run_id(state_hash: &str, previous_run: Option<&str>) -> String {
     hex(&Sha256::digest(
         format!("{state_hash}:{}", previous_run.unwrap_or_default()).as_bytes(),
     ))
@@ -247,6 +248,26 @@ impl Dispatcher {
         // Built only when the Machine record does not already carry this input's fingerprint (CAPI asks
         // again every few seconds while an update runs, always with the same objects).
         let mut built: Option<Plan> = None;
+        // A retry value is part of the input text, so a new one never arrives as a repeat.
+        let mut existing = existing;
+        let retry = if repeat {
+            None
+        } else {
+            super::retry::retry_value(request.machine.get())?
+        };
+        if let Some(value) = &retry
+            && existing
+                .as_ref()
+                .is_some_and(|(r, _)| r.retry.as_ref().is_none_or(|m| &m.value != value))
+        {
+            let plan = built.insert(plan_for(request, mode)?);
+            let outcome = self.retry(&facts.machine, value, Some(&plan.id)).await?;
+            if !matches!(outcome, RetryOutcome::OtherState) {
+                existing = self
+                    .read::<MachineRecord>(&machine_key(&facts.machine))
+                    .await?;
+            }
+        }
         let mut switched = false;
         let record = match existing {
             Some((record, _)) if repeat => record,
@@ -274,15 +295,29 @@ impl Dispatcher {
                                 licensed: licensed.clone().or_else(|| record.licensed.clone()),
                                 ..record.clone()
                             },
-                            None => MachineRecord {
-                                state_hash: plan.id.clone(),
-                                input_hash: Some(input_hash.clone()),
-                                licensed: licensed.clone(),
-                                run_id: run_id(&plan.id, current.map(|r| r.run_id.as_str())),
-                                cluster: facts.cluster.clone(),
-                                provider_id: facts.provider_id.clone(),
-                                since_ms: now,
-                            },
+                            None => {
+                                let run_id = run_id(&plan.id, current.map(|r| r.run_id.as_str()));
+                                // A retry value that came with a new desired state is spent: the new
+                                // state gets a run of its own anyway.
+                                let retry = match &retry {
+                                    Some(value) => Some(RetryMark {
+                                        value: value.clone(),
+                                        run_id: run_id.clone(),
+                                        ignored: false,
+                                    }),
+                                    None => current.and_then(|r| r.retry.clone()),
+                                };
+                                MachineRecord {
+                                    state_hash: plan.id.clone(),
+                                    input_hash: Some(input_hash.clone()),
+                                    licensed: licensed.clone(),
+                                    run_id,
+                                    cluster: facts.cluster.clone(),
+                                    provider_id: facts.provider_id.clone(),
+                                    since_ms: now,
+                                    retry,
+                                }
+                            }
                         }))
                     },
                 )
@@ -343,7 +378,13 @@ impl Dispatcher {
             Outcome::Waiting => self.last_refusal(&facts.machine).await.ok().flatten(),
             _ => None,
         };
-        Ok(self.answer(&run, agent.as_ref(), refusal.as_ref(), now))
+        // A retry value this run ignored is said on every answer while the run has not failed.
+        let ignored = record
+            .retry
+            .as_ref()
+            .filter(|m| m.ignored && m.run_id == record.run_id)
+            .map(|m| m.value.as_str());
+        Ok(self.answer(&run, agent.as_ref(), refusal.as_ref(), ignored, now))
     }
 
     fn last_seen(
@@ -361,6 +402,36 @@ impl Dispatcher {
     }
 
     fn answer(
+        &self,
+        run: &RunView,
+        agent: Option<&AgentRecord>,
+        refusal: Option<&AgentRefusalRecord>,
+        ignored_retry: Option<&str>,
+        now: u64,
+    ) -> UpdateAnswer {
+        let answer = self.answer_run(run, agent, refusal, now);
+        let Some(value) = ignored_retry else {
+            return answer;
+        };
+        let note = format!(
+            " ({RETRY_ANNOTATION}={value:?} ignored: a retry only restarts a failed run, and this one has not failed)"
+        );
+        match answer {
+            UpdateAnswer::InProgress {
+                message,
+                retry_after_seconds,
+            } => UpdateAnswer::InProgress {
+                message: message + &note,
+                retry_after_seconds,
+            },
+            UpdateAnswer::Done { message } => UpdateAnswer::Done {
+                message: message + &note,
+            },
+            other => other,
+        }
+    }
+
+    fn answer_run(
         &self,
         run: &RunView,
         agent: Option<&AgentRecord>,
@@ -398,6 +469,10 @@ impl Dispatcher {
                     );
                     message.push_str(&format!("; stderr: {excerpt}"));
                 }
+                message.push_str(&format!(
+                    "; to run it again once the cause is fixed: {}",
+                    retry_command(&plan.machine)
+                ));
                 UpdateAnswer::Failed { message }
             }
             Outcome::Waiting => {
@@ -422,14 +497,26 @@ impl Dispatcher {
                     retry_after_seconds,
                 }
             }
-            Outcome::InProgress { index } => UpdateAnswer::InProgress {
-                message: format!(
+            Outcome::InProgress { index } => {
+                let mut message = format!(
                     "step {}/{total}: {}",
                     index + 1,
                     plan.steps[index].description
-                ),
-                retry_after_seconds,
-            },
+                );
+                // What the agent says about the running step, e.g. which retry attempt is due.
+                let step = &run.steps[index];
+                if let Some(text) = step
+                    .message
+                    .as_deref()
+                    .filter(|_| step.state == StepState::Running)
+                {
+                    message.push_str(&format!(" ({text})"));
+                }
+                UpdateAnswer::InProgress {
+                    message,
+                    retry_after_seconds,
+                }
+            }
         }
     }
 }

@@ -374,7 +374,8 @@ DRIVER_CONFIG = {
     "etcd": {"manifest"},
     "inventory": {"kubeletVersion", "kubeadmVersion"},
 }
-SEQUENCE_KEYS = {"skipIf", "onResume", "commands"}
+SEQUENCE_KEYS = {"skipIf", "onResume", "commands", "retry"}
+RETRY_KEYS = {"attempts", "initialDelaySeconds", "maxDelaySeconds"}
 CHECK_KEYS = {"run", "stdoutEquals", "stdoutContains"}
 COMMAND_KEYS = {"run": None, "writeFile": {"path", "content", "mode"}, "verifySha256": {"path", "sha256"}}
 # crates/agent/src/template.rs KNOWN_VARIABLES, plus pin.<name>.
@@ -413,10 +414,24 @@ def config_problems(config: dict) -> list[str]:
     for kind, sequence in (config.get("kubernetes") or {}).items():
         problems += [f"kubernetes.{kind}.{k}: unknown key" for k in set(sequence) - SEQUENCE_KEYS]
         problems += [f"kubernetes.{kind}.skipIf.{k}: unknown key" for k in set(sequence.get("skipIf", {})) - CHECK_KEYS]
+        retry = sequence.get("retry")
+        if retry is not None:
+            problems += [f"kubernetes.{kind}.retry.{k}: unknown key" for k in set(retry) - RETRY_KEYS]
+            problems += [f"kubernetes.{kind}.retry.{k}: missing" for k in RETRY_KEYS - set(retry)]
         for list_key in ("onResume", "commands"):
             for i, command in enumerate(sequence.get(list_key, [])):
-                (name, body), = command.items()
                 where = f"kubernetes.{kind}.{list_key}[{i}]"
+                command = dict(command)
+                # `retryable: true` sits beside a `run` (crates/agent/src/driver_config.rs SequenceCommand).
+                if command.pop("retryable", None) is not None:
+                    if "run" not in command:
+                        problems.append(f"{where}: retryable applies to run commands only")
+                    if retry is None:
+                        problems.append(f"{where}: retryable, but the sequence has no retry")
+                if len(command) != 1:
+                    problems.append(f"{where}: needs exactly one of {sorted(COMMAND_KEYS)}")
+                    continue
+                (name, body), = command.items()
                 if name not in COMMAND_KEYS:
                     problems.append(f"{where}: unknown command {name}")
                 elif COMMAND_KEYS[name] is None:
@@ -456,6 +471,8 @@ def test_agent_config_has_the_agents_shape():
         (lambda c: c["kubernetes"]["kubeadmUpgradeNode"]["commands"].append({"run": "kubeadm upgrade node"}), "not an argv list"),
         (lambda c: c["kubernetes"]["installKubelet"]["onResume"].append({"shell": "x"}), "onResume[1]: unknown command shell"),
         (lambda c: c["kubernetes"]["installKubeadm"]["skipIf"].__setitem__("stdoutEquals", "{semver}{{verison}}"), "{{verison}}"),
+        (lambda c: c["kubernetes"]["installKubeadm"]["retry"].__setitem__("attemps", 3), "retry.attemps: unknown key"),
+        (lambda c: c["kubernetes"]["installKubeadm"].pop("retry"), "retryable, but the sequence has no retry"),
     ],
 )
 def test_the_agent_config_check_can_fail(breakage, problem):

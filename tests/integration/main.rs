@@ -10,6 +10,7 @@ mod e2e_durability;
 mod e2e_ha;
 mod e2e_observe;
 mod e2e_resume;
+mod e2e_retry;
 mod e2e_rollout;
 mod e2e_verdicts;
 mod fatal_errors;

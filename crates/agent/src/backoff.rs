@@ -35,7 +35,7 @@ impl Backoff {
 }
 
 /// A uniform number in [0, 1) from the TLS provider's system RNG (falls back to 0.5).
-fn random_unit() -> f64 {
+pub(crate) fn random_unit() -> f64 {
     let mut bytes = [0u8; 8];
     match rustls::crypto::ring::default_provider()
         .secure_random

@@ -8,6 +8,8 @@ use std::path::Path;
 use inplace_agent_api::is_valid_kubernetes_version;
 use serde::Deserialize;
 
+use crate::retry::RetryPolicy;
+pub use crate::sequence_command::SequenceCommand;
 use crate::template;
 
 /// Largest `--config` file accepted.
@@ -132,14 +134,13 @@ pub struct CommandSequence {
     /// repairs an interrupted command needs before it can run again (e.g. `dpkg --configure -a`,
     /// without which apt refuses to work after an interrupted install). Not counted as progress,
     /// so they must be safe to run at any point of the sequence.
-    #[serde(
-        default,
-        deserialize_with = "serde_yaml_ng::with::singleton_map_recursive::deserialize"
-    )]
-    pub on_resume: Vec<CommandSpec>,
-    /// The commands (`- run: …` single-key maps rather than YAML `!tags`).
-    #[serde(deserialize_with = "serde_yaml_ng::with::singleton_map_recursive::deserialize")]
-    pub commands: Vec<CommandSpec>,
+    #[serde(default)]
+    pub on_resume: Vec<SequenceCommand>,
+    /// The commands (`- run: …` maps rather than YAML `!tags`).
+    pub commands: Vec<SequenceCommand>,
+    /// How often, and how far apart, the commands marked `retryable` run when they exit non-zero.
+    #[serde(default)]
+    pub retry: Option<RetryPolicy>,
 }
 
 /// A command whose success (and optionally output) says "already done".
@@ -156,23 +157,20 @@ pub struct Check {
     pub stdout_contains: Option<String>,
 }
 
-/// One entry of a sequence. YAML: `- run: [argv…]`, `- writeFile: {path, content, mode}` or
-/// `- verifySha256: {path, sha256}`. `run` arguments are literal (use `{{root}}` for node
+/// What one entry of a sequence does. YAML: `- run: [argv…]` (optionally with `retryable: true`),
+/// `- writeFile: {path, content, mode}` or `- verifySha256: {path, sha256}`. `run` arguments are literal (use `{{root}}` for node
 /// paths); the `path` of the built-ins is a node path, joined under `--root` by the agent.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[derive(Clone, Debug)]
 pub enum CommandSpec {
     /// Run a program (looked up in `path`) with these arguments. Never through a shell.
     Run(Vec<String>),
     /// Write a file atomically (e.g. the package repository line for `{{minor}}`).
-    #[serde(rename_all = "camelCase")]
     WriteFile {
         /// Node path.
         path: String,
         /// Content (templated).
         content: String,
         /// Octal mode, default `0644`.
-        #[serde(default)]
         mode: Option<String>,
     },
     /// Fail unless the file's SHA-256 is this (hex, templated: `{{pin.kubeadmSha256}}`).
@@ -447,11 +445,20 @@ impl CommandSequence {
                 template::check(text).map_err(|e| format!("skipIf: {e}"))?;
             }
         }
+        if let Some(retry) = &self.retry {
+            retry.validate()?;
+        }
         for (list, commands) in [("onResume", &self.on_resume), ("commands", &self.commands)] {
             for (i, command) in commands.iter().enumerate() {
                 command
+                    .spec
                     .validate()
                     .map_err(|e| format!("{list}[{i}]: {e}"))?;
+                if command.retryable && self.retry.is_none() {
+                    return Err(format!(
+                        "{list}[{i}]: retryable, but the sequence has no `retry: {{attempts, initialDelaySeconds, maxDelaySeconds}}`"
+                    ));
+                }
             }
         }
         Ok(())

@@ -167,8 +167,8 @@ impl Agent {
             let have_reports = !self.store.state.outbox.is_empty();
             let event = tokio::select! {
                 r = &mut task.0 => Event::Finished(join(r)),
-                Some((progress, ack)) = progress_rx.recv() => {
-                    let _ = ack.send(self.record_progress(index, progress));
+                Some((progress, message, ack)) = progress_rx.recv() => {
+                    let _ = ack.send(self.record_progress(index, progress, message));
                     Event::Progress
                 }
                 () = &mut *shutdown => Event::Shutdown,
@@ -193,8 +193,8 @@ impl Agent {
                     let result = loop {
                         tokio::select! {
                             r = &mut task.0 => break join(r),
-                            Some((progress, ack)) = progress_rx.recv() => {
-                                let _ = ack.send(self.record_progress(index, progress));
+                            Some((progress, message, ack)) = progress_rx.recv() => {
+                                let _ = ack.send(self.record_progress(index, progress, message));
                             }
                             () = tokio::time::sleep_until(limit) => {
                                 task.0.abort();
@@ -222,12 +222,25 @@ impl Agent {
         ControlFlow::Continue(())
     }
 
-    /// Writes a sequence's progress into the step's record; true once it is on disk.
-    fn record_progress(&mut self, index: usize, progress: SequenceProgress) -> bool {
+    /// Writes a sequence's progress (and a new message, reported as `running`) into the step's
+    /// record; true once it is on disk.
+    fn record_progress(
+        &mut self,
+        index: usize,
+        progress: SequenceProgress,
+        message: Option<String>,
+    ) -> bool {
         let Some(record) = self.store.state.current.as_mut() else {
             return false;
         };
-        record.steps[index].progress = Some(progress);
+        let plan_id = record.plan_id.clone();
+        let step = &mut record.steps[index];
+        step.progress = Some(progress);
+        if let Some(message) = message {
+            step.message = Some(truncate_head(&message, MESSAGE_MAX_BYTES).to_owned());
+            let report = report_for(&self.identity, &plan_id, index, step);
+            self.store.enqueue(report);
+        }
         match self.store.save() {
             Ok(()) => true,
             Err(e) => {

@@ -18,6 +18,8 @@ mod executor;
 mod fsutil;
 mod inventory;
 mod limits;
+mod retry;
+mod sequence_command;
 mod state;
 mod template;
 mod unfinished;
@@ -33,12 +35,13 @@ pub use config::{AgentConfig, DEFAULT_STATE_DIR};
 pub use diagnose::PROBE_TIMEOUT;
 pub use driver_config::{
     Check, CommandSequence, CommandSpec, ConfigError, DriverConfig, EtcdConfig, InventoryConfig,
-    KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES, NtpConfig, NtpFlavor,
+    KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES, NtpConfig, NtpFlavor, SequenceCommand,
 };
 pub use executor::MAX_STEP_ATTEMPTS;
 pub use inplace_agent_api as api;
 pub use inventory::{AGENT_VERSION, INVENTORY_COMMAND_TIMEOUT};
 pub use limits::*;
+pub use retry::{MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY_SECONDS, RetryPolicy};
 pub use state::{MAX_OUTBOX, StateError};
 
 /// Runs the agent until `shutdown` completes. Returns an error only when it cannot start (bad

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use inplace_agent::api::{KubeadmUpgradeMode, Plan, StepAction};
-use inplace_agent::{CommandSequence, CommandSpec};
+use inplace_agent::{CommandSequence, CommandSpec, SequenceCommand};
 
 use super::standins::{World, release_binary};
 use super::{Node, Shipped, TO};
@@ -36,7 +36,7 @@ pub fn targets(configs: &[Shipped]) -> Vec<(usize, &'static str, usize)> {
             let sequence = sequence(shipped, key)
                 .unwrap_or_else(|| panic!("{} has no kubernetes.{key}", shipped.file));
             for (i, command) in sequence.commands.iter().enumerate() {
-                if matches!(command, CommandSpec::Run(_)) {
+                if matches!(command.spec, CommandSpec::Run(_)) {
                     targets.push((c, key, i));
                 }
             }
@@ -68,7 +68,7 @@ pub struct Effect {
 }
 
 pub fn runs(
-    commands: &[CommandSpec],
+    commands: &[SequenceCommand],
     key: Option<&'static str>,
     root: &str,
     pins: &[(String, String)],
@@ -76,7 +76,7 @@ pub fn runs(
     commands
         .iter()
         .enumerate()
-        .filter_map(|(index, command)| match command {
+        .filter_map(|(index, command)| match &command.spec {
             CommandSpec::Run(argv) => Some(Effect {
                 sequence: key,
                 index,
@@ -153,7 +153,7 @@ pub fn written_files(shipped: &Shipped) -> Vec<String> {
         .iter()
         .filter_map(|key| sequence(shipped, key))
         .flat_map(|s| s.commands.iter())
-        .filter_map(|c| match c {
+        .filter_map(|c| match &c.spec {
             CommandSpec::WriteFile { path, .. } => Some(path.clone()),
             _ => None,
         })

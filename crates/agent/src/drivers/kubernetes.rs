@@ -12,9 +12,10 @@ use inplace_agent_api::{KubeadmUpgradeMode, StepAction, is_valid_kubernetes_vers
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use super::attempts::Attempts;
 use super::{DriverEnv, Outcome, StepContext, StepResult};
 use crate::command::{display_argv, run_command};
-use crate::driver_config::{Check, CommandSequence, CommandSpec};
+use crate::driver_config::{Check, CommandSequence, CommandSpec, SequenceCommand};
 use crate::fsutil::{FileMeta, atomic_write};
 use crate::state::SequenceProgress;
 use crate::template::{Vars, expand};
@@ -62,7 +63,7 @@ pub(crate) async fn run(env: &DriverEnv, ctx: &mut StepContext, action: &StepAct
 
 /// One command of a sequence with its templates expanded (and serialized for the fingerprint).
 #[derive(Serialize)]
-enum Prepared {
+pub(super) enum Prepared {
     /// argv.
     Run(Vec<String>),
     /// Node path, content, mode.
@@ -77,12 +78,12 @@ fn prepare(
     env: &DriverEnv,
     key: &str,
     list: &str,
-    commands: &[CommandSpec],
+    commands: &[SequenceCommand],
     vars: &Vars,
 ) -> Result<Vec<Prepared>, String> {
     let mut prepared = Vec::with_capacity(commands.len());
     for (i, command) in commands.iter().enumerate() {
-        let one = match command {
+        let one = match &command.spec {
             CommandSpec::Run(template) => template
                 .iter()
                 .map(|a| expand(a, vars))
@@ -124,7 +125,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// Runs one prepared command; `Some` is the step's end (a failure or an interruption).
-async fn run_one(
+pub(super) async fn run_one(
     env: &DriverEnv,
     ctx: &mut StepContext,
     command: &Prepared,
@@ -145,7 +146,7 @@ async fn run_one(
     }
 }
 
-fn interrupted() -> StepResult {
+pub(super) fn interrupted() -> StepResult {
     StepResult {
         outcome: Outcome::Interrupted,
         ..StepResult::failed("agent shutting down")
@@ -227,17 +228,34 @@ async fn run_sequence(
             }
         }
     }
-    for (i, command) in commands.iter().enumerate().skip(first) {
-        if *ctx.cancel.borrow() {
-            return interrupted();
+    // A retry of command `first` that an interruption cut short continues at its attempt.
+    let mut pending_retry = match &ctx.progress {
+        Some(p) if p.sequence == sequence_id && p.done as usize == first => {
+            Some((p.failed_attempts, p.retry_at_unix_ms))
         }
+        _ => None,
+    };
+    let mut retried = Vec::new();
+    for (i, command) in commands.iter().enumerate().skip(first) {
+        let policy = sequence.retry.filter(|_| sequence.commands[i].retryable);
+        let (failures, due) = pending_retry.take().unwrap_or_default();
         let context = |e: String| format!("kubernetes.{key}.commands[{i}]: {e}");
-        if let Some(end) = run_one(env, ctx, command, context).await {
-            return end;
+        let attempts = Attempts {
+            index: i,
+            sequence: &sequence_id,
+            policy,
+            failures,
+            due,
+        };
+        match attempts.run(env, ctx, command, context).await {
+            Err(end) => return end,
+            Ok(Some(note)) => retried.push(note),
+            Ok(None) => {}
         }
         let progress = SequenceProgress {
             sequence: sequence_id.clone(),
             done: (i + 1) as u32,
+            ..SequenceProgress::default()
         };
         // When this fails the command runs again after an interruption: safe by the resume rule.
         ctx.recorder.record(progress).await;
@@ -246,14 +264,18 @@ async fn run_sequence(
         // Only means the next step of this kind is not skipped by skipIf.
         tracing::warn!(error = %e, step = key, "cannot record the sequence as finished");
     }
-    StepResult::ok(if first == 0 {
+    let mut message = if first == 0 {
         format!("{total} configured commands ran for {version}")
     } else {
         format!(
             "resumed at command {} of {total} for {version}: the first {first} had completed",
             first + 1
         )
-    })
+    };
+    if !retried.is_empty() {
+        message.push_str(&format!(" ({})", retried.join("; ")));
+    }
+    StepResult::ok(message)
 }
 
 async fn check_holds(

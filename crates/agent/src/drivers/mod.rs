@@ -1,6 +1,7 @@
 //! Node-local drivers: one per step kind. Each converges the node to the step's desired state
 //! and is idempotent — a step whose desired state already holds is a no-op success.
 
+mod attempts;
 mod etcd;
 mod files;
 mod kubelet;
@@ -175,7 +176,9 @@ pub(crate) struct StepContext {
 }
 
 /// A progress record on its way to `state.json`, with the answer "it is on disk".
-pub(crate) type ProgressUpdate = (SequenceProgress, oneshot::Sender<bool>);
+/// The optional message replaces the step's message in `state.json` and goes to the server in a
+/// `running` report (e.g. which retry attempt is due).
+pub(crate) type ProgressUpdate = (SequenceProgress, Option<String>, oneshot::Sender<bool>);
 
 /// The driver's side of progress recording: the executor owns `state.json` and writes each
 /// update (temp, fsync, rename) before answering.
@@ -198,11 +201,20 @@ impl ProgressRecorder {
     /// step goes on (the command would then run again after an interruption, which the resume
     /// rule makes safe).
     pub async fn record(&self, progress: SequenceProgress) -> bool {
+        self.record_with_message(progress, None).await
+    }
+
+    /// [`ProgressRecorder::record`], also telling the server `message` as the running step's message.
+    pub async fn record_with_message(
+        &self,
+        progress: SequenceProgress,
+        message: Option<String>,
+    ) -> bool {
         let Some(sender) = &self.0 else {
             return false;
         };
         let (ack, done) = oneshot::channel();
-        if sender.send((progress, ack)).await.is_err() {
+        if sender.send((progress, message, ack)).await.is_err() {
             return false;
         }
         done.await.unwrap_or(false)

@@ -6,6 +6,7 @@ mod commands;
 mod files;
 mod node_config;
 mod resume;
+mod retries;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -131,6 +132,17 @@ pub(crate) async fn run_attempt(
     resumed: bool,
     progress: Option<SequenceProgress>,
 ) -> (StepResult, Vec<SequenceProgress>) {
+    let (result, records) = run_recorded(env, action, resumed, progress).await;
+    (result, records.into_iter().map(|(p, _)| p).collect())
+}
+
+/// [`run_attempt`], also returning the message each progress record reported.
+pub(crate) async fn run_recorded(
+    env: &Arc<DriverEnv>,
+    action: StepAction,
+    resumed: bool,
+    progress: Option<SequenceProgress>,
+) -> (StepResult, Vec<(SequenceProgress, Option<String>)>) {
     let (_tx, cancel) = watch::channel(false);
     let (sender, mut receiver) = tokio::sync::mpsc::channel(1);
     let ctx = StepContext {
@@ -149,8 +161,8 @@ pub(crate) async fn run_attempt(
     };
     let collector = tokio::spawn(async move {
         let mut seen = Vec::new();
-        while let Some((progress, ack)) = receiver.recv().await {
-            seen.push(progress);
+        while let Some((progress, message, ack)) = receiver.recv().await {
+            seen.push((progress, message));
             let _ = ack.send(true);
         }
         seen

@@ -73,6 +73,7 @@ async fn a_resumed_step_ignores_skip_if_and_continues_at_its_first_unfinished_co
     let progress = SequenceProgress {
         sequence: sequence.clone(),
         done: 2,
+        ..SequenceProgress::default()
     };
     let (result, records) = run_attempt(&env, install_kubelet(), true, Some(progress)).await;
     assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
@@ -92,6 +93,7 @@ async fn a_resumed_step_ignores_skip_if_and_continues_at_its_first_unfinished_co
     let progress = SequenceProgress {
         sequence: sequence.clone(),
         done: 4,
+        ..SequenceProgress::default()
     };
     let (result, _) = run_attempt(&env, install_kubelet(), true, Some(progress)).await;
     assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
@@ -116,6 +118,7 @@ async fn progress_recorded_for_other_commands_is_never_used() {
     let progress = SequenceProgress {
         sequence: sequence.clone(),
         done: 3,
+        ..SequenceProgress::default()
     };
     let other = StepAction::InstallKubelet {
         version: "v1.34.2".into(),
@@ -137,7 +140,11 @@ async fn progress_recorded_for_other_commands_is_never_used() {
     // So does an edited agent config (same key, other commands).
     let edited = sb.env(&CONFIG.replace("[step, hold]", "[step, hold, kubectl]"));
     std::fs::remove_file(sb.node("/calls.log")).unwrap();
-    let progress = SequenceProgress { sequence, done: 3 };
+    let progress = SequenceProgress {
+        sequence,
+        done: 3,
+        ..SequenceProgress::default()
+    };
     let (_, _) = run_attempt(&edited, install_kubelet(), true, Some(progress)).await;
     assert_eq!(sb.calls().len(), 5, "{:?}", sb.calls());
 }
