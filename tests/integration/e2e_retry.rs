@@ -26,6 +26,36 @@ fn with_retry(request: &Value, value: &str) -> Value {
     request
 }
 
+/// `inplace-updater status` (with `--agents`: the agents) as an operator runs it against the health port.
+fn operator_view(server: &ServerProcess, agents: bool) -> String {
+    let mut command = std::process::Command::new(common::binary());
+    command.arg("status");
+    if agents {
+        command.arg("--agents");
+    }
+    let output = command
+        .arg("--server")
+        .arg(format!("http://{}", server.health))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let text = String::from_utf8(output.stdout).unwrap();
+    // Printed so `--nocapture` shows what the operator sees at each point.
+    eprintln!(
+        "$ inplace-updater status{}\n{text}",
+        if agents { " --agents" } else { "" }
+    );
+    text
+}
+
+/// The `status` row of a Machine's newest run (rows are newest first within a cluster).
+fn newest_row<'a>(status: &'a str, machine: &str) -> &'a str {
+    status
+        .lines()
+        .find(|line| line.contains(&format!("default/{machine}")))
+        .unwrap_or_else(|| panic!("no row for {machine}:\n{status}"))
+}
+
 fn upgrades(agent: &AgentProcess) -> usize {
     agent
         .sandbox
@@ -68,6 +98,17 @@ async fn an_operator_retry_restarts_a_failed_update_once_after_the_node_is_fixed
         "{message}"
     );
     assert_eq!(upgrades(&agent), 1);
+    // What the operator sees: the failed run with its step and exit, and the agent still connected.
+    let failed = operator_view(&server, false);
+    let row = newest_row(&failed, FIRST);
+    assert!(row.contains("failed") && row.contains("exit"), "{failed}");
+    let agents = operator_view(&server, true);
+    assert!(
+        newest_row(&agents, FIRST)
+            .split_whitespace()
+            .any(|word| word == "connected"),
+        "{agents}"
+    );
 
     // The operator fixes the node, then annotates the Machine; CAPI passes the annotation on its next call.
     agent.sandbox.fail_kubeadm(false).unwrap();
@@ -79,6 +120,8 @@ async fn an_operator_retry_restarts_a_failed_update_once_after_the_node_is_fixed
         2,
         "the fresh run ran the failed step again"
     );
+    let retried = operator_view(&server, false);
+    assert!(newest_row(&retried, FIRST).contains("done"), "{retried}");
 
     // The same value again starts nothing.
     assert_eq!(capi.update_machine(&retry).await, UpdateOutcome::Done);
