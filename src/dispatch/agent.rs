@@ -142,10 +142,13 @@ impl Dispatcher {
     }
 
     /// Folds the agent's own summary into the run it names (recovers reports lost in a crash).
+    /// A hold in it counts only when it is the hold the server puts on that run (`record`: the Machine's
+    /// record): an agent confirms holds, it cannot make them up.
     async fn absorb_progress(
         &self,
         machine: &MachineRef,
         progress: &PlanProgress,
+        record: Option<&MachineRecord>,
     ) -> Result<(), DispatchError> {
         let key = update_key(machine, &progress.plan_id);
         let now = now_ms();
@@ -154,8 +157,11 @@ impl Dispatcher {
             failed_kind = None;
             let Some(run) = current else { return Ok(None) };
             let was_failed = run.outcome().is_failure();
+            let expected = record.and_then(|r| hold_for(r, run));
+            let mut progress = progress.clone();
+            progress.hold = progress.hold.filter(|h| Some(h) == expected.as_ref());
             let mut run = run.clone();
-            if !run.apply_progress(progress, now) {
+            if !run.apply_progress(&progress, now) {
                 return Ok(None);
             }
             if let (Outcome::Failed { index }, false) = (run.outcome(), was_failed) {
@@ -208,12 +214,13 @@ impl Dispatcher {
         };
         // Against the Machine's record, not just the namespace: a cluster token of the same namespace must be
         // refused before its `current` progress is folded into another cluster's run.
-        self.scoped_machine(scope, &machine).await?;
+        let record = self.scoped_machine(scope, &machine).await?;
         if self.mark_seen(&machine) {
             self.persist_seen(&machine, None).await?;
         }
         if let Some(progress) = &request.current {
-            self.absorb_progress(&machine, progress).await?;
+            self.absorb_progress(&machine, progress, record.as_ref())
+                .await?;
         }
         let deadline = tokio::time::Instant::now()
             + Duration::from_secs(u64::from(request.wait_seconds.min(MAX_WAIT_SECONDS)));
@@ -366,11 +373,12 @@ impl Dispatcher {
         let Some(machine) = self.resolve(&report.agent).await? else {
             return Ok(());
         };
-        self.scoped_machine(scope, &machine).await?;
+        let record = self.scoped_machine(scope, &machine).await?;
         self.mark_seen(&machine);
         self.persist_seen(&machine, Some(report.clone())).await?;
         if let Some(progress) = &report.current {
-            self.absorb_progress(&machine, progress).await?;
+            self.absorb_progress(&machine, progress, record.as_ref())
+                .await?;
         }
         Ok(())
     }
