@@ -10,6 +10,7 @@ use inplace_store::{Precondition, Write};
 use serde_json::value::RawValue;
 use sha2::{Digest as _, Sha256};
 
+use super::hold::{CANCEL_ANNOTATION, OperatorHolds, held_answer, hold_on};
 use super::licence::Licence;
 use super::records::{
     AgentRecord, ApplyClaim, MachineRecord, Outcome, ProviderIndex, RetryMark, RunView, StepState,
@@ -37,6 +38,8 @@ pub struct UpdateRequest {
     pub infra: Option<Box<RawValue>>,
     /// Actions the policy and settings allow.
     pub actions: BTreeSet<Action>,
+    /// The ExtensionConfig `paused` setting, when set: every Machine of the registration is paused.
+    pub paused_setting: Option<String>,
 }
 
 impl UpdateRequest {
@@ -316,6 +319,8 @@ impl Dispatcher {
                                     provider_id: facts.provider_id.clone(),
                                     since_ms: now,
                                     retry,
+                                    paused: current.and_then(|r| r.paused.clone()),
+                                    cancel: current.and_then(|r| r.cancel.clone()),
                                 }
                             }
                         }))
@@ -324,6 +329,9 @@ impl Dispatcher {
                 .await?
                 .ok_or_else(|| DispatchError::Contention(machine_key(&facts.machine)))?,
         };
+        // Read on every call: the pause setting is not part of the input fingerprint.
+        let wanted = OperatorHolds::read(request.machine.get(), request.paused_setting.as_deref())?;
+        let record = self.record_holds(&facts.machine, record, &wanted).await?;
         let key = update_key(&facts.machine, &record.run_id);
         let run = match self.read::<RunView>(&key).await? {
             Some((run, _)) => run,
@@ -384,7 +392,17 @@ impl Dispatcher {
             .as_ref()
             .filter(|m| m.ignored && m.run_id == record.run_id)
             .map(|m| m.value.as_str());
-        Ok(self.answer(&run, agent.as_ref(), refusal.as_ref(), ignored, now))
+        let hold = hold_on(
+            &record,
+            &record.run_id,
+            matches!(run.outcome(), Outcome::Done | Outcome::Failed { .. }),
+            run.cancelled.as_ref().map(|c| &c.value),
+        );
+        let answer = match hold.filter(|_| !run.outcome().is_failure()) {
+            Some(hold) => held_answer(&run, &hold, self.config.retry_after_seconds),
+            None => self.answer(&run, agent.as_ref(), refusal.as_ref(), ignored, now),
+        };
+        Ok(answer)
     }
 
     fn last_seen(
@@ -475,6 +493,13 @@ impl Dispatcher {
                 ));
                 UpdateAnswer::Failed { message }
             }
+            Outcome::Cancelled { after } => UpdateAnswer::Failed {
+                message: format!(
+                    "cancelled by operator ({CANCEL_ANNOTATION}={}) after step {after} of {total}; to run it again: {}",
+                    run.cancelled.as_ref().map_or("", |c| c.value.as_str()),
+                    retry_command(&plan.machine)
+                ),
+            },
             Outcome::Waiting => {
                 let last_seen = self.last_seen(&plan.machine, agent);
                 let mut seen = match last_seen {

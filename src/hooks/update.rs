@@ -76,6 +76,7 @@ pub fn update_request(
         bootstrap: desired.bootstrap_config,
         infra: desired.infrastructure_machine,
         actions,
+        paused_setting: settings.paused,
     })
 }
 

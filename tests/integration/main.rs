@@ -8,6 +8,7 @@ mod common;
 mod deploy_configs;
 mod e2e_durability;
 mod e2e_ha;
+mod e2e_hold;
 mod e2e_observe;
 mod e2e_resume;
 mod e2e_retry;

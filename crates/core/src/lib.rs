@@ -34,7 +34,7 @@ pub use objects::{ObjectRole, Objects, Scope};
 pub use patch::{Patch, PatchType};
 pub use path::{Path, Seg};
 pub use policy::{DEFAULT_POLICY_YAML, Policy, PolicyError};
-pub use settings::{Mode, Settings, SettingsError};
+pub use settings::{MAX_PAUSED_BYTES, Mode, Settings, SettingsError};
 
 /// Lower-case hex of `bytes` (digests in ids, fingerprints, store keys and token lines).
 pub fn hex(bytes: &[u8]) -> String {

@@ -28,7 +28,16 @@ pub const SETTINGS_DOC: &[(&str, &str)] = &[
         "\"JSONPatch\" (default, RFC 6902) or \"JSONMergePatch\" (RFC 7386) for the patches in CanUpdate answers. \
          A change a merge patch cannot express (a null inside a desired value) is sent as JSONPatch for that object.",
     ),
+    (
+        "paused",
+        "Any non-empty text (the reason, or who paused): every Machine of this registration pauses after its \
+         running step; no new step starts and UpdateMachine says \"paused by ExtensionConfig setting paused=...\". \
+         Remove it (or set \"\") to resume. Default: not paused.",
+    ),
 ];
+
+/// Longest `paused` setting accepted (it is repeated in every UpdateMachine message).
+pub const MAX_PAUSED_BYTES: usize = 256;
 
 /// What to do when some change cannot be performed in place.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -53,6 +62,9 @@ pub struct Settings {
     pub mode: Mode,
     /// `patchType`: the patch format of answers.
     pub patch_type: PatchType,
+    /// `paused`: the reason every Machine of this registration is paused, when set (non-empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused: Option<String>,
 }
 
 impl Default for Settings {
@@ -62,6 +74,7 @@ impl Default for Settings {
             disabled_actions: BTreeSet::new(),
             mode: Mode::InPlaceOrRollout,
             patch_type: PatchType::JsonPatch,
+            paused: None,
         }
     }
 }
@@ -70,7 +83,7 @@ impl Default for Settings {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SettingsError {
     /// A key this updater does not know (a typo would otherwise silently widen what goes in place).
-    #[error("unknown setting {key:?} (known: inPlace, disableActions, mode, patchType)")]
+    #[error("unknown setting {key:?} (known: inPlace, disableActions, mode, patchType, paused)")]
     UnknownKey {
         /// The key as given.
         key: String,
@@ -139,6 +152,16 @@ impl Settings {
                         }
                     }
                 }
+                "paused" => {
+                    if v.len() > MAX_PAUSED_BYTES {
+                        return Err(invalid(
+                            "paused",
+                            value,
+                            "at most 256 bytes of text (the reason or who paused)",
+                        ));
+                    }
+                    s.paused = (!v.is_empty()).then(|| v.to_owned());
+                }
                 _ => return Err(SettingsError::UnknownKey { key: key.clone() }),
             }
         }
@@ -175,6 +198,23 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         )
+    }
+
+    #[test]
+    fn paused_is_any_non_empty_text_and_bounded() {
+        assert_eq!(
+            parse(&[("paused", " change freeze (ops) ")])
+                .unwrap()
+                .paused,
+            Some("change freeze (ops)".to_owned())
+        );
+        assert_eq!(parse(&[("paused", "  ")]).unwrap().paused, None);
+        let long = "x".repeat(MAX_PAUSED_BYTES + 1);
+        let err = parse(&[("paused", &long)]).unwrap_err().to_string();
+        assert!(
+            err.contains("setting paused") && err.contains("256 bytes"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ case "$1" in
   upgrade)
     if [ -e "$INPLACE_ROOT/pace" ]; then sleep "$(cat "$INPLACE_ROOT/pace")"; fi
     if [ -e "$INPLACE_ROOT/slow-kubeadm" ]; then sleep 5; fi
+    while [ -e "$INPLACE_ROOT/gate-kubeadm" ]; do sleep 0.05; done
     if [ -e "$INPLACE_ROOT/fail-kubeadm" ]; then
       echo "[preflight] Running pre-flight checks." >&2
       echo "[ERROR CoreDNSUnsupportedPlugins]: fake failure injected by the test" >&2
@@ -165,6 +166,17 @@ impl Sandbox {
     pub fn slow_kubeadm(&self, slow: bool) -> std::io::Result<()> {
         let marker = self.path("/slow-kubeadm");
         if slow {
+            std::fs::write(marker, "")
+        } else {
+            std::fs::remove_file(marker).or(Ok(()))
+        }
+    }
+
+    /// Makes every later `kubeadm upgrade` wait while the gate is closed (to hold an agent mid-step for as long
+    /// as a test needs), or opens it.
+    pub fn gate_kubeadm(&self, closed: bool) -> std::io::Result<()> {
+        let marker = self.path("/gate-kubeadm");
+        if closed {
             std::fs::write(marker, "")
         } else {
             std::fs::remove_file(marker).or(Ok(()))
