@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::action::Action;
 use crate::patch::PatchType;
+use crate::window::{self, WINDOW_SETTING, Window, WindowError};
 
 /// Every setting key with its values and meaning, for `--help`, README and error messages.
 pub const SETTINGS_DOC: &[(&str, &str)] = &[
@@ -27,6 +28,13 @@ pub const SETTINGS_DOC: &[(&str, &str)] = &[
         "patchType",
         "\"JSONPatch\" (default, RFC 6902) or \"JSONMergePatch\" (RFC 7386) for the patches in CanUpdate answers. \
          A change a merge patch cannot express (a null inside a desired value) is sent as JSONPatch for that object.",
+    ),
+    (
+        WINDOW_SETTING,
+        "A maintenance window such as \"days=mon-fri start=22:00 end=04:00 tz=Europe/Berlin\" (days: names or ranges; \
+         start/end: HH:MM local, end may be 24:00, an end at or before start is the next day; tz: IANA name, default \
+         UTC). Outside it UpdateMachine starts no run and a run in progress waits after its current step. The Machine \
+         annotation inplace-updater.dev/maintenance-window overrides it (\"none\": no window). Default: none (always open).",
     ),
 ];
 
@@ -53,6 +61,8 @@ pub struct Settings {
     pub mode: Mode,
     /// `patchType`: the patch format of answers.
     pub patch_type: PatchType,
+    /// `maintenanceWindow`: when runs may start and step (`None`: always).
+    pub maintenance_window: Option<Window>,
 }
 
 impl Default for Settings {
@@ -62,6 +72,7 @@ impl Default for Settings {
             disabled_actions: BTreeSet::new(),
             mode: Mode::InPlaceOrRollout,
             patch_type: PatchType::JsonPatch,
+            maintenance_window: None,
         }
     }
 }
@@ -70,7 +81,9 @@ impl Default for Settings {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SettingsError {
     /// A key this updater does not know (a typo would otherwise silently widen what goes in place).
-    #[error("unknown setting {key:?} (known: inPlace, disableActions, mode, patchType)")]
+    #[error(
+        "unknown setting {key:?} (known: inPlace, disableActions, mode, patchType, maintenanceWindow)"
+    )]
     UnknownKey {
         /// The key as given.
         key: String,
@@ -84,6 +97,14 @@ pub enum SettingsError {
         value: String,
         /// What would have been accepted.
         expected: &'static str,
+    },
+    /// `maintenanceWindow` is not a window spec.
+    #[error("setting maintenanceWindow: invalid value {value:?}: {problem}")]
+    Window {
+        /// The value as given.
+        value: String,
+        /// What is wrong with it.
+        problem: WindowError,
     },
     /// Settings that contradict each other.
     #[error("settings conflict: {0}")]
@@ -138,6 +159,13 @@ impl Settings {
                             ));
                         }
                     }
+                }
+                WINDOW_SETTING => {
+                    s.maintenance_window =
+                        window::parse_setting(v).map_err(|problem| SettingsError::Window {
+                            value: value.clone(),
+                            problem,
+                        })?;
                 }
                 _ => return Err(SettingsError::UnknownKey { key: key.clone() }),
             }
@@ -196,6 +224,22 @@ mod tests {
         assert_eq!(s.disabled_actions, [Action::SshKeys, Action::Ntp].into());
         assert_eq!(s.mode, Mode::InPlaceOnly);
         assert_eq!(s.patch_type, PatchType::JsonMergePatch);
+        let w = parse(&[(
+            "maintenanceWindow",
+            "days=sat start=01:00 end=05:00 tz=Europe/Berlin",
+        )])
+        .unwrap()
+        .maintenance_window
+        .unwrap();
+        assert_eq!(w.spec(), "days=sat start=01:00 end=05:00 tz=Europe/Berlin");
+        assert_eq!(
+            parse(&[("maintenanceWindow", "none")]).unwrap(),
+            Settings::default()
+        );
+        assert_eq!(
+            parse(&[("maintenanceWindow", "")]).unwrap(),
+            Settings::default()
+        );
         assert!(!s.allows(Action::Ntp) && s.allows(Action::Files));
         let off = parse(&[("inPlace", "false")]).unwrap();
         assert!(!off.allows(Action::Files));
@@ -208,6 +252,12 @@ mod tests {
         let e = parse(&[("disableActions", "ntp,reboot")]).unwrap_err();
         assert!(e.to_string().contains("ntp,reboot"), "{e}");
         assert!(parse(&[("inPlace", "yes")]).is_err());
+        let e = parse(&[("maintenanceWindow", "days=mon start=9")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "setting maintenanceWindow: invalid value \"days=mon start=9\": \
+             start \"9\" is not a time HH:MM between 00:00 and 23:59"
+        );
         assert!(parse(&[("mode", "strict")]).is_err());
         assert!(parse(&[("patchType", "strategic")]).is_err());
         assert!(matches!(
