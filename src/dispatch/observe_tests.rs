@@ -44,6 +44,7 @@ fn request(name: &str, motd: &str) -> UpdateRequest {
         bootstrap: Some(text(&bootstrap)),
         infra: None,
         actions: [inplace_core::Action::Files].into_iter().collect(),
+        window: None,
     }
 }
 

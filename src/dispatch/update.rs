@@ -37,6 +37,8 @@ pub struct UpdateRequest {
     pub infra: Option<Box<RawValue>>,
     /// Actions the policy and settings allow.
     pub actions: BTreeSet<Action>,
+    /// The maintenance window in force for this Machine (its annotation, else the ExtensionConfig setting).
+    pub window: Option<inplace_core::Window>,
 }
 
 impl UpdateRequest {
@@ -235,6 +237,16 @@ impl Dispatcher {
                 Licence::Granted { fingerprint } => licensed = Some(fingerprint),
             }
         }
+        // Outside the window no new run starts: neither a new desired state nor a retry of a failed run.
+        // Checked before the `kubeadm upgrade apply` claim, so a waiting Machine claims nothing.
+        if let Some(window) = request.window.as_ref().filter(|_| !repeat)
+            && let Some(waiting) = self.window_closed(window, "the update")
+            && self
+                .would_start_run(request, existing.as_ref().map(|(r, _)| r), peeked)
+                .await?
+        {
+            return Ok(waiting);
+        }
         let mode = if uses_version && !repeat {
             self.upgrade_mode(facts).await?
         } else {
@@ -385,6 +397,32 @@ impl Dispatcher {
             .filter(|m| m.ignored && m.run_id == record.run_id)
             .map(|m| m.value.as_str());
         Ok(self.answer(&run, agent.as_ref(), refusal.as_ref(), ignored, now))
+    }
+
+    /// Whether this call would make a new run current: another desired state than the recorded one, or a
+    /// retry value not seen before while the recorded run has failed.
+    async fn would_start_run(
+        &self,
+        request: &UpdateRequest,
+        existing: Option<&MachineRecord>,
+        mode: KubeadmUpgradeMode,
+    ) -> Result<bool, DispatchError> {
+        let Some(record) = existing else {
+            return Ok(true);
+        };
+        if plan_for(request, mode)?.id != record.state_hash {
+            return Ok(true);
+        }
+        let Some(value) = super::retry::retry_value(request.machine.get())? else {
+            return Ok(false);
+        };
+        if record.retry.as_ref().is_some_and(|m| m.value == value) {
+            return Ok(false);
+        }
+        let run = self
+            .read::<RunView>(&update_key(&request.facts.machine, &record.run_id))
+            .await?;
+        Ok(run.is_some_and(|(run, _)| matches!(run.outcome(), Outcome::Failed { .. })))
     }
 
     fn last_seen(

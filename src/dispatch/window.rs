@@ -1,0 +1,89 @@
+//! Maintenance windows in dispatch: the clock they are judged by (the system clock, or one a test pins),
+//! and the answer UpdateMachine gives while a new run waits for its window to open.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use inplace_core::window::{Gate, Window};
+
+use super::{Dispatcher, UpdateAnswer, now_ms};
+
+/// The clock windows are judged by. Only tests set it (a pinned instant, or the hidden test-only serve flag
+/// `--test-window-clock-file`); otherwise it is the system clock.
+#[derive(Debug, Default)]
+pub struct WindowClock {
+    /// Pinned Unix ms; 0 means "not pinned".
+    pinned_ms: AtomicU64,
+    /// Test-only: a file holding the Unix ms to use, read at every look.
+    file: OnceLock<PathBuf>,
+}
+
+impl WindowClock {
+    /// Now, in Unix ms.
+    pub fn now_ms(&self) -> u64 {
+        if let Some(path) = self.file.get() {
+            // A file a test is rewriting may be caught empty: then the system clock, as without one.
+            let pinned = std::fs::read_to_string(path)
+                .ok()
+                .and_then(|text| text.trim().parse::<u64>().ok());
+            if let Some(pinned) = pinned {
+                return pinned;
+            }
+        }
+        match self.pinned_ms.load(Ordering::Relaxed) {
+            0 => now_ms(),
+            pinned => pinned,
+        }
+    }
+
+    /// Test-only: read the instant (Unix ms, decimal) from `path` at every look.
+    pub fn follow_file_for_tests(&self, path: PathBuf) {
+        let _ = self.file.set(path);
+    }
+
+    /// Test-only: judge windows as if it were `unix_ms` from now on (0: back to the system clock).
+    pub fn pin_for_tests(&self, unix_ms: u64) {
+        self.pinned_ms.store(unix_ms, Ordering::Relaxed);
+    }
+}
+
+/// `unix_ms` as a timestamp (Unix epoch itself when out of range, which no clock reading is).
+fn timestamp(unix_ms: u64) -> jiff::Timestamp {
+    i64::try_from(unix_ms)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .unwrap_or(jiff::Timestamp::UNIX_EPOCH)
+}
+
+impl Dispatcher {
+    /// The clock maintenance windows are judged by.
+    pub fn window_clock(&self) -> &WindowClock {
+        &self.window_clock
+    }
+
+    /// When `window` is closed now: the InProgress answer saying when it opens, with `retryAfterSeconds` the
+    /// normal one or the wait until it opens, whichever is shorter (at least 1 s).
+    pub(super) fn window_closed(&self, window: &Window, waiting_for: &str) -> Option<UpdateAnswer> {
+        let now = self.window_clock.now_ms();
+        let Gate::Closed { opens, message } = window.gate(timestamp(now)) else {
+            return None;
+        };
+        let normal = self.config.retry_after_seconds;
+        let retry_after_seconds = match opens {
+            Some(opens) => {
+                let wait_ms = opens
+                    .timestamp()
+                    .as_millisecond()
+                    .saturating_sub(now as i64);
+                let wait_s = i32::try_from(wait_ms.saturating_add(999) / 1000).unwrap_or(i32::MAX);
+                wait_s.clamp(1, normal.max(1))
+            }
+            None => normal,
+        };
+        Some(UpdateAnswer::InProgress {
+            message: format!("{message}; {waiting_for} starts then"),
+            retry_after_seconds,
+        })
+    }
+}
