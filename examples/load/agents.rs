@@ -159,6 +159,7 @@ async fn execute(
         succeeded_steps: plan.steps.len() as u32,
         total_steps: plan.steps.len() as u32,
         failed_step: None,
+        hold: None,
     })
 }
 

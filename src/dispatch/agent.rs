@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use inplace_agent_api::{
-    AgentIdentity, InventoryReport, MAX_WAIT_SECONDS, MachineRef, PlanProgress, PollRequest,
+    AgentIdentity, Hold, InventoryReport, MAX_WAIT_SECONDS, MachineRef, PlanProgress, PollRequest,
     PollResponse, StepReport, StepStatus, validate_report,
 };
 
+use super::hold::hold_for;
 use super::records::{
     AgentRecord, MachineRecord, Outcome, ProviderIndex, UpdateRecord, agent_key, machine_key,
     provider_key, update_key, valid_segment,
@@ -152,7 +153,7 @@ impl Dispatcher {
         self.update(&key, |current: Option<&UpdateRecord>| {
             failed_kind = None;
             let Some(run) = current else { return Ok(None) };
-            let was_failed = matches!(run.outcome(), Outcome::Failed { .. });
+            let was_failed = run.outcome().is_failure();
             let mut run = run.clone();
             if !run.apply_progress(progress, now) {
                 return Ok(None);
@@ -170,13 +171,13 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// The run the agent should execute now, if any (already scope-checked).
+    /// The run the agent should execute now, if any (already scope-checked), with the hold on it.
     async fn pending_plan(
         &self,
         scope: &AgentScope,
         machine: &MachineRef,
         current: Option<&PlanProgress>,
-    ) -> Result<Option<inplace_agent_api::Plan>, DispatchError> {
+    ) -> Result<Option<(inplace_agent_api::Plan, Option<Hold>)>, DispatchError> {
         let Some(record) = self.scoped_machine(scope, machine).await? else {
             return Ok(None);
         };
@@ -186,7 +187,8 @@ impl Dispatcher {
         else {
             return Ok(None);
         };
-        Ok(run.agent_needs_plan(current).then_some(run.plan))
+        let hold = hold_for(&record, &run, self.window_clock.now_ms());
+        Ok(run.agent_needs_plan(current).then_some((run.plan, hold)))
     }
 
     /// Long-poll: answers at once with the Machine's current run when the agent has not finished it, else
@@ -216,6 +218,8 @@ impl Dispatcher {
         let deadline = tokio::time::Instant::now()
             + Duration::from_secs(u64::from(request.wait_seconds.min(MAX_WAIT_SECONDS)));
         let notify = self.waiter(&machine);
+        // The hold both sides agree on while the agent waits out a hold (said again when the poll times out).
+        let mut agreed: Option<Hold>;
         let answer = loop {
             // Register interest before looking, so a run recorded in between is not missed.
             let for_machine = notify.notified();
@@ -227,28 +231,44 @@ impl Dispatcher {
                 .pending_plan(scope, &machine, request.current.as_ref())
                 .await
             {
-                Ok(Some(plan)) => break Ok(PollResponse::with_plan(plan)),
-                Ok(None) => {}
+                Ok(Some((plan, hold))) => {
+                    // An agent already honouring this very hold waits here until it changes; any other agent
+                    // gets the plan (its go-ahead, or the plan to adopt) with the hold now.
+                    let honoured = request
+                        .current
+                        .as_ref()
+                        .filter(|c| c.plan_id == plan.id)
+                        .and_then(|c| c.hold.as_ref());
+                    if hold.is_none() || honoured != hold.as_ref() {
+                        break Ok(PollResponse {
+                            plan: Some(plan),
+                            hold,
+                        });
+                    }
+                    agreed = hold;
+                }
+                Ok(None) => agreed = None,
                 Err(err) => break Err(err),
             }
             tokio::select! {
                 () = &mut for_machine => {}
                 () = &mut for_everyone => {}
-                () = tokio::time::sleep_until(deadline) => break Ok(PollResponse::nothing()),
-                // Shutting down: answer "nothing" now so the drain is not held up by idle polls.
-                () = self.shutdown.cancelled() => break Ok(PollResponse::nothing()),
+                () = tokio::time::sleep_until(deadline) => break Ok(PollResponse { plan: None, hold: agreed }),
+                // Shutting down: answer now so the drain is not held up by idle polls.
+                () = self.shutdown.cancelled() => break Ok(PollResponse { plan: None, hold: agreed }),
             }
         };
         self.release_waiter(&machine, notify);
         answer
     }
 
-    /// One step report: applied to the run it names, which must be the Machine's current run.
+    /// One step report: applied to the run it names, which must be the Machine's current run. Answers the hold
+    /// on that run, if any: the agent starts no step after an ack that carries one.
     pub async fn report(
         &self,
         scope: &AgentScope,
         report: &StepReport,
-    ) -> Result<(), DispatchError> {
+    ) -> Result<Option<Hold>, DispatchError> {
         validate_report(report).map_err(|err| DispatchError::BadRequest(err.to_string()))?;
         let Some(machine) = self.resolve(&report.agent).await? else {
             return Err(DispatchError::Conflict(
@@ -256,47 +276,54 @@ impl Dispatcher {
             ));
         };
         let record = self.scoped_machine(scope, &machine).await?;
-        if record.as_ref().is_none_or(|r| r.run_id != report.plan_id) {
+        let Some(record) = record.filter(|r| r.run_id == report.plan_id) else {
             return Err(DispatchError::Conflict(format!(
                 "plan {} is not the current run of machine {machine}",
                 truncate(&report.plan_id)
             )));
-        }
+        };
         self.mark_seen(&machine);
         let now = now_ms();
         let mut rejection = None;
         let mut ended = None;
-        self.update(
-            &update_key(&machine, &report.plan_id),
-            |current: Option<&UpdateRecord>| {
-                ended = None;
-                let Some(run) = current else { return Ok(None) };
-                let mut run = run.clone();
-                match run.apply_report(report, now) {
-                    Ok(true) => {
-                        ended = run
-                            .plan
-                            .steps
-                            .get(report.step_index as usize)
-                            .map(|step| (step.action.kind(), step.description.clone()));
-                        Ok(Some(run))
+        let run = self
+            .update(
+                &update_key(&machine, &report.plan_id),
+                |current: Option<&UpdateRecord>| {
+                    ended = None;
+                    let Some(run) = current else { return Ok(None) };
+                    let mut run = run.clone();
+                    match run.apply_report(report, now) {
+                        Ok(true) => {
+                            ended = run
+                                .plan
+                                .steps
+                                .get(report.step_index as usize)
+                                .map(|step| (step.action.kind(), step.description.clone()));
+                            Ok(Some(run))
+                        }
+                        Ok(false) => Ok(None),
+                        Err(err) => {
+                            rejection = Some(err);
+                            Ok(None)
+                        }
                     }
-                    Ok(false) => Ok(None),
-                    Err(err) => {
-                        rejection = Some(err);
-                        Ok(None)
-                    }
-                }
-            },
-        )
-        .await?;
+                },
+            )
+            .await?;
         if let Some((kind, description)) = ended {
             self.step_ended(&machine, report, kind, &description);
         }
-        match rejection {
-            Some(err) => Err(DispatchError::BadRequest(err.to_string())),
-            None => Ok(()),
+        if let Some(err) = rejection {
+            return Err(DispatchError::BadRequest(err.to_string()));
         }
+        // The Machine record is read again: a hold recorded while this report was applied is in this ack.
+        let record = self
+            .read::<MachineRecord>(&machine_key(&machine))
+            .await?
+            .map_or(record, |(r, _)| r);
+        let now = self.window_clock.now_ms();
+        Ok(run.and_then(|run| hold_for(&record, &run, now)))
     }
 
     /// Counts a step that just ended (first report of its end) and logs a failure.

@@ -13,7 +13,9 @@ use inplace_agent_api::MachineRef;
 use inplace_store::Change;
 use serde::Deserialize;
 
-use super::records::{MachineRecord, Outcome, StepRecord, UPDATES_PREFIX, update_key};
+use super::records::{
+    CancelledRun, MachineRecord, Outcome, StepRecord, UPDATES_PREFIX, update_key,
+};
 use super::{DispatchError, Dispatcher, now_ms, parse_machine};
 use crate::observe::{LiveFleet, StateLabels};
 
@@ -31,10 +33,21 @@ pub enum UpdateState {
     Done,
     /// A step failed.
     Failed,
+    /// Held by an operator pause (or another hold) and the agent confirmed it stopped: no step runs.
+    Paused,
+    /// Cancelled by an operator.
+    Cancelled,
 }
 
 impl UpdateState {
-    const ALL: [UpdateState; 4] = [Self::Recorded, Self::Running, Self::Done, Self::Failed];
+    const ALL: [UpdateState; 6] = [
+        Self::Recorded,
+        Self::Running,
+        Self::Done,
+        Self::Failed,
+        Self::Paused,
+        Self::Cancelled,
+    ];
 
     /// The `state` label.
     pub fn label(self) -> &'static str {
@@ -43,6 +56,8 @@ impl UpdateState {
             Self::Running => "running",
             Self::Done => "done",
             Self::Failed => "failed",
+            Self::Paused => "paused",
+            Self::Cancelled => "cancelled",
         }
     }
 
@@ -52,10 +67,12 @@ impl UpdateState {
             Outcome::InProgress { .. } => Self::Running,
             Outcome::Done => Self::Done,
             Outcome::Failed { .. } => Self::Failed,
+            Outcome::Cancelled { .. } => Self::Cancelled,
         }
     }
 
     fn unfinished(self) -> bool {
+        // A paused run is not stuck: the stalled-update gauge leaves it out.
         matches!(self, Self::Recorded | Self::Running)
     }
 }
@@ -66,6 +83,10 @@ impl UpdateState {
 struct RunTimes {
     created_ms: u64,
     steps: Vec<StepRecord>,
+    #[serde(default)]
+    held: Option<inplace_agent_api::Hold>,
+    #[serde(default)]
+    cancelled: Option<CancelledRun>,
 }
 
 impl RunTimes {
@@ -77,7 +98,14 @@ impl RunTimes {
             .flat_map(|s| [s.started_ms, s.finished_ms])
             .flatten()
             .fold(self.created_ms, u64::max);
-        (UpdateState::of(&Outcome::of(&self.steps)), progress)
+        let outcome = Outcome::of_run(&self.steps, self.cancelled.as_ref());
+        let state = match UpdateState::of(&outcome) {
+            UpdateState::Recorded | UpdateState::Running if self.held.is_some() => {
+                UpdateState::Paused
+            }
+            state => state,
+        };
+        (state, progress)
     }
 }
 
@@ -94,7 +122,7 @@ pub struct Census {
     machines: HashMap<MachineRef, Tally>,
     /// When each agent's last-seen record was last written (Unix ms, as this replica saw the write).
     agents: HashMap<MachineRef, u64>,
-    counts: [i64; 4],
+    counts: [i64; 6],
 }
 
 fn index(state: UpdateState) -> usize {
@@ -152,7 +180,7 @@ impl Census {
     }
 
     /// Machines per state.
-    pub fn counts(&self) -> [(UpdateState, i64); 4] {
+    pub fn counts(&self) -> [(UpdateState, i64); 6] {
         UpdateState::ALL.map(|state| (state, self.counts[index(state)]))
     }
 
@@ -380,14 +408,14 @@ mod tests {
         census.set_state(&m("a"), "old", Some((UpdateState::Failed, 40)));
         assert_eq!(
             census.counts().map(|(_, n)| n),
-            [0, 1, 0, 1],
+            [0, 1, 0, 1, 0, 0],
             "a superseded run is not counted"
         );
         assert!(!census.set_run(&m("a"), "r1"), "same run: no change");
         assert!(census.set_run(&m("b"), "r3"), "a new desired state");
-        assert_eq!(census.counts().map(|(_, n)| n), [0, 1, 0, 0]);
+        assert_eq!(census.counts().map(|(_, n)| n), [0, 1, 0, 0, 0, 0]);
         census.remove(&m("a"));
-        assert_eq!(census.counts().map(|(_, n)| n), [0, 0, 0, 0]);
+        assert_eq!(census.counts().map(|(_, n)| n), [0, 0, 0, 0, 0, 0]);
     }
 
     #[test]

@@ -10,6 +10,7 @@
 mod agent;
 mod agents;
 mod census;
+mod hold;
 mod licence;
 pub mod records;
 mod refusal_book;
@@ -36,6 +37,10 @@ use crate::observe::{FleetMetrics, LiveFleet};
 pub use agent::AgentScope;
 pub use agents::{AgentRow, CONNECTED_WITHIN};
 pub use census::{CENSUS_RETRY, UpdateState};
+pub use hold::{
+    CANCEL_ANNOTATION, MAX_HOLD_VALUE_BYTES, OperatorHolds, PAUSE_ANNOTATION, PAUSED_SETTING,
+    hold_for, resume_command,
+};
 pub use refusals::{
     AgentRefusalReason, AgentRefusalRecord, Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL,
     REFUSAL_LOG_LINES_PER_MINUTE, REFUSAL_PERSIST_INTERVAL, REFUSAL_WRITES_PER_MINUTE,
@@ -335,6 +340,8 @@ fn parse_machine(rest: &str) -> Option<MachineRef> {
     Some(MachineRef::new(namespace, name))
 }
 
+#[cfg(test)]
+mod hold_tests;
 #[cfg(test)]
 mod observe_tests;
 #[cfg(test)]

@@ -43,6 +43,7 @@ fn request(name: &str, motd: &str) -> UpdateRequest {
         machine: text(&machine),
         bootstrap: Some(text(&bootstrap)),
         infra: None,
+        paused_setting: None,
         actions: [inplace_core::Action::Files].into_iter().collect(),
         window: None,
     }

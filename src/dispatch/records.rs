@@ -2,7 +2,7 @@
 //! (step reports, agent progress). No I/O: every function here is tested alone.
 
 use inplace_agent_api::{
-    InventoryReport, MachineRef, Plan, PlanProgress, PlanStatus, StepReport, StepStatus,
+    Hold, InventoryReport, MachineRef, Plan, PlanProgress, PlanStatus, StepReport, StepStatus,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
@@ -83,6 +83,37 @@ pub struct MachineRecord {
     /// `inplace-updater retry`): each value acts at most once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryMark>,
+    /// Who paused this Machine's updates (`annotation inplace-updater.dev/paused=...` or `ExtensionConfig
+    /// setting paused=...`), as the last UpdateMachine saw it: its current run starts no new step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<String>,
+    /// The last `inplace-updater.dev/cancel` value seen: each value cancels at most the run it came with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel: Option<CancelMark>,
+    /// The maintenance window in force for this Machine, as the last UpdateMachine saw it: judged again at
+    /// every poll and report, so the run is held after its running step while the window is shut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<inplace_core::Window>,
+}
+
+/// An operator cancel value as dispatch recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CancelMark {
+    /// The value.
+    pub value: String,
+    /// The run it cancels (the current one when the value was first seen).
+    pub run_id: String,
+}
+
+/// How a cancelled run ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CancelledRun {
+    /// The cancel annotation's value.
+    pub value: String,
+    /// Steps that had succeeded when the agent stopped.
+    pub after_steps: u32,
 }
 
 /// An operator retry value as dispatch recorded it.
@@ -172,6 +203,12 @@ pub struct UpdateRecord {
     pub finished_ms: Option<u64>,
     /// One record per plan step.
     pub steps: Vec<StepRecord>,
+    /// The hold the agent last confirmed it honours (sent with its polls): it runs no step and starts none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<Hold>,
+    /// Set when the agent confirmed an operator cancel: the run ended there (and counts as failed for a retry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancelled: Option<CancelledRun>,
 }
 
 /// Where a run is, as UpdateMachine reports it.
@@ -191,9 +228,29 @@ pub enum Outcome {
         /// The step.
         index: usize,
     },
+    /// An operator cancelled it; the agent stopped after `after` steps.
+    Cancelled {
+        /// Steps that had succeeded.
+        after: usize,
+    },
 }
 
 impl Outcome {
+    /// Where a run with these step records and this cancel is.
+    pub fn of_run(steps: &[StepRecord], cancelled: Option<&CancelledRun>) -> Outcome {
+        match cancelled {
+            Some(cancelled) => Outcome::Cancelled {
+                after: cancelled.after_steps as usize,
+            },
+            None => Outcome::of(steps),
+        }
+    }
+
+    /// Whether the run ended without converging (failed or cancelled): an operator retry restarts it.
+    pub fn is_failure(&self) -> bool {
+        matches!(self, Outcome::Failed { .. } | Outcome::Cancelled { .. })
+    }
+
     /// Where a run with these step records is.
     pub fn of(steps: &[StepRecord]) -> Outcome {
         if let Some(index) = steps.iter().position(|s| s.state == StepState::Failed) {
@@ -216,6 +273,12 @@ pub struct RunView {
     pub plan: PlanView,
     /// One record per plan step.
     pub steps: Vec<StepRecord>,
+    /// The hold the agent confirmed it honours.
+    #[serde(default)]
+    pub held: Option<Hold>,
+    /// Set once the run was cancelled.
+    #[serde(default)]
+    pub cancelled: Option<CancelledRun>,
 }
 
 /// The parts of a [`Plan`] a [`RunView`] keeps.
@@ -250,12 +313,14 @@ impl RunView {
                     .collect(),
             },
             steps: record.steps.clone(),
+            held: record.held.clone(),
+            cancelled: record.cancelled.clone(),
         }
     }
 
     /// Where the run is.
     pub fn outcome(&self) -> Outcome {
-        Outcome::of(&self.steps)
+        Outcome::of_run(&self.steps, self.cancelled.as_ref())
     }
 }
 
@@ -268,6 +333,8 @@ impl UpdateRecord {
             created_ms: now_ms,
             finished_ms: None,
             steps,
+            held: None,
+            cancelled: None,
         };
         if record.steps.is_empty() {
             record.finished_ms = Some(now_ms);
@@ -277,7 +344,15 @@ impl UpdateRecord {
 
     /// Where the run is.
     pub fn outcome(&self) -> Outcome {
-        Outcome::of(&self.steps)
+        Outcome::of_run(&self.steps, self.cancelled.as_ref())
+    }
+
+    /// Steps that succeeded, from the first.
+    pub fn succeeded_steps(&self) -> usize {
+        self.steps
+            .iter()
+            .take_while(|s| s.state == StepState::Succeeded)
+            .count()
     }
 
     fn settle(&mut self, now_ms: u64) {
@@ -304,6 +379,9 @@ impl UpdateRecord {
             if failed != index || report.status != StepStatus::Failed {
                 return Ok(false);
             }
+        }
+        if self.cancelled.is_some() {
+            return Ok(false);
         }
         let state = match report.status {
             StepStatus::Running => StepState::Running,
@@ -347,7 +425,7 @@ impl UpdateRecord {
     /// Folds in the agent's summary of this run (sent with every poll and inventory), so progress whose
     /// reports were lost is not lost. Returns whether anything changed.
     pub fn apply_progress(&mut self, progress: &PlanProgress, now_ms: u64) -> bool {
-        if progress.plan_id != self.plan.id || matches!(self.outcome(), Outcome::Failed { .. }) {
+        if progress.plan_id != self.plan.id || self.outcome().is_failure() {
             return false;
         }
         let succeeded = (progress.succeeded_steps as usize).min(self.steps.len());
@@ -367,6 +445,26 @@ impl UpdateRecord {
                     changed = true;
                 }
             }
+        }
+        if self.held != progress.hold {
+            self.held = progress.hold.clone();
+            changed = true;
+        }
+        // The agent stopped for a cancel: no step runs and none will start, so the run ends here (unless its
+        // steps all ended first).
+        if let Some(hold) = progress.hold.as_ref().filter(|h| h.cancels())
+            && let inplace_agent_api::HoldReason::Cancelled { value } = &hold.reason
+            && matches!(
+                self.outcome(),
+                Outcome::Waiting | Outcome::InProgress { .. }
+            )
+        {
+            self.cancelled = Some(CancelledRun {
+                value: value.clone(),
+                after_steps: self.succeeded_steps() as u32,
+            });
+            self.finished_ms.get_or_insert(now_ms);
+            changed = true;
         }
         self.settle(now_ms);
         changed
@@ -539,6 +637,7 @@ mod tests {
             succeeded_steps: 3,
             total_steps: 3,
             failed_step: None,
+            hold: None,
         };
         assert!(run.agent_needs_plan(None));
         assert!(run.apply_progress(&progress, 9));

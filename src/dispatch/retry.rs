@@ -100,6 +100,7 @@ fn describe(outcome: &Outcome) -> &'static str {
         Outcome::InProgress { .. } => "in progress",
         Outcome::Done => "done",
         Outcome::Failed { .. } => "failed",
+        Outcome::Cancelled { .. } => "cancelled",
     }
 }
 
@@ -131,7 +132,7 @@ impl Dispatcher {
                 .map(|(run, _)| run);
             let now = now_ms();
             let (next, outcome) = match run {
-                Some(run) if matches!(run.outcome(), Outcome::Failed { .. }) => {
+                Some(run) if run.outcome().is_failure() => {
                     let fresh_id = super::update::run_id(&record.state_hash, Some(&record.run_id));
                     let mut plan = run.plan;
                     plan.id = fresh_id.clone();

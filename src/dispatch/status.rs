@@ -20,6 +20,10 @@ pub enum StatusState {
     Done,
     /// A step failed.
     Failed,
+    /// Held by an operator pause (or another hold): no new step starts.
+    Paused,
+    /// Cancelled by an operator.
+    Cancelled,
     /// Replaced by a newer desired state before it finished.
     Superseded,
     /// UpdateMachine refused a desired state no CanUpdate answer accepted in place (nothing was run).
@@ -56,15 +60,23 @@ impl Dispatcher {
             let Ok(run) = serde_json::from_slice::<UpdateRecord>(&entry.value) else {
                 continue;
             };
-            let current = self
+            let record = self
                 .read::<MachineRecord>(&machine_key(&run.plan.machine))
                 .await?
-                .is_some_and(|(record, _)| record.run_id == run.plan.id);
+                .map(|(record, _)| record)
+                .filter(|record| record.run_id == run.plan.id);
+            let current = record.is_some();
+            let window_now = self.window_clock.now_ms();
+            let hold = record
+                .as_ref()
+                .and_then(|r| super::hold::hold_for(r, &run, window_now));
             let total = run.plan.steps.len();
             let (state, index) = match run.outcome() {
                 Outcome::Done => (StatusState::Done, None),
                 Outcome::Failed { index } => (StatusState::Failed, Some(index)),
+                Outcome::Cancelled { .. } => (StatusState::Cancelled, None),
                 _ if !current => (StatusState::Superseded, None),
+                _ if hold.is_some() => (StatusState::Paused, None),
                 Outcome::Waiting => (StatusState::Waiting, Some(0)),
                 Outcome::InProgress { index } => (StatusState::InProgress, Some(index)),
             };
@@ -80,7 +92,29 @@ impl Dispatcher {
                         message,
                     )
                 }
-                None => (format!("{total} steps"), String::new()),
+                None if run.cancelled.is_none() && hold.is_none() => {
+                    (format!("{total} steps"), String::new())
+                }
+                None => {
+                    let done = run.succeeded_steps();
+                    let message = match (&run.cancelled, &hold) {
+                        (Some(c), _) => format!(
+                            "cancelled by operator ({}={}) after step {} of {total}",
+                            super::hold::CANCEL_ANNOTATION,
+                            c.value,
+                            c.after_steps
+                        ),
+                        (None, Some(hold)) if run.held.as_ref() == Some(hold) => {
+                            format!("{hold} after step {done} of {total}")
+                        }
+                        (None, Some(hold)) => {
+                            format!("{hold}; the running step finishes first")
+                        }
+                        (None, None) => String::new(),
+                    };
+                    // `paused` and `cancelled` rows show how far the run got.
+                    (format!("{done}/{total} steps done"), message)
+                }
             };
             rows.push(StatusRow {
                 machine: run.plan.machine.to_string(),
@@ -144,10 +178,12 @@ impl Dispatcher {
             if ended > horizon {
                 continue;
             }
-            let current = self
+            let record = self
                 .read::<MachineRecord>(&machine_key(&run.plan.machine))
                 .await?
-                .is_some_and(|(record, _)| record.run_id == run.plan.id);
+                .map(|(record, _)| record)
+                .filter(|record| record.run_id == run.plan.id);
+            let current = record.is_some();
             if current {
                 // The current run stays: it is what UpdateMachine answers from (one per Machine, bounded).
                 continue;

@@ -54,6 +54,7 @@ pub(super) fn request_of(
         machine: text(machine),
         bootstrap: Some(text(bootstrap)),
         infra: None,
+        paused_setting: None,
         actions: [Action::KubernetesVersion, Action::Files]
             .into_iter()
             .collect::<BTreeSet<_>>(),
@@ -414,6 +415,7 @@ async fn agent_progress_recovers_reports_lost_in_a_crash() {
         succeeded_steps: plan.steps.len() as u32,
         total_steps: plan.steps.len() as u32,
         failed_step: None,
+        hold: None,
     });
     assert!(
         d.poll(&scope(), &poll).await.unwrap().plan.is_none(),

@@ -10,6 +10,7 @@ use inplace_store::{Precondition, Write};
 use serde_json::value::RawValue;
 use sha2::{Digest as _, Sha256};
 
+use super::hold::{CANCEL_ANNOTATION, OperatorHolds, held_answer, hold_on};
 use super::licence::Licence;
 use super::records::{
     AgentRecord, ApplyClaim, MachineRecord, Outcome, ProviderIndex, RetryMark, RunView, StepState,
@@ -39,6 +40,8 @@ pub struct UpdateRequest {
     pub actions: BTreeSet<Action>,
     /// The maintenance window in force for this Machine (its annotation, else the ExtensionConfig setting).
     pub window: Option<inplace_core::Window>,
+    /// The ExtensionConfig `paused` setting, when set: every Machine of the registration is paused.
+    pub paused_setting: Option<String>,
 }
 
 impl UpdateRequest {
@@ -328,6 +331,9 @@ impl Dispatcher {
                                     provider_id: facts.provider_id.clone(),
                                     since_ms: now,
                                     retry,
+                                    paused: current.and_then(|r| r.paused.clone()),
+                                    cancel: current.and_then(|r| r.cancel.clone()),
+                                    window: current.and_then(|r| r.window.clone()),
                                 }
                             }
                         }))
@@ -336,6 +342,11 @@ impl Dispatcher {
                 .await?
                 .ok_or_else(|| DispatchError::Contention(machine_key(&facts.machine)))?,
         };
+        // Read on every call: the pause setting is not part of the input fingerprint.
+        let mut wanted =
+            OperatorHolds::read(request.machine.get(), request.paused_setting.as_deref())?;
+        wanted.window = request.window.clone();
+        let record = self.record_holds(&facts.machine, record, &wanted).await?;
         let key = update_key(&facts.machine, &record.run_id);
         let run = match self.read::<RunView>(&key).await? {
             Some((run, _)) => run,
@@ -396,7 +407,33 @@ impl Dispatcher {
             .as_ref()
             .filter(|m| m.ignored && m.run_id == record.run_id)
             .map(|m| m.value.as_str());
-        Ok(self.answer(&run, agent.as_ref(), refusal.as_ref(), ignored, now))
+        let window_now = self.window_clock.now_ms();
+        let hold = hold_on(
+            &record,
+            &record.run_id,
+            matches!(run.outcome(), Outcome::Done | Outcome::Failed { .. }),
+            run.cancelled.as_ref().map(|c| &c.value),
+            window_now,
+        );
+        let answer = match hold.filter(|_| !run.outcome().is_failure()) {
+            // Held by the window: its own words (when it opens) and a retry-after no later than that.
+            Some(hold) if matches!(hold.reason, inplace_agent_api::HoldReason::Window { .. }) => {
+                let shut = record
+                    .window
+                    .as_ref()
+                    .and_then(|w| self.window_closed(w, "the next step"));
+                match shut {
+                    Some(UpdateAnswer::InProgress {
+                        message,
+                        retry_after_seconds,
+                    }) => held_answer(&run, &hold, Some(&message), retry_after_seconds),
+                    _ => held_answer(&run, &hold, None, self.config.retry_after_seconds),
+                }
+            }
+            Some(hold) => held_answer(&run, &hold, None, self.config.retry_after_seconds),
+            None => self.answer(&run, agent.as_ref(), refusal.as_ref(), ignored, now),
+        };
+        Ok(answer)
     }
 
     /// Whether this call would make a new run current: another desired state than the recorded one, or a
@@ -513,6 +550,13 @@ impl Dispatcher {
                 ));
                 UpdateAnswer::Failed { message }
             }
+            Outcome::Cancelled { after } => UpdateAnswer::Failed {
+                message: format!(
+                    "cancelled by operator ({CANCEL_ANNOTATION}={}) after step {after} of {total}; to run it again: {}",
+                    run.cancelled.as_ref().map_or("", |c| c.value.as_str()),
+                    retry_command(&plan.machine)
+                ),
+            },
             Outcome::Waiting => {
                 let last_seen = self.last_seen(&plan.machine, agent);
                 let mut seen = match last_seen {

@@ -49,7 +49,7 @@ impl WindowClock {
 }
 
 /// `unix_ms` as a timestamp (Unix epoch itself when out of range, which no clock reading is).
-fn timestamp(unix_ms: u64) -> jiff::Timestamp {
+pub(super) fn timestamp(unix_ms: u64) -> jiff::Timestamp {
     i64::try_from(unix_ms)
         .ok()
         .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
@@ -65,6 +65,7 @@ impl Dispatcher {
     /// When `window` is closed now: the InProgress answer saying when it opens, with `retryAfterSeconds` the
     /// normal one or the wait until it opens, whichever is shorter (at least 1 s).
     pub(super) fn window_closed(&self, window: &Window, waiting_for: &str) -> Option<UpdateAnswer> {
+        // `waiting_for`: "the update" (a new run) or "the next step" (a held run).
         let now = self.window_clock.now_ms();
         let Gate::Closed { opens, message } = window.gate(timestamp(now)) else {
             return None;

@@ -1,8 +1,9 @@
 //! Maintenance windows in UpdateMachine, judged by a pinned clock: outside the window no run is recorded and
 //! the answer says when it opens; inside, the run starts; `retryAfterSeconds` never passes the opening.
 
-use super::tests::{dispatcher, memory, request, update};
+use super::tests::{dispatcher, memory, poll_for, report, request, scope, update};
 use super::*;
+use inplace_agent_api::{HoldReason, StepStatus};
 use inplace_core::Window;
 
 const MONDAY_NIGHT: &str = "days=mon start=22:00 end=04:00 tz=Europe/Berlin";
@@ -80,12 +81,16 @@ async fn a_new_desired_state_waits_for_the_window_but_the_recorded_run_is_kept()
     update(&d, &windowed("v2")).await.unwrap();
     let first = machine_record(&d).await.unwrap();
 
-    // The window closed (Tuesday 05:00 in Berlin); the same desired state answers from its run.
+    // The window closed (Tuesday 05:00 in Berlin): the recorded run is held, and says until when.
     d.window_clock().pin_for_tests(ms("2026-12-08T04:00:00Z"));
     match update(&d, &windowed("v2")).await.unwrap() {
-        UpdateAnswer::InProgress { message, .. } => {
-            assert!(message.starts_with("waiting for agent"), "{message}")
-        }
+        UpdateAnswer::InProgress { message, .. } => assert!(
+            message.starts_with(&format!(
+                "outside maintenance window {MONDAY_NIGHT}: opens 2026-12-14T22:00:00+01:00 (in 6d17h); \
+                 the next step starts then; held after step 0 of"
+            )),
+            "{message}"
+        ),
         other => panic!("expected in progress, got {other:?}"),
     }
     // Another desired state does not replace it until the window opens again next Monday.
@@ -111,6 +116,62 @@ async fn without_a_window_the_clock_does_not_matter() {
     match update(&d, &plain).await.unwrap() {
         UpdateAnswer::InProgress { message, .. } => {
             assert!(message.starts_with("waiting for agent"), "{message}")
+        }
+        other => panic!("expected in progress, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_run_in_progress_is_held_after_its_step_when_the_window_shuts_and_goes_on_when_it_opens()
+{
+    let d = dispatcher(memory().await);
+    d.window_clock().pin_for_tests(ms("2026-12-07T23:00:00Z"));
+    update(&d, &windowed("v2")).await.unwrap();
+    let first = d.poll(&scope(), &poll_for("m-1", 0)).await.unwrap();
+    assert_eq!(first.hold, None);
+    let plan = first.plan.expect("a plan");
+    d.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Running))
+        .await
+        .unwrap();
+
+    // The window shuts while step 1 runs: the step's end is acked with the window hold, and polls say so.
+    d.window_clock().pin_for_tests(ms("2026-12-08T04:00:00Z"));
+    let opens = ms("2026-12-14T21:00:00Z");
+    let ack = d
+        .report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Succeeded))
+        .await
+        .unwrap()
+        .expect("held");
+    assert_eq!(ack.plan_id, plan.id);
+    assert_eq!(
+        ack.reason,
+        HoldReason::Window {
+            opens_at_unix_ms: Some(opens)
+        }
+    );
+    let polled = d.poll(&scope(), &poll_for("m-1", 0)).await.unwrap();
+    assert_eq!(polled.hold, Some(ack.clone()));
+    match update(&d, &windowed("v2")).await.unwrap() {
+        UpdateAnswer::InProgress {
+            message,
+            retry_after_seconds,
+        } => {
+            assert!(
+                message.contains("opens 2026-12-14T22:00:00+01:00 (in 6d17h); the next step starts then; held after step 1 of"),
+                "{message}"
+            );
+            assert_eq!(retry_after_seconds, DEFAULT_RETRY_AFTER_SECONDS);
+        }
+        other => panic!("expected in progress, got {other:?}"),
+    }
+
+    // It opens: no hold any more, and UpdateMachine reports the run again.
+    d.window_clock().pin_for_tests(opens);
+    let polled = d.poll(&scope(), &poll_for("m-1", 0)).await.unwrap();
+    assert_eq!(polled.hold, None);
+    match update(&d, &windowed("v2")).await.unwrap() {
+        UpdateAnswer::InProgress { message, .. } => {
+            assert!(!message.contains("maintenance window"), "{message}")
         }
         other => panic!("expected in progress, got {other:?}"),
     }

@@ -84,6 +84,7 @@ pub fn update_request(
         infra: desired.infrastructure_machine,
         actions,
         window,
+        paused_setting: settings.paused,
     })
 }
 

@@ -14,8 +14,8 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-/// The states `inplace_updater_updates{state}` counts (each Machine's current run). `paused` and `cancelled`
-/// are exported as 0 until operators can pause and cancel updates.
+/// The states `inplace_updater_updates{state}` counts (each Machine's current run). `paused`: held by an
+/// operator pause and its agent confirmed it stopped; `cancelled`: ended by an operator cancel.
 pub const UPDATE_STATES: [&str; 6] = [
     "recorded",
     "running",

@@ -238,9 +238,10 @@ async fn poll(State(state): State<AppState>, request: Request) -> Result<Respons
 async fn report(State(state): State<AppState>, request: Request) -> Result<Response, Refused> {
     let accepted: Accepted<StepReport> = accept(&state, request).await?;
     let body = &accepted.body;
-    if let Err(err) = accepted.dispatcher.report(&accepted.scope, body).await {
-        return Err(accepted.refusal(&body.agent, err).await);
-    }
+    let hold = match accepted.dispatcher.report(&accepted.scope, body).await {
+        Ok(hold) => hold,
+        Err(err) => return Err(accepted.refusal(&body.agent, err).await),
+    };
     tracing::info!(
         agent = %body.agent,
         run = %body.plan_id.chars().take(12).collect::<String>(),
@@ -249,7 +250,7 @@ async fn report(State(state): State<AppState>, request: Request) -> Result<Respo
         attempt = body.attempt,
         "step report"
     );
-    Ok(json(&AckResponse::default()))
+    Ok(json(&AckResponse { hold }))
 }
 
 async fn inventory(State(state): State<AppState>, request: Request) -> Result<Response, Refused> {

@@ -10,8 +10,8 @@ mod secret;
 mod validate;
 
 pub use messages::{
-    AckResponse, AgentIdentity, ErrorResponse, InventoryReport, PlanProgress, PlanStatus,
-    PollRequest, PollResponse, StepReport, StepStatus,
+    AckResponse, AgentIdentity, ErrorResponse, Hold, HoldReason, InventoryReport, PlanProgress,
+    PlanStatus, PollRequest, PollResponse, StepReport, StepStatus,
 };
 pub use plan::{
     FileEncoding, FileSpec, KubeadmUpgradeMode, KubeletArg, MachineRef, Plan, SshUser, Step,

@@ -54,6 +54,79 @@ pub struct PlanProgress {
     /// Index of the failed step, when `status` is `failed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_step: Option<u32>,
+    /// The hold the agent is honouring for this plan: it runs no step and starts none until the server
+    /// lifts it (absent: not held). Lets the server say "paused after step N" only once it is true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Hold>,
+}
+
+/// The server holding a plan: the agent finishes the step it is running, starts no other, keeps its
+/// progress and polls. A hold that cancels ends the plan there. Absent (old servers, or nothing held):
+/// go on. A hold is for one plan id; the agent ignores it for any other plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hold {
+    /// The plan it holds.
+    pub plan_id: String,
+    /// Why.
+    pub reason: HoldReason,
+}
+
+impl Hold {
+    /// Whether the hold ends the plan (cancel) rather than pausing it.
+    pub fn cancels(&self) -> bool {
+        matches!(self.reason, HoldReason::Cancelled { .. })
+    }
+}
+
+impl std::fmt::Display for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.reason.fmt(f)
+    }
+}
+
+/// Why a plan is held. JSON: `{"kind": "paused", "by": "..."}`, `{"kind": "window", "opensAtUnixMs": ...}`,
+/// `{"kind": "cancelled", "value": "..."}`; a kind this agent does not know holds without cancelling.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    tag = "kind",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
+pub enum HoldReason {
+    /// An operator paused it; `by` names how (`annotation inplace-updater.dev/paused=...`).
+    Paused {
+        /// The annotation or setting and its value.
+        by: String,
+    },
+    /// Outside the maintenance window; no step starts before it opens.
+    Window {
+        /// When the window next opens (Unix ms), when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        opens_at_unix_ms: Option<u64>,
+    },
+    /// An operator cancelled it (`inplace-updater.dev/cancel=value`): it stops after the running step.
+    Cancelled {
+        /// The cancel annotation's value.
+        value: String,
+    },
+    /// A reason a newer server sent that this version does not know: held, not cancelled.
+    #[serde(other)]
+    Other,
+}
+
+impl std::fmt::Display for HoldReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Paused { by } => write!(f, "paused by {by}"),
+            Self::Window {
+                opens_at_unix_ms: Some(at),
+            } => write!(f, "outside the maintenance window (opens at Unix ms {at})"),
+            Self::Window { .. } => write!(f, "outside the maintenance window"),
+            Self::Cancelled { value } => write!(f, "cancelled by operator ({value})"),
+            Self::Other => write!(f, "held by the server"),
+        }
+    }
 }
 
 /// Body of `POST /agent/v1/poll`.
@@ -80,17 +153,27 @@ pub struct PollResponse {
     /// The plan to run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<Plan>,
+    /// The hold on the agent's current plan (or on `plan`), if any: start no new step of it. Absent
+    /// means go on (and lifts a hold the agent had).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Hold>,
 }
 
 impl PollResponse {
     /// The "nothing to do" answer.
     pub fn nothing() -> Self {
-        Self { plan: None }
+        Self {
+            plan: None,
+            hold: None,
+        }
     }
 
     /// An answer carrying a plan.
     pub fn with_plan(plan: Plan) -> Self {
-        Self { plan: Some(plan) }
+        Self {
+            plan: Some(plan),
+            hold: None,
+        }
     }
 }
 
@@ -173,7 +256,13 @@ pub struct InventoryReport {
 
 /// Answer of `report` and `inventory` on success (HTTP 200, `{}`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AckResponse {}
+#[serde(rename_all = "camelCase")]
+pub struct AckResponse {
+    /// On a report's ack: the hold on the reported plan, if any (absent: go on). The agent starts the
+    /// next step only after the previous step's report was acked without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Hold>,
+}
 
 /// Body of every non-2xx answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -165,6 +165,7 @@ fn identity_and_poll_shapes() {
             succeeded_steps: 1,
             total_steps: 3,
             failed_step: Some(1),
+            hold: None,
         }),
         wait_seconds: DEFAULT_WAIT_SECONDS,
     };

@@ -71,6 +71,9 @@ pub(crate) struct Agent {
     pub next_flush_at: Instant,
     /// Whether the last exchange with the server worked (`None` before the first).
     pub connected: Option<bool>,
+    /// Whether the server said "no hold" on the current plan since the last step started or ended (and since
+    /// this process started): a step that has not begun starts only then (see [`Agent::may_start`]).
+    pub go_ahead: bool,
 }
 
 impl Agent {
@@ -116,6 +119,7 @@ impl Agent {
             poll_wait_seconds: config.poll_wait_seconds,
             next_flush_at: Instant::now(),
             connected: None,
+            go_ahead: false,
         })
     }
 
@@ -123,7 +127,9 @@ impl Agent {
     pub async fn run(mut self, mut shutdown: Shutdown) {
         tracing::info!(agent = %self.identity, state_dir = %self.store.dir().display(), "agent started");
         loop {
-            if let Some(index) = self.next_runnable_step() {
+            if let Some(index) = self.next_runnable_step()
+                && self.may_start(index)
+            {
                 if self.run_step(index, &mut shutdown).await.is_break() {
                     break;
                 }
@@ -152,7 +158,58 @@ impl Agent {
         self.store.state.current.as_ref()?.next_step()
     }
 
-    /// Reports, inventory, then one poll.
+    /// Whether step `index` of the current plan may start now. A step that began (it was running when a hold
+    /// came, or a crash or reboot interrupted it) always finishes. Any other starts only when no hold is held,
+    /// every report was acked, and since the last step started or ended the server said "no hold" (a report's
+    /// ack or a poll answer). So no step starts after an ack that carried a hold, even across a crash: the
+    /// hold is saved in the same write that drops the acked report, and a restarted agent asks first.
+    pub(crate) fn may_start(&self, index: usize) -> bool {
+        let Some(record) = self.store.state.current.as_ref() else {
+            return false;
+        };
+        if record.steps.get(index).is_some_and(|s| s.began()) {
+            return true;
+        }
+        record.hold.is_none() && self.go_ahead && self.store.state.outbox.is_empty()
+    }
+
+    /// Takes the server's word on the hold of plan `plan_id` (from a report's ack or a poll answer): kept in
+    /// the current plan's record when it is that plan (the caller saves). Returns whether it changed.
+    pub(crate) fn note_hold(
+        &mut self,
+        plan_id: &str,
+        hold: Option<inplace_agent_api::Hold>,
+    ) -> bool {
+        let Some(record) = self
+            .store
+            .state
+            .current
+            .as_mut()
+            .filter(|r| r.plan_id == plan_id)
+        else {
+            return false;
+        };
+        let hold = hold.filter(|h| h.plan_id == plan_id);
+        self.go_ahead = hold.is_none();
+        if record.hold == hold {
+            return false;
+        }
+        let next = record.next_step().map_or(0, |i| i + 1);
+        let total = record.steps.len();
+        match &hold {
+            Some(h) if h.cancels() => {
+                tracing::warn!(plan = %plan_id, reason = %h, step = next, total, "plan cancelled by the server: no new step starts; the plan ends here")
+            }
+            Some(h) => {
+                tracing::warn!(plan = %plan_id, reason = %h, step = next, total, "plan held: no new step starts until the server lifts the hold")
+            }
+            None => tracing::info!(plan = %plan_id, step = next, total, "hold lifted: continuing"),
+        }
+        record.hold = hold;
+        true
+    }
+
+    /// Reports, inventory, then one poll (none when the acks gave the go-ahead for the next step).
     async fn idle_round(&mut self, shutdown: &mut Shutdown) -> Result<Round, ClientError> {
         tokio::select! {
             result = self.flush_outbox() => result?,
@@ -167,6 +224,13 @@ impl Agent {
             self.inventory_due = false;
             self.mark_connected();
         }
+        if self
+            .next_runnable_step()
+            .is_some_and(|index| self.may_start(index))
+        {
+            self.mark_connected();
+            return Ok(Round::Continue);
+        }
         let request = PollRequest {
             agent: self.identity.clone(),
             current: self.progress(),
@@ -180,17 +244,35 @@ impl Agent {
         };
         self.backoff.reset();
         self.mark_connected();
-        match answer.plan {
-            Some(plan) => self.accept(plan, shutdown).await,
-            None => {
-                let elapsed = started.elapsed();
-                if elapsed < MIN_POLL_INTERVAL && pause(MIN_POLL_INTERVAL - elapsed, shutdown).await
-                {
-                    return Ok(Round::Stop);
-                }
-                Ok(Round::Continue)
-            }
+        let offered = answer.plan.is_some();
+        if let Some(plan) = answer.plan
+            && let Round::Stop = self.accept(plan, shutdown).await?
+        {
+            return Ok(Round::Stop);
         }
+        // The answer's hold (or its absence) is the server's word on the plan we hold now.
+        if let Some(plan_id) = self.store.state.current.as_ref().map(|c| c.plan_id.clone())
+            && self.note_hold(&plan_id, answer.hold)
+            && let Err(e) = self.store.save()
+        {
+            tracing::error!(error = %e, "cannot save the hold; it stays in force in memory");
+        }
+        let held = self
+            .store
+            .state
+            .current
+            .as_ref()
+            .is_some_and(|c| c.hold.is_some());
+        // Never spin: an empty answer, or one that only repeats a hold, that came back fast is followed by a
+        // pause of the remainder.
+        let elapsed = started.elapsed();
+        if (!offered || held)
+            && elapsed < MIN_POLL_INTERVAL
+            && pause(MIN_POLL_INTERVAL - elapsed, shutdown).await
+        {
+            return Ok(Round::Stop);
+        }
+        Ok(Round::Continue)
     }
 
     /// One line when the server answers again (or for the first time), none while it keeps answering.
@@ -231,6 +313,10 @@ impl Agent {
                 if let Err(e) = self.store.adopt(plan) {
                     tracing::error!(error = %e, "cannot store plan");
                 }
+                return Ok(Round::Continue);
+            }
+            // Our running plan offered again: the answer to a poll for the next step's go-ahead.
+            if current.is_some_and(|c| c.status() == PlanStatus::Running) {
                 return Ok(Round::Continue);
             }
             // We already finished this id: the server missed our reports. Send them again and
@@ -282,7 +368,10 @@ impl Agent {
                 .post::<_, AckResponse>(REPORT_PATH, &report, REQUEST_TIMEOUT)
                 .await;
             match result {
-                Ok(_) => {}
+                // The ack's hold is saved below in the same write that drops the report.
+                Ok(ack) => {
+                    self.note_hold(&report.plan_id, ack.hold);
+                }
                 Err(ClientError::Status {
                     status: status @ (400 | 404 | 409),
                     message,

@@ -126,6 +126,8 @@ impl Agent {
         } else {
             None
         };
+        // Each step needs a fresh "no hold" from the server before the next one starts.
+        self.go_ahead = false;
         step_record.status = LocalStepStatus::Running;
         step_record.attempt += 1;
         step_record.started_at_unix_ms = Some(now_unix_ms());
@@ -269,6 +271,7 @@ impl Agent {
 
     /// Records a step's end, queues its report, and notes the plan's end.
     fn finish(&mut self, index: usize, result: StepResult) {
+        self.go_ahead = false;
         let Some(record) = self.store.state.current.as_mut() else {
             return;
         };

@@ -6,7 +6,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use inplace_agent_api::{Plan, PlanProgress, PlanStatus, StepReport, StepStatus};
+use inplace_agent_api::{Hold, Plan, PlanProgress, PlanStatus, StepReport, StepStatus};
 use serde::{Deserialize, Serialize};
 
 use crate::fsutil::{FileMeta, atomic_write, read_optional, remove_file};
@@ -133,6 +133,11 @@ pub struct PlanRecord {
     pub plan_id: String,
     /// One record per step.
     pub steps: Vec<StepRecord>,
+    /// The server's hold on this plan, as last acked to us: no step starts while it is set (a step
+    /// that already began still finishes). Saved in the same write that drops the acked report, so a
+    /// crash cannot lose a hold the server counts as delivered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Hold>,
 }
 
 impl PlanRecord {
@@ -181,6 +186,7 @@ impl PlanRecord {
                 .iter()
                 .position(|s| s.status == LocalStepStatus::Failed)
                 .map(|i| i as u32),
+            hold: self.hold.clone(),
         }
     }
 }
@@ -331,6 +337,7 @@ impl StateStore {
             self.state.current = Some(PlanRecord {
                 plan_id: plan.id.clone(),
                 steps: plan.steps.iter().map(|_| StepRecord::pending()).collect(),
+                hold: None,
             });
             self.save()?;
         }

@@ -30,6 +30,12 @@ pub const SETTINGS_DOC: &[(&str, &str)] = &[
          A change a merge patch cannot express (a null inside a desired value) is sent as JSONPatch for that object.",
     ),
     (
+        "paused",
+        "Any non-empty text (the reason, or who paused): every Machine of this registration pauses after its \
+         running step; no new step starts and UpdateMachine says \"paused by ExtensionConfig setting paused=...\". \
+         Remove it (or set \"\") to resume. Default: not paused.",
+    ),
+    (
         WINDOW_SETTING,
         "A maintenance window such as \"days=mon-fri start=22:00 end=04:00 tz=Europe/Berlin\" (days: names or ranges; \
          start/end: HH:MM local, end may be 24:00, an end at or before start is the next day; tz: IANA name, default \
@@ -37,6 +43,9 @@ pub const SETTINGS_DOC: &[(&str, &str)] = &[
          annotation inplace-updater.dev/maintenance-window overrides it (\"none\": no window). Default: none (always open).",
     ),
 ];
+
+/// Longest `paused` setting accepted (it is repeated in every UpdateMachine message).
+pub const MAX_PAUSED_BYTES: usize = 256;
 
 /// What to do when some change cannot be performed in place.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -61,6 +70,9 @@ pub struct Settings {
     pub mode: Mode,
     /// `patchType`: the patch format of answers.
     pub patch_type: PatchType,
+    /// `paused`: the reason every Machine of this registration is paused, when set (non-empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused: Option<String>,
     /// `maintenanceWindow`: when runs may start and step (`None`: always).
     pub maintenance_window: Option<Window>,
 }
@@ -72,6 +84,7 @@ impl Default for Settings {
             disabled_actions: BTreeSet::new(),
             mode: Mode::InPlaceOrRollout,
             patch_type: PatchType::JsonPatch,
+            paused: None,
             maintenance_window: None,
         }
     }
@@ -82,7 +95,7 @@ impl Default for Settings {
 pub enum SettingsError {
     /// A key this updater does not know (a typo would otherwise silently widen what goes in place).
     #[error(
-        "unknown setting {key:?} (known: inPlace, disableActions, mode, patchType, maintenanceWindow)"
+        "unknown setting {key:?} (known: inPlace, disableActions, mode, patchType, paused, maintenanceWindow)"
     )]
     UnknownKey {
         /// The key as given.
@@ -160,6 +173,16 @@ impl Settings {
                         }
                     }
                 }
+                "paused" => {
+                    if v.len() > MAX_PAUSED_BYTES {
+                        return Err(invalid(
+                            "paused",
+                            value,
+                            "at most 256 bytes of text (the reason or who paused)",
+                        ));
+                    }
+                    s.paused = (!v.is_empty()).then(|| v.to_owned());
+                }
                 WINDOW_SETTING => {
                     s.maintenance_window =
                         window::parse_setting(v).map_err(|problem| SettingsError::Window {
@@ -203,6 +226,23 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         )
+    }
+
+    #[test]
+    fn paused_is_any_non_empty_text_and_bounded() {
+        assert_eq!(
+            parse(&[("paused", " change freeze (ops) ")])
+                .unwrap()
+                .paused,
+            Some("change freeze (ops)".to_owned())
+        );
+        assert_eq!(parse(&[("paused", "  ")]).unwrap().paused, None);
+        let long = "x".repeat(MAX_PAUSED_BYTES + 1);
+        let err = parse(&[("paused", &long)]).unwrap_err().to_string();
+        assert!(
+            err.contains("setting paused") && err.contains("256 bytes"),
+            "{err}"
+        );
     }
 
     #[test]

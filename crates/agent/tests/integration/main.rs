@@ -2,5 +2,6 @@
 //! each binary linked the whole crate again (one binary builds and links once).
 
 mod common;
+mod holds;
 mod pull_loop;
 mod restarts;

@@ -30,6 +30,10 @@ pub struct ServerState {
     pub inventories: Vec<InventoryReport>,
     pub polls: Vec<PollRequest>,
     pub unauthorized: u32,
+    /// The hold on the offered plan, said in poll answers and report acks.
+    pub hold: Option<Hold>,
+    /// Set `hold` when the report with this step index and status arrives, before acking it.
+    pub hold_on_report: Option<(u32, StepStatus, Hold)>,
 }
 
 pub struct TestServer {
@@ -174,24 +178,52 @@ async fn handle(
             state.lock().unwrap().polls.push(poll.clone());
             loop {
                 let notified = wake.notified();
-                if let Some(plan) = should_offer(&state.lock().unwrap(), poll.current.as_ref()) {
-                    return Ok(json(StatusCode::OK, &PollResponse::with_plan(plan)));
+                let (offer, hold) = {
+                    let state = state.lock().unwrap();
+                    (
+                        should_offer(&state, poll.current.as_ref()),
+                        state.hold.clone(),
+                    )
+                };
+                if let Some(plan) = offer {
+                    // An agent already honouring this hold waits, as the real server makes it.
+                    let honoured = poll
+                        .current
+                        .as_ref()
+                        .filter(|c| c.plan_id == plan.id)
+                        .and_then(|c| c.hold.clone());
+                    if hold.is_none() || honoured != hold {
+                        let answer = PollResponse {
+                            plan: Some(plan),
+                            hold,
+                        };
+                        return Ok(json(StatusCode::OK, &answer));
+                    }
                 }
                 if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                    return Ok(json(StatusCode::OK, &PollResponse::nothing()));
+                    let answer = PollResponse { plan: None, hold };
+                    return Ok(json(StatusCode::OK, &answer));
                 }
             }
         }
         REPORT_PATH => {
             let report: StepReport = serde_json::from_slice(&body).unwrap();
             validate_report(&report).unwrap();
-            state.lock().unwrap().reports.push(report);
-            Ok(json(StatusCode::OK, &AckResponse {}))
+            let mut state = state.lock().unwrap();
+            if let Some((step, status, hold)) = state.hold_on_report.clone()
+                && report.step_index == step
+                && report.status == status
+            {
+                state.hold = Some(hold);
+            }
+            let hold = state.hold.clone().filter(|h| h.plan_id == report.plan_id);
+            state.reports.push(report);
+            Ok(json(StatusCode::OK, &AckResponse { hold }))
         }
         INVENTORY_PATH => {
             let inventory: InventoryReport = serde_json::from_slice(&body).unwrap();
             state.lock().unwrap().inventories.push(inventory);
-            Ok(json(StatusCode::OK, &AckResponse {}))
+            Ok(json(StatusCode::OK, &AckResponse::default()))
         }
         _ => Ok(json(
             StatusCode::NOT_FOUND,
