@@ -416,50 +416,13 @@ impl Dispatcher {
             window_now,
         );
         let answer = match hold.filter(|_| !run.outcome().is_failure()) {
-            // Held by the window: its own words (when it opens) and a retry-after no later than that.
             Some(hold) if matches!(hold.reason, inplace_agent_api::HoldReason::Window { .. }) => {
-                let shut = record
-                    .window
-                    .as_ref()
-                    .and_then(|w| self.window_closed(w, "the next step"));
-                match shut {
-                    Some(UpdateAnswer::InProgress {
-                        message,
-                        retry_after_seconds,
-                    }) => held_answer(&run, &hold, Some(&message), retry_after_seconds),
-                    _ => held_answer(&run, &hold, None, self.config.retry_after_seconds),
-                }
+                self.window_held(&record, &run, &hold)
             }
             Some(hold) => held_answer(&run, &hold, None, self.config.retry_after_seconds),
             None => self.answer(&run, agent.as_ref(), refusal.as_ref(), ignored, now),
         };
         Ok(answer)
-    }
-
-    /// Whether this call would make a new run current: another desired state than the recorded one, or a
-    /// retry value not seen before while the recorded run has failed.
-    async fn would_start_run(
-        &self,
-        request: &UpdateRequest,
-        existing: Option<&MachineRecord>,
-        mode: KubeadmUpgradeMode,
-    ) -> Result<bool, DispatchError> {
-        let Some(record) = existing else {
-            return Ok(true);
-        };
-        if plan_for(request, mode)?.id != record.state_hash {
-            return Ok(true);
-        }
-        let Some(value) = super::retry::retry_value(request.machine.get())? else {
-            return Ok(false);
-        };
-        if record.retry.as_ref().is_some_and(|m| m.value == value) {
-            return Ok(false);
-        }
-        let run = self
-            .read::<RunView>(&update_key(&request.facts.machine, &record.run_id))
-            .await?;
-        Ok(run.is_some_and(|(run, _)| matches!(run.outcome(), Outcome::Failed { .. })))
     }
 
     fn last_seen(

@@ -1,5 +1,7 @@
 //! Maintenance windows in dispatch: the clock they are judged by (the system clock, or one a test pins),
-//! and the answer UpdateMachine gives while a new run waits for its window to open.
+//! whether a call would start a new run (which waits for the window), and UpdateMachine's answers while a new
+//! run waits or a run in progress is held (the hold itself is one arm of `hold::hold_on`, judged again at
+//! every poll and report).
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -7,7 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use inplace_core::window::{Gate, Window};
 
-use super::{Dispatcher, UpdateAnswer, now_ms};
+use inplace_agent_api::{Hold, KubeadmUpgradeMode};
+
+use super::hold::held_answer;
+use super::records::{MachineRecord, Outcome, RunView, update_key};
+use super::{DispatchError, Dispatcher, UpdateAnswer, UpdateRequest, now_ms, plan_for};
 
 /// The clock windows are judged by. Only tests set it (a pinned instant, or the hidden test-only serve flag
 /// `--test-window-clock-file`); otherwise it is the system clock.
@@ -86,5 +92,52 @@ impl Dispatcher {
             message: format!("{message}; {waiting_for} starts then"),
             retry_after_seconds,
         })
+    }
+
+    /// UpdateMachine's answer for a run held by its shut window: the window's own words (when it opens) and a
+    /// retry-after no later than that.
+    pub(super) fn window_held(
+        &self,
+        record: &MachineRecord,
+        run: &RunView,
+        hold: &Hold,
+    ) -> UpdateAnswer {
+        match record
+            .window
+            .as_ref()
+            .and_then(|w| self.window_closed(w, "the next step"))
+        {
+            Some(UpdateAnswer::InProgress {
+                message,
+                retry_after_seconds,
+            }) => held_answer(run, hold, Some(&message), retry_after_seconds),
+            _ => held_answer(run, hold, None, self.config.retry_after_seconds),
+        }
+    }
+
+    /// Whether this call would make a new run current: another desired state than the recorded one, or a
+    /// retry value not seen before while the recorded run has failed.
+    async fn would_start_run(
+        &self,
+        request: &UpdateRequest,
+        existing: Option<&MachineRecord>,
+        mode: KubeadmUpgradeMode,
+    ) -> Result<bool, DispatchError> {
+        let Some(record) = existing else {
+            return Ok(true);
+        };
+        if plan_for(request, mode)?.id != record.state_hash {
+            return Ok(true);
+        }
+        let Some(value) = super::retry::retry_value(request.machine.get())? else {
+            return Ok(false);
+        };
+        if record.retry.as_ref().is_some_and(|m| m.value == value) {
+            return Ok(false);
+        }
+        let run = self
+            .read::<RunView>(&update_key(&request.facts.machine, &record.run_id))
+            .await?;
+        Ok(run.is_some_and(|(run, _)| matches!(run.outcome(), Outcome::Failed { .. })))
     }
 }

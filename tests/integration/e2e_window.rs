@@ -59,7 +59,8 @@ async fn an_update_waits_for_its_window_and_runs_once_it_opens() {
     assert_eq!(
         shut,
         UpdateOutcome::InProgress {
-            retry_after_seconds: 5,
+            // The setup's `--retry-after-seconds 1`: the opening is hours away, so the normal one.
+            retry_after_seconds: 1,
             message: format!(
                 "outside maintenance window {WINDOW}: opens 2026-12-07T22:00:00+01:00 (in 3h12m); \
                  the update starts then"
