@@ -117,7 +117,7 @@ impl Dispatcher {
 
     /// Whether this call would make a new run current: another desired state than the recorded one, or a
     /// retry value not seen before while the recorded run has failed.
-    async fn would_start_run(
+    pub(super) async fn would_start_run(
         &self,
         request: &UpdateRequest,
         existing: Option<&MachineRecord>,
