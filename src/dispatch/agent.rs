@@ -193,7 +193,7 @@ impl Dispatcher {
         else {
             return Ok(None);
         };
-        let hold = hold_for(&record, &run);
+        let hold = hold_for(&record, &run, self.window_clock.now_ms());
         Ok(run.agent_needs_plan(current).then_some((run.plan, hold)))
     }
 
@@ -329,7 +329,8 @@ impl Dispatcher {
             .read::<MachineRecord>(&machine_key(&machine))
             .await?
             .map_or(record, |(r, _)| r);
-        Ok(run.and_then(|run| hold_for(&record, &run)))
+        let now = self.window_clock.now_ms();
+        Ok(run.and_then(|run| hold_for(&record, &run, now)))
     }
 
     /// Counts a step that just ended (first report of its end) and logs a failure.

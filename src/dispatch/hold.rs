@@ -9,6 +9,7 @@
 //! maintenance window) is one more arm of [`hold_for`].
 
 use inplace_agent_api::{Hold, HoldReason, MachineRef};
+use inplace_core::window::Gate;
 
 use super::records::{CancelMark, MachineRecord, RunView, StepState, UpdateRecord, machine_key};
 use super::{DispatchError, Dispatcher, UpdateAnswer};
@@ -29,6 +30,8 @@ pub struct OperatorHolds {
     pub paused: Option<String>,
     /// The cancel annotation's value, when non-empty.
     pub cancel: Option<String>,
+    /// The maintenance window in force (the Machine's annotation, else the ExtensionConfig setting).
+    pub window: Option<inplace_core::Window>,
 }
 
 impl OperatorHolds {
@@ -44,6 +47,7 @@ impl OperatorHolds {
         Ok(Self {
             paused,
             cancel: annotation(machine, CANCEL_ANNOTATION)?,
+            window: None,
         })
     }
 }
@@ -78,14 +82,15 @@ pub(super) fn annotation(machine: &str, name: &str) -> Result<Option<String>, Di
     }
 }
 
-/// The hold on `run` given its Machine's record: cancelled (recorded or asked for) before paused; none once
-/// the run ended otherwise.
-pub fn hold_for(record: &MachineRecord, run: &UpdateRecord) -> Option<Hold> {
+/// The hold on `run` given its Machine's record at `now_ms` (Unix ms, the window clock): cancelled (recorded
+/// or asked for) before paused before a shut maintenance window; none once the run ended otherwise.
+pub fn hold_for(record: &MachineRecord, run: &UpdateRecord, now_ms: u64) -> Option<Hold> {
     hold_on(
         record,
         &run.plan.id,
         run.finished_ms.is_some(),
         run.cancelled.as_ref().map(|c| &c.value),
+        now_ms,
     )
 }
 
@@ -95,6 +100,7 @@ pub(super) fn hold_on(
     run_id: &str,
     finished: bool,
     cancelled: Option<&String>,
+    now_ms: u64,
 ) -> Option<Hold> {
     let reason = if let Some(value) = cancelled {
         HoldReason::Cancelled {
@@ -108,6 +114,13 @@ pub(super) fn hold_on(
         }
     } else if let Some(by) = &record.paused {
         HoldReason::Paused { by: by.clone() }
+    } else if let Some(window) = &record.window
+        && let Gate::Closed { opens, .. } = window.gate(super::window::timestamp(now_ms))
+    {
+        HoldReason::Window {
+            opens_at_unix_ms: opens
+                .and_then(|at| u64::try_from(at.timestamp().as_millisecond()).ok()),
+        }
     } else {
         return None;
     };
@@ -127,7 +140,13 @@ pub fn resume_command(machine: &MachineRef) -> String {
 
 /// UpdateMachine's answer for a run under `hold`: InProgress (CAPI keeps polling), saying who holds it, after
 /// which step, and whether a step is still finishing; "after step N of M" once the agent confirmed it stopped.
-pub(super) fn held_answer(run: &RunView, hold: &Hold, retry_after_seconds: i32) -> UpdateAnswer {
+/// `window_message` is the shut window's own words (when it opens), said instead of the hold's reason.
+pub(super) fn held_answer(
+    run: &RunView,
+    hold: &Hold,
+    window_message: Option<&str>,
+    retry_after_seconds: i32,
+) -> UpdateAnswer {
     let total = run.plan.steps.len();
     let done = run
         .steps
@@ -142,6 +161,9 @@ pub(super) fn held_answer(run: &RunView, hold: &Hold, retry_after_seconds: i32) 
         .filter(|_| !confirmed);
     let what = match &hold.reason {
         HoldReason::Cancelled { value } => format!("cancelling ({CANCEL_ANNOTATION}={value})"),
+        HoldReason::Window { .. } if window_message.is_some() => {
+            format!("{}; held", window_message.unwrap_or_default())
+        }
         reason => reason.to_string(),
     };
     let mut message = match running {
@@ -185,6 +207,7 @@ impl Dispatcher {
     ) -> Result<MachineRecord, DispatchError> {
         let differs = |r: &MachineRecord| {
             r.paused != wanted.paused
+                || r.window != wanted.window
                 || wanted
                     .cancel
                     .as_ref()
@@ -200,6 +223,7 @@ impl Dispatcher {
                 };
                 let mut next = current.clone();
                 next.paused = wanted.paused.clone();
+                next.window = wanted.window.clone();
                 if let Some(value) = &wanted.cancel
                     && next.cancel.as_ref().is_none_or(|m| &m.value != value)
                 {

@@ -5,7 +5,7 @@
 //! For operators: refused agents are remembered (`refusals`), every agent can be listed (`agents`), and each
 //! Machine's current update state is counted from the change feed (`census`). The CanUpdate verdicts we
 //! answered are kept here too, and UpdateMachine records a run only for a desired state one of them accepted
-//! in place (`verdicts`, `licence`).
+//! in place (`verdicts`, `licence`). Outside a Machine's maintenance window no new run is recorded (`window`).
 
 mod agent;
 mod agents;
@@ -19,6 +19,7 @@ mod retry;
 mod status;
 mod update;
 pub mod verdicts;
+mod window;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -51,6 +52,7 @@ pub use status::{StatusRow, StatusState};
 pub(crate) use update::ago;
 pub use update::{UpdateAnswer, UpdateRequest, plan_for};
 pub use verdicts::{DEFAULT_VERDICT_RETENTION, RefusalReason, VerdictHook, VerdictRecord};
+pub use window::WindowClock;
 
 /// How many times a compare-and-swap is retried against concurrent writers before giving up.
 pub const CAS_ATTEMPTS: usize = 16;
@@ -134,6 +136,8 @@ pub struct Dispatcher {
     refusals: Mutex<refusal_book::RefusalBook>,
     /// Each Machine's current update state, from the change feed.
     census: Mutex<census::Census>,
+    /// The clock maintenance windows are judged by.
+    window_clock: WindowClock,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -172,6 +176,7 @@ impl Dispatcher {
             metrics,
             refusals: Mutex::new(refusal_book::RefusalBook::default()),
             census: Mutex::new(census::Census::default()),
+            window_clock: WindowClock::default(),
         });
         let live: std::sync::Weak<dyn LiveFleet> = Arc::downgrade(&dispatcher) as _;
         dispatcher.metrics.attach(live);
@@ -345,3 +350,5 @@ mod retry_tests;
 mod tests;
 #[cfg(test)]
 mod verdict_tests;
+#[cfg(test)]
+mod window_tests;

@@ -45,6 +45,7 @@ fn request(name: &str, motd: &str) -> UpdateRequest {
         infra: None,
         paused_setting: None,
         actions: [inplace_core::Action::Files].into_iter().collect(),
+        window: None,
     }
 }
 

@@ -90,6 +90,10 @@ pub struct MachineRecord {
     /// The last `inplace-updater.dev/cancel` value seen: each value cancels at most the run it came with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel: Option<CancelMark>,
+    /// The maintenance window in force for this Machine, as the last UpdateMachine saw it: judged again at
+    /// every poll and report, so the run is held after its running step while the window is shut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<inplace_core::Window>,
 }
 
 /// An operator cancel value as dispatch recorded it.

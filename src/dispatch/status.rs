@@ -66,7 +66,10 @@ impl Dispatcher {
                 .map(|(record, _)| record)
                 .filter(|record| record.run_id == run.plan.id);
             let current = record.is_some();
-            let hold = record.as_ref().and_then(|r| super::hold::hold_for(r, &run));
+            let window_now = self.window_clock.now_ms();
+            let hold = record
+                .as_ref()
+                .and_then(|r| super::hold::hold_for(r, &run, window_now));
             let total = run.plan.steps.len();
             let (state, index) = match run.outcome() {
                 Outcome::Done => (StatusState::Done, None),

@@ -58,6 +58,7 @@ pub(super) fn request_of(
         actions: [Action::KubernetesVersion, Action::Files]
             .into_iter()
             .collect::<BTreeSet<_>>(),
+        window: None,
     }
 }
 

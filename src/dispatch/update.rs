@@ -38,6 +38,8 @@ pub struct UpdateRequest {
     pub infra: Option<Box<RawValue>>,
     /// Actions the policy and settings allow.
     pub actions: BTreeSet<Action>,
+    /// The maintenance window in force for this Machine (its annotation, else the ExtensionConfig setting).
+    pub window: Option<inplace_core::Window>,
     /// The ExtensionConfig `paused` setting, when set: every Machine of the registration is paused.
     pub paused_setting: Option<String>,
 }
@@ -238,6 +240,16 @@ impl Dispatcher {
                 Licence::Granted { fingerprint } => licensed = Some(fingerprint),
             }
         }
+        // Outside the window no new run starts: neither a new desired state nor a retry of a failed run.
+        // Checked before the `kubeadm upgrade apply` claim, so a waiting Machine claims nothing.
+        if let Some(window) = request.window.as_ref().filter(|_| !repeat)
+            && let Some(waiting) = self.window_closed(window, "the update")
+            && self
+                .would_start_run(request, existing.as_ref().map(|(r, _)| r), peeked)
+                .await?
+        {
+            return Ok(waiting);
+        }
         let mode = if uses_version && !repeat {
             self.upgrade_mode(facts).await?
         } else {
@@ -321,6 +333,7 @@ impl Dispatcher {
                                     retry,
                                     paused: current.and_then(|r| r.paused.clone()),
                                     cancel: current.and_then(|r| r.cancel.clone()),
+                                    window: current.and_then(|r| r.window.clone()),
                                 }
                             }
                         }))
@@ -330,7 +343,9 @@ impl Dispatcher {
                 .ok_or_else(|| DispatchError::Contention(machine_key(&facts.machine)))?,
         };
         // Read on every call: the pause setting is not part of the input fingerprint.
-        let wanted = OperatorHolds::read(request.machine.get(), request.paused_setting.as_deref())?;
+        let mut wanted =
+            OperatorHolds::read(request.machine.get(), request.paused_setting.as_deref())?;
+        wanted.window = request.window.clone();
         let record = self.record_holds(&facts.machine, record, &wanted).await?;
         let key = update_key(&facts.machine, &record.run_id);
         let run = match self.read::<RunView>(&key).await? {
@@ -392,14 +407,19 @@ impl Dispatcher {
             .as_ref()
             .filter(|m| m.ignored && m.run_id == record.run_id)
             .map(|m| m.value.as_str());
+        let window_now = self.window_clock.now_ms();
         let hold = hold_on(
             &record,
             &record.run_id,
             matches!(run.outcome(), Outcome::Done | Outcome::Failed { .. }),
             run.cancelled.as_ref().map(|c| &c.value),
+            window_now,
         );
         let answer = match hold.filter(|_| !run.outcome().is_failure()) {
-            Some(hold) => held_answer(&run, &hold, self.config.retry_after_seconds),
+            Some(hold) if matches!(hold.reason, inplace_agent_api::HoldReason::Window { .. }) => {
+                self.window_held(&record, &run, &hold)
+            }
+            Some(hold) => held_answer(&run, &hold, None, self.config.retry_after_seconds),
             None => self.answer(&run, agent.as_ref(), refusal.as_ref(), ignored, now),
         };
         Ok(answer)

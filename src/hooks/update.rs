@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use inplace_core::{Objects, Policy, Scope, Settings};
+use inplace_core::{Objects, Policy, Scope, Settings, window};
 
 use super::{Answer, Engine, answer, failure};
 use crate::api::objects;
@@ -64,6 +64,13 @@ pub fn update_request(
         .each_ref()
         .map(|head| head.as_ref().map(Head::type_meta));
     let facts = MachineFacts::of(&machine).map_err(Refusal::bad_request)?;
+    // The Machine's annotation overrides the registration's window; a bad one is the client's mistake.
+    let annotation = machine
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(window::WINDOW_ANNOTATION))
+        .and_then(serde_json::Value::as_str);
+    let window = window::effective(settings.maintenance_window.as_ref(), annotation)
+        .map_err(Refusal::bad_request)?;
     let heads = Objects {
         machine: Some(&machine),
         bootstrap: bootstrap.as_ref(),
@@ -76,6 +83,7 @@ pub fn update_request(
         bootstrap: desired.bootstrap_config,
         infra: desired.infrastructure_machine,
         actions,
+        window,
         paused_setting: settings.paused,
     })
 }

@@ -333,6 +333,8 @@ SETTINGS = {
     ),
     "mode": re.compile(r"in-place-or-rollout|in-place-only"),
     "patchType": re.compile(r"(?i)JSONPatch|JSONMergePatch"),
+    "paused": re.compile(r".{0,256}"),
+    "maintenanceWindow": re.compile(r"(?i)\s*|none|(\s*(days|start|end|tz)=\S+)+\s*"),
 }
 # Every line of a server token file that is not blank or a comment (src/server/auth.rs).
 TOKEN_LINE = re.compile(

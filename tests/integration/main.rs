@@ -14,6 +14,7 @@ mod e2e_resume;
 mod e2e_retry;
 mod e2e_rollout;
 mod e2e_verdicts;
+mod e2e_window;
 mod fatal_errors;
 mod hooks_bad_input;
 mod hooks_capi;

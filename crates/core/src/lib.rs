@@ -5,7 +5,8 @@
 //! (an [`Action`] the node agent performs, accept, or reject), [`patch`] builds the CAPI patches that
 //! cover exactly the accepted changes, and [`decide()`] puts it together for CanUpdateMachine and
 //! CanUpdateMachineSet, self-checking every patch the way CAPI applies it. [`settings`] reads the
-//! ExtensionConfig settings that narrow the policy per registration. [`verdict`] fingerprints what a
+//! ExtensionConfig settings that narrow the policy per registration, [`window`] the maintenance
+//! windows (setting and Machine annotation) outside which no run starts or takes its next step. [`verdict`] fingerprints what a
 //! CanUpdate answer judged, so UpdateMachine can tell a desired state nobody judged. [`plan`] turns
 //! an UpdateMachine's desired Machine and KubeadmConfig into the agent's steps with a stable id, and
 //! [`decode`] is the one JSON decoder (Go's field names, the failing field named) behind every typed read.
@@ -25,6 +26,7 @@ pub mod policy;
 pub mod redact;
 pub mod settings;
 pub mod verdict;
+pub mod window;
 
 pub use action::Action;
 pub use decide::{ChangeVerdict, Decision, JudgedChange, Outcome, Patches, decide};
@@ -35,6 +37,7 @@ pub use patch::{Patch, PatchType};
 pub use path::{Path, Seg};
 pub use policy::{DEFAULT_POLICY_YAML, Policy, PolicyError};
 pub use settings::{MAX_PAUSED_BYTES, Mode, Settings, SettingsError};
+pub use window::{Gate, Window, WindowError};
 
 /// Lower-case hex of `bytes` (digests in ids, fingerprints, store keys and token lines).
 pub fn hex(bytes: &[u8]) -> String {

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::action::Action;
 use crate::patch::PatchType;
+use crate::window::{self, WINDOW_SETTING, Window, WindowError};
 
 /// Every setting key with its values and meaning, for `--help`, README and error messages.
 pub const SETTINGS_DOC: &[(&str, &str)] = &[
@@ -33,6 +34,13 @@ pub const SETTINGS_DOC: &[(&str, &str)] = &[
         "Any non-empty text (the reason, or who paused): every Machine of this registration pauses after its \
          running step; no new step starts and UpdateMachine says \"paused by ExtensionConfig setting paused=...\". \
          Remove it (or set \"\") to resume. Default: not paused.",
+    ),
+    (
+        WINDOW_SETTING,
+        "A maintenance window such as \"days=mon-fri start=22:00 end=04:00 tz=Europe/Berlin\" (days: names or ranges; \
+         start/end: HH:MM local, end may be 24:00, an end at or before start is the next day; tz: IANA name, default \
+         UTC). Outside it UpdateMachine starts no run and a run in progress waits after its current step. The Machine \
+         annotation inplace-updater.dev/maintenance-window overrides it (\"none\": no window). Default: none (always open).",
     ),
 ];
 
@@ -65,6 +73,8 @@ pub struct Settings {
     /// `paused`: the reason every Machine of this registration is paused, when set (non-empty).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub paused: Option<String>,
+    /// `maintenanceWindow`: when runs may start and step (`None`: always).
+    pub maintenance_window: Option<Window>,
 }
 
 impl Default for Settings {
@@ -75,6 +85,7 @@ impl Default for Settings {
             mode: Mode::InPlaceOrRollout,
             patch_type: PatchType::JsonPatch,
             paused: None,
+            maintenance_window: None,
         }
     }
 }
@@ -83,7 +94,9 @@ impl Default for Settings {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SettingsError {
     /// A key this updater does not know (a typo would otherwise silently widen what goes in place).
-    #[error("unknown setting {key:?} (known: inPlace, disableActions, mode, patchType, paused)")]
+    #[error(
+        "unknown setting {key:?} (known: inPlace, disableActions, mode, patchType, paused, maintenanceWindow)"
+    )]
     UnknownKey {
         /// The key as given.
         key: String,
@@ -97,6 +110,14 @@ pub enum SettingsError {
         value: String,
         /// What would have been accepted.
         expected: &'static str,
+    },
+    /// `maintenanceWindow` is not a window spec.
+    #[error("setting maintenanceWindow: invalid value {value:?}: {problem}")]
+    Window {
+        /// The value as given.
+        value: String,
+        /// What is wrong with it.
+        problem: WindowError,
     },
     /// Settings that contradict each other.
     #[error("settings conflict: {0}")]
@@ -161,6 +182,13 @@ impl Settings {
                         ));
                     }
                     s.paused = (!v.is_empty()).then(|| v.to_owned());
+                }
+                WINDOW_SETTING => {
+                    s.maintenance_window =
+                        window::parse_setting(v).map_err(|problem| SettingsError::Window {
+                            value: value.clone(),
+                            problem,
+                        })?;
                 }
                 _ => return Err(SettingsError::UnknownKey { key: key.clone() }),
             }
@@ -236,6 +264,22 @@ mod tests {
         assert_eq!(s.disabled_actions, [Action::SshKeys, Action::Ntp].into());
         assert_eq!(s.mode, Mode::InPlaceOnly);
         assert_eq!(s.patch_type, PatchType::JsonMergePatch);
+        let w = parse(&[(
+            "maintenanceWindow",
+            "days=sat start=01:00 end=05:00 tz=Europe/Berlin",
+        )])
+        .unwrap()
+        .maintenance_window
+        .unwrap();
+        assert_eq!(w.spec(), "days=sat start=01:00 end=05:00 tz=Europe/Berlin");
+        assert_eq!(
+            parse(&[("maintenanceWindow", "none")]).unwrap(),
+            Settings::default()
+        );
+        assert_eq!(
+            parse(&[("maintenanceWindow", "")]).unwrap(),
+            Settings::default()
+        );
         assert!(!s.allows(Action::Ntp) && s.allows(Action::Files));
         let off = parse(&[("inPlace", "false")]).unwrap();
         assert!(!off.allows(Action::Files));
@@ -248,6 +292,12 @@ mod tests {
         let e = parse(&[("disableActions", "ntp,reboot")]).unwrap_err();
         assert!(e.to_string().contains("ntp,reboot"), "{e}");
         assert!(parse(&[("inPlace", "yes")]).is_err());
+        let e = parse(&[("maintenanceWindow", "days=mon start=9")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "setting maintenanceWindow: invalid value \"days=mon start=9\": \
+             start \"9\" is not a time HH:MM between 00:00 and 23:59"
+        );
         assert!(parse(&[("mode", "strict")]).is_err());
         assert!(parse(&[("patchType", "strategic")]).is_err());
         assert!(matches!(
