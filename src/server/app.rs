@@ -13,11 +13,13 @@ use axum::routing::post;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::TimeoutLayer;
 
+use super::agent_routes::agent_router;
+use super::error::HttpError;
 use super::listener::ConnInfo;
 use super::metrics::Metrics;
+use super::state::AppState;
 use crate::api::{Hook, parse_go_duration};
 use crate::hooks::{self, Answer, Engine};
-use crate::server::auth::AgentTokens;
 
 /// Largest request body accepted (CAPI's own Go server SDK uses the same cap).
 pub const MAX_BODY_BYTES: usize = 20 * 1024 * 1024;
@@ -50,32 +52,6 @@ pub enum Compute {
     Async(fn(Arc<Engine>, Bytes) -> AnswerFuture),
 }
 
-/// What every handler shares.
-#[derive(Debug, Clone)]
-pub struct AppState {
-    /// Metrics registry.
-    pub metrics: Arc<Metrics>,
-    /// Whether hook calls must come over a connection with a verified client certificate.
-    pub require_client_cert: bool,
-    /// Policy and dispatch.
-    pub engine: Arc<Engine>,
-    /// Agent tokens (agent API).
-    pub tokens: Arc<AgentTokens>,
-}
-
-impl AppState {
-    /// `engine` and `tokens` with fresh metrics and no client-certificate requirement (what `serve` does
-    /// without `--client-ca`); the fields stay public for the rest.
-    pub fn new(engine: Arc<Engine>, tokens: Arc<AgentTokens>) -> Self {
-        Self {
-            metrics: Arc::new(Metrics::new()),
-            require_client_cert: false,
-            engine,
-            tokens,
-        }
-    }
-}
-
 /// The hook router with every hook at CAPI's path, plus the agent API under `/agent/v1/`.
 pub fn app(state: AppState) -> Router {
     let mut router = Router::new();
@@ -100,7 +76,7 @@ pub fn app(state: AppState) -> Router {
         router = router.merge(hook_route(hook, compute, state.clone()));
     }
     router
-        .merge(super::agent_routes::agent_router(state))
+        .merge(agent_router(state))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
 }
@@ -161,34 +137,26 @@ fn json_response(body: Vec<u8>) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-pub(super) fn refusal(status: StatusCode, message: &str) -> Response {
-    let body = serde_json::json!({ "status": "Failure", "message": message }).to_string();
-    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
-}
-
-fn too_large() -> Response {
-    refusal(
+fn too_large() -> HttpError {
+    HttpError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
-        &format!("request body exceeds the {MAX_BODY_BYTES}-byte limit"),
+        format!("request body exceeds the {MAX_BODY_BYTES}-byte limit"),
     )
 }
 
-async fn method_not_allowed(request: Request) -> Response {
-    let mut response = refusal(
+async fn method_not_allowed(request: Request) -> HttpError {
+    HttpError::new(
         StatusCode::METHOD_NOT_ALLOWED,
-        &format!("{} is not allowed here: hooks take POST", request.method()),
-    );
-    response
-        .headers_mut()
-        .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
-    response
+        format!("{} is not allowed here: hooks take POST", request.method()),
+    )
+    .with_header(header::ALLOW, header::HeaderValue::from_static("POST"))
 }
 
-async fn not_found(request: Request) -> Response {
+async fn not_found(request: Request) -> HttpError {
     let path: String = request.uri().path().chars().take(200).collect();
-    refusal(
+    HttpError::new(
         StatusCode::NOT_FOUND,
-        &format!("no such endpoint: {path} (see /openapi.yaml in the repository for every route)"),
+        format!("no such endpoint: {path} (see /openapi.yaml in the repository for every route)"),
     )
 }
 
@@ -250,10 +218,11 @@ async fn handle(
             hook = hook.name(),
             "hook call without a verified client certificate refused"
         );
-        return refusal(
+        return HttpError::new(
             StatusCode::UNAUTHORIZED,
             "this server requires a client certificate signed by its --client-ca for hook calls",
-        );
+        )
+        .into_response();
     }
     let declared_length = request
         .headers()
@@ -261,7 +230,7 @@ async fn handle(
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<u64>().ok());
     if declared_length.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
-        return too_large();
+        return too_large().into_response();
     }
     // Chunked bodies are counted while they stream in and cut off at the limit, never buffered past it;
     // a body that trickles in is cut off at the call's deadline (a slow client cannot hold the call open).
@@ -277,15 +246,16 @@ async fn handle(
     .await
     {
         Ok(Ok(body)) => body,
-        Ok(Err(_)) => return too_large(),
+        Ok(Err(_)) => return too_large().into_response(),
         Err(_) => {
-            return refusal(
+            return HttpError::new(
                 StatusCode::REQUEST_TIMEOUT,
-                &format!(
+                format!(
                     "request body not received within {:.1}s",
                     read_budget.as_secs_f64()
                 ),
-            );
+            )
+            .into_response();
         }
     };
     let answer = match deadline(query.as_deref()) {
