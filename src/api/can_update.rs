@@ -9,9 +9,10 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::Value;
 
+use super::error::DecodeError;
 use super::objects::Object;
 use super::requests::{
-    CanUpdateMachineRequest, CanUpdateMachineSetRequest, DecodeError, HookRequest, MachineObjects,
+    CanUpdateMachineRequest, CanUpdateMachineSetRequest, HookRequest, MachineObjects,
     MachineSetObjects, ObjectKey, SideObjects, decode_request,
 };
 use super::validate::{self, Head, Invalid};

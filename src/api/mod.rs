@@ -6,6 +6,7 @@
 
 mod can_update;
 mod duration;
+mod error;
 pub mod objects;
 mod requests;
 mod responses;
@@ -15,11 +16,12 @@ pub use can_update::{
     AnyCanUpdateRequest, CanUpdateRequest, InvalidObjectSet, SideTexts, check_object_sets,
 };
 pub use duration::{DurationError, parse_go_duration};
+pub use error::DecodeError;
 /// The one JSON decoder (Go's field naming, the failing field named), shared with the plan in `inplace-core`.
 pub use inplace_core::decode_json;
 pub use objects::{Object, Pair};
 pub use requests::{
-    CanUpdateMachineRequest, CanUpdateMachineSetRequest, DecodeError, HookRequest, MachineObjects,
+    CanUpdateMachineRequest, CanUpdateMachineSetRequest, HookRequest, MachineObjects,
     MachineSetObjects, ObjectKey, UpdateMachineObjects, UpdateMachineRequest, decode_request,
 };
 pub use responses::{

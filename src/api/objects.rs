@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::requests::DecodeError;
+use super::error::DecodeError;
 
 /// A Kubernetes object as CAPI put it in the request: its JSON text, checked to be an object.
 pub type Object = Box<RawValue>;
@@ -23,16 +23,13 @@ fn is_object(raw: &RawValue) -> bool {
     raw.get().starts_with('{')
 }
 
-fn json_error(path: &'static str, err: &serde_json::Error) -> DecodeError {
-    DecodeError::Json {
-        kind: "object",
-        detail: format!("{path}: {err}"),
-    }
+fn json_error(path: &'static str, source: serde_json::Error) -> DecodeError {
+    DecodeError::Object { path, source }
 }
 
 /// Parses a whole object.
 pub fn parse(raw: &RawValue, path: &'static str) -> Result<Value, DecodeError> {
-    serde_json::from_str(raw.get()).map_err(|err| json_error(path, &err))
+    serde_json::from_str(raw.get()).map_err(|err| json_error(path, err))
 }
 
 /// One object of a CanUpdate request, both sides parsed.
@@ -101,7 +98,7 @@ impl Pair {
 type Members<'a> = BTreeMap<String, &'a RawValue>;
 
 fn members<'a>(raw: &'a RawValue, path: &'static str) -> Result<Members<'a>, DecodeError> {
-    serde_json::from_str(raw.get()).map_err(|err| json_error(path, &err))
+    serde_json::from_str(raw.get()).map_err(|err| json_error(path, err))
 }
 
 /// Both sides parsed; below `region` (or at it, when `region` is empty) members with equal text on both

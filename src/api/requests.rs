@@ -9,40 +9,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::HOOKS_API_VERSION;
+use super::error::DecodeError;
 use super::objects::{Object, parse};
-use super::validate::{self, Head, Invalid, Role};
-
-/// Why a request body could not be decoded; the message names the offending field.
-#[derive(Debug, thiserror::Error)]
-pub enum DecodeError {
-    /// The body was empty.
-    #[error("request body is empty: expected a {kind} JSON object")]
-    Empty {
-        /// The request kind that was expected.
-        kind: &'static str,
-    },
-    /// JSON syntax or shape error at a field path.
-    #[error("cannot decode {kind}: {detail}")]
-    Json {
-        /// The request kind that was expected.
-        kind: &'static str,
-        /// `path: serde message`, e.g. ``desired: missing field `machine` at line 1 column 40``.
-        detail: String,
-    },
-    /// `apiVersion` or `kind` is present but names something else.
-    #[error("field `{field}` is {found:?}, expected {expected:?}")]
-    TypeMeta {
-        /// `apiVersion` or `kind`.
-        field: &'static str,
-        /// What the body said (truncated).
-        found: String,
-        /// What this endpoint serves.
-        expected: &'static str,
-    },
-    /// An object does not fit its role, or a field this extension reads has the wrong type or form.
-    #[error("{0}")]
-    Invalid(#[from] Invalid),
-}
+use super::validate::{self, Head, Role};
 
 /// A request type: what `kind` it is and how to check it after decoding.
 pub trait HookRequest: DeserializeOwned {

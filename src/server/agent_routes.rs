@@ -22,8 +22,9 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tower_http::timeout::TimeoutLayer;
 
-use super::app::{AppState, refusal};
+use super::error::HttpError;
 use super::listener::ConnInfo;
+use super::state::AppState;
 use crate::dispatch::{AgentRefusalReason, AgentScope, DispatchError, Dispatcher};
 
 /// Ceiling on any agent request: the longest poll plus the grace agents allow for it.
@@ -47,24 +48,7 @@ pub fn agent_router(state: AppState) -> Router {
         .with_state(state)
 }
 
-enum Refused {
-    Status(StatusCode, String),
-}
-
-impl IntoResponse for Refused {
-    fn into_response(self) -> Response {
-        let Refused::Status(status, message) = self;
-        let mut response = refusal(status, &message);
-        if status == StatusCode::UNAUTHORIZED {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        response
-    }
-}
-
-impl From<DispatchError> for Refused {
+impl From<DispatchError> for HttpError {
     fn from(err: DispatchError) -> Self {
         let status = match &err {
             DispatchError::Forbidden(_) => StatusCode::FORBIDDEN,
@@ -74,7 +58,7 @@ impl From<DispatchError> for Refused {
             | DispatchError::Contention(_)
             | DispatchError::Corrupt { .. } => StatusCode::SERVICE_UNAVAILABLE,
         };
-        Refused::Status(status, err.to_string())
+        HttpError::new(status, err.to_string())
     }
 }
 
@@ -88,7 +72,7 @@ struct Accepted<T> {
 
 impl<T> Accepted<T> {
     /// The refusal for a dispatch error; a 403 is also counted and logged as a refused agent.
-    async fn refusal(&self, agent: &AgentIdentity, err: DispatchError) -> Refused {
+    async fn refusal(&self, agent: &AgentIdentity, err: DispatchError) -> HttpError {
         if let DispatchError::Forbidden(message) = &err {
             self.dispatcher
                 .refused(
@@ -99,7 +83,7 @@ impl<T> Accepted<T> {
                 )
                 .await;
         }
-        Refused::from(err)
+        HttpError::from(err)
     }
 }
 
@@ -138,11 +122,11 @@ async fn claimed_agent(request: Request) -> Option<AgentIdentity> {
 async fn accept<T: DeserializeOwned>(
     state: &AppState,
     request: Request,
-) -> Result<Accepted<T>, Refused> {
+) -> Result<Accepted<T>, HttpError> {
     let dispatcher = state.engine.dispatcher.clone().ok_or_else(|| {
-        Refused::Status(
+        HttpError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "this server has no store configured for agents".into(),
+            "this server has no store configured for agents",
         )
     })?;
     let peer = request.extensions().get::<ConnInfo>().map(|info| info.peer);
@@ -163,11 +147,12 @@ async fn accept<T: DeserializeOwned>(
                     peer,
                 )
                 .await;
-            return Err(Refused::Status(StatusCode::UNAUTHORIZED, message));
+            return Err(HttpError::new(StatusCode::UNAUTHORIZED, message)
+                .with_header(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
         }
     };
     let too_large = || {
-        Refused::Status(
+        HttpError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("agent request bodies are limited to {MAX_REQUEST_BODY_BYTES} bytes"),
         )
@@ -182,7 +167,7 @@ async fn accept<T: DeserializeOwned>(
     )
     .await
     .map_err(|_| {
-        Refused::Status(
+        HttpError::new(
             StatusCode::REQUEST_TIMEOUT,
             format!(
                 "request body not received within {}s",
@@ -192,7 +177,7 @@ async fn accept<T: DeserializeOwned>(
     })?
     .map_err(|_| too_large())?;
     let body: T = decode_agent_body(&body)
-        .map_err(|err| Refused::Status(StatusCode::BAD_REQUEST, err.to_string()))?;
+        .map_err(|err| HttpError::new(StatusCode::BAD_REQUEST, err.to_string()))?;
     Ok(Accepted {
         scope,
         dispatcher,
@@ -215,14 +200,15 @@ pub fn decode_agent_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, AgentBod
 fn json<T: Serialize>(value: &T) -> Response {
     match serde_json::to_vec(value) {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(err) => refusal(
+        Err(err) => HttpError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            &format!("cannot encode the answer: {err}"),
-        ),
+            format!("cannot encode the answer: {err}"),
+        )
+        .into_response(),
     }
 }
 
-async fn poll(State(state): State<AppState>, request: Request) -> Result<Response, Refused> {
+async fn poll(State(state): State<AppState>, request: Request) -> Result<Response, HttpError> {
     let accepted: Accepted<PollRequest> = accept(&state, request).await?;
     let body = &accepted.body;
     let answer = match accepted.dispatcher.poll(&accepted.scope, body).await {
@@ -235,7 +221,7 @@ async fn poll(State(state): State<AppState>, request: Request) -> Result<Respons
     Ok(json(&answer))
 }
 
-async fn report(State(state): State<AppState>, request: Request) -> Result<Response, Refused> {
+async fn report(State(state): State<AppState>, request: Request) -> Result<Response, HttpError> {
     let accepted: Accepted<StepReport> = accept(&state, request).await?;
     let body = &accepted.body;
     let hold = match accepted.dispatcher.report(&accepted.scope, body).await {
@@ -253,7 +239,7 @@ async fn report(State(state): State<AppState>, request: Request) -> Result<Respo
     Ok(json(&AckResponse { hold }))
 }
 
-async fn inventory(State(state): State<AppState>, request: Request) -> Result<Response, Refused> {
+async fn inventory(State(state): State<AppState>, request: Request) -> Result<Response, HttpError> {
     let accepted: Accepted<InventoryReport> = accept(&state, request).await?;
     let body = &accepted.body;
     if let Err(err) = accepted.dispatcher.inventory(&accepted.scope, body).await {

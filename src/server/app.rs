@@ -13,11 +13,13 @@ use axum::routing::post;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::TimeoutLayer;
 
+use super::agent_routes::agent_router;
+use super::error::HttpError;
 use super::listener::ConnInfo;
 use super::metrics::Metrics;
+use super::state::AppState;
 use crate::api::{Hook, parse_go_duration};
 use crate::hooks::{self, Answer, Engine};
-use crate::server::auth::AgentTokens;
 
 /// Largest request body accepted (CAPI's own Go server SDK uses the same cap).
 pub const MAX_BODY_BYTES: usize = 20 * 1024 * 1024;
@@ -50,32 +52,6 @@ pub enum Compute {
     Async(fn(Arc<Engine>, Bytes) -> AnswerFuture),
 }
 
-/// What every handler shares.
-#[derive(Debug, Clone)]
-pub struct AppState {
-    /// Metrics registry.
-    pub metrics: Arc<Metrics>,
-    /// Whether hook calls must come over a connection with a verified client certificate.
-    pub require_client_cert: bool,
-    /// Policy and dispatch.
-    pub engine: Arc<Engine>,
-    /// Agent tokens (agent API).
-    pub tokens: Arc<AgentTokens>,
-}
-
-impl AppState {
-    /// `engine` and `tokens` with fresh metrics and no client-certificate requirement (what `serve` does
-    /// without `--client-ca`); the fields stay public for the rest.
-    pub fn new(engine: Arc<Engine>, tokens: Arc<AgentTokens>) -> Self {
-        Self {
-            metrics: Arc::new(Metrics::new()),
-            require_client_cert: false,
-            engine,
-            tokens,
-        }
-    }
-}
-
 /// The hook router with every hook at CAPI's path, plus the agent API under `/agent/v1/`.
 pub fn app(state: AppState) -> Router {
     let mut router = Router::new();
@@ -100,7 +76,7 @@ pub fn app(state: AppState) -> Router {
         router = router.merge(hook_route(hook, compute, state.clone()));
     }
     router
-        .merge(super::agent_routes::agent_router(state))
+        .merge(agent_router(state))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
 }
@@ -161,34 +137,26 @@ fn json_response(body: Vec<u8>) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-pub(super) fn refusal(status: StatusCode, message: &str) -> Response {
-    let body = serde_json::json!({ "status": "Failure", "message": message }).to_string();
-    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
-}
-
-fn too_large() -> Response {
-    refusal(
+fn too_large() -> HttpError {
+    HttpError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
-        &format!("request body exceeds the {MAX_BODY_BYTES}-byte limit"),
+        format!("request body exceeds the {MAX_BODY_BYTES}-byte limit"),
     )
 }
 
-async fn method_not_allowed(request: Request) -> Response {
-    let mut response = refusal(
+async fn method_not_allowed(request: Request) -> HttpError {
+    HttpError::new(
         StatusCode::METHOD_NOT_ALLOWED,
-        &format!("{} is not allowed here: hooks take POST", request.method()),
-    );
-    response
-        .headers_mut()
-        .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
-    response
+        format!("{} is not allowed here: hooks take POST", request.method()),
+    )
+    .with_header(header::ALLOW, header::HeaderValue::from_static("POST"))
 }
 
-async fn not_found(request: Request) -> Response {
+async fn not_found(request: Request) -> HttpError {
     let path: String = request.uri().path().chars().take(200).collect();
-    refusal(
+    HttpError::new(
         StatusCode::NOT_FOUND,
-        &format!("no such endpoint: {path} (see /openapi.yaml in the repository for every route)"),
+        format!("no such endpoint: {path} (see /openapi.yaml in the repository for every route)"),
     )
 }
 
@@ -223,6 +191,7 @@ fn deadline(query: Option<&str>) -> Result<Duration, String> {
     Ok(capi_timeout.mul_f64(DEADLINE_FRACTION).min(MAX_HOOK_TIME))
 }
 
+/// One hook call: [`authorize`], [`read_body`], [`compute_answer`], [`record_call`], then the answer.
 async fn handle(
     hook: Hook,
     compute: Compute,
@@ -233,6 +202,21 @@ async fn handle(
     // Tokio's clock, the one the timeouts below run on (and the one a paused test runtime advances).
     let started = tokio::time::Instant::now();
     let _in_flight = InFlight::enter(&state.metrics);
+    if let Err(refused) = authorize(hook, &state, &request) {
+        return refused.into_response();
+    }
+    let body = match read_body(query.as_deref(), request).await {
+        Ok(body) => body,
+        Err(refused) => return refused.into_response(),
+    };
+    let answer = compute_answer(hook, compute, &state, query.as_deref(), started, body).await;
+    record_call(hook, &state, &answer, started.elapsed());
+    json_response(answer.body)
+}
+
+/// Refuses a hook call without a verified client certificate when the server requires one (counted as
+/// `Unauthorized` and logged).
+fn authorize(hook: Hook, state: &AppState, request: &Request) -> Result<(), HttpError> {
     let verified = request
         .extensions()
         .get::<ConnInfo>()
@@ -250,45 +234,61 @@ async fn handle(
             hook = hook.name(),
             "hook call without a verified client certificate refused"
         );
-        return refusal(
+        return Err(HttpError::new(
             StatusCode::UNAUTHORIZED,
             "this server requires a client certificate signed by its --client-ca for hook calls",
-        );
+        ));
     }
+    Ok(())
+}
+
+/// The request body, at most [`MAX_BODY_BYTES`], received within the call's deadline (at least
+/// [`MIN_BODY_READ_TIME`]).
+async fn read_body(query: Option<&str>, request: Request) -> Result<Bytes, HttpError> {
     let declared_length = request
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<u64>().ok());
     if declared_length.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
-        return too_large();
+        return Err(too_large());
     }
     // Chunked bodies are counted while they stream in and cut off at the limit, never buffered past it;
     // a body that trickles in is cut off at the call's deadline (a slow client cannot hold the call open).
     // A `?timeout=0ns` call still gets its body read (a zero budget refused bodies already sent with 408);
     // the computation below keeps the caller's deadline.
-    let read_budget = deadline(query.as_deref())
+    let read_budget = deadline(query)
         .unwrap_or(DEFAULT_CAPI_TIMEOUT.mul_f64(DEADLINE_FRACTION))
         .max(MIN_BODY_READ_TIME);
-    let body: Bytes = match tokio::time::timeout(
+    match tokio::time::timeout(
         read_budget,
         axum::body::to_bytes(request.into_body(), MAX_BODY_BYTES),
     )
     .await
     {
-        Ok(Ok(body)) => body,
-        Ok(Err(_)) => return too_large(),
-        Err(_) => {
-            return refusal(
-                StatusCode::REQUEST_TIMEOUT,
-                &format!(
-                    "request body not received within {:.1}s",
-                    read_budget.as_secs_f64()
-                ),
-            );
-        }
-    };
-    let answer = match deadline(query.as_deref()) {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(_)) => Err(too_large()),
+        Err(_) => Err(HttpError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "request body not received within {:.1}s",
+                read_budget.as_secs_f64()
+            ),
+        )),
+    }
+}
+
+/// The hook's answer within the call's deadline (counted from `started`); a panic or a missed deadline is
+/// answered as a Failure.
+async fn compute_answer(
+    hook: Hook,
+    compute: Compute,
+    state: &AppState,
+    query: Option<&str>,
+    started: tokio::time::Instant,
+    body: Bytes,
+) -> Answer {
+    match deadline(query) {
         Err(message) => hooks::failure(hook, message, "bad-request", None),
         Ok(allowed) => {
             // The deadline counts from the request's arrival: time spent receiving the body is spent. Without
@@ -345,8 +345,12 @@ async fn handle(
                 ),
             }
         }
-    };
-    let elapsed = started.elapsed();
+    }
+}
+
+/// Counts the call in the metrics and logs it (below info for UpdateMachine's in-progress repeats, a
+/// warning for a Failure).
+fn record_call(hook: Hook, state: &AppState, answer: &Answer, elapsed: Duration) {
     state.metrics.record_call(
         hook.name(),
         answer.status.as_str(),
@@ -381,7 +385,6 @@ async fn handle(
     } else {
         log_call!(info);
     }
-    json_response(answer.body)
 }
 
 #[cfg(test)]

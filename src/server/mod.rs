@@ -5,8 +5,10 @@ mod admin;
 mod agent_routes;
 mod app;
 pub mod auth;
+mod error;
 mod listener;
 pub mod metrics;
+mod state;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -27,12 +29,13 @@ pub use agent_routes::{
     decode_agent_body,
 };
 pub use app::{
-    AnswerFuture, AppState, Compute, DEADLINE_FRACTION, DEFAULT_CAPI_TIMEOUT,
-    INLINE_COMPUTE_MAX_BODY_BYTES, MAX_BODY_BYTES, MAX_HOOK_TIME, MIN_BODY_READ_TIME, app,
-    hook_route,
+    AnswerFuture, Compute, DEADLINE_FRACTION, DEFAULT_CAPI_TIMEOUT, INLINE_COMPUTE_MAX_BODY_BYTES,
+    MAX_BODY_BYTES, MAX_HOOK_TIME, MIN_BODY_READ_TIME, app, hook_route,
 };
+pub use error::HttpError;
 pub use listener::{ConnInfo, ConnLimits};
 pub use metrics::Metrics;
+pub use state::AppState;
 use tls::{ReloadingCert, TlsError, TlsFiles};
 
 use crate::dispatch::Dispatcher;

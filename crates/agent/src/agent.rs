@@ -18,9 +18,8 @@ use crate::client::{ClientError, ServerClient};
 use crate::config::AgentConfig;
 use crate::driver_config::{ConfigError, DriverConfig};
 use crate::drivers::DriverEnv;
-use crate::executor::report_for;
 use crate::inventory;
-use crate::state::{LocalStepStatus, StateError, StateStore};
+use crate::state::{LocalStepStatus, StateError, StateStore, report_for};
 
 /// Timeout of a report or inventory request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);

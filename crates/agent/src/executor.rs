@@ -14,17 +14,14 @@
 use std::ops::ControlFlow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use inplace_agent_api::{
-    AgentIdentity, MESSAGE_MAX_BYTES, PlanStatus, STDERR_TAIL_MAX_BYTES, StepReport, StepStatus,
-    truncate_tail,
-};
+use inplace_agent_api::{MESSAGE_MAX_BYTES, PlanStatus, STDERR_TAIL_MAX_BYTES, truncate_tail};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::agent::{Agent, Shutdown};
 use crate::command::KILL_GRACE;
 use crate::drivers::{Outcome, ProgressRecorder, ProgressUpdate, StepContext, StepResult, execute};
-use crate::state::{LocalStepStatus, SequenceProgress, StepRecord};
+use crate::state::{LocalStepStatus, SequenceProgress, report_for};
 
 /// Attempts after which a step that keeps being interrupted is failed.
 pub const MAX_STEP_ATTEMPTS: u32 = 3;
@@ -46,32 +43,6 @@ fn truncate_head(text: &str, max: usize) -> &str {
         end -= 1;
     }
     &text[..end]
-}
-
-/// The report describing `record`.
-pub(crate) fn report_for(
-    agent: &AgentIdentity,
-    plan_id: &str,
-    index: usize,
-    record: &StepRecord,
-) -> StepReport {
-    let status = match record.status {
-        LocalStepStatus::Succeeded => StepStatus::Succeeded,
-        LocalStepStatus::Failed => StepStatus::Failed,
-        LocalStepStatus::Pending | LocalStepStatus::Running => StepStatus::Running,
-    };
-    StepReport {
-        agent: agent.clone(),
-        plan_id: plan_id.to_owned(),
-        step_index: index as u32,
-        status,
-        attempt: record.attempt.max(1),
-        started_at_unix_ms: record.started_at_unix_ms,
-        finished_at_unix_ms: record.finished_at_unix_ms,
-        exit_code: record.exit_code,
-        stderr_tail: record.stderr_tail.clone(),
-        message: record.message.clone(),
-    }
 }
 
 /// Aborts the step task when the agent's own future is dropped, so nothing outlives the agent.

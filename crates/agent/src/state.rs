@@ -1,12 +1,13 @@
 //! Crash-safe local state in `--state-dir`: the current plan (`plan-<id>.json`), per-step
-//! progress and undelivered reports (`state.json`). Every write is atomic (temp, fsync, rename,
+//! progress and undelivered reports (`state.json`), and the report a step's record becomes
+//! (`report_for`). Every write is atomic (temp, fsync, rename,
 //! fsync dir); an exclusive `flock` on `lock` keeps a second agent off the same directory.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use inplace_agent_api::{Hold, Plan, PlanProgress, PlanStatus, StepReport, StepStatus};
+use inplace_agent_api::{AgentIdentity, Hold, Plan, PlanProgress, PlanStatus, StepReport, StepStatus};
 use serde::{Deserialize, Serialize};
 
 use crate::fsutil::{FileMeta, atomic_write, read_optional, remove_file};
@@ -122,6 +123,32 @@ impl StepRecord {
         self.status == LocalStepStatus::Running
             || self.attempt > 0
             || self.started_at_unix_ms.is_some()
+    }
+}
+
+/// The report describing `record`.
+pub(crate) fn report_for(
+    agent: &AgentIdentity,
+    plan_id: &str,
+    index: usize,
+    record: &StepRecord,
+) -> StepReport {
+    let status = match record.status {
+        LocalStepStatus::Succeeded => StepStatus::Succeeded,
+        LocalStepStatus::Failed => StepStatus::Failed,
+        LocalStepStatus::Pending | LocalStepStatus::Running => StepStatus::Running,
+    };
+    StepReport {
+        agent: agent.clone(),
+        plan_id: plan_id.to_owned(),
+        step_index: index as u32,
+        status,
+        attempt: record.attempt.max(1),
+        started_at_unix_ms: record.started_at_unix_ms,
+        finished_at_unix_ms: record.finished_at_unix_ms,
+        exit_code: record.exit_code,
+        stderr_tail: record.stderr_tail.clone(),
+        message: record.message.clone(),
     }
 }
 
