@@ -137,7 +137,7 @@ struct Phase {
     after: ProcSample,
 }
 
-struct Outcome {
+struct FleetOutcome {
     agents: usize,
     targets: usize,
     store: String,
@@ -169,7 +169,7 @@ fn run(
     target_count: usize,
     common: &Common,
     against: Against,
-) -> anyhow::Result<Outcome> {
+) -> anyhow::Result<FleetOutcome> {
     anyhow::ensure!(
         (1..=100_000).contains(&agent_count),
         "--agents must be 1..=100000"
@@ -386,7 +386,7 @@ fn run(
     let harness_peak = proc_sample(std::process::id())?;
     let plans_logged = server.log_lines_with("plan handed to agent");
     server.stop();
-    Ok(Outcome {
+    Ok(FleetOutcome {
         agents: agent_count,
         targets: target_count,
         store,

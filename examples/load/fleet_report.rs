@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use inplace_agent_api::POLL_GRACE_SECONDS;
 
-use super::{Outcome, TARGET_P99, TARGET_RSS_MIB};
+use super::{FleetOutcome, TARGET_P99, TARGET_RSS_MIB};
 use crate::agents::Shared;
 use crate::stats::{Table, cpu_percent, ms, summarize};
 
-impl Outcome {
+impl FleetOutcome {
     fn latencies(
         &self,
         to: impl Fn(&Shared, usize) -> &std::sync::atomic::AtomicU64,
@@ -176,7 +176,7 @@ impl Outcome {
         self.connected.rss_kib.saturating_sub(self.baseline.rss_kib) as f64 / self.agents as f64
     }
 
-    pub(super) fn print_fleet(&self, ceiling: Option<&Outcome>) {
+    pub(super) fn print_fleet(&self, ceiling: Option<&FleetOutcome>) {
         self.print_process();
         if let Some(ceiling) = ceiling {
             let mut table = Table::new(&[

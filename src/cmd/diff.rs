@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use inplace_core::{ChangeVerdict, Decision, Outcome, Policy, Scope};
+use inplace_core::{ChangeVerdict, Decision, DecisionOutcome, Policy, Scope};
 use serde_json::Value;
 
 use crate::api::{AnyCanUpdateRequest, DecodeError, Object, check_object_sets};
@@ -276,7 +276,7 @@ pub fn decide_inputs(
         None => decide_request(current, policy, settings)?,
         Some(desired) => decide_object_sets(current, desired, policy, settings)?,
     };
-    let exit_code = if decision.outcome == Outcome::InPlace {
+    let exit_code = if decision.outcome == DecisionOutcome::InPlace {
         EXIT_IN_PLACE
     } else {
         EXIT_ROLLOUT

@@ -10,7 +10,7 @@ use inplace_agent_api::{
 
 use super::hold::hold_for;
 use super::records::{
-    AgentRecord, MachineRecord, Outcome, ProviderIndex, UpdateRecord, agent_key, machine_key,
+    AgentRecord, MachineRecord, ProviderIndex, RunOutcome, UpdateRecord, agent_key, machine_key,
     provider_key, update_key, valid_segment,
 };
 use super::{DispatchError, Dispatcher, LAST_SEEN_PERSIST_INTERVAL, now_ms};
@@ -164,7 +164,7 @@ impl Dispatcher {
             if !run.apply_progress(&progress, now) {
                 return Ok(None);
             }
-            if let (Outcome::Failed { index }, false) = (run.outcome(), was_failed) {
+            if let (RunOutcome::Failed { index }, false) = (run.outcome(), was_failed) {
                 failed_kind = run.plan.steps.get(index).map(|step| step.action.kind());
             }
             Ok(Some(run))

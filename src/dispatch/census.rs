@@ -14,7 +14,7 @@ use inplace_store::Change;
 use serde::Deserialize;
 
 use super::records::{
-    CancelledRun, MachineRecord, Outcome, StepRecord, UPDATES_PREFIX, update_key,
+    CancelledRun, MachineRecord, RunOutcome, RunStepRecord, UPDATES_PREFIX, update_key,
 };
 use super::{DispatchError, Dispatcher, now_ms, parse_machine};
 use crate::observe::{LiveFleet, StateLabels};
@@ -61,13 +61,13 @@ impl UpdateState {
         }
     }
 
-    fn of(outcome: &Outcome) -> Self {
+    fn of(outcome: &RunOutcome) -> Self {
         match outcome {
-            Outcome::Waiting => Self::Recorded,
-            Outcome::InProgress { .. } => Self::Running,
-            Outcome::Done => Self::Done,
-            Outcome::Failed { .. } => Self::Failed,
-            Outcome::Cancelled { .. } => Self::Cancelled,
+            RunOutcome::Waiting => Self::Recorded,
+            RunOutcome::InProgress { .. } => Self::Running,
+            RunOutcome::Done => Self::Done,
+            RunOutcome::Failed { .. } => Self::Failed,
+            RunOutcome::Cancelled { .. } => Self::Cancelled,
         }
     }
 
@@ -82,7 +82,7 @@ impl UpdateState {
 #[serde(rename_all = "camelCase")]
 struct RunTimes {
     created_ms: u64,
-    steps: Vec<StepRecord>,
+    steps: Vec<RunStepRecord>,
     #[serde(default)]
     held: Option<inplace_agent_api::Hold>,
     #[serde(default)]
@@ -98,7 +98,7 @@ impl RunTimes {
             .flat_map(|s| [s.started_ms, s.finished_ms])
             .flatten()
             .fold(self.created_ms, u64::max);
-        let outcome = Outcome::of_run(&self.steps, self.cancelled.as_ref());
+        let outcome = RunOutcome::of_run(&self.steps, self.cancelled.as_ref());
         let state = match UpdateState::of(&outcome) {
             UpdateState::Recorded | UpdateState::Running if self.held.is_some() => {
                 UpdateState::Paused

@@ -172,7 +172,7 @@ impl Dispatcher {
             self.read::<RunView>(&key).await,
             Ok(Some((run, _))) if matches!(
                 run.outcome(),
-                super::records::Outcome::Waiting | super::records::Outcome::InProgress { .. }
+                super::records::RunOutcome::Waiting | super::records::RunOutcome::InProgress { .. }
             )
         )
     }

@@ -153,7 +153,7 @@ impl StepState {
 /// One step's record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct StepRecord {
+pub struct RunStepRecord {
     /// Where it is.
     pub state: StepState,
     /// Which attempt the state belongs to (agent restarts re-run an interrupted step).
@@ -176,7 +176,7 @@ pub struct StepRecord {
     pub message: Option<String>,
 }
 
-impl StepRecord {
+impl RunStepRecord {
     fn pending() -> Self {
         Self {
             state: StepState::Pending,
@@ -202,7 +202,7 @@ pub struct UpdateRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_ms: Option<u64>,
     /// One record per plan step.
-    pub steps: Vec<StepRecord>,
+    pub steps: Vec<RunStepRecord>,
     /// The hold the agent last confirmed it honours (sent with its polls): it runs no step and starts none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<Hold>,
@@ -213,7 +213,7 @@ pub struct UpdateRecord {
 
 /// Where a run is, as UpdateMachine reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum RunOutcome {
     /// No step started yet.
     Waiting,
     /// Step `index` is the first unfinished one.
@@ -235,31 +235,34 @@ pub enum Outcome {
     },
 }
 
-impl Outcome {
+impl RunOutcome {
     /// Where a run with these step records and this cancel is.
-    pub fn of_run(steps: &[StepRecord], cancelled: Option<&CancelledRun>) -> Outcome {
+    pub fn of_run(steps: &[RunStepRecord], cancelled: Option<&CancelledRun>) -> RunOutcome {
         match cancelled {
-            Some(cancelled) => Outcome::Cancelled {
+            Some(cancelled) => RunOutcome::Cancelled {
                 after: cancelled.after_steps as usize,
             },
-            None => Outcome::of(steps),
+            None => RunOutcome::of(steps),
         }
     }
 
     /// Whether the run ended without converging (failed or cancelled): an operator retry restarts it.
     pub fn is_failure(&self) -> bool {
-        matches!(self, Outcome::Failed { .. } | Outcome::Cancelled { .. })
+        matches!(
+            self,
+            RunOutcome::Failed { .. } | RunOutcome::Cancelled { .. }
+        )
     }
 
     /// Where a run with these step records is.
-    pub fn of(steps: &[StepRecord]) -> Outcome {
+    pub fn of(steps: &[RunStepRecord]) -> RunOutcome {
         if let Some(index) = steps.iter().position(|s| s.state == StepState::Failed) {
-            return Outcome::Failed { index };
+            return RunOutcome::Failed { index };
         }
         match steps.iter().position(|s| s.state != StepState::Succeeded) {
-            None => Outcome::Done,
-            Some(0) if steps[0].state == StepState::Pending => Outcome::Waiting,
-            Some(index) => Outcome::InProgress { index },
+            None => RunOutcome::Done,
+            Some(0) if steps[0].state == StepState::Pending => RunOutcome::Waiting,
+            Some(index) => RunOutcome::InProgress { index },
         }
     }
 }
@@ -272,7 +275,7 @@ pub struct RunView {
     /// The plan's Machine and step descriptions.
     pub plan: PlanView,
     /// One record per plan step.
-    pub steps: Vec<StepRecord>,
+    pub steps: Vec<RunStepRecord>,
     /// The hold the agent confirmed it honours.
     #[serde(default)]
     pub held: Option<Hold>,
@@ -319,15 +322,19 @@ impl RunView {
     }
 
     /// Where the run is.
-    pub fn outcome(&self) -> Outcome {
-        Outcome::of_run(&self.steps, self.cancelled.as_ref())
+    pub fn outcome(&self) -> RunOutcome {
+        RunOutcome::of_run(&self.steps, self.cancelled.as_ref())
     }
 }
 
 impl UpdateRecord {
     /// A fresh run of `plan`.
     pub fn new(plan: Plan, now_ms: u64) -> Self {
-        let steps = plan.steps.iter().map(|_| StepRecord::pending()).collect();
+        let steps = plan
+            .steps
+            .iter()
+            .map(|_| RunStepRecord::pending())
+            .collect();
         let mut record = Self {
             plan,
             created_ms: now_ms,
@@ -343,8 +350,8 @@ impl UpdateRecord {
     }
 
     /// Where the run is.
-    pub fn outcome(&self) -> Outcome {
-        Outcome::of_run(&self.steps, self.cancelled.as_ref())
+    pub fn outcome(&self) -> RunOutcome {
+        RunOutcome::of_run(&self.steps, self.cancelled.as_ref())
     }
 
     /// Steps that succeeded, from the first.
@@ -357,7 +364,7 @@ impl UpdateRecord {
 
     fn settle(&mut self, now_ms: u64) {
         if self.finished_ms.is_none()
-            && matches!(self.outcome(), Outcome::Done | Outcome::Failed { .. })
+            && matches!(self.outcome(), RunOutcome::Done | RunOutcome::Failed { .. })
         {
             self.finished_ms = Some(now_ms);
         }
@@ -375,7 +382,7 @@ impl UpdateRecord {
         let Some(step) = self.steps.get(index) else {
             return Err(ReportRejection::NoSuchStep(report.step_index));
         };
-        if let Outcome::Failed { index: failed } = self.outcome() {
+        if let RunOutcome::Failed { index: failed } = self.outcome() {
             if failed != index || report.status != StepStatus::Failed {
                 return Ok(false);
             }
@@ -456,7 +463,7 @@ impl UpdateRecord {
             && let inplace_agent_api::HoldReason::Cancelled { value } = &hold.reason
             && matches!(
                 self.outcome(),
-                Outcome::Waiting | Outcome::InProgress { .. }
+                RunOutcome::Waiting | RunOutcome::InProgress { .. }
             )
         {
             self.cancelled = Some(CancelledRun {
@@ -558,12 +565,12 @@ mod tests {
     #[test]
     fn reports_move_a_run_forward_and_repeats_are_no_ops() {
         let mut run = UpdateRecord::new(plan(2), 0);
-        assert_eq!(run.outcome(), Outcome::Waiting);
+        assert_eq!(run.outcome(), RunOutcome::Waiting);
         assert!(
             run.apply_report(&report(0, StepStatus::Running, 1), 1)
                 .unwrap()
         );
-        assert_eq!(run.outcome(), Outcome::InProgress { index: 0 });
+        assert_eq!(run.outcome(), RunOutcome::InProgress { index: 0 });
         assert!(
             run.apply_report(&report(0, StepStatus::Succeeded, 1), 2)
                 .unwrap()
@@ -577,12 +584,12 @@ mod tests {
                 .unwrap(),
             "late running report ignored"
         );
-        assert_eq!(run.outcome(), Outcome::InProgress { index: 1 });
+        assert_eq!(run.outcome(), RunOutcome::InProgress { index: 1 });
         assert!(
             run.apply_report(&report(1, StepStatus::Succeeded, 1), 4)
                 .unwrap()
         );
-        assert_eq!(run.outcome(), Outcome::Done);
+        assert_eq!(run.outcome(), RunOutcome::Done);
         assert_eq!(run.finished_ms, Some(4));
         assert_eq!(
             run.apply_report(&report(7, StepStatus::Running, 1), 5),
@@ -598,7 +605,7 @@ mod tests {
         let mut failed = report(1, StepStatus::Failed, 1);
         failed.stderr_tail = Some("x".repeat(10_000));
         run.apply_report(&failed, 2).unwrap();
-        assert_eq!(run.outcome(), Outcome::Failed { index: 1 });
+        assert_eq!(run.outcome(), RunOutcome::Failed { index: 1 });
         assert!(run.steps[1].stderr_tail.as_ref().unwrap().len() <= KEPT_STDERR_BYTES);
         assert!(
             !run.apply_report(&report(2, StepStatus::Succeeded, 1), 3)
@@ -608,7 +615,7 @@ mod tests {
             !run.apply_report(&report(1, StepStatus::Succeeded, 1), 3)
                 .unwrap()
         );
-        assert_eq!(run.outcome(), Outcome::Failed { index: 1 });
+        assert_eq!(run.outcome(), RunOutcome::Failed { index: 1 });
     }
 
     #[test]
@@ -625,7 +632,7 @@ mod tests {
             run.apply_report(&report(0, StepStatus::Succeeded, 2), 3)
                 .unwrap()
         );
-        assert_eq!(run.outcome(), Outcome::Done);
+        assert_eq!(run.outcome(), RunOutcome::Done);
     }
 
     #[test]
@@ -641,7 +648,7 @@ mod tests {
         };
         assert!(run.agent_needs_plan(None));
         assert!(run.apply_progress(&progress, 9));
-        assert_eq!(run.outcome(), Outcome::Done);
+        assert_eq!(run.outcome(), RunOutcome::Done);
         assert!(!run.agent_needs_plan(Some(&progress)));
         let other = PlanProgress {
             plan_id: "old".into(),

@@ -12,7 +12,7 @@
 use inplace_agent_api::MachineRef;
 use inplace_store::{Precondition, Write};
 
-use super::records::{MachineRecord, Outcome, RetryMark, UpdateRecord, machine_key, update_key};
+use super::records::{MachineRecord, RetryMark, RunOutcome, UpdateRecord, machine_key, update_key};
 use super::{CAS_ATTEMPTS, DispatchError, Dispatcher, now_ms};
 
 /// The annotation whose every new value restarts a failed run once.
@@ -94,13 +94,13 @@ pub(super) fn retry_value(machine: &str) -> Result<Option<String>, DispatchError
     }
 }
 
-fn describe(outcome: &Outcome) -> &'static str {
+fn describe(outcome: &RunOutcome) -> &'static str {
     match outcome {
-        Outcome::Waiting => "waiting for its agent",
-        Outcome::InProgress { .. } => "in progress",
-        Outcome::Done => "done",
-        Outcome::Failed { .. } => "failed",
-        Outcome::Cancelled { .. } => "cancelled",
+        RunOutcome::Waiting => "waiting for its agent",
+        RunOutcome::InProgress { .. } => "in progress",
+        RunOutcome::Done => "done",
+        RunOutcome::Failed { .. } => "failed",
+        RunOutcome::Cancelled { .. } => "cancelled",
     }
 }
 

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::records::{MachineRecord, Outcome, UPDATES_PREFIX, UpdateRecord, machine_key};
+use super::records::{MachineRecord, RunOutcome, UPDATES_PREFIX, UpdateRecord, machine_key};
 use super::verdicts::{REFUSALS_PREFIX, RefusalRecord};
 use super::{DispatchError, Dispatcher, now_ms};
 
@@ -72,13 +72,13 @@ impl Dispatcher {
                 .and_then(|r| super::hold::hold_for(r, &run, window_now));
             let total = run.plan.steps.len();
             let (state, index) = match run.outcome() {
-                Outcome::Done => (StatusState::Done, None),
-                Outcome::Failed { index } => (StatusState::Failed, Some(index)),
-                Outcome::Cancelled { .. } => (StatusState::Cancelled, None),
+                RunOutcome::Done => (StatusState::Done, None),
+                RunOutcome::Failed { index } => (StatusState::Failed, Some(index)),
+                RunOutcome::Cancelled { .. } => (StatusState::Cancelled, None),
                 _ if !current => (StatusState::Superseded, None),
                 _ if hold.is_some() => (StatusState::Paused, None),
-                Outcome::Waiting => (StatusState::Waiting, Some(0)),
-                Outcome::InProgress { index } => (StatusState::InProgress, Some(index)),
+                RunOutcome::Waiting => (StatusState::Waiting, Some(0)),
+                RunOutcome::InProgress { index } => (StatusState::InProgress, Some(index)),
             };
             let (step, message) = match index.and_then(|i| run.plan.steps.get(i).map(|s| (i, s))) {
                 Some((i, step)) => {

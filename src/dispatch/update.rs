@@ -13,8 +13,8 @@ use sha2::{Digest as _, Sha256};
 use super::hold::{CANCEL_ANNOTATION, OperatorHolds, held_answer, hold_on};
 use super::licence::Licence;
 use super::records::{
-    AgentRecord, ApplyClaim, MachineRecord, Outcome, ProviderIndex, RetryMark, RunView, StepState,
-    UpdateRecord, agent_key, apply_claim_key, machine_key, provider_key, update_key,
+    AgentRecord, ApplyClaim, MachineRecord, ProviderIndex, RetryMark, RunOutcome, RunView,
+    StepState, UpdateRecord, agent_key, apply_claim_key, machine_key, provider_key, update_key,
 };
 use super::refusals::AgentRefusalRecord;
 use super::retry::{RETRY_ANNOTATION, RetryOutcome, retry_command};
@@ -398,7 +398,7 @@ impl Dispatcher {
             .map(|(a, _)| a);
         // Only while waiting for the agent; best effort: the answer stands without it.
         let refusal = match run.outcome() {
-            Outcome::Waiting => self.last_refusal(&facts.machine).await.ok().flatten(),
+            RunOutcome::Waiting => self.last_refusal(&facts.machine).await.ok().flatten(),
             _ => None,
         };
         // A retry value this run ignored is said on every answer while the run has not failed.
@@ -411,7 +411,7 @@ impl Dispatcher {
         let hold = hold_on(
             &record,
             &record.run_id,
-            matches!(run.outcome(), Outcome::Done | Outcome::Failed { .. }),
+            matches!(run.outcome(), RunOutcome::Done | RunOutcome::Failed { .. }),
             run.cancelled.as_ref().map(|c| &c.value),
             window_now,
         );
@@ -480,14 +480,14 @@ impl Dispatcher {
         let total = plan.steps.len();
         let retry_after_seconds = self.config.retry_after_seconds;
         match run.outcome() {
-            Outcome::Done => UpdateAnswer::Done {
+            RunOutcome::Done => UpdateAnswer::Done {
                 message: format!(
                     "in-place update done: {total} step{} on {}",
                     if total == 1 { "" } else { "s" },
                     plan.machine
                 ),
             },
-            Outcome::Failed { index } => {
+            RunOutcome::Failed { index } => {
                 let step = &run.steps[index];
                 let mut message = format!(
                     "step {}/{total}: {} failed",
@@ -513,14 +513,14 @@ impl Dispatcher {
                 ));
                 UpdateAnswer::Failed { message }
             }
-            Outcome::Cancelled { after } => UpdateAnswer::Failed {
+            RunOutcome::Cancelled { after } => UpdateAnswer::Failed {
                 message: format!(
                     "cancelled by operator ({CANCEL_ANNOTATION}={}) after step {after} of {total}; to run it again: {}",
                     run.cancelled.as_ref().map_or("", |c| c.value.as_str()),
                     retry_command(&plan.machine)
                 ),
             },
-            Outcome::Waiting => {
+            RunOutcome::Waiting => {
                 let last_seen = self.last_seen(&plan.machine, agent);
                 let mut seen = match last_seen {
                     None => "never".to_string(),
@@ -542,7 +542,7 @@ impl Dispatcher {
                     retry_after_seconds,
                 }
             }
-            Outcome::InProgress { index } => {
+            RunOutcome::InProgress { index } => {
                 let mut message = format!(
                     "step {}/{total}: {}",
                     index + 1,

@@ -14,7 +14,7 @@ use inplace_agent_api::MachineRef;
 use inplace_core::verdict::{
     CheckMode, Desired, Mismatch, Normalized, Prints, operator_fingerprint,
 };
-use inplace_core::{ChangeVerdict, Decision, Outcome};
+use inplace_core::{ChangeVerdict, Decision, DecisionOutcome};
 use serde::{Deserialize, Serialize};
 
 /// Default time a verdict is kept: longer than CAPI's 24 h cache of CanUpdateMachineSet answers.
@@ -148,7 +148,7 @@ impl VerdictRecord {
             hook,
             object,
             judged_ms: now_ms,
-            in_place: decision.outcome == Outcome::InPlace,
+            in_place: decision.outcome == DecisionOutcome::InPlace,
             accepted,
             rejected,
             rejected_total,

@@ -12,7 +12,7 @@ use inplace_core::window::{Gate, Window};
 use inplace_agent_api::{Hold, KubeadmUpgradeMode};
 
 use super::hold::held_answer;
-use super::records::{MachineRecord, Outcome, RunView, update_key};
+use super::records::{MachineRecord, RunOutcome, RunView, update_key};
 use super::{DispatchError, Dispatcher, UpdateAnswer, UpdateRequest, now_ms, plan_for};
 
 /// The clock windows are judged by. Only tests set it (a pinned instant, or the hidden test-only serve flag
@@ -138,6 +138,6 @@ impl Dispatcher {
         let run = self
             .read::<RunView>(&update_key(&request.facts.machine, &record.run_id))
             .await?;
-        Ok(run.is_some_and(|(run, _)| matches!(run.outcome(), Outcome::Failed { .. })))
+        Ok(run.is_some_and(|(run, _)| matches!(run.outcome(), RunOutcome::Failed { .. })))
     }
 }

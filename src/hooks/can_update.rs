@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use inplace_agent_api::MachineRef;
 use inplace_core::verdict::{Normalized, NormalizedObject, label_value};
 use inplace_core::{
-    Decision, ObjectRole, Objects, Outcome, Policy, Scope, Settings, SettingsError, decide,
+    Decision, DecisionOutcome, ObjectRole, Objects, Policy, Scope, Settings, SettingsError, decide,
 };
 use serde::Serialize;
 
@@ -306,15 +306,15 @@ impl Parsed {
 /// Status and verdict label of a decision.
 fn verdict(decision: &Decision) -> (Status, &'static str) {
     match decision.outcome {
-        Outcome::InPlace => (Status::Success, "in-place"),
-        Outcome::NeedsRollout => (Status::Success, "rollout"),
-        Outcome::Refused => (Status::Failure, "refused"),
-        Outcome::SelfCheckFailed => (Status::Failure, "self-check-failed"),
+        DecisionOutcome::InPlace => (Status::Success, "in-place"),
+        DecisionOutcome::NeedsRollout => (Status::Success, "rollout"),
+        DecisionOutcome::Refused => (Status::Failure, "refused"),
+        DecisionOutcome::SelfCheckFailed => (Status::Failure, "self-check-failed"),
     }
 }
 
 fn report_self_check(hook: Hook, object: &Option<ObjectKey>, decision: &Decision) {
-    if decision.outcome == Outcome::SelfCheckFailed {
+    if decision.outcome == DecisionOutcome::SelfCheckFailed {
         tracing::error!(
             hook = hook.name(),
             object = %object.as_ref().map(ToString::to_string).unwrap_or_default(),

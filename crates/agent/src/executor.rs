@@ -20,7 +20,9 @@ use tokio::time::Instant;
 
 use crate::agent::{Agent, Shutdown};
 use crate::command::KILL_GRACE;
-use crate::drivers::{Outcome, ProgressRecorder, ProgressUpdate, StepContext, StepResult, execute};
+use crate::drivers::{
+    DriverOutcome, ProgressRecorder, ProgressUpdate, StepContext, StepResult, execute,
+};
 use crate::state::{LocalStepStatus, SequenceProgress, report_for};
 
 /// Attempts after which a step that keeps being interrupted is failed.
@@ -172,13 +174,13 @@ impl Agent {
                             () = tokio::time::sleep_until(limit) => {
                                 task.0.abort();
                                 break StepResult {
-                                    outcome: Outcome::Interrupted,
+                                    outcome: DriverOutcome::Interrupted,
                                     ..StepResult::failed("agent shutting down")
                                 };
                             }
                         }
                     };
-                    if result.outcome == Outcome::Interrupted {
+                    if result.outcome == DriverOutcome::Interrupted {
                         self.interrupted_by_shutdown(index);
                     } else {
                         self.finish(index, result);
@@ -187,7 +189,7 @@ impl Agent {
                 }
             }
         };
-        if result.outcome == Outcome::Interrupted {
+        if result.outcome == DriverOutcome::Interrupted {
             self.interrupted_by_shutdown(index);
             return ControlFlow::Break(());
         }
@@ -224,7 +226,7 @@ impl Agent {
     }
 
     /// A clean shutdown stopped the step: it goes back to pending, the attempt not counted. Its
-    /// start time and progress stay, so the next start resumes it (see `StepRecord::began`).
+    /// start time and progress stay, so the next start resumes it (see `LocalStepRecord::began`).
     fn interrupted_by_shutdown(&mut self, index: usize) {
         if let Some(record) = self.store.state.current.as_mut() {
             let step = &mut record.steps[index];
@@ -248,7 +250,7 @@ impl Agent {
         };
         let plan_id = record.plan_id.clone();
         let step = &mut record.steps[index];
-        step.status = if result.outcome == Outcome::Succeeded {
+        step.status = if result.outcome == DriverOutcome::Succeeded {
             LocalStepStatus::Succeeded
         } else {
             LocalStepStatus::Failed

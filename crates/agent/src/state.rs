@@ -7,7 +7,9 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use inplace_agent_api::{AgentIdentity, Hold, Plan, PlanProgress, PlanStatus, StepReport, StepStatus};
+use inplace_agent_api::{
+    AgentIdentity, Hold, Plan, PlanProgress, PlanStatus, StepReport, StepStatus,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::fsutil::{FileMeta, atomic_write, read_optional, remove_file};
@@ -43,7 +45,7 @@ pub enum StateError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum LocalStepStatus {
-    /// Not started, or a clean shutdown stopped it ([`StepRecord::began`] tells the two apart).
+    /// Not started, or a clean shutdown stopped it ([`LocalStepRecord::began`] tells the two apart).
     Pending,
     /// Started and not finished.
     Running,
@@ -56,7 +58,7 @@ pub enum LocalStepStatus {
 /// Everything known about one step.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct StepRecord {
+pub struct LocalStepRecord {
     /// Status.
     pub status: LocalStepStatus,
     /// Attempts started so far.
@@ -99,7 +101,7 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-impl StepRecord {
+impl LocalStepRecord {
     fn pending() -> Self {
         Self {
             status: LocalStepStatus::Pending,
@@ -131,7 +133,7 @@ pub(crate) fn report_for(
     agent: &AgentIdentity,
     plan_id: &str,
     index: usize,
-    record: &StepRecord,
+    record: &LocalStepRecord,
 ) -> StepReport {
     let status = match record.status {
         LocalStepStatus::Succeeded => StepStatus::Succeeded,
@@ -159,7 +161,7 @@ pub struct PlanRecord {
     /// The plan id.
     pub plan_id: String,
     /// One record per step.
-    pub steps: Vec<StepRecord>,
+    pub steps: Vec<LocalStepRecord>,
     /// The server's hold on this plan, as last acked to us: no step starts while it is set (a step
     /// that already began still finishes). Saved in the same write that drops the acked report, so a
     /// crash cannot lose a hold the server counts as delivered.
@@ -363,7 +365,11 @@ impl StateStore {
         if !same_id {
             self.state.current = Some(PlanRecord {
                 plan_id: plan.id.clone(),
-                steps: plan.steps.iter().map(|_| StepRecord::pending()).collect(),
+                steps: plan
+                    .steps
+                    .iter()
+                    .map(|_| LocalStepRecord::pending())
+                    .collect(),
                 hold: None,
             });
             self.save()?;

@@ -222,7 +222,12 @@ fn median(mut run: impl FnMut()) -> Duration {
 fn main() {
     let f = fixture();
     let d = run_decide(&f, &Settings::default());
-    assert_eq!(d.outcome, inplace_core::Outcome::InPlace, "{}", d.message);
+    assert_eq!(
+        d.outcome,
+        inplace_core::DecisionOutcome::InPlace,
+        "{}",
+        d.message
+    );
     assert_eq!(d.changes.len(), CHANGED);
     divan::main();
     let parse = median(|| drop(black_box(serde_json::from_str::<Value>(&f.body).unwrap())));

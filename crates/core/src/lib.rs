@@ -29,7 +29,7 @@ pub mod verdict;
 pub mod window;
 
 pub use action::Action;
-pub use decide::{ChangeVerdict, Decision, JudgedChange, Outcome, Patches, decide};
+pub use decide::{ChangeVerdict, Decision, DecisionOutcome, JudgedChange, Patches, decide};
 pub use decode::decode_json;
 pub use diff::{Change, ChangeKind};
 pub use objects::{ObjectRole, Objects, Scope};

@@ -19,7 +19,7 @@ fn yaml_documents(side: &Value, keys: [&str; 3]) -> String {
         .join("---\n")
 }
 
-fn summary(report: &DiffReport) -> (Outcome, usize, i32, String) {
+fn summary(report: &DiffReport) -> (DecisionOutcome, usize, i32, String) {
     (
         report.decision.outcome,
         report.decision.changes.len(),

@@ -13,7 +13,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::attempts::Attempts;
-use super::{DriverEnv, Outcome, StepContext, StepResult};
+use super::{DriverEnv, DriverOutcome, StepContext, StepResult};
 use crate::command::{display_argv, run_command};
 use crate::driver_config::{Check, CommandSequence, CommandSpec, SequenceCommand};
 use crate::fsutil::{FileMeta, atomic_write};
@@ -148,7 +148,7 @@ pub(super) async fn run_one(
 
 pub(super) fn interrupted() -> StepResult {
     StepResult {
-        outcome: Outcome::Interrupted,
+        outcome: DriverOutcome::Interrupted,
         ..StepResult::failed("agent shutting down")
     }
 }

@@ -68,7 +68,7 @@ impl DriverEnv {
 
 /// How a step ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub(crate) enum DriverOutcome {
     /// The desired state holds.
     Succeeded,
     /// It does not; the plan stops.
@@ -81,7 +81,7 @@ pub(crate) enum Outcome {
 #[derive(Clone, Debug)]
 pub(crate) struct StepResult {
     /// How it ended.
-    pub outcome: Outcome,
+    pub outcome: DriverOutcome,
     /// For operators.
     pub message: String,
     /// Exit code of the command that ended it.
@@ -94,7 +94,7 @@ impl StepResult {
     /// Success with a message.
     pub fn ok(message: impl Into<String>) -> Self {
         Self {
-            outcome: Outcome::Succeeded,
+            outcome: DriverOutcome::Succeeded,
             message: message.into(),
             exit_code: None,
             stderr_tail: None,
@@ -104,7 +104,7 @@ impl StepResult {
     /// Failure with a message.
     pub fn failed(message: impl Into<String>) -> Self {
         Self {
-            outcome: Outcome::Failed,
+            outcome: DriverOutcome::Failed,
             message: message.into(),
             exit_code: None,
             stderr_tail: None,
@@ -122,28 +122,28 @@ impl StepResult {
         let (outcome, message, exit_code) = match &output.end {
             CommandEnd::Exited(0) => return None,
             CommandEnd::Exited(code) => (
-                Outcome::Failed,
+                DriverOutcome::Failed,
                 format!("`{shown}` exited with {code}"),
                 Some(*code),
             ),
             CommandEnd::Signaled(signal) => (
-                Outcome::Failed,
+                DriverOutcome::Failed,
                 format!("`{shown}` was killed by signal {signal}"),
                 None,
             ),
             CommandEnd::TimedOut => (
-                Outcome::Failed,
+                DriverOutcome::Failed,
                 format!(
                     "`{shown}` timed out: step timeout of {timeout_seconds} s reached, process group killed"
                 ),
                 None,
             ),
             CommandEnd::Cancelled => (
-                Outcome::Interrupted,
+                DriverOutcome::Interrupted,
                 format!("`{shown}` stopped: agent shutting down"),
                 None,
             ),
-            CommandEnd::SpawnFailed(e) => (Outcome::Failed, e.clone(), None),
+            CommandEnd::SpawnFailed(e) => (DriverOutcome::Failed, e.clone(), None),
         };
         Some(Self {
             outcome,
@@ -162,7 +162,7 @@ pub(crate) struct StepContext {
     pub step: Step,
     /// When its timeout expires.
     pub deadline: Instant,
-    /// True when an earlier attempt of this step began (see `StepRecord::began`) and was
+    /// True when an earlier attempt of this step began (see `LocalStepRecord::began`) and was
     /// interrupted, by a crash or by a clean shutdown: `skipIf` is then not consulted, and drivers
     /// redo side effects (restarts) even if the files already look right, since the interruption
     /// may have come between the two.

@@ -7,7 +7,7 @@ use inplace_bounded_read::testing::{assert_refused, fifo_with, peak_rss_bytes, z
 
 use super::{Sandbox, run_action};
 use crate::driver_config::{DriverConfig, MAX_CONFIG_BYTES};
-use crate::drivers::Outcome;
+use crate::drivers::DriverOutcome;
 use crate::limits::*;
 
 fn file(path: &str, owner: Option<&str>, append: bool) -> FileSpec {
@@ -103,7 +103,7 @@ async fn node_files_and_journals_past_their_bounds_fail_the_step_naming_them() {
     let journal = zero_at(&sb.state.join("managed-files.json"));
     let files = vec![file("/etc/a", None, false)];
     let result = run_action(&env, "p1", StepAction::Files { files }, 60).await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     assert_refused(
         &result.message,
         &journal.display().to_string(),
@@ -116,14 +116,14 @@ async fn node_files_and_journals_past_their_bounds_fail_the_step_naming_them() {
     zero_at(&sb.node("/etc/passwd"));
     let files = vec![file("/etc/a", Some("alice"), false)];
     let result = run_action(&env, "p2", StepAction::Files { files }, 60).await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     assert_refused(&result.message, "/etc/passwd", MAX_USER_DB_BYTES);
 
     // A file appended to: its current content is read first.
     let hosts = fifo_with(&sb.node("/etc/hosts"), MAX_MANAGED_FILE_BYTES + 65536);
     let files = vec![file("/etc/hosts", None, true)];
     let result = run_action(&env, "p3", StepAction::Files { files }, 60).await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     assert_refused(
         &result.message,
         &hosts.display().to_string(),
@@ -138,7 +138,7 @@ async fn node_files_and_journals_past_their_bounds_fail_the_step_naming_them() {
         .unwrap();
     let files = vec![file("/etc/big", None, false)];
     let result = run_action(&env, "p4", StepAction::Files { files }, 60).await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     assert_refused(&result.message, "/etc/big", MAX_BACKUP_BYTES);
 }
 
@@ -153,7 +153,7 @@ async fn the_etcd_manifest_the_kubelet_flags_and_node_facts_are_bounded() {
         image_repository: None,
     };
     let result = run_action(&env, "p1", action, 60).await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     assert_refused(&result.message, "etcd.yaml", MAX_ETCD_MANIFEST_BYTES);
 
     std::fs::create_dir_all(sb.node("/var/lib/kubelet")).unwrap();
@@ -164,7 +164,7 @@ async fn the_etcd_manifest_the_kubelet_flags_and_node_facts_are_bounded() {
     }];
     let action = StepAction::KubeletArgs { args: args.clone() };
     let result = run_action(&env, "p2", action, 60).await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     assert_refused(
         &result.message,
         "kubeadm-flags.env",

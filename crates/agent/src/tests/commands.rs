@@ -6,7 +6,7 @@ use inplace_agent_api::{KubeadmUpgradeMode, STDERR_TAIL_MAX_BYTES, StepAction};
 use sha2::Digest;
 
 use super::{Sandbox, run_action, wait_until};
-use crate::drivers::Outcome;
+use crate::drivers::DriverOutcome;
 
 const APT_CONFIG: &str = r#"
 kubernetes:
@@ -58,7 +58,12 @@ async fn version_steps_run_the_configured_commands_with_the_version() {
     ];
     for action in steps {
         let result = run_action(&env, "p", action, 30).await;
-        assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+        assert_eq!(
+            result.outcome,
+            DriverOutcome::Succeeded,
+            "{}",
+            result.message
+        );
     }
     assert_eq!(
         sb.calls(),
@@ -93,7 +98,7 @@ async fn skip_if_makes_a_step_a_no_op() {
         30,
     )
     .await;
-    assert_eq!(result.outcome, Outcome::Succeeded);
+    assert_eq!(result.outcome, DriverOutcome::Succeeded);
     assert!(
         result.message.contains("already done"),
         "{}",
@@ -109,7 +114,7 @@ async fn skip_if_makes_a_step_a_no_op() {
         30,
     )
     .await;
-    assert_eq!(result.outcome, Outcome::Succeeded);
+    assert_eq!(result.outcome, DriverOutcome::Succeeded);
     assert_eq!(sb.calls().last().unwrap(), "kubeadm install-me");
 }
 
@@ -128,7 +133,12 @@ async fn commands_get_a_clean_env_with_root_and_path() {
         30,
     )
     .await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     let dump = std::fs::read_to_string(sb.node("/env.txt")).unwrap();
     assert!(
         dump.contains(&format!("INPLACE_ROOT={}\n", sb.root.display())),
@@ -160,7 +170,7 @@ async fn failure_reports_exit_code_and_a_bounded_stderr_tail() {
         30,
     )
     .await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     assert_eq!(result.exit_code, Some(3));
     assert_eq!(
         result.message,
@@ -198,7 +208,7 @@ async fn timeout_kills_the_whole_process_group() {
         1,
     )
     .await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     assert!(
         result.message.contains("timed out: step timeout of 1 s"),
         "{}",
@@ -251,7 +261,7 @@ async fn pinned_sha256_and_missing_configuration() {
         30,
     )
     .await;
-    assert_eq!(ok.outcome, Outcome::Succeeded, "{}", ok.message);
+    assert_eq!(ok.outcome, DriverOutcome::Succeeded, "{}", ok.message);
     let bad = run_action(
         &env,
         "p",
@@ -261,7 +271,7 @@ async fn pinned_sha256_and_missing_configuration() {
         30,
     )
     .await;
-    assert_eq!(bad.outcome, Outcome::Failed);
+    assert_eq!(bad.outcome, DriverOutcome::Failed);
     assert!(
         bad.message.contains(&format!("is {digest}, pinned 0000")),
         "{}",
@@ -307,7 +317,7 @@ async fn pinned_sha256_and_missing_configuration() {
         30,
     )
     .await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     assert!(
         result.message.contains("not of the form v1.2.3"),
         "{}",
@@ -400,7 +410,12 @@ async fn release_binary_example_installs_a_pinned_download() {
         30,
     )
     .await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     assert_eq!(
         std::fs::read_to_string(sb.node("/usr/local/bin/kubeadm")).unwrap(),
         payload
@@ -419,7 +434,7 @@ async fn release_binary_example_installs_a_pinned_download() {
         30,
     )
     .await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     assert!(result.message.contains("pinned 0000"), "{}", result.message);
     assert!(!wrong.node("/usr/local/bin/kubeadm").exists());
 }

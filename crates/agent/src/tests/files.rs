@@ -7,7 +7,7 @@ use base64::Engine;
 use inplace_agent_api::{FileEncoding, FileSpec, SshUser, StepAction};
 
 use super::{Sandbox, mode_of, run_action};
-use crate::drivers::Outcome;
+use crate::drivers::DriverOutcome;
 use crate::fsutil::euid;
 
 fn file(path: &str, content: &str) -> FileSpec {
@@ -69,7 +69,12 @@ async fn files_are_written_with_mode_owner_encodings_and_append() {
         30,
     )
     .await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     assert!(result.message.contains("4 written"), "{}", result.message);
 
     let secret = sb.node("/etc/app/secret.conf");
@@ -103,7 +108,7 @@ async fn files_are_written_with_mode_owner_encodings_and_append() {
 
     // Same desired set again: converged, nothing written, append not repeated.
     let again = run_action(&env, "plan-a", StepAction::Files { files }, 30).await;
-    assert_eq!(again.outcome, Outcome::Succeeded);
+    assert_eq!(again.outcome, DriverOutcome::Succeeded);
     assert!(
         again.message.contains("0 written, 4 unchanged"),
         "{}",
@@ -125,7 +130,12 @@ async fn replaced_and_dropped_files_are_backed_up_and_removed() {
         file("/etc/dropme.conf", "temporary\n"),
     ];
     let result = run_action(&env, "plan-1", StepAction::Files { files: first }, 30).await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     let backup = sb.state.join("backups/plan-1/etc/existing.conf");
     assert_eq!(std::fs::read_to_string(&backup).unwrap(), "original\n");
     assert_eq!(mode_of(&backup), 0o600);
@@ -175,7 +185,7 @@ async fn bad_content_fails_before_anything_is_written() {
         },
     ];
     let result = run_action(&env, "p", StepAction::Files { files }, 30).await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     assert!(
         result
             .message
@@ -209,7 +219,7 @@ async fn bad_content_fails_before_anything_is_written() {
 
     let escape = vec![file("/etc/../../outside", "x")];
     let result = run_action(&env, "p", StepAction::Files { files: escape }, 30).await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     assert!(result.message.contains("`..`"), "{}", result.message);
 }
 
@@ -237,7 +247,12 @@ async fn ssh_keys_follow_passwd_and_handle_missing_users() {
         30,
     )
     .await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     assert!(
         result.message.contains("not in /etc/passwd") && result.message.contains("ghost"),
         "{}",

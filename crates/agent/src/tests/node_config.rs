@@ -3,7 +3,7 @@
 use inplace_agent_api::{KubeletArg, StepAction};
 
 use super::{Sandbox, mode_of, run_action};
-use crate::drivers::Outcome;
+use crate::drivers::DriverOutcome;
 
 const ETCD_MANIFEST: &str = "apiVersion: v1
 kind: Pod
@@ -38,7 +38,12 @@ async fn etcd_image_edit_keeps_every_other_byte() {
         image_repository: None,
     };
     let result = run_action(&env, "p", action.clone(), 30).await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     assert!(
         result
             .message
@@ -93,7 +98,7 @@ async fn etcd_image_edit_keeps_every_other_byte() {
         30,
     )
     .await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     assert!(
         result
             .message
@@ -128,7 +133,12 @@ async fn kubelet_args_update_flags_file_and_restart_only_on_change() {
         30,
     )
     .await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     let flags = std::fs::read_to_string(sb.node("/var/lib/kubelet/kubeadm-flags.env")).unwrap();
     assert_eq!(
         flags,
@@ -163,7 +173,7 @@ async fn kubelet_args_update_flags_file_and_restart_only_on_change() {
         "echo 'Failed to restart kubelet.service: Unit not found.' >&2; exit 5",
     );
     let result = run_action(&env, "p3", args(&[("max-pods", "250")]), 30).await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     assert_eq!(result.exit_code, Some(5));
     assert!(result.stderr_tail.unwrap().contains("Unit not found"));
 }
@@ -184,7 +194,12 @@ async fn ntp_writes_drop_in_restarts_and_disables() {
         30,
     )
     .await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     let drop_in =
         std::fs::read_to_string(sb.node("/etc/chrony/conf.d/inplace-updater.conf")).unwrap();
     assert!(

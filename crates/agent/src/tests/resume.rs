@@ -5,7 +5,7 @@
 use inplace_agent_api::{KubeletArg, SshUser, StepAction};
 
 use super::{Sandbox, mode_of, run_action, run_attempt};
-use crate::drivers::Outcome;
+use crate::drivers::DriverOutcome;
 use crate::state::SequenceProgress;
 
 /// `kubelet --version` prints the version in `<root>/kubelet-version`; `step` logs and fails
@@ -48,7 +48,12 @@ async fn a_resumed_step_ignores_skip_if_and_continues_at_its_first_unfinished_co
 
     // A fresh attempt records each command's completion, in order, for one sequence id.
     let (result, records) = run_attempt(&env, install_kubelet(), false, None).await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     let done: Vec<u32> = records.iter().map(|p| p.done).collect();
     assert_eq!(done, [1, 2, 3, 4]);
     let sequence = records[0].sequence.clone();
@@ -76,7 +81,12 @@ async fn a_resumed_step_ignores_skip_if_and_continues_at_its_first_unfinished_co
         ..SequenceProgress::default()
     };
     let (result, records) = run_attempt(&env, install_kubelet(), true, Some(progress)).await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     assert!(
         result.message.contains("resumed at command 3 of 4"),
         "{}",
@@ -96,13 +106,23 @@ async fn a_resumed_step_ignores_skip_if_and_continues_at_its_first_unfinished_co
         ..SequenceProgress::default()
     };
     let (result, _) = run_attempt(&env, install_kubelet(), true, Some(progress)).await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     assert_eq!(sb.calls(), ["dpkg --configure -a"]);
 
     // Began with no progress recorded (interrupted inside the first command): everything runs.
     std::fs::remove_file(sb.node("/calls.log")).unwrap();
     let (result, _) = run_attempt(&env, install_kubelet(), true, None).await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     assert_eq!(sb.calls().len(), 5, "{:?}", sb.calls());
 }
 
@@ -124,7 +144,12 @@ async fn progress_recorded_for_other_commands_is_never_used() {
         version: "v1.34.2".into(),
     };
     let (result, records) = run_attempt(&env, other, true, Some(progress)).await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     assert_eq!(
         sb.calls(),
         [
@@ -157,14 +182,19 @@ async fn a_sequence_an_earlier_plan_left_unfinished_is_finished_not_skipped() {
     // upgraded.
     sb.write_node("/fail-hold", "");
     let (result, _) = run_attempt(&env, install_kubelet(), false, None).await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     sb.write_node("/kubelet-version", "v1.34.1\n");
     std::fs::remove_file(sb.node("/fail-hold")).unwrap();
 
     // A new plan's step (not resumed) must not trust skipIf: it runs every command.
     std::fs::remove_file(sb.node("/calls.log")).unwrap();
     let (result, _) = run_attempt(&env, install_kubelet(), false, None).await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     assert_eq!(
         sb.calls(),
         [
@@ -195,7 +225,7 @@ async fn a_template_that_cannot_be_filled_fails_before_the_first_command() {
         version: "v1.34.1".into(),
     };
     let result = run_action(&env, "p", action, 30).await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     assert!(
         result.message.contains("commands[1]") && result.message.contains("pin.kubeadmSha256"),
         "{}",
@@ -223,12 +253,17 @@ async fn a_restart_that_failed_after_the_write_is_owed_to_the_next_plan() {
     sb.fake("systemctl", "exit 5");
     let env = sb.env("");
     let result = run_action(&env, "p1", kubelet_args("150"), 30).await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
 
     // The file already holds the flags, but kubelet never restarted with them.
     sb.fake("systemctl", "exit 0");
     let result = run_action(&env, "p2", kubelet_args("150"), 30).await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     assert!(result.message.contains("already set"), "{}", result.message);
     assert!(
         result.message.contains("ran `systemctl restart kubelet`"),
@@ -239,7 +274,7 @@ async fn a_restart_that_failed_after_the_write_is_owed_to_the_next_plan() {
 
     // Paid: no restart the time after.
     let result = run_action(&env, "p3", kubelet_args("150"), 30).await;
-    assert_eq!(result.outcome, Outcome::Succeeded);
+    assert_eq!(result.outcome, DriverOutcome::Succeeded);
     assert_eq!(sb.calls().len(), 2, "{:?}", sb.calls());
 
     // The same for the ntp drop-in.
@@ -250,7 +285,7 @@ async fn a_restart_that_failed_after_the_write_is_owed_to_the_next_plan() {
     };
     assert_eq!(
         run_action(&env, "p4", ntp(), 30).await.outcome,
-        Outcome::Failed
+        DriverOutcome::Failed
     );
     sb.fake("systemctl", "exit 0");
     let result = run_action(&env, "p5", ntp(), 30).await;
@@ -279,7 +314,12 @@ async fn an_ssh_dir_appears_with_its_mode_even_after_an_interrupted_creation() {
         }],
     };
     let result = run_action(&env, "p", action, 30).await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     assert_eq!(mode_of(&sb.node("/home/capi/.ssh")), 0o700);
     assert_eq!(mode_of(&sb.node("/home/capi/.ssh/authorized_keys")), 0o600);
     assert!(!sb.node("/home/capi/..ssh.inplace-tmp").exists());

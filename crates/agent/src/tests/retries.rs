@@ -6,7 +6,7 @@ use inplace_agent_api::StepAction;
 
 use super::{Sandbox, run_recorded};
 use crate::driver_config::DriverConfig;
-use crate::drivers::Outcome;
+use crate::drivers::DriverOutcome;
 use crate::state::SequenceProgress;
 
 /// `download kubeadm` fails with exit 100 until it has been called `<root>/fail-times` times;
@@ -45,7 +45,12 @@ async fn a_retryable_command_that_fails_twice_succeeds_at_its_third_attempt() {
     let sb = sandbox(2);
     let env = sb.env(CONFIG);
     let (result, records) = run_recorded(&env, install_kubeadm(), false, None).await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     assert_eq!(
         sb.calls(),
         [
@@ -85,7 +90,7 @@ async fn exhausted_attempts_fail_the_step_naming_them() {
     let sb = sandbox(5);
     let env = sb.env(CONFIG);
     let (result, _) = run_recorded(&env, install_kubeadm(), false, None).await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     assert_eq!(result.exit_code, Some(100));
     assert_eq!(
         result.message,
@@ -112,7 +117,7 @@ async fn a_command_not_marked_retryable_fails_at_once() {
     let sb = sandbox(1);
     let env = sb.env(&CONFIG.replace("        retryable: true\n", ""));
     let (result, _) = run_recorded(&env, install_kubeadm(), false, None).await;
-    assert_eq!(result.outcome, Outcome::Failed);
+    assert_eq!(result.outcome, DriverOutcome::Failed);
     assert_eq!(result.message, "`download kubeadm` exited with 100");
     assert_eq!(sb.calls(), ["step before", "download kubeadm"]);
 }
@@ -135,7 +140,7 @@ async fn a_step_resumed_during_a_retry_wait_continues_at_the_recorded_attempt() 
     };
     // The due time an hour away is capped at maxDelaySeconds (0): the attempt runs at once, as 3/3.
     let (result, _) = run_recorded(&env, install_kubeadm(), true, Some(progress.clone())).await;
-    assert_eq!(result.outcome, Outcome::Failed, "{}", result.message);
+    assert_eq!(result.outcome, DriverOutcome::Failed, "{}", result.message);
     assert_eq!(
         result.message,
         "`download kubeadm` exited with 100 (attempt 3/3; no attempts left)"
@@ -148,7 +153,12 @@ async fn a_step_resumed_during_a_retry_wait_continues_at_the_recorded_attempt() 
         ..progress
     };
     let (result, _) = run_recorded(&env, install_kubeadm(), true, Some(progress)).await;
-    assert_eq!(result.outcome, Outcome::Succeeded, "{}", result.message);
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
+        "{}",
+        result.message
+    );
     assert_eq!(
         sb.calls(),
         ["download kubeadm", "download kubeadm", "step after"]

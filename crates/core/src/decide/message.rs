@@ -2,7 +2,7 @@
 //! (kubernetes-version); needs rollout: VSphereMachine spec.memoryMiB (no rule)`.
 
 use super::judge::ChangeVerdict;
-use super::{JudgedChange, Outcome};
+use super::{DecisionOutcome, JudgedChange};
 use crate::diff::ChangeKind;
 
 /// Changes listed per section of a message before the rest is counted (`… and 12 more`).
@@ -64,12 +64,12 @@ fn section(title: &str, items: &[&JudgedChange]) -> Option<String> {
 
 /// Builds the message for a decision.
 pub(crate) fn message(
-    outcome: Outcome,
+    outcome: DecisionOutcome,
     changes: &[JudgedChange],
     self_check: &[String],
     notes: &[String],
 ) -> String {
-    if outcome == Outcome::SelfCheckFailed {
+    if outcome == DecisionOutcome::SelfCheckFailed {
         let mut shown: Vec<&str> = self_check
             .iter()
             .take(MAX_MESSAGE_ITEMS)
@@ -93,7 +93,7 @@ pub(crate) fn message(
     let rejected = pick(|v| v == ChangeVerdict::Reject);
     let ignored = pick(|v| v == ChangeVerdict::Ignored);
     let mut parts: Vec<String> = Vec::new();
-    if outcome == Outcome::Refused {
+    if outcome == DecisionOutcome::Refused {
         parts.push("refused (mode in-place-only, no rollout)".to_owned());
     }
     parts.extend(section("in place", &accepted));

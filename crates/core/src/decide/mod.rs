@@ -24,7 +24,7 @@ use judge::{Judge, Judged};
 
 /// What to answer CAPI.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-pub enum Outcome {
+pub enum DecisionOutcome {
     /// Every compared change is accepted: answer Success with the patches; CAPI updates in place.
     InPlace,
     /// Some change is rejected: answer Success with the (partial or no) patches; CAPI replaces the machine.
@@ -36,10 +36,13 @@ pub enum Outcome {
     SelfCheckFailed,
 }
 
-impl Outcome {
+impl DecisionOutcome {
     /// Whether the hook answers `status: Success`.
     pub fn is_success(self) -> bool {
-        matches!(self, Outcome::InPlace | Outcome::NeedsRollout)
+        matches!(
+            self,
+            DecisionOutcome::InPlace | DecisionOutcome::NeedsRollout
+        )
     }
 }
 
@@ -105,7 +108,7 @@ pub struct JudgedChange {
 #[derive(Clone, Debug)]
 pub struct Decision {
     /// What to answer.
-    pub outcome: Outcome,
+    pub outcome: DecisionOutcome,
     /// The patches to send; all `None` unless the outcome is a Success.
     pub patches: Patches,
     /// The answer's `message`.
@@ -194,10 +197,10 @@ pub fn decide(
     }
     let rejected = changes.iter().any(|c| c.verdict == ChangeVerdict::Reject);
     let outcome = match (failures.is_empty(), rejected, settings.mode) {
-        (false, _, _) => Outcome::SelfCheckFailed,
-        (true, true, Mode::InPlaceOnly) => Outcome::Refused,
-        (true, true, Mode::InPlaceOrRollout) => Outcome::NeedsRollout,
-        (true, false, _) => Outcome::InPlace,
+        (false, _, _) => DecisionOutcome::SelfCheckFailed,
+        (true, true, Mode::InPlaceOnly) => DecisionOutcome::Refused,
+        (true, true, Mode::InPlaceOrRollout) => DecisionOutcome::NeedsRollout,
+        (true, false, _) => DecisionOutcome::InPlace,
     };
     if !outcome.is_success() {
         patches = Patches::default();
@@ -208,7 +211,7 @@ pub fn decide(
         .flat_map(|c| c.actions.iter().copied())
         .collect();
     let affects_availability =
-        outcome != Outcome::InPlace || actions.iter().any(|a| a.disturbs_workloads());
+        outcome != DecisionOutcome::InPlace || actions.iter().any(|a| a.disturbs_workloads());
     let message = message::message(outcome, &changes, &failures, &notes);
     Decision {
         outcome,

@@ -134,7 +134,7 @@ fn machine_compare_drops_ignored_fields_and_zero_values() {
 #[test]
 fn self_check_failure_message_withholds_the_answer() {
     let msg = message::message(
-        Outcome::SelfCheckFailed,
+        DecisionOutcome::SelfCheckFailed,
         &[],
         &["KubeadmConfig spec.x: after our patch it differs from desired".into()],
         &[],
@@ -168,7 +168,7 @@ fn long_sections_are_counted_not_listed() {
         &Policy::builtin(),
         &Settings::default(),
     );
-    assert_eq!(d.outcome, Outcome::InPlace);
+    assert_eq!(d.outcome, DecisionOutcome::InPlace);
     assert_eq!(d.changes.len(), 20);
     assert!(
         d.message

@@ -5,7 +5,7 @@
 use crate::common;
 
 use common::*;
-use inplace_core::{Action, ChangeVerdict, ObjectRole, Outcome};
+use inplace_core::{Action, ChangeVerdict, DecisionOutcome, ObjectRole};
 use serde_json::{Value, json};
 
 use ObjectRole::{Bootstrap, Infra, Machine};
@@ -13,7 +13,7 @@ use ObjectRole::{Bootstrap, Infra, Machine};
 struct Case {
     name: &'static str,
     mutate: fn(&mut Req),
-    outcome: Outcome,
+    outcome: DecisionOutcome,
     /// (shown path, verdict, reason fragment)
     expect: &'static [(&'static str, ChangeVerdict, &'static str)],
     actions: &'static [Action],
@@ -36,7 +36,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "minor upgrade",
             mutate: |r| r.desired_spec(Machine)["version"] = json!("v1.34.1"),
-            outcome: Outcome::InPlace,
+            outcome: DecisionOutcome::InPlace,
             expect: &[("spec.version", A, "kubernetes-version")],
             actions: &[Action::KubernetesVersion],
             affects_availability: true,
@@ -44,7 +44,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "patch upgrade",
             mutate: |r| r.desired_spec(Machine)["version"] = json!("v1.33.5"),
-            outcome: Outcome::InPlace,
+            outcome: DecisionOutcome::InPlace,
             expect: &[("spec.version", A, "kubernetes-version")],
             actions: &[Action::KubernetesVersion],
             affects_availability: true,
@@ -52,7 +52,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "downgrade",
             mutate: |r| r.desired_spec(Machine)["version"] = json!("v1.33.3"),
-            outcome: Outcome::NeedsRollout,
+            outcome: DecisionOutcome::NeedsRollout,
             expect: &[("spec.version", R, "downgrade")],
             actions: &[],
             affects_availability: true,
@@ -60,7 +60,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "minor skip",
             mutate: |r| r.desired_spec(Machine)["version"] = json!("v1.35.0"),
-            outcome: Outcome::NeedsRollout,
+            outcome: DecisionOutcome::NeedsRollout,
             expect: &[("spec.version", R, "skips a minor version")],
             actions: &[],
             affects_availability: true,
@@ -68,7 +68,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "failure domain",
             mutate: |r| r.desired_spec(Machine)["failureDomain"] = json!("fd-2"),
-            outcome: Outcome::NeedsRollout,
+            outcome: DecisionOutcome::NeedsRollout,
             expect: &[("spec.failureDomain", R, "failure domain")],
             actions: &[],
             affects_availability: true,
@@ -83,7 +83,7 @@ fn cases() -> Vec<Case> {
                 m["readinessGates"] = json!([{"conditionType": "other/Ready"}]);
                 m["taints"] = json!([{"key": "k", "effect": "NoSchedule"}]);
             },
-            outcome: Outcome::InPlace,
+            outcome: DecisionOutcome::InPlace,
             expect: &[
                 ("spec.providerID", I, "ignored by CAPI"),
                 ("spec.minReadySeconds", I, "ignored by CAPI"),
@@ -114,7 +114,7 @@ fn cases() -> Vec<Case> {
                     "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: RequestResponse\n"
                 )
             },
-            outcome: Outcome::InPlace,
+            outcome: DecisionOutcome::InPlace,
             expect: &[(
                 "spec.files[path=/etc/kubernetes/audit-policy.yaml].content",
                 A,
@@ -130,7 +130,7 @@ fn cases() -> Vec<Case> {
                 f.remove(1);
                 f.push(json!({"path": "/etc/motd", "content": "hello\n", "permissions": "0644"}));
             },
-            outcome: Outcome::InPlace,
+            outcome: DecisionOutcome::InPlace,
             expect: &[
                 ("spec.files[path=/etc/motd]", A, "files"),
                 ("spec.files[path=/etc/sysctl.d/99-k8s.conf]", A, "files"),
@@ -141,7 +141,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "secret-sourced file changed",
             mutate: |r| files(r)[2]["contentFrom"]["secret"]["name"] = json!("prod-ca-2"),
-            outcome: Outcome::NeedsRollout,
+            outcome: DecisionOutcome::NeedsRollout,
             expect: &[(
                 "spec.files[path=/etc/pki/ca.pem].contentFrom.secret.name",
                 R,
@@ -155,7 +155,7 @@ fn cases() -> Vec<Case> {
             mutate: |r| {
                 files(r).push(json!({"path": "/etc/x.pem", "contentFrom": {"secret": {"name": "s", "key": "k"}}}))
             },
-            outcome: Outcome::NeedsRollout,
+            outcome: DecisionOutcome::NeedsRollout,
             expect: &[("spec.files[path=/etc/x.pem]", R, "contentFrom.secret.")],
             actions: &[],
             affects_availability: true,
@@ -168,7 +168,7 @@ fn cases() -> Vec<Case> {
                     .unwrap()
                     .push(json!("ssh-ed25519 AAAA-two dev@example.com"))
             },
-            outcome: Outcome::InPlace,
+            outcome: DecisionOutcome::InPlace,
             expect: &[("spec.users[name=capv].sshAuthorizedKeys[1]", A, "ssh-keys")],
             actions: &[Action::SshKeys],
             affects_availability: false,
@@ -178,7 +178,7 @@ fn cases() -> Vec<Case> {
             mutate: |r| {
                 user(r, 1)["sshAuthorizedKeys"] = json!(["ssh-ed25519 AAAA-new backup@example.com"])
             },
-            outcome: Outcome::InPlace,
+            outcome: DecisionOutcome::InPlace,
             expect: &[(
                 "spec.users[name=backup].sshAuthorizedKeys[0]",
                 A,
@@ -190,7 +190,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "user shell",
             mutate: |r| user(r, 1)["shell"] = json!("/bin/zsh"),
-            outcome: Outcome::NeedsRollout,
+            outcome: DecisionOutcome::NeedsRollout,
             expect: &[("spec.users[name=backup].shell", R, "no rule")],
             actions: &[],
             affects_availability: true,
@@ -203,7 +203,7 @@ fn cases() -> Vec<Case> {
                     .unwrap()
                     .push(json!({"name": "new", "sshAuthorizedKeys": ["k"]}))
             },
-            outcome: Outcome::NeedsRollout,
+            outcome: DecisionOutcome::NeedsRollout,
             expect: &[("spec.users[name=new]", R, "no rule")],
             actions: &[],
             affects_availability: true,
@@ -211,7 +211,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "ntp servers",
             mutate: |r| r.desired_spec(Bootstrap)["ntp"]["servers"] = json!(["time.example.com"]),
-            outcome: Outcome::InPlace,
+            outcome: DecisionOutcome::InPlace,
             expect: &[
                 ("spec.ntp.servers[0]", A, "ntp"),
                 ("spec.ntp.servers[1]", A, "ntp"),
@@ -227,7 +227,7 @@ fn cases() -> Vec<Case> {
                     .unwrap()
                     .remove("ntp");
             },
-            outcome: Outcome::InPlace,
+            outcome: DecisionOutcome::InPlace,
             expect: &[("spec.ntp", A, "ntp")],
             actions: &[Action::Ntp],
             affects_availability: false,
@@ -238,7 +238,7 @@ fn cases() -> Vec<Case> {
                 r.desired_spec(Bootstrap)["clusterConfiguration"]["etcd"]["local"]["imageTag"] =
                     json!("3.5.22-0")
             },
-            outcome: Outcome::InPlace,
+            outcome: DecisionOutcome::InPlace,
             expect: &[(
                 "spec.clusterConfiguration.etcd.local.imageTag",
                 A,
@@ -253,7 +253,7 @@ fn cases() -> Vec<Case> {
                 r.desired_spec(Bootstrap)["clusterConfiguration"]["etcd"]["local"]["imageRepository"] =
                     json!("mirror.example.com")
             },
-            outcome: Outcome::NeedsRollout,
+            outcome: DecisionOutcome::NeedsRollout,
             expect: &[(
                 "spec.clusterConfiguration.etcd.local.imageRepository",
                 R,
@@ -273,7 +273,7 @@ fn cases() -> Vec<Case> {
                     .unwrap()
                     .push(json!({"name": "max-pods", "value": "200"}));
             },
-            outcome: Outcome::InPlace,
+            outcome: DecisionOutcome::InPlace,
             expect: &[
                 (
                     "spec.initConfiguration.nodeRegistration.kubeletExtraArgs[name=max-pods].value",
@@ -295,7 +295,7 @@ fn cases() -> Vec<Case> {
                 r.desired_spec(Bootstrap)["clusterConfiguration"]["apiServer"]["extraArgs"][0]["value"] =
                     json!("/var/log/a.log")
             },
-            outcome: Outcome::NeedsRollout,
+            outcome: DecisionOutcome::NeedsRollout,
             expect: &[(
                 "spec.clusterConfiguration.apiServer.extraArgs[name=audit-log-path].value",
                 R,
@@ -311,7 +311,7 @@ fn cases() -> Vec<Case> {
                 s["diskSetup"]["filesystems"][0]["filesystem"] = json!("xfs");
                 s["mounts"] = json!([["LABEL=etcd_disk", "/var/lib/etcd"]]);
             },
-            outcome: Outcome::NeedsRollout,
+            outcome: DecisionOutcome::NeedsRollout,
             expect: &[
                 (
                     "spec.diskSetup.filesystems[0].filesystem",
@@ -331,7 +331,7 @@ fn cases() -> Vec<Case> {
                     .unwrap()
                     .push(json!("echo hi"))
             },
-            outcome: Outcome::NeedsRollout,
+            outcome: DecisionOutcome::NeedsRollout,
             expect: &[("spec.preKubeadmCommands[1]", R, "no rule")],
             actions: &[],
             affects_availability: true,
@@ -339,7 +339,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "infra size",
             mutate: |r| r.desired_spec(Infra)["memoryMiB"] = json!(16384),
-            outcome: Outcome::NeedsRollout,
+            outcome: DecisionOutcome::NeedsRollout,
             expect: &[("spec.memoryMiB", R, "no rule")],
             actions: &[],
             affects_availability: true,
@@ -394,7 +394,7 @@ fn message_reads_like_the_issue_example() {
     req.desired_spec(Machine)["version"] = json!("v1.34.1");
     req.desired_spec(Infra)["memoryMiB"] = json!(16384);
     let d = req.decide();
-    assert_eq!(d.outcome, Outcome::NeedsRollout);
+    assert_eq!(d.outcome, DecisionOutcome::NeedsRollout);
     assert_eq!(
         d.message,
         "in place: Machine spec.version v1.33.4→v1.34.1 (kubernetes-version); needs rollout: VSphereMachine spec.memoryMiB 8192→16384 (no rule)"
@@ -410,7 +410,7 @@ fn message_reads_like_the_issue_example() {
 fn no_changes_means_in_place_without_patches() {
     let req = Req::machine("v1.33.4");
     let d = req.decide();
-    assert_eq!(d.outcome, Outcome::InPlace);
+    assert_eq!(d.outcome, DecisionOutcome::InPlace);
     assert_eq!(d.message, "no changes");
     assert!(d.changes.is_empty() && d.patches == Default::default());
     assert!(!d.affects_availability);

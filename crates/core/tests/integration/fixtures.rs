@@ -4,7 +4,9 @@
 use crate::common;
 
 use common::{response_body_for, settings};
-use inplace_core::{Action, ChangeVerdict, Decision, Objects, Outcome, Policy, Scope, decide};
+use inplace_core::{
+    Action, ChangeVerdict, Decision, DecisionOutcome, Objects, Policy, Scope, decide,
+};
 use serde_json::Value;
 
 fn fixture(name: &str) -> Value {
@@ -51,9 +53,9 @@ fn run(name: &str, pairs: &[(&str, &str)]) -> Decision {
         Scope::Template => capi_sim::can_update_machine_set(&body, &response),
     };
     let agrees = match d.outcome {
-        Outcome::InPlace => capi == capi_sim::CapiDecision::InPlace,
-        Outcome::NeedsRollout => matches!(capi, capi_sim::CapiDecision::Rollout { .. }),
-        Outcome::Refused | Outcome::SelfCheckFailed => {
+        DecisionOutcome::InPlace => capi == capi_sim::CapiDecision::InPlace,
+        DecisionOutcome::NeedsRollout => matches!(capi, capi_sim::CapiDecision::Rollout { .. }),
+        DecisionOutcome::Refused | DecisionOutcome::SelfCheckFailed => {
             matches!(capi, capi_sim::CapiDecision::Error { .. })
         }
     };
@@ -76,7 +78,7 @@ fn verdicts(d: &Decision) -> Vec<(String, ChangeVerdict)> {
 fn version_bump_goes_in_place() {
     for pt in ["JSONPatch", "JSONMergePatch"] {
         let d = run("can-update-machine-kcp-version.json", &[("patchType", pt)]);
-        assert_eq!(d.outcome, Outcome::InPlace);
+        assert_eq!(d.outcome, DecisionOutcome::InPlace);
         assert_eq!(
             d.message,
             "in place: Machine spec.version v1.33.4→v1.34.1 (kubernetes-version)"
@@ -98,7 +100,7 @@ fn files_keys_and_ntp_go_in_place_without_disturbing_workloads() {
             "can-update-machine-kcp-files-keys.json",
             &[("patchType", pt)],
         );
-        assert_eq!(d.outcome, Outcome::InPlace, "{}", d.message);
+        assert_eq!(d.outcome, DecisionOutcome::InPlace, "{}", d.message);
         assert_eq!(
             d.actions,
             [Action::Files, Action::SshKeys, Action::Ntp].into()
@@ -115,7 +117,7 @@ fn files_keys_and_ntp_go_in_place_without_disturbing_workloads() {
 #[test]
 fn mixed_changes_need_a_rollout_or_are_refused() {
     let d = run("can-update-machine-kcp-mixed.json", &[]);
-    assert_eq!(d.outcome, Outcome::NeedsRollout);
+    assert_eq!(d.outcome, DecisionOutcome::NeedsRollout);
     let v = verdicts(&d);
     assert!(
         v.contains(&(
@@ -151,7 +153,7 @@ fn mixed_changes_need_a_rollout_or_are_refused() {
         "can-update-machine-kcp-mixed.json",
         &[("mode", "in-place-only")],
     );
-    assert_eq!(refused.outcome, Outcome::Refused);
+    assert_eq!(refused.outcome, DecisionOutcome::Refused);
     assert!(
         refused
             .message
@@ -164,7 +166,7 @@ fn mixed_changes_need_a_rollout_or_are_refused() {
 #[test]
 fn unknown_infrastructure_kind_is_judged_by_no_rule() {
     let d = run("can-update-machine-unknown-infra.json", &[]);
-    assert_eq!(d.outcome, Outcome::NeedsRollout);
+    assert_eq!(d.outcome, DecisionOutcome::NeedsRollout);
     let firmware = d
         .changes
         .iter()
@@ -185,7 +187,7 @@ fn unknown_infrastructure_kind_is_judged_by_no_rule() {
 fn machine_deployment_template_change_goes_in_place() {
     for pt in ["JSONPatch", "JSONMergePatch"] {
         let d = run("can-update-machineset-md.json", &[("patchType", pt)]);
-        assert_eq!(d.outcome, Outcome::InPlace, "{}", d.message);
+        assert_eq!(d.outcome, DecisionOutcome::InPlace, "{}", d.message);
         assert_eq!(
             d.actions,
             [Action::KubernetesVersion, Action::Files, Action::SshKeys].into()

@@ -6,7 +6,7 @@ use crate::common;
 
 use common::*;
 use inplace_core::{
-    Action, ChangeKind, ChangeVerdict, ObjectRole, Outcome, PatchType, Policy, Scope,
+    Action, ChangeKind, ChangeVerdict, DecisionOutcome, ObjectRole, PatchType, Policy, Scope,
 };
 use serde_json::{Value, json};
 
@@ -42,7 +42,7 @@ fn files_reordered_added_removed_and_modified_together() {
     f.insert(0, json!({"path": "/etc/new.conf", "content": "new"}));
     f[2]["content"] = json!("changed audit policy");
     both_patch_types(&req, &Policy::builtin(), &[], |d| {
-        assert_eq!(d.outcome, Outcome::InPlace, "{}", d.message);
+        assert_eq!(d.outcome, DecisionOutcome::InPlace, "{}", d.message);
         let kinds: Vec<_> = d
             .changes
             .iter()
@@ -91,7 +91,7 @@ fn pure_reorder_of_users_is_reported_once_and_needs_a_rollout() {
             "{}",
             d.message
         );
-        assert_eq!(d.outcome, Outcome::NeedsRollout);
+        assert_eq!(d.outcome, DecisionOutcome::NeedsRollout);
     });
 }
 
@@ -107,7 +107,7 @@ fn partially_accepted_keyed_list_keeps_rejected_items_current() {
     );
     f.push(json!({"path": "/etc/inline", "content": "ok"}));
     both_patch_types(&req, &Policy::builtin(), &[], |d| {
-        assert_eq!(d.outcome, Outcome::NeedsRollout);
+        assert_eq!(d.outcome, DecisionOutcome::NeedsRollout);
         assert_eq!(
             verdict_of(
                 d,
@@ -184,7 +184,7 @@ fn machine_set_templates_use_machine_rules() {
     // Outside spec.template.spec: CAPI does not compare it, neither do we.
     req.desired[0]["spec"]["replicas"] = json!(5);
     both_patch_types(&req, &Policy::builtin(), &[], |d| {
-        assert_eq!(d.outcome, Outcome::InPlace, "{}", d.message);
+        assert_eq!(d.outcome, DecisionOutcome::InPlace, "{}", d.message);
         assert_eq!(
             d.actions,
             [Action::KubernetesVersion, Action::Files, Action::Ntp].into()
@@ -221,7 +221,7 @@ fn templates_are_worker_machines() {
         json!("3.5.22-0");
     req.desired_spec(Infra)["numCPUs"] = json!(8);
     both_patch_types(&req, &Policy::builtin(), &[], |d| {
-        assert_eq!(d.outcome, Outcome::NeedsRollout);
+        assert_eq!(d.outcome, DecisionOutcome::NeedsRollout);
         let etcd = verdict_of(
             d,
             "spec.template.spec.clusterConfiguration.etcd.local.imageTag",
@@ -260,7 +260,7 @@ fn bootstrap_template_present_on_one_side_only_is_not_compared() {
         &Policy::builtin(),
         &settings(&[]),
     );
-    assert_eq!(d.outcome, Outcome::InPlace, "{}", d.message);
+    assert_eq!(d.outcome, DecisionOutcome::InPlace, "{}", d.message);
     assert_eq!(
         verdict_of(&d, "spec.template.spec").verdict,
         ChangeVerdict::Ignored
@@ -280,7 +280,7 @@ fn machine_request_missing_an_object_needs_a_rollout() {
         &Policy::builtin(),
         &settings(&[]),
     );
-    assert_eq!(d.outcome, Outcome::NeedsRollout);
+    assert_eq!(d.outcome, DecisionOutcome::NeedsRollout);
     assert!(
         d.message
             .contains("VSphereMachine spec removed (the request has no desired VSphereMachine)"),
@@ -295,7 +295,7 @@ fn in_place_off_accepts_nothing() {
     req.desired_spec(Machine)["version"] = json!("v1.33.5");
     req.desired_spec(Bootstrap)["ntp"]["enabled"] = json!(false);
     both_patch_types(&req, &Policy::builtin(), &[("inPlace", "false")], |d| {
-        assert_eq!(d.outcome, Outcome::NeedsRollout);
+        assert_eq!(d.outcome, DecisionOutcome::NeedsRollout);
         assert!(
             d.changes
                 .iter()
@@ -318,7 +318,7 @@ fn disabled_actions_are_rejected_others_still_go_in_place() {
         &Policy::builtin(),
         &[("disableActions", "ssh-keys,ntp")],
         |d| {
-            assert_eq!(d.outcome, Outcome::NeedsRollout);
+            assert_eq!(d.outcome, DecisionOutcome::NeedsRollout);
             assert!(
                 verdict_of(d, "spec.ntp.enabled")
                     .reason
@@ -348,7 +348,7 @@ fn in_place_only_refuses_instead_of_rolling_out() {
         &Policy::builtin(),
         &[("mode", "in-place-only")],
         |d| {
-            assert_eq!(d.outcome, Outcome::Refused);
+            assert_eq!(d.outcome, DecisionOutcome::Refused);
             assert!(!d.outcome.is_success());
             assert_eq!(d.patches, Default::default());
             assert!(
@@ -369,7 +369,7 @@ fn in_place_only_refuses_instead_of_rolling_out() {
     let mut ok = Req::machine("v1.33.4");
     ok.desired_spec(Machine)["version"] = json!("v1.34.0");
     both_patch_types(&ok, &Policy::builtin(), &[("mode", "in-place-only")], |d| {
-        assert_eq!(d.outcome, Outcome::InPlace)
+        assert_eq!(d.outcome, DecisionOutcome::InPlace)
     });
 }
 
@@ -382,7 +382,7 @@ fn merge_patch_that_cannot_carry_null_is_sent_as_json_patch() {
     let mut req = Req::machine("v1.33.4");
     req.desired_spec(Infra)["network"]["devices"][0]["gateway4"] = Value::Null;
     let d = req.decide_with(&policy, &settings(&[("patchType", "JSONMergePatch")]));
-    assert_eq!(d.outcome, Outcome::InPlace, "{}", d.message);
+    assert_eq!(d.outcome, DecisionOutcome::InPlace, "{}", d.message);
     assert_eq!(
         d.patches.infra.as_ref().unwrap().patch_type,
         PatchType::JsonPatch

@@ -3,7 +3,8 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use inplace_core::{
-    Decision, ObjectRole, Objects, Outcome, Patch, PatchType, Policy, Scope, Settings, decide,
+    Decision, DecisionOutcome, ObjectRole, Objects, Patch, PatchType, Policy, Scope, Settings,
+    decide,
 };
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -329,7 +330,7 @@ pub fn assert_capi_agrees(req: &Req, d: &Decision) {
     }
     assert_eq!(
         capi_in_place(req, d),
-        d.outcome == Outcome::InPlace,
+        d.outcome == DecisionOutcome::InPlace,
         "CAPI's reading differs from our outcome: {}",
         d.message
     );
@@ -405,9 +406,9 @@ pub fn capi_sim_decision(req: &Req, d: &Decision) -> capi_sim::CapiDecision {
 pub fn assert_capi_sim_agrees(req: &Req, d: &Decision) {
     let capi = capi_sim_decision(req, d);
     let ok = match d.outcome {
-        Outcome::InPlace => capi == capi_sim::CapiDecision::InPlace,
-        Outcome::NeedsRollout => matches!(capi, capi_sim::CapiDecision::Rollout { .. }),
-        Outcome::Refused | Outcome::SelfCheckFailed => {
+        DecisionOutcome::InPlace => capi == capi_sim::CapiDecision::InPlace,
+        DecisionOutcome::NeedsRollout => matches!(capi, capi_sim::CapiDecision::Rollout { .. }),
+        DecisionOutcome::Refused | DecisionOutcome::SelfCheckFailed => {
             matches!(capi, capi_sim::CapiDecision::Error { .. })
         }
     };
