@@ -152,12 +152,13 @@ impl Dispatcher {
     ) -> Result<(), DispatchError> {
         let key = update_key(machine, &progress.plan_id);
         let now = now_ms();
+        let window_now = self.window_clock.now_ms();
         let mut failed_kind = None;
         self.update(&key, |current: Option<&UpdateRecord>| {
             failed_kind = None;
             let Some(run) = current else { return Ok(None) };
             let was_failed = run.outcome().is_failure();
-            let expected = record.and_then(|r| hold_for(r, run));
+            let expected = record.and_then(|r| hold_for(r, run, window_now));
             let mut progress = progress.clone();
             progress.hold = progress.hold.filter(|h| Some(h) == expected.as_ref());
             let mut run = run.clone();
