@@ -54,7 +54,7 @@ fn engine(store: Arc<dyn inplace_store::Store>) -> Arc<Engine> {
             tokio_util::sync::CancellationToken::new(),
         )
     });
-    Arc::new(Engine::builtin(Some(dispatcher)))
+    Arc::new(Engine::builtin(dispatcher))
 }
 
 static ENGINE: LazyLock<Arc<Engine>> =

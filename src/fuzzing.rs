@@ -33,7 +33,7 @@ pub const TARGETS: [(&str, TargetBody); 5] = [
     ("diff_inputs", diff_inputs),
 ];
 
-static ENGINE: LazyLock<Engine> = LazyLock::new(|| Engine::builtin(None));
+static ENGINE: LazyLock<Engine> = LazyLock::new(Engine::in_memory);
 
 /// Hook request bodies as CAPI (or anyone who reaches the hook port) sends them: each decoder (which runs
 /// every object through [`crate::api::validate`]), then the full CanUpdateMachine / CanUpdateMachineSet hooks

@@ -326,7 +326,7 @@ fn start_ours(
         let services = Services {
             engine: Arc::new(Engine {
                 policy: inplace_core::Policy::builtin(),
-                dispatcher: Some(dispatcher),
+                dispatcher,
             }),
             tokens: Arc::new(inplace_updater::server::auth::AgentTokens::none()),
         };

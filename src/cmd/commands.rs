@@ -130,10 +130,7 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
             .follow_file_for_tests(path.clone());
     }
     let services = Services {
-        engine: Arc::new(Engine {
-            policy,
-            dispatcher: Some(dispatcher),
-        }),
+        engine: Arc::new(Engine { policy, dispatcher }),
         tokens: Arc::new(tokens),
     };
     let config = args.config();

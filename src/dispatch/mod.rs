@@ -150,6 +150,16 @@ impl std::fmt::Debug for Dispatcher {
 }
 
 impl Dispatcher {
+    /// A dispatcher over a fresh in-memory store with the default configuration (`serve --store memory:`
+    /// without the server): tests, benches and fuzz targets take the hooks' real path with it.
+    pub fn in_memory() -> Arc<Self> {
+        Self::new(
+            Arc::new(inplace_store::memory::MemoryStore::new()),
+            DispatchConfig::default(),
+            CancellationToken::new(),
+        )
+    }
+
     /// A dispatcher over `store` whose metrics are registered nowhere.
     pub fn new(
         store: Arc<dyn Store>,

@@ -54,11 +54,10 @@ impl From<Answer> for Judged {
 /// Stores the verdict of a judged answer (if any) and returns the answer to send: the judged one, or a
 /// `Failure` when the verdict could not be stored.
 pub async fn record(engine: std::sync::Arc<Engine>, judged: Judged) -> Answer {
-    let (Some((key, verdict)), Some(dispatcher)) = (judged.verdict, engine.dispatcher.as_ref())
-    else {
+    let Some((key, verdict)) = judged.verdict else {
         return judged.answer;
     };
-    match dispatcher.record_verdict(&key, &verdict).await {
+    match engine.dispatcher.record_verdict(&key, &verdict).await {
         Ok(()) => judged.answer,
         Err(err) => failure(
             wire_hook(verdict.hook),
@@ -396,12 +395,12 @@ fn can_update<R: Answering>(engine: &Engine, body: &[u8]) -> Judged {
         question.object.clone(),
         decision.message.clone(),
     );
-    judged(engine, &question, &decided, answer)
+    judged(&question, &decided, answer)
 }
 
-/// The answer with its verdict, when it is a `Success` and an updater will check UpdateMachine against it.
-fn judged(engine: &Engine, question: &Question<'_>, decided: &Decided, answer: Answer) -> Judged {
-    if answer.status != Status::Success || engine.dispatcher.is_none() {
+/// The answer with its verdict, when it is a `Success` (UpdateMachine is checked against it).
+fn judged(question: &Question<'_>, decided: &Decided, answer: Answer) -> Judged {
+    if answer.status != Status::Success {
         return answer.into();
     }
     match verdict_of(question, decided) {

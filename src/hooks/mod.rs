@@ -21,22 +21,28 @@ use crate::api::{
     ObjectKey, Status,
 };
 
-/// What the hooks decide with: the policy and, when agents are configured, the dispatcher.
+/// What the hooks decide with: the policy and the dispatcher (every server has a store, so every answer
+/// takes the same path: a CanUpdate `Success` is sent only once its verdict is stored).
 #[derive(Debug)]
 pub struct Engine {
     /// The in-place policy (`--policy` or the built-in default).
     pub policy: Policy,
-    /// Dispatch over the store; `None` means no updater is configured and UpdateMachine answers Failure.
-    pub dispatcher: Option<Arc<Dispatcher>>,
+    /// Dispatch over the store.
+    pub dispatcher: Arc<Dispatcher>,
 }
 
 impl Engine {
-    /// The built-in policy over `dispatcher` (`None`: CanUpdate hooks only, UpdateMachine answers Failure).
-    pub fn builtin(dispatcher: Option<Arc<Dispatcher>>) -> Self {
+    /// The built-in policy over `dispatcher`.
+    pub fn builtin(dispatcher: Arc<Dispatcher>) -> Self {
         Self {
             policy: Policy::builtin(),
             dispatcher,
         }
+    }
+
+    /// The built-in policy over a dispatcher on a fresh in-memory store (tests, benches, fuzz targets).
+    pub fn in_memory() -> Self {
+        Self::builtin(Dispatcher::in_memory())
     }
 }
 

@@ -96,14 +96,7 @@ pub async fn update_machine(engine: Arc<Engine>, body: bytes::Bytes) -> Answer {
         Err(err) => return failure(hook, err.to_string(), "bad-request", None),
     };
     let object = request.desired.key.clone();
-    let Some(dispatcher) = engine.dispatcher.clone() else {
-        return failure(
-            hook,
-            "no updater is configured on this server: the change was not performed",
-            "failed",
-            object,
-        );
-    };
+    let dispatcher = engine.dispatcher.clone();
     let update = match update_request(&engine.policy, request) {
         Ok(update) => update,
         Err(refusal) => return failure(hook, refusal.message, refusal.verdict, object),

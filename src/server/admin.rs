@@ -73,7 +73,7 @@ pub const HOOK_CALLS_ANSWERED_HEADER: &str = "inplace-updater-hook-calls-answere
 /// `GET /status/agents`: every agent seen or refused (what `inplace-updater status --agents` prints); refusals
 /// show the reason, the answer and the peer address, never a token.
 pub fn status_router(
-    dispatcher: Option<Arc<crate::dispatch::Dispatcher>>,
+    dispatcher: Arc<crate::dispatch::Dispatcher>,
     metrics: Arc<Metrics>,
 ) -> Router {
     Router::new()
@@ -81,13 +81,9 @@ pub fn status_router(
             "/status",
             get(
                 |State((dispatcher, metrics)): State<(
-                    Option<Arc<crate::dispatch::Dispatcher>>,
+                    Arc<crate::dispatch::Dispatcher>,
                     Arc<Metrics>,
                 )>| async move {
-                    let Some(dispatcher) = dispatcher else {
-                        return (StatusCode::SERVICE_UNAVAILABLE, "no store configured\n")
-                            .into_response();
-                    };
                     match dispatcher.status().await {
                         Ok(rows) => (
                             [(
@@ -107,13 +103,9 @@ pub fn status_router(
             "/status/agents",
             get(
                 |State((dispatcher, _)): State<(
-                    Option<Arc<crate::dispatch::Dispatcher>>,
+                    Arc<crate::dispatch::Dispatcher>,
                     Arc<Metrics>,
                 )>| async move {
-                    let Some(dispatcher) = dispatcher else {
-                        return (StatusCode::SERVICE_UNAVAILABLE, "no store configured\n")
-                            .into_response();
-                    };
                     match dispatcher.agents().await {
                         Ok(rows) => axum::Json(rows).into_response(),
                         Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n"))

@@ -216,23 +216,22 @@ pub async fn run(
         watch_tokens(tokens, interval, stop).await;
         "token file watcher"
     });
-    if let Some(dispatcher) = services.engine.dispatcher.clone() {
-        let follower = dispatcher.clone();
-        tasks.spawn(async move {
-            follower.follow_changes().await;
-            "store change feed"
-        });
-        let counter = dispatcher.clone();
-        tasks.spawn(async move {
-            counter.run_census().await;
-            "update census"
-        });
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            sweep_retention(dispatcher, stop).await;
-            "retention sweep"
-        });
-    }
+    let dispatcher = services.engine.dispatcher.clone();
+    let follower = dispatcher.clone();
+    tasks.spawn(async move {
+        follower.follow_changes().await;
+        "store change feed"
+    });
+    let counter = dispatcher.clone();
+    tasks.spawn(async move {
+        counter.run_census().await;
+        "update census"
+    });
+    let stop = shutdown.clone();
+    tasks.spawn(async move {
+        sweep_retention(dispatcher, stop).await;
+        "retention sweep"
+    });
 
     readiness.set(true);
     tracing::info!("ready");

@@ -50,7 +50,7 @@ async fn server() -> Server {
         .unwrap();
     let dispatcher = Dispatcher::new(store.clone(), Default::default(), Default::default());
     let router = app(AppState::new(
-        Arc::new(Engine::builtin(Some(dispatcher))),
+        Arc::new(Engine::builtin(dispatcher)),
         Arc::new(AgentTokens::from_entries(
             parse_token_file("tokens", &file).unwrap(),
         )),

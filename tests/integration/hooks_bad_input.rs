@@ -16,10 +16,7 @@ use inplace_updater::server::{AppState, Compute, MAX_BODY_BYTES, app, hook_route
 use tower::ServiceExt as _;
 
 fn state() -> AppState {
-    AppState::new(
-        Arc::new(Engine::builtin(None)),
-        Arc::new(AgentTokens::none()),
-    )
+    AppState::new(Arc::new(Engine::in_memory()), Arc::new(AgentTokens::none()))
 }
 
 async fn call(router: Router, request: Request<Body>) -> (StatusCode, serde_json::Value) {

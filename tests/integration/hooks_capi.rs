@@ -19,10 +19,7 @@ use serde_json::{Value, json};
 use tower::ServiceExt as _;
 
 fn state() -> AppState {
-    AppState::new(
-        Arc::new(Engine::builtin(None)),
-        Arc::new(AgentTokens::none()),
-    )
+    AppState::new(Arc::new(Engine::in_memory()), Arc::new(AgentTokens::none()))
 }
 
 fn request(fixture: &str, settings: &[(&str, &str)]) -> Value {

@@ -449,10 +449,7 @@ async fn kept_fuzz_inputs_are_answered_without_a_crash() {
     use inplace_updater::server::{AppState, app};
     use tower::ServiceExt as _;
 
-    let state = AppState::new(
-        Arc::new(Engine::builtin(None)),
-        Arc::new(AgentTokens::none()),
-    );
+    let state = AppState::new(Arc::new(Engine::in_memory()), Arc::new(AgentTokens::none()));
     for (name, body) in kept_inputs("hook_request") {
         for hook in [
             Hook::CanUpdateMachine,

@@ -138,9 +138,7 @@ async fn router_for(path: &str) -> Router {
     let dispatcher =
         inplace_updater::dispatch::Dispatcher::new(store, Default::default(), Default::default());
     match path {
-        "/status" | "/status/agents" => {
-            inplace_updater::server::status_router(Some(dispatcher), metrics)
-        }
+        "/status" | "/status/agents" => inplace_updater::server::status_router(dispatcher, metrics),
         "/healthz" | "/readyz" => {
             let readiness = Readiness::default();
             readiness.set(true);
@@ -150,7 +148,7 @@ async fn router_for(path: &str) -> Router {
         _ => app(AppState {
             metrics,
             ..AppState::new(
-                Arc::new(inplace_updater::hooks::Engine::builtin(Some(dispatcher))),
+                Arc::new(inplace_updater::hooks::Engine::builtin(dispatcher)),
                 Arc::new(inplace_updater::server::auth::AgentTokens::from_entries(
                     inplace_updater::server::auth::parse_token_file("tokens", &agent_token().line)
                         .unwrap(),

@@ -113,7 +113,7 @@ fn request_settings_that_are_not_strings_are_refused_like_the_hook_refuses_them(
     )
     .unwrap_err();
     let hook =
-        crate::hooks::can_update_machine(&crate::hooks::Engine::builtin(None), body.as_bytes());
+        crate::hooks::can_update_machine(&crate::hooks::Engine::in_memory(), body.as_bytes());
     assert_eq!(hook.answer.verdict, "bad-request");
     assert_eq!(
         err.to_string(),

@@ -3,6 +3,7 @@
 
 use capi_sim::{CapiError, check_response_status};
 use inplace_updater::api::Hook;
+use inplace_updater::dispatch::Dispatcher;
 use serde_json::{Value, json};
 
 use super::{Case, apply, assert_names, call, case, fixture, pod, router};
@@ -37,7 +38,7 @@ fn capi_failure(hook: Hook, body: &[u8]) -> String {
 }
 
 async fn can_update_cases(hook: Hook, fixture_name: &str, cases: Vec<Case>) {
-    let router = router(None);
+    let router = router(Dispatcher::in_memory());
     let valid = fixture(fixture_name);
     let answer = call(&router, hook, &valid).await;
     let status = serde_json::from_slice::<Value>(&answer).unwrap()["status"].clone();

@@ -77,7 +77,7 @@ fn pod(name: &str) -> Value {
         "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
 }
 
-fn router(dispatcher: Option<Arc<Dispatcher>>) -> Router {
+fn router(dispatcher: Arc<Dispatcher>) -> Router {
     app(AppState::new(
         Arc::new(Engine::builtin(dispatcher)),
         Arc::new(AgentTokens::none()),

@@ -30,7 +30,7 @@ async fn update_machine_refuses_malformed_objects_and_keeps_the_recorded_run() {
         .await
         .unwrap();
     let dispatcher = Dispatcher::new(store.clone(), Default::default(), Default::default());
-    let router = router(Some(dispatcher));
+    let router = router(dispatcher);
     let valid = fixture("update-machine-kcp.json");
     // What CAPI asks first: CanUpdateMachine accepts this desired state in place (its verdict licenses the run).
     let judged = call(
