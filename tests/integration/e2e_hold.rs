@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use capi_sim::UpdateOutcome;
 use common::fleet::{AgentProcess, Capi, Setup, update_request};
-use common::{Client, ServerProcess, plain_get};
+use common::{ServerProcess, plain_get};
 use serde_json::{Value, json};
 
 const SETTLE: Duration = Duration::from_secs(60);
@@ -29,23 +29,6 @@ fn calls(agent: &AgentProcess, prefix: &str) -> usize {
         .iter()
         .filter(|c| c.starts_with(prefix))
         .count()
-}
-
-fn start(setup: &Setup) -> (ServerProcess, Capi) {
-    let store = format!("file:{}", setup.dir.path().join("data").display());
-    let server = ServerProcess::start(
-        &setup.certs.paths,
-        &setup
-            .server_args(&store)
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-    );
-    let capi = Capi {
-        client: Client::new(&setup.certs.paths.ca_cert, None, false),
-        addr: server.hooks,
-    };
-    (server, capi)
 }
 
 /// Calls UpdateMachine with `request` until its in-progress message satisfies `until`; returns it.
@@ -90,7 +73,7 @@ fn series(server: &ServerProcess, state: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_mid_rollout_holds_after_the_running_step_and_removing_it_finishes() {
     let setup = Setup::new();
-    let (server, capi) = start(&setup);
+    let (server, capi) = setup.serve_on_file_store();
     let agent = setup.agent(&server, FIRST, true);
     let request = update_request("update-machine-kcp.json", FIRST);
     let running = inside_kubeadm(&capi, &agent, &request).await;
@@ -146,7 +129,7 @@ async fn a_pause_mid_rollout_holds_after_the_running_step_and_removing_it_finish
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_stops_after_the_running_step_with_failure_and_a_retry_finishes_it() {
     let setup = Setup::new();
-    let (server, capi) = start(&setup);
+    let (server, capi) = setup.serve_on_file_store();
     let agent = setup.agent(&server, FIRST, true);
     let request = update_request("update-machine-kcp.json", FIRST);
     let running = inside_kubeadm(&capi, &agent, &request).await;
@@ -195,7 +178,7 @@ async fn a_cancel_stops_after_the_running_step_with_failure_and_a_retry_finishes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_extension_config_setting_pauses_every_machine_until_it_is_removed() {
     let setup = Setup::new();
-    let (server, capi) = start(&setup);
+    let (server, capi) = setup.serve_on_file_store();
     let agent = setup.agent(&server, FIRST, true);
     let request = update_request("update-machine-kcp.json", FIRST);
     let mut paused = request.clone();

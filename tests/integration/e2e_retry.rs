@@ -68,19 +68,7 @@ fn upgrades(agent: &AgentProcess) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_retry_restarts_a_failed_update_once_after_the_node_is_fixed() {
     let setup = Setup::new();
-    let store = format!("file:{}", setup.dir.path().join("data").display());
-    let server = ServerProcess::start(
-        &setup.certs.paths,
-        &setup
-            .server_args(&store)
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-    );
-    let capi = Capi {
-        client: Client::new(&setup.certs.paths.ca_cert, None, false),
-        addr: server.hooks,
-    };
+    let (server, capi) = setup.serve_on_file_store();
     let agent = setup.agent(&server, FIRST, true);
     agent.sandbox.fail_kubeadm(true).unwrap();
 
@@ -185,19 +173,7 @@ fn flaky_node(setup: &Setup, server: &ServerProcess, name: &str, failures: u32) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_retries_a_retryable_command_and_names_exhausted_attempts() {
     let setup = Setup::new();
-    let store = format!("file:{}", setup.dir.path().join("data").display());
-    let server = ServerProcess::start(
-        &setup.certs.paths,
-        &setup
-            .server_args(&store)
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-    );
-    let capi = Capi {
-        client: Client::new(&setup.certs.paths.ca_cert, None, false),
-        addr: server.hooks,
-    };
+    let (server, capi) = setup.serve_on_file_store();
     let flaky = flaky_node(&setup, &server, FIRST, 2);
     let broken = flaky_node(&setup, &server, SECOND, 5);
 

@@ -9,8 +9,7 @@ use crate::common;
 use std::time::Duration;
 
 use capi_sim::UpdateOutcome;
-use common::fleet::{Capi, Setup, update_request};
-use common::{Client, ServerProcess};
+use common::fleet::{Setup, update_request};
 use serde_json::{Value, json};
 
 const SETTLE: Duration = Duration::from_secs(60);
@@ -38,19 +37,8 @@ async fn an_update_waits_for_its_window_and_runs_once_it_opens() {
     let clock = setup.dir.path().join("clock");
     // Monday 2026-12-07 18:48 in Berlin: the window opens at 22:00 local.
     std::fs::write(&clock, unix_ms("2026-12-07T17:48:00Z")).unwrap();
-    let mut args = setup.server_args("memory:");
-    args.extend([
-        "--test-window-clock-file".to_owned(),
-        clock.display().to_string(),
-    ]);
-    let server = ServerProcess::start(
-        &setup.certs.paths,
-        &args.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
-    let capi = Capi {
-        client: Client::new(&setup.certs.paths.ca_cert, None, false),
-        addr: server.hooks,
-    };
+    let clock_arg = clock.display().to_string();
+    let (server, capi) = setup.serve("memory:", &["--test-window-clock-file", &clock_arg]);
     let agent = setup.agent(&server, NODE, true);
     let request = with_window(&update_request("update-machine-kcp.json", NODE), WINDOW);
     capi.judges(&request).await;

@@ -323,6 +323,27 @@ impl Setup {
         .to_vec()
     }
 
+    /// The server on `store` with this setup's arguments and `extra`, and a CAPI client of its hooks port.
+    pub fn serve(&self, store: &str, extra: &[&str]) -> (ServerProcess, Capi) {
+        let mut args = self.server_args(store);
+        args.extend(extra.iter().map(|arg| arg.to_string()));
+        let server = ServerProcess::start(
+            &self.certs.paths,
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
+        let capi = Capi {
+            client: Client::new(&self.certs.paths.ca_cert, None, false),
+            addr: server.hooks,
+        };
+        (server, capi)
+    }
+
+    /// [`Setup::serve`] on this setup's file store (`<dir>/data`), with no extra arguments.
+    pub fn serve_on_file_store(&self) -> (ServerProcess, Capi) {
+        let store = format!("file:{}", self.dir.path().join("data").display());
+        self.serve(&store, &[])
+    }
+
     /// A sandboxed control-plane (or worker) node at v1.33.4 with its agent polling `server`.
     pub fn agent(&self, server: &ServerProcess, name: &str, control_plane: bool) -> AgentProcess {
         let sandbox = Sandbox::create(&self.dir.path().join(name), "v1.33.4", control_plane)
