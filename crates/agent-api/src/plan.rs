@@ -130,6 +130,32 @@ pub enum StepAction {
         /// Kubernetes version, `v1.2.3`.
         version: String,
     },
+    /// Cordon the node (the agent records first that this plan cordoned it) and evict its pods through
+    /// the Eviction API (policy/v1), honouring PodDisruptionBudgets; DaemonSet and mirror pods stay. A
+    /// drain that does not finish within the step's timeout fails naming the pods that blocked it, and
+    /// the node stays cordoned (the operator decides).
+    #[serde(rename_all = "camelCase")]
+    DrainNode {
+        /// Also evict pods with emptyDir volumes (their emptyDir data is lost). Otherwise such pods
+        /// block the drain.
+        #[serde(default)]
+        delete_empty_dir_data: bool,
+        /// Also evict pods no controller owns (nothing recreates them). Otherwise such pods block the
+        /// drain.
+        #[serde(default)]
+        force_unmanaged: bool,
+    },
+    /// Wait until the Node is Ready and, when set, its kubelet reports this version (CAPI keeps the
+    /// Machine `UpToDate=False` until it does).
+    #[serde(rename_all = "camelCase")]
+    WaitNodeReady {
+        /// Kubernetes version, `v1.2.3`, the Node's `status.nodeInfo.kubeletVersion` must show.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kubelet_version: Option<String>,
+    },
+    /// Uncordon the node, only when a drainNode step of this plan cordoned it (a node an operator
+    /// cordoned stays cordoned).
+    UncordonNode,
     /// Any kind this build does not know (decoded from a newer server). The agent fails such a
     /// step with a clear message instead of refusing the whole plan.
     #[serde(other)]
@@ -148,6 +174,9 @@ impl StepAction {
             Self::InstallKubeadm { .. } => "installKubeadm",
             Self::KubeadmUpgrade { .. } => "kubeadmUpgrade",
             Self::InstallKubelet { .. } => "installKubelet",
+            Self::DrainNode { .. } => "drainNode",
+            Self::WaitNodeReady { .. } => "waitNodeReady",
+            Self::UncordonNode => "uncordonNode",
             Self::Unsupported => "unsupported",
         }
     }

@@ -290,6 +290,14 @@ pub fn validate_action(action: &StepAction) -> Result<(), String> {
                 Err(format!("version {version:?} is not of the form v1.2.3"))
             }
         }
+        StepAction::WaitNodeReady {
+            kubelet_version: Some(version),
+        } if !is_valid_kubernetes_version(version) => Err(format!(
+            "kubelet version {version:?} is not of the form v1.2.3"
+        )),
+        StepAction::DrainNode { .. }
+        | StepAction::WaitNodeReady { .. }
+        | StepAction::UncordonNode => Ok(()),
         StepAction::Unsupported => Err("step kind not supported by this agent".to_owned()),
     }
 }

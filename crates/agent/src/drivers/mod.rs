@@ -284,6 +284,12 @@ pub(crate) async fn execute(env: Arc<DriverEnv>, mut ctx: StepContext) -> StepRe
         action @ (StepAction::InstallKubeadm { .. }
         | StepAction::KubeadmUpgrade { .. }
         | StepAction::InstallKubelet { .. }) => kubernetes::run(&env, &mut ctx, &action).await,
+        // Node steps reach the agent only once the server plans them (issue 15, in progress).
+        StepAction::DrainNode { .. }
+        | StepAction::WaitNodeReady { .. }
+        | StepAction::UncordonNode => StepResult::failed(
+            "node steps (drainNode, waitNodeReady, uncordonNode) are not supported by this agent build",
+        ),
         StepAction::Unsupported => StepResult::failed("step kind not supported by this agent"),
     }
 }
