@@ -1,5 +1,5 @@
-//! Scenario `hooks`: our hook server (started in-process through `inplace_updater::server::run`, memory store,
-//! built-in policy) and the bare axum + rustls ceiling, each on its own runtime, driven in turn by the same
+//! Scenario `hooks`: our hook server (started in-process through `inplace_updater::server::run`, the default
+//! embedded `file:` store in a temporary directory unless `--store memory`, built-in policy) and the bare axum + rustls ceiling, each on its own runtime, driven in turn by the same
 //! closed-loop client: N kept-alive HTTP/1.1 connections over TLS posting the same bodies to the same paths.
 
 use std::net::SocketAddr;
@@ -61,6 +61,9 @@ pub struct HooksArgs {
     /// Drive only our server (for profiling it alone; no ratios then).
     #[arg(long)]
     ours_only: bool,
+    /// Our server's store: `file` (the default store, a fresh redb file in a temporary directory) or `memory`.
+    #[arg(long, default_value = "file", value_parser = ["file", "memory"])]
+    store: String,
 }
 
 /// Where a request kind's bodies come from.
@@ -298,6 +301,7 @@ where
 fn start_ours(
     certs: &inplace_updater::cmd::certs::DevCertPaths,
     threads: usize,
+    store_dir: Option<std::path::PathBuf>,
 ) -> anyhow::Result<Hosted> {
     let config = ServeConfig {
         tls: TlsFiles {
@@ -321,7 +325,16 @@ fn start_ours(
         let Ok((hooks, _, _)) = listeners.local_addrs() else {
             return;
         };
-        let store = Arc::new(inplace_store::memory::MemoryStore::new());
+        let store: Arc<dyn inplace_store::Store> = match store_dir {
+            None => Arc::new(inplace_store::memory::MemoryStore::new()),
+            Some(dir) => match inplace_store::file::FileStore::open(&dir).await {
+                Ok(store) => Arc::new(store),
+                Err(err) => {
+                    eprintln!("our server's store: {err}");
+                    return;
+                }
+            },
+        };
         let dispatcher = Dispatcher::new(store, DispatchConfig::default(), stop.clone());
         let services = Services {
             engine: Arc::new(Engine {
@@ -382,7 +395,8 @@ pub fn run(args: &HooksArgs) -> anyhow::Result<()> {
     let spec =
         inplace_updater::cmd::certs::DevCertsSpec::with_defaults(dir.path().into(), vec![], vec![]);
     let certs = inplace_updater::cmd::certs::write_dev_certs(&spec)?;
-    let ours = start_ours(&certs, args.server_threads)?;
+    let store_dir = (args.store == "file").then(|| dir.path().join("store"));
+    let ours = start_ours(&certs, args.server_threads, store_dir)?;
     let ceiling = start_ceiling(&certs, args.server_threads)?;
     let client = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -401,11 +415,12 @@ pub fn run(args: &HooksArgs) -> anyhow::Result<()> {
     let window = Duration::from_secs_f64(args.seconds.clamp(0.2, 120.0));
     println!(
         "hooks: {} connections, HTTP/1.1 keep-alive over TLS, {} round(s) × {:.1} s per kind per server; \
-         ours in-process (server::run, memory store, built-in policy, {} worker threads, logging {}), \
+         ours in-process (server::run, {} store, built-in policy, {} worker threads, logging {}), \
          ceiling: bare axum + rustls",
         args.connections,
         args.rounds,
         window.as_secs_f64(),
+        args.store,
         args.server_threads,
         if args.no_log { "off" } else { "on" }
     );

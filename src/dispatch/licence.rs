@@ -13,8 +13,8 @@ use super::records::{MachineRecord, RunView, update_key};
 use super::update::{UpdateRequest, plan_for};
 use super::verdicts::{
     ACCEPT_UNJUDGED_ANNOTATION, Granted, Judgement, REFUSAL_WARN_INTERVAL, REFUSALS_PREFIX,
-    Refusal, RefusalRecord, SET_NAME_LABEL, TEMPLATE_HASH_LABEL, VERDICTS_PREFIX, VerdictRecord,
-    judge, machine_set_verdict_key, machine_verdict_key, refusal_key,
+    Refusal, RefusalRecord, SET_NAME_LABEL, TEMPLATE_HASH_LABEL, VERDICT_REFRESH, VERDICTS_PREFIX,
+    VerdictRecord, judge, machine_set_verdict_key, machine_verdict_key, refusal_key,
 };
 use super::{DispatchError, Dispatcher, now_ms};
 
@@ -44,12 +44,26 @@ fn parse(
 }
 
 impl Dispatcher {
-    /// Records a verdict (a plain put: the latest judgement wins).
+    /// Records a verdict (a plain put: the latest judgement wins). A judgement equal to the stored one but
+    /// for its time is not written again while the stored one is younger than [`VERDICT_REFRESH`] (or half
+    /// of `--verdict-retention`, if shorter): CAPI asks CanUpdate again on every reconcile, and on the default
+    /// store each write is an fsync, while the read is served from memory.
     pub async fn record_verdict(
         &self,
         key: &str,
         record: &VerdictRecord,
     ) -> Result<(), DispatchError> {
+        let refresh = VERDICT_REFRESH.min(self.config.verdict_retention / 2);
+        if let Some(stored) = self.verdict(key).await?
+            && stored.judged_ms <= record.judged_ms
+            && u128::from(record.judged_ms - stored.judged_ms) < refresh.as_millis()
+            && (VerdictRecord {
+                judged_ms: record.judged_ms,
+                ..stored
+            }) == *record
+        {
+            return Ok(());
+        }
         self.put_any(key, record).await
     }
 

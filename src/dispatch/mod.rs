@@ -51,7 +51,9 @@ pub use retry::{
 pub use status::{StatusRow, StatusState};
 pub(crate) use update::ago;
 pub use update::{UpdateAnswer, UpdateRequest, plan_for};
-pub use verdicts::{DEFAULT_VERDICT_RETENTION, RefusalReason, VerdictHook, VerdictRecord};
+pub use verdicts::{
+    DEFAULT_VERDICT_RETENTION, RefusalReason, VERDICT_REFRESH, VerdictHook, VerdictRecord,
+};
 pub use window::WindowClock;
 
 /// How many times a compare-and-swap is retried against concurrent writers before giving up.

@@ -345,3 +345,57 @@ async fn verdicts_and_refusals_expire() {
     assert!(d.store().list("verdicts/").await.unwrap().is_empty());
     assert!(d.store().list("refusals/").await.unwrap().is_empty());
 }
+
+/// CAPI re-asks CanUpdate on every reconcile: the same judgement is not written again (no fsync per call on
+/// the default store) until the stored one is `VERDICT_REFRESH` old; a different judgement is written at once.
+#[tokio::test]
+async fn a_repeated_judgement_is_written_once_per_refresh_interval() {
+    let d = dispatcher(memory().await);
+    let r = request("m-1", false, "v1.34.1", "hi");
+    let key = machine_verdict_key(&r.facts.machine);
+    let first = verdict_for(&r, true);
+    d.record_verdict(&key, &first).await.unwrap();
+    let revision = |d: &Dispatcher| {
+        let key = key.clone();
+        let store = d.store().clone();
+        async move { store.get(&key).await.unwrap().unwrap().revision }
+    };
+    let written = revision(&d).await;
+
+    let minute_later = VerdictRecord {
+        judged_ms: first.judged_ms + 60_000,
+        ..first.clone()
+    };
+    d.record_verdict(&key, &minute_later).await.unwrap();
+    assert_eq!(
+        revision(&d).await,
+        written,
+        "an identical judgement was written again"
+    );
+    assert_eq!(stored_verdict(&d, &key).await.judged_ms, first.judged_ms);
+
+    let other = verdict_for(&r, false);
+    d.record_verdict(&key, &other).await.unwrap();
+    assert_ne!(
+        revision(&d).await,
+        written,
+        "a changed judgement was not written"
+    );
+    let written = revision(&d).await;
+
+    let hour_later = VerdictRecord {
+        judged_ms: other.judged_ms + VERDICT_REFRESH.as_millis() as u64,
+        ..other.clone()
+    };
+    d.record_verdict(&key, &hour_later).await.unwrap();
+    assert_ne!(revision(&d).await, written, "the time was never refreshed");
+    assert_eq!(
+        stored_verdict(&d, &key).await.judged_ms,
+        hour_later.judged_ms
+    );
+}
+
+async fn stored_verdict(d: &Dispatcher, key: &str) -> VerdictRecord {
+    let entry = d.store().get(key).await.unwrap().unwrap();
+    serde_json::from_slice(&entry.value).unwrap()
+}

@@ -19,6 +19,10 @@ use serde::{Deserialize, Serialize};
 
 /// Default time a verdict is kept: longer than CAPI's 24 h cache of CanUpdateMachineSet answers.
 pub const DEFAULT_VERDICT_RETENTION: Duration = Duration::from_secs(72 * 3600);
+/// A CanUpdate judgement identical to the stored one is written again (its time refreshed) only once the
+/// stored one is this old: between refreshes a verdict's time is that of the first of the identical
+/// judgements, so `--verdict-retention` counts from at most this long before the latest one.
+pub const VERDICT_REFRESH: Duration = Duration::from_secs(3600);
 /// Accepted (and rejected) paths a verdict record lists for operators; the rest are counted.
 pub const MAX_VERDICT_PATHS: usize = 64;
 /// Longest path shown in a verdict record or a refusal, in characters (longer ones are cut with `…`).
