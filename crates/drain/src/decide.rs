@@ -193,7 +193,11 @@ pub fn plan(pods: &[PodFacts], options: DrainOptions) -> Vec<(PodFacts, Verdict)
 
 /// `a/x, b/y and 3 more`: at most [`MAX_PODS_NAMED`] names.
 pub fn name_pods(keys: &[String]) -> String {
-    let shown: Vec<&str> = keys.iter().take(MAX_PODS_NAMED).map(String::as_str).collect();
+    let shown: Vec<&str> = keys
+        .iter()
+        .take(MAX_PODS_NAMED)
+        .map(String::as_str)
+        .collect();
     let mut text = shown.join(", ");
     if keys.len() > MAX_PODS_NAMED {
         text.push_str(&format!(" and {} more", keys.len() - MAX_PODS_NAMED));
@@ -242,7 +246,9 @@ pub fn progress_text(node: &str, remaining: &[String], waiting: Option<&Waiting>
             ", {pod} is covered by more than one PDB (eviction refused; retrying)"
         )),
         Some(Waiting::Terminating) => text.push_str(", waiting for evicted pods to terminate"),
-        Some(Waiting::Other(message)) => text.push_str(&format!(", last eviction error: {message}")),
+        Some(Waiting::Other(message)) => {
+            text.push_str(&format!(", last eviction error: {message}"))
+        }
         None => {}
     }
     bound(text)

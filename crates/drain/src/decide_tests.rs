@@ -26,73 +26,122 @@ fn classify_table() {
         ("replicaset pod is evicted", pod("a"), none, Verdict::Evict),
         (
             "daemonset pod is skipped",
-            PodFacts { controller_kind: Some("DaemonSet".into()), ..pod("a") },
+            PodFacts {
+                controller_kind: Some("DaemonSet".into()),
+                ..pod("a")
+            },
             none,
             Verdict::Skip(SkipReason::DaemonSet),
         ),
         (
             "daemonset pod with emptyDir is still skipped",
-            PodFacts { controller_kind: Some("DaemonSet".into()), empty_dir: true, ..pod("a") },
+            PodFacts {
+                controller_kind: Some("DaemonSet".into()),
+                empty_dir: true,
+                ..pod("a")
+            },
             none,
             Verdict::Skip(SkipReason::DaemonSet),
         ),
         (
             "mirror (static) pod is skipped, even without a controller",
-            PodFacts { mirror: true, controller_kind: None, ..pod("a") },
+            PodFacts {
+                mirror: true,
+                controller_kind: None,
+                ..pod("a")
+            },
             none,
             Verdict::Skip(SkipReason::Mirror),
         ),
         (
             "succeeded pod needs no eviction",
-            PodFacts { phase: Some("Succeeded".into()), controller_kind: None, ..pod("a") },
+            PodFacts {
+                phase: Some("Succeeded".into()),
+                controller_kind: None,
+                ..pod("a")
+            },
             none,
             Verdict::Skip(SkipReason::Finished),
         ),
         (
             "failed pod with emptyDir needs no eviction",
-            PodFacts { phase: Some("Failed".into()), empty_dir: true, ..pod("a") },
+            PodFacts {
+                phase: Some("Failed".into()),
+                empty_dir: true,
+                ..pod("a")
+            },
             none,
             Verdict::Skip(SkipReason::Finished),
         ),
         (
             "drain label skip",
-            PodFacts { skip_label: true, controller_kind: None, ..pod("a") },
+            PodFacts {
+                skip_label: true,
+                controller_kind: None,
+                ..pod("a")
+            },
             none,
             Verdict::Skip(SkipReason::Label),
         ),
         (
             "pod being deleted is waited for",
-            PodFacts { deleting: true, ..pod("a") },
+            PodFacts {
+                deleting: true,
+                ..pod("a")
+            },
             none,
             Verdict::WaitDeleting,
         ),
         (
             "emptyDir blocks without the option",
-            PodFacts { empty_dir: true, ..pod("a") },
+            PodFacts {
+                empty_dir: true,
+                ..pod("a")
+            },
             none,
             Verdict::Block(BlockReason::EmptyDir),
         ),
         (
             "emptyDir evicted with deleteEmptyDirData",
-            PodFacts { empty_dir: true, ..pod("a") },
-            DrainOptions { delete_empty_dir_data: true, force_unmanaged: false },
+            PodFacts {
+                empty_dir: true,
+                ..pod("a")
+            },
+            DrainOptions {
+                delete_empty_dir_data: true,
+                force_unmanaged: false,
+            },
             Verdict::Evict,
         ),
         (
             "unmanaged blocks without the option",
-            PodFacts { controller_kind: None, ..pod("a") },
-            DrainOptions { delete_empty_dir_data: true, force_unmanaged: false },
+            PodFacts {
+                controller_kind: None,
+                ..pod("a")
+            },
+            DrainOptions {
+                delete_empty_dir_data: true,
+                force_unmanaged: false,
+            },
             Verdict::Block(BlockReason::Unmanaged),
         ),
         (
             "unmanaged with emptyDir names emptyDir first",
-            PodFacts { controller_kind: None, empty_dir: true, ..pod("a") },
+            PodFacts {
+                controller_kind: None,
+                empty_dir: true,
+                ..pod("a")
+            },
             none,
             Verdict::Block(BlockReason::EmptyDir),
         ),
         (
             "unmanaged with emptyDir evicted with both options",
-            PodFacts { controller_kind: None, empty_dir: true, ..pod("a") },
+            PodFacts {
+                controller_kind: None,
+                empty_dir: true,
+                ..pod("a")
+            },
             both,
             Verdict::Evict,
         ),
@@ -136,8 +185,14 @@ fn facts_from_api_pod() {
 #[test]
 fn plan_sorts_by_namespace_then_name_and_drops_skips() {
     let pods = vec![
-        PodFacts { namespace: "b".into(), ..pod("a") },
-        PodFacts { controller_kind: Some("DaemonSet".into()), ..pod("0-ds") },
+        PodFacts {
+            namespace: "b".into(),
+            ..pod("a")
+        },
+        PodFacts {
+            controller_kind: Some("DaemonSet".into()),
+            ..pod("0-ds")
+        },
         pod("z"),
         pod("c"),
     ];
@@ -168,14 +223,20 @@ fn progress_texts() {
     for (remaining, waiting, want) in cases {
         assert_eq!(progress_text("node-a", remaining, waiting.as_ref()), want);
     }
-    let long: Vec<String> = (0..3).map(|i| format!("ns/{}{i}", "x".repeat(300))).collect();
+    let long: Vec<String> = (0..3)
+        .map(|i| format!("ns/{}{i}", "x".repeat(300)))
+        .collect();
     let text = progress_text("node-a", &long, Some(&Waiting::Other("é".repeat(300))));
     assert!(text.len() <= MAX_SUMMARY_BYTES, "{}", text.len());
 }
 
 #[test]
 fn pdb_named_in_refusal() {
-    let causes = vec!["The disruption budget web-pdb needs 2 healthy pods and has 2 currently".to_owned()];
-    assert_eq!(pdb_from_refusal("web", &causes).as_deref(), Some("web/web-pdb"));
+    let causes =
+        vec!["The disruption budget web-pdb needs 2 healthy pods and has 2 currently".to_owned()];
+    assert_eq!(
+        pdb_from_refusal("web", &causes).as_deref(),
+        Some("web/web-pdb")
+    );
     assert_eq!(pdb_from_refusal("web", &["other".to_owned()]), None);
 }

@@ -5,3 +5,9 @@
 //! does the calls; `fake` (feature `test-support`) is a TLS fake of those calls for tests.
 
 pub mod decide;
+pub mod drainer;
+
+pub use decide::DrainOptions;
+pub use drainer::{DrainError, DrainSummary, Drainer, Timing, client_from_kubeconfig};
+#[cfg(feature = "test-support")]
+pub mod fake;
