@@ -24,7 +24,8 @@ pub struct NodeConfig {
     /// Node path (under `--root`) of the kubeconfig the node steps use: the kubelet's own.
     #[serde(default = "default_kubeconfig")]
     pub kubeconfig: String,
-    /// The Node object's name. Default: the host name.
+    /// The Node object's name. Default: the host name the inventory reports
+    /// (`<root>/proc/sys/kernel/hostname`, else `<root>/etc/hostname`).
     #[serde(default)]
     pub name: Option<String>,
     /// Milliseconds between two looks at the node's pods or its Ready condition.
@@ -77,16 +78,6 @@ impl NodeConfig {
             }
         }
         Ok(())
-    }
-
-    /// The node's name: `name`, else the host name.
-    pub fn node_name(&self) -> String {
-        self.name.clone().unwrap_or_else(|| {
-            rustix::system::uname()
-                .nodename()
-                .to_string_lossy()
-                .into_owned()
-        })
     }
 
     /// The drainer's timing.

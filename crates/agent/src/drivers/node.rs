@@ -19,6 +19,7 @@ use tokio::sync::watch;
 
 use super::{DriverEnv, DriverOutcome, StepContext, StepResult, blocking_value};
 use crate::fsutil::{read_journal, remove_file, write_journal};
+use crate::inventory::read_fact;
 
 /// The cordon journal's file name in the state dir.
 const CORDON_JOURNAL: &str = "cordon.json";
@@ -63,10 +64,20 @@ async fn drainer(env: &DriverEnv, kind: &str) -> Result<Drainer, StepResult> {
         )));
     };
     let path = env.fs.path(&node.kubeconfig).map_err(StepResult::failed)?;
+    let name = node
+        .name
+        .clone()
+        .or_else(|| read_fact(env, "/proc/sys/kernel/hostname"))
+        .or_else(|| read_fact(env, "/etc/hostname"))
+        .ok_or_else(|| {
+            StepResult::failed(format!(
+                "{kind}: node.name is not set and no host name is readable under --root"
+            ))
+        })?;
     let client = client_from_kubeconfig(&path)
         .await
         .map_err(|e| StepResult::failed(format!("{kind}: node.kubeconfig: {e}")))?;
-    Ok(Drainer::new(client, node.node_name(), node.timing()))
+    Ok(Drainer::new(client, name, node.timing()))
 }
 
 fn interrupted() -> StepResult {
