@@ -88,3 +88,37 @@ impl NodeConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use crate::DriverConfig;
+
+    #[test]
+    fn defaults_and_bounds() {
+        let config = DriverConfig::from_yaml("node: {}\n").unwrap();
+        let node = config.node.unwrap();
+        assert_eq!(node.kubeconfig, super::DEFAULT_NODE_KUBECONFIG);
+        assert_eq!(node.name, None);
+        assert_eq!(
+            node.timing().poll_interval.as_millis(),
+            u128::from(super::DEFAULT_NODE_POLL_MILLIS)
+        );
+        assert!(DriverConfig::from_yaml("").unwrap().node.is_none());
+        let cases = [
+            ("node: {pollIntervalMillis: 10}", "node.pollIntervalMillis"),
+            (
+                "node: {evictionRetryMillis: 600000}",
+                "node.evictionRetryMillis",
+            ),
+            ("node: {kubeconfig: kubelet.conf}", "node.kubeconfig"),
+            ("node: {name: Node_A}", "node.name"),
+            ("node: {kubeconfg: /x}", "unknown field"),
+        ];
+        for (yaml, want) in cases {
+            let err = DriverConfig::from_yaml(yaml).unwrap_err().to_string();
+            assert!(err.contains(want), "{yaml}: {err}");
+        }
+    }
+}
