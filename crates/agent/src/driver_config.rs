@@ -8,6 +8,7 @@ use std::path::Path;
 use inplace_agent_api::is_valid_kubernetes_version;
 use serde::Deserialize;
 
+pub use crate::node_config::NodeConfig;
 use crate::retry::RetryPolicy;
 pub use crate::sequence_command::SequenceCommand;
 use crate::template;
@@ -57,6 +58,9 @@ pub struct DriverConfig {
     /// Commands whose output goes into the inventory report.
     #[serde(default)]
     pub inventory: InventoryConfig,
+    /// The node steps' API access (drainNode, waitNodeReady, uncordonNode); they fail without it.
+    #[serde(default)]
+    pub node: Option<NodeConfig>,
 }
 
 impl Default for DriverConfig {
@@ -70,6 +74,7 @@ impl Default for DriverConfig {
             ntp: NtpConfig::default(),
             etcd: EtcdConfig::default(),
             inventory: InventoryConfig::default(),
+            node: None,
         }
     }
 }
@@ -419,6 +424,9 @@ impl DriverConfig {
             ("etcd.manifest", self.etcd.manifest.clone()),
         ] {
             check_node_path(&path).map_err(|e| invalid(format!("{key}: {e}")))?;
+        }
+        if let Some(node) = &self.node {
+            node.validate().map_err(invalid)?;
         }
         Ok(())
     }

@@ -24,7 +24,7 @@ pub(crate) fn boot_id(env: &DriverEnv) -> Option<String> {
     read_fact(env, "/proc/sys/kernel/random/boot_id")
 }
 
-fn read_fact(env: &DriverEnv, node_path: &str) -> Option<String> {
+pub(crate) fn read_fact(env: &DriverEnv, node_path: &str) -> Option<String> {
     let path = env.fs.path(node_path).ok()?;
     let bytes = read_optional(&path, crate::limits::MAX_NODE_FACT_BYTES)
         .ok()

@@ -18,6 +18,7 @@ mod executor;
 mod fsutil;
 mod inventory;
 mod limits;
+mod node_config;
 mod retry;
 mod sequence_command;
 mod state;
@@ -37,10 +38,15 @@ pub use driver_config::{
     Check, CommandSequence, CommandSpec, ConfigError, DriverConfig, EtcdConfig, InventoryConfig,
     KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES, NtpConfig, NtpFlavor, SequenceCommand,
 };
+pub use drivers::NODE_STEP_DEADLINE_GRACE;
 pub use executor::MAX_STEP_ATTEMPTS;
 pub use inplace_agent_api as api;
 pub use inventory::{AGENT_VERSION, INVENTORY_COMMAND_TIMEOUT};
 pub use limits::*;
+pub use node_config::{
+    DEFAULT_EVICTION_RETRY_MILLIS, DEFAULT_NODE_KUBECONFIG, DEFAULT_NODE_POLL_MILLIS,
+    MAX_NODE_INTERVAL_MILLIS, MIN_NODE_INTERVAL_MILLIS, NodeConfig,
+};
 pub use retry::{MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY_SECONDS, RetryPolicy};
 pub use state::{MAX_OUTBOX, StateError};
 

@@ -6,6 +6,7 @@ mod etcd;
 mod files;
 mod kubelet;
 mod kubernetes;
+mod node;
 mod ntp;
 mod ssh;
 
@@ -22,6 +23,8 @@ use crate::driver_config::DriverConfig;
 use crate::fsutil::{RootFs, euid};
 use crate::state::SequenceProgress;
 use crate::unfinished;
+
+pub use node::NODE_STEP_DEADLINE_GRACE;
 
 /// `unfinished.json` key of the ntp driver's restart: set before the drop-in changes, cleared
 /// after the restart succeeded.
@@ -284,12 +287,20 @@ pub(crate) async fn execute(env: Arc<DriverEnv>, mut ctx: StepContext) -> StepRe
         action @ (StepAction::InstallKubeadm { .. }
         | StepAction::KubeadmUpgrade { .. }
         | StepAction::InstallKubelet { .. }) => kubernetes::run(&env, &mut ctx, &action).await,
-        // Node steps reach the agent only once the server plans them (issue 15, in progress).
-        StepAction::DrainNode { .. }
-        | StepAction::WaitNodeReady { .. }
-        | StepAction::UncordonNode => StepResult::failed(
-            "node steps (drainNode, waitNodeReady, uncordonNode) are not supported by this agent build",
-        ),
+        StepAction::DrainNode {
+            delete_empty_dir_data,
+            force_unmanaged,
+        } => {
+            let options = inplace_drain::DrainOptions {
+                delete_empty_dir_data,
+                force_unmanaged,
+            };
+            node::drain(&env, &mut ctx, options).await
+        }
+        StepAction::WaitNodeReady { kubelet_version } => {
+            node::wait_ready(&env, &mut ctx, kubelet_version).await
+        }
+        StepAction::UncordonNode => node::uncordon(&env, &mut ctx).await,
         StepAction::Unsupported => StepResult::failed("step kind not supported by this agent"),
     }
 }

@@ -3,5 +3,6 @@
 
 mod common;
 mod holds;
+mod node_steps;
 mod pull_loop;
 mod restarts;

@@ -1,0 +1,368 @@
+//! The fake API server's objects and its answers to each call, as plain data and JSON (the
+//! HTTP/TLS side is in `mod.rs`). Answers follow the documented API: Eviction 429 while a
+//! PodDisruptionBudget allows no disruption, 500 for a pod more than one budget covers, 404 for a
+//! pod that is gone, 201 otherwise; an evicted pod disappears after the node's eviction delay.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// The one Node the fake serves.
+#[derive(Clone, Debug)]
+pub struct FakeNode {
+    /// `metadata.name`.
+    pub name: String,
+    /// `Ready` condition `True` (else `False`, reason `KubeletNotReady`).
+    pub ready: bool,
+    /// `status.nodeInfo.kubeletVersion` (unless `kubelet_version_file` says otherwise).
+    pub kubelet_version: String,
+    /// When set and readable, its trimmed content is the kubelet version at every Node read: a
+    /// sandbox's fake `install kubelet` command writes it.
+    pub kubelet_version_file: Option<PathBuf>,
+    /// `spec.unschedulable` at start (an operator's cordon).
+    pub unschedulable: bool,
+    /// How long an evicted pod stays (terminating) before it is gone.
+    pub eviction_delay: Duration,
+}
+
+impl FakeNode {
+    /// A Ready, schedulable node at kubelet `v1.33.0`, evicted pods gone at once.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            ready: true,
+            kubelet_version: "v1.33.0".into(),
+            kubelet_version_file: None,
+            unschedulable: false,
+            eviction_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// A pod on the fake node.
+#[derive(Clone, Debug)]
+pub struct FakePod {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Kind of its controller owner (`None`: unmanaged).
+    pub owner_kind: Option<String>,
+    /// Has an `emptyDir` volume.
+    pub empty_dir: bool,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// `status.phase`.
+    pub phase: String,
+    /// Deleted by someone else just before its eviction arrives: listed, then the eviction gets 404.
+    pub vanishes: bool,
+}
+
+impl FakePod {
+    /// A running pod owned by a ReplicaSet, no volumes, no labels.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            owner_kind: Some("ReplicaSet".into()),
+            empty_dir: false,
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            phase: "Running".into(),
+            vanishes: false,
+        }
+    }
+
+    /// With this controller kind (`None`: unmanaged).
+    pub fn owner(mut self, kind: Option<&str>) -> Self {
+        self.owner_kind = kind.map(str::to_owned);
+        self
+    }
+
+    /// With an `emptyDir` volume.
+    pub fn empty_dir(mut self) -> Self {
+        self.empty_dir = true;
+        self
+    }
+
+    /// With a label.
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+
+    /// With an annotation.
+    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.annotations.insert(key.into(), value.into());
+        self
+    }
+
+    /// In this phase.
+    pub fn phase(mut self, phase: &str) -> Self {
+        self.phase = phase.into();
+        self
+    }
+
+    /// Deleted by someone else just before its eviction arrives (the eviction gets 404).
+    pub fn vanishes(mut self) -> Self {
+        self.vanishes = true;
+        self
+    }
+
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// How long a budget refuses evictions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PdbBlock {
+    /// The next N evictions of its pods are refused, later ones allowed.
+    Attempts(u32),
+    /// Refused until [`super::FakeApiServer::release_pdb`].
+    UntilReleased,
+}
+
+/// A PodDisruptionBudget selecting pods by labels in its namespace.
+#[derive(Clone, Debug)]
+pub struct FakePdb {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// `spec.selector.matchLabels` (empty: every pod of the namespace).
+    pub match_labels: BTreeMap<String, String>,
+    /// When it refuses.
+    pub block: PdbBlock,
+}
+
+/// One eviction the fake answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EvictionRecord {
+    /// `namespace/name`.
+    pub pod: String,
+    /// HTTP status answered.
+    pub status: u16,
+}
+
+pub(super) struct StoredPod {
+    pub pod: FakePod,
+    pub uid: String,
+    pub gone_at: Option<Instant>,
+}
+
+/// Everything the fake knows.
+pub(super) struct Model {
+    pub node: FakeNode,
+    pub pods: Vec<StoredPod>,
+    pub pdbs: Vec<(FakePdb, bool)>,
+    pub patches: Vec<Option<bool>>,
+    pub evictions: Vec<EvictionRecord>,
+    pub next_uid: u64,
+}
+
+impl Model {
+    pub fn new(node: FakeNode) -> Self {
+        Self {
+            node,
+            pods: Vec::new(),
+            pdbs: Vec::new(),
+            patches: Vec::new(),
+            evictions: Vec::new(),
+            next_uid: 1,
+        }
+    }
+
+    /// Drops pods whose eviction delay passed.
+    pub fn purge(&mut self) {
+        let now = Instant::now();
+        self.pods.retain(|p| p.gone_at.is_none_or(|at| at > now));
+    }
+
+    pub fn add_pod(&mut self, pod: FakePod) {
+        let uid = format!("uid-{}", self.next_uid);
+        self.next_uid += 1;
+        self.pods.retain(|p| p.pod.key() != pod.key());
+        self.pods.push(StoredPod {
+            pod,
+            uid,
+            gone_at: None,
+        });
+    }
+
+    fn kubelet_version(&self) -> String {
+        self.node
+            .kubelet_version_file
+            .as_ref()
+            .and_then(|f| std::fs::read_to_string(f).ok())
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| self.node.kubelet_version.clone())
+    }
+
+    pub fn node_json(&self) -> Value {
+        let (status, reason) = if self.node.ready {
+            ("True", "KubeletReady")
+        } else {
+            ("False", "KubeletNotReady")
+        };
+        let mut spec = json!({});
+        if self.node.unschedulable {
+            spec["unschedulable"] = json!(true);
+        }
+        json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": self.node.name, "uid": "node-uid", "resourceVersion": "1"},
+            "spec": spec,
+            "status": {
+                "conditions": [{"type": "Ready", "status": status, "reason": reason}],
+                "nodeInfo": {
+                    "architecture": "amd64", "bootID": "b", "containerRuntimeVersion": "fake://1",
+                    "kernelVersion": "6", "kubeProxyVersion": "", "kubeletVersion": self.kubelet_version(),
+                    "machineID": "m", "operatingSystem": "linux", "osImage": "fake", "systemUUID": "s"
+                }
+            }
+        })
+    }
+
+    /// Applies a merge patch's `spec.unschedulable` (recorded: true, false, or null = None).
+    pub fn patch_node(&mut self, patch: &Value) {
+        if let Some(value) = patch.get("spec").and_then(|s| s.get("unschedulable")) {
+            let value = value.as_bool();
+            self.patches.push(value);
+            self.node.unschedulable = value.unwrap_or(false);
+        }
+    }
+
+    pub fn pod_json(&self, stored: &StoredPod) -> Value {
+        let pod = &stored.pod;
+        let mut meta = json!({
+            "name": pod.name, "namespace": pod.namespace, "uid": stored.uid, "resourceVersion": "1",
+            "labels": pod.labels, "annotations": pod.annotations,
+        });
+        if let Some(kind) = &pod.owner_kind {
+            meta["ownerReferences"] = json!([{
+                "apiVersion": "apps/v1", "kind": kind, "name": "owner", "uid": "owner-uid", "controller": true
+            }]);
+        }
+        if stored.gone_at.is_some() {
+            meta["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        }
+        let volumes = if pod.empty_dir {
+            json!([{"name": "scratch", "emptyDir": {}}])
+        } else {
+            json!([])
+        };
+        json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": self.node.name, "containers": [{"name": "c", "image": "fake"}], "volumes": volumes},
+            "status": {"phase": pod.phase}
+        })
+    }
+
+    /// Answers an eviction of `namespace/name`: (status, body).
+    pub fn evict(&mut self, namespace: &str, name: &str) -> (u16, Value) {
+        let key = format!("{namespace}/{name}");
+        let answer = self.evict_answer(namespace, name);
+        self.evictions.push(EvictionRecord {
+            pod: key,
+            status: answer.0,
+        });
+        answer
+    }
+
+    fn evict_answer(&mut self, namespace: &str, name: &str) -> (u16, Value) {
+        let Some(index) = self
+            .pods
+            .iter()
+            .position(|p| p.pod.namespace == namespace && p.pod.name == name)
+        else {
+            return status(
+                404,
+                "NotFound",
+                &format!("pods \"{name}\" not found"),
+                json!(null),
+            );
+        };
+        if self.pods[index].pod.vanishes {
+            self.pods.remove(index);
+            return status(
+                404,
+                "NotFound",
+                &format!("pods \"{name}\" not found"),
+                json!(null),
+            );
+        }
+        let labels = self.pods[index].pod.labels.clone();
+        let covering: Vec<usize> = self
+            .pdbs
+            .iter()
+            .enumerate()
+            .filter(|(_, (pdb, _))| {
+                pdb.namespace == namespace
+                    && pdb
+                        .match_labels
+                        .iter()
+                        .all(|(k, v)| labels.get(k) == Some(v))
+            })
+            .map(|(i, _)| i)
+            .collect();
+        if covering.len() > 1 {
+            return status(
+                500,
+                "InternalError",
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+                json!(null),
+            );
+        }
+        if let Some(&i) = covering.first() {
+            let (pdb, released) = &mut self.pdbs[i];
+            let refuse = match &mut pdb.block {
+                _ if *released => false,
+                PdbBlock::UntilReleased => true,
+                PdbBlock::Attempts(0) => false,
+                PdbBlock::Attempts(n) => {
+                    *n -= 1;
+                    true
+                }
+            };
+            if refuse {
+                let cause = format!(
+                    "The disruption budget {} needs 1 healthy pods and has 1 currently",
+                    pdb.name
+                );
+                return status(
+                    429,
+                    "TooManyRequests",
+                    "Cannot evict pod as it would violate the pod's disruption budget.",
+                    json!({"causes": [{"reason": "DisruptionBudget", "message": cause}]}),
+                );
+            }
+        }
+        let pod = &mut self.pods[index];
+        if pod.gone_at.is_none() {
+            pod.gone_at = Some(Instant::now() + self.node.eviction_delay);
+        }
+        (
+            201,
+            json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}),
+        )
+    }
+}
+
+/// A `Status` object as the API server sends with errors.
+pub(super) fn status(code: u16, reason: &str, message: &str, details: Value) -> (u16, Value) {
+    let mut body = json!({
+        "apiVersion": "v1", "kind": "Status", "status": "Failure",
+        "message": message, "reason": reason, "code": code,
+    });
+    if !details.is_null() {
+        body["details"] = details;
+    }
+    (code, body)
+}
