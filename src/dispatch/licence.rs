@@ -10,13 +10,14 @@ use inplace_store::{Precondition, Write};
 use serde_json::Value;
 
 use super::records::{MachineRecord, RunView, update_key};
-use super::update::{UpdateRequest, plan_for};
+use super::update::{UpdateRequest, node_change_of, plan_for, plan_id_without_node_steps};
 use super::verdicts::{
     ACCEPT_UNJUDGED_ANNOTATION, Granted, Judgement, REFUSAL_WARN_INTERVAL, REFUSALS_PREFIX,
     Refusal, RefusalRecord, SET_NAME_LABEL, TEMPLATE_HASH_LABEL, VERDICTS_PREFIX, VerdictRecord,
     judge, machine_set_verdict_key, machine_verdict_key, refusal_key,
 };
 use super::{DispatchError, Dispatcher, now_ms};
+use inplace_core::drain::NodeChange;
 
 /// Whether a new run may be recorded for a desired state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +26,8 @@ pub(super) enum Licence {
     Granted {
         /// The desired state's fingerprint.
         fingerprint: String,
+        /// What the verdict that granted it judged the change to do to the node (for the drain), when known.
+        change: Option<NodeChange>,
     },
     /// No: answer this.
     Refused(Refusal),
@@ -112,8 +115,13 @@ impl Dispatcher {
         ));
         let fingerprint = desired.fingerprint.clone();
         // The state this Machine's run was licensed for: CAPI asking again with other metadata or spelling.
-        if existing.is_some_and(|r| r.licensed.as_deref() == Some(fingerprint.as_str())) {
-            return Ok(Licence::Granted { fingerprint });
+        if let Some(record) =
+            existing.filter(|r| r.licensed.as_deref() == Some(fingerprint.as_str()))
+        {
+            return Ok(Licence::Granted {
+                fingerprint,
+                change: record.node_change.clone(),
+            });
         }
         let facts = &request.facts;
         let verdict = self.verdict_for(&facts.machine, &machine).await?;
@@ -129,7 +137,10 @@ impl Dispatcher {
             retention: self.config.verdict_retention,
         };
         match judge(&judgement) {
-            Ok(Granted::ByVerdict) => Ok(Licence::Granted { fingerprint }),
+            Ok(Granted::ByVerdict) => Ok(Licence::Granted {
+                fingerprint,
+                change: verdict.and_then(|v| v.node_change),
+            }),
             Ok(Granted::ByOperator) => {
                 tracing::warn!(
                     machine = %facts.machine,
@@ -137,7 +148,10 @@ impl Dispatcher {
                     "an operator accepted a desired state no CanUpdate answer judged ({ACCEPT_UNJUDGED_ANNOTATION}); \
                      running what the agent manages"
                 );
-                Ok(Licence::Granted { fingerprint })
+                Ok(Licence::Granted {
+                    fingerprint,
+                    change: None,
+                })
             }
             Err(refusal) => {
                 if self.legacy_run_continues(request, existing, mode).await {
@@ -145,7 +159,10 @@ impl Dispatcher {
                         machine = %facts.machine,
                         "run recorded by a version without verdicts continues for the same desired state"
                     );
-                    return Ok(Licence::Granted { fingerprint });
+                    return Ok(Licence::Granted {
+                        fingerprint,
+                        change: None,
+                    });
                 }
                 self.note_refusal(facts, &refusal).await;
                 Ok(Licence::Refused(refusal))
@@ -164,7 +181,10 @@ impl Dispatcher {
         let Some(record) = existing.filter(|r| r.licensed.is_none()) else {
             return false;
         };
-        if plan_for(request, mode).ok().map(|plan| plan.id) != Some(record.state_hash.clone()) {
+        let Ok(plan) = plan_for(request, mode, &node_change_of(request, None, Some(record))) else {
+            return false;
+        };
+        if !record.converges_to(&plan.id, || plan_id_without_node_steps(request, mode)) {
             return false;
         }
         let key = update_key(&request.facts.machine, &record.run_id);

@@ -351,6 +351,8 @@ fn parse_machine(rest: &str) -> Option<MachineRef> {
 }
 
 #[cfg(test)]
+mod drain_tests;
+#[cfg(test)]
 mod hold_tests;
 #[cfg(test)]
 mod observe_tests;
