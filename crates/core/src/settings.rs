@@ -1,5 +1,6 @@
 //! The ExtensionConfig `spec.settings` this updater reads (CAPI copies them into every request).
-//! They can only narrow the policy for one registration, never widen it.
+//! They can only narrow what the policy accepts in place for one registration, never widen it; the `drain*` settings
+//! replace the policy's drain defaults ([`crate::drain`]).
 
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
