@@ -159,9 +159,10 @@ impl Dispatcher {
                         machine = %facts.machine,
                         "run recorded by a version without verdicts continues for the same desired state"
                     );
+                    // That run is of this very state: what its record knows of the change holds.
                     return Ok(Licence::Granted {
                         fingerprint,
-                        change: None,
+                        change: existing.and_then(|r| r.node_change.clone()),
                     });
                 }
                 self.note_refusal(facts, &refusal).await;
@@ -181,7 +182,11 @@ impl Dispatcher {
         let Some(record) = existing.filter(|r| r.licensed.is_none()) else {
             return false;
         };
-        let Ok(plan) = plan_for(request, mode, &node_change_of(request, None, Some(record))) else {
+        let Ok(plan) = plan_for(
+            request,
+            mode,
+            &node_change_of(request, record.node_change.as_ref()),
+        ) else {
             return false;
         };
         if !record.converges_to(&plan.id, || plan_id_without_node_steps(request, mode)) {

@@ -161,15 +161,10 @@ pub(super) fn plan_id_without_node_steps(
     build_plan(request, mode, None).ok().map(|plan| plan.id)
 }
 
-/// What the request's plan drains for: the change the licence (or the Machine's record) carries, else
-/// [`NodeChange::unknown`].
-pub(super) fn node_change_of(
-    request: &UpdateRequest,
-    licensed: Option<&NodeChange>,
-    record: Option<&MachineRecord>,
-) -> NodeChange {
-    licensed
-        .or_else(|| record.and_then(|r| r.node_change.as_ref()))
+/// What the request's plan drains for: the change a judgement of this desired state found (the licence's, or
+/// the Machine record's for a repeat of its state), else [`NodeChange::unknown`].
+pub(super) fn node_change_of(request: &UpdateRequest, known: Option<&NodeChange>) -> NodeChange {
+    known
         .cloned()
         .unwrap_or_else(|| NodeChange::unknown(request.facts.version.is_some()))
 }
@@ -297,11 +292,14 @@ impl Dispatcher {
                 }
             }
         }
-        let change = node_change_of(
-            request,
-            judged_change.as_ref(),
-            existing.as_ref().map(|(r, _)| r),
-        );
+        // A repeat is the recorded state: its record knows the change. Otherwise only this call's licence does
+        // (the record may be of another desired state).
+        let known = if repeat {
+            existing.as_ref().and_then(|(r, _)| r.node_change.as_ref())
+        } else {
+            judged_change.as_ref()
+        };
+        let change = node_change_of(request, known);
         // Outside the window no new run starts: neither a new desired state nor a retry of a failed run.
         // Checked before the `kubeadm upgrade apply` claim, so a waiting Machine claims nothing.
         if let Some(window) = request.window.as_ref().filter(|_| !repeat)
