@@ -9,8 +9,9 @@ use inplace_core::{Objects, Scope};
 use inplace_store::{Precondition, Write};
 use serde_json::Value;
 
+use super::planning::{node_change_of, plan_for, plan_id_without_node_steps};
 use super::records::{MachineRecord, RunView, update_key};
-use super::update::{UpdateRequest, node_change_of, plan_for, plan_id_without_node_steps};
+use super::update::UpdateRequest;
 use super::verdicts::{
     ACCEPT_UNJUDGED_ANNOTATION, Granted, Judgement, REFUSAL_WARN_INTERVAL, REFUSALS_PREFIX,
     Refusal, RefusalRecord, SET_NAME_LABEL, TEMPLATE_HASH_LABEL, VERDICTS_PREFIX, VerdictRecord,

@@ -3,16 +3,18 @@
 
 use std::collections::BTreeSet;
 
-use inplace_agent_api::{KubeadmUpgradeMode, Plan, validate_plan};
+use inplace_agent_api::{KubeadmUpgradeMode, Plan};
 use inplace_core::Action;
-use inplace_core::drain::{self, DrainRules, NodeChange};
-use inplace_core::plan::{self, MachineFacts, PlanInput};
+use inplace_core::drain::DrainRules;
+use inplace_core::plan::MachineFacts;
 use inplace_store::{Precondition, Write};
 use serde_json::value::RawValue;
 use sha2::{Digest as _, Sha256};
 
 use super::hold::{CANCEL_ANNOTATION, OperatorHolds, held_answer, hold_on};
 use super::licence::Licence;
+pub use super::planning::plan_for;
+use super::planning::{node_change_of, plan_id_without_node_steps};
 use super::records::{
     AgentRecord, ApplyClaim, MachineRecord, ProviderIndex, RetryMark, RunOutcome, RunView,
     StepState, UpdateRecord, agent_key, apply_claim_key, machine_key, provider_key, update_key,
@@ -138,53 +140,6 @@ pub(crate) fn ago(now: u64, then: u64) -> String {
         120..=7199 => format!("{}m ago", seconds / 60),
         _ => format!("{}h ago", seconds / 3600),
     }
-}
-
-/// The plan an update records: built from the desired state, with the drain `change` calls for under the
-/// request's drain rules and the Machine's knobs, then checked as the agent will check it.
-/// Pure (no store, no clock), so the hook_request fuzz target runs exactly this.
-pub fn plan_for(
-    request: &UpdateRequest,
-    mode: KubeadmUpgradeMode,
-    change: &NodeChange,
-) -> Result<Plan, DispatchError> {
-    let verdict = drain::decide(change, &request.drain_rules, &request.facts.drain);
-    build_plan(request, mode, verdict.drain().copied())
-}
-
-/// The id of the plan a server without node steps built for this request: what a run recorded before drains
-/// were planned converges to.
-pub(super) fn plan_id_without_node_steps(
-    request: &UpdateRequest,
-    mode: KubeadmUpgradeMode,
-) -> Option<String> {
-    build_plan(request, mode, None).ok().map(|plan| plan.id)
-}
-
-/// What the request's plan drains for: the change a judgement of this desired state found (the licence's, or
-/// the Machine record's for a repeat of its state), else [`NodeChange::unknown`].
-pub(super) fn node_change_of(request: &UpdateRequest, known: Option<&NodeChange>) -> NodeChange {
-    known
-        .cloned()
-        .unwrap_or_else(|| NodeChange::unknown(request.facts.version.is_some()))
-}
-
-fn build_plan(
-    request: &UpdateRequest,
-    mode: KubeadmUpgradeMode,
-    drain: Option<inplace_core::drain::Drain>,
-) -> Result<Plan, DispatchError> {
-    let plan = plan::build(&PlanInput {
-        facts: &request.facts,
-        bootstrap: request.bootstrap.as_deref().map(RawValue::get),
-        actions: &request.actions,
-        upgrade_mode: mode,
-        drain,
-    })
-    .map_err(|err| DispatchError::BadRequest(err.to_string()))?;
-    validate_plan(&plan)
-        .map_err(|err| DispatchError::BadRequest(format!("the plan is not valid: {err}")))?;
-    Ok(plan)
 }
 
 /// The key of the `kubeadm upgrade apply` claim a control-plane Machine with a version competes for.

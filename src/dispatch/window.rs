@@ -129,7 +129,7 @@ impl Dispatcher {
         };
         let plan = plan_for(request, mode, change)?;
         if !record.converges_to(&plan.id, || {
-            super::update::plan_id_without_node_steps(request, mode)
+            super::planning::plan_id_without_node_steps(request, mode)
         }) {
             return Ok(true);
         }
