@@ -27,7 +27,7 @@ pub const UPDATE_STATES: [&str; 6] = [
 
 /// Step kinds of the plan (`inplace_agent_api::StepAction::kind`), pre-created so every series exists from
 /// the first scrape (a rate over a series that appears with its first failure misses that failure).
-pub const STEP_KINDS: [&str; 8] = [
+pub const STEP_KINDS: [&str; 11] = [
     "files",
     "sshKeys",
     "ntp",
@@ -36,6 +36,9 @@ pub const STEP_KINDS: [&str; 8] = [
     "installKubeadm",
     "kubeadmUpgrade",
     "installKubelet",
+    "drainNode",
+    "waitNodeReady",
+    "uncordonNode",
 ];
 
 /// Labels of the step metrics.
