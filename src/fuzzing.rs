@@ -53,8 +53,9 @@ pub fn hook_request(data: &[u8]) {
             valid_segment(&machine.namespace) && valid_segment(&machine.name),
             "validation let through a Machine no agent can be given: {machine}"
         );
-        let _ = plan_for(&update, KubeadmUpgradeMode::Node);
-        let _ = plan_for(&update, KubeadmUpgradeMode::Apply);
+        let change = inplace_core::drain::NodeChange::unknown(update.facts.version.is_some());
+        let _ = plan_for(&update, KubeadmUpgradeMode::Node, &change);
+        let _ = plan_for(&update, KubeadmUpgradeMode::Apply, &change);
     }
     let _ = can_update_machine(&ENGINE, data);
     let _ = can_update_machine_set(&ENGINE, data);

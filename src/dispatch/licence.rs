@@ -9,14 +9,16 @@ use inplace_core::{Objects, Scope};
 use inplace_store::{Precondition, Write};
 use serde_json::Value;
 
+use super::planning::{node_change_of, plan_for, plan_id_without_node_steps};
 use super::records::{MachineRecord, RunView, update_key};
-use super::update::{UpdateRequest, plan_for};
+use super::update::UpdateRequest;
 use super::verdicts::{
     ACCEPT_UNJUDGED_ANNOTATION, Granted, Judgement, REFUSAL_WARN_INTERVAL, REFUSALS_PREFIX,
     Refusal, RefusalRecord, SET_NAME_LABEL, TEMPLATE_HASH_LABEL, VERDICT_REFRESH, VERDICTS_PREFIX,
     VerdictRecord, judge, machine_set_verdict_key, machine_verdict_key, refusal_key,
 };
 use super::{DispatchError, Dispatcher, now_ms};
+use inplace_core::drain::NodeChange;
 
 /// Whether a new run may be recorded for a desired state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +27,8 @@ pub(super) enum Licence {
     Granted {
         /// The desired state's fingerprint.
         fingerprint: String,
+        /// What the verdict that granted it judged the change to do to the node (for the drain), when known.
+        change: Option<NodeChange>,
     },
     /// No: answer this.
     Refused(Refusal),
@@ -126,8 +130,13 @@ impl Dispatcher {
         ));
         let fingerprint = desired.fingerprint.clone();
         // The state this Machine's run was licensed for: CAPI asking again with other metadata or spelling.
-        if existing.is_some_and(|r| r.licensed.as_deref() == Some(fingerprint.as_str())) {
-            return Ok(Licence::Granted { fingerprint });
+        if let Some(record) =
+            existing.filter(|r| r.licensed.as_deref() == Some(fingerprint.as_str()))
+        {
+            return Ok(Licence::Granted {
+                fingerprint,
+                change: record.node_change.clone(),
+            });
         }
         let facts = &request.facts;
         let verdict = self.verdict_for(&facts.machine, &machine).await?;
@@ -143,7 +152,10 @@ impl Dispatcher {
             retention: self.config.verdict_retention,
         };
         match judge(&judgement) {
-            Ok(Granted::ByVerdict) => Ok(Licence::Granted { fingerprint }),
+            Ok(Granted::ByVerdict) => Ok(Licence::Granted {
+                fingerprint,
+                change: verdict.and_then(|v| v.node_change),
+            }),
             Ok(Granted::ByOperator) => {
                 tracing::warn!(
                     machine = %facts.machine,
@@ -151,7 +163,10 @@ impl Dispatcher {
                     "an operator accepted a desired state no CanUpdate answer judged ({ACCEPT_UNJUDGED_ANNOTATION}); \
                      running what the agent manages"
                 );
-                Ok(Licence::Granted { fingerprint })
+                Ok(Licence::Granted {
+                    fingerprint,
+                    change: None,
+                })
             }
             Err(refusal) => {
                 if self.legacy_run_continues(request, existing, mode).await {
@@ -159,7 +174,11 @@ impl Dispatcher {
                         machine = %facts.machine,
                         "run recorded by a version without verdicts continues for the same desired state"
                     );
-                    return Ok(Licence::Granted { fingerprint });
+                    // That run is of this very state: what its record knows of the change holds.
+                    return Ok(Licence::Granted {
+                        fingerprint,
+                        change: existing.and_then(|r| r.node_change.clone()),
+                    });
                 }
                 self.note_refusal(facts, &refusal).await;
                 Ok(Licence::Refused(refusal))
@@ -178,7 +197,14 @@ impl Dispatcher {
         let Some(record) = existing.filter(|r| r.licensed.is_none()) else {
             return false;
         };
-        if plan_for(request, mode).ok().map(|plan| plan.id) != Some(record.state_hash.clone()) {
+        let Ok(plan) = plan_for(
+            request,
+            mode,
+            &node_change_of(request, record.node_change.as_ref()),
+        ) else {
+            return false;
+        };
+        if !record.converges_to(&plan.id, || plan_id_without_node_steps(request, mode)) {
             return false;
         }
         let key = update_key(&request.facts.machine, &record.run_id);

@@ -12,6 +12,7 @@ mod agents;
 mod census;
 mod hold;
 mod licence;
+mod planning;
 pub mod records;
 mod refusal_book;
 mod refusals;
@@ -41,6 +42,7 @@ pub use hold::{
     CANCEL_ANNOTATION, MAX_HOLD_VALUE_BYTES, OperatorHolds, PAUSE_ANNOTATION, PAUSED_SETTING,
     hold_for, resume_command,
 };
+pub use planning::plan_for;
 pub use refusals::{
     AgentRefusalReason, AgentRefusalRecord, Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL,
     REFUSAL_LOG_LINES_PER_MINUTE, REFUSAL_PERSIST_INTERVAL, REFUSAL_WRITES_PER_MINUTE,
@@ -50,7 +52,7 @@ pub use retry::{
 };
 pub use status::{StatusRow, StatusState};
 pub(crate) use update::ago;
-pub use update::{UpdateAnswer, UpdateRequest, plan_for};
+pub use update::{UpdateAnswer, UpdateRequest};
 pub use verdicts::{
     DEFAULT_VERDICT_RETENTION, RefusalReason, VERDICT_REFRESH, VerdictHook, VerdictRecord,
 };
@@ -352,6 +354,8 @@ fn parse_machine(rest: &str) -> Option<MachineRef> {
     Some(MachineRef::new(namespace, name))
 }
 
+#[cfg(test)]
+mod drain_tests;
 #[cfg(test)]
 mod hold_tests;
 #[cfg(test)]

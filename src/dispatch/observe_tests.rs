@@ -46,6 +46,7 @@ fn request(name: &str, motd: &str) -> UpdateRequest {
         paused_setting: None,
         actions: [inplace_core::Action::Files].into_iter().collect(),
         window: None,
+        drain_rules: inplace_core::drain::DrainRules::default(),
     }
 }
 

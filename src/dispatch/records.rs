@@ -94,6 +94,30 @@ pub struct MachineRecord {
     /// every poll and report, so the run is held after its running step while the window is shut.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<inplace_core::Window>,
+    /// What the run's desired state does to the node, as the verdict that licensed it judged it (or as
+    /// assumed without one): rebuilding the plan for the same state decides the same drain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_change: Option<inplace_core::drain::NodeChange>,
+    /// True in records of versions that plan node steps (drainNode, waitNodeReady, uncordonNode); false
+    /// (absent) in older records, whose runs converge to the plan without them: such a run continues as
+    /// recorded when the same desired state is asked again ([`MachineRecord::converges_to`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub node_steps: bool,
+}
+
+impl MachineRecord {
+    /// Whether the recorded run converges to the plan with id `plan_id`: the same id, or, for a record
+    /// written before plans had node steps, the id of the same plan without them (`without_node_steps`,
+    /// computed only then).
+    pub fn converges_to(
+        &self,
+        plan_id: &str,
+        without_node_steps: impl FnOnce() -> Option<String>,
+    ) -> bool {
+        self.state_hash == plan_id
+            || (!self.node_steps
+                && without_node_steps().as_deref() == Some(self.state_hash.as_str()))
+    }
 }
 
 /// An operator cancel value as dispatch recorded it.

@@ -59,6 +59,7 @@ pub(super) fn request_of(
             .into_iter()
             .collect::<BTreeSet<_>>(),
         window: None,
+        drain_rules: inplace_core::drain::DrainRules::default(),
     }
 }
 
@@ -101,6 +102,11 @@ pub(super) fn verdict_for(request: &UpdateRequest, in_place: bool) -> VerdictRec
         },
         rejected_total: usize::from(!in_place),
         template_hash: None,
+        // What CanUpdateMachine finds for these requests: the files change (the motd) of one version.
+        node_change: Some(inplace_core::drain::NodeChange {
+            version: inplace_core::drain::VersionChange::None,
+            actions: [Action::Files].into(),
+        }),
         fingerprint: prints.fingerprint(),
         prints,
     }

@@ -3,15 +3,18 @@
 
 use std::collections::BTreeSet;
 
-use inplace_agent_api::{KubeadmUpgradeMode, Plan, validate_plan};
+use inplace_agent_api::{KubeadmUpgradeMode, Plan};
 use inplace_core::Action;
-use inplace_core::plan::{self, MachineFacts, PlanInput};
+use inplace_core::drain::DrainRules;
+use inplace_core::plan::MachineFacts;
 use inplace_store::{Precondition, Write};
 use serde_json::value::RawValue;
 use sha2::{Digest as _, Sha256};
 
 use super::hold::{CANCEL_ANNOTATION, OperatorHolds, held_answer, hold_on};
 use super::licence::Licence;
+pub use super::planning::plan_for;
+use super::planning::{node_change_of, plan_id_without_node_steps};
 use super::records::{
     AgentRecord, ApplyClaim, MachineRecord, ProviderIndex, RetryMark, RunOutcome, RunView,
     StepState, UpdateRecord, agent_key, apply_claim_key, machine_key, provider_key, update_key,
@@ -42,6 +45,8 @@ pub struct UpdateRequest {
     pub window: Option<inplace_core::Window>,
     /// The ExtensionConfig `paused` setting, when set: every Machine of the registration is paused.
     pub paused_setting: Option<String>,
+    /// The drain rules of this registration: the policy's `drain:` section with the settings' overrides.
+    pub drain_rules: DrainRules,
 }
 
 impl UpdateRequest {
@@ -60,6 +65,16 @@ impl UpdateRequest {
         for action in &self.actions {
             hash.update(action.as_str().as_bytes());
             hash.update(b",");
+        }
+        hash.update(b"\n");
+        let rules = &self.drain_rules;
+        for on in [
+            rules.patch_version,
+            rules.kubelet_args,
+            rules.delete_empty_dir_data,
+            rules.force_unmanaged,
+        ] {
+            hash.update(if on { b"1" } else { b"0" });
         }
         hash.update(b"\n");
         hash.update(self.machine.get().as_bytes());
@@ -125,21 +140,6 @@ pub(crate) fn ago(now: u64, then: u64) -> String {
         120..=7199 => format!("{}m ago", seconds / 60),
         _ => format!("{}h ago", seconds / 3600),
     }
-}
-
-/// The plan an update records: built from the desired state, then checked as the agent will check it.
-/// Pure (no store, no clock), so the hook_request fuzz target runs exactly this.
-pub fn plan_for(request: &UpdateRequest, mode: KubeadmUpgradeMode) -> Result<Plan, DispatchError> {
-    let plan = plan::build(&PlanInput {
-        facts: &request.facts,
-        bootstrap: request.bootstrap.as_deref().map(RawValue::get),
-        actions: &request.actions,
-        upgrade_mode: mode,
-    })
-    .map_err(|err| DispatchError::BadRequest(err.to_string()))?;
-    validate_plan(&plan)
-        .map_err(|err| DispatchError::BadRequest(format!("the plan is not valid: {err}")))?;
-    Ok(plan)
 }
 
 /// The key of the `kubeadm upgrade apply` claim a control-plane Machine with a version competes for.
@@ -226,6 +226,7 @@ impl Dispatcher {
             .as_ref()
             .is_some_and(|(r, _)| r.input_hash.as_deref() == Some(input_hash.as_str()));
         let mut licensed = None;
+        let mut judged_change = None;
         if !repeat {
             match self
                 .licence(request, existing.as_ref().map(|(r, _)| r), peeked)
@@ -237,15 +238,29 @@ impl Dispatcher {
                         message: refusal.message,
                     });
                 }
-                Licence::Granted { fingerprint } => licensed = Some(fingerprint),
+                Licence::Granted {
+                    fingerprint,
+                    change,
+                } => {
+                    licensed = Some(fingerprint);
+                    judged_change = change;
+                }
             }
         }
+        // A repeat is the recorded state: its record knows the change. Otherwise only this call's licence does
+        // (the record may be of another desired state).
+        let known = if repeat {
+            existing.as_ref().and_then(|(r, _)| r.node_change.as_ref())
+        } else {
+            judged_change.as_ref()
+        };
+        let change = node_change_of(request, known);
         // Outside the window no new run starts: neither a new desired state nor a retry of a failed run.
         // Checked before the `kubeadm upgrade apply` claim, so a waiting Machine claims nothing.
         if let Some(window) = request.window.as_ref().filter(|_| !repeat)
             && let Some(waiting) = self.window_closed(window, "the update")
             && self
-                .would_start_run(request, existing.as_ref().map(|(r, _)| r), peeked)
+                .would_start_run(request, existing.as_ref().map(|(r, _)| r), peeked, &change)
                 .await?
         {
             return Ok(waiting);
@@ -275,7 +290,7 @@ impl Dispatcher {
                 .as_ref()
                 .is_some_and(|(r, _)| r.retry.as_ref().is_none_or(|m| &m.value != value))
         {
-            let plan = built.insert(plan_for(request, mode)?);
+            let plan = built.insert(plan_for(request, mode, &change)?);
             let outcome = self.retry(&facts.machine, value, Some(&plan.id)).await?;
             if !matches!(outcome, RetryOutcome::OtherState) {
                 existing = self
@@ -299,15 +314,22 @@ impl Dispatcher {
                         }
                         let plan = match &built {
                             Some(plan) => plan,
-                            None => built.insert(plan_for(request, mode)?),
+                            None => built.insert(plan_for(request, mode, &change)?),
                         };
-                        let same_state = current.filter(|r| r.state_hash == plan.id);
+                        // A run recorded before plans had node steps keeps going for the same state.
+                        let same_state = current.filter(|r| {
+                            r.converges_to(&plan.id, || plan_id_without_node_steps(request, mode))
+                        });
                         switched = same_state.is_none();
                         Ok(Some(match same_state {
                             // Same desired state from a differently spelled input: keep the run, learn the spelling.
                             Some(record) => MachineRecord {
                                 input_hash: Some(input_hash.clone()),
                                 licensed: licensed.clone().or_else(|| record.licensed.clone()),
+                                node_change: record
+                                    .node_change
+                                    .clone()
+                                    .or_else(|| judged_change.clone()),
                                 ..record.clone()
                             },
                             None => {
@@ -334,6 +356,8 @@ impl Dispatcher {
                                     paused: current.and_then(|r| r.paused.clone()),
                                     cancel: current.and_then(|r| r.cancel.clone()),
                                     window: current.and_then(|r| r.window.clone()),
+                                    node_change: Some(change.clone()),
+                                    node_steps: true,
                                 }
                             }
                         }))
@@ -353,7 +377,7 @@ impl Dispatcher {
             None => {
                 let mut plan = match built {
                     Some(plan) => plan,
-                    None => plan_for(request, mode)?,
+                    None => plan_for(request, mode, &change)?,
                 };
                 plan.id = record.run_id.clone();
                 let fresh = UpdateRecord::new(plan, now);

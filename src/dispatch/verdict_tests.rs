@@ -221,6 +221,7 @@ async fn a_machine_set_verdict_covers_the_machines_moved_to_it() {
         rejected: vec![],
         rejected_total: 0,
         template_hash: Some("123-abc".into()),
+        node_change: None,
         fingerprint: prints.fingerprint(),
         prints,
     };

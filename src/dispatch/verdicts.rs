@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use inplace_agent_api::MachineRef;
+use inplace_core::drain::NodeChange;
 use inplace_core::verdict::{
     CheckMode, Desired, Mismatch, Normalized, Prints, operator_fingerprint,
 };
@@ -108,6 +109,10 @@ pub struct VerdictRecord {
     /// The MachineSet's `machine-template-hash` (CanUpdateMachineSet), to tell two names hashed alike apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_hash: Option<String>,
+    /// What the accepted changes do to the node (version change, actions): UpdateMachine decides the drain
+    /// from it. Absent in verdicts of versions before drains were planned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_change: Option<NodeChange>,
     /// Fingerprints of the normalised desired objects judged.
     pub prints: Prints,
     /// Fingerprint of all of `prints`.
@@ -157,6 +162,7 @@ impl VerdictRecord {
             rejected,
             rejected_total,
             template_hash,
+            node_change: Some(decision.node_change.clone()),
             fingerprint: prints.fingerprint(),
             prints,
         }

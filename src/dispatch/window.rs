@@ -122,11 +122,15 @@ impl Dispatcher {
         request: &UpdateRequest,
         existing: Option<&MachineRecord>,
         mode: KubeadmUpgradeMode,
+        change: &inplace_core::drain::NodeChange,
     ) -> Result<bool, DispatchError> {
         let Some(record) = existing else {
             return Ok(true);
         };
-        if plan_for(request, mode)?.id != record.state_hash {
+        let plan = plan_for(request, mode, change)?;
+        if !record.converges_to(&plan.id, || {
+            super::planning::plan_id_without_node_steps(request, mode)
+        }) {
             return Ok(true);
         }
         let Some(value) = super::retry::retry_value(request.machine.get())? else {

@@ -84,6 +84,7 @@ pub fn update_request(
         infra: desired.infrastructure_machine,
         actions,
         window,
+        drain_rules: policy.drain_for(&settings),
         paused_setting: settings.paused,
     })
 }

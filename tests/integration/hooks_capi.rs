@@ -50,6 +50,12 @@ async fn ask(hook: Hook, request: &Value) -> (Value, Vec<u8>) {
     (serde_json::from_slice(&body).unwrap(), body)
 }
 
+/// What CAPI decides from our CanUpdateMachine answer to `request`.
+async fn capi_decides_on(request: &Value) -> CapiDecision {
+    let (_, body) = ask(Hook::CanUpdateMachine, request).await;
+    capi_sim::can_update_machine(request, &body)
+}
+
 async fn capi_decides(fixture: &str, settings: &[(&str, &str)]) -> (CapiDecision, Value) {
     let request = request(fixture, settings);
     if fixture.contains("machineset") {
@@ -59,6 +65,21 @@ async fn capi_decides(fixture: &str, settings: &[(&str, &str)]) -> (CapiDecision
         let (json, body) = ask(Hook::CanUpdateMachine, &request).await;
         (capi_sim::can_update_machine(&request, &body), json)
     }
+}
+
+/// `affectsAvailability` as CAPI after v1.14 decodes it (Go's decoder, nil meaning true).
+async fn capi_reads_affects_availability(request: &Value) -> bool {
+    let machine_set = request["kind"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("MachineSet");
+    let hook = if machine_set {
+        Hook::CanUpdateMachineSet
+    } else {
+        Hook::CanUpdateMachine
+    };
+    let (_, body) = ask(hook, request).await;
+    capi_sim::affects_availability(machine_set, &body).unwrap()
 }
 
 const BOTH: [&[(&str, &str)]; 2] = [&[], &[("patchType", "JSONMergePatch")]];
@@ -74,20 +95,37 @@ async fn a_single_minor_version_upgrade_goes_in_place() {
             message.contains("spec.version") && message.contains("kubernetes-version"),
             "{message}"
         );
-        assert_eq!(
-            answer["affectsAvailability"], true,
-            "a kubelet restart disturbs workloads"
+        assert!(
+            message.contains("drains the node (minor Kubernetes version change)"),
+            "{message}"
+        );
+        assert!(
+            capi_reads_affects_availability(&request(
+                "can-update-machine-kcp-version.json",
+                settings
+            ))
+            .await,
+            "a drain and a kubelet restart disturb workloads"
         );
     }
 }
 
 #[tokio::test]
-async fn files_keys_and_ntp_go_in_place_without_disturbing_workloads() {
+async fn files_keys_and_ntp_go_in_place_and_only_runtime_files_affect_availability() {
     for settings in BOTH {
         let (decision, answer) =
             capi_decides("can-update-machine-kcp-files-keys.json", settings).await;
         assert_eq!(decision, CapiDecision::InPlace, "{settings:?}: {answer}");
-        assert_eq!(answer["affectsAvailability"], false);
+        // The fixture changes containerd's registry config under /etc/containerd/ (issue 15).
+        let mut asked = request("can-update-machine-kcp-files-keys.json", settings);
+        assert!(capi_reads_affects_availability(&asked).await);
+        // Without that file's change (the fixture adds it) nothing running is disturbed.
+        asked["desired"]["bootstrapConfig"]["spec"]["files"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|f| !f["path"].as_str().unwrap().starts_with("/etc/containerd/"));
+        assert_eq!(capi_decides_on(&asked).await, CapiDecision::InPlace);
+        assert!(!capi_reads_affects_availability(&asked).await);
         assert_eq!(
             answer["machinePatch"],
             Value::Null,

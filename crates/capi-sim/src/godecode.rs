@@ -166,6 +166,31 @@ impl GoEncode for String {
     }
 }
 
+impl GoDecode for bool {
+    fn go_type() -> &'static str {
+        "bool"
+    }
+    fn go_decode(&mut self, json: &GoJson, cx: &mut DecodeCtx) {
+        match json {
+            GoJson::Null => {}
+            GoJson::Bool(b) => *self = *b,
+            other => cx.type_error(other, Self::go_type()),
+        }
+    }
+}
+
+impl GoEncode for bool {
+    fn go_encode(&self) -> Value {
+        Value::Bool(*self)
+    }
+    fn is_empty_value(&self) -> bool {
+        !*self
+    }
+    fn is_zero_value(&self) -> bool {
+        !*self
+    }
+}
+
 impl GoDecode for i32 {
     fn go_type() -> &'static str {
         "int32"

@@ -33,6 +33,8 @@ mod machine;
 mod request;
 mod wire;
 
+pub use wire::affects_availability;
+
 pub use capi_patch::{
     PatchError, SPEC_PATH, TEMPLATE_SPEC_PATH, apply_patch_the_capi_way, apply_patch_to_machine,
     apply_patch_to_machine_set,

@@ -52,6 +52,8 @@ go_struct! {
         infrastructure_machine_patch: Patch = "infrastructureMachinePatch" [omitempty, omitzero],
         /// Patch for the bootstrap config.
         bootstrap_config_patch: Patch = "bootstrapConfigPatch" [omitempty, omitzero],
+        /// `*bool`, on CAPI main after v1.14 only (older releases ignore the key); nil means true.
+        affects_availability: Option<bool> = "affectsAvailability" [omitempty],
     }
 }
 
@@ -73,6 +75,8 @@ go_struct! {
         infrastructure_machine_template_patch: Patch = "infrastructureMachineTemplatePatch" [omitempty, omitzero],
         /// Patch for the bootstrap config template.
         bootstrap_config_template_patch: Patch = "bootstrapConfigTemplatePatch" [omitempty, omitzero],
+        /// `*bool`, on CAPI main after v1.14 only (older releases ignore the key); nil means true.
+        affects_availability: Option<bool> = "affectsAvailability" [omitempty],
     }
 }
 
@@ -201,6 +205,17 @@ pub fn decode_can_update_machine_set_response(
     strict(body)
 }
 
+/// `affectsAvailability` of a CanUpdateMachine (`machine_set` false) or CanUpdateMachineSet answer as CAPI
+/// releases after v1.14 read it: the decoded `*bool`, nil meaning true. Releases up to v1.14 do not read it.
+pub fn affects_availability(machine_set: bool, body: &[u8]) -> Result<bool, DecodeError> {
+    let field = if machine_set {
+        decode_can_update_machine_set_response(body)?.affects_availability
+    } else {
+        decode_can_update_machine_response(body)?.affects_availability
+    };
+    Ok(field.unwrap_or(true))
+}
+
 /// Decodes an UpdateMachine answer body with Go's rules (status is not checked here).
 pub fn decode_update_machine_response(body: &[u8]) -> Result<UpdateMachineResponse, DecodeError> {
     strict(body)
@@ -217,8 +232,9 @@ mod tests {
 
     #[test]
     fn capitalised_keys_decode_and_unknown_keys_are_ignored() {
-        let r = decode_can_update_machine_response(br#"{"Status":"Success","MACHINEPATCH":{"PatchType":"JSONPatch","Patch":"W10="},"affectsAvailability":false}"#).unwrap();
+        let r = decode_can_update_machine_response(br#"{"Status":"Success","MACHINEPATCH":{"PatchType":"JSONPatch","Patch":"W10="},"AffectsAvailability":false,"other":1}"#).unwrap();
         assert_eq!(r.status, "Success");
+        assert_eq!(r.affects_availability, Some(false));
         assert_eq!(
             r.machine_patch,
             Patch {

@@ -8,8 +8,8 @@
 //! ExtensionConfig settings that narrow the policy per registration, [`window`] the maintenance
 //! windows (setting and Machine annotation) outside which no run starts or takes its next step. [`verdict`] fingerprints what a
 //! CanUpdate answer judged, so UpdateMachine can tell a desired state nobody judged. [`plan`] turns
-//! an UpdateMachine's desired Machine and KubeadmConfig into the agent's steps with a stable id, and
-//! [`decode`] is the one JSON decoder (Go's field names, the failing field named) behind every typed read.
+//! an UpdateMachine's desired Machine and KubeadmConfig into the agent's steps with a stable id, [`drain`]
+//! decides whether those steps drain the node, and [`decode`] is the one JSON decoder (Go's field names, the failing field named) behind every typed read.
 
 // Tests may unwrap (house rules); the workspace lint is for code handling real input.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -18,6 +18,8 @@ pub mod action;
 pub mod decide;
 pub mod decode;
 pub mod diff;
+pub mod drain;
+pub mod duration;
 pub mod objects;
 pub mod patch;
 pub mod path;

@@ -1,10 +1,12 @@
 //! The ExtensionConfig `spec.settings` this updater reads (CAPI copies them into every request).
-//! They can only narrow the policy for one registration, never widen it.
+//! They can only narrow what the policy accepts in place for one registration, never widen it; the `drain*` settings
+//! replace the policy's drain defaults ([`crate::drain`]).
 
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::action::Action;
+use crate::drain::DrainOverrides;
 use crate::patch::PatchType;
 use crate::window::{self, WINDOW_SETTING, Window, WindowError};
 
@@ -42,7 +44,38 @@ pub const SETTINGS_DOC: &[(&str, &str)] = &[
          UTC). Outside it UpdateMachine starts no run and a run in progress waits after its current step. The Machine \
          annotation inplace-updater.dev/maintenance-window overrides it (\"none\": no window). Default: none (always open).",
     ),
+    (
+        DRAIN_PATCH_VERSION,
+        "\"true\" or \"false\": whether a patch Kubernetes version change drains the node (default: the policy's \
+         drain.patchVersion, true). A minor version change always drains; there is no setting to turn that off.",
+    ),
+    (
+        DRAIN_KUBELET_ARGS,
+        "\"true\" or \"false\": whether a kubelet flags change drains the node (default: the policy's \
+         drain.kubeletArgs, false).",
+    ),
+    (
+        DRAIN_DELETE_EMPTY_DIR_DATA,
+        "\"true\" or \"false\": whether a drain also evicts pods with emptyDir volumes, losing that data (default: \
+         the policy's drain.deleteEmptyDirData, false: such pods block the drain).",
+    ),
+    (
+        DRAIN_FORCE_UNMANAGED,
+        "\"true\" or \"false\": whether a drain also evicts pods no controller owns (default: the policy's \
+         drain.forceUnmanaged, false: such pods block the drain).",
+    ),
 ];
+
+/// Setting: whether a patch version change drains.
+pub const DRAIN_PATCH_VERSION: &str = "drainPatchVersion";
+/// Setting: whether a kubelet flags change drains.
+pub const DRAIN_KUBELET_ARGS: &str = "drainKubeletArgs";
+/// Setting: whether drains evict pods with emptyDir volumes.
+pub const DRAIN_DELETE_EMPTY_DIR_DATA: &str = "drainDeleteEmptyDirData";
+/// Setting: whether drains evict pods no controller owns.
+pub const DRAIN_FORCE_UNMANAGED: &str = "drainForceUnmanaged";
+/// The setting an operator might try for minor version drains: refused, since such a drain is required.
+pub const DRAIN_MINOR_VERSION: &str = "drainMinorVersion";
 
 /// Longest `paused` setting accepted (it is repeated in every UpdateMachine message).
 pub const MAX_PAUSED_BYTES: usize = 256;
@@ -75,6 +108,9 @@ pub struct Settings {
     pub paused: Option<String>,
     /// `maintenanceWindow`: when runs may start and step (`None`: always).
     pub maintenance_window: Option<Window>,
+    /// `drainPatchVersion`, `drainKubeletArgs`, `drainDeleteEmptyDirData`, `drainForceUnmanaged`: replace the
+    /// policy's drain defaults for this registration.
+    pub drain: DrainOverrides,
 }
 
 impl Default for Settings {
@@ -86,6 +122,7 @@ impl Default for Settings {
             patch_type: PatchType::JsonPatch,
             paused: None,
             maintenance_window: None,
+            drain: DrainOverrides::default(),
         }
     }
 }
@@ -95,7 +132,8 @@ impl Default for Settings {
 pub enum SettingsError {
     /// A key this updater does not know (a typo would otherwise silently widen what goes in place).
     #[error(
-        "unknown setting {key:?} (known: inPlace, disableActions, mode, patchType, paused, maintenanceWindow)"
+        "unknown setting {key:?} (known: inPlace, disableActions, mode, patchType, paused, maintenanceWindow, \
+         drainPatchVersion, drainKubeletArgs, drainDeleteEmptyDirData, drainForceUnmanaged)"
     )]
     UnknownKey {
         /// The key as given.
@@ -118,6 +156,14 @@ pub enum SettingsError {
         value: String,
         /// What is wrong with it.
         problem: WindowError,
+    },
+    /// A setting that would turn off what cannot be turned off.
+    #[error("setting {key}: refused: {why}")]
+    Fixed {
+        /// The key.
+        key: &'static str,
+        /// Why it cannot be set.
+        why: &'static str,
     },
     /// Settings that contradict each other.
     #[error("settings conflict: {0}")]
@@ -190,6 +236,25 @@ impl Settings {
                             problem,
                         })?;
                 }
+                DRAIN_PATCH_VERSION => {
+                    s.drain.patch_version = Some(boolean(DRAIN_PATCH_VERSION, value)?)
+                }
+                DRAIN_KUBELET_ARGS => {
+                    s.drain.kubelet_args = Some(boolean(DRAIN_KUBELET_ARGS, value)?)
+                }
+                DRAIN_DELETE_EMPTY_DIR_DATA => {
+                    s.drain.delete_empty_dir_data =
+                        Some(boolean(DRAIN_DELETE_EMPTY_DIR_DATA, value)?)
+                }
+                DRAIN_FORCE_UNMANAGED => {
+                    s.drain.force_unmanaged = Some(boolean(DRAIN_FORCE_UNMANAGED, value)?)
+                }
+                DRAIN_MINOR_VERSION => {
+                    return Err(SettingsError::Fixed {
+                        key: DRAIN_MINOR_VERSION,
+                        why: MINOR_DRAIN_IS_REQUIRED,
+                    });
+                }
                 _ => return Err(SettingsError::UnknownKey { key: key.clone() }),
             }
         }
@@ -204,6 +269,20 @@ impl Settings {
     /// Whether `action` may be performed under these settings.
     pub fn allows(&self, action: Action) -> bool {
         self.in_place && !self.disabled_actions.contains(&action)
+    }
+}
+
+/// Why neither a setting nor the policy can turn off the drain of a minor version change.
+pub const MINOR_DRAIN_IS_REQUIRED: &str = "a minor Kubernetes version change always drains the node (kubelet \
+     is not upgraded a minor version under running pods); remove it, or annotate a Machine \
+     machine.cluster.x-k8s.io/exclude-node-draining to skip its drain";
+
+/// `"true"` or `"false"`, any case.
+fn boolean(key: &'static str, value: &str) -> Result<bool, SettingsError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(invalid(key, value, "\"true\" or \"false\"")),
     }
 }
 
@@ -283,6 +362,41 @@ mod tests {
         assert!(!s.allows(Action::Ntp) && s.allows(Action::Files));
         let off = parse(&[("inPlace", "false")]).unwrap();
         assert!(!off.allows(Action::Files));
+    }
+
+    #[test]
+    fn drain_settings_are_booleans_and_minor_drains_cannot_be_turned_off() {
+        let s = parse(&[
+            ("drainPatchVersion", "False"),
+            ("drainKubeletArgs", "true"),
+            ("drainDeleteEmptyDirData", " TRUE "),
+            ("drainForceUnmanaged", "false"),
+        ])
+        .unwrap();
+        assert_eq!(
+            s.drain,
+            DrainOverrides {
+                patch_version: Some(false),
+                kubelet_args: Some(true),
+                delete_empty_dir_data: Some(true),
+                force_unmanaged: Some(false),
+            }
+        );
+        assert_eq!(parse(&[]).unwrap().drain, DrainOverrides::default());
+        let err = parse(&[("drainKubeletArgs", "yes")])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "setting drainKubeletArgs: invalid value \"yes\", expected \"true\" or \"false\""
+        );
+        let err = parse(&[("drainMinorVersion", "false")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("setting drainMinorVersion: refused: a minor Kubernetes version change always drains"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -68,6 +68,7 @@ pub(crate) fn message(
     changes: &[JudgedChange],
     self_check: &[String],
     notes: &[String],
+    drain: Option<&str>,
 ) -> String {
     if outcome == DecisionOutcome::SelfCheckFailed {
         let mut shown: Vec<&str> = self_check
@@ -97,6 +98,7 @@ pub(crate) fn message(
         parts.push("refused (mode in-place-only, no rollout)".to_owned());
     }
     parts.extend(section("in place", &accepted));
+    parts.extend(drain.map(str::to_owned));
     parts.extend(section("needs rollout", &rejected));
     parts.extend(section("ignored by CAPI", &ignored));
     parts.extend(notes.iter().map(|n| format!("note: {n}")));

@@ -1,10 +1,12 @@
 //! The whole CanUpdateMachine / CanUpdateMachineSet decision: diff each object's compared part,
 //! judge every change, build the patches, check them the CAPI way, and summarise.
 
+mod availability;
 mod check;
 mod judge;
 mod message;
 
+pub use availability::{AVAILABILITY_FILE_DIRS, disturbing_file};
 pub use judge::{ChangeVerdict, IGNORED_BY_CAPI, MACHINE_FIELDS_IGNORED_BY_CAPI};
 pub use message::{MAX_INLINE_VALUE_CHARS, MAX_MESSAGE_ITEMS};
 
@@ -14,6 +16,7 @@ use std::collections::BTreeSet;
 
 use crate::action::Action;
 use crate::diff::{self, Change, ChangeKind, DiffOptions};
+use crate::drain::{self, DrainVerdict, MachineDrain, NodeChange, VersionChange};
 use crate::objects::{self, ObjectRole, Objects, Scope};
 use crate::patch::{self, Accepted, Patch, Sides};
 use crate::path::Path;
@@ -113,9 +116,15 @@ pub struct Decision {
     pub patches: Patches,
     /// The answer's `message`.
     pub message: String,
-    /// For `affectsAvailability`: false only when the update goes in place and every action leaves
-    /// workloads alone (files, ssh-keys, ntp).
+    /// For `affectsAvailability`: false only when the update goes in place and nothing running is disturbed:
+    /// every action leaves workloads alone (files, ssh-keys, ntp), no file lies under
+    /// [`AVAILABILITY_FILE_DIRS`] and the node is not drained.
     pub affects_availability: bool,
+    /// What the accepted changes do to the node (kept with the verdict; UpdateMachine's drain is decided
+    /// from it).
+    pub node_change: NodeChange,
+    /// Whether the update drains the node (only said of an in-place outcome: `NotNeeded` otherwise).
+    pub drain: DrainVerdict,
     /// Every change, in object order (Machine, bootstrap, infra) then diff order.
     pub changes: Vec<JudgedChange>,
     /// The actions of all accepted changes.
@@ -139,6 +148,8 @@ pub fn decide(
     let mut patches = Patches::default();
     let mut failures = Vec::new();
     let mut notes = Vec::new();
+    let mut version = VersionChange::None;
+    let mut files_disturb = false;
     for role in ObjectRole::ALL {
         let (cur, des) = (current.get(role), desired.get(role));
         let Some(named) = des.or(cur) else { continue };
@@ -172,9 +183,16 @@ pub fn decide(
         let mut judged: Vec<Judged> = found.iter().map(|c| judge.judge(c)).collect();
         judge::demote(&found, &mut judged, scope);
         let mut accepted = Accepted::default();
+        let files_lists =
+            [sides.current, sides.desired].map(|side| side.and_then(|s| s.get("files")));
         for (c, j) in found.iter().zip(&judged) {
             if j.verdict.accepted() {
                 accepted.insert(c);
+                if role == ObjectRole::Machine {
+                    version = availability::version_change(c).unwrap_or(version);
+                }
+                files_disturb |= j.actions.contains(&Action::Files)
+                    && availability::files_change_disturbs(c, files_lists);
             }
         }
         let (patch, note) = patch::build(&sides, &accepted, settings.patch_type);
@@ -210,14 +228,35 @@ pub fn decide(
         .filter(|c| c.verdict.accepted())
         .flat_map(|c| c.actions.iter().copied())
         .collect();
-    let affects_availability =
-        outcome != DecisionOutcome::InPlace || actions.iter().any(|a| a.disturbs_workloads());
-    let message = message::message(outcome, &changes, &failures, &notes);
+    let node_change = NodeChange {
+        version,
+        actions: actions.clone(),
+    };
+    let drain = match (outcome, desired.machine) {
+        (DecisionOutcome::InPlace, Some(machine)) => drain::decide(
+            &node_change,
+            &policy.drain_for(settings),
+            &MachineDrain::of(scope, machine),
+        ),
+        _ => DrainVerdict::NotNeeded,
+    };
+    let affects_availability = outcome != DecisionOutcome::InPlace
+        || availability::disturbs(&actions, files_disturb)
+        || drain.drain().is_some();
+    let message = message::message(
+        outcome,
+        &changes,
+        &failures,
+        &notes,
+        drain.summary().as_deref(),
+    );
     Decision {
         outcome,
         patches,
         message,
         affects_availability,
+        node_change,
+        drain,
         changes,
         actions,
         self_check_failures: failures,

@@ -138,6 +138,7 @@ fn self_check_failure_message_withholds_the_answer() {
         &[],
         &["KubeadmConfig spec.x: after our patch it differs from desired".into()],
         &[],
+        None,
     );
     assert!(msg.starts_with("self-check failed, no patch sent"), "{msg}");
     assert!(msg.contains("KubeadmConfig spec.x"));

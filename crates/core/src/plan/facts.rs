@@ -1,9 +1,12 @@
-//! The facts of the desired Machine that decide its plan (and its records): name, cluster, role, version.
+//! The facts of the desired Machine that decide its plan (and its records): name, cluster, role, version,
+//! drain knobs.
 
 use inplace_agent_api::MachineRef;
 use serde_json::Value;
 
 use super::PlanError;
+use crate::drain::MachineDrain;
+use crate::objects::Scope;
 use crate::objects::{CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL};
 
 /// Facts about the Machine that decide the plan, read from the desired Machine.
@@ -19,6 +22,8 @@ pub struct MachineFacts {
     pub version: Option<String>,
     /// `spec.providerID`, when set.
     pub provider_id: Option<String>,
+    /// CAPI's drain knobs on the Machine (exclude annotation, node drain timeout).
+    pub drain: MachineDrain,
 }
 
 fn str_at<'a>(value: &'a Value, pointer: &str) -> Option<&'a str> {
@@ -54,6 +59,7 @@ impl MachineFacts {
             control_plane,
             version: str_at(machine, "/spec/version").map(str::to_string),
             provider_id: str_at(machine, "/spec/providerID").map(str::to_string),
+            drain: MachineDrain::of(Scope::Object, machine),
         })
     }
 }

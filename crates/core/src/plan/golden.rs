@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use super::*;
 use crate::Action;
+use crate::drain::{Drain, Why};
 
 const KCP: &str = include_str!("../../../../tests/fixtures/update-machine-kcp.json");
 const WORKER: &str = include_str!("../../../../tests/fixtures/update-machine-worker.json");
@@ -52,9 +53,14 @@ fn every_field() -> (Value, Value) {
     (machine, config)
 }
 
-fn ids_and_kinds(
+fn ids_and_kinds(input: &(Value, Value), mode: KubeadmUpgradeMode) -> (String, Vec<&'static str>) {
+    ids_and_kinds_drained(input, mode, None)
+}
+
+fn ids_and_kinds_drained(
     (machine, bootstrap): &(Value, Value),
     mode: KubeadmUpgradeMode,
+    drain: Option<Drain>,
 ) -> (String, Vec<&'static str>) {
     let facts = MachineFacts::of(machine).unwrap();
     let actions: BTreeSet<Action> = Action::ALL.into_iter().collect();
@@ -63,6 +69,7 @@ fn ids_and_kinds(
         bootstrap: Some(&bootstrap.to_string()),
         actions: &actions,
         upgrade_mode: mode,
+        drain,
     })
     .unwrap();
     let kinds = plan.steps.iter().map(|s| s.action.kind()).collect();
@@ -144,6 +151,84 @@ fn plan_ids_of_fixed_inputs_never_change() {
             (got.as_str(), got_kinds.as_slice()),
             (id, kinds),
             "{name} {mode:?}: the plan id changed, so every recorded run would start again"
+        );
+    }
+}
+
+const DRAINED_CONTROL_PLANE: [&str; 11] = [
+    "files",
+    "sshKeys",
+    "ntp",
+    "installKubeadm",
+    "kubeadmUpgrade",
+    "drainNode",
+    "installKubelet",
+    "etcdImage",
+    "kubeletArgs",
+    "waitNodeReady",
+    "uncordonNode",
+];
+const DRAINED_WORKER: [&str; 10] = [
+    "files",
+    "sshKeys",
+    "ntp",
+    "installKubeadm",
+    "kubeadmUpgrade",
+    "drainNode",
+    "installKubelet",
+    "kubeletArgs",
+    "waitNodeReady",
+    "uncordonNode",
+];
+
+fn drain(why: Why, timeout_seconds: u32, evict_all: bool, version_changes: bool) -> Drain {
+    Drain {
+        why,
+        timeout_seconds,
+        delete_empty_dir_data: evict_all,
+        force_unmanaged: evict_all,
+        version_changes,
+    }
+}
+
+/// Plans with node steps (issue 15), recorded when drains were first planned. Their ids are new; the plans
+/// without a drain above keep theirs.
+#[test]
+fn drained_plan_ids_of_fixed_inputs_never_change() {
+    let cases: [(&str, KubeadmUpgradeMode, Drain, &str, &[&str]); 3] = [
+        (
+            "kcp",
+            Apply,
+            drain(Why::MinorVersion, 600, false, true),
+            "76d14aedb7dbf2dd317024cc2bee40b7a94140cf36825a027bbbdcc70f78b733",
+            &DRAINED_CONTROL_PLANE,
+        ),
+        (
+            "worker",
+            Node,
+            drain(Why::PatchVersion, 3600, true, true),
+            "3754d0e2b1d2cda2083dff7234f31e349508adabd60b5392e87944334a1a2a01",
+            &DRAINED_WORKER,
+        ),
+        (
+            "every-field",
+            Node,
+            drain(Why::KubeletArgs, 120, false, false),
+            "2be20f28114c413f9f653bb0dfa85d7e0e39f01ddd4259b2970b858587b596d9",
+            &DRAINED_CONTROL_PLANE,
+        ),
+    ];
+    for (name, mode, drain, id, kinds) in cases {
+        let input = match name {
+            "kcp" => desired(KCP),
+            "worker" => desired(WORKER),
+            _ => every_field(),
+        };
+        let (got, got_kinds) = ids_and_kinds_drained(&input, mode, Some(drain));
+        assert_eq!(
+            (got.as_str(), got_kinds.as_slice()),
+            (id, kinds),
+            "{name} {mode:?} {drain:?}: the plan id changed, so every recorded run would start again"
         );
     }
 }

@@ -5,6 +5,12 @@
 //!
 //! UpdateMachine carries no current state, so the plan is the whole desired state of every managed
 //! domain; the agent's drivers converge idempotently (an already-true step is a no-op).
+//!
+//! When [`crate::drain`] decided the node is drained, the plan gets three node steps around the steps that
+//! restart kubelet or control-plane static pods: `drainNode` right before the first of them (after
+//! `kubeadmUpgrade`), then `waitNodeReady` (with the target kubelet version when the version changes: CAPI
+//! keeps the Machine `UpToDate=False` until the Node reports it) and `uncordonNode` last. A plan without a
+//! drain is exactly what it was before drains existed, id included.
 
 mod facts;
 pub mod view;
@@ -18,6 +24,7 @@ use inplace_agent_api::{
 use sha2::{Digest as _, Sha256};
 
 use crate::Action;
+use crate::drain::{Drain, UNCORDON_TIMEOUT_SECONDS, WAIT_NODE_READY_TIMEOUT_SECONDS};
 use crate::objects::CLUSTER_NAME_LABEL;
 pub use facts::MachineFacts;
 use view::KubeadmConfigSpec;
@@ -78,10 +85,23 @@ pub struct PlanInput<'a> {
     pub actions: &'a BTreeSet<Action>,
     /// For a version change on a control-plane node: `apply` on the first node of that version, else `node`.
     pub upgrade_mode: KubeadmUpgradeMode,
+    /// The drain [`crate::drain::decide`] found, if any: the plan then drains, waits and uncordons.
+    pub drain: Option<Drain>,
+}
+
+/// Whether a step restarts kubelet or a control-plane static pod: the steps a drain goes before.
+fn disturbs_kubelet(action: &StepAction) -> bool {
+    matches!(
+        action,
+        StepAction::InstallKubelet { .. }
+            | StepAction::EtcdImage { .. }
+            | StepAction::KubeletArgs { .. }
+    )
 }
 
 /// Builds the plan: steps in a safe order (node-local config first, then the Kubernetes upgrade, then what the
-/// upgrade would overwrite: the etcd image and kubelet flags) and an id hashing all of it.
+/// upgrade would overwrite: the etcd image and kubelet flags; with a drain, the node steps around the steps
+/// that restart kubelet) and an id hashing all of it.
 pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     let mut actions: Vec<(String, u32, StepAction)> = Vec::new();
     let enabled = |action: Action| input.actions.contains(&action);
@@ -188,6 +208,10 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         }
     }
 
+    if let Some(drain) = &input.drain {
+        add_node_steps(&mut actions, drain, input);
+    }
+
     let steps: Vec<Step> = actions
         .into_iter()
         .enumerate()
@@ -206,6 +230,64 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     };
     plan.id = plan_id(&plan);
     Ok(plan)
+}
+
+/// `drainNode` before the first step that restarts kubelet, `waitNodeReady` and `uncordonNode` last. Without
+/// such a step there is nothing to drain for.
+fn add_node_steps(
+    actions: &mut Vec<(String, u32, StepAction)>,
+    drain: &Drain,
+    input: &PlanInput<'_>,
+) {
+    let Some(at) = actions
+        .iter()
+        .position(|(_, _, action)| disturbs_kubelet(action))
+    else {
+        return;
+    };
+    let mut evicts = String::new();
+    if drain.delete_empty_dir_data {
+        evicts.push_str(", emptyDir pods too");
+    }
+    if drain.force_unmanaged {
+        evicts.push_str(", unmanaged pods too");
+    }
+    actions.insert(
+        at,
+        (
+            format!(
+                "drain the node ({}; at most {}s{evicts})",
+                drain.why, drain.timeout_seconds
+            ),
+            drain.timeout_seconds,
+            StepAction::DrainNode {
+                delete_empty_dir_data: drain.delete_empty_dir_data,
+                force_unmanaged: drain.force_unmanaged,
+            },
+        ),
+    );
+    let upgrades = actions
+        .iter()
+        .any(|(_, _, action)| matches!(action, StepAction::InstallKubelet { .. }));
+    let kubelet_version = input
+        .facts
+        .version
+        .clone()
+        .filter(|_| drain.version_changes && upgrades);
+    let text = match &kubelet_version {
+        Some(version) => format!("wait for the node to be Ready with kubelet {version}"),
+        None => "wait for the node to be Ready".to_owned(),
+    };
+    actions.push((
+        text,
+        WAIT_NODE_READY_TIMEOUT_SECONDS,
+        StepAction::WaitNodeReady { kubelet_version },
+    ));
+    actions.push((
+        "uncordon the node".to_owned(),
+        UNCORDON_TIMEOUT_SECONDS,
+        StepAction::UncordonNode,
+    ));
 }
 
 fn plural(n: usize) -> &'static str {
@@ -280,6 +362,8 @@ fn kubelet_args(spec: &KubeadmConfigSpec) -> Option<Vec<KubeletArg>> {
     Some(args.collect())
 }
 
+#[cfg(test)]
+mod drain_tests;
 #[cfg(test)]
 mod golden;
 #[cfg(test)]

@@ -52,6 +52,7 @@ fn plan_for(
         bootstrap: Some(&bootstrap.to_string()),
         actions,
         upgrade_mode: mode,
+        drain: None,
     })
     .unwrap()
 }
@@ -204,6 +205,7 @@ fn malformed_fields_are_named() {
         bootstrap: Some(&bad.to_string()),
         actions: &all_actions(),
         upgrade_mode: KubeadmUpgradeMode::Node,
+        drain: None,
     })
     .unwrap_err();
     assert!(
@@ -227,6 +229,7 @@ fn try_build(bootstrap: &str, actions: &BTreeSet<Action>) -> Result<Plan, PlanEr
         bootstrap: Some(bootstrap),
         actions,
         upgrade_mode: KubeadmUpgradeMode::Node,
+        drain: None,
     })
 }
 

@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 use std::sync::OnceLock;
 
 use crate::action::Action;
+use crate::drain::DrainRules;
 use crate::objects::{self, ObjectRole, Objects, Scope};
 use crate::path::Path;
 use crate::settings::Settings;
@@ -27,6 +28,7 @@ pub const NO_RULE: &str = "no rule";
 #[derive(Clone, Debug)]
 pub struct Policy {
     rules: Vec<Rule>,
+    drain: DrainRules,
 }
 
 /// One rule.
@@ -126,6 +128,14 @@ pub enum PolicyError {
     /// Not YAML, or not the shape of a policy file (unknown field, wrong type); with line and column.
     #[error("policy file: {0}")]
     Yaml(String),
+    /// A `drain:` key that cannot be set.
+    #[error("policy drain.{key}: refused: {problem}")]
+    Drain {
+        /// The key under `drain:`.
+        key: &'static str,
+        /// Why.
+        problem: &'static str,
+    },
     /// A rule that parses but cannot work.
     #[error("policy rule {rule}: {problem}")]
     Rule {
@@ -140,6 +150,19 @@ pub enum PolicyError {
 #[serde(deny_unknown_fields)]
 struct PolicyFile {
     rules: Vec<RuleFile>,
+    drain: Option<DrainFile>,
+}
+
+/// The `drain:` section; a key left out keeps its default ([`DrainRules::default`]).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct DrainFile {
+    patch_version: Option<bool>,
+    kubelet_args: Option<bool>,
+    delete_empty_dir_data: Option<bool>,
+    force_unmanaged: Option<bool>,
+    /// Refused with a reason rather than as an unknown key: a minor version change always drains.
+    minor_version: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Deserialize)]
@@ -240,12 +263,45 @@ impl Policy {
                 when: r.when,
             });
         }
-        Ok(Policy { rules })
+        let drain = match file.drain {
+            None => DrainRules::default(),
+            Some(DrainFile {
+                minor_version: Some(_),
+                ..
+            }) => {
+                return Err(PolicyError::Drain {
+                    key: "minorVersion",
+                    problem: crate::settings::MINOR_DRAIN_IS_REQUIRED,
+                });
+            }
+            Some(d) => {
+                let default = DrainRules::default();
+                DrainRules {
+                    patch_version: d.patch_version.unwrap_or(default.patch_version),
+                    kubelet_args: d.kubelet_args.unwrap_or(default.kubelet_args),
+                    delete_empty_dir_data: d
+                        .delete_empty_dir_data
+                        .unwrap_or(default.delete_empty_dir_data),
+                    force_unmanaged: d.force_unmanaged.unwrap_or(default.force_unmanaged),
+                }
+            }
+        };
+        Ok(Policy { rules, drain })
     }
 
     /// The rules, in order.
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    /// The drain defaults (the `drain:` section), before any registration's settings.
+    pub fn drain(&self) -> DrainRules {
+        self.drain
+    }
+
+    /// The drain rules for a registration: the policy's, with its settings' overrides.
+    pub fn drain_for(&self, settings: &Settings) -> DrainRules {
+        self.drain.with(&settings.drain)
     }
 
     /// The first rule that applies to `path` of `subject`.

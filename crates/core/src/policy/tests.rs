@@ -265,3 +265,42 @@ fn bad_files_name_the_rule_and_problem() {
         assert!(err.contains(needle), "{yaml}: {err}");
     }
 }
+
+#[test]
+fn the_drain_section_sets_defaults_and_refuses_turning_off_minor_drains() {
+    use crate::drain::{DrainOverrides, DrainRules};
+    assert_eq!(Policy::builtin().drain(), DrainRules::default());
+    let rules = "rules: [{objects: [{kind: X}], paths: [spec.a], accept: ok}]\n";
+    let no_section = Policy::from_yaml(rules).unwrap();
+    assert_eq!(no_section.drain(), DrainRules::default());
+    let p = Policy::from_yaml(&format!(
+        "{rules}drain: {{patchVersion: false, forceUnmanaged: true}}\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        p.drain(),
+        DrainRules {
+            patch_version: false,
+            force_unmanaged: true,
+            ..DrainRules::default()
+        }
+    );
+    let settings = Settings {
+        drain: DrainOverrides {
+            patch_version: Some(true),
+            ..DrainOverrides::default()
+        },
+        ..Settings::default()
+    };
+    assert!(p.drain_for(&settings).patch_version);
+    let err = Policy::from_yaml(&format!("{rules}drain: {{minorVersion: false}}\n")).unwrap_err();
+    assert!(
+        err.to_string().starts_with(
+            "policy drain.minorVersion: refused: a minor Kubernetes version change always drains"
+        ),
+        "{err}"
+    );
+    let err = Policy::from_yaml(&format!("{rules}drain: {{patchversion: false}}\n")).unwrap_err();
+    assert!(err.to_string().contains("patchversion"), "{err}");
+    assert!(Policy::from_yaml(&format!("{rules}drain: {{kubeletArgs: maybe}}\n")).is_err());
+}

@@ -139,6 +139,20 @@ fn cases() -> Vec<Case> {
             affects_availability: false,
         },
         Case {
+            name: "static pod manifest file added",
+            mutate: |r| {
+                files(r).push(json!({"path": "/etc/kubernetes/manifests/extra.yaml", "content": "kind: Pod\n"}))
+            },
+            outcome: DecisionOutcome::InPlace,
+            expect: &[(
+                "spec.files[path=/etc/kubernetes/manifests/extra.yaml]",
+                A,
+                "files",
+            )],
+            actions: &[Action::Files],
+            affects_availability: true,
+        },
+        Case {
             name: "secret-sourced file changed",
             mutate: |r| files(r)[2]["contentFrom"]["secret"]["name"] = json!("prod-ca-2"),
             outcome: DecisionOutcome::NeedsRollout,

@@ -81,7 +81,8 @@ fn version_bump_goes_in_place() {
         assert_eq!(d.outcome, DecisionOutcome::InPlace);
         assert_eq!(
             d.message,
-            "in place: Machine spec.version v1.33.4→v1.34.1 (kubernetes-version)"
+            "in place: Machine spec.version v1.33.4→v1.34.1 (kubernetes-version); \
+             drains the node (minor Kubernetes version change)"
         );
         assert_eq!(d.actions, [Action::KubernetesVersion].into());
         assert!(d.affects_availability);
@@ -94,7 +95,7 @@ fn version_bump_goes_in_place() {
 }
 
 #[test]
-fn files_keys_and_ntp_go_in_place_without_disturbing_workloads() {
+fn files_keys_and_ntp_go_in_place_and_a_containerd_file_affects_availability() {
     for pt in ["JSONPatch", "JSONMergePatch"] {
         let d = run(
             "can-update-machine-kcp-files-keys.json",
@@ -105,7 +106,9 @@ fn files_keys_and_ntp_go_in_place_without_disturbing_workloads() {
             d.actions,
             [Action::Files, Action::SshKeys, Action::Ntp].into()
         );
-        assert!(!d.affects_availability);
+        // The fixture changes /etc/containerd/certs.d/…/hosts.toml, which containerd reads (issue 15).
+        assert!(d.affects_availability);
+        assert!(!d.message.contains("drains"), "{}", d.message);
         assert!(
             d.changes.iter().all(|c| c.verdict == ChangeVerdict::Action),
             "{:?}",

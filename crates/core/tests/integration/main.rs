@@ -3,6 +3,7 @@
 
 mod common;
 mod default_rules;
+mod drain_decisions;
 mod fixtures;
 mod lists_templates_settings;
 mod proptest_patches;

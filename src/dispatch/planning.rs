@@ -1,0 +1,58 @@
+//! The plan a run records for an UpdateMachine request: built from the desired state with the drain the node
+//! change calls for, and what a rebuild compares with a recorded run (the plan without node steps, for runs
+//! recorded before drains were planned). Pure: no store, no clock.
+
+use inplace_agent_api::{KubeadmUpgradeMode, Plan, validate_plan};
+use inplace_core::drain::{self, NodeChange};
+use inplace_core::plan::{self, PlanInput};
+use serde_json::value::RawValue;
+
+use super::DispatchError;
+use super::update::UpdateRequest;
+
+/// The plan an update records: built from the desired state, with the drain `change` calls for under the
+/// request's drain rules and the Machine's knobs, then checked as the agent will check it.
+/// Pure (no store, no clock), so the hook_request fuzz target runs exactly this.
+pub fn plan_for(
+    request: &UpdateRequest,
+    mode: KubeadmUpgradeMode,
+    change: &NodeChange,
+) -> Result<Plan, DispatchError> {
+    let verdict = drain::decide(change, &request.drain_rules, &request.facts.drain);
+    build_plan(request, mode, verdict.drain().copied())
+}
+
+/// The id of the plan a server without node steps built for this request: what a run recorded before drains
+/// were planned converges to.
+pub(super) fn plan_id_without_node_steps(
+    request: &UpdateRequest,
+    mode: KubeadmUpgradeMode,
+) -> Option<String> {
+    build_plan(request, mode, None).ok().map(|plan| plan.id)
+}
+
+/// What the request's plan drains for: the change a judgement of this desired state found (the licence's, or
+/// the Machine record's for a repeat of its state), else [`NodeChange::unknown`].
+pub(super) fn node_change_of(request: &UpdateRequest, known: Option<&NodeChange>) -> NodeChange {
+    known
+        .cloned()
+        .unwrap_or_else(|| NodeChange::unknown(request.facts.version.is_some()))
+}
+
+fn build_plan(
+    request: &UpdateRequest,
+    mode: KubeadmUpgradeMode,
+    drain: Option<inplace_core::drain::Drain>,
+) -> Result<Plan, DispatchError> {
+    let plan = plan::build(&PlanInput {
+        facts: &request.facts,
+        bootstrap: request.bootstrap.as_deref().map(RawValue::get),
+        actions: &request.actions,
+        upgrade_mode: mode,
+        drain,
+    })
+    .map_err(|err| DispatchError::BadRequest(err.to_string()))?;
+    validate_plan(&plan)
+        .map_err(|err| DispatchError::BadRequest(format!("the plan is not valid: {err}")))?;
+    Ok(plan)
+}
