@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use inplace_drain::fake::{FakePdb, FakePod, PdbBlock};
 use serde_json::{Value, json};
 
 use super::Sandbox;
@@ -26,6 +27,9 @@ pub const START_DEADLINE: Duration = Duration::from_secs(20);
 pub const CALL_INTERVAL: Duration = Duration::from_millis(200);
 /// How long each fake package install or kubeadm upgrade takes in the demo, so progress can be watched.
 pub const DEMO_PACE_SECONDS: &str = "0.4";
+/// Eviction attempts the demo's PodDisruptionBudget `default/web` refuses (429) on each node before it allows
+/// one, so the drain's wait on a budget shows in the UpdateMachine message.
+pub const DEMO_PDB_REFUSALS: u32 = 4;
 /// Control-plane Machines in the demo cluster (the rest are workers).
 pub const CONTROL_PLANE_MACHINES: usize = 3;
 
@@ -72,6 +76,8 @@ pub struct MachineResult {
     pub took: Duration,
     /// The kubeadm commands the node ran.
     pub kubeadm: Vec<String>,
+    /// What the node's API saw: `spec.unschedulable` patches and evictions answered.
+    pub node: String,
 }
 
 fn request_for(template: &str, name: &str) -> Result<Value, DemoError> {
@@ -249,6 +255,7 @@ pub async fn run(machines: usize, dir: &Path) -> Result<Vec<MachineResult>, Demo
         sandbox
             .set_pace(DEMO_PACE_SECONDS)
             .map_err(setup("sandbox"))?;
+        add_workloads(&sandbox, i);
         let log = std::fs::File::create(node_dir.join("agent.log")).map_err(setup("agent log"))?;
         let child = Command::new(&exe)
             .args([
@@ -355,10 +362,71 @@ pub async fn run(machines: usize, dir: &Path) -> Result<Vec<MachineResult>, Demo
             result,
             took: begun.elapsed(),
             kubeadm,
+            node: node_report(sandbox),
         });
     }
     drop(children);
     Ok(results)
+}
+
+/// What runs on a demo node: a kube-proxy DaemonSet pod (a drain leaves it), a web pod of a ReplicaSet under
+/// the budget `default/web` (refuses [`DEMO_PDB_REFUSALS`] evictions first), and a pod already finished (needs
+/// no eviction).
+fn add_workloads(sandbox: &Sandbox, i: usize) {
+    let kube = &sandbox.kube;
+    kube.add_pod(FakePod::new("kube-system", format!("kube-proxy-{i}")).owner(Some("DaemonSet")));
+    kube.add_pod(
+        FakePod::new("default", format!("web-{i}"))
+            .owner(Some("ReplicaSet"))
+            .label("app", "web"),
+    );
+    kube.add_pod(
+        FakePod::new("default", format!("backup-job-{i}"))
+            .owner(Some("Job"))
+            .phase("Succeeded"),
+    );
+    kube.add_pdb(FakePdb {
+        namespace: "default".into(),
+        name: "web".into(),
+        match_labels: [("app".to_owned(), "web".to_owned())].into(),
+        block: PdbBlock::Attempts(DEMO_PDB_REFUSALS),
+    });
+}
+
+/// `cordon, uncordon; evicted default/web-0 (4 refused by a budget)`: the node's API calls as the fake saw them.
+fn node_report(sandbox: &Sandbox) -> String {
+    let patches: Vec<&str> = sandbox
+        .kube
+        .unschedulable_patches()
+        .iter()
+        .map(|p| {
+            if *p == Some(true) {
+                "cordon"
+            } else {
+                "uncordon"
+            }
+        })
+        .collect();
+    let evictions = sandbox.kube.evictions();
+    let refused = evictions.iter().filter(|e| e.status == 429).count();
+    let evicted: Vec<String> = evictions
+        .iter()
+        .filter(|e| (200..300).contains(&e.status))
+        .map(|e| e.pod.clone())
+        .collect();
+    format!(
+        "{}; evicted {} ({refused} refused by a budget)",
+        if patches.is_empty() {
+            "never cordoned".to_owned()
+        } else {
+            patches.join(", ")
+        },
+        if evicted.is_empty() {
+            "nothing".to_owned()
+        } else {
+            evicted.join(", ")
+        }
+    )
 }
 
 /// The summary table.
@@ -366,11 +434,13 @@ pub fn summary(results: &[MachineResult]) -> String {
     let mut out = String::from("\nsummary\n");
     for r in results {
         out.push_str(&format!(
-            "  default/{:<32} {:<8} {:>6.1}s  {}\n",
+            "  default/{:<32} {:<8} {:>6.1}s  {}\n  {:<42} node: {}\n",
             r.name,
             r.result,
             r.took.as_secs_f64(),
-            r.kubeadm.join("; ")
+            r.kubeadm.join("; "),
+            "",
+            r.node
         ));
     }
     let done = results.iter().filter(|r| r.result == "done").count();

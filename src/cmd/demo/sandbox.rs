@@ -1,9 +1,14 @@
 //! A node in a directory: the `--root` sandbox the demo and the end-to-end tests give each agent. Its `bin/`
 //! holds stand-ins for `kubeadm`, `kubelet`, `apt-get` and `systemctl` that record their arguments in
 //! `calls.log` and keep the "installed" versions in files, so an upgrade really changes what the next
-//! `kubeadm version` prints. Nothing here touches the real machine.
+//! `kubeadm version` prints. Each sandbox also gets the node's Kubernetes API as an in-process fake
+//! (`inplace_drain::fake`, real TLS), so the agent's drain, readiness wait and uncordon steps run for real
+//! against documented API answers. Nothing here touches the real machine.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use inplace_drain::fake::{FakeApiServer, FakeNode};
 
 /// The fake tools. Each appends its argv to `$INPLACE_ROOT/calls.log`.
 const KUBEADM: &str = r#"#!/bin/sh
@@ -68,6 +73,15 @@ inventory:
 
 const ETCD_MANIFEST: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: etcd\n  namespace: kube-system\nspec:\n  containers:\n  - name: etcd\n    image: registry.k8s.io/etcd:3.5.16-0\n    command:\n    - etcd\n";
 
+/// The `node:` section of a sandbox's agent config: the node's kubeconfig (written by [`Sandbox::create`] for its
+/// fake API server) and short polls, so a sandboxed drain takes fractions of a second.
+const NODE_CONFIG: &str = r#"node:
+  kubeconfig: /etc/kubernetes/kubelet.conf
+  name: "{{node}}"
+  pollIntervalMillis: 100
+  evictionRetryMillis: 200
+"#;
+
 /// One sandboxed node.
 #[derive(Debug, Clone)]
 pub struct Sandbox {
@@ -77,6 +91,13 @@ pub struct Sandbox {
     pub state_dir: PathBuf,
     /// The agent's `--config`.
     pub config: PathBuf,
+    /// The node's Kubernetes API: a [`FakeApiServer`] serving this node (Ready, at the sandbox's kubelet version,
+    /// read from the file the fake `apt-get install kubelet` writes), whose kubeconfig is the node's
+    /// `/etc/kubernetes/kubelet.conf`. It answers the drainer's calls the way the API documents them; it is not
+    /// Kubernetes. Shut down when the last clone of the sandbox is dropped.
+    pub kube: Arc<FakeApiServer>,
+    /// The Node's name in `kube`.
+    pub node: String,
 }
 
 fn write(path: &Path, text: &str, mode: u32) -> std::io::Result<()> {
@@ -89,7 +110,8 @@ fn write(path: &Path, text: &str, mode: u32) -> std::io::Result<()> {
 }
 
 impl Sandbox {
-    /// Lays out a node at `dir` running Kubernetes `version` (e.g. `v1.33.4`).
+    /// Lays out a node at `dir` running Kubernetes `version` (e.g. `v1.33.4`), with its API server started. The
+    /// Node is named after `dir`'s last component.
     pub fn create(dir: &Path, version: &str, control_plane: bool) -> std::io::Result<Sandbox> {
         let root = dir.join("root");
         for (name, script) in [
@@ -128,13 +150,25 @@ impl Sandbox {
             )?;
         }
         write(&root.join("calls.log"), "", 0o644)?;
+        let node = dir
+            .file_name()
+            .map_or_else(|| "node".into(), |n| n.to_string_lossy().into_owned());
+        let kube = FakeApiServer::start(FakeNode {
+            kubelet_version: version.to_owned(),
+            kubelet_version_file: Some(root.join("var/lib/fake/kubelet-version")),
+            ..FakeNode::new(node.clone())
+        })?;
+        kube.write_kubeconfig(&root.join("etc/kubernetes/kubelet.conf"))?;
         let config = dir.join("agent.yaml");
-        write(&config, AGENT_CONFIG, 0o644)?;
+        let node_config = NODE_CONFIG.replace("{{node}}", &node);
+        write(&config, &format!("{AGENT_CONFIG}{node_config}"), 0o644)?;
         let state_dir = dir.join("state");
         Ok(Sandbox {
             root,
             state_dir,
             config,
+            kube: Arc::new(kube),
+            node,
         })
     }
 
