@@ -265,6 +265,13 @@ async fn run_case(env: &Env, id: usize, case: Case) {
         &context,
     );
     check_end_state(shipped, &node, &files, &context);
+    // Whichever command the agent was stopped in, the drain around the kubelet upgrade cordoned the node once and
+    // the resumed plan uncordoned it exactly once.
+    assert_eq!(
+        node.kube.unschedulable_patches(),
+        [Some(true), None],
+        "{context}"
+    );
     // Removing the sandbox while other cases run: directory removal is slow on some disks and would
     // otherwise all come at the end. Best effort: a command the agent had just started (an inventory
     // check) may still be writing; whatever is left goes with the temp dir.

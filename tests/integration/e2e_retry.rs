@@ -12,7 +12,6 @@ use capi_sim::UpdateOutcome;
 use common::fleet::{AgentProcess, Capi, Setup, update_request};
 use common::{Client, ServerProcess};
 use inplace_updater::cmd::demo::Sandbox;
-use inplace_updater::cmd::demo::sandbox::AGENT_CONFIG;
 use serde_json::{Value, json};
 
 const SETTLE: Duration = Duration::from_secs(60);
@@ -146,7 +145,9 @@ fn flaky_node(setup: &Setup, server: &ServerProcess, name: &str, failures: u32) 
     use std::os::unix::fs::PermissionsExt as _;
     let sandbox = Sandbox::create(&setup.dir.path().join(name), "v1.33.4", true).unwrap();
     let retry = "    retry: {attempts: 3, initialDelaySeconds: 1, maxDelaySeconds: 1}\n    commands:\n      - run: [fetch, images]\n        retryable: true\n";
-    let config = AGENT_CONFIG
+    // The sandbox's config (AGENT_CONFIG plus its node: section), with the kubeadm upgrades made retryable.
+    let shipped = std::fs::read_to_string(&sandbox.config).unwrap();
+    let config = shipped
         .replace(
             "  kubeadmUpgradeApply:\n    commands:\n",
             &format!("  kubeadmUpgradeApply:\n{retry}"),
@@ -155,7 +156,7 @@ fn flaky_node(setup: &Setup, server: &ServerProcess, name: &str, failures: u32) 
             "  kubeadmUpgradeNode:\n    commands:\n",
             &format!("  kubeadmUpgradeNode:\n{retry}"),
         );
-    assert_ne!(config, AGENT_CONFIG);
+    assert_ne!(config, shipped);
     std::fs::write(&sandbox.config, config).unwrap();
     let fetch = sandbox.root.join("bin/fetch");
     std::fs::write(&fetch, FETCH).unwrap();

@@ -19,13 +19,13 @@ use inplace_updater::dispatch::AgentScope;
 use inplace_updater::server::auth::create_token;
 use serde_json::Value;
 
-const CONTROL_PLANE: [&str; 3] = [
+pub const CONTROL_PLANE: [&str; 3] = [
     "edge-01-control-plane-aaaaa",
     "edge-01-control-plane-bbbbb",
     "edge-01-control-plane-ccccc",
 ];
-const WORKERS: [&str; 2] = ["edge-01-md-0-x7k2p-11111", "edge-01-md-0-x7k2p-22222"];
-const SETTLE: Duration = Duration::from_secs(60);
+pub const WORKERS: [&str; 2] = ["edge-01-md-0-x7k2p-11111", "edge-01-md-0-x7k2p-22222"];
+pub const SETTLE: Duration = Duration::from_secs(60);
 
 fn mode(path: &std::path::Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777

@@ -12,7 +12,8 @@ pub const MAX_VALUE_CONVERSION_DEPTH: usize = 512;
 /// Go's `strconv.ParseInt(lit, 10, 64)` followed by a range check for `bits`.
 pub fn parse_go_int(lit: &str, bits: u32) -> Option<i64> {
     let n: i64 = lit.parse().ok()?;
-    let max = (1i64 << (bits - 1)) - 1;
+    // 2^(bits-1) - 1 without overflowing at 64 bits (`1 << 63` is i64::MIN, minus one panics in debug builds).
+    let max = i64::MAX >> (64 - bits.clamp(1, 64));
     (n >= -max - 1 && n <= max).then_some(n)
 }
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use inplace_drain::fake::{FakePdb, FakePod, PdbBlock};
+use inplace_drain::fake::{FakeApiServer, FakePdb, FakePod, PdbBlock};
 use serde_json::{Value, json};
 
 use super::Sandbox;
@@ -255,7 +255,7 @@ pub async fn run(machines: usize, dir: &Path) -> Result<Vec<MachineResult>, Demo
         sandbox
             .set_pace(DEMO_PACE_SECONDS)
             .map_err(setup("sandbox"))?;
-        add_workloads(&sandbox, i);
+        add_workloads(&sandbox.kube, i, PdbBlock::Attempts(DEMO_PDB_REFUSALS));
         let log = std::fs::File::create(node_dir.join("agent.log")).map_err(setup("agent log"))?;
         let child = Command::new(&exe)
             .args([
@@ -369,11 +369,10 @@ pub async fn run(machines: usize, dir: &Path) -> Result<Vec<MachineResult>, Demo
     Ok(results)
 }
 
-/// What runs on a demo node: a kube-proxy DaemonSet pod (a drain leaves it), a web pod of a ReplicaSet under
-/// the budget `default/web` (refuses [`DEMO_PDB_REFUSALS`] evictions first), and a pod already finished (needs
-/// no eviction).
-fn add_workloads(sandbox: &Sandbox, i: usize) {
-    let kube = &sandbox.kube;
+/// What runs on a demo (or end-to-end test) node: a kube-proxy DaemonSet pod (a drain leaves it), a web pod of a
+/// ReplicaSet under the budget `default/web` (refusing evictions as `block` says), and a pod already finished
+/// (needs no eviction). `i` tells the nodes' pods apart.
+pub fn add_workloads(kube: &FakeApiServer, i: usize, block: PdbBlock) {
     kube.add_pod(FakePod::new("kube-system", format!("kube-proxy-{i}")).owner(Some("DaemonSet")));
     kube.add_pod(
         FakePod::new("default", format!("web-{i}"))
@@ -389,7 +388,7 @@ fn add_workloads(sandbox: &Sandbox, i: usize) {
         namespace: "default".into(),
         name: "web".into(),
         match_labels: [("app".to_owned(), "web".to_owned())].into(),
-        block: PdbBlock::Attempts(DEMO_PDB_REFUSALS),
+        block,
     });
 }
 

@@ -105,6 +105,9 @@ pub struct Node {
     log: PathBuf,
     args: Vec<String>,
     agent: Option<tokio::process::Child>,
+    /// The node's Kubernetes API (the TLS fake) the shipped config's `node:` section reaches through
+    /// `/etc/kubernetes/kubelet.conf`; its kubelet version is the stand-in's running kubelet.
+    pub kube: inplace_drain::fake::FakeApiServer,
 }
 
 fn write(path: &Path, text: &str, mode: u32) {
@@ -171,6 +174,14 @@ impl Node {
             0o600,
         );
         put("/calls.log", "", 0o644);
+        let kube = inplace_drain::fake::FakeApiServer::start(inplace_drain::fake::FakeNode {
+            kubelet_version: FROM.to_owned(),
+            kubelet_version_file: Some(root.join("var/lib/standin/kubelet-running")),
+            ..inplace_drain::fake::FakeNode::new(machine)
+        })
+        .expect("fake API server");
+        kube.write_kubeconfig(&root.join("etc/kubernetes/kubelet.conf"))
+            .expect("kubeconfig");
         let config = dir.join("agent.yaml");
         write(&config, &shipped.for_sandbox(), 0o644);
         let state = dir.join("state");
@@ -208,6 +219,7 @@ impl Node {
             log: dir.join("agent.log"),
             args,
             agent: None,
+            kube,
         }
     }
 
