@@ -5,7 +5,9 @@
 //! `<state-dir>/cordon.json` names the plan that cordoned the node. drainNode writes it (fsynced,
 //! renamed into place) BEFORE its cordon patch, and only when the node is not cordoned yet: a node
 //! an operator cordoned is never recorded, so it stays cordoned. uncordonNode uncordons only when
-//! the journal names its plan, and clears the record AFTER the uncordon succeeded. A restart at
+//! the journal names its plan, and clears the record AFTER the uncordon succeeded. A drainNode that
+//! finds the node cordoned by an EARLIER plan (a drain that failed and left it cordoned, a cancelled
+//! or replaced run) takes that cordon over: the journal then names the new plan, which uncordons. A restart at
 //! any point resumes the step; a resumed drain or uncordon that finds the node already in the
 //! wanted state does not patch it again, so the node is cordoned once and uncordoned once (the
 //! uncordon is a merge patch setting `spec.unschedulable` to null, as `kubectl uncordon` does).
@@ -149,6 +151,18 @@ pub(crate) async fn drain(
     let ours = journal.cordoned_by_plan.as_deref() == Some(ctx.plan_id.as_str());
     let cordon_note = if already && ours {
         "cordoned by this plan"
+    } else if already && journal.cordoned_by_plan.is_some() {
+        // An earlier plan's drain cordoned the node and never uncordoned it (its drain failed and left the
+        // node cordoned, or it was cancelled or replaced). The cordon is still the updater's, not an
+        // operator's: this plan takes it over and uncordons at its end, or it would stay cordoned for ever.
+        let record = CordonJournal {
+            cordoned_by_plan: Some(ctx.plan_id.clone()),
+        };
+        if let Err(failure) = save_journal(ctx, env, Some(record)).await {
+            return failure;
+        }
+        tracing::info!(node = %node, plan = %ctx.plan_id, "cordon of an earlier plan taken over");
+        "cordoned by an earlier plan of this agent; this plan uncordons it"
     } else if already {
         "it was cordoned before this plan and stays cordoned after it"
     } else {

@@ -183,6 +183,38 @@ async fn drain_timeout_names_the_pods_and_leaves_the_node_cordoned() {
     );
 }
 
+/// A drain that failed leaves the node cordoned; the next plan (another desired state) takes that cordon over
+/// and uncordons at its end, so the node is not left cordoned for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_plan_uncordons_what_a_failed_drain_left_cordoned() {
+    let server = TestServer::start(TOKEN).await;
+    let node = Node::new();
+    let api = cluster(&node);
+    api.add_pdb(web_pdb(PdbBlock::UntilReleased));
+    server.offer(node_plan("plan-failed", 1));
+    let agent = spawn_agent(node.agent_config(&server, TOKEN, NODE_YAML));
+    wait_until("drain ended", LIMIT, || ended(&server, 0).is_some()).await;
+    assert_eq!(ended(&server, 0).unwrap().status, StepStatus::Failed);
+    assert!(api.unschedulable());
+
+    api.release_pdb("web", "web-pdb");
+    server.offer(node_plan("plan-next", 60));
+    let next_ended = || {
+        server
+            .reports_for(2)
+            .into_iter()
+            .any(|r| r.plan_id == "plan-next" && r.status != StepStatus::Running)
+    };
+    wait_until("the next plan ended", LIMIT, next_ended).await;
+    agent.shutdown().await;
+    assert!(!api.unschedulable(), "uncordoned by the next plan");
+    assert_eq!(
+        api.unschedulable_patches(),
+        [Some(true), None],
+        "cordoned once, uncordoned once"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_mid_drain_is_prompt() {
     let server = TestServer::start(TOKEN).await;
