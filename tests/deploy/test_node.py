@@ -373,6 +373,8 @@ DRIVER_CONFIG = {
     "ntp": {"flavor", "configFile", "restart"},
     "etcd": {"manifest"},
     "inventory": {"kubeletVersion", "kubeadmVersion"},
+    # crates/agent/src/node_config.rs: the node's kubeconfig and name for drainNode/waitNodeReady/uncordonNode.
+    "node": {"kubeconfig", "name", "pollIntervalMillis", "evictionRetryMillis"},
 }
 SEQUENCE_KEYS = {"skipIf", "onResume", "commands", "retry"}
 RETRY_KEYS = {"attempts", "initialDelaySeconds", "maxDelaySeconds"}
