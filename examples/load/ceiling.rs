@@ -1,6 +1,8 @@
 //! The ceiling: a bare axum + rustls server that reads each request body and answers a constant JSON body,
-//! served by the same hyper-util auto builder on the same certificate. Whatever our server does beyond this
-//! (decode, diff, policy, patch, self-check, store, metrics, logging, limits) is what the ratio measures.
+//! served by the same hyper-util auto builder on the same certificate. Two kinds ([`Ceiling`]): `parse` also
+//! parses every hook body into a `serde_json::Value` (the floor of any correct hook: it must at least read its
+//! JSON), `constant` does not. Whatever our server does beyond the ceiling (decode, diff, policy, patch,
+//! self-check, store, metrics, logging, limits) is what the ratio measures.
 
 use std::sync::Arc;
 
@@ -23,7 +25,16 @@ const CONSTANT: &str = r#"{"apiVersion":"hooks.runtime.cluster.x-k8s.io/v1alpha1
 /// Same ceiling on request bodies as our server, so the worst case is accepted by both.
 const BODY_LIMIT: usize = inplace_updater::server::MAX_BODY_BYTES;
 
-fn router() -> Router {
+/// What the ceiling does with a hook body before it answers the constant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Ceiling {
+    /// Parse it into a `serde_json::Value` (issue 18's "parse ceiling").
+    Parse,
+    /// Only read it.
+    Constant,
+}
+
+fn router(ceiling: Ceiling) -> Router {
     let mut router = Router::new();
     for hook in [
         Hook::Discovery,
@@ -33,8 +44,12 @@ fn router() -> Router {
     ] {
         router = router.route(
             hook.path(),
-            post(|body: Bytes| async move {
-                // Read (and keep alive until here) the body, as a real handler must.
+            post(move |body: Bytes| async move {
+                // Read (and keep alive until here) the body, as a real handler must; parse it if asked.
+                if ceiling == Ceiling::Parse {
+                    let parsed = serde_json::from_slice::<serde_json::Value>(&body);
+                    std::hint::black_box(parsed.is_ok());
+                }
                 std::hint::black_box(body.len());
                 ([(CONTENT_TYPE, "application/json")], CONSTANT)
             }),
@@ -81,7 +96,7 @@ pub fn serve_process(cert: &std::path::Path, key: &std::path::Path) -> anyhow::R
             }
             trigger.cancel();
         });
-        serve(listener, config, stop).await;
+        serve(listener, config, stop, Ceiling::Constant).await;
         anyhow::Ok(())
     })
 }
@@ -107,10 +122,15 @@ pub fn tls_config(
 }
 
 /// Accepts TLS connections until `stop` fires.
-pub async fn serve(listener: TcpListener, config: rustls::ServerConfig, stop: CancellationToken) {
+pub async fn serve(
+    listener: TcpListener,
+    config: rustls::ServerConfig,
+    stop: CancellationToken,
+    ceiling: Ceiling,
+) {
     let acceptor = TlsAcceptor::from(Arc::new(config));
     let builder = Arc::new(Builder::new(TokioExecutor::new()));
-    let app = router();
+    let app = router(ceiling);
     loop {
         let (tcp, _) = tokio::select! {
             accepted = listener.accept() => match accepted {

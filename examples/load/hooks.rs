@@ -19,6 +19,7 @@ use inplace_updater::server::{
 };
 use tokio_util::sync::CancellationToken;
 
+use crate::ceiling::Ceiling;
 use crate::net::{Conn, connector};
 use crate::payloads::{self, UpdateTemplate};
 use crate::stats::{Summary, Table, ms, summarize};
@@ -61,6 +62,10 @@ pub struct HooksArgs {
     /// Drive only our server (for profiling it alone; no ratios then).
     #[arg(long)]
     ours_only: bool,
+    /// The ceiling to compare with: `parse` (bare server that parses each body into a `serde_json::Value`; the
+    /// targets are set against it) or `constant` (it only reads the body).
+    #[arg(long, value_enum, default_value_t = Ceiling::Parse)]
+    ceiling: Ceiling,
     /// Our server's store: `file` (the default store, a fresh redb file in a temporary directory) or `memory`.
     #[arg(long, default_value = "file", value_parser = ["file", "memory"])]
     store: String,
@@ -362,6 +367,7 @@ fn start_ours(
 fn start_ceiling(
     certs: &inplace_updater::cmd::certs::DevCertPaths,
     threads: usize,
+    kind: Ceiling,
 ) -> anyhow::Result<Hosted> {
     let config = crate::ceiling::tls_config(&certs.server_cert, &certs.server_key)?;
     host(threads, move |tx, stop| async move {
@@ -372,7 +378,7 @@ fn start_ceiling(
             return;
         };
         let _ = tx.send(addr);
-        crate::ceiling::serve(listener, config, stop).await;
+        crate::ceiling::serve(listener, config, stop, kind).await;
     })
 }
 
@@ -397,7 +403,7 @@ pub fn run(args: &HooksArgs) -> anyhow::Result<()> {
     let certs = inplace_updater::cmd::certs::write_dev_certs(&spec)?;
     let store_dir = (args.store == "file").then(|| dir.path().join("store"));
     let ours = start_ours(&certs, args.server_threads, store_dir)?;
-    let ceiling = start_ceiling(&certs, args.server_threads)?;
+    let ceiling = start_ceiling(&certs, args.server_threads, args.ceiling)?;
     let client = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -416,13 +422,17 @@ pub fn run(args: &HooksArgs) -> anyhow::Result<()> {
     println!(
         "hooks: {} connections, HTTP/1.1 keep-alive over TLS, {} round(s) × {:.1} s per kind per server; \
          ours in-process (server::run, {} store, built-in policy, {} worker threads, logging {}), \
-         ceiling: bare axum + rustls",
+         ceiling: bare axum + rustls, {}",
         args.connections,
         args.rounds,
         window.as_secs_f64(),
         args.store,
         args.server_threads,
-        if args.no_log { "off" } else { "on" }
+        if args.no_log { "off" } else { "on" },
+        match args.ceiling {
+            Ceiling::Parse => "parses each hook body into a serde_json::Value, answers a constant",
+            Ceiling::Constant => "reads each body, answers a constant",
+        }
     );
     let mut results: Vec<(Run, Run)> = workloads.iter().map(|_| Default::default()).collect();
     client.block_on(async {

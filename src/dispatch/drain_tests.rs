@@ -230,3 +230,45 @@ async fn the_drain_steps_progress_text_is_shown() {
         "{message}"
     );
 }
+
+/// An operator retry of a failed run recorded before drains were planned starts a fresh run of it, as for any
+/// failed run (the retry compares the recorded state, which has no node steps, not this version's plan id).
+#[tokio::test]
+async fn an_operator_retry_restarts_a_failed_run_recorded_before_drains() {
+    let d = dispatcher(memory().await);
+    let asked = request("m-1", false, "v1.34.1", "hi");
+    update(&d, &asked).await.unwrap();
+    let plan = d
+        .poll(&scope(), &poll_for("m-1", 0))
+        .await
+        .unwrap()
+        .plan
+        .unwrap();
+    d.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Failed))
+        .await
+        .unwrap();
+    as_written_before_drains(&d, &asked, false).await;
+    assert!(matches!(
+        d.update_machine(&asked).await.unwrap(),
+        UpdateAnswer::Failed { .. }
+    ));
+    let failed = stored(&d, KEY).await["runId"].clone();
+
+    let machine = serde_json::json!({
+        "metadata": {
+            "name": "m-1", "namespace": "default",
+            "labels": { "cluster.x-k8s.io/cluster-name": "edge-01" },
+            "annotations": { RETRY_ANNOTATION: "1" }
+        },
+        "spec": { "clusterName": "edge-01", "version": "v1.34.1" }
+    });
+    let bootstrap =
+        serde_json::json!({ "spec": { "files": [ { "path": "/etc/motd", "content": "hi" } ] } });
+    let retried = super::tests::request_of(&machine, &bootstrap);
+    let answer = d.update_machine(&retried).await.unwrap();
+    assert!(
+        matches!(answer, UpdateAnswer::InProgress { .. }),
+        "the retry restarts the run: {answer:?}"
+    );
+    assert_ne!(stored(&d, KEY).await["runId"], failed, "a fresh run");
+}

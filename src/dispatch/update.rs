@@ -291,7 +291,18 @@ impl Dispatcher {
                 .is_some_and(|(r, _)| r.retry.as_ref().is_none_or(|m| &m.value != value))
         {
             let plan = built.insert(plan_for(request, mode, &change)?);
-            let outcome = self.retry(&facts.machine, value, Some(&plan.id)).await?;
+            // A run recorded before drains were planned holds the state without node steps: the retry
+            // compares that one (the run continues as recorded, so it restarts as recorded too).
+            let state = match existing.as_ref() {
+                Some((record, _))
+                    if record
+                        .converges_to(&plan.id, || plan_id_without_node_steps(request, mode)) =>
+                {
+                    record.state_hash.clone()
+                }
+                _ => plan.id.clone(),
+            };
+            let outcome = self.retry(&facts.machine, value, Some(&state)).await?;
             if !matches!(outcome, RetryOutcome::OtherState) {
                 existing = self
                     .read::<MachineRecord>(&machine_key(&facts.machine))

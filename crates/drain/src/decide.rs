@@ -152,8 +152,9 @@ impl PodFacts {
     }
 }
 
-/// Decides what the drain does with `pod`. Skips are checked first (as Cluster API's filters
-/// short-circuit on the first skip), then blockers, emptyDir before unmanaged.
+/// Decides what the drain does with `pod`. DaemonSet and mirror pods are skipped, a pod being deleted is
+/// waited for, then the other skips (as Cluster API's filters short-circuit on the first skip), then
+/// blockers, emptyDir before unmanaged.
 pub fn classify(pod: &PodFacts, options: DrainOptions) -> Verdict {
     if pod.controller_kind.as_deref() == Some("DaemonSet") {
         return Verdict::Skip(SkipReason::DaemonSet);
@@ -161,14 +162,16 @@ pub fn classify(pod: &PodFacts, options: DrainOptions) -> Verdict {
     if pod.mirror {
         return Verdict::Skip(SkipReason::Mirror);
     }
+    // A pod being deleted is waited for even when its phase already says finished: the kubelet sets
+    // Succeeded/Failed during graceful deletion, before the volumes are torn down and the object goes.
+    if pod.deleting {
+        return Verdict::WaitDeleting;
+    }
     if pod.finished() {
         return Verdict::Skip(SkipReason::Finished);
     }
     if pod.skip_label {
         return Verdict::Skip(SkipReason::Label);
-    }
-    if pod.deleting {
-        return Verdict::WaitDeleting;
     }
     if pod.empty_dir && !options.delete_empty_dir_data {
         return Verdict::Block(BlockReason::EmptyDir);

@@ -93,6 +93,16 @@ fn classify_table() {
             Verdict::WaitDeleting,
         ),
         (
+            "finished pod still being deleted is waited for (volumes not torn down yet)",
+            PodFacts {
+                deleting: true,
+                phase: Some("Succeeded".into()),
+                ..pod("a")
+            },
+            none,
+            Verdict::WaitDeleting,
+        ),
+        (
             "emptyDir blocks without the option",
             PodFacts {
                 empty_dir: true,

@@ -38,6 +38,11 @@ pub const DEFAULT_EVICTION_RETRY_INTERVAL: Duration = Duration::from_secs(5);
 pub const MIN_INTERVAL: Duration = Duration::from_millis(50);
 /// Longest interval accepted for either.
 pub const MAX_INTERVAL: Duration = Duration::from_secs(60);
+/// How long one call (get or patch the Node, list or get pods) keeps retrying a transient failure — a
+/// connection error, 429 (API throttling), 500, 502, 503 or 504 — at the poll interval, at most until the
+/// step's deadline. Right after `kubeadm upgrade` restarts a control plane node's API server such failures
+/// are expected; one of them must not fail the step (or leave the node cordoned at the uncordon).
+pub const TRANSIENT_RETRY_WINDOW: Duration = Duration::from_secs(60);
 
 /// Why a drain, uncordon or wait did not end well.
 #[derive(Debug, thiserror::Error)]
@@ -166,6 +171,15 @@ fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(r) if r.code == 404)
 }
 
+/// A failure worth asking again ([`TRANSIENT_RETRY_WINDOW`]).
+fn is_transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(r) => matches!(r.code, 429 | 500 | 502 | 503 | 504),
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
 /// How the API answered one eviction.
 enum EvictionAnswer {
     Accepted,
@@ -193,10 +207,31 @@ impl Drainer {
     }
 
     async fn get_node(&self) -> Result<Node, DrainError> {
-        self.nodes()
-            .get(&self.node)
+        let nodes = self.nodes();
+        self.retrying(|| nodes.get(&self.node))
             .await
             .map_err(api_error(format!("get Node {}", self.node)))
+    }
+
+    /// Runs `call` again after the poll interval while it fails transiently ([`is_transient`]), for at most
+    /// [`TRANSIENT_RETRY_WINDOW`]; the caller's step deadline bounds it too (the agent drops the future).
+    async fn retrying<T, F, Fut>(&self, mut call: F) -> Result<T, kube::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, kube::Error>>,
+    {
+        let give_up = Instant::now() + TRANSIENT_RETRY_WINDOW;
+        loop {
+            match call().await {
+                Err(e)
+                    if is_transient(&e) && Instant::now() + self.timing.poll_interval < give_up =>
+                {
+                    tracing::debug!(error = %e, "transient API failure; asking again");
+                    tokio::time::sleep(self.timing.poll_interval).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Whether the node is cordoned (`spec.unschedulable`).
@@ -219,8 +254,10 @@ impl Drainer {
 
     async fn patch_unschedulable(&self, value: serde_json::Value) -> Result<(), DrainError> {
         let patch = serde_json::json!({"spec": {"unschedulable": value}});
-        self.nodes()
-            .patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
+        let nodes = self.nodes();
+        let params = PatchParams::default();
+        let merge = Patch::Merge(&patch);
+        self.retrying(|| nodes.patch(&self.node, &params, &merge))
             .await
             .map_err(api_error(format!(
                 "patch Node {} spec.unschedulable",
@@ -236,8 +273,8 @@ impl Drainer {
             .limit(MAX_PODS_PER_PAGE);
         let mut facts = Vec::new();
         loop {
-            let page = pods
-                .list(&params)
+            let page = self
+                .retrying(|| pods.list(&params))
                 .await
                 .map_err(api_error(format!("list pods on {}", self.node)))?;
             facts.extend(page.items.iter().map(PodFacts::from_pod));
@@ -254,9 +291,16 @@ impl Drainer {
     /// True when the pod `key` with `uid` no longer exists (404, or the name now has another uid).
     async fn pod_gone(&self, pod: &PodFacts) -> Result<bool, DrainError> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
-        match pods.get(&pod.name).await {
+        match self.retrying(|| pods.get(&pod.name)).await {
             Ok(found) => Ok(found.metadata.uid.as_deref() != Some(pod.uid.as_str())),
             Err(e) if is_not_found(&e) => Ok(true),
+            // The node authorizer answers a node's get of a pod no longer bound to it with 403, not 404
+            // (AuthorizeNodeWithSelectors): the node's own pod list then tells whether it is still there.
+            Err(kube::Error::Api(r)) if r.code == 403 => Ok(!self
+                .list_pods()
+                .await?
+                .iter()
+                .any(|listed| listed.uid == pod.uid)),
             Err(e) => Err(api_error(format!("get pod {}", pod.key()))(e)),
         }
     }

@@ -313,3 +313,27 @@ async fn wrong_token_is_an_api_error() {
         .unwrap_err();
     assert!(err.to_string().contains("get Node node-a"), "{err}");
 }
+
+/// An API server restarting (503s, as right after `kubeadm upgrade` on a control plane node) does not fail a
+/// cordon, a drain or an uncordon: each call is asked again within `TRANSIENT_RETRY_WINDOW`.
+#[tokio::test]
+async fn a_restarting_api_server_is_waited_out() {
+    let server = FakeApiServer::start(FakeNode::new("node-a")).unwrap();
+    server.add_pod(
+        FakePod::new("web", "web-0")
+            .label("app", "web")
+            .owner(Some("ReplicaSet")),
+    );
+    let d = drainer(&server).await;
+    server.fail_next(3);
+    d.cordon().await.unwrap();
+    server.fail_next(3);
+    let summary = d
+        .drain(DrainOptions::default(), soon(20), &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(summary.evicted, ["web/web-0"]);
+    server.fail_next(3);
+    d.uncordon().await.unwrap();
+    assert_eq!(server.unschedulable_patches(), [Some(true), None]);
+}

@@ -160,6 +160,12 @@ impl FakeApiServer {
         lock(&self.model).patches.clone()
     }
 
+    /// Answers the next `n` requests, whatever they ask, with 503 Service Unavailable (an API server restarting
+    /// behind its address, as after `kubeadm upgrade` on a control plane node).
+    pub fn fail_next(&self, n: u32) {
+        lock(&self.model).unavailable = n;
+    }
+
     /// Every eviction answered, in order.
     pub fn evictions(&self) -> Vec<EvictionRecord> {
         lock(&self.model).evictions.clone()
@@ -246,7 +252,29 @@ fn router(model: Shared) -> Router {
         .route("/api/v1/pods", get(list_pods))
         .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
         .route("/api/v1/namespaces/{ns}/pods/{name}/eviction", post(evict))
+        .layer(axum::middleware::from_fn_with_state(model.clone(), outage))
         .with_state(model)
+}
+
+/// [`FakeApiServer::fail_next`]: 503 while requests of an outage are left.
+async fn outage(
+    State(model): State<Shared>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    {
+        let mut model = lock(&model);
+        if model.unavailable > 0 {
+            model.unavailable -= 1;
+            return answer(status(
+                503,
+                "ServiceUnavailable",
+                "the fake API server is restarting",
+                Value::Null,
+            ));
+        }
+    }
+    next.run(request).await
 }
 
 fn answer((code, body): (u16, Value)) -> Response {

@@ -164,6 +164,8 @@ pub(super) struct Model {
     pub patches: Vec<Option<bool>>,
     pub evictions: Vec<EvictionRecord>,
     pub next_uid: u64,
+    /// The next this many requests are answered 503 (an API server restarting).
+    pub unavailable: u32,
 }
 
 impl Model {
@@ -175,6 +177,7 @@ impl Model {
             patches: Vec::new(),
             evictions: Vec::new(),
             next_uid: 1,
+            unavailable: 0,
         }
     }
 
