@@ -26,6 +26,16 @@ async fn put(d: &Dispatcher, key: &str, value: &impl serde::Serialize) {
         .unwrap();
 }
 
+/// Records the run `asked` asks for and returns the plan its agent gets.
+async fn recorded(d: &Dispatcher, asked: &UpdateRequest) -> inplace_agent_api::Plan {
+    update(d, asked).await.unwrap();
+    d.poll(&scope(), &poll_for("m-1", 0))
+        .await
+        .unwrap()
+        .plan
+        .unwrap()
+}
+
 /// The Machine record and verdict of `machine` rewritten as a server before drain planning wrote them: no
 /// node change, no `nodeSteps`, and an input fingerprint of another server version.
 async fn as_written_before_drains(d: &Dispatcher, request: &UpdateRequest, node_steps: bool) {
@@ -51,13 +61,7 @@ async fn a_run_recorded_before_drains_were_planned_continues_as_recorded() {
     let d = dispatcher(memory().await);
     // The judgement "files only" plans no node steps: exactly the plan the older server recorded.
     let asked = request("m-1", false, "v1.34.1", "hi");
-    update(&d, &asked).await.unwrap();
-    let plan = d
-        .poll(&scope(), &poll_for("m-1", 0))
-        .await
-        .unwrap()
-        .plan
-        .unwrap();
+    let plan = recorded(&d, &asked).await;
     let recorded_kinds: Vec<_> = plan.steps.iter().map(|s| s.action.kind()).collect();
     assert_eq!(
         recorded_kinds,
@@ -237,13 +241,7 @@ async fn the_drain_steps_progress_text_is_shown() {
 async fn an_operator_retry_restarts_a_failed_run_recorded_before_drains() {
     let d = dispatcher(memory().await);
     let asked = request("m-1", false, "v1.34.1", "hi");
-    update(&d, &asked).await.unwrap();
-    let plan = d
-        .poll(&scope(), &poll_for("m-1", 0))
-        .await
-        .unwrap()
-        .plan
-        .unwrap();
+    let plan = recorded(&d, &asked).await;
     d.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Failed))
         .await
         .unwrap();
