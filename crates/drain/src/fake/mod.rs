@@ -252,16 +252,20 @@ fn router(model: Shared) -> Router {
         .route("/api/v1/pods", get(list_pods))
         .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
         .route("/api/v1/namespaces/{ns}/pods/{name}/eviction", post(evict))
-        .layer(axum::middleware::from_fn_with_state(model.clone(), outage))
+        .layer(axum::middleware::from_fn_with_state(model.clone(), guard))
         .with_state(model)
 }
 
-/// [`FakeApiServer::fail_next`]: 503 while requests of an outage are left.
-async fn outage(
+/// In front of every route: 401 without the kubeconfig's bearer token, then [`FakeApiServer::fail_next`]'s
+/// 503 while requests of an outage are left.
+async fn guard(
     State(model): State<Shared>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    if let Some(denied) = unauthorized(request.headers()) {
+        return denied;
+    }
     {
         let mut model = lock(&model);
         if model.unavailable > 0 {
@@ -294,14 +298,7 @@ fn unauthorized(headers: &HeaderMap) -> Option<Response> {
     (!ok).then(|| answer(status(401, "Unauthorized", "Unauthorized", Value::Null)))
 }
 
-async fn get_node(
-    State(model): State<Shared>,
-    UrlPath(name): UrlPath<String>,
-    headers: HeaderMap,
-) -> Response {
-    if let Some(denied) = unauthorized(&headers) {
-        return denied;
-    }
+async fn get_node(State(model): State<Shared>, UrlPath(name): UrlPath<String>) -> Response {
     let model = lock(&model);
     if name != model.node.name {
         return answer(status(
@@ -317,12 +314,8 @@ async fn get_node(
 async fn patch_node(
     State(model): State<Shared>,
     UrlPath(name): UrlPath<String>,
-    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Some(denied) = unauthorized(&headers) {
-        return denied;
-    }
     let mut model = lock(&model);
     if name != model.node.name {
         return answer(status(
@@ -342,11 +335,7 @@ async fn patch_node(
 async fn list_pods(
     State(model): State<Shared>,
     Query(query): Query<std::collections::BTreeMap<String, String>>,
-    headers: HeaderMap,
 ) -> Response {
-    if let Some(denied) = unauthorized(&headers) {
-        return denied;
-    }
     let mut model = lock(&model);
     model.purge();
     let on_node = query.get("fieldSelector").map(String::as_str)
@@ -379,11 +368,7 @@ async fn list_pods(
 async fn get_pod(
     State(model): State<Shared>,
     UrlPath((ns, name)): UrlPath<(String, String)>,
-    headers: HeaderMap,
 ) -> Response {
-    if let Some(denied) = unauthorized(&headers) {
-        return denied;
-    }
     let mut model = lock(&model);
     model.purge();
     match model
@@ -404,11 +389,7 @@ async fn get_pod(
 async fn evict(
     State(model): State<Shared>,
     UrlPath((ns, name)): UrlPath<(String, String)>,
-    headers: HeaderMap,
 ) -> Response {
-    if let Some(denied) = unauthorized(&headers) {
-        return denied;
-    }
     let mut model = lock(&model);
     model.purge();
     answer(model.evict(&ns, &name))
