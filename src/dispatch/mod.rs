@@ -355,6 +355,8 @@ fn parse_machine(rest: &str) -> Option<MachineRef> {
 }
 
 #[cfg(test)]
+mod crash_tests;
+#[cfg(test)]
 mod drain_tests;
 #[cfg(test)]
 mod hold_tests;
