@@ -129,6 +129,46 @@ pub async fn judge_machine_sets(
     Ok(())
 }
 
+/// What judging MachineSets took: the Failure answers CAPI had to ask again after, and each call's latency.
+#[derive(Default)]
+pub struct Judged {
+    pub failures: usize,
+    pub calls: Vec<Duration>,
+}
+
+/// CanUpdateMachineSet for each cluster's new MachineSet on one connection, each asked again after a Failure
+/// answer (as the MachineDeployment controller does on its next reconcile), at most `attempts` times.
+pub async fn judge_machine_sets_retrying(
+    addr: SocketAddr,
+    tls: &TlsConnector,
+    clusters: impl Iterator<Item = String>,
+    attempts: usize,
+) -> anyhow::Result<Judged> {
+    let path = format!("{}?timeout=10s", Hook::CanUpdateMachineSet.path());
+    let mut conn = Conn::open(tls, addr, None, None).await?;
+    let mut judged = Judged::default();
+    for cluster in clusters {
+        let body: Bytes = crate::payloads::can_update_machine_set(&cluster)?.into();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let sent = Instant::now();
+            let reply = conn.post(&path, body.clone()).await?;
+            judged.calls.push(sent.elapsed());
+            let answer: serde_json::Value = serde_json::from_slice(&reply.body)?;
+            if reply.status == 200 && answer["status"] == "Success" {
+                break;
+            }
+            judged.failures += 1;
+            anyhow::ensure!(
+                attempt < attempts,
+                "CanUpdateMachineSet for {cluster}, {attempt} times: {answer}"
+            );
+        }
+    }
+    Ok(judged)
+}
+
 /// Drives every target until Done, Failure, or `deadline` from now; each target's calls go to the servers its
 /// `replicas` names, in turn.
 pub async fn drive(

@@ -42,6 +42,11 @@ pub const TARGET_P99: Duration = Duration::from_secs(1);
 const AGENTS_CONNECTED_METRIC: &str = "inplace_updater_agents_connected";
 /// Each replica's count of hook calls, by hook and status.
 const HOOK_CALLS_METRIC: &str = "inplace_updater_hook_calls_total";
+/// Each replica's store operations (count and summed seconds), by operation.
+const STORE_OPS_COUNT: &str = "inplace_updater_store_operation_duration_seconds_count";
+const STORE_OPS_SUM: &str = "inplace_updater_store_operation_duration_seconds_sum";
+/// Most CanUpdateMachineSet calls per MachineSet (the first, then one more after each Failure answer).
+pub const JUDGE_ATTEMPTS: usize = 10;
 
 #[derive(clap::Args)]
 pub struct ReplicasArgs {
@@ -102,6 +107,8 @@ pub struct ReplicaOutcome {
     pub assigned: usize,
     /// UpdateMachine calls it answered (its own counter; 0 when it answered none).
     pub update_calls: f64,
+    /// Writes (`put`) it made to etcd, and their summed duration in seconds.
+    pub puts: (f64, f64),
     pub plans_logged: usize,
 }
 
@@ -123,6 +130,7 @@ pub struct ReplicasOutcome {
     pub shared: Arc<Shared>,
     pub target_indices: Vec<usize>,
     pub capi: CapiResult,
+    pub judged: crate::capi::Judged,
     pub wait_seconds: u32,
 }
 
@@ -340,6 +348,7 @@ fn run_outcome(args: &ReplicasArgs) -> anyhow::Result<ReplicasOutcome> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let mut judged = crate::capi::Judged::default();
     let capi = if target_count == 0 {
         CapiResult::default()
     } else {
@@ -351,9 +360,11 @@ fn run_outcome(args: &ReplicasArgs) -> anyhow::Result<ReplicasOutcome> {
                     .iter()
                     .filter(|&&cluster| cluster % replica_count == replica)
                     .map(|cluster| format!("edge-{cluster:03}"));
-                capi::judge_machine_sets(addr, &tls, mine)
+                let one = capi::judge_machine_sets_retrying(addr, &tls, mine, JUDGE_ATTEMPTS)
                     .await
                     .context("CanUpdateMachineSet")?;
+                judged.failures += one.failures;
+                judged.calls.extend(one.calls);
             }
             anyhow::Ok(())
         })?;
@@ -436,6 +447,12 @@ fn run_outcome(args: &ReplicasArgs) -> anyhow::Result<ReplicasOutcome> {
             update_calls: replica
                 .metric(HOOK_CALLS_METRIC, "hook=\"UpdateMachine\"")?
                 .unwrap_or(0.0),
+            puts: (
+                replica
+                    .metric(STORE_OPS_COUNT, "op=\"put\"")?
+                    .unwrap_or(0.0),
+                replica.metric(STORE_OPS_SUM, "op=\"put\"")?.unwrap_or(0.0),
+            ),
             assigned: (0..agent_count).filter(|a| a % replica_count == i).count(),
             plans_logged: replica.log_lines_with("plan handed to agent"),
         });
@@ -461,6 +478,7 @@ fn run_outcome(args: &ReplicasArgs) -> anyhow::Result<ReplicasOutcome> {
         shared,
         target_indices,
         capi,
+        judged,
         wait_seconds: args.wait_seconds,
     })
 }

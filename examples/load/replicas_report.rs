@@ -67,13 +67,16 @@ impl ReplicasOutcome {
             .fold((0, 0), |(e, r), (_, _, c)| (e + c.errors, r + c.reconnects))
     }
 
-    /// Every error of the run: failed agent requests, reconnects, failed or refused UpdateMachine calls, and
-    /// plans for Machines nobody gave work.
+    /// Every error of the run: failed agent requests, reconnects, failed or refused UpdateMachine and
+    /// CanUpdateMachineSet calls, and plans for Machines nobody gave work.
     fn errors(&self) -> u64 {
         let (errors, reconnects) = self.agent_errors();
         errors
             + reconnects
-            + (self.capi.errors + self.capi.failures + self.plans_without_work()) as u64
+            + (self.capi.errors
+                + self.capi.failures
+                + self.judged.failures
+                + self.plans_without_work()) as u64
     }
 
     fn oldest_poll_seen(&self) -> Duration {
@@ -104,6 +107,7 @@ impl ReplicasOutcome {
             "agents_connected (its gauge)",
             "UpdateMachine calls answered (its counter)",
             "plans handed (its log)",
+            "etcd writes (mean)",
             "RSS started",
             "RSS fleet connected",
             "RSS after updates",
@@ -119,6 +123,13 @@ impl ReplicasOutcome {
                 format!("{:.0}", replica.agents_gauge),
                 format!("{:.0}", replica.update_calls),
                 replica.plans_logged.to_string(),
+                format!(
+                    "{:.0} ({})",
+                    replica.puts.0,
+                    ms(Duration::from_secs_f64(
+                        replica.puts.1 / replica.puts.0.max(1.0)
+                    ))
+                ),
             ];
             row.extend(process_cells(&replica.samples));
             table.row(row);
@@ -155,8 +166,10 @@ impl ReplicasOutcome {
         let steps = self.latencies(|s, i| &s.step_started[i]);
         let calls = summarize(self.capi.first_calls.clone());
         let done = summarize(self.capi.done_after.clone());
+        let judge = summarize(self.judged.calls.clone());
         let mut table = Table::new(&["measure", "n", "p50", "p99", "max"]);
         for (name, s) in [
+            ("CanUpdateMachineSet call (once per cluster)", judge),
             ("UpdateMachine call (first call per Machine)", calls),
             (
                 "dispatch: UpdateMachine sent (one replica) → agent's poll returns its plan (another)",
@@ -202,6 +215,10 @@ impl ReplicasOutcome {
             (
                 "request errors / reconnects",
                 format!("{errors} / {reconnects}"),
+            ),
+            (
+                "CanUpdateMachineSet Failure answers (asked again)",
+                self.judged.failures.to_string(),
             ),
             (
                 "plans received / Machines given work",
