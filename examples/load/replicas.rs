@@ -86,6 +86,9 @@ pub struct ReplicasArgs {
     /// TLS handshakes in flight at once per child while the fleet connects.
     #[arg(long, default_value_t = 64)]
     connect_concurrency: usize,
+    /// Keep the scratch directory (replica, etcd and child logs) and print its path.
+    #[arg(long)]
+    keep_dir: bool,
 }
 
 /// Samples of one process at each phase boundary.
@@ -193,6 +196,9 @@ fn run_outcome(args: &ReplicasArgs) -> anyhow::Result<ReplicasOutcome> {
     let replica_count = args.replicas;
 
     let dir = tempfile::tempdir()?;
+    if args.keep_dir {
+        println!("scratch directory (kept): {}", dir.path().display());
+    }
     let spec =
         inplace_updater::cmd::certs::DevCertsSpec::with_defaults(dir.path().into(), vec![], vec![]);
     let certs = inplace_updater::cmd::certs::write_dev_certs(&spec)?;
@@ -460,6 +466,9 @@ fn run_outcome(args: &ReplicasArgs) -> anyhow::Result<ReplicasOutcome> {
     }
     let etcd_peak = proc_sample(etcd_pid)?;
     drop(procs);
+    if args.keep_dir {
+        let _ = dir.keep();
+    }
     Ok(ReplicasOutcome {
         agents: agent_count,
         targets: target_count,

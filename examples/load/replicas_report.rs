@@ -134,13 +134,9 @@ impl ReplicasOutcome {
             row.extend(process_cells(&replica.samples));
             table.row(row);
         }
-        let mut row = vec![
-            "etcd".into(),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-        ];
+        // The replica-only columns are empty for etcd.
+        let mut row = vec!["etcd".to_string()];
+        row.extend(std::iter::repeat_n("-".to_string(), 5));
         row.extend(process_cells(&self.etcd));
         table.row(row);
         table.print();
@@ -216,6 +212,21 @@ impl ReplicasOutcome {
                 "request errors / reconnects",
                 format!("{errors} / {reconnects}"),
             ),
+            ("polls refused, by HTTP status (part of the errors)", {
+                let mut by_status = std::collections::BTreeMap::<u16, u64>::new();
+                for (_, _, c) in &self.children {
+                    for &(status, n) in &c.refusals {
+                        *by_status.entry(status).or_default() += n;
+                    }
+                }
+                let text: Vec<String> =
+                    by_status.iter().map(|(s, n)| format!("{s}: {n}")).collect();
+                if text.is_empty() {
+                    "none".into()
+                } else {
+                    text.join(", ")
+                }
+            }),
             (
                 "CanUpdateMachineSet Failure answers (asked again)",
                 self.judged.failures.to_string(),

@@ -50,7 +50,7 @@ pub enum Event {
 }
 
 /// A child's counters.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default)]
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
 pub struct Counters {
     pub connected: usize,
     pub first_polls: usize,
@@ -59,6 +59,8 @@ pub struct Counters {
     pub oldest_poll_seen_ns: u64,
     pub errors: u64,
     pub reconnects: u64,
+    /// Polls answered with another status than 200: `(status, count)` (part of `errors`).
+    pub refusals: Vec<(u16, u64)>,
     pub peak_rss_kib: u64,
 }
 
@@ -150,6 +152,11 @@ pub fn serve(args: &SwarmArgs) -> anyhow::Result<()> {
         oldest_poll_seen_ns: oldest_seen.load(Ordering::Relaxed),
         errors: shared.errors.load(Ordering::Relaxed),
         reconnects: shared.reconnects.load(Ordering::Relaxed),
+        refusals: shared
+            .refusals
+            .lock()
+            .map(|r| r.iter().map(|(&status, &n)| (status, n)).collect())
+            .unwrap_or_default(),
         peak_rss_kib: proc_sample(std::process::id()).map_or(0, |s| s.hwm_kib),
     };
     runtime.block_on(async {
@@ -304,7 +311,7 @@ impl SwarmChild {
                     Ok(Event::Plan { agent, at_unix_ns }) => view.plans.push((agent, at_unix_ns)),
                     Ok(Event::Step { agent, at_unix_ns }) => view.steps.push((agent, at_unix_ns)),
                     Ok(Event::Final(counters)) => {
-                        view.latest = counters;
+                        view.latest = counters.clone();
                         view.last = Some(counters);
                     }
                     Err(_) => view.other.push(line),
@@ -322,7 +329,10 @@ impl SwarmChild {
 
     /// Counters as last reported.
     pub fn latest(&self) -> Counters {
-        self.view.lock().map(|v| v.latest).unwrap_or_default()
+        self.view
+            .lock()
+            .map(|v| v.latest.clone())
+            .unwrap_or_default()
     }
 
     /// Fails when the child has exited before being told to stop.
@@ -341,7 +351,7 @@ impl SwarmChild {
         }
         let started = Instant::now();
         loop {
-            let last = self.view.lock().ok().and_then(|v| v.last);
+            let last = self.view.lock().ok().and_then(|v| v.last.clone());
             if let Some(last) = last {
                 let _ = self.child.wait();
                 return Ok(last);
