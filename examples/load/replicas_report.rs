@@ -57,8 +57,14 @@ impl ReplicasOutcome {
         all - self.plans_received()
     }
 
+    /// Agents connected at their first attempt (the rest connected on a later one: see `reconnects`).
     fn connected(&self) -> usize {
         self.children.iter().map(|(_, _, c)| c.connected).sum()
+    }
+
+    /// Agents that connected (at any attempt) and sent their first poll.
+    fn polling(&self) -> usize {
+        self.children.iter().map(|(_, _, c)| c.first_polls).sum()
     }
 
     fn agent_errors(&self) -> (u64, u64) {
@@ -67,12 +73,11 @@ impl ReplicasOutcome {
             .fold((0, 0), |(e, r), (_, _, c)| (e + c.errors, r + c.reconnects))
     }
 
-    /// Every error of the run: failed agent requests, reconnects, failed or refused UpdateMachine and
-    /// CanUpdateMachineSet calls, and plans for Machines nobody gave work.
+    /// Every error of the run: failed agent requests and connects (a reconnect always follows one), failed or
+    /// refused UpdateMachine and CanUpdateMachineSet calls, and plans for Machines nobody gave work.
     fn errors(&self) -> u64 {
-        let (errors, reconnects) = self.agent_errors();
+        let (errors, _) = self.agent_errors();
         errors
-            + reconnects
             + (self.capi.errors
                 + self.capi.failures
                 + self.judged.failures
@@ -201,7 +206,11 @@ impl ReplicasOutcome {
             .unwrap_or(0);
         let mut table = Table::new(&["agents", "value"]);
         let rows = [
-            ("connected", self.connected().to_string()),
+            ("connected and polling", self.polling().to_string()),
+            (
+                "connected at the first attempt",
+                self.connected().to_string(),
+            ),
             ("idle polls answered (nothing to do)", idle.to_string()),
             (
                 "longest idle poll (waitSeconds is the bound)",
@@ -209,7 +218,7 @@ impl ReplicasOutcome {
             ),
             ("oldest outstanding poll seen", ms(self.oldest_poll_seen())),
             (
-                "request errors / reconnects",
+                "request errors / reconnects (a failed connect counts in both)",
                 format!("{errors} / {reconnects}"),
             ),
             ("polls refused, by HTTP status (part of the errors)", {
@@ -272,7 +281,7 @@ impl ReplicasOutcome {
             "\ntargets: {} agents connected: {}; {} updated (Done): {}; every target got its plan: {}; \
              dispatch p99 < {:?}: {} ({}); 0 errors: {} ({})",
             self.agents,
-            verdict(self.connected() == self.agents),
+            verdict(self.polling() == self.agents),
             self.targets,
             verdict(self.capi.done_after.len() == self.targets),
             verdict(all_planned),

@@ -136,8 +136,16 @@ fn replicas_scenario_wakes_agents_on_other_replicas_through_etcd() {
         "--retry-after-seconds",
         "1",
     ]);
-    // (The process table's headers say "connected" too; the agents table's row starts with it.)
-    assert_eq!(row_value(&stdout, "| connected "), "200", "{stdout}");
+    assert_eq!(
+        row_value(&stdout, "connected and polling"),
+        "200",
+        "{stdout}"
+    );
+    assert_eq!(
+        row_value(&stdout, "connected at the first attempt"),
+        "200",
+        "{stdout}"
+    );
     assert_eq!(
         row_value(&stdout, "plans received / Machines given work"),
         "20 / 20",
