@@ -427,11 +427,16 @@ fn run_outcome(args: &ReplicasArgs) -> anyhow::Result<ReplicasOutcome> {
             anyhow::bail!("a child's view was poisoned");
         };
         let stamp = |at: u64| at.saturating_sub(epoch_wall) + 1;
-        for &(agent, at) in &view.plans {
-            shared.plan_received[agent].store(stamp(at), Ordering::Release);
-        }
-        for &(agent, at) in &view.steps {
-            shared.step_started[agent].store(stamp(at), Ordering::Release);
+        for (slots, events) in [
+            (&shared.plan_received, &view.plans),
+            (&shared.step_started, &view.steps),
+        ] {
+            for &(agent, at) in events {
+                let slot = slots
+                    .get(agent)
+                    .with_context(|| format!("a child reported agent {agent} of {agent_count}"))?;
+                slot.store(stamp(at), Ordering::Release);
+            }
         }
     }
     let mut replicas = Vec::new();
