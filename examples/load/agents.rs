@@ -41,6 +41,8 @@ pub struct Shared {
     pub errors: AtomicU64,
     pub reconnects: AtomicU64,
     pub plans_without_work: AtomicU64,
+    /// Polls answered with another status than 200, by status (a subset of `errors`).
+    pub refusals: std::sync::Mutex<std::collections::BTreeMap<u16, u64>>,
     pub stop: CancellationToken,
 }
 
@@ -60,6 +62,7 @@ impl Shared {
             errors: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             plans_without_work: AtomicU64::new(0),
+            refusals: std::sync::Mutex::default(),
             stop: CancellationToken::new(),
         }
     }
@@ -230,9 +233,12 @@ pub async fn run(
         shared.poll_since[agent.index].store(0, Ordering::Relaxed);
         let reply = match reply {
             Ok(reply) if reply.status == 200 => reply,
-            Ok(_) => {
+            Ok(refused) => {
                 // Refused (e.g. 503): the connection is still good; back off and ask again.
                 shared.errors.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut refusals) = shared.refusals.lock() {
+                    *refusals.entry(refused.status).or_default() += 1;
+                }
                 conn = Some(live);
                 tokio::time::sleep(BACKOFF).await;
                 continue;
