@@ -17,6 +17,7 @@ pub mod records;
 mod refusal_book;
 mod refusals;
 mod retry;
+mod seen;
 mod status;
 mod update;
 pub mod verdicts;
@@ -133,6 +134,10 @@ pub struct Dispatcher {
     everyone: Notify,
     /// Exact last-seen (ms) and last persisted last-seen (ms) per agent, on this replica.
     seen: Mutex<HashMap<MachineRef, (u64, u64)>>,
+    /// Agents whose last-seen time is due to be persisted, and the task that writes them ([`seen`]).
+    seen_due: Arc<seen::SeenQueue>,
+    /// This dispatcher, for the tasks it starts itself (they must not keep it alive).
+    this: std::sync::Weak<Dispatcher>,
     shutdown: CancellationToken,
     /// Step, refusal and update-state metrics.
     metrics: FleetMetrics,
@@ -180,7 +185,9 @@ impl Dispatcher {
         shutdown: CancellationToken,
         metrics: FleetMetrics,
     ) -> Arc<Self> {
-        let dispatcher = Arc::new(Self {
+        let dispatcher = Arc::new_cyclic(|this| Self {
+            this: this.clone(),
+            seen_due: Arc::default(),
             store,
             config,
             waiters: Mutex::new(HashMap::new()),
@@ -355,7 +362,7 @@ fn parse_machine(rest: &str) -> Option<MachineRef> {
 }
 
 #[cfg(test)]
-mod crash_tests;
+mod fault_tests;
 #[cfg(test)]
 mod drain_tests;
 #[cfg(test)]

@@ -30,7 +30,9 @@ pub fn off_request_path<W: Write + Send + 'static>(out: W) -> NonBlocking {
         .thread_name("log-writer")
         .finish(out);
     let _ = DROPPED.set(writer.error_counter());
-    let mut slot = GUARD.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut slot = GUARD
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if slot.is_none() {
         *slot = Some(guard);
     }
@@ -49,7 +51,9 @@ pub fn flush() {
 
 /// Lines dropped so far because the queue was full.
 pub fn dropped_lines() -> u64 {
-    DROPPED.get().map_or(0, |counter| counter.dropped_lines() as u64)
+    DROPPED
+        .get()
+        .map_or(0, |counter| counter.dropped_lines() as u64)
 }
 
 /// Exports [`dropped_lines`] as `log_lines_dropped_total` (under the registry's prefix).
@@ -117,7 +121,10 @@ mod tests {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(
-            text.contains(&format!("inplace_updater_log_lines_dropped_total {}", dropped_lines())),
+            text.contains(&format!(
+                "inplace_updater_log_lines_dropped_total {}",
+                dropped_lines()
+            )),
             "{text}"
         );
         released.store(true, Ordering::SeqCst);

@@ -1,7 +1,8 @@
-//! The instant between every two writes of UpdateMachine: the process dies after its first k writes
-//! (k = 0, 1, …, every write a clean call makes), a fresh dispatcher on the same store takes CAPI's next
-//! call, and the promises must hold: the call is answered in progress, and the agent — also one that names
-//! itself by its node's provider id — gets the plan.
+//! Dispatch over a store that fails. The instant between every two writes of UpdateMachine: the process dies
+//! after its first k writes (k = 0, 1, …, every write a clean call makes), a fresh dispatcher on the same store
+//! takes CAPI's next call, and the promises must hold: the call is answered in progress, and the agent — also
+//! one that names itself by its node's provider id — gets the plan. And a store slow to take agents'
+//! last-seen writes never holds up their polls.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -146,5 +147,88 @@ async fn a_crash_between_any_two_writes_of_a_first_update_loses_nothing() {
             plan.is_some(),
             "after a crash at write {allowed} of {writes}, the agent naming its provider id gets no plan"
         );
+    }
+}
+
+/// A store whose writes of agent records hang until released (an etcd a second behind, at 30 000 agents).
+struct SlowAgentRecords {
+    inner: Arc<MemoryStore>,
+    released: Arc<tokio::sync::Semaphore>,
+}
+
+impl Store for SlowAgentRecords {
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Entry>, StoreError>> {
+        self.inner.get(key)
+    }
+
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        value: Vec<u8>,
+        precondition: Precondition,
+    ) -> BoxFuture<'a, Result<Write, StoreError>> {
+        Box::pin(async move {
+            if key.starts_with("agents/") {
+                let _open = self.released.acquire().await;
+            }
+            self.inner.put(key, value, precondition).await
+        })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        key: &'a str,
+        precondition: Precondition,
+    ) -> BoxFuture<'a, Result<Write, StoreError>> {
+        self.inner.delete(key, precondition)
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, StoreError>> {
+        self.inner.list(prefix)
+    }
+
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
+        self.inner.subscribe()
+    }
+
+    fn describe(&self) -> String {
+        "in-memory store whose agent-record writes hang".into()
+    }
+}
+
+#[tokio::test]
+async fn polls_are_answered_while_last_seen_writes_hang_and_the_times_land_later() {
+    let inner = Arc::new(MemoryStore::new());
+    let released = Arc::new(tokio::sync::Semaphore::new(0));
+    let d = dispatcher(Arc::new(SlowAgentRecords {
+        inner: inner.clone(),
+        released: released.clone(),
+    }));
+    let agents = 50;
+    for i in 0..agents {
+        let answered = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            d.poll(&scope(), &super::tests::poll_for(&format!("w-{i}"), 0)),
+        )
+        .await;
+        assert!(
+            matches!(answered, Ok(Ok(_))),
+            "agent {i}'s poll waited on its last-seen write: {answered:?}"
+        );
+    }
+    // This replica knows them at once; the store, once it takes writes again.
+    assert_eq!(d.agents().await.unwrap().len(), agents);
+    assert!(inner.list("agents/").await.unwrap().is_empty());
+    let mut feed = inner.subscribe();
+    released.add_permits(tokio::sync::Semaphore::MAX_PERMITS);
+    let mut persisted = std::collections::HashSet::new();
+    while persisted.len() < agents {
+        let change = tokio::time::timeout(std::time::Duration::from_secs(10), feed.recv())
+            .await
+            .expect("last-seen times never persisted")
+            .unwrap();
+        if change.key.starts_with("agents/") {
+            persisted.insert(change.key);
+        }
     }
 }
