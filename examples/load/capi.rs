@@ -48,6 +48,8 @@ pub struct CapiResult {
     pub calls: usize,
     pub failures: usize,
     pub errors: usize,
+    /// What each error was (transport error, or HTTP status and the start of the body), counted.
+    pub error_kinds: std::collections::BTreeMap<String, usize>,
 }
 
 /// The workers' kept-alive connections, per server; `gate` bounds the calls in flight over all servers.
@@ -212,10 +214,23 @@ pub async fn drive(
                 let took = sent.elapsed();
                 let is_first = first.is_none();
                 let started = *first.get_or_insert(sent);
-                let answer = match reply {
-                    Ok((status, body)) => decode(status, &body),
+                let answer = match &reply {
+                    Ok((status, body)) => decode(*status, body),
                     Err(_) => None,
                 };
+                if answer.is_none() {
+                    let kind = match &reply {
+                        Ok((status, body)) => format!(
+                            "HTTP {status}: {}",
+                            String::from_utf8_lossy(body)
+                                .chars()
+                                .take(120)
+                                .collect::<String>()
+                        ),
+                        Err(err) => format!("transport: {err:#}"),
+                    };
+                    *result.error_kinds.entry(kind).or_default() += 1;
+                }
                 if is_first && answer.is_some() {
                     result.first_calls.push(took);
                 }
@@ -245,6 +260,9 @@ pub async fn drive(
             total.done_after.extend(result.done_after);
             total.failures += result.failures;
             total.errors += result.errors;
+            for (kind, count) in result.error_kinds {
+                *total.error_kinds.entry(kind).or_default() += count;
+            }
         } else {
             total.errors += 1;
         }

@@ -258,6 +258,19 @@ impl ReplicasOutcome {
                     self.capi.done_after.len()
                 ),
             ),
+            ("UpdateMachine errors, by kind", {
+                let kinds: Vec<String> = self
+                    .capi
+                    .error_kinds
+                    .iter()
+                    .map(|(kind, count)| format!("{count} × {kind}"))
+                    .collect();
+                if kinds.is_empty() {
+                    "none".to_string()
+                } else {
+                    kinds.join("; ")
+                }
+            }),
             ("errors (all of the above)", self.errors().to_string()),
             (
                 "starved (no plan, or a poll unanswered past waitSeconds + grace)",

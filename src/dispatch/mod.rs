@@ -51,6 +51,7 @@ pub use refusals::{
 pub use retry::{
     MAX_RETRY_VALUE_BYTES, RETRY_ANNOTATION, RetryOutcome, check_retry_value, retry_command,
 };
+pub use seen::SEEN_WRITES_IN_FLIGHT;
 pub use status::{StatusRow, StatusState};
 pub(crate) use update::ago;
 pub use update::{UpdateAnswer, UpdateRequest};
@@ -134,7 +135,7 @@ pub struct Dispatcher {
     everyone: Notify,
     /// Exact last-seen (ms) and last persisted last-seen (ms) per agent, on this replica.
     seen: Mutex<HashMap<MachineRef, (u64, u64)>>,
-    /// Agents whose last-seen time is due to be persisted, and the task that writes them ([`seen`]).
+    /// Agents whose last-seen time is due to be persisted, and the task that writes them.
     seen_due: Arc<seen::SeenQueue>,
     /// This dispatcher, for the tasks it starts itself (they must not keep it alive).
     this: std::sync::Weak<Dispatcher>,
@@ -362,9 +363,9 @@ fn parse_machine(rest: &str) -> Option<MachineRef> {
 }
 
 #[cfg(test)]
-mod fault_tests;
-#[cfg(test)]
 mod drain_tests;
+#[cfg(test)]
+mod fault_tests;
 #[cfg(test)]
 mod hold_tests;
 #[cfg(test)]

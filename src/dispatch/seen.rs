@@ -1,6 +1,7 @@
 //! Agents' last-seen times. Every accepted agent request updates this replica's exact time in memory; at most
-//! every [`LAST_SEEN_PERSIST_INTERVAL`] per agent the time is also written to the agent's record, so other
-//! replicas and `status --agents` know it.
+//! every [`LAST_SEEN_PERSIST_INTERVAL`] per agent (each agent has its own interval between half of it and all
+//! of it, so a fleet that connected at once is spread out) the time is also written to the agent's record, so
+//! other replicas and `status --agents` know it.
 //!
 //! The write is never on the request's path: a due agent is queued, and a task of the dispatcher's own writes
 //! the queue out, [`SEEN_WRITES_IN_FLIGHT`] at a time. Why: with 30 000 agents on three replicas of one etcd,
@@ -18,8 +19,21 @@ use tokio::sync::Notify;
 use super::records::{AgentRecord, agent_key};
 use super::{DispatchError, Dispatcher, LAST_SEEN_PERSIST_INTERVAL, now_ms};
 
-/// Last-seen writes the background task has in flight at once (each is a read and a compare-and-swap).
-pub const SEEN_WRITES_IN_FLIGHT: usize = 16;
+/// Last-seen writes the background task has in flight at once (each is a read and a compare-and-swap). Low on
+/// purpose: these writes only refresh what other replicas show, and must leave the store to UpdateMachine.
+pub const SEEN_WRITES_IN_FLIGHT: usize = 4;
+
+/// Each agent's own persist interval, between half of [`LAST_SEEN_PERSIST_INTERVAL`] and all of it, fixed by
+/// its name: agents that connected together (a fleet after a restart) would otherwise all fall due again in the
+/// same second, every interval.
+fn persist_interval_ms(machine: &MachineRef) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let full = LAST_SEEN_PERSIST_INTERVAL.as_millis() as u64;
+    // Keys fixed by std: the same agent gets the same interval in every replica and release.
+    let mut hasher = std::hash::DefaultHasher::new();
+    machine.hash(&mut hasher);
+    full / 2 + hasher.finish() % (full / 2 + 1)
+}
 
 /// The agents due to be persisted, and whether the task writing them runs.
 #[derive(Default)]
@@ -37,7 +51,7 @@ impl Dispatcher {
             let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
             let entry = seen.entry(machine.clone()).or_insert((now, 0));
             entry.0 = now;
-            let due = now.saturating_sub(entry.1) >= LAST_SEEN_PERSIST_INTERVAL.as_millis() as u64;
+            let due = now.saturating_sub(entry.1) >= persist_interval_ms(machine);
             if due {
                 entry.1 = now;
             }
