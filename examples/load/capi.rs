@@ -32,6 +32,10 @@ pub struct CapiResult {
     pub first_calls: Vec<Duration>,
     /// From each Machine's first call until the call that answered Done.
     pub done_after: Vec<Duration>,
+    /// From the ack of the agent's last step report until CAPI had the answer Done (the rollout's wait).
+    pub done_delays: Vec<Duration>,
+    /// UpdateMachine calls of each Machine that reached Done.
+    pub calls_per_update: Vec<usize>,
     pub calls: usize,
     pub failures: usize,
     pub errors: usize,
@@ -110,7 +114,8 @@ pub async fn judge_machine_sets(
     Ok(())
 }
 
-/// Drives every target until Done, Failure, or `deadline` from now.
+/// Drives every target until Done, Failure, or `deadline` from now; the first calls spread evenly over
+/// `stagger` (target k of n starts after k/n of it).
 pub async fn drive(
     addr: SocketAddr,
     tls: TlsConnector,
@@ -118,6 +123,7 @@ pub async fn drive(
     workers: usize,
     shared: Arc<Shared>,
     deadline: Duration,
+    stagger: Duration,
 ) -> CapiResult {
     let pool = Arc::new(Pool {
         conns: Mutex::new(Vec::new()),
@@ -127,15 +133,20 @@ pub async fn drive(
     });
     let path: Arc<str> = format!("{}?timeout=10s", Hook::UpdateMachine.path()).into();
     let calls = Arc::new(AtomicUsize::new(0));
-    let until = Instant::now() + deadline;
+    let until = Instant::now() + deadline + stagger;
+    let count = targets.len().max(1) as u32;
     let mut tasks = tokio::task::JoinSet::new();
-    for target in targets {
+    for (k, target) in targets.into_iter().enumerate() {
         let (pool, path, shared, calls) =
             (pool.clone(), path.clone(), shared.clone(), calls.clone());
+        let delay = stagger * k as u32 / count;
         tasks.spawn(async move {
+            tokio::time::sleep(delay).await;
             let mut result = CapiResult::default();
             let mut first: Option<Instant> = None;
+            let mut made = 0;
             for _ in 0..MAX_CALLS_PER_MACHINE {
+                made += 1;
                 if Instant::now() >= until {
                     break;
                 }
@@ -162,6 +173,13 @@ pub async fn drive(
                 match answer {
                     Some(Answer::Done) => {
                         result.done_after.push(started.elapsed());
+                        result.calls_per_update.push(made);
+                        let acked = shared.last_step_acked[target.index].load(Ordering::Acquire);
+                        if acked != 0 {
+                            result
+                                .done_delays
+                                .push(Duration::from_nanos(shared.now().saturating_sub(acked)));
+                        }
                         break;
                     }
                     Some(Answer::Retry(after)) => tokio::time::sleep(after).await,
@@ -183,6 +201,8 @@ pub async fn drive(
         if let Ok(result) = done {
             total.first_calls.extend(result.first_calls);
             total.done_after.extend(result.done_after);
+            total.done_delays.extend(result.done_delays);
+            total.calls_per_update.extend(result.calls_per_update);
             total.failures += result.failures;
             total.errors += result.errors;
         } else {
