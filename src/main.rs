@@ -36,6 +36,8 @@ fn main() {
     if let Err(err) = run(cli) {
         fatal::exit(&fatal::of(&err));
     }
+    // Statics are not dropped at exit: write out the queued log lines (the last ones say how it stopped).
+    inplace_updater::observe::logs::flush();
 }
 
 fn init_logs(format: LogFormat) {
@@ -44,7 +46,9 @@ fn init_logs(format: LogFormat) {
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        .with_writer(inplace_updater::observe::logs::off_request_path(
+            std::io::stderr(),
+        ));
     match format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),
@@ -85,7 +89,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }),
         Command::Demo(args) => runtime.block_on(commands::demo(&args)),
-        Command::Diff(args) => std::process::exit(commands::diff(&args)),
+        Command::Diff(args) => {
+            let code = commands::diff(&args);
+            inplace_updater::observe::logs::flush();
+            std::process::exit(code)
+        }
         Command::Status(args) => {
             print!("{}", runtime.block_on(commands::status(&args))?);
             Ok(())

@@ -52,6 +52,15 @@ fn parse_step_millis(text: &str) -> Result<(u64, u64), String> {
 }
 
 impl Pace {
+    /// Steps that take no time, every Machine at once, the server's default `--retry-after`.
+    pub fn instant() -> Pace {
+        Pace {
+            step_millis: (0, 0),
+            retry_after: None,
+            stagger_seconds: 0.0,
+        }
+    }
+
     /// How long step `step` of agent `agent` takes (a fixed pseudo-random draw from `--step-millis`).
     pub fn step_duration(&self, agent: usize, step: u32) -> Duration {
         let (low, high) = self.step_millis;
@@ -82,6 +91,8 @@ pub struct Shared {
     pub errors: AtomicU64,
     pub reconnects: AtomicU64,
     pub plans_without_work: AtomicU64,
+    /// Polls answered with another status than 200, by status (a subset of `errors`).
+    pub refusals: std::sync::Mutex<std::collections::BTreeMap<u16, u64>>,
     pub stop: CancellationToken,
 }
 
@@ -102,6 +113,7 @@ impl Shared {
             errors: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             plans_without_work: AtomicU64::new(0),
+            refusals: std::sync::Mutex::default(),
             stop: CancellationToken::new(),
         }
     }
@@ -302,9 +314,12 @@ pub async fn run(
         shared.poll_since[agent.index].store(0, Ordering::Relaxed);
         let reply = match reply {
             Ok(reply) if reply.status == 200 => reply,
-            Ok(_) => {
+            Ok(refused) => {
                 // Refused (e.g. 503): the connection is still good; back off and ask again.
                 shared.errors.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut refusals) = shared.refusals.lock() {
+                    *refusals.entry(refused.status).or_default() += 1;
+                }
                 conn = Some(live);
                 tokio::time::sleep(BACKOFF).await;
                 continue;

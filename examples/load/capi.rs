@@ -1,6 +1,7 @@
 //! The CAPI side of the fleet scenarios: each Machine given work is driven as the Machine controller does —
 //! UpdateMachine, then again after `retryAfterSeconds`, until Done or Failure — through a small pool of
-//! kept-alive connections (the controller's workers).
+//! kept-alive connections (the controller's workers), to one server or, in turn, to several replicas behind
+//! the same address list.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,6 +25,18 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 pub struct Target {
     pub index: usize,
     pub body: Bytes,
+    /// Servers (indices into `drive`'s addresses) this Machine's calls go to in turn: call `n` goes to
+    /// `replicas[n % len]` (empty: the first server).
+    pub replicas: Vec<usize>,
+}
+
+impl Target {
+    fn replica(&self, call: usize) -> usize {
+        self.replicas
+            .get(call % self.replicas.len().max(1))
+            .copied()
+            .unwrap_or(0)
+    }
 }
 
 #[derive(Default)]
@@ -41,29 +54,35 @@ pub struct CapiResult {
     pub errors: usize,
 }
 
+/// The workers' kept-alive connections, per server; `gate` bounds the calls in flight over all servers.
 struct Pool {
-    conns: Mutex<Vec<Conn>>,
+    conns: Vec<Mutex<Vec<Conn>>>,
     gate: tokio::sync::Semaphore,
-    addr: SocketAddr,
+    addrs: Vec<SocketAddr>,
     tls: TlsConnector,
 }
 
 impl Pool {
     async fn call(
         &self,
+        server: usize,
         path: &str,
         body: Bytes,
         before_send: impl FnOnce(),
     ) -> anyhow::Result<(u16, Bytes)> {
         let _permit = self.gate.acquire().await?;
-        let conn = self.conns.lock().await.pop();
+        let server = server.min(self.addrs.len().saturating_sub(1));
+        let (Some(idle), Some(&addr)) = (self.conns.get(server), self.addrs.get(server)) else {
+            anyhow::bail!("no server to call");
+        };
+        let conn = idle.lock().await.pop();
         let mut conn = match conn {
             Some(conn) => conn,
-            None => Conn::open(&self.tls, self.addr, None, None).await?,
+            None => Conn::open(&self.tls, addr, None, None).await?,
         };
         before_send();
         let reply = conn.post(path, body).await?;
-        self.conns.lock().await.push(conn);
+        idle.lock().await.push(conn);
         Ok((reply.status, reply.body))
     }
 }
@@ -114,10 +133,51 @@ pub async fn judge_machine_sets(
     Ok(())
 }
 
-/// Drives every target until Done, Failure, or `deadline` from now; the first calls spread evenly over
-/// `stagger` (target k of n starts after k/n of it).
-pub async fn drive(
+/// What judging MachineSets took: the Failure answers CAPI had to ask again after, and each call's latency.
+#[derive(Default)]
+pub struct Judged {
+    pub failures: usize,
+    pub calls: Vec<Duration>,
+}
+
+/// CanUpdateMachineSet for each cluster's new MachineSet on one connection, each asked again after a Failure
+/// answer (as the MachineDeployment controller does on its next reconcile), at most `attempts` times.
+pub async fn judge_machine_sets_retrying(
     addr: SocketAddr,
+    tls: &TlsConnector,
+    clusters: impl Iterator<Item = String>,
+    attempts: usize,
+) -> anyhow::Result<Judged> {
+    let path = format!("{}?timeout=10s", Hook::CanUpdateMachineSet.path());
+    let mut conn = Conn::open(tls, addr, None, None).await?;
+    let mut judged = Judged::default();
+    for cluster in clusters {
+        let body: Bytes = crate::payloads::can_update_machine_set(&cluster)?.into();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let sent = Instant::now();
+            let reply = conn.post(&path, body.clone()).await?;
+            judged.calls.push(sent.elapsed());
+            let answer: serde_json::Value = serde_json::from_slice(&reply.body)?;
+            if reply.status == 200 && answer["status"] == "Success" {
+                break;
+            }
+            judged.failures += 1;
+            anyhow::ensure!(
+                attempt < attempts,
+                "CanUpdateMachineSet for {cluster}, {attempt} times: {answer}"
+            );
+        }
+    }
+    Ok(judged)
+}
+
+/// Drives every target until Done, Failure, or `deadline` from now; each target's calls go to the servers its
+/// `replicas` names, in turn; the first calls spread evenly over `stagger` (target k of n starts after k/n of
+/// it).
+pub async fn drive(
+    addrs: Vec<SocketAddr>,
     tls: TlsConnector,
     targets: Vec<Target>,
     workers: usize,
@@ -126,9 +186,9 @@ pub async fn drive(
     stagger: Duration,
 ) -> CapiResult {
     let pool = Arc::new(Pool {
-        conns: Mutex::new(Vec::new()),
+        conns: addrs.iter().map(|_| Mutex::new(Vec::new())).collect(),
         gate: tokio::sync::Semaphore::new(workers),
-        addr,
+        addrs,
         tls,
     });
     let path: Arc<str> = format!("{}?timeout=10s", Hook::UpdateMachine.path()).into();
@@ -144,15 +204,13 @@ pub async fn drive(
             tokio::time::sleep(delay).await;
             let mut result = CapiResult::default();
             let mut first: Option<Instant> = None;
-            let mut made = 0;
-            for _ in 0..MAX_CALLS_PER_MACHINE {
-                made += 1;
+            for call in 0..MAX_CALLS_PER_MACHINE {
                 if Instant::now() >= until {
                     break;
                 }
                 let mut sent = Instant::now();
                 let reply = pool
-                    .call(&path, target.body.clone(), || {
+                    .call(target.replica(call), &path, target.body.clone(), || {
                         sent = Instant::now();
                         if first.is_none() {
                             shared.mark(&shared.update_sent, target.index);
@@ -173,7 +231,7 @@ pub async fn drive(
                 match answer {
                     Some(Answer::Done) => {
                         result.done_after.push(started.elapsed());
-                        result.calls_per_update.push(made);
+                        result.calls_per_update.push(call + 1);
                         let acked = shared.last_step_acked[target.index].load(Ordering::Acquire);
                         if acked != 0 {
                             result

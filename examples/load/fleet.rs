@@ -157,12 +157,12 @@ struct FleetOutcome {
     plans_logged: usize,
 }
 
-fn source_ip(index: usize) -> IpAddr {
+pub(crate) fn source_ip(index: usize) -> IpAddr {
     let n = 2 + (index / AGENTS_PER_SOURCE_IP) as u8;
     IpAddr::V4(Ipv4Addr::new(127, 0, 0, n))
 }
 
-fn machine_name(cluster: usize, index: usize) -> String {
+pub(crate) fn machine_name(cluster: usize, index: usize) -> String {
     format!("edge-{cluster:03}-md-0-{index:05}")
 }
 
@@ -353,11 +353,12 @@ fn run(
                     body: template
                         .body(&machine_name(cluster, index), &format!("edge-{cluster:03}"))
                         .into(),
+                    replicas: vec![0],
                 }
             })
             .collect();
         let driver = tokio::spawn(capi::drive(
-            addr,
+            vec![addr],
             tls.clone(),
             targets,
             common.capi_workers.clamp(1, 256),

@@ -383,12 +383,13 @@ fn start_ceiling(
 }
 
 fn install_logging() {
-    // One JSON line per call, written to /dev/null with a real write(2), as the binary writes to stderr.
+    // One JSON line per call, written to /dev/null with a real write(2) by the log thread, as the binary
+    // writes to stderr.
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
         let _ = tracing_subscriber::fmt()
             .json()
             .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
-            .with_writer(std::sync::Mutex::new(null))
+            .with_writer(inplace_updater::observe::logs::off_request_path(null))
             .try_init();
     }
 }

@@ -1,9 +1,10 @@
 //! Load harness for the updater: hook throughput against a bare axum + rustls ceiling (`hooks`), a fleet of
-//! long-polling agents with CAPI-style UpdateMachine calls (`fleet`), and issue 4's 1 000-agent dispatch
-//! benchmark (`dispatch`). Everything runs on loopback, every loop is bounded in count and time, and each
-//! scenario prints a Markdown table with figures and the ratios measured in the same run.
+//! long-polling agents with CAPI-style UpdateMachine calls (`fleet`), issue 4's 1 000-agent dispatch
+//! benchmark (`dispatch`), and a fleet spread over several replicas on one real etcd (`replicas`). Everything
+//! runs on loopback, every loop is bounded in count and time, and each scenario prints a Markdown table with
+//! figures and the ratios measured in the same run.
 //!
-//! `cargo build --release && cargo run --release --example load -- <hooks|fleet|dispatch> [options]`
+//! `cargo build --release && cargo run --release --example load -- <hooks|fleet|dispatch|replicas> [options]`
 
 mod agents;
 mod capi;
@@ -13,7 +14,9 @@ mod hooks;
 mod net;
 mod payloads;
 mod process;
+mod replicas;
 mod stats;
+mod swarm;
 
 use clap::{Parser, Subcommand};
 
@@ -41,6 +44,12 @@ enum Scenario {
     Fleet(fleet::FleetArgs),
     /// Issue 4's benchmark: 1 000 agents connected, work for each of them, time until each has its plan.
     Dispatch(fleet::DispatchArgs),
+    /// Issue 18's scale-out: one real etcd, several server replicas on it, agents spread over them and held by
+    /// child processes, UpdateMachine sent to another replica than the agent's.
+    Replicas(replicas::ReplicasArgs),
+    /// (Used by `replicas`.) A slice of the fleet's agents held in a child process, reporting on stdout.
+    #[command(hide = true)]
+    AgentSwarm(swarm::SwarmArgs),
     /// (Used by `fleet --compare-ceiling`.) The bare axum + rustls ceiling as a process of its own.
     #[command(hide = true)]
     CeilingServe {
@@ -54,13 +63,18 @@ enum Scenario {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let limit = raise_open_files(WANTED_OPEN_FILES);
-    println!(
-        "open-file limit: {limit} (asked for {WANTED_OPEN_FILES}; the server process inherits it)"
-    );
+    // A swarm child's stdout is its report to the parent: nothing else goes there.
+    if !matches!(cli.scenario, Scenario::AgentSwarm(_)) {
+        println!(
+            "open-file limit: {limit} (asked for {WANTED_OPEN_FILES}; the server process inherits it)"
+        );
+    }
     match cli.scenario {
         Scenario::Hooks(args) => hooks::run(&args),
         Scenario::Fleet(args) => fleet::run_fleet(&args),
         Scenario::Dispatch(args) => fleet::run_dispatch(&args),
+        Scenario::Replicas(args) => replicas::run(&args),
+        Scenario::AgentSwarm(args) => swarm::serve(&args),
         Scenario::CeilingServe { tls_cert, tls_key } => ceiling::serve_process(&tls_cert, &tls_key),
     }
 }

@@ -1,5 +1,6 @@
 //! The real `inplace-updater serve` binary as a child process on port-0 loopback listeners, its log kept in a
-//! file, stopped with SIGTERM (then SIGKILL) when dropped.
+//! file, stopped with SIGTERM (then SIGKILL) when dropped; and the plaintext GET that reads its `/readyz` and
+//! `/metrics`.
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::SocketAddr;
@@ -13,11 +14,59 @@ use anyhow::{Context as _, bail};
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest we wait for it to exit after SIGTERM before SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// Longest one plaintext GET of `/readyz` or `/metrics` may take.
+const ADMIN_GET_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause between `/readyz` probes while a server starts (a poll interval, not a wait for an event).
+const READY_POLL: Duration = Duration::from_millis(20);
+/// Most bytes read from one admin answer (`/metrics` of a replica is a few KiB).
+const ADMIN_ANSWER_LIMIT: u64 = 1 << 20;
 
 pub struct ServerProcess {
     child: Child,
     pub hooks: SocketAddr,
+    /// The plaintext `/healthz` + `/readyz` listener (not reported by the ceiling).
+    pub health: Option<SocketAddr>,
+    /// The plaintext `/metrics` listener (not reported by the ceiling).
+    pub metrics: Option<SocketAddr>,
     pub log: PathBuf,
+}
+
+/// The addresses a server reports in its `listening` line.
+#[derive(Clone, Copy)]
+struct Listening {
+    hooks: SocketAddr,
+    health: Option<SocketAddr>,
+    metrics: Option<SocketAddr>,
+}
+
+impl Listening {
+    fn parse(line: &str) -> Option<Listening> {
+        let value = serde_json::from_str::<serde_json::Value>(line).ok()?;
+        let field = |name: &str| value["fields"][name].as_str()?.parse::<SocketAddr>().ok();
+        Some(Listening {
+            hooks: field("hooks")?,
+            health: field("health"),
+            metrics: field("metrics"),
+        })
+    }
+}
+
+/// `GET path` over plain HTTP/1.0; the status code and the body.
+pub fn admin_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    use std::io::Read as _;
+    let mut conn = std::net::TcpStream::connect_timeout(&addr, ADMIN_GET_TIMEOUT)?;
+    conn.set_read_timeout(Some(ADMIN_GET_TIMEOUT))?;
+    conn.set_write_timeout(Some(ADMIN_GET_TIMEOUT))?;
+    write!(conn, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut answer = String::new();
+    conn.take(ADMIN_ANSWER_LIMIT).read_to_string(&mut answer)?;
+    let (head, body) = answer.split_once("\r\n\r\n").context("no end of headers")?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .context("no status code")?;
+    Ok((status, body.to_string()))
 }
 
 /// `target/release/inplace-updater` next to this example (`target/release/examples/load`).
@@ -104,19 +153,16 @@ impl ServerProcess {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
                 if !sent {
-                    let hooks = serde_json::from_str::<serde_json::Value>(&line)
-                        .ok()
-                        .and_then(|v| v["fields"]["hooks"].as_str()?.parse::<SocketAddr>().ok());
-                    if let Some(hooks) = hooks {
-                        let _ = tx.send(hooks);
+                    if let Some(listening) = Listening::parse(&line) {
+                        let _ = tx.send(listening);
                         sent = true;
                     }
                 }
                 let _ = writeln!(file, "{line}");
             }
         });
-        let hooks = match rx.recv_timeout(START_TIMEOUT) {
-            Ok(hooks) => hooks,
+        let listening = match rx.recv_timeout(START_TIMEOUT) {
+            Ok(listening) => listening,
             Err(_) => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -124,7 +170,54 @@ impl ServerProcess {
                 bail!("the server did not report its addresses; its log:\n{text}");
             }
         };
-        Ok(ServerProcess { child, hooks, log })
+        Ok(ServerProcess {
+            child,
+            hooks: listening.hooks,
+            health: listening.health,
+            metrics: listening.metrics,
+            log,
+        })
+    }
+
+    /// Waits until `/readyz` answers 200 (the store is open and the listeners bound), within `START_TIMEOUT`.
+    pub fn wait_ready(&self) -> anyhow::Result<()> {
+        let health = self
+            .health
+            .context("the server reported no health address")?;
+        let started = Instant::now();
+        loop {
+            if let Ok((200, _)) = admin_get(health, "/readyz") {
+                return Ok(());
+            }
+            if started.elapsed() > START_TIMEOUT {
+                let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+                bail!("the server was not ready within {START_TIMEOUT:?}; its log:\n{text}");
+            }
+            std::thread::sleep(READY_POLL);
+        }
+    }
+
+    /// The sum of the series named `name` in the server's `/metrics` whose labels contain `labels` (e.g.
+    /// `inplace_updater_agents_connected` and "", or `inplace_updater_hook_calls_total` and
+    /// `hook="UpdateMachine"`); `None` when there is no such series (a labelled counter appears with its first
+    /// count).
+    pub fn metric(&self, name: &str, labels: &str) -> anyhow::Result<Option<f64>> {
+        let metrics = self
+            .metrics
+            .context("the server reported no metrics address")?;
+        let (status, body) = admin_get(metrics, "/metrics")?;
+        anyhow::ensure!(status == 200, "/metrics answered {status}");
+        let values: Vec<f64> = body
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .filter_map(|line| {
+                let (series, value) = line.rsplit_once(' ')?;
+                let (series_name, series_labels) = series.split_once('{').unwrap_or((series, ""));
+                (series_name == name && series_labels.contains(labels))
+                    .then(|| value.trim().parse::<f64>().ok())?
+            })
+            .collect();
+        Ok((!values.is_empty()).then(|| values.iter().sum()))
     }
 
     pub fn pid(&self) -> u32 {

@@ -204,6 +204,7 @@ pub fn exit(fatal: &Fatal) -> ! {
         (None, Some(fix)) => tracing::error!(fix = %fix, "cannot go on: {}", fatal.problem),
         (None, None) => tracing::error!("cannot go on: {}", fatal.problem),
     }
+    crate::observe::logs::flush();
     std::process::exit(EXIT_FATAL)
 }
 

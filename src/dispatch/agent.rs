@@ -11,10 +11,10 @@ use inplace_agent_api::{
 use super::hold::hold_for;
 use super::pace::StepKind;
 use super::records::{
-    AgentRecord, MachineRecord, ProviderIndex, RunOutcome, UpdateRecord, agent_key, machine_key,
-    provider_key, update_key, valid_segment,
+    MachineRecord, ProviderIndex, RunOutcome, UpdateRecord, machine_key, provider_key, update_key,
+    valid_segment,
 };
-use super::{DispatchError, Dispatcher, LAST_SEEN_PERSIST_INTERVAL, now_ms};
+use super::{DispatchError, Dispatcher, now_ms};
 
 /// What a verified agent token allows.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -109,39 +109,6 @@ impl Dispatcher {
         Ok(record)
     }
 
-    fn mark_seen(&self, machine: &MachineRef) -> bool {
-        let now = now_ms();
-        let mut seen = self
-            .seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let entry = seen.entry(machine.clone()).or_insert((now, 0));
-        entry.0 = now;
-        if now.saturating_sub(entry.1) >= LAST_SEEN_PERSIST_INTERVAL.as_millis() as u64 {
-            entry.1 = now;
-            return true;
-        }
-        false
-    }
-
-    async fn persist_seen(
-        &self,
-        machine: &MachineRef,
-        inventory: Option<InventoryReport>,
-    ) -> Result<(), DispatchError> {
-        let now = now_ms();
-        self.update(&agent_key(machine), |current: Option<&AgentRecord>| {
-            Ok(Some(AgentRecord {
-                last_seen_ms: now,
-                inventory: inventory
-                    .clone()
-                    .or_else(|| current.and_then(|c| c.inventory.clone())),
-            }))
-        })
-        .await?;
-        Ok(())
-    }
-
     /// Folds the agent's own summary into the run it names (recovers reports lost in a crash).
     /// A hold in it counts only when it is the hold the server puts on that run (`record`: the Machine's
     /// record): an agent confirms holds, it cannot make them up.
@@ -217,9 +184,8 @@ impl Dispatcher {
         // Against the Machine's record, not just the namespace: a cluster token of the same namespace must be
         // refused before its `current` progress is folded into another cluster's run.
         let record = self.scoped_machine(scope, &machine).await?;
-        if self.mark_seen(&machine) {
-            self.persist_seen(&machine, None).await?;
-        }
+        // Persisted (when due) by a background task: the poll never waits on a store write for it.
+        self.mark_seen(&machine);
         if let Some(progress) = &request.current {
             self.absorb_progress(&machine, progress, record.as_ref())
                 .await?;

@@ -18,6 +18,7 @@ pub mod records;
 mod refusal_book;
 mod refusals;
 mod retry;
+mod seen;
 mod status;
 mod update;
 pub mod verdicts;
@@ -146,6 +147,10 @@ pub struct Dispatcher {
     everyone: Notify,
     /// Exact last-seen (ms) and last persisted last-seen (ms) per agent, on this replica.
     seen: Mutex<HashMap<MachineRef, (u64, u64)>>,
+    /// Agents whose last-seen time is due to be persisted, and the task that writes them ([`seen`]).
+    seen_due: Arc<seen::SeenQueue>,
+    /// This dispatcher, for the tasks it starts itself (they must not keep it alive).
+    this: std::sync::Weak<Dispatcher>,
     shutdown: CancellationToken,
     /// Step, refusal and update-state metrics.
     metrics: FleetMetrics,
@@ -195,7 +200,9 @@ impl Dispatcher {
         shutdown: CancellationToken,
         metrics: FleetMetrics,
     ) -> Arc<Self> {
-        let dispatcher = Arc::new(Self {
+        let dispatcher = Arc::new_cyclic(|this| Self {
+            this: this.clone(),
+            seen_due: Arc::default(),
             store,
             config,
             waiters: Mutex::new(HashMap::new()),
@@ -372,6 +379,8 @@ fn parse_machine(rest: &str) -> Option<MachineRef> {
 
 #[cfg(test)]
 mod drain_tests;
+#[cfg(test)]
+mod fault_tests;
 #[cfg(test)]
 mod hold_tests;
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use inplace_agent_api::{KubeadmUpgradeMode, Plan};
+use inplace_agent_api::{KubeadmUpgradeMode, MachineRef, Plan};
 use inplace_core::Action;
 use inplace_core::drain::DrainRules;
 use inplace_core::plan::MachineFacts;
@@ -205,6 +205,27 @@ impl Dispatcher {
         })
     }
 
+    /// Points the node's provider id at its Machine, unless the index already does.
+    async fn index_provider(
+        &self,
+        provider_id: &str,
+        machine: &MachineRef,
+    ) -> Result<(), DispatchError> {
+        let key = provider_key(provider_id);
+        match self.read::<ProviderIndex>(&key).await? {
+            Some((index, _)) if &index.machine == machine => Ok(()),
+            _ => {
+                self.put_any(
+                    &key,
+                    &ProviderIndex {
+                        machine: machine.clone(),
+                    },
+                )
+                .await
+            }
+        }
+    }
+
     /// Records the run for the desired state (idempotently) and answers from the store. A desired state no
     /// CanUpdate answer accepted in place is refused before anything is written (no run, no `kubeadm upgrade
     /// apply` claim); a repeated call for the run already recorded skips that check.
@@ -273,6 +294,11 @@ impl Dispatcher {
         };
         if mode != peeked {
             input_hash = request.input_hash(mode);
+        }
+        // Before the Machine record that starts a run: a repeated call never writes the index, so a crash
+        // between the two writes in the other order left an agent that names its provider id without a plan.
+        if !repeat && let Some(provider_id) = &facts.provider_id {
+            self.index_provider(provider_id, &facts.machine).await?;
         }
         let now = now_ms();
 
@@ -415,15 +441,6 @@ impl Dispatcher {
                 steps = run.plan.steps.len(),
                 "update recorded"
             );
-            if let Some(provider_id) = &facts.provider_id {
-                self.put_any(
-                    &provider_key(provider_id),
-                    &ProviderIndex {
-                        machine: facts.machine.clone(),
-                    },
-                )
-                .await?;
-            }
             // The run record is written before the machine record points at it from the agent's point of view
             // only after both exist; wake local waiters now (other replicas wake from the change feed).
             self.wake(&facts.machine);

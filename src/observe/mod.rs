@@ -4,6 +4,7 @@
 //! registry that encodes everything live in [`crate::server::metrics`].
 
 mod fleet;
+pub mod logs;
 mod process;
 mod store;
 

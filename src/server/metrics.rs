@@ -153,6 +153,7 @@ impl Metrics {
                 ("arch", std::env::consts::ARCH),
             ]),
         );
+        registry.register_collector(Box::new(crate::observe::logs::LogCollector));
         let mut process = Registry::default();
         process.register_collector(Box::new(ProcessCollector::new()));
         let unjudged_updates = Family::<ReasonLabels, Counter>::default();

@@ -116,3 +116,58 @@ fn dispatch_scenario_hands_every_agent_its_plan() {
     let stdout = run(&["dispatch", "--agents", "40", "--retry-after-seconds", "1"]);
     assert!(stdout.contains("all 40 plans received: met"), "{stdout}");
 }
+
+#[test]
+fn replicas_scenario_wakes_agents_on_other_replicas_through_etcd() {
+    // Two replicas on one real etcd, agents held by two child processes; UpdateMachine always goes to the
+    // replica the agent does not poll, so each plan reaches its agent through etcd's watch.
+    let stdout = run(&[
+        "replicas",
+        "--replicas",
+        "2",
+        "--children",
+        "2",
+        "--agents",
+        "200",
+        "--targets",
+        "20",
+        "--idle-seconds",
+        "1",
+        "--retry-after-seconds",
+        "1",
+    ]);
+    assert_eq!(
+        row_value(&stdout, "connected and polling"),
+        "200",
+        "{stdout}"
+    );
+    assert_eq!(
+        row_value(&stdout, "connected at the first attempt"),
+        "200",
+        "{stdout}"
+    );
+    assert_eq!(
+        row_value(&stdout, "plans received / Machines given work"),
+        "20 / 20",
+        "{stdout}"
+    );
+    assert_eq!(
+        row_value(&stdout, "errors (all of the above)"),
+        "0",
+        "{stdout}"
+    );
+    // Each replica saw its half of the fleet, answered UpdateMachine only for the other half's targets and
+    // handed plans only to its own agents: 10 targets per replica.
+    let processes: Vec<String> = column(&stdout, "process");
+    assert_eq!(processes.len(), 3, "two replicas and etcd\n{stdout}");
+    let gauges = column(&stdout, "agents_connected (its gauge)");
+    let handed = column(&stdout, "plans handed (its log)");
+    assert_eq!(&gauges[..2], ["100", "100"], "{stdout}");
+    assert_eq!(&handed[..2], ["10", "10"], "{stdout}");
+    // Woken through etcd's watch, not by the 25 s long-poll running out.
+    assert!(stdout.contains("dispatch p99 < 1s: met"), "{stdout}");
+    assert!(
+        stdout.contains("every target got its plan: met") && stdout.contains("0 errors: met (0)"),
+        "{stdout}"
+    );
+}

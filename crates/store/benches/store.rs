@@ -43,7 +43,7 @@ async fn run() {
     );
     for (name, store) in [
         ("memory", &memory),
-        ("redb (fsync per commit)", &file),
+        ("redb (group commit)", &file),
         ("etcd (1 member, loopback)", &etcd_a),
     ] {
         let one = sequential(store).await;

@@ -108,6 +108,11 @@ impl Etcd {
         StoreUrl::Etcd(self.endpoints.clone())
     }
 
+    /// The etcd process id while it runs (for reading its memory and CPU time from `/proc`).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Whether the etcd process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.as_mut().map(Child::try_wait), Some(Ok(None)))

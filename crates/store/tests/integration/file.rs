@@ -112,3 +112,83 @@ async fn a_directory_that_cannot_be_created_is_an_io_error_naming_it() {
     assert!(matches!(err, StoreError::Io { .. }), "{err}");
     assert!(err.to_string().contains("plain-file"), "{err}");
 }
+
+/// Writes that arrive together are committed together (one transaction, one fsync): each must still
+/// keep its own outcome — racing creates of one key have exactly one winner and every loser is told
+/// the winner's entry, distinct keys all land, revisions are distinct and the change feed is in
+/// revision order — and every acknowledged write is there after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writes_committed_together_keep_their_own_outcomes() {
+    const WRITERS: usize = 200;
+    let tmp = tempfile::tempdir().unwrap();
+    let store = open(tmp.path()).await.unwrap();
+    let mut feed = store.subscribe();
+    let mut tasks = Vec::new();
+    for i in 0..WRITERS {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            // Even writers race to create one key; odd writers each create their own.
+            let key = if i % 2 == 0 {
+                "contended".to_owned()
+            } else {
+                format!("own/{i:03}")
+            };
+            let written = store
+                .put(&key, format!("{i}").into_bytes(), Precondition::Absent)
+                .await
+                .unwrap();
+            (i, key, written)
+        }));
+    }
+    let mut winners = Vec::new();
+    let mut losers = Vec::new();
+    let mut revisions = std::collections::BTreeSet::new();
+    for task in tasks {
+        let (i, key, written) = task.await.unwrap();
+        match written {
+            Write::Done(revision) => {
+                assert!(
+                    revisions.insert(revision),
+                    "revision {revision} handed out twice"
+                );
+                if key == "contended" {
+                    winners.push((i, revision));
+                }
+            }
+            Write::Conflict(now) => {
+                assert_eq!(key, "contended", "writer {i} on its own key was refused");
+                losers.push(now.expect("a refused create is told the entry that exists"));
+            }
+        }
+    }
+    assert_eq!(
+        winners.len(),
+        1,
+        "exactly one create of the contended key wins"
+    );
+    let (winner, winning_revision) = winners[0];
+    assert_eq!(losers.len(), WRITERS / 2 - 1);
+    for entry in &losers {
+        assert_eq!(entry.revision, winning_revision);
+        assert_eq!(entry.value, format!("{winner}").into_bytes());
+    }
+    let mut fed = Vec::new();
+    while fed.len() < revisions.len() {
+        fed.push(feed.recv().await.unwrap().revision);
+    }
+    assert!(
+        fed.windows(2).all(|w| w[0] < w[1]),
+        "feed out of order: {fed:?}"
+    );
+    assert_eq!(
+        fed.into_iter().collect::<std::collections::BTreeSet<_>>(),
+        revisions
+    );
+    drop(feed);
+    drop(store);
+
+    let store = open(tmp.path()).await.unwrap();
+    assert_eq!(store.list("own/").await.unwrap().len(), WRITERS / 2);
+    let contended = store.get("contended").await.unwrap().unwrap();
+    assert_eq!(contended.revision, winning_revision);
+}

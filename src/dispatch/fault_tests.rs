@@ -1,0 +1,234 @@
+//! Dispatch over a store that fails. The instant between every two writes of UpdateMachine: the process dies
+//! after its first k writes (k = 0, 1, …, every write a clean call makes), a fresh dispatcher on the same store
+//! takes CAPI's next call, and the promises must hold: the call is answered in progress, and the agent — also
+//! one that names itself by its node's provider id — gets the plan. And a store slow to take agents'
+//! last-seen writes never holds up their polls.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use inplace_agent_api::{AgentIdentity, PollRequest};
+use inplace_store::memory::MemoryStore;
+use inplace_store::{BoxFuture, Change, Entry, Precondition, Store, StoreError, Write};
+use serde_json::json;
+
+use super::tests::{dispatcher, judge_in_place, request_of, scope};
+use super::*;
+
+/// A store that lets `allowed` writes through and then behaves like a dead process: every later write
+/// fails (and changes nothing). Reads keep working, as they would for the next process.
+struct DiesAfter {
+    inner: Arc<MemoryStore>,
+    allowed: usize,
+    writes: AtomicUsize,
+}
+
+impl DiesAfter {
+    fn gate(&self) -> Result<(), StoreError> {
+        if self.writes.fetch_add(1, Ordering::SeqCst) < self.allowed {
+            Ok(())
+        } else {
+            Err(StoreError::Unavailable {
+                target: "test".into(),
+                reason: "the process died here".into(),
+            })
+        }
+    }
+}
+
+impl Store for DiesAfter {
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Entry>, StoreError>> {
+        self.inner.get(key)
+    }
+
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        value: Vec<u8>,
+        precondition: Precondition,
+    ) -> BoxFuture<'a, Result<Write, StoreError>> {
+        match self.gate() {
+            Ok(()) => self.inner.put(key, value, precondition),
+            Err(err) => Box::pin(async move { Err(err) }),
+        }
+    }
+
+    fn delete<'a>(
+        &'a self,
+        key: &'a str,
+        precondition: Precondition,
+    ) -> BoxFuture<'a, Result<Write, StoreError>> {
+        match self.gate() {
+            Ok(()) => self.inner.delete(key, precondition),
+            Err(err) => Box::pin(async move { Err(err) }),
+        }
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, StoreError>> {
+        self.inner.list(prefix)
+    }
+
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
+        self.inner.subscribe()
+    }
+
+    fn describe(&self) -> String {
+        "in-memory store of a process that dies after a number of writes".into()
+    }
+}
+
+/// A worker Machine whose node has a provider id, changing its version and a file.
+fn worker_with_provider_id() -> UpdateRequest {
+    let machine = json!({
+        "metadata": {
+            "name": "m-1", "namespace": "default",
+            "labels": { "cluster.x-k8s.io/cluster-name": "edge-01" }
+        },
+        "spec": { "clusterName": "edge-01", "version": "v1.34.1", "providerID": "metal://rack-7/m-1" }
+    });
+    let bootstrap = json!({ "spec": { "files": [ { "path": "/etc/motd", "content": "hi" } ] } });
+    request_of(&machine, &bootstrap)
+}
+
+#[tokio::test]
+async fn a_crash_between_any_two_writes_of_a_first_update_loses_nothing() {
+    let request = worker_with_provider_id();
+    // How many writes a clean first call makes (the verdict CanUpdateMachine recorded is not one of them).
+    let clean = Arc::new(DiesAfter {
+        inner: Arc::new(MemoryStore::new()),
+        allowed: usize::MAX,
+        writes: AtomicUsize::new(0),
+    });
+    let d = dispatcher(clean.clone());
+    judge_in_place(&d, &request).await;
+    let before = clean.writes.load(Ordering::SeqCst);
+    d.update_machine(&request).await.unwrap();
+    let writes = clean.writes.load(Ordering::SeqCst) - before;
+    assert!(
+        writes >= 2,
+        "a first update records at least its Machine and its run"
+    );
+
+    for allowed in 0..writes {
+        let inner = Arc::new(MemoryStore::new());
+        let dying = Arc::new(DiesAfter {
+            inner: inner.clone(),
+            allowed: usize::MAX,
+            writes: AtomicUsize::new(0),
+        });
+        let first = dispatcher(dying.clone());
+        judge_in_place(&first, &request).await;
+        // From here the process has `allowed` writes left before it dies.
+        let done = dying.writes.load(Ordering::SeqCst);
+        let dying = Arc::new(DiesAfter {
+            inner: inner.clone(),
+            allowed: done + allowed,
+            writes: AtomicUsize::new(done),
+        });
+        let first = dispatcher(dying);
+        assert!(
+            first.update_machine(&request).await.is_err(),
+            "the call that died after {allowed} of {writes} writes cannot have answered"
+        );
+
+        let next = dispatcher(inner.clone());
+        let answer = next.update_machine(&request).await.unwrap();
+        assert!(
+            matches!(answer, UpdateAnswer::InProgress { .. }),
+            "after a crash at write {allowed} of {writes}, CAPI's next call: {answer:?}"
+        );
+        let poll = PollRequest {
+            agent: AgentIdentity::ProviderId("metal://rack-7/m-1".into()),
+            current: None,
+            wait_seconds: 0,
+        };
+        let plan = next.poll(&scope(), &poll).await.unwrap().plan;
+        assert!(
+            plan.is_some(),
+            "after a crash at write {allowed} of {writes}, the agent naming its provider id gets no plan"
+        );
+    }
+}
+
+/// A store whose writes of agent records hang until released (an etcd a second behind, at 30 000 agents).
+struct SlowAgentRecords {
+    inner: Arc<MemoryStore>,
+    released: Arc<tokio::sync::Semaphore>,
+}
+
+impl Store for SlowAgentRecords {
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Entry>, StoreError>> {
+        self.inner.get(key)
+    }
+
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        value: Vec<u8>,
+        precondition: Precondition,
+    ) -> BoxFuture<'a, Result<Write, StoreError>> {
+        Box::pin(async move {
+            if key.starts_with("agents/") {
+                let _open = self.released.acquire().await;
+            }
+            self.inner.put(key, value, precondition).await
+        })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        key: &'a str,
+        precondition: Precondition,
+    ) -> BoxFuture<'a, Result<Write, StoreError>> {
+        self.inner.delete(key, precondition)
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, StoreError>> {
+        self.inner.list(prefix)
+    }
+
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
+        self.inner.subscribe()
+    }
+
+    fn describe(&self) -> String {
+        "in-memory store whose agent-record writes hang".into()
+    }
+}
+
+#[tokio::test]
+async fn polls_are_answered_while_last_seen_writes_hang_and_the_times_land_later() {
+    let inner = Arc::new(MemoryStore::new());
+    let released = Arc::new(tokio::sync::Semaphore::new(0));
+    let d = dispatcher(Arc::new(SlowAgentRecords {
+        inner: inner.clone(),
+        released: released.clone(),
+    }));
+    let agents = 50;
+    for i in 0..agents {
+        let answered = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            d.poll(&scope(), &super::tests::poll_for(&format!("w-{i}"), 0)),
+        )
+        .await;
+        assert!(
+            matches!(answered, Ok(Ok(_))),
+            "agent {i}'s poll waited on its last-seen write: {answered:?}"
+        );
+    }
+    // This replica knows them at once; the store, once it takes writes again.
+    assert_eq!(d.agents().await.unwrap().len(), agents);
+    assert!(inner.list("agents/").await.unwrap().is_empty());
+    let mut feed = inner.subscribe();
+    released.add_permits(tokio::sync::Semaphore::MAX_PERMITS);
+    let mut persisted = std::collections::HashSet::new();
+    while persisted.len() < agents {
+        let change = tokio::time::timeout(std::time::Duration::from_secs(10), feed.recv())
+            .await
+            .expect("last-seen times never persisted")
+            .unwrap();
+        if change.key.starts_with("agents/") {
+            persisted.insert(change.key);
+        }
+    }
+}
