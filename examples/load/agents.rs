@@ -1,6 +1,6 @@
 //! Simulated agents: each one a kept-alive TLS connection long-polling `/agent/v1/poll` with its bearer token,
 //! exactly as `inplace-updater agent` does, and, when a plan arrives, reporting each step started and done
-//! (the steps themselves take no time here) before polling again with its progress.
+//! (each step takes `--step-millis`, no time by default) before polling again with its progress.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -25,6 +25,54 @@ const MAX_CONNECT_ATTEMPTS: usize = 50;
 /// Back-off after a failed request or connect.
 const BACKOFF: Duration = Duration::from_millis(500);
 
+/// How the simulated updates are paced (`--step-millis`, `--stagger-seconds`, the server's `--retry-after`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct Pace {
+    /// How long each simulated step takes, `MIN-MAX` milliseconds (or one value): each agent's step is drawn
+    /// uniformly from it, the same draw for the same agent and step on every run.
+    #[arg(long, default_value = "0", value_parser = parse_step_millis)]
+    pub step_millis: (u64, u64),
+    /// The server's `--retry-after` (`adaptive` or `fixed`); the server's default when absent.
+    #[arg(long)]
+    pub retry_after: Option<String>,
+    /// Spread the Machines' first UpdateMachine calls evenly over this many seconds (a rollout moving
+    /// Machines in batches), instead of all at once.
+    #[arg(long, default_value_t = 0.0)]
+    pub stagger_seconds: f64,
+}
+
+fn parse_step_millis(text: &str) -> Result<(u64, u64), String> {
+    let (low, high) = text.split_once('-').unwrap_or((text, text));
+    let parse = |t: &str| t.trim().parse::<u64>().map_err(|e| format!("{t:?}: {e}"));
+    let (low, high) = (parse(low)?, parse(high)?);
+    if low > high || high > 600_000 {
+        return Err("want MIN-MAX with MIN <= MAX <= 600000".into());
+    }
+    Ok((low, high))
+}
+
+impl Pace {
+    /// Steps that take no time, every Machine at once, the server's default `--retry-after`.
+    pub fn instant() -> Pace {
+        Pace {
+            step_millis: (0, 0),
+            retry_after: None,
+            stagger_seconds: 0.0,
+        }
+    }
+
+    /// How long step `step` of agent `agent` takes (a fixed pseudo-random draw from `--step-millis`).
+    pub fn step_duration(&self, agent: usize, step: u32) -> Duration {
+        let (low, high) = self.step_millis;
+        // splitmix64 of (agent, step): the same durations on every run, with no RNG dependency.
+        let mut z = ((agent as u64) << 16 | u64::from(step)).wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        Duration::from_millis(low + z % (high - low + 1))
+    }
+}
+
 /// What every agent writes and the scenario reads. Instants are nanoseconds since `epoch`, plus one, so 0
 /// means "not yet".
 pub struct Shared {
@@ -32,6 +80,8 @@ pub struct Shared {
     pub update_sent: Vec<AtomicU64>,
     pub plan_received: Vec<AtomicU64>,
     pub step_started: Vec<AtomicU64>,
+    /// When the agent's report of its last step's success was acknowledged.
+    pub last_step_acked: Vec<AtomicU64>,
     /// When the agent's outstanding poll was sent (0: none outstanding).
     pub poll_since: Vec<AtomicU64>,
     pub connected: AtomicUsize,
@@ -54,6 +104,7 @@ impl Shared {
             update_sent: slots(),
             plan_received: slots(),
             step_started: slots(),
+            last_step_acked: slots(),
             poll_since: slots(),
             connected: AtomicUsize::new(0),
             first_polls: AtomicUsize::new(0),
@@ -109,18 +160,28 @@ pub struct Agent {
     pub source: IpAddr,
 }
 
-fn report(agent: &AgentIdentity, plan_id: &str, step: u32, status: StepStatus) -> Bytes {
-    let now_ms = std::time::SystemTime::now()
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+fn report(
+    agent: &AgentIdentity,
+    plan_id: &str,
+    step: u32,
+    status: StepStatus,
+    started_ms: u64,
+) -> Bytes {
+    let now_ms = unix_ms();
     let report = StepReport {
         agent: agent.clone(),
         plan_id: plan_id.to_string(),
         step_index: step,
         status,
         attempt: 1,
-        started_at_unix_ms: Some(now_ms),
+        started_at_unix_ms: Some(started_ms),
         finished_at_unix_ms: (status != StepStatus::Running).then_some(now_ms),
         exit_code: (status != StepStatus::Running).then_some(0),
         stderr_tail: None,
@@ -129,33 +190,52 @@ fn report(agent: &AgentIdentity, plan_id: &str, step: u32, status: StepStatus) -
     Bytes::from(serde_json::to_vec(&report).unwrap_or_default())
 }
 
-/// Reports every step of `plan` started and succeeded; returns the progress to poll with next.
+/// Reports every step of `plan` started and, `pace` later, succeeded; returns the progress to poll with next.
 async fn execute(
     conn: &mut Conn,
     agent: &Agent,
     identity: &AgentIdentity,
     plan: &inplace_agent_api::Plan,
     shared: &Shared,
+    pace: &Pace,
 ) -> anyhow::Result<PlanProgress> {
     for step in &plan.steps {
+        let started_ms = unix_ms();
         let started = conn
             .post(
                 REPORT_PATH,
-                report(identity, &plan.id, step.index, StepStatus::Running),
+                report(
+                    identity,
+                    &plan.id,
+                    step.index,
+                    StepStatus::Running,
+                    started_ms,
+                ),
             )
             .await?;
         anyhow::ensure!(started.status == 200, "report: HTTP {}", started.status);
         if step.index == 0 {
             shared.mark(&shared.step_started, agent.index);
         }
+        tokio::select! {
+            () = tokio::time::sleep(pace.step_duration(agent.index, step.index)) => {}
+            () = shared.stop.cancelled() => anyhow::bail!("stopped"),
+        }
         let done = conn
             .post(
                 REPORT_PATH,
-                report(identity, &plan.id, step.index, StepStatus::Succeeded),
+                report(
+                    identity,
+                    &plan.id,
+                    step.index,
+                    StepStatus::Succeeded,
+                    started_ms,
+                ),
             )
             .await?;
         anyhow::ensure!(done.status == 200, "report: HTTP {}", done.status);
     }
+    shared.mark(&shared.last_step_acked, agent.index);
     Ok(PlanProgress {
         plan_id: plan.id.clone(),
         status: PlanStatus::Succeeded,
@@ -174,6 +254,7 @@ pub async fn run(
     connect_gate: Arc<Semaphore>,
     wait_seconds: u32,
     shared: Arc<Shared>,
+    pace: Pace,
 ) {
     let identity = AgentIdentity::Machine(agent.machine.clone());
     let mut conn: Option<Conn> = None;
@@ -269,7 +350,7 @@ pub async fn run(
                     shared.plans_without_work.fetch_add(1, Ordering::Relaxed);
                 }
                 shared.mark(&shared.plan_received, agent.index);
-                match execute(&mut live, &agent, &identity, &plan, &shared).await {
+                match execute(&mut live, &agent, &identity, &plan, &shared, &pace).await {
                     Ok(progress) => current = Some(progress),
                     Err(_) => {
                         shared.errors.fetch_add(1, Ordering::Relaxed);

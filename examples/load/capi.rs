@@ -45,6 +45,10 @@ pub struct CapiResult {
     pub first_calls: Vec<Duration>,
     /// From each Machine's first call until the call that answered Done.
     pub done_after: Vec<Duration>,
+    /// From the ack of the agent's last step report until CAPI had the answer Done (the rollout's wait).
+    pub done_delays: Vec<Duration>,
+    /// UpdateMachine calls of each Machine that reached Done.
+    pub calls_per_update: Vec<usize>,
     pub calls: usize,
     pub failures: usize,
     pub errors: usize,
@@ -172,7 +176,8 @@ pub async fn judge_machine_sets_retrying(
 }
 
 /// Drives every target until Done, Failure, or `deadline` from now; each target's calls go to the servers its
-/// `replicas` names, in turn.
+/// `replicas` names, in turn; the first calls spread evenly over `stagger` (target k of n starts after k/n of
+/// it).
 pub async fn drive(
     addrs: Vec<SocketAddr>,
     tls: TlsConnector,
@@ -180,6 +185,7 @@ pub async fn drive(
     workers: usize,
     shared: Arc<Shared>,
     deadline: Duration,
+    stagger: Duration,
 ) -> CapiResult {
     let pool = Arc::new(Pool {
         conns: addrs.iter().map(|_| Mutex::new(Vec::new())).collect(),
@@ -189,12 +195,15 @@ pub async fn drive(
     });
     let path: Arc<str> = format!("{}?timeout=10s", Hook::UpdateMachine.path()).into();
     let calls = Arc::new(AtomicUsize::new(0));
-    let until = Instant::now() + deadline;
+    let until = Instant::now() + deadline + stagger;
+    let count = targets.len().max(1) as u32;
     let mut tasks = tokio::task::JoinSet::new();
-    for target in targets {
+    for (k, target) in targets.into_iter().enumerate() {
         let (pool, path, shared, calls) =
             (pool.clone(), path.clone(), shared.clone(), calls.clone());
+        let delay = stagger * k as u32 / count;
         tasks.spawn(async move {
+            tokio::time::sleep(delay).await;
             let mut result = CapiResult::default();
             let mut first: Option<Instant> = None;
             for call in 0..MAX_CALLS_PER_MACHINE {
@@ -237,6 +246,13 @@ pub async fn drive(
                 match answer {
                     Some(Answer::Done) => {
                         result.done_after.push(started.elapsed());
+                        result.calls_per_update.push(call + 1);
+                        let acked = shared.last_step_acked[target.index].load(Ordering::Acquire);
+                        if acked != 0 {
+                            result
+                                .done_delays
+                                .push(Duration::from_nanos(shared.now().saturating_sub(acked)));
+                        }
                         break;
                     }
                     Some(Answer::Retry(after)) => tokio::time::sleep(after).await,
@@ -258,6 +274,8 @@ pub async fn drive(
         if let Ok(result) = done {
             total.first_calls.extend(result.first_calls);
             total.done_after.extend(result.done_after);
+            total.done_delays.extend(result.done_delays);
+            total.calls_per_update.extend(result.calls_per_update);
             total.failures += result.failures;
             total.errors += result.errors;
             for (kind, count) in result.error_kinds {

@@ -68,6 +68,8 @@ pub struct Common {
     /// TLS handshakes in flight at once while the fleet connects.
     #[arg(long, default_value_t = 64)]
     connect_concurrency: usize,
+    #[command(flatten)]
+    pace: agents::Pace,
 }
 
 #[derive(clap::Args)]
@@ -214,7 +216,7 @@ fn run(
         Some(path) => path.clone(),
         None => default_binary()?,
     };
-    let server_args: Vec<String> = vec![
+    let mut server_args: Vec<String> = vec![
         "--tls-cert".into(),
         certs.server_cert.display().to_string(),
         "--tls-key".into(),
@@ -226,6 +228,9 @@ fn run(
         "--retry-after-seconds".into(),
         common.retry_after_seconds.to_string(),
     ];
+    if let Some(mode) = &common.pace.retry_after {
+        server_args.extend(["--retry-after".into(), mode.clone()]);
+    }
     let mut server = match against {
         Against::Ours => ServerProcess::start(&binary, &server_args, dir.path())?,
         Against::Ceiling => {
@@ -284,6 +289,7 @@ fn run(
                 gate.clone(),
                 common.wait_seconds,
                 shared.clone(),
+                common.pace.clone(),
             ));
         }
         while shared.first_polls.load(Ordering::Relaxed) < agent_count {
@@ -358,6 +364,7 @@ fn run(
             common.capi_workers.clamp(1, 256),
             shared.clone(),
             PLAN_DEADLINE + DONE_DEADLINE,
+            Duration::from_secs_f64(common.pace.stagger_seconds.clamp(0.0, 600.0)),
         ));
         let planned = || {
             target_indices
@@ -365,7 +372,8 @@ fn run(
                 .filter(|&&i| shared.plan_received[i].load(Ordering::Acquire) != 0)
                 .count()
         };
-        while planned() < target_count && work.elapsed() < PLAN_DEADLINE {
+        let stagger = Duration::from_secs_f64(common.pace.stagger_seconds.clamp(0.0, 600.0));
+        while planned() < target_count && work.elapsed() < PLAN_DEADLINE + stagger {
             oldest_poll_seen = oldest_poll_seen.max(shared.oldest_poll());
             tokio::time::sleep(TICK).await;
         }

@@ -75,6 +75,7 @@ impl FleetOutcome {
         let steps = summarize(self.latencies(|s, i| &s.step_started[i]));
         let calls = summarize(self.capi.first_calls.clone());
         let done = summarize(self.capi.done_after.clone());
+        let late = summarize(self.capi.done_delays.clone());
         let mut table = Table::new(&["measure", "n", "p50", "p99", "max"]);
         for (name, s) in [
             ("UpdateMachine call (first call per Machine)", calls),
@@ -84,6 +85,7 @@ impl FleetOutcome {
                 steps,
             ),
             ("UpdateMachine first call → CAPI sees Done", done),
+            ("agent's last step report acked → CAPI sees Done", late),
         ] {
             table.row(vec![
                 name.into(),
@@ -95,6 +97,15 @@ impl FleetOutcome {
         }
         println!();
         table.print();
+        let per_update = &self.capi.calls_per_update;
+        if !per_update.is_empty() {
+            println!(
+                "\nUpdateMachine calls per update (to Done): mean {:.2}, max {} over {} updates",
+                per_update.iter().sum::<usize>() as f64 / per_update.len() as f64,
+                per_update.iter().max().copied().unwrap_or_default(),
+                per_update.len()
+            );
+        }
         plans.p99.max(if plans.count < self.targets {
             Duration::MAX
         } else {

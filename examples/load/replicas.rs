@@ -399,6 +399,7 @@ fn run_outcome(args: &ReplicasArgs) -> anyhow::Result<ReplicasOutcome> {
             args.capi_workers.clamp(1, 256),
             shared.clone(),
             PLAN_DEADLINE + DONE_DEADLINE,
+            Duration::ZERO,
         ));
         let planned = |procs: &Processes| -> usize {
             procs

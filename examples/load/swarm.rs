@@ -184,6 +184,7 @@ pub fn serve(args: &SwarmArgs) -> anyhow::Result<()> {
                 gate.clone(),
                 args.wait_seconds,
                 shared.clone(),
+                agents::Pace::instant(),
             ));
         }
         let mut told_plan = vec![false; args.count];

@@ -12,7 +12,8 @@ use inplace_store::{EtcdOptions, StoreUrl};
 
 use crate::api::parse_go_duration;
 use crate::dispatch::{
-    DEFAULT_RETENTION, DEFAULT_RETRY_AFTER_SECONDS, DEFAULT_VERDICT_RETENTION, DispatchConfig,
+    DEFAULT_RETENTION, DEFAULT_RETRY_AFTER_MAX_SECONDS, DEFAULT_RETRY_AFTER_SECONDS,
+    DEFAULT_VERDICT_RETENTION, DispatchConfig, RETRY_AFTER_MAX_SECONDS_LIMIT, RetryAfterMode,
 };
 use crate::server::{
     ConnLimits, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
@@ -359,9 +360,21 @@ pub struct ServeArgs {
     /// Etcd connection options (with an etcd:// store).
     #[command(flatten)]
     pub etcd: EtcdArgs,
-    /// `retryAfterSeconds` UpdateMachine answers while an update is in progress.
+    /// `retryAfterSeconds` UpdateMachine answers while an update is in progress with `--retry-after fixed`; with
+    /// `adaptive`, while it waits for an agent not connected, while held, and the most it answers while a step
+    /// duration is still a guess.
     #[arg(long, env = "INPLACE_UPDATER_RETRY_AFTER_SECONDS", default_value_t = DEFAULT_RETRY_AFTER_SECONDS, value_parser = clap::value_parser!(i32).range(1..=60))]
     pub retry_after_seconds: i32,
+    /// How UpdateMachine chooses `retryAfterSeconds` while an update runs: `adaptive` from the run's expected
+    /// remaining time (learned step durations), between 1 s and `--retry-after-max-seconds`, at most
+    /// `--retry-after-seconds` while a remaining step's duration is still a guess; `fixed` always
+    /// `--retry-after-seconds`. Waiting for an agent not connected, and held runs, answer
+    /// `--retry-after-seconds` either way.
+    #[arg(long, env = "INPLACE_UPDATER_RETRY_AFTER", value_enum, default_value_t = RetryAfterMode::Adaptive)]
+    pub retry_after: RetryAfterMode,
+    /// Longest adaptive `retryAfterSeconds` (a long `kubeadm upgrade` is asked about this often).
+    #[arg(long, env = "INPLACE_UPDATER_RETRY_AFTER_MAX_SECONDS", default_value_t = DEFAULT_RETRY_AFTER_MAX_SECONDS, value_parser = clap::value_parser!(i32).range(1..=RETRY_AFTER_MAX_SECONDS_LIMIT as i64))]
+    pub retry_after_max_seconds: i32,
     /// How long finished updates are kept (Go duration).
     #[arg(long, env = "INPLACE_UPDATER_RETENTION", value_parser = duration, default_value = "168h")]
     pub retention: Duration,
@@ -396,6 +409,8 @@ impl ServeArgs {
     pub fn dispatch_config(&self) -> DispatchConfig {
         DispatchConfig {
             retry_after_seconds: self.retry_after_seconds,
+            retry_after: self.retry_after,
+            retry_after_max_seconds: self.retry_after_max_seconds,
             retention: self.retention,
             verdict_retention: self.verdict_retention,
         }

@@ -9,6 +9,7 @@ use inplace_agent_api::{
 };
 
 use super::hold::hold_for;
+use super::pace::StepKind;
 use super::records::{
     MachineRecord, ProviderIndex, RunOutcome, UpdateRecord, machine_key, provider_key, update_key,
     valid_segment,
@@ -318,6 +319,15 @@ impl Dispatcher {
             .zip(report.finished_at_unix_ms)
             .map(|(start, end)| end.saturating_sub(start) as f64 / 1000.0);
         self.metrics.step_finished(kind, seconds, failed);
+        if let (false, Some((start, end))) = (
+            failed,
+            report.started_at_unix_ms.zip(report.finished_at_unix_ms),
+        ) {
+            self.step_durations
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .learn(StepKind::of_wire(kind), end.saturating_sub(start));
+        }
         if failed {
             tracing::error!(
                 %machine,

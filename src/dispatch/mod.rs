@@ -12,6 +12,7 @@ mod agents;
 mod census;
 mod hold;
 mod licence;
+pub mod pace;
 mod planning;
 pub mod records;
 mod refusal_book;
@@ -43,6 +44,10 @@ pub use hold::{
     CANCEL_ANNOTATION, MAX_HOLD_VALUE_BYTES, OperatorHolds, PAUSE_ANNOTATION, PAUSED_SETTING,
     hold_for, resume_command,
 };
+pub use pace::{
+    DEFAULT_RETRY_AFTER_MAX_SECONDS, MIN_RETRY_AFTER_SECONDS, RETRY_AFTER_MAX_SECONDS_LIMIT,
+    RetryAfterMode,
+};
 pub use planning::plan_for;
 pub use refusals::{
     AgentRefusalReason, AgentRefusalRecord, Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL,
@@ -62,7 +67,9 @@ pub use window::WindowClock;
 
 /// How many times a compare-and-swap is retried against concurrent writers before giving up.
 pub const CAS_ATTEMPTS: usize = 16;
-/// Default `retryAfterSeconds` while an update is in progress.
+/// Default `retryAfterSeconds` while an update is in progress with `--retry-after fixed`; with `adaptive` (the
+/// default), the answer while waiting for an agent not connected, while held, and the most answered while a
+/// remaining step's duration is still a guess.
 pub const DEFAULT_RETRY_AFTER_SECONDS: i32 = 5;
 /// Default time finished updates are kept before retention deletes them.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -100,8 +107,12 @@ pub enum DispatchError {
 /// Tunables of dispatch.
 #[derive(Debug, Clone, Copy)]
 pub struct DispatchConfig {
-    /// `retryAfterSeconds` while in progress.
+    /// `retryAfterSeconds` while in progress with [`RetryAfterMode::Fixed`]; see [`DEFAULT_RETRY_AFTER_SECONDS`].
     pub retry_after_seconds: i32,
+    /// Fixed or adaptive `retryAfterSeconds`.
+    pub retry_after: RetryAfterMode,
+    /// Longest adaptive `retryAfterSeconds`.
+    pub retry_after_max_seconds: i32,
     /// How long finished runs are kept.
     pub retention: Duration,
     /// How long CanUpdate verdicts (and UpdateMachine refusals) are kept.
@@ -112,6 +123,8 @@ impl Default for DispatchConfig {
     fn default() -> Self {
         Self {
             retry_after_seconds: DEFAULT_RETRY_AFTER_SECONDS,
+            retry_after: RetryAfterMode::default(),
+            retry_after_max_seconds: DEFAULT_RETRY_AFTER_MAX_SECONDS,
             retention: DEFAULT_RETENTION,
             verdict_retention: DEFAULT_VERDICT_RETENTION,
         }
@@ -148,6 +161,8 @@ pub struct Dispatcher {
     census: Mutex<census::Census>,
     /// The clock maintenance windows are judged by.
     window_clock: WindowClock,
+    /// Step durations learned from the steps this replica saw succeed (for adaptive `retryAfterSeconds`).
+    step_durations: Mutex<pace::StepDurations>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -199,6 +214,7 @@ impl Dispatcher {
             refusals: Mutex::new(refusal_book::RefusalBook::default()),
             census: Mutex::new(census::Census::default()),
             window_clock: WindowClock::default(),
+            step_durations: Mutex::new(pace::StepDurations::default()),
         });
         let live: std::sync::Weak<dyn LiveFleet> = Arc::downgrade(&dispatcher) as _;
         dispatcher.metrics.attach(live);
@@ -370,6 +386,8 @@ mod fault_tests;
 mod hold_tests;
 #[cfg(test)]
 mod observe_tests;
+#[cfg(test)]
+mod retry_after_tests;
 #[cfg(test)]
 mod retry_tests;
 #[cfg(test)]

@@ -7,6 +7,8 @@ use inplace_agent_api::{
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
+use super::pace::StepKind;
+
 /// Longest stderr tail kept per step (the agent sends at most 4 KiB; operators need the end).
 pub const KEPT_STDERR_BYTES: usize = inplace_agent_api::STDERR_TAIL_MAX_BYTES;
 
@@ -322,6 +324,17 @@ pub struct PlanView {
 pub struct StepView {
     /// Operator-facing summary.
     pub description: String,
+    /// The step's kind, for the run's pace (its other fields are not decoded).
+    #[serde(default)]
+    pub action: ActionView,
+}
+
+/// The part of a step's action a [`RunView`] keeps: its kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct ActionView {
+    /// The kind (`files`, `kubeadmUpgrade`, …).
+    #[serde(default)]
+    pub kind: StepKind,
 }
 
 impl RunView {
@@ -336,6 +349,9 @@ impl RunView {
                     .iter()
                     .map(|step| StepView {
                         description: step.description.clone(),
+                        action: ActionView {
+                            kind: StepKind::of_wire(step.action.kind()),
+                        },
                     })
                     .collect(),
             },

@@ -13,6 +13,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::hold::{CANCEL_ANNOTATION, OperatorHolds, held_answer, hold_on};
 use super::licence::Licence;
+use super::pace::{self, RetryAfterMode, RunPace};
 pub use super::planning::plan_for;
 use super::planning::{node_change_of, plan_id_without_node_steps};
 use super::records::{
@@ -22,7 +23,7 @@ use super::records::{
 use super::refusals::AgentRefusalRecord;
 use super::retry::{RETRY_ANNOTATION, RetryOutcome, retry_command};
 use super::verdicts::RefusalReason;
-use super::{DispatchError, Dispatcher, now_ms};
+use super::{CONNECTED_WITHIN, DispatchError, Dispatcher, LAST_SEEN_PERSIST_INTERVAL, now_ms};
 use crate::hex;
 
 /// Longest stderr excerpt put in a Failure message (CAPI logs it; our status shows the full tail).
@@ -530,7 +531,6 @@ impl Dispatcher {
     ) -> UpdateAnswer {
         let plan = &run.plan;
         let total = plan.steps.len();
-        let retry_after_seconds = self.config.retry_after_seconds;
         match run.outcome() {
             RunOutcome::Done => UpdateAnswer::Done {
                 message: format!(
@@ -586,6 +586,15 @@ impl Dispatcher {
                         refusal.reason.summary()
                     ));
                 }
+                // An agent long-polling gets the plan at once: its run is paced from now. One not
+                // connected is asked about at the fixed pace.
+                let horizon = now.saturating_sub(
+                    (CONNECTED_WITHIN + LAST_SEEN_PERSIST_INTERVAL).as_millis() as u64,
+                );
+                let retry_after_seconds = match last_seen {
+                    Some(at) if at >= horizon => self.retry_after(run, 0, now),
+                    _ => self.config.retry_after_seconds,
+                };
                 UpdateAnswer::InProgress {
                     message: format!(
                         "waiting for agent on {} (last seen: {seen}); {total} steps planned",
@@ -611,10 +620,38 @@ impl Dispatcher {
                 }
                 UpdateAnswer::InProgress {
                     message,
-                    retry_after_seconds,
+                    retry_after_seconds: self.retry_after(run, index, now),
                 }
             }
         }
+    }
+
+    /// `retryAfterSeconds` for `run` whose first unfinished step is `current`: the fixed one, or paced by the
+    /// run's expected remaining time ([`super::pace`]).
+    fn retry_after(&self, run: &RunView, current: usize, now: u64) -> i32 {
+        let config = &self.config;
+        if config.retry_after == RetryAfterMode::Fixed {
+            return config.retry_after_seconds;
+        }
+        let kinds = pace::kinds_of(run);
+        let at = RunPace {
+            kinds: &kinds,
+            current,
+            current_since_ms: pace::current_since(run, current),
+        };
+        let remaining = pace::remaining(
+            &at,
+            &self
+                .step_durations
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            now,
+        );
+        pace::retry_after(
+            &remaining,
+            config.retry_after_seconds,
+            config.retry_after_max_seconds,
+        )
     }
 }
 
