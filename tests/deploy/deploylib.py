@@ -312,7 +312,7 @@ SERVE_ENV = {
         "log-format", "listen", "tls-cert", "tls-key", "client-ca", "health-listen", "metrics-listen", "dev",
         "tls-reload-interval", "handshake-timeout", "header-read-timeout", "max-connections", "shutdown-grace",
         "policy", "agent-tokens", "store", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user", "etcd-prefix",
-        "retry-after-seconds", "retention", "verdict-retention",
+        "retry-after-seconds", "retry-after", "retry-after-max-seconds", "retention", "verdict-retention",
     )
 }
 SERVE_ENV_ONLY = {"INPLACE_UPDATER_ETCD_PASSWORD"}
