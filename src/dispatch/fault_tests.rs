@@ -8,73 +8,34 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use inplace_agent_api::{AgentIdentity, PollRequest};
+use inplace_store::Store;
 use inplace_store::memory::MemoryStore;
-use inplace_store::{BoxFuture, Change, Entry, Precondition, Store, StoreError, Write};
 use serde_json::json;
 
+use super::faulty_store::{FaultyStore, unavailable};
 use super::tests::{dispatcher, judge_in_place, request_of, scope};
 use super::*;
 
-/// A store that lets `allowed` writes through and then behaves like a dead process: every later write
-/// fails (and changes nothing). Reads keep working, as they would for the next process.
-struct DiesAfter {
+/// The in-memory store `inner` of a process that dies after `allowed` more writes (counting from
+/// `writes`): every later write fails and changes nothing. The counter is shared, so the test can read it.
+fn dies_after(
     inner: Arc<MemoryStore>,
     allowed: usize,
-    writes: AtomicUsize,
-}
-
-impl DiesAfter {
-    fn gate(&self) -> Result<(), StoreError> {
-        if self.writes.fetch_add(1, Ordering::SeqCst) < self.allowed {
-            Ok(())
-        } else {
-            Err(StoreError::Unavailable {
-                target: "test".into(),
-                reason: "the process died here".into(),
+    writes: Arc<AtomicUsize>,
+) -> Arc<FaultyStore> {
+    Arc::new(FaultyStore::new(
+        inner,
+        Box::new(move |_key| {
+            let alive = writes.fetch_add(1, Ordering::SeqCst) < allowed;
+            Box::pin(async move {
+                if alive {
+                    Ok(())
+                } else {
+                    Err(unavailable("the process died here"))
+                }
             })
-        }
-    }
-}
-
-impl Store for DiesAfter {
-    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Entry>, StoreError>> {
-        self.inner.get(key)
-    }
-
-    fn put<'a>(
-        &'a self,
-        key: &'a str,
-        value: Vec<u8>,
-        precondition: Precondition,
-    ) -> BoxFuture<'a, Result<Write, StoreError>> {
-        match self.gate() {
-            Ok(()) => self.inner.put(key, value, precondition),
-            Err(err) => Box::pin(async move { Err(err) }),
-        }
-    }
-
-    fn delete<'a>(
-        &'a self,
-        key: &'a str,
-        precondition: Precondition,
-    ) -> BoxFuture<'a, Result<Write, StoreError>> {
-        match self.gate() {
-            Ok(()) => self.inner.delete(key, precondition),
-            Err(err) => Box::pin(async move { Err(err) }),
-        }
-    }
-
-    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, StoreError>> {
-        self.inner.list(prefix)
-    }
-
-    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
-        self.inner.subscribe()
-    }
-
-    fn describe(&self) -> String {
-        "in-memory store of a process that dies after a number of writes".into()
-    }
+        }),
+    ))
 }
 
 /// A worker Machine whose node has a provider id, changing its version and a file.
@@ -94,16 +55,16 @@ fn worker_with_provider_id() -> UpdateRequest {
 async fn a_crash_between_any_two_writes_of_a_first_update_loses_nothing() {
     let request = worker_with_provider_id();
     // How many writes a clean first call makes (the verdict CanUpdateMachine recorded is not one of them).
-    let clean = Arc::new(DiesAfter {
-        inner: Arc::new(MemoryStore::new()),
-        allowed: usize::MAX,
-        writes: AtomicUsize::new(0),
-    });
-    let d = dispatcher(clean.clone());
+    let counted = Arc::new(AtomicUsize::new(0));
+    let d = dispatcher(dies_after(
+        Arc::new(MemoryStore::new()),
+        usize::MAX,
+        counted.clone(),
+    ));
     judge_in_place(&d, &request).await;
-    let before = clean.writes.load(Ordering::SeqCst);
+    let before = counted.load(Ordering::SeqCst);
     d.update_machine(&request).await.unwrap();
-    let writes = clean.writes.load(Ordering::SeqCst) - before;
+    let writes = counted.load(Ordering::SeqCst) - before;
     assert!(
         writes >= 2,
         "a first update records at least its Machine and its run"
@@ -111,20 +72,10 @@ async fn a_crash_between_any_two_writes_of_a_first_update_loses_nothing() {
 
     for allowed in 0..writes {
         let inner = Arc::new(MemoryStore::new());
-        let dying = Arc::new(DiesAfter {
-            inner: inner.clone(),
-            allowed: usize::MAX,
-            writes: AtomicUsize::new(0),
-        });
-        let first = dispatcher(dying.clone());
+        let first = dispatcher(inner.clone());
         judge_in_place(&first, &request).await;
         // From here the process has `allowed` writes left before it dies.
-        let done = dying.writes.load(Ordering::SeqCst);
-        let dying = Arc::new(DiesAfter {
-            inner: inner.clone(),
-            allowed: done + allowed,
-            writes: AtomicUsize::new(done),
-        });
+        let dying = dies_after(inner.clone(), allowed, Arc::new(AtomicUsize::new(0)));
         let first = dispatcher(dying);
         assert!(
             first.update_machine(&request).await.is_err(),
@@ -150,60 +101,25 @@ async fn a_crash_between_any_two_writes_of_a_first_update_loses_nothing() {
     }
 }
 
-/// A store whose writes of agent records hang until released (an etcd a second behind, at 30 000 agents).
-struct SlowAgentRecords {
-    inner: Arc<MemoryStore>,
-    released: Arc<tokio::sync::Semaphore>,
-}
-
-impl Store for SlowAgentRecords {
-    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Entry>, StoreError>> {
-        self.inner.get(key)
-    }
-
-    fn put<'a>(
-        &'a self,
-        key: &'a str,
-        value: Vec<u8>,
-        precondition: Precondition,
-    ) -> BoxFuture<'a, Result<Write, StoreError>> {
-        Box::pin(async move {
-            if key.starts_with("agents/") {
-                let _open = self.released.acquire().await;
-            }
-            self.inner.put(key, value, precondition).await
-        })
-    }
-
-    fn delete<'a>(
-        &'a self,
-        key: &'a str,
-        precondition: Precondition,
-    ) -> BoxFuture<'a, Result<Write, StoreError>> {
-        self.inner.delete(key, precondition)
-    }
-
-    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, StoreError>> {
-        self.inner.list(prefix)
-    }
-
-    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
-        self.inner.subscribe()
-    }
-
-    fn describe(&self) -> String {
-        "in-memory store whose agent-record writes hang".into()
-    }
-}
-
 #[tokio::test]
 async fn polls_are_answered_while_last_seen_writes_hang_and_the_times_land_later() {
     let inner = Arc::new(MemoryStore::new());
     let released = Arc::new(tokio::sync::Semaphore::new(0));
-    let d = dispatcher(Arc::new(SlowAgentRecords {
-        inner: inner.clone(),
-        released: released.clone(),
-    }));
+    // Writes of agent records hang until released (an etcd a second behind, at 30 000 agents).
+    let gate = released.clone();
+    let d = dispatcher(Arc::new(FaultyStore::new(
+        inner.clone(),
+        Box::new(move |key| {
+            let hangs = key.starts_with("agents/");
+            let gate = gate.clone();
+            Box::pin(async move {
+                if hangs {
+                    let _open = gate.acquire().await;
+                }
+                Ok(())
+            })
+        }),
+    )));
     let agents = 50;
     for i in 0..agents {
         let answered = tokio::time::timeout(

@@ -383,6 +383,8 @@ mod drain_tests;
 #[cfg(test)]
 mod fault_tests;
 #[cfg(test)]
+pub(crate) mod faulty_store;
+#[cfg(test)]
 mod hold_tests;
 #[cfg(test)]
 mod observe_tests;

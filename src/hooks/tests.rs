@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
+use inplace_store::Store;
 use inplace_store::memory::MemoryStore;
-use inplace_store::{BoxFuture, Change, Entry, Precondition, Store, StoreError, Write};
 use tokio_util::sync::CancellationToken;
 
 use super::{Engine, can_update_machine, can_update_machine_set, record};
+use crate::dispatch::faulty_store::{FaultyStore, unavailable};
 use crate::dispatch::{DispatchConfig, Dispatcher};
 
 fn fixture(name: &str) -> Vec<u8> {
@@ -19,49 +20,20 @@ fn fixture(name: &str) -> Vec<u8> {
 }
 
 /// The in-memory store, except that verdicts cannot be written (an etcd that lost its quorum).
-struct NoVerdicts(MemoryStore);
-
-impl Store for NoVerdicts {
-    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Entry>, StoreError>> {
-        self.0.get(key)
-    }
-
-    fn put<'a>(
-        &'a self,
-        key: &'a str,
-        value: Vec<u8>,
-        precondition: Precondition,
-    ) -> BoxFuture<'a, Result<Write, StoreError>> {
-        if key.starts_with("verdicts/") {
-            return Box::pin(async {
-                Err(StoreError::Unavailable {
-                    target: "test".into(),
-                    reason: "no leader".into(),
-                })
-            });
-        }
-        self.0.put(key, value, precondition)
-    }
-
-    fn delete<'a>(
-        &'a self,
-        key: &'a str,
-        precondition: Precondition,
-    ) -> BoxFuture<'a, Result<Write, StoreError>> {
-        self.0.delete(key, precondition)
-    }
-
-    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, StoreError>> {
-        self.0.list(prefix)
-    }
-
-    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
-        self.0.subscribe()
-    }
-
-    fn describe(&self) -> String {
-        "in-memory store that refuses verdicts".into()
-    }
+fn no_verdicts() -> Arc<dyn Store> {
+    Arc::new(FaultyStore::new(
+        Arc::new(MemoryStore::new()),
+        Box::new(|key| {
+            let refused = key.starts_with("verdicts/");
+            Box::pin(async move {
+                if refused {
+                    Err(unavailable("no leader"))
+                } else {
+                    Ok(())
+                }
+            })
+        }),
+    ))
 }
 
 fn engine(store: Arc<dyn Store>) -> Arc<Engine> {
@@ -105,7 +77,7 @@ async fn a_success_is_sent_only_once_its_verdict_is_stored() {
 
 #[tokio::test]
 async fn an_answer_whose_verdict_cannot_be_stored_is_a_failure_capi_does_not_act_on() {
-    let engine = engine(Arc::new(NoVerdicts(MemoryStore::new())));
+    let engine = engine(no_verdicts());
     let body = fixture("can-update-machine-kcp-version.json");
     let answer = record(engine.clone(), can_update_machine(&engine, &body)).await;
     assert_eq!(answer.status.as_str(), "Failure");

@@ -1,0 +1,73 @@
+//! A store for tests whose writes can fail or hang: the in-memory store behind a gate every put and delete
+//! passes first, given the key. Reads and the change feed are the inner store's, as they would be for the next
+//! process after a crash or for a store that only refuses writes.
+
+use std::sync::Arc;
+
+use inplace_store::memory::MemoryStore;
+use inplace_store::{BoxFuture, Change, Entry, Precondition, Store, StoreError, Write};
+
+/// What a write must pass: `Ok` lets it through, an error is the write's answer (nothing is written).
+pub(crate) type Gate =
+    Box<dyn Fn(&str) -> BoxFuture<'static, Result<(), StoreError>> + Send + Sync + 'static>;
+
+/// The in-memory store `inner`, with every write passing `gate` first.
+pub(crate) struct FaultyStore {
+    pub(crate) inner: Arc<MemoryStore>,
+    gate: Gate,
+}
+
+impl FaultyStore {
+    pub(crate) fn new(inner: Arc<MemoryStore>, gate: Gate) -> Self {
+        Self { inner, gate }
+    }
+}
+
+/// The error a gate answers for a store that is gone ("no leader", "the process died here").
+pub(crate) fn unavailable(reason: &str) -> StoreError {
+    StoreError::Unavailable {
+        target: "test".into(),
+        reason: reason.into(),
+    }
+}
+
+impl Store for FaultyStore {
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Entry>, StoreError>> {
+        self.inner.get(key)
+    }
+
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        value: Vec<u8>,
+        precondition: Precondition,
+    ) -> BoxFuture<'a, Result<Write, StoreError>> {
+        Box::pin(async move {
+            (self.gate)(key).await?;
+            self.inner.put(key, value, precondition).await
+        })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        key: &'a str,
+        precondition: Precondition,
+    ) -> BoxFuture<'a, Result<Write, StoreError>> {
+        Box::pin(async move {
+            (self.gate)(key).await?;
+            self.inner.delete(key, precondition).await
+        })
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, StoreError>> {
+        self.inner.list(prefix)
+    }
+
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
+        self.inner.subscribe()
+    }
+
+    fn describe(&self) -> String {
+        "in-memory store with failing or hanging writes (tests)".into()
+    }
+}
