@@ -91,22 +91,30 @@ impl StepKind {
         StepKind::Other,
     ];
 
+    /// The kind's wire name (`inplace_agent_api::StepAction::kind`); `other` for [`StepKind::Other`].
+    pub const fn wire(self) -> &'static str {
+        match self {
+            StepKind::Files => "files",
+            StepKind::SshKeys => "sshKeys",
+            StepKind::Ntp => "ntp",
+            StepKind::EtcdImage => "etcdImage",
+            StepKind::KubeletArgs => "kubeletArgs",
+            StepKind::InstallKubeadm => "installKubeadm",
+            StepKind::KubeadmUpgrade => "kubeadmUpgrade",
+            StepKind::InstallKubelet => "installKubelet",
+            StepKind::DrainNode => "drainNode",
+            StepKind::WaitNodeReady => "waitNodeReady",
+            StepKind::UncordonNode => "uncordonNode",
+            StepKind::Other => "other",
+        }
+    }
+
     /// The kind of a wire name (`files`, `kubeadmUpgrade`, …); unknown names are [`StepKind::Other`].
     pub fn of_wire(name: &str) -> StepKind {
-        match name {
-            "files" => StepKind::Files,
-            "sshKeys" => StepKind::SshKeys,
-            "ntp" => StepKind::Ntp,
-            "etcdImage" => StepKind::EtcdImage,
-            "kubeletArgs" => StepKind::KubeletArgs,
-            "installKubeadm" => StepKind::InstallKubeadm,
-            "kubeadmUpgrade" => StepKind::KubeadmUpgrade,
-            "installKubelet" => StepKind::InstallKubelet,
-            "drainNode" => StepKind::DrainNode,
-            "waitNodeReady" => StepKind::WaitNodeReady,
-            "uncordonNode" => StepKind::UncordonNode,
-            _ => StepKind::Other,
-        }
+        Self::ALL
+            .into_iter()
+            .find(|kind| kind.wire() == name)
+            .unwrap_or(StepKind::Other)
     }
 
     fn slot(self) -> usize {

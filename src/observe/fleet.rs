@@ -14,6 +14,8 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::dispatch::pace::StepKind;
+
 /// The states `inplace_updater_updates{state}` counts (each Machine's current run). `paused`: held by an
 /// operator pause and its agent confirmed it stopped; `cancelled`: ended by an operator cancel.
 pub const UPDATE_STATES: [&str; 6] = [
@@ -26,19 +28,20 @@ pub const UPDATE_STATES: [&str; 6] = [
 ];
 
 /// Step kinds of the plan (`inplace_agent_api::StepAction::kind`), pre-created so every series exists from
-/// the first scrape (a rate over a series that appears with its first failure misses that failure).
-pub const STEP_KINDS: [&str; 11] = [
-    "files",
-    "sshKeys",
-    "ntp",
-    "etcdImage",
-    "kubeletArgs",
-    "installKubeadm",
-    "kubeadmUpgrade",
-    "installKubelet",
-    "drainNode",
-    "waitNodeReady",
-    "uncordonNode",
+/// the first scrape (a rate over a series that appears with its first failure misses that failure). The names
+/// are [`StepKind::wire`]'s, the one table of them.
+pub const STEP_KINDS: [StepKind; 11] = [
+    StepKind::Files,
+    StepKind::SshKeys,
+    StepKind::Ntp,
+    StepKind::EtcdImage,
+    StepKind::KubeletArgs,
+    StepKind::InstallKubeadm,
+    StepKind::KubeadmUpgrade,
+    StepKind::InstallKubelet,
+    StepKind::DrainNode,
+    StepKind::WaitNodeReady,
+    StepKind::UncordonNode,
 ];
 
 /// Labels of the step metrics.
@@ -109,7 +112,7 @@ impl FleetMetrics {
             updates: Family::default(),
             live: Arc::new(OnceLock::new()),
         };
-        for kind in STEP_KINDS {
+        for kind in STEP_KINDS.map(StepKind::wire) {
             drop(metrics.step_duration.get_or_create(&KindLabels { kind }));
             drop(metrics.step_failures.get_or_create(&KindLabels { kind }));
         }
