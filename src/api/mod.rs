@@ -7,6 +7,7 @@
 mod can_update;
 mod duration;
 mod error;
+mod key;
 pub mod objects;
 mod requests;
 mod responses;
@@ -17,12 +18,13 @@ pub use can_update::{
 };
 pub use duration::{DurationError, parse_go_duration};
 pub use error::DecodeError;
+pub use key::ObjectKey;
 /// The one JSON decoder (Go's field naming, the failing field named), shared with the plan in `inplace-core`.
 pub use inplace_core::decode_json;
 pub use objects::{Object, Pair};
 pub use requests::{
     CanUpdateMachineRequest, CanUpdateMachineSetRequest, HookRequest, MachineObjects,
-    MachineSetObjects, ObjectKey, UpdateMachineObjects, UpdateMachineRequest, decode_request,
+    MachineSetObjects, UpdateMachineObjects, UpdateMachineRequest, decode_request,
 };
 pub use responses::{
     CanUpdateMachineResponse, CanUpdateMachineSetResponse, DiscoveryResponse, ExtensionHandler,

@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::HOOKS_API_VERSION;
+use super::key::ObjectKey;
 use super::error::DecodeError;
 use super::objects::{Object, parse};
 use super::validate::{self, Head, Role};
@@ -53,21 +54,6 @@ fn check_type_meta(
             expected,
         }),
         _ => Ok(()),
-    }
-}
-
-/// `namespace/name` of an object, for logs and messages.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ObjectKey {
-    /// `metadata.namespace` (empty when absent).
-    pub namespace: String,
-    /// `metadata.name`.
-    pub name: String,
-}
-
-impl std::fmt::Display for ObjectKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
     }
 }
 

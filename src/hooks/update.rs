@@ -3,14 +3,13 @@
 
 use std::sync::Arc;
 
-use inplace_core::{Objects, Policy, Scope, Settings, window};
+use inplace_core::{DesiredMachine, Objects, Policy, Scope, Settings, window};
 
 use super::{Answer, Engine, answer, failure};
 use crate::api::objects;
 use crate::api::validate::Head;
 use crate::api::{Hook, Status, UpdateMachineRequest, UpdateMachineResponse, decode_request};
 use crate::dispatch::{DispatchError, UpdateAnswer, UpdateRequest};
-use inplace_core::plan::MachineFacts;
 
 /// Why a decoded UpdateMachine request cannot become an update: the Failure message and its verdict label.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -63,14 +62,14 @@ pub fn update_request(
         .heads
         .each_ref()
         .map(|head| head.as_ref().map(Head::type_meta));
-    let facts = MachineFacts::of(&machine).map_err(Refusal::bad_request)?;
+    // The desired Machine is read once here: dispatch works from this typed view (facts, knobs, labels).
+    let view = DesiredMachine::of(&machine).map_err(Refusal::bad_request)?;
     // The Machine's annotation overrides the registration's window; a bad one is the client's mistake.
-    let annotation = machine
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get(window::WINDOW_ANNOTATION))
-        .and_then(serde_json::Value::as_str);
-    let window = window::effective(settings.maintenance_window.as_ref(), annotation)
-        .map_err(Refusal::bad_request)?;
+    let window = window::effective(
+        settings.maintenance_window.as_ref(),
+        view.knobs.window.as_deref(),
+    )
+    .map_err(Refusal::bad_request)?;
     let heads = Objects {
         machine: Some(&machine),
         bootstrap: bootstrap.as_ref(),
@@ -78,14 +77,16 @@ pub fn update_request(
     };
     let actions = policy.actions_for(Scope::Object, &heads, &settings);
     Ok(UpdateRequest {
-        facts,
-        machine: desired.machine,
+        desired: view,
+        machine,
+        machine_text: desired.machine,
         bootstrap: desired.bootstrap_config,
         infra: desired.infrastructure_machine,
         actions,
         window,
         drain_rules: policy.drain_for(&settings),
         paused_setting: settings.paused,
+        hashed: Default::default(),
     })
 }
 
@@ -102,7 +103,7 @@ pub async fn update_machine(engine: Arc<Engine>, body: bytes::Bytes) -> Answer {
         Ok(update) => update,
         Err(refusal) => return failure(hook, refusal.message, refusal.verdict, object),
     };
-    let (status, verdict, message, retry) = match dispatcher.update_machine(&update).await {
+    let (status, verdict, message, retry) = match dispatcher.runs.update_machine(&update).await {
         Ok(UpdateAnswer::InProgress {
             message,
             retry_after_seconds,

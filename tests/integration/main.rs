@@ -21,6 +21,7 @@ mod hooks_bad_input;
 mod hooks_capi;
 mod hooks_malformed;
 mod hostile;
+mod layers;
 mod load_harness;
 mod openapi;
 mod readme;

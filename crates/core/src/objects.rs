@@ -92,6 +92,10 @@ impl ObjectRole {
 pub const CONTROL_PLANE_LABEL: &str = "cluster.x-k8s.io/control-plane";
 /// The label CAPI puts on every Machine with its cluster's name.
 pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+/// The label CAPI puts on a Machine with its MachineSet's (formatted) name.
+pub const SET_NAME_LABEL: &str = "cluster.x-k8s.io/set-name";
+/// The label CAPI puts on a MachineSet and its Machines with the template hash.
+pub const TEMPLATE_HASH_LABEL: &str = "machine-template-hash";
 
 /// The object's `kind`, or `""`.
 pub fn kind_of(object: &Value) -> &str {

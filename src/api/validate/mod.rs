@@ -18,7 +18,7 @@ use serde_json::value::RawValue;
 pub use names::{MAX_LABEL_BYTES, MAX_NAME_BYTES, group_version, is_kind, is_label, is_subdomain};
 pub use rules::{CLUSTER_API_GROUP, KUBEADM_BOOTSTRAP_GROUP};
 
-use super::ObjectKey;
+use super::key::ObjectKey;
 use walk::{MemberKey, Node, Shape, State, Walk, shown};
 
 /// Why an object was refused: the field path and what is wrong with it.

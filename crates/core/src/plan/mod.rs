@@ -48,7 +48,7 @@ pub const ETCD_IMAGE_TIMEOUT_SECONDS: u32 = 120;
 pub const KUBELET_ARGS_TIMEOUT_SECONDS: u32 = 120;
 
 /// Why no plan could be built from the desired objects.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum PlanError {
     /// A field the plan needs has the wrong shape.
     #[error("field `{path}`: {problem}")]

@@ -30,8 +30,7 @@ pub use format::in_words;
 
 /// The ExtensionConfig setting key holding the registration's window.
 pub const WINDOW_SETTING: &str = "maintenanceWindow";
-/// The Machine annotation holding one Machine's window (overrides the setting).
-pub const WINDOW_ANNOTATION: &str = "inplace-updater.dev/maintenance-window";
+pub use crate::knobs::WINDOW_ANNOTATION;
 /// The value (setting or annotation) meaning "no window: always open".
 pub const WINDOW_NONE: &str = "none";
 /// Longest window spec accepted, in bytes.

@@ -1,0 +1,156 @@
+//! The operator's view of agents (`inplace-updater status --agents`): every agent seen or refused, with its
+//! Machine, node, version, last contact, whether it is connected, and its last refusal. Built from the store
+//! (every replica's persisted last-seen times and refusals) merged with this replica's exact memory.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use inplace_agent_api::{MAX_WAIT_SECONDS, POLL_GRACE_SECONDS};
+use serde::{Deserialize, Serialize};
+
+use super::Agents;
+use super::refusal_book::newer;
+use super::refusals::{AgentRefusalRecord, Claim};
+use crate::dispatch::floor::DispatchError;
+use crate::dispatch::floor::config::LAST_SEEN_PERSIST_INTERVAL;
+use crate::dispatch::floor::keys::{AGENT_REFUSALS_PREFIX, AGENTS_PREFIX, parse_machine};
+use crate::dispatch::floor::records::AgentRecord;
+
+/// An agent is connected when its last request reached this replica within this long: one long-poll plus
+/// the grace agents give it.
+pub const CONNECTED_WITHIN: Duration =
+    Duration::from_secs((MAX_WAIT_SECONDS + POLL_GRACE_SECONDS) as u64);
+
+/// One row of `inplace-updater status --agents`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRow {
+    /// `namespace/name` of the Machine the agent serves (or claimed, when it was refused); for a refused
+    /// agent that named no Machine, `providerID <id>` or `(not stated)`.
+    pub machine: String,
+    /// The node's hostname, from the agent's last inventory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The agent's version, from its last inventory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_version: Option<String>,
+    /// The node's kubelet version, from the agent's last inventory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet_version: Option<String>,
+    /// Its last accepted request (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen_ms: Option<u64>,
+    /// Whether it made a request within [`CONNECTED_WITHIN`] (a replica that did not serve it knows its
+    /// last contact only as persisted, at most `LAST_SEEN_PERSIST_INTERVAL` late, and allows for that).
+    pub connected: bool,
+    /// Its last refused request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_refusal: Option<AgentRefusalRecord>,
+}
+
+impl AgentRow {
+    fn named(machine: String) -> Self {
+        Self {
+            machine,
+            node: None,
+            agent_version: None,
+            kubelet_version: None,
+            last_seen_ms: None,
+            connected: false,
+            last_refusal: None,
+        }
+    }
+}
+
+impl Agents {
+    /// Agents with a request to this replica within [`CONNECTED_WITHIN`].
+    pub fn connected_count(&self) -> usize {
+        let horizon = self
+            .floor
+            .now_ms()
+            .saturating_sub(CONNECTED_WITHIN.as_millis() as u64);
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .filter(|(seen, _)| *seen >= horizon)
+            .count()
+    }
+
+    /// Every agent seen or refused, sorted by Machine.
+    pub async fn agents(&self) -> Result<Vec<AgentRow>, DispatchError> {
+        let now = self.floor.now_ms();
+        let store = self.floor.db.store();
+        let mut rows: BTreeMap<String, AgentRow> = BTreeMap::new();
+        let mut persisted_seen: BTreeMap<String, u64> = BTreeMap::new();
+        for entry in store.list(AGENTS_PREFIX).await? {
+            let Some(machine) = entry.key.strip_prefix(AGENTS_PREFIX).and_then(parse_machine) else {
+                continue;
+            };
+            let Ok(record) = serde_json::from_slice::<AgentRecord>(&entry.value) else {
+                continue;
+            };
+            let key = machine.to_string();
+            let row = rows
+                .entry(key.clone())
+                .or_insert_with(|| AgentRow::named(key.clone()));
+            if let Some(inventory) = &record.inventory {
+                row.node = inventory.hostname.clone();
+                row.agent_version = Some(inventory.agent_version.clone());
+                row.kubelet_version = inventory.kubelet_version.clone();
+            }
+            row.last_seen_ms = Some(record.last_seen_ms);
+            persisted_seen.insert(key, record.last_seen_ms);
+        }
+        for entry in store.list(AGENT_REFUSALS_PREFIX).await? {
+            let Some(machine) = entry
+                .key
+                .strip_prefix(AGENT_REFUSALS_PREFIX)
+                .and_then(parse_machine)
+            else {
+                continue;
+            };
+            let Ok(record) = serde_json::from_slice::<AgentRefusalRecord>(&entry.value) else {
+                continue;
+            };
+            let key = machine.to_string();
+            let row = rows
+                .entry(key.clone())
+                .or_insert_with(|| AgentRow::named(key));
+            row.last_refusal = newer(row.last_refusal.take(), Some(record));
+        }
+        let local_seen: Vec<(String, u64)> = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(machine, (seen, _))| (machine.to_string(), *seen))
+            .collect();
+        let within = CONNECTED_WITHIN.as_millis() as u64;
+        for (key, seen) in local_seen {
+            let row = rows
+                .entry(key.clone())
+                .or_insert_with(|| AgentRow::named(key));
+            row.last_seen_ms = row.last_seen_ms.max(Some(seen));
+            row.connected |= now.saturating_sub(seen) <= within;
+        }
+        // Persisted times are up to LAST_SEEN_PERSIST_INTERVAL older than the agent's real last request.
+        let late = within + LAST_SEEN_PERSIST_INTERVAL.as_millis() as u64;
+        for (key, seen) in persisted_seen {
+            if let Some(row) = rows.get_mut(&key) {
+                row.connected |= now.saturating_sub(seen) <= late;
+            }
+        }
+        for (claim, record) in self.book().all() {
+            let key = match &claim {
+                Claim::Machine(machine) => machine.to_string(),
+                other => other.to_string(),
+            };
+            let row = rows
+                .entry(key.clone())
+                .or_insert_with(|| AgentRow::named(key));
+            row.last_refusal = newer(row.last_refusal.take(), Some(record));
+        }
+        Ok(rows.into_values().collect())
+    }
+}

@@ -1,0 +1,210 @@
+//! The long-poll: who the agent is (its Machine, or its provider id through the index), whether its token
+//! covers that Machine, the agent's own progress summary folded into its run, and the run it should execute
+//! now with the hold on it — at once when there is one, else when one is recorded (by any replica) or the
+//! poll's wait ends.
+
+use std::time::Duration;
+
+use inplace_agent_api::{
+    AgentIdentity, Hold, MAX_WAIT_SECONDS, MachineRef, Plan, PlanProgress, PollRequest,
+    PollResponse,
+};
+
+use super::Agents;
+use super::scope::{AgentScope, forbidden};
+use crate::dispatch::floor::DispatchError;
+use crate::dispatch::floor::hold::hold_for;
+use crate::dispatch::floor::keys::{machine_key, provider_key, update_key, valid_segment};
+use crate::dispatch::floor::records::{MachineRecord, ProviderIndex};
+use crate::dispatch::floor::run::{RunOutcome, UpdateRecord};
+
+pub(super) fn truncate(text: &str) -> String {
+    text.chars().take(80).collect()
+}
+
+impl Agents {
+    /// Resolves who the agent is. A provider id the server has not seen yet resolves to nothing (`None`).
+    pub(super) async fn resolve(
+        &self,
+        identity: &AgentIdentity,
+    ) -> Result<Option<MachineRef>, DispatchError> {
+        match identity {
+            AgentIdentity::Machine(machine) => {
+                if !valid_segment(&machine.namespace) || !valid_segment(&machine.name) {
+                    return Err(DispatchError::BadRequest(format!(
+                        "agent.machine {:?}/{:?} is not a valid namespace/name",
+                        truncate(&machine.namespace),
+                        truncate(&machine.name)
+                    )));
+                }
+                Ok(Some(machine.clone()))
+            }
+            AgentIdentity::ProviderId(id) => {
+                if id.is_empty() || id.len() > 512 {
+                    return Err(DispatchError::BadRequest(
+                        "agent.providerID must be 1..512 bytes".into(),
+                    ));
+                }
+                Ok(self
+                    .floor
+                    .db
+                    .value::<ProviderIndex>(&provider_key(id))
+                    .await?
+                    .map(|index| index.machine))
+            }
+        }
+    }
+
+    /// Scope check against the Machine's record; returns the record (if any) when allowed.
+    pub(super) async fn scoped_machine(
+        &self,
+        scope: &AgentScope,
+        machine: &MachineRef,
+    ) -> Result<Option<MachineRecord>, DispatchError> {
+        if !scope.covers(machine, None) {
+            return Err(forbidden(scope, machine));
+        }
+        let record = self
+            .floor
+            .db
+            .value::<MachineRecord>(&machine_key(machine))
+            .await?;
+        if let Some(record) = &record
+            && !scope.covers(machine, Some(&record.cluster))
+        {
+            return Err(forbidden(scope, machine));
+        }
+        Ok(record)
+    }
+
+    /// Folds the agent's own summary into the run it names (recovers reports lost in a crash).
+    /// A hold in it counts only when it is the hold the server puts on that run (`record`: the Machine's
+    /// record): an agent confirms holds, it cannot make them up.
+    pub(super) async fn absorb_progress(
+        &self,
+        machine: &MachineRef,
+        progress: &PlanProgress,
+        record: Option<&MachineRecord>,
+    ) -> Result<(), DispatchError> {
+        let key = update_key(machine, &progress.plan_id);
+        let now = self.floor.now_ms();
+        let mut failed_kind = None;
+        self.floor
+            .db
+            .update(&key, |current: Option<&UpdateRecord>| {
+                failed_kind = None;
+                let Some(run) = current else { return Ok(None) };
+                let was_failed = run.outcome().is_failure();
+                let expected = record.and_then(|r| hold_for(r, run, now));
+                let mut progress = progress.clone();
+                progress.hold = progress.hold.filter(|h| Some(h) == expected.as_ref());
+                let mut run = run.clone();
+                if !run.apply_progress(&progress, now) {
+                    return Ok(None);
+                }
+                if let (RunOutcome::Failed { index }, false) = (run.outcome(), was_failed) {
+                    failed_kind = run.plan.steps.get(index).map(|step| step.action.kind());
+                }
+                Ok(Some(run))
+            })
+            .await?;
+        if let Some(kind) = failed_kind {
+            // Its report was lost: no duration, but the failure counts.
+            self.fleet.step_finished(kind, None, true);
+        }
+        Ok(())
+    }
+
+    /// The run the agent should execute now, if any (already scope-checked), with the hold on it.
+    async fn pending_plan(
+        &self,
+        scope: &AgentScope,
+        machine: &MachineRef,
+        current: Option<&PlanProgress>,
+    ) -> Result<Option<(Plan, Option<Hold>)>, DispatchError> {
+        let Some(record) = self.scoped_machine(scope, machine).await? else {
+            return Ok(None);
+        };
+        let Some(run) = self
+            .floor
+            .db
+            .value::<UpdateRecord>(&update_key(machine, &record.run_id))
+            .await?
+        else {
+            return Ok(None);
+        };
+        let hold = hold_for(&record, &run, self.floor.now_ms());
+        Ok(run.agent_needs_plan(current).then_some((run.plan, hold)))
+    }
+
+    /// Long-poll: answers at once with the Machine's current run when the agent has not finished it, else
+    /// waits until one is recorded (by any replica) or `min(wait_seconds, 30)` passes.
+    pub async fn poll(
+        &self,
+        scope: &AgentScope,
+        request: &PollRequest,
+    ) -> Result<PollResponse, DispatchError> {
+        let Some(machine) = self.resolve(&request.agent).await? else {
+            // Unknown provider id: nothing to do yet; the agent polls again.
+            tokio::time::sleep(Duration::from_secs(u64::from(
+                request.wait_seconds.min(MAX_WAIT_SECONDS),
+            )))
+            .await;
+            return Ok(PollResponse::nothing());
+        };
+        // Against the Machine's record, not just the namespace: a cluster token of the same namespace must be
+        // refused before its `current` progress is folded into another cluster's run.
+        let record = self.scoped_machine(scope, &machine).await?;
+        // Persisted (when due) by a background task: the poll never waits on a store write for it.
+        self.mark_seen(&machine);
+        if let Some(progress) = &request.current {
+            self.absorb_progress(&machine, progress, record.as_ref())
+                .await?;
+        }
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_secs(u64::from(request.wait_seconds.min(MAX_WAIT_SECONDS)));
+        let notify = self.waiter(&machine);
+        // The hold both sides agree on while the agent waits out a hold (said again when the poll times out).
+        let mut agreed: Option<Hold>;
+        let answer = loop {
+            // Register interest before looking, so a run recorded in between is not missed.
+            let for_machine = notify.notified();
+            let for_everyone = self.everyone.notified();
+            tokio::pin!(for_machine, for_everyone);
+            for_machine.as_mut().enable();
+            for_everyone.as_mut().enable();
+            match self
+                .pending_plan(scope, &machine, request.current.as_ref())
+                .await
+            {
+                Ok(Some((plan, hold))) => {
+                    // An agent already honouring this very hold waits here until it changes; any other agent
+                    // gets the plan (its go-ahead, or the plan to adopt) with the hold now.
+                    let honoured = request
+                        .current
+                        .as_ref()
+                        .filter(|c| c.plan_id == plan.id)
+                        .and_then(|c| c.hold.as_ref());
+                    if hold.is_none() || honoured != hold.as_ref() {
+                        break Ok(PollResponse {
+                            plan: Some(plan),
+                            hold,
+                        });
+                    }
+                    agreed = hold;
+                }
+                Ok(None) => agreed = None,
+                Err(err) => break Err(err),
+            }
+            tokio::select! {
+                () = &mut for_machine => {}
+                () = &mut for_everyone => {}
+                () = tokio::time::sleep_until(deadline) => break Ok(PollResponse { plan: None, hold: agreed }),
+                // Shutting down: answer now so the drain is not held up by idle polls.
+                () = self.floor.shutdown.cancelled() => break Ok(PollResponse { plan: None, hold: agreed }),
+            }
+        };
+        self.release_waiter(&machine, notify);
+        answer
+    }
+}

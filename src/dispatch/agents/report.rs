@@ -1,0 +1,135 @@
+//! Step reports and inventories: a report is applied to the run it names, which must be the Machine's current
+//! run, and acknowledged with the hold on that run; an inventory is persisted per agent and its plan summary
+//! folded into the run it names. A step's end is counted (and its duration learned) once.
+
+use inplace_agent_api::{Hold, InventoryReport, MachineRef, StepReport, StepStatus, validate_report};
+
+use super::Agents;
+use super::poll::truncate;
+use super::scope::AgentScope;
+use crate::dispatch::floor::DispatchError;
+use crate::dispatch::floor::hold::hold_for;
+use crate::dispatch::floor::keys::{machine_key, update_key};
+use crate::dispatch::floor::records::MachineRecord;
+use crate::dispatch::floor::run::UpdateRecord;
+
+impl Agents {
+    /// One step report: applied to the run it names, which must be the Machine's current run. Answers the hold
+    /// on that run, if any: the agent starts no step after an ack that carries one.
+    pub async fn report(
+        &self,
+        scope: &AgentScope,
+        report: &StepReport,
+    ) -> Result<Option<Hold>, DispatchError> {
+        validate_report(report).map_err(|err| DispatchError::BadRequest(err.to_string()))?;
+        let Some(machine) = self.resolve(&report.agent).await? else {
+            return Err(DispatchError::Conflict(
+                "no run is recorded for this provider id".into(),
+            ));
+        };
+        let record = self.scoped_machine(scope, &machine).await?;
+        let Some(record) = record.filter(|r| r.run_id == report.plan_id) else {
+            return Err(DispatchError::Conflict(format!(
+                "plan {} is not the current run of machine {machine}",
+                truncate(&report.plan_id)
+            )));
+        };
+        self.mark_seen(&machine);
+        let now = self.floor.now_ms();
+        let mut rejection = None;
+        let mut ended = None;
+        let run = self
+            .floor
+            .db
+            .update(
+                &update_key(&machine, &report.plan_id),
+                |current: Option<&UpdateRecord>| {
+                    ended = None;
+                    let Some(run) = current else { return Ok(None) };
+                    let mut run = run.clone();
+                    match run.apply_report(report, now) {
+                        Ok(true) => {
+                            ended = run
+                                .plan
+                                .steps
+                                .get(report.step_index as usize)
+                                .map(|step| (step.action.kind(), step.description.clone()));
+                            Ok(Some(run))
+                        }
+                        Ok(false) => Ok(None),
+                        Err(err) => {
+                            rejection = Some(err);
+                            Ok(None)
+                        }
+                    }
+                },
+            )
+            .await?;
+        if let Some((kind, description)) = ended {
+            self.step_ended(&machine, report, kind, &description);
+        }
+        if let Some(err) = rejection {
+            return Err(DispatchError::BadRequest(err.to_string()));
+        }
+        // The Machine record is read again: a hold recorded while this report was applied is in this ack.
+        let record = self
+            .floor
+            .db
+            .value::<MachineRecord>(&machine_key(&machine))
+            .await?
+            .unwrap_or(record);
+        let now = self.floor.now_ms();
+        Ok(run.and_then(|run| hold_for(&record, &run, now)))
+    }
+
+    /// Counts a step that just ended (first report of its end) and logs a failure.
+    fn step_ended(
+        &self,
+        machine: &MachineRef,
+        report: &StepReport,
+        kind: inplace_agent_api::StepKind,
+        description: &str,
+    ) {
+        let failed = match report.status {
+            StepStatus::Running => return,
+            StepStatus::Succeeded => false,
+            StepStatus::Failed => true,
+        };
+        let millis = report
+            .started_at_unix_ms
+            .zip(report.finished_at_unix_ms)
+            .map(|(start, end)| end.saturating_sub(start));
+        self.fleet.step_finished(kind, millis, failed);
+        if failed {
+            tracing::error!(
+                %machine,
+                run = %report.plan_id.chars().take(12).collect::<String>(),
+                step = report.step_index + 1,
+                kind = kind.wire(),
+                description,
+                exit_code = ?report.exit_code,
+                detail = report.message.as_deref().unwrap_or_default(),
+                "step failed; the update stops here"
+            );
+        }
+    }
+
+    /// Inventory: persisted per agent, and its plan summary folded into the run it names.
+    pub async fn inventory(
+        &self,
+        scope: &AgentScope,
+        report: &InventoryReport,
+    ) -> Result<(), DispatchError> {
+        let Some(machine) = self.resolve(&report.agent).await? else {
+            return Ok(());
+        };
+        let record = self.scoped_machine(scope, &machine).await?;
+        self.mark_seen(&machine);
+        self.persist_seen(&machine, Some(report.clone())).await?;
+        if let Some(progress) = &report.current {
+            self.absorb_progress(&machine, progress, record.as_ref())
+                .await?;
+        }
+        Ok(())
+    }
+}

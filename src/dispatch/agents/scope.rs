@@ -1,0 +1,49 @@
+//! What a verified agent token allows: one cluster's Machines or one Machine.
+
+use inplace_agent_api::MachineRef;
+
+use crate::dispatch::floor::DispatchError;
+
+/// What a verified agent token allows.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum AgentScope {
+    /// Every Machine of one cluster.
+    Cluster {
+        /// The cluster's namespace.
+        namespace: String,
+        /// The cluster's name.
+        cluster: String,
+    },
+    /// One Machine.
+    Machine(MachineRef),
+}
+
+impl std::fmt::Display for AgentScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AgentScope::Cluster { namespace, cluster } => {
+                write!(f, "cluster {namespace}/{cluster}")
+            }
+            AgentScope::Machine(machine) => write!(f, "machine {machine}"),
+        }
+    }
+}
+
+impl AgentScope {
+    /// Whether a Machine (with the cluster its record names, when known) is inside this scope.
+    pub(super) fn covers(&self, machine: &MachineRef, cluster: Option<&str>) -> bool {
+        match self {
+            AgentScope::Machine(allowed) => allowed == machine,
+            AgentScope::Cluster {
+                namespace,
+                cluster: allowed,
+            } => namespace == &machine.namespace && cluster.is_none_or(|c| c == allowed),
+        }
+    }
+}
+
+pub(super) fn forbidden(scope: &AgentScope, machine: &MachineRef) -> DispatchError {
+    DispatchError::Forbidden(format!(
+        "this token is scoped to {scope}; it does not cover machine {machine}"
+    ))
+}

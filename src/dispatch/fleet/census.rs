@@ -1,0 +1,441 @@
+//! The census: each Machine's current update and its state, kept in memory by following the store's change
+//! feed, for `inplace_updater_updates{state}` and the stalled-update and missing-agent gauges. Computed on
+//! change, not by scanning the store per scrape: a change costs one read of the record that changed (a Machine
+//! record or an update record; an agent's last-seen write costs none), and every replica counts the same,
+//! because it follows every replica's writes. Rebuilt from a full listing at start and whenever the feed had a
+//! gap (lagged receiver, etcd watch reconnected).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use inplace_agent_api::MachineRef;
+use inplace_store::Change;
+use serde::Deserialize;
+
+use super::Fleet;
+use crate::dispatch::floor::DispatchError;
+use crate::dispatch::floor::keys::{
+    AGENTS_PREFIX, MACHINES_PREFIX, UPDATES_PREFIX, parse_machine, parse_update_key, update_key,
+};
+use crate::dispatch::floor::records::MachineRecord;
+use crate::dispatch::floor::run::{CancelledRun, RunOutcome, RunStepRecord};
+use crate::observe::StateLabels;
+
+/// Pause before rebuilding the census again after the store failed to list.
+pub const CENSUS_RETRY: Duration = Duration::from_secs(5);
+
+/// Where a Machine's current update is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpdateState {
+    /// Recorded; no step started (waiting for the agent).
+    Recorded,
+    /// A step started and the run has not ended.
+    Running,
+    /// Every step done.
+    Done,
+    /// A step failed.
+    Failed,
+    /// Held by an operator pause (or another hold) and the agent confirmed it stopped: no step runs.
+    Paused,
+    /// Cancelled by an operator.
+    Cancelled,
+}
+
+impl UpdateState {
+    const ALL: [UpdateState; 6] = [
+        Self::Recorded,
+        Self::Running,
+        Self::Done,
+        Self::Failed,
+        Self::Paused,
+        Self::Cancelled,
+    ];
+
+    /// The `state` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Recorded => "recorded",
+            Self::Running => "running",
+            Self::Done => "done",
+            Self::Failed => "failed",
+            Self::Paused => "paused",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    fn of(outcome: &RunOutcome) -> Self {
+        match outcome {
+            RunOutcome::Waiting => Self::Recorded,
+            RunOutcome::InProgress { .. } => Self::Running,
+            RunOutcome::Done => Self::Done,
+            RunOutcome::Failed { .. } => Self::Failed,
+            RunOutcome::Cancelled { .. } => Self::Cancelled,
+        }
+    }
+
+    fn unfinished(self) -> bool {
+        // A paused run is not stuck: the stalled-update gauge leaves it out.
+        matches!(self, Self::Recorded | Self::Running)
+    }
+}
+
+/// What the census reads of an update record: its times and step states (the plan is skipped).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RunTimes {
+    created_ms: u64,
+    steps: Vec<RunStepRecord>,
+    #[serde(default)]
+    held: Option<inplace_agent_api::Hold>,
+    #[serde(default)]
+    cancelled: Option<CancelledRun>,
+}
+
+impl RunTimes {
+    /// The state and the time of the last progress (recording, or a step's start or end).
+    fn judge(&self) -> (UpdateState, u64) {
+        let progress = self
+            .steps
+            .iter()
+            .flat_map(|s| [s.started_ms, s.finished_ms])
+            .flatten()
+            .fold(self.created_ms, u64::max);
+        let outcome = RunOutcome::of_run(&self.steps, self.cancelled.as_ref());
+        let state = match UpdateState::of(&outcome) {
+            UpdateState::Recorded | UpdateState::Running if self.held.is_some() => {
+                UpdateState::Paused
+            }
+            state => state,
+        };
+        (state, progress)
+    }
+}
+
+#[derive(Debug)]
+struct Tally {
+    run_id: String,
+    /// State and last progress of the current run, once its record has been read.
+    run: Option<(UpdateState, u64)>,
+}
+
+/// This replica's census.
+#[derive(Debug, Default)]
+pub struct Census {
+    machines: HashMap<MachineRef, Tally>,
+    /// When each agent's last-seen record was last written (Unix ms, as this replica saw the write).
+    agents: HashMap<MachineRef, u64>,
+    counts: [i64; 6],
+}
+
+fn index(state: UpdateState) -> usize {
+    UpdateState::ALL
+        .iter()
+        .position(|s| *s == state)
+        .unwrap_or_default()
+}
+
+impl Census {
+    fn count(&mut self, run: Option<(UpdateState, u64)>, delta: i64) {
+        if let Some((state, _)) = run {
+            self.counts[index(state)] += delta;
+        }
+    }
+
+    /// Points a Machine at a run; returns whether that is a different run than before.
+    fn set_run(&mut self, machine: &MachineRef, run_id: &str) -> bool {
+        if let Some(tally) = self.machines.get(machine) {
+            if tally.run_id == run_id {
+                return false;
+            }
+        }
+        let old = self.machines.insert(
+            machine.clone(),
+            Tally {
+                run_id: run_id.to_owned(),
+                run: None,
+            },
+        );
+        self.count(old.and_then(|t| t.run), -1);
+        true
+    }
+
+    /// Records the state of a run, if it is the Machine's current one.
+    fn set_state(&mut self, machine: &MachineRef, run_id: &str, run: Option<(UpdateState, u64)>) {
+        let Some(tally) = self.machines.get_mut(machine) else {
+            return;
+        };
+        if tally.run_id != run_id {
+            return;
+        }
+        let old = std::mem::replace(&mut tally.run, run);
+        self.count(old, -1);
+        self.count(run, 1);
+    }
+
+    fn remove(&mut self, machine: &MachineRef) {
+        let old = self.machines.remove(machine);
+        self.count(old.and_then(|t| t.run), -1);
+    }
+
+    fn current_run(&self, machine: &MachineRef) -> Option<&str> {
+        self.machines.get(machine).map(|t| t.run_id.as_str())
+    }
+
+    /// Machines per state.
+    pub fn counts(&self) -> [(UpdateState, i64); 6] {
+        UpdateState::ALL.map(|state| (state, self.counts[index(state)]))
+    }
+
+    pub(super) fn oldest_progress(&self) -> Option<u64> {
+        self.machines
+            .values()
+            .filter_map(|t| t.run)
+            .filter(|(state, _)| state.unfinished())
+            .map(|(_, progress)| progress)
+            .min()
+    }
+
+    /// The oldest last contact among agents that recorded updates wait for; `local` is what this replica saw.
+    pub(super) fn oldest_waited_contact(&self, local: impl Fn(&MachineRef) -> Option<u64>) -> Option<u64> {
+        self.machines
+            .iter()
+            .filter_map(|(machine, tally)| match tally.run {
+                Some((UpdateState::Recorded, recorded)) => {
+                    let seen = self.agents.get(machine).copied().max(local(machine));
+                    Some(seen.unwrap_or(recorded))
+                }
+                _ => None,
+            })
+            .min()
+    }
+}
+
+impl Fleet {
+    pub(super) fn census(&self) -> std::sync::MutexGuard<'_, Census> {
+        self.census
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(super) fn publish_counts(&self) {
+        let counts = self.census().counts();
+        for (state, count) in counts {
+            self.metrics
+                .updates
+                .get_or_create(&StateLabels {
+                    state: state.label(),
+                })
+                .set(count);
+        }
+    }
+
+    /// Keeps the census until shutdown or until the change feed closes.
+    pub async fn run_census(self: Arc<Self>) {
+        let mut feed = self.floor.db.store().subscribe();
+        let mut stale = true;
+        loop {
+            if stale {
+                match self.recount().await {
+                    Ok(()) => stale = false,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "cannot count updates by state; will try again");
+                        tokio::select! {
+                            () = tokio::time::sleep(CENSUS_RETRY) => continue,
+                            () = self.floor.shutdown.cancelled() => return,
+                        }
+                    }
+                }
+            }
+            let received = tokio::select! {
+                received = feed.recv() => received,
+                () = self.floor.shutdown.cancelled() => return,
+            };
+            match received {
+                Ok(change) if change.is_resync() => stale = true,
+                Ok(change) => {
+                    if let Err(err) = self.census_change(&change).await {
+                        tracing::debug!(error = %err, key = %change.key, "census: change not read; recounting");
+                        stale = true;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => stale = true,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+            self.publish_counts();
+        }
+    }
+
+    /// Rebuilds the census from the store.
+    async fn recount(&self) -> Result<(), DispatchError> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Seen {
+            last_seen_ms: u64,
+        }
+        let store = self.floor.db.store();
+        let mut census = Census::default();
+        for entry in store.list(MACHINES_PREFIX).await? {
+            let machine = entry.key.strip_prefix(MACHINES_PREFIX).and_then(parse_machine);
+            if let (Some(machine), Ok(record)) = (
+                machine,
+                serde_json::from_slice::<MachineRecord>(&entry.value),
+            ) {
+                census.set_run(&machine, &record.run_id);
+            }
+        }
+        for entry in store.list(AGENTS_PREFIX).await? {
+            let machine = entry.key.strip_prefix(AGENTS_PREFIX).and_then(parse_machine);
+            if let (Some(machine), Ok(seen)) =
+                (machine, serde_json::from_slice::<Seen>(&entry.value))
+            {
+                census.agents.insert(machine, seen.last_seen_ms);
+            }
+        }
+        for entry in store.list(UPDATES_PREFIX).await? {
+            let Some((machine, run_id)) = entry
+                .key
+                .strip_prefix(UPDATES_PREFIX)
+                .and_then(parse_update_key)
+            else {
+                continue;
+            };
+            if census.current_run(&machine) != Some(run_id) {
+                continue;
+            }
+            if let Ok(run) = serde_json::from_slice::<RunTimes>(&entry.value) {
+                census.set_state(&machine, run_id, Some(run.judge()));
+            }
+        }
+        *self.census() = census;
+        self.publish_counts();
+        Ok(())
+    }
+
+    async fn read_run(
+        &self,
+        machine: &MachineRef,
+        run_id: &str,
+    ) -> Result<Option<(UpdateState, u64)>, DispatchError> {
+        Ok(self
+            .floor
+            .db
+            .value::<RunTimes>(&update_key(machine, run_id))
+            .await?
+            .map(|run| run.judge()))
+    }
+
+    /// Applies one change of the feed.
+    async fn census_change(&self, change: &Change) -> Result<(), DispatchError> {
+        if let Some(machine) = change.key.strip_prefix(MACHINES_PREFIX).and_then(parse_machine) {
+            if change.deleted {
+                self.census().remove(&machine);
+                return Ok(());
+            }
+            let Some(record) = self.floor.db.value::<MachineRecord>(&change.key).await? else {
+                self.census().remove(&machine);
+                return Ok(());
+            };
+            if self.census().set_run(&machine, &record.run_id) {
+                let run = self.read_run(&machine, &record.run_id).await?;
+                self.census().set_state(&machine, &record.run_id, run);
+            }
+        } else if let Some((machine, run_id)) = change
+            .key
+            .strip_prefix(UPDATES_PREFIX)
+            .and_then(parse_update_key)
+        {
+            if self.census().current_run(&machine) != Some(run_id) {
+                // Not (yet) the Machine's current run: the Machine record's own change reads it.
+                return Ok(());
+            }
+            let run = if change.deleted {
+                None
+            } else {
+                self.read_run(&machine, run_id).await?
+            };
+            self.census().set_state(&machine, run_id, run);
+        } else if let Some(machine) = change.key.strip_prefix(AGENTS_PREFIX).and_then(parse_machine) {
+            if !change.deleted {
+                let now = self.floor.now_ms();
+                self.census().agents.insert(machine, now);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(name: &str) -> MachineRef {
+        MachineRef::new("default", name)
+    }
+
+    #[test]
+    fn counts_follow_each_machines_current_run_only() {
+        let mut census = Census::default();
+        assert!(census.set_run(&m("a"), "r1"));
+        census.set_state(&m("a"), "r1", Some((UpdateState::Recorded, 10)));
+        census.set_run(&m("b"), "r2");
+        census.set_state(&m("b"), "r2", Some((UpdateState::Failed, 20)));
+        assert_eq!(census.counts()[0], (UpdateState::Recorded, 1));
+        assert_eq!(census.counts()[3], (UpdateState::Failed, 1));
+        census.set_state(&m("a"), "r1", Some((UpdateState::Running, 30)));
+        census.set_state(&m("a"), "old", Some((UpdateState::Failed, 40)));
+        assert_eq!(
+            census.counts().map(|(_, n)| n),
+            [0, 1, 0, 1, 0, 0],
+            "a superseded run is not counted"
+        );
+        assert!(!census.set_run(&m("a"), "r1"), "same run: no change");
+        assert!(census.set_run(&m("b"), "r3"), "a new desired state");
+        assert_eq!(census.counts().map(|(_, n)| n), [0, 1, 0, 0, 0, 0]);
+        census.remove(&m("a"));
+        assert_eq!(census.counts().map(|(_, n)| n), [0, 0, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn the_oldest_waits_are_found() {
+        let mut census = Census::default();
+        census.set_run(&m("a"), "r1");
+        census.set_state(&m("a"), "r1", Some((UpdateState::Recorded, 1_000)));
+        census.set_run(&m("b"), "r2");
+        census.set_state(&m("b"), "r2", Some((UpdateState::Running, 500)));
+        census.set_run(&m("c"), "r3");
+        census.set_state(&m("c"), "r3", Some((UpdateState::Done, 1)));
+        assert_eq!(
+            census.oldest_progress(),
+            Some(500),
+            "done runs do not count"
+        );
+        assert_eq!(
+            census.oldest_waited_contact(|_| None),
+            Some(1_000),
+            "never seen: the recording time"
+        );
+        census.agents.insert(m("a"), 200);
+        assert_eq!(
+            census.oldest_waited_contact(|_| None),
+            Some(200),
+            "seen long before: that"
+        );
+        assert_eq!(census.oldest_waited_contact(|_| Some(5_000)), Some(5_000));
+    }
+
+    #[test]
+    fn progress_is_the_latest_step_time() {
+        let run: RunTimes = serde_json::from_value(serde_json::json!({
+            "plan": {"ignored": true},
+            "createdMs": 100,
+            "steps": [
+                {"state": "succeeded", "startedMs": 150, "finishedMs": 300},
+                {"state": "running", "startedMs": 350},
+                {"state": "pending"}
+            ]
+        }))
+        .unwrap();
+        assert_eq!(run.judge(), (UpdateState::Running, 350));
+    }
+}

@@ -1,0 +1,42 @@
+//! The floor every wing of dispatch stands on: the store with typed records ([`db`]), the keys ([`keys`]), the
+//! records and a run's pure transitions ([`records`], [`run`]), the hold on a run ([`hold`]), the clock, the
+//! tunables, the error type and the stored format. No wing is imported here.
+
+pub mod clock;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod format;
+pub mod hold;
+pub mod keys;
+pub mod records;
+pub mod run;
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+pub use clock::Clock;
+pub use config::DispatchConfig;
+pub use db::Db;
+pub use error::DispatchError;
+
+/// What every wing holds: the store, the clock, the tunables and the shutdown signal.
+#[derive(Clone)]
+pub struct Floor {
+    /// The store, typed.
+    pub db: Db,
+    /// The clock every wing judges by.
+    pub clock: Arc<Clock>,
+    /// The tunables.
+    pub config: DispatchConfig,
+    /// Cancelled at shutdown.
+    pub shutdown: CancellationToken,
+}
+
+impl Floor {
+    /// Now, in Unix ms, by the dispatcher's clock.
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+}

@@ -1,0 +1,534 @@
+//! One update run of a Machine as the store keeps it ([`UpdateRecord`]: the plan handed to its agent and how
+//! far each step got), the lighter [`RunView`] UpdateMachine answers from, and the pure transitions a run goes
+//! through (step reports, the agent's progress summary). No I/O: every function here is tested alone.
+
+use inplace_agent_api::{Hold, Plan, PlanProgress, PlanStatus, StepKind, StepReport, StepStatus};
+use serde::{Deserialize, Serialize};
+
+/// Longest stderr tail kept per step (the agent sends at most 4 KiB; operators need the end).
+pub const KEPT_STDERR_BYTES: usize = inplace_agent_api::STDERR_TAIL_MAX_BYTES;
+
+/// How a cancelled run ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CancelledRun {
+    /// The cancel annotation's value.
+    pub value: String,
+    /// Steps that had succeeded when the agent stopped.
+    pub after_steps: u32,
+}
+
+/// State of one step of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StepState {
+    /// Not started.
+    Pending,
+    /// Started by the agent.
+    Running,
+    /// Done.
+    Succeeded,
+    /// Failed; the run stops here.
+    Failed,
+}
+
+impl StepState {
+    /// Whether the state is final.
+    pub fn is_final(self) -> bool {
+        matches!(self, StepState::Succeeded | StepState::Failed)
+    }
+}
+
+/// One step's record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunStepRecord {
+    /// Where it is.
+    pub state: StepState,
+    /// Which attempt the state belongs to (agent restarts re-run an interrupted step).
+    #[serde(default)]
+    pub attempt: u32,
+    /// Start of the attempt (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<u64>,
+    /// End of the attempt (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_ms: Option<u64>,
+    /// Exit code of the command that ended it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Last bytes of stderr.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_tail: Option<String>,
+    /// The agent's message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl RunStepRecord {
+    fn pending() -> Self {
+        Self {
+            state: StepState::Pending,
+            attempt: 0,
+            started_ms: None,
+            finished_ms: None,
+            exit_code: None,
+            stderr_tail: None,
+            message: None,
+        }
+    }
+}
+
+/// One update run of a Machine: the plan handed to its agent and how far it got.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateRecord {
+    /// The plan (its `id` is the run id).
+    pub plan: Plan,
+    /// When the run was recorded (Unix ms).
+    pub created_ms: u64,
+    /// When it ended, succeeded or failed (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_ms: Option<u64>,
+    /// One record per plan step.
+    pub steps: Vec<RunStepRecord>,
+    /// The hold the agent last confirmed it honours (sent with its polls): it runs no step and starts none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<Hold>,
+    /// Set when the agent confirmed an operator cancel: the run ended there (and counts as failed for a retry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancelled: Option<CancelledRun>,
+}
+
+/// Where a run is, as UpdateMachine reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// No step started yet.
+    Waiting,
+    /// Step `index` is the first unfinished one.
+    InProgress {
+        /// The step.
+        index: usize,
+    },
+    /// Every step succeeded.
+    Done,
+    /// Step `index` failed.
+    Failed {
+        /// The step.
+        index: usize,
+    },
+    /// An operator cancelled it; the agent stopped after `after` steps.
+    Cancelled {
+        /// Steps that had succeeded.
+        after: usize,
+    },
+}
+
+impl RunOutcome {
+    /// Where a run with these step records and this cancel is.
+    pub fn of_run(steps: &[RunStepRecord], cancelled: Option<&CancelledRun>) -> RunOutcome {
+        match cancelled {
+            Some(cancelled) => RunOutcome::Cancelled {
+                after: cancelled.after_steps as usize,
+            },
+            None => RunOutcome::of(steps),
+        }
+    }
+
+    /// Whether the run ended without converging (failed or cancelled): an operator retry restarts it.
+    pub fn is_failure(&self) -> bool {
+        matches!(
+            self,
+            RunOutcome::Failed { .. } | RunOutcome::Cancelled { .. }
+        )
+    }
+
+    /// Where a run with these step records is.
+    pub fn of(steps: &[RunStepRecord]) -> RunOutcome {
+        if let Some(index) = steps.iter().position(|s| s.state == StepState::Failed) {
+            return RunOutcome::Failed { index };
+        }
+        match steps.iter().position(|s| s.state != StepState::Succeeded) {
+            None => RunOutcome::Done,
+            Some(0) if steps[0].state == StepState::Pending => RunOutcome::Waiting,
+            Some(index) => RunOutcome::InProgress { index },
+        }
+    }
+}
+
+/// What UpdateMachine reads of an [`UpdateRecord`] to answer: the same JSON, without the steps' desired
+/// states (file contents, keys), which a status answer never needs and which are most of a record's bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunView {
+    /// The plan's Machine and step descriptions.
+    pub plan: PlanView,
+    /// One record per plan step.
+    pub steps: Vec<RunStepRecord>,
+    /// The hold the agent confirmed it honours.
+    #[serde(default)]
+    pub held: Option<Hold>,
+    /// Set once the run was cancelled.
+    #[serde(default)]
+    pub cancelled: Option<CancelledRun>,
+}
+
+/// The parts of a [`Plan`] a [`RunView`] keeps.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct PlanView {
+    /// The Machine.
+    pub machine: MachineRef,
+    /// The steps' descriptions, in order.
+    pub steps: Vec<StepView>,
+}
+
+/// The part of a plan step a [`RunView`] keeps.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct StepView {
+    /// Operator-facing summary.
+    pub description: String,
+    /// The step's kind, for the run's pace (its other fields are not decoded).
+    #[serde(default)]
+    pub action: ActionView,
+}
+
+/// The part of a step's action a [`RunView`] keeps: its kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct ActionView {
+    /// The kind (`files`, `kubeadmUpgrade`, …).
+    #[serde(default)]
+    pub kind: StepKind,
+}
+
+impl RunView {
+    /// The view of a record at hand.
+    pub fn of(record: &UpdateRecord) -> RunView {
+        RunView {
+            plan: PlanView {
+                machine: record.plan.machine.clone(),
+                steps: record
+                    .plan
+                    .steps
+                    .iter()
+                    .map(|step| StepView {
+                        description: step.description.clone(),
+                        action: ActionView {
+                            kind: StepKind::of_wire(step.action.kind()),
+                        },
+                    })
+                    .collect(),
+            },
+            steps: record.steps.clone(),
+            held: record.held.clone(),
+            cancelled: record.cancelled.clone(),
+        }
+    }
+
+    /// Where the run is.
+    pub fn outcome(&self) -> RunOutcome {
+        RunOutcome::of_run(&self.steps, self.cancelled.as_ref())
+    }
+}
+
+impl UpdateRecord {
+    /// A fresh run of `plan`.
+    pub fn new(plan: Plan, now_ms: u64) -> Self {
+        let steps = plan
+            .steps
+            .iter()
+            .map(|_| RunStepRecord::pending())
+            .collect();
+        let mut record = Self {
+            plan,
+            created_ms: now_ms,
+            finished_ms: None,
+            steps,
+            held: None,
+            cancelled: None,
+        };
+        if record.steps.is_empty() {
+            record.finished_ms = Some(now_ms);
+        }
+        record
+    }
+
+    /// Where the run is.
+    pub fn outcome(&self) -> RunOutcome {
+        RunOutcome::of_run(&self.steps, self.cancelled.as_ref())
+    }
+
+    /// Steps that succeeded, from the first.
+    pub fn succeeded_steps(&self) -> usize {
+        self.steps
+            .iter()
+            .take_while(|s| s.state == StepState::Succeeded)
+            .count()
+    }
+
+    fn settle(&mut self, now_ms: u64) {
+        if self.finished_ms.is_none()
+            && matches!(self.outcome(), RunOutcome::Done | RunOutcome::Failed { .. })
+        {
+            self.finished_ms = Some(now_ms);
+        }
+    }
+
+    /// Applies one step report. Returns whether anything changed. Reports are at-least-once: a repeat is a
+    /// no-op, a `running` report never overwrites a final state of the same or a later attempt, and nothing
+    /// changes once the run failed.
+    pub fn apply_report(
+        &mut self,
+        report: &StepReport,
+        now_ms: u64,
+    ) -> Result<bool, ReportRejection> {
+        let index = report.step_index as usize;
+        let Some(step) = self.steps.get(index) else {
+            return Err(ReportRejection::NoSuchStep(report.step_index));
+        };
+        if let RunOutcome::Failed { index: failed } = self.outcome() {
+            if failed != index || report.status != StepStatus::Failed {
+                return Ok(false);
+            }
+        }
+        if self.cancelled.is_some() {
+            return Ok(false);
+        }
+        let state = match report.status {
+            StepStatus::Running => StepState::Running,
+            StepStatus::Succeeded => StepState::Succeeded,
+            StepStatus::Failed => StepState::Failed,
+        };
+        let newer_attempt = report.attempt > step.attempt;
+        let same_attempt = report.attempt == step.attempt;
+        // A running step's new message (the agent's automatic retries: "attempt 2/3 …") is news too.
+        let news = state != step.state
+            || (state == StepState::Running
+                && report.message.is_some()
+                && report.message != step.message);
+        let allowed = newer_attempt || (same_attempt && !step.state.is_final() && news);
+        if !allowed {
+            return Ok(false);
+        }
+        // A step's success implies every earlier step succeeded (the agent runs them in order).
+        if state == StepState::Succeeded {
+            for earlier in &mut self.steps[..index] {
+                if earlier.state != StepState::Succeeded {
+                    earlier.state = StepState::Succeeded;
+                }
+            }
+        }
+        let step = &mut self.steps[index];
+        step.state = state;
+        step.attempt = report.attempt;
+        step.started_ms = report.started_at_unix_ms.or(step.started_ms);
+        step.finished_ms = report.finished_at_unix_ms;
+        step.exit_code = report.exit_code;
+        step.stderr_tail = report
+            .stderr_tail
+            .as_deref()
+            .map(|t| inplace_agent_api::truncate_tail(t, KEPT_STDERR_BYTES).to_string());
+        step.message = report.message.clone();
+        self.settle(now_ms);
+        Ok(true)
+    }
+
+    /// Folds in the agent's summary of this run (sent with every poll and inventory), so progress whose
+    /// reports were lost is not lost. Returns whether anything changed.
+    pub fn apply_progress(&mut self, progress: &PlanProgress, now_ms: u64) -> bool {
+        if progress.plan_id != self.plan.id || self.outcome().is_failure() {
+            return false;
+        }
+        let succeeded = (progress.succeeded_steps as usize).min(self.steps.len());
+        let mut changed = false;
+        for step in &mut self.steps[..succeeded] {
+            if step.state != StepState::Succeeded {
+                step.state = StepState::Succeeded;
+                changed = true;
+            }
+        }
+        if let (PlanStatus::Failed, Some(failed)) = (progress.status, progress.failed_step) {
+            if let Some(step) = self.steps.get_mut(failed as usize) {
+                if step.state != StepState::Failed {
+                    step.state = StepState::Failed;
+                    step.message
+                        .get_or_insert_with(|| "the agent reported this step failed".into());
+                    changed = true;
+                }
+            }
+        }
+        if self.held != progress.hold {
+            self.held = progress.hold.clone();
+            changed = true;
+        }
+        // The agent stopped for a cancel: no step runs and none will start, so the run ends here (unless its
+        // steps all ended first).
+        if let Some(hold) = progress.hold.as_ref().filter(|h| h.cancels())
+            && let inplace_agent_api::HoldReason::Cancelled { value } = &hold.reason
+            && matches!(
+                self.outcome(),
+                RunOutcome::Waiting | RunOutcome::InProgress { .. }
+            )
+        {
+            self.cancelled = Some(CancelledRun {
+                value: value.clone(),
+                after_steps: self.succeeded_steps() as u32,
+            });
+            self.finished_ms.get_or_insert(now_ms);
+            changed = true;
+        }
+        self.settle(now_ms);
+        changed
+    }
+
+    /// Whether an agent reporting `progress` (or nothing) still needs this plan handed to it.
+    pub fn agent_needs_plan(&self, progress: Option<&PlanProgress>) -> bool {
+        match progress {
+            None => self.finished_ms.is_none(),
+            Some(progress) if progress.plan_id != self.plan.id => self.finished_ms.is_none(),
+            Some(progress) => progress.status == PlanStatus::Running,
+        }
+    }
+}
+
+/// Why a step report was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReportRejection {
+    /// The plan has no step with that index.
+    #[error("plan has no step {0}")]
+    NoSuchStep(u32),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inplace_agent_api::{AgentIdentity, MachineRef, Step, StepAction};
+
+    fn plan(steps: usize) -> Plan {
+        Plan {
+            id: "run-1".into(),
+            machine: MachineRef::new("default", "m"),
+            cluster: "c".into(),
+            steps: (0..steps)
+                .map(|i| Step {
+                    index: i as u32,
+                    description: format!("step {i}"),
+                    timeout_seconds: 60,
+                    action: StepAction::Ntp {
+                        servers: vec![],
+                        enabled: None,
+                    },
+                })
+                .collect(),
+        }
+    }
+
+    fn report(index: u32, status: StepStatus, attempt: u32) -> StepReport {
+        StepReport {
+            agent: AgentIdentity::Machine(MachineRef::new("default", "m")),
+            plan_id: "run-1".into(),
+            step_index: index,
+            status,
+            attempt,
+            started_at_unix_ms: Some(1),
+            finished_at_unix_ms: None,
+            exit_code: None,
+            stderr_tail: None,
+            message: None,
+        }
+    }
+
+    #[test]
+    fn reports_move_a_run_forward_and_repeats_are_no_ops() {
+        let mut run = UpdateRecord::new(plan(2), 0);
+        assert_eq!(run.outcome(), RunOutcome::Waiting);
+        assert!(
+            run.apply_report(&report(0, StepStatus::Running, 1), 1)
+                .unwrap()
+        );
+        assert_eq!(run.outcome(), RunOutcome::InProgress { index: 0 });
+        assert!(
+            run.apply_report(&report(0, StepStatus::Succeeded, 1), 2)
+                .unwrap()
+        );
+        assert!(
+            !run.apply_report(&report(0, StepStatus::Succeeded, 1), 3)
+                .unwrap()
+        );
+        assert!(
+            !run.apply_report(&report(0, StepStatus::Running, 1), 3)
+                .unwrap(),
+            "late running report ignored"
+        );
+        assert_eq!(run.outcome(), RunOutcome::InProgress { index: 1 });
+        assert!(
+            run.apply_report(&report(1, StepStatus::Succeeded, 1), 4)
+                .unwrap()
+        );
+        assert_eq!(run.outcome(), RunOutcome::Done);
+        assert_eq!(run.finished_ms, Some(4));
+        assert_eq!(
+            run.apply_report(&report(7, StepStatus::Running, 1), 5),
+            Err(ReportRejection::NoSuchStep(7))
+        );
+    }
+
+    #[test]
+    fn a_failed_run_stays_failed() {
+        let mut run = UpdateRecord::new(plan(3), 0);
+        run.apply_report(&report(0, StepStatus::Succeeded, 1), 1)
+            .unwrap();
+        let mut failed = report(1, StepStatus::Failed, 1);
+        failed.stderr_tail = Some("x".repeat(10_000));
+        run.apply_report(&failed, 2).unwrap();
+        assert_eq!(run.outcome(), RunOutcome::Failed { index: 1 });
+        assert!(run.steps[1].stderr_tail.as_ref().unwrap().len() <= KEPT_STDERR_BYTES);
+        assert!(
+            !run.apply_report(&report(2, StepStatus::Succeeded, 1), 3)
+                .unwrap()
+        );
+        assert!(
+            !run.apply_report(&report(1, StepStatus::Succeeded, 1), 3)
+                .unwrap()
+        );
+        assert_eq!(run.outcome(), RunOutcome::Failed { index: 1 });
+    }
+
+    #[test]
+    fn a_restarted_attempt_may_rerun_an_interrupted_step() {
+        let mut run = UpdateRecord::new(plan(1), 0);
+        run.apply_report(&report(0, StepStatus::Running, 1), 1)
+            .unwrap();
+        assert!(
+            run.apply_report(&report(0, StepStatus::Running, 2), 2)
+                .unwrap()
+        );
+        assert_eq!(run.steps[0].attempt, 2);
+        assert!(
+            run.apply_report(&report(0, StepStatus::Succeeded, 2), 3)
+                .unwrap()
+        );
+        assert_eq!(run.outcome(), RunOutcome::Done);
+    }
+
+    #[test]
+    fn agent_progress_recovers_lost_reports() {
+        let mut run = UpdateRecord::new(plan(3), 0);
+        let progress = PlanProgress {
+            plan_id: "run-1".into(),
+            status: PlanStatus::Succeeded,
+            succeeded_steps: 3,
+            total_steps: 3,
+            failed_step: None,
+            hold: None,
+        };
+        assert!(run.agent_needs_plan(None));
+        assert!(run.apply_progress(&progress, 9));
+        assert_eq!(run.outcome(), RunOutcome::Done);
+        assert!(!run.agent_needs_plan(Some(&progress)));
+        let other = PlanProgress {
+            plan_id: "old".into(),
+            ..progress
+        };
+        assert!(!run.apply_progress(&other, 10));
+    }
+}

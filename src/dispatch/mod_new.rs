@@ -1,0 +1,146 @@
+//! The update lifecycle of each Machine (recorded → running → done | failed | cancelled), shared by every
+//! replica through the store. One floor and four wings, each its own struct owning its own state:
+//!
+//! - [`floor`]: the store with typed records, the keys, the records and a run's pure transitions, the hold on
+//!   a run, the clock, the tunables, the stored format. No wing is imported there.
+//! - [`runs`]: UpdateMachine — load → decide (pure) → commit (one transaction) → answer; the operator retry.
+//! - [`agents`]: the agent API (poll, report, inventory), last-seen times, refused agents, the agents listing.
+//! - [`licence`]: the CanUpdate verdicts, whether a desired state may run, UpdateMachine's refusals.
+//! - [`fleet`]: the census, `status`, retention of finished runs, step metrics and learned step durations.
+//!
+//! Wings import the floor and, one way, each other: runs → agents, licence, fleet; agents → fleet.
+//! [`Dispatcher`] only composes them.
+
+pub mod agents;
+pub mod fleet;
+pub mod floor;
+pub mod licence;
+pub mod runs;
+
+use std::sync::Arc;
+
+use inplace_store::Store;
+use tokio_util::sync::CancellationToken;
+
+use crate::observe::{FleetMetrics, LiveFleet};
+
+pub use agents::{AgentRefusalReason, AgentRow, AgentScope, Agents, CONNECTED_WITHIN};
+pub use fleet::{Fleet, StatusRow, StatusState, UpdateState};
+pub use floor::clock::system_ms as now_ms;
+pub use floor::config::{
+    DEFAULT_RETENTION, DEFAULT_RETRY_AFTER_MAX_SECONDS, DEFAULT_RETRY_AFTER_SECONDS,
+    DEFAULT_VERDICT_RETENTION, LAST_SEEN_PERSIST_INTERVAL, MIN_RETRY_AFTER_SECONDS,
+    RETRY_AFTER_MAX_SECONDS_LIMIT, RetryAfterMode,
+};
+pub use floor::{Clock, DispatchConfig, DispatchError, Floor};
+pub use licence::{Licences, RefusalReason, VerdictHook, VerdictRecord};
+pub use runs::{RetryOutcome, Runs, UpdateAnswer, UpdateRequest, ago, plan_for};
+
+/// The dispatcher: one per server process, over a store shared by every replica. It only composes the wings.
+pub struct Dispatcher {
+    floor: Floor,
+    /// Census, status, metrics, learned step durations.
+    pub fleet: Arc<Fleet>,
+    /// CanUpdate verdicts and UpdateMachine refusals.
+    pub licences: Licences,
+    /// The agent API, last-seen times, refused agents.
+    pub agents: Arc<Agents>,
+    /// UpdateMachine and the operator retry.
+    pub runs: Runs,
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field("store", &self.floor.db.store().describe())
+            .field("config", &self.floor.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Dispatcher {
+    /// A dispatcher over a fresh in-memory store with the default configuration (`serve --store memory:`
+    /// without the server): tests, benches and fuzz targets take the hooks' real path with it.
+    pub fn in_memory() -> Arc<Self> {
+        Self::new(
+            Arc::new(inplace_store::memory::MemoryStore::new()),
+            DispatchConfig::default(),
+            CancellationToken::new(),
+        )
+    }
+
+    /// A dispatcher over `store` whose metrics are registered nowhere.
+    pub fn new(
+        store: Arc<dyn Store>,
+        config: DispatchConfig,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
+        Self::with_metrics(store, config, shutdown, FleetMetrics::new())
+    }
+
+    /// A dispatcher over `store` recording into `metrics`, which also read its live gauges from it.
+    pub fn with_metrics(
+        store: Arc<dyn Store>,
+        config: DispatchConfig,
+        shutdown: CancellationToken,
+        metrics: FleetMetrics,
+    ) -> Arc<Self> {
+        let floor = Floor {
+            db: floor::Db::new(store),
+            clock: Arc::new(Clock::default()),
+            config,
+            shutdown,
+        };
+        let reasons = AgentRefusalReason::ALL.map(AgentRefusalReason::as_str);
+        let fleet = Arc::new(Fleet::new(floor.clone(), metrics.clone(), &reasons));
+        let licences = Licences::new(floor.clone());
+        let agents = Agents::new(floor.clone(), fleet.clone());
+        let runs = Runs::new(
+            floor.clone(),
+            licences.clone(),
+            agents.clone(),
+            fleet.clone(),
+        );
+        let dispatcher = Arc::new(Self {
+            floor,
+            fleet,
+            licences,
+            agents,
+            runs,
+        });
+        let live: std::sync::Weak<dyn LiveFleet> = Arc::downgrade(&dispatcher) as _;
+        metrics.attach(live);
+        dispatcher
+    }
+
+    /// The store, for status and retention.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        self.floor.db.store()
+    }
+
+    /// The clock every wing judges by (tests pin it).
+    pub fn clock(&self) -> &Clock {
+        &self.floor.clock
+    }
+
+    /// Checks the store's format at start-up (recording version 1 in a new store): a store written by another
+    /// version is refused before anything in it is read or changed.
+    pub async fn check_format(&self) -> Result<(), DispatchError> {
+        floor::format::check(&self.floor.db).await
+    }
+}
+
+impl LiveFleet for Dispatcher {
+    fn agents_connected(&self) -> usize {
+        self.agents.connected_count()
+    }
+
+    fn waited_agent_oldest_contact_ms(&self) -> Option<u64> {
+        self.fleet
+            .waited_agent_oldest_contact_ms(&self.agents.seen_here())
+    }
+
+    fn unfinished_update_oldest_progress_ms(&self) -> Option<u64> {
+        self.fleet.unfinished_update_oldest_progress_ms()
+    }
+}

@@ -1,0 +1,41 @@
+//! The plan a run records for an UpdateMachine request: built from the desired state with the drain the node
+//! change calls for, then checked as the agent will check it. Pure: no store, no clock.
+
+use inplace_agent_api::{KubeadmUpgradeMode, Plan, validate_plan};
+use inplace_core::drain::{self, NodeChange};
+use inplace_core::plan::{self, PlanInput};
+use serde_json::value::RawValue;
+
+use super::request::UpdateRequest;
+use crate::dispatch::floor::DispatchError;
+
+/// The plan an update records: built from the desired state, with the drain `change` calls for under the
+/// request's drain rules and the Machine's knobs, then checked as the agent will check it.
+/// Pure (no store, no clock), so the hook_request fuzz target runs exactly this.
+pub fn plan_for(
+    request: &UpdateRequest,
+    mode: KubeadmUpgradeMode,
+    change: &NodeChange,
+) -> Result<Plan, DispatchError> {
+    let facts = &request.desired.facts;
+    let verdict = drain::decide(change, &request.drain_rules, &facts.drain);
+    let plan = plan::build(&PlanInput {
+        facts,
+        bootstrap: request.bootstrap.as_deref().map(RawValue::get),
+        actions: &request.actions,
+        upgrade_mode: mode,
+        drain: verdict.drain().copied(),
+    })
+    .map_err(|err| DispatchError::BadRequest(err.to_string()))?;
+    validate_plan(&plan)
+        .map_err(|err| DispatchError::BadRequest(format!("the plan is not valid: {err}")))?;
+    Ok(plan)
+}
+
+/// What the request's plan drains for: the change a judgement of this desired state found (the licence's, or
+/// the Machine record's for a repeat of its state), else [`NodeChange::unknown`].
+pub fn node_change_of(request: &UpdateRequest, known: Option<&NodeChange>) -> NodeChange {
+    known
+        .cloned()
+        .unwrap_or_else(|| NodeChange::unknown(request.desired.facts.version.is_some()))
+}

@@ -1,0 +1,166 @@
+//! What UpdateMachine asks dispatch (the desired Machine read once, the objects' texts, what the policy allows)
+//! and what dispatch answers.
+
+use std::collections::BTreeSet;
+use std::sync::OnceLock;
+
+use inplace_agent_api::KubeadmUpgradeMode;
+use inplace_core::drain::DrainRules;
+use inplace_core::verdict::{Desired, Normalized};
+use inplace_core::{Action, DesiredMachine, Objects, Scope};
+use serde_json::Value;
+use serde_json::value::RawValue;
+use sha2::{Digest as _, Sha256};
+
+use crate::dispatch::floor::DispatchError;
+use crate::dispatch::licence::RefusalReason;
+use crate::hex;
+
+/// Names the plan builder in input fingerprints: a new server version builds the plan once more (and keeps
+/// the run when the plan is the same).
+const PLAN_INPUT_VERSION: &str = concat!("inplace-updater/", env!("CARGO_PKG_VERSION"));
+
+/// What UpdateMachine was asked, decoded as far as answering needs.
+#[derive(Debug, Clone)]
+pub struct UpdateRequest {
+    /// The desired Machine, read once: facts, knobs, labels.
+    pub desired: DesiredMachine,
+    /// The desired Machine's JSON, parsed (its fingerprint is checked against a CanUpdate verdict).
+    pub machine: Value,
+    /// The desired Machine's JSON text, as CAPI sent it (part of the input fingerprint).
+    pub machine_text: Box<RawValue>,
+    /// The desired bootstrap config's JSON text; parsed only when the plan has to be built.
+    pub bootstrap: Option<Box<RawValue>>,
+    /// The desired infrastructure machine's JSON text; parsed only to check it against a CanUpdate verdict.
+    pub infra: Option<Box<RawValue>>,
+    /// Actions the policy and settings allow.
+    pub actions: BTreeSet<Action>,
+    /// The maintenance window in force for this Machine (its annotation, else the ExtensionConfig setting).
+    pub window: Option<inplace_core::Window>,
+    /// The ExtensionConfig `paused` setting, when set: every Machine of the registration is paused.
+    pub paused_setting: Option<String>,
+    /// The drain rules of this registration: the policy's `drain:` section with the settings' overrides.
+    pub drain_rules: DrainRules,
+    /// [`UpdateRequest::input_hash`] per upgrade mode (`apply`, `node`), computed at most once each.
+    pub hashed: [OnceLock<String>; 2],
+}
+
+impl UpdateRequest {
+    /// A fingerprint of everything the plan is built from: this server's version, the upgrade mode, the
+    /// actions, the drain rules and the desired objects' texts (the infrastructure machine's too, which only
+    /// the verdict check reads). The same fingerprint always builds the same plan, so a Machine record
+    /// carrying it lets a repeated call skip building and hashing the plan. Different texts that mean the
+    /// same only cost one build.
+    pub fn input_hash(&self, mode: KubeadmUpgradeMode) -> &str {
+        let slot = match mode {
+            KubeadmUpgradeMode::Apply => &self.hashed[0],
+            KubeadmUpgradeMode::Node => &self.hashed[1],
+        };
+        slot.get_or_init(|| self.hash_inputs(mode))
+    }
+
+    fn hash_inputs(&self, mode: KubeadmUpgradeMode) -> String {
+        let mut hash = Sha256::new();
+        hash.update(PLAN_INPUT_VERSION.as_bytes());
+        hash.update(match mode {
+            KubeadmUpgradeMode::Apply => b"\napply\n",
+            KubeadmUpgradeMode::Node => b"\nnode\n\0",
+        });
+        for action in &self.actions {
+            hash.update(action.as_str().as_bytes());
+            hash.update(b",");
+        }
+        hash.update(b"\n");
+        let rules = &self.drain_rules;
+        for on in [
+            rules.patch_version,
+            rules.kubelet_args,
+            rules.delete_empty_dir_data,
+            rules.force_unmanaged,
+        ] {
+            hash.update(if on { b"1" } else { b"0" });
+        }
+        hash.update(b"\n");
+        hash.update(self.machine_text.get().as_bytes());
+        hash.update(b"\n");
+        if let Some(bootstrap) = &self.bootstrap {
+            hash.update(bootstrap.get().as_bytes());
+        }
+        // Not read by the plan, but checked against the CanUpdate verdict: a repeat must be the same text too.
+        hash.update(b"\n");
+        if let Some(infra) = &self.infra {
+            hash.update(infra.get().as_bytes());
+        }
+        hex(&hash.finalize())
+    }
+
+    /// The desired objects, normalised and fingerprinted as a CanUpdate verdict of them was.
+    pub fn desired_print(&self) -> Result<Desired, DispatchError> {
+        let parse = |text: Option<&RawValue>, what: &str| {
+            text.map(|raw| serde_json::from_str::<Value>(raw.get()))
+                .transpose()
+                .map_err(|err| DispatchError::BadRequest(format!("{what}: {err}")))
+        };
+        let bootstrap = parse(self.bootstrap.as_deref(), "bootstrap config")?;
+        let infra = parse(self.infra.as_deref(), "infrastructure machine")?;
+        Ok(Desired::new(Normalized::of(
+            Scope::Object,
+            &Objects {
+                machine: Some(&self.machine),
+                bootstrap: bootstrap.as_ref(),
+                infra: infra.as_ref(),
+            },
+        )))
+    }
+}
+
+/// How UpdateMachine answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpdateAnswer {
+    /// Call again after `retry_after_seconds`; `message` is what operators see.
+    InProgress {
+        /// Shown as `In-place update in progress: <message>`.
+        message: String,
+        /// Seconds.
+        retry_after_seconds: i32,
+    },
+    /// Every step done.
+    Done {
+        /// Summary.
+        message: String,
+    },
+    /// A step failed: the same answer on every later call for this run.
+    Failed {
+        /// The failing step and its error.
+        message: String,
+    },
+    /// No CanUpdate answer accepted this desired state in place: nothing was recorded or run.
+    Refused {
+        /// Why.
+        reason: RefusalReason,
+        /// The paths and what the operator can do.
+        message: String,
+    },
+}
+
+/// The run id: the desired state's hash chained to the previous run, so returning to an earlier desired
+/// state (A → B → A) is a new run the agent executes again, while repeated calls keep the same id.
+pub fn run_id(state_hash: &str, previous_run: Option<&str>) -> String {
+    hex(&Sha256::digest(
+        format!("{state_hash}:{}", previous_run.unwrap_or_default()).as_bytes(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_chain_so_returning_to_an_old_state_is_a_new_run() {
+        let a1 = run_id("A", None);
+        let b = run_id("B", Some(&a1));
+        let a2 = run_id("A", Some(&b));
+        assert_ne!(a1, a2);
+        assert_eq!(a1, run_id("A", None));
+    }
+}
