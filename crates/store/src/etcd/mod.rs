@@ -4,10 +4,12 @@
 //! Every key is stored as `prefix + key`. A [`Revision`] is etcd's `mod_revision`; conditional
 //! writes are one etcd transaction comparing `mod_revision` (or `create_revision == 0` for
 //! [`Precondition::Absent`]), whose failure branch reads the key so a conflict returns the current
-//! entry in the same round trip. `list` pages through a range pinned to one revision. The change
+//! entry in the same round trip; a multi-key [`Store::commit`] is one such transaction over all its
+//! keys ([`txn`]). `list` pages through a range pinned to one revision. The change
 //! feed is one etcd watch on the prefix ([`watch`]), so a write by any replica reaches every
 //! replica's subscribers.
 
+mod txn;
 mod watch;
 
 pub use watch::{RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN};
@@ -21,6 +23,7 @@ use etcd_client::{
 };
 use tokio::sync::broadcast;
 
+use crate::txn::check_txn;
 use crate::{
     BoxFuture, CHANGE_FEED_CAPACITY, Change, Entry, EtcdOptions, Precondition, Revision, Store,
     StoreError, Write, check_key, check_put,
@@ -272,20 +275,13 @@ impl EtcdStore {
 
 /// The transaction for `op` under `precondition`; `None` if the precondition can never hold.
 fn guarded(full: &[u8], op: TxnOp, precondition: Precondition) -> Option<Txn> {
-    let read_back = || [TxnOp::get(full.to_vec(), None)];
-    Some(match precondition {
-        Precondition::Any => Txn::new().and_then([op]),
-        Precondition::Absent => Txn::new()
-            .when([Compare::create_revision(full.to_vec(), CompareOp::Equal, 0)])
+    Some(match txn::guard(full, precondition) {
+        txn::Guard::Always => Txn::new().and_then([op]),
+        txn::Guard::When(compare) => Txn::new()
+            .when([compare])
             .and_then([op])
-            .or_else(read_back()),
-        Precondition::Revision(Revision(r)) => {
-            let r = i64::try_from(r).ok().filter(|r| *r > 0)?;
-            Txn::new()
-                .when([Compare::mod_revision(full.to_vec(), CompareOp::Equal, r)])
-                .and_then([op])
-                .or_else(read_back())
-        }
+            .or_else([TxnOp::get(full.to_vec(), None)]),
+        txn::Guard::Never => return None,
     })
 }
 
@@ -430,6 +426,16 @@ impl Store for EtcdStore {
                 }
                 _ => self.write(key, op, precondition).await,
             }
+        })
+    }
+
+    fn commit<'a>(
+        &'a self,
+        ops: Vec<crate::TxnOp>,
+    ) -> BoxFuture<'a, Result<crate::TxnOutcome, StoreError>> {
+        Box::pin(async move {
+            check_txn(&ops)?;
+            self.commit_ops(ops).await
         })
     }
 
