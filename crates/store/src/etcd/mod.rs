@@ -12,6 +12,8 @@
 mod txn;
 mod watch;
 
+use txn::guarded;
+
 pub use watch::{RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN};
 
 use std::path::Path;
@@ -273,18 +275,6 @@ impl EtcdStore {
     }
 }
 
-/// The transaction for `op` under `precondition`; `None` if the precondition can never hold.
-fn guarded(full: &[u8], op: TxnOp, precondition: Precondition) -> Option<Txn> {
-    Some(match txn::guard(full, precondition) {
-        txn::Guard::Always => Txn::new().and_then([op]),
-        txn::Guard::When(compare) => Txn::new()
-            .when([compare])
-            .and_then([op])
-            .or_else([TxnOp::get(full.to_vec(), None)]),
-        txn::Guard::Never => return None,
-    })
-}
-
 /// The end of the range of keys starting with `prefix` (etcd's `range_end`).
 fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
@@ -468,14 +458,6 @@ mod tests {
         assert_eq!(strip_prefix("/p/", b"/p/a/b"), Some("a/b".to_owned()));
         assert_eq!(strip_prefix("/p/", b"/q/a"), None);
         assert_eq!(strip_prefix("/p/", b"/p/\xff"), None);
-    }
-
-    #[test]
-    fn impossible_revisions_never_reach_etcd() {
-        let op = || TxnOp::get("k", None);
-        assert!(guarded(b"k", op(), Precondition::Revision(Revision(0))).is_none());
-        assert!(guarded(b"k", op(), Precondition::Revision(Revision(u64::MAX))).is_none());
-        assert!(guarded(b"k", op(), Precondition::Revision(Revision(5))).is_some());
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! Preconditions as etcd compares, and [`crate::Store::commit`] as ONE etcd `Txn`: its compares are
-//! every op's precondition, its success branch every put and delete, its failure branch a read of
-//! every conditional key, so a conflict names the first failing op and its current entry in the
-//! same round trip (the read is of the revision the compares failed on).
+//! Preconditions as etcd compares ([`guarded`] for single-key writes), and [`crate::Store::commit`]
+//! as ONE etcd `Txn`: its compares are every op's precondition, its success branch every put and
+//! delete, its failure branch a read of every conditional key, so a conflict names the first failing
+//! op and its current entry in the same round trip (the read is of the revision the compares failed
+//! on).
 
 use std::collections::HashMap;
 
@@ -12,7 +13,7 @@ use crate::txn::first_conflict;
 use crate::{Entry, Precondition, Revision, StoreError, TxnAction, TxnOp, TxnOutcome};
 
 /// How one precondition is checked by etcd.
-pub(super) enum Guard {
+enum Guard {
     /// `Precondition::Any`: no compare.
     Always,
     /// This compare must hold.
@@ -22,7 +23,7 @@ pub(super) enum Guard {
 }
 
 /// The check of `precondition` on the (prefixed) key `full`.
-pub(super) fn guard(full: &[u8], precondition: Precondition) -> Guard {
+fn guard(full: &[u8], precondition: Precondition) -> Guard {
     match precondition {
         Precondition::Any => Guard::Always,
         Precondition::Absent => {
@@ -35,6 +36,18 @@ pub(super) fn guard(full: &[u8], precondition: Precondition) -> Guard {
             _ => Guard::Never,
         },
     }
+}
+
+/// The transaction for `op` under `precondition`; `None` if the precondition can never hold.
+pub(super) fn guarded(full: &[u8], op: EtcdOp, precondition: Precondition) -> Option<Txn> {
+    Some(match guard(full, precondition) {
+        Guard::Always => Txn::new().and_then([op]),
+        Guard::When(compare) => Txn::new()
+            .when([compare])
+            .and_then([op])
+            .or_else([EtcdOp::get(full.to_vec(), None)]),
+        Guard::Never => return None,
+    })
 }
 
 impl EtcdStore {
@@ -97,5 +110,18 @@ impl EtcdStore {
             key: op.key.clone(),
             current: current.remove(&op.key),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn impossible_revisions_never_reach_etcd() {
+        let op = || EtcdOp::get("k", None);
+        assert!(guarded(b"k", op(), Precondition::Revision(Revision(0))).is_none());
+        assert!(guarded(b"k", op(), Precondition::Revision(Revision(u64::MAX))).is_none());
+        assert!(guarded(b"k", op(), Precondition::Revision(Revision(5))).is_some());
     }
 }

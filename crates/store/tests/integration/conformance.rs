@@ -12,7 +12,7 @@ use inplace_store::{
     Change, Entry, MAX_VALUE_BYTES, Precondition, Revision, Store, StoreError, Write,
 };
 
-fn done(w: Write) -> Revision {
+pub(crate) fn done(w: Write) -> Revision {
     match w {
         Write::Done(r) => r,
         Write::Conflict(e) => panic!("expected Done, got Conflict({e:?})"),

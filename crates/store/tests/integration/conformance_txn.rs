@@ -7,6 +7,7 @@ use crate::common;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+use super::conformance::done as put_done;
 use common::next_change;
 use inplace_store::{
     Change, Entry, MAX_KEY_BYTES, MAX_TXN_BYTES, MAX_TXN_OPS, MAX_VALUE_BYTES, Precondition,
@@ -25,13 +26,6 @@ fn conflict(outcome: TxnOutcome) -> (String, Option<Entry>) {
     match outcome {
         TxnOutcome::Conflict { key, current } => (key, current),
         other => panic!("expected Conflict, got {other:?}"),
-    }
-}
-
-fn put_done(w: Write) -> Revision {
-    match w {
-        Write::Done(r) => r,
-        Write::Conflict(e) => panic!("expected Done, got Conflict({e:?})"),
     }
 }
 

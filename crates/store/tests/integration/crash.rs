@@ -134,18 +134,8 @@ impl History {
                 None
             }
             ["ACK", key, id, rev] => {
-                let rev = Revision(rev.parse().unwrap());
-                assert!(
-                    self.revisions.insert(rev),
-                    "revision {rev} acknowledged twice"
-                );
-                let last = self
-                    .last_ack
-                    .entry(key.to_string())
-                    .or_insert((id.to_string(), rev));
-                if rev >= last.1 {
-                    *last = (id.to_string(), rev);
-                }
+                let rev = self.acknowledged(rev);
+                latest(&mut self.last_ack, key, (id.to_string(), rev));
                 Some(rev)
             }
             ["BEGIN", group, counter] => {
@@ -154,20 +144,22 @@ impl History {
                 None
             }
             ["COMMIT", group, counter, rev] => {
-                let rev = Revision(rev.parse().unwrap());
-                assert!(
-                    self.revisions.insert(rev),
-                    "revision {rev} acknowledged twice"
-                );
-                let acked = (counter.parse().unwrap(), rev);
-                let last = self.txn_acked.entry(group.to_string()).or_insert(acked);
-                if rev >= last.1 {
-                    *last = acked;
-                }
+                let rev = self.acknowledged(rev);
+                latest(&mut self.txn_acked, group, (counter.parse().unwrap(), rev));
                 Some(rev)
             }
             _ => None, // libtest's own output
         }
+    }
+
+    /// The revision of an acknowledgement, which no other acknowledgement may have.
+    fn acknowledged(&mut self, rev: &str) -> Revision {
+        let rev = Revision(rev.parse().unwrap());
+        assert!(
+            self.revisions.insert(rev),
+            "revision {rev} acknowledged twice"
+        );
+        rev
     }
 
     async fn verify(&mut self, dir: &Path, round: usize, acks: &[Revision]) {
@@ -266,6 +258,16 @@ impl History {
                     "round {round}: {group} at {revision}"
                 );
             }
+        }
+    }
+}
+
+/// Keeps `acked` as `key`'s acknowledgement if its revision is the highest seen.
+fn latest<T>(last: &mut HashMap<String, (T, Revision)>, key: &str, acked: (T, Revision)) {
+    match last.get(key) {
+        Some((_, rev)) if *rev > acked.1 => {}
+        _ => {
+            last.insert(key.to_owned(), acked);
         }
     }
 }
