@@ -1,11 +1,13 @@
-//! A store for tests whose writes can fail or hang: the in-memory store behind a gate every put and delete
-//! passes first, given the key. Reads and the change feed are the inner store's, as they would be for the next
+//! A store for tests whose writes can fail or hang: the in-memory store behind a gate every put, delete and
+//! commit passes first, given the key (a commit is one write: the gate sees its first key once). Reads and the change feed are the inner store's, as they would be for the next
 //! process after a crash or for a store that only refuses writes.
 
 use std::sync::Arc;
 
 use inplace_store::memory::MemoryStore;
-use inplace_store::{BoxFuture, Change, Entry, Precondition, Store, StoreError, Write};
+use inplace_store::{
+    BoxFuture, Change, Entry, Precondition, Store, StoreError, TxnOp, TxnOutcome, Write,
+};
 
 /// What a write must pass: `Ok` lets it through, an error is the write's answer (nothing is written).
 pub(crate) type Gate =
@@ -56,6 +58,15 @@ impl Store for FaultyStore {
         Box::pin(async move {
             (self.gate)(key).await?;
             self.inner.delete(key, precondition).await
+        })
+    }
+
+    fn commit<'a>(&'a self, ops: Vec<TxnOp>) -> BoxFuture<'a, Result<TxnOutcome, StoreError>> {
+        Box::pin(async move {
+            // One transaction is one write, so a test can stop the process between any two.
+            let first = ops.first().map_or("", |op| op.key.as_str());
+            (self.gate)(first).await?;
+            self.inner.commit(ops).await
         })
     }
 

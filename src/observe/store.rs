@@ -7,7 +7,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use inplace_store::{BoxFuture, Change, Entry, Precondition, Store, StoreError, StoreUrl, Write};
+use inplace_store::{
+    BoxFuture, Change, Entry, Precondition, Store, StoreError, StoreUrl, TxnOp, TxnOutcome, Write,
+};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -15,12 +17,12 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 /// The operations timed, as the `op` label spells them.
-pub const STORE_OPERATIONS: [&str; 4] = ["get", "put", "delete", "list"];
+pub const STORE_OPERATIONS: [&str; 5] = ["get", "put", "delete", "commit", "list"];
 
 /// Labels of the store metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StoreLabels {
-    /// `get`, `put`, `delete` or `list`.
+    /// `get`, `put`, `delete`, `commit` (a multi-key transaction) or `list`.
     pub op: &'static str,
     /// `file`, `etcd` or `memory`.
     pub backend: &'static str,
@@ -149,6 +151,10 @@ impl Store for InstrumentedStore {
         Box::pin(self.timed("delete", self.inner.delete(key, precondition)))
     }
 
+    fn commit<'a>(&'a self, ops: Vec<TxnOp>) -> BoxFuture<'a, Result<TxnOutcome, StoreError>> {
+        Box::pin(self.timed("commit", self.inner.commit(ops)))
+    }
+
     fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, StoreError>> {
         Box::pin(self.timed("list", self.inner.list(prefix)))
     }
@@ -181,6 +187,8 @@ mod tests {
         store.get("k").await.unwrap();
         store.list("").await.unwrap();
         store.delete("k", Precondition::Any).await.unwrap();
+        let ops = vec![TxnOp::put("a", vec![], Precondition::Absent)];
+        store.commit(ops).await.unwrap();
         assert!(store.get("").await.is_err(), "an empty key is refused");
         let mut registry = Registry::default();
         metrics.register(&mut registry);

@@ -1,5 +1,6 @@
 //! Store benchmark: compare-and-swap writes per second on each backend (one writer, and several
-//! writers on separate keys), and change-feed latency from the start of a put on one handle to its
+//! writers on separate keys), a 4-key transaction against 4 sequential puts on the file store, and
+//! change-feed latency from the start of a put on one handle to its
 //! arrival on another handle's feed (two replicas on one real etcd; one process for redb).
 //!
 //! Run: `cargo bench -p inplace-store --bench store`. Prints a table; bounded in count and time.
@@ -8,7 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inplace_store::testing::Etcd;
-use inplace_store::{EtcdOptions, Precondition, Store, StoreUrl, Write};
+use inplace_store::{
+    EtcdOptions, Precondition, Revision, Store, StoreUrl, TxnOp, TxnOutcome, Write,
+};
 
 /// Sequential CAS writes per measurement.
 const SEQUENTIAL_WRITES: usize = 1000;
@@ -16,6 +19,10 @@ const SEQUENTIAL_WRITES: usize = 1000;
 const PARALLEL_WRITERS: usize = 8;
 /// CAS writes per concurrent writer.
 const PARALLEL_WRITES_EACH: usize = 250;
+/// Keys written together in the transaction measurement.
+const SET_KEYS: usize = 4;
+/// Sets of [`SET_KEYS`] keys each writer writes in the transaction measurement.
+const SETS_EACH: usize = 200;
 /// Latency samples per change-feed measurement.
 const FEED_SAMPLES: usize = 500;
 /// Size of each written value (a typical update record is a few hundred bytes of JSON).
@@ -48,6 +55,20 @@ async fn run() {
     ] {
         let one = sequential(store).await;
         let many = parallel(store).await;
+        println!("{name:<34} {one:>14.0} {many:>14.0}");
+    }
+
+    println!();
+    println!(
+        "{:<34} {:>14} {:>14}",
+        "redb: sets of 4 keys (CAS each)", "1 writer/s", "8 writers/s"
+    );
+    for (name, txn) in [
+        ("4 sequential puts", false),
+        ("one 4-key transaction", true),
+    ] {
+        let one = sets(&file, 1, txn).await;
+        let many = sets(&file, PARALLEL_WRITERS, txn).await;
         println!("{name:<34} {one:>14.0} {many:>14.0}");
     }
 
@@ -126,6 +147,49 @@ async fn parallel(store: &Arc<dyn Store>) -> f64 {
         task.await.expect("writer task");
     }
     (PARALLEL_WRITERS * PARALLEL_WRITES_EACH) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Sets of [`SET_KEYS`] keys per second from `writers` concurrent writers, each on keys of its own
+/// and each key a CAS on its last revision: as one transaction, or as that many puts in a row.
+async fn sets(store: &Arc<dyn Store>, writers: usize, txn: bool) -> f64 {
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..writers)
+        .map(|w| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let keys: Vec<String> = (0..SET_KEYS)
+                    .map(|k| format!("bench/set/{txn}/{writers}/{w}/{k}"))
+                    .collect();
+                let mut preconditions = vec![Precondition::Absent; SET_KEYS];
+                let value = vec![b'z'; VALUE_BYTES];
+                for _ in 0..SETS_EACH {
+                    if txn {
+                        let ops = keys
+                            .iter()
+                            .zip(&preconditions)
+                            .map(|(key, pre)| TxnOp::put(key.clone(), value.clone(), *pre))
+                            .collect();
+                        match store.commit(ops).await.expect("commit") {
+                            TxnOutcome::Done(r) => preconditions.fill(Precondition::Revision(r)),
+                            other => panic!("unexpected {other:?}"),
+                        }
+                    } else {
+                        for (key, pre) in keys.iter().zip(&mut preconditions) {
+                            let r: Revision = match store.put(key, value.clone(), *pre).await {
+                                Ok(Write::Done(r)) => r,
+                                other => panic!("unexpected {other:?}"),
+                            };
+                            *pre = Precondition::Revision(r);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("writer task");
+    }
+    (writers * SETS_EACH) as f64 / started.elapsed().as_secs_f64()
 }
 
 async fn feed_latency(writer: &Arc<dyn Store>, reader: &Arc<dyn Store>) -> Vec<Duration> {

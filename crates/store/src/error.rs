@@ -62,6 +62,10 @@ pub enum StoreError {
         /// The limit.
         limit: usize,
     },
+    /// A transaction refused before any backend saw it (see [`crate::TxnProblem`]); nothing was
+    /// written.
+    #[error("invalid transaction: {0}")]
+    InvalidTransaction(crate::TxnProblem),
     /// Any other failure reported by the backend.
     #[error("store error: {0}")]
     Backend(String),

@@ -15,6 +15,7 @@ pub mod file;
 pub mod memory;
 #[cfg(feature = "test-support")]
 pub mod testing;
+mod txn;
 mod url;
 
 use std::future::Future;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub use error::StoreError;
+pub use txn::{MAX_TXN_BYTES, MAX_TXN_OPS, TxnAction, TxnOp, TxnOutcome, TxnProblem};
 pub use url::{
     DEFAULT_DIAL_TIMEOUT, DEFAULT_ETCD_PORT, DEFAULT_ETCD_PREFIX, DEFAULT_REQUEST_TIMEOUT,
     EtcdOptions, StoreUrl,
@@ -43,8 +45,8 @@ pub const MAX_VALUE_BYTES: usize = 512 * 1024;
 pub const CHANGE_FEED_CAPACITY: usize = 4096;
 
 /// The modification revision of one key: it changes on every write of that key, and revisions
-/// handed out by one store never repeat (not even across restarts). `Revision(0)` is never the
-/// revision of a stored key.
+/// handed out by one store never repeat (not even across restarts), except that the keys of one
+/// [`Store::commit`] share one. `Revision(0)` is never the revision of a stored key.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
@@ -141,6 +143,13 @@ pub trait Store: Send + Sync + 'static {
         key: &'a str,
         precondition: Precondition,
     ) -> BoxFuture<'a, Result<Write, StoreError>>;
+
+    /// Applies every op of `ops` if the precondition of each holds, in one atomic step; otherwise
+    /// writes nothing and names the first op (in order) whose precondition failed. Durable when it
+    /// returns `Done`; every key it changed gets the same revision and one [`Change`] each, in op
+    /// order. Refused before the backend sees it: no ops, more than [`MAX_TXN_OPS`] ops or
+    /// [`MAX_TXN_BYTES`] bytes, a key twice, or any key or value `put`/`delete` would refuse.
+    fn commit<'a>(&'a self, ops: Vec<TxnOp>) -> BoxFuture<'a, Result<TxnOutcome, StoreError>>;
 
     /// Every entry whose key starts with `prefix` (plain string prefix: include the trailing `/`
     /// to stay inside one "directory"), sorted by key, from one consistent snapshot.

@@ -2,14 +2,16 @@
 //! preconditions, change feed), nothing survives the process: for unit tests.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::ops::Bound;
 use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::broadcast;
 
+use crate::txn::{check_txn, first_conflict};
 use crate::{
     BoxFuture, CHANGE_FEED_CAPACITY, Change, Entry, Precondition, Revision, Store, StoreError,
-    Write, check_key, check_put, precondition_holds,
+    TxnAction, TxnOp, TxnOutcome, Write, check_key, check_put,
 };
 
 /// The in-memory store.
@@ -45,49 +47,49 @@ impl MemoryStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the map half-written (every mutation is a
-        // single insert/remove), so a poisoned lock is still consistent.
+        // Nothing panics between the check of a transaction and its last insert/remove (allocation
+        // failure aborts), so a poisoned lock still holds a consistent map.
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn put_now(&self, key: &str, value: Vec<u8>, precondition: Precondition) -> Write {
+    /// Checks every precondition, then applies every op with one new revision, under the lock.
+    fn commit_now(&self, ops: Vec<TxnOp>) -> TxnOutcome {
         let mut state = self.lock();
-        let current = state.entries.get(key).map(|(r, _)| *r);
-        if !precondition_holds(precondition, current) {
-            return Write::Conflict(state.entry(key));
-        }
-        state.revision += 1;
-        let revision = Revision(state.revision);
-        state.entries.insert(key.to_owned(), (revision, value));
-        // Sent under the lock so the feed is in revision order; no receivers is not an error.
-        let _ = self.changes.send(Change {
-            key: key.to_owned(),
-            revision,
-            deleted: false,
+        let Ok(conflict) = first_conflict(&ops, |key| {
+            Ok::<_, Infallible>(state.entries.get(key).map(|(r, _)| *r))
         });
-        Write::Done(revision)
-    }
-
-    fn delete_now(&self, key: &str, precondition: Precondition) -> Write {
-        let mut state = self.lock();
-        let current = state.entries.get(key).map(|(r, _)| *r);
-        if !precondition_holds(precondition, current) {
-            return Write::Conflict(state.entry(key));
+        if let Some(op) = conflict {
+            return TxnOutcome::Conflict {
+                key: op.key.clone(),
+                current: state.entry(&op.key),
+            };
         }
-        if current.is_none() {
-            return Write::Done(Revision(state.revision));
+        let revision = Revision(state.revision + 1);
+        let mut changed = false;
+        for op in ops {
+            let deleted = match op.action {
+                TxnAction::Put(value) => {
+                    state.entries.insert(op.key.clone(), (revision, value));
+                    false
+                }
+                TxnAction::Delete if state.entries.remove(&op.key).is_some() => true,
+                // Deleting an absent key changes nothing and emits nothing.
+                TxnAction::Delete => continue,
+            };
+            changed = true;
+            // Sent under the lock so the feed is in revision order; no receivers is not an error.
+            let _ = self.changes.send(Change {
+                key: op.key,
+                revision,
+                deleted,
+            });
         }
-        state.revision += 1;
-        let revision = Revision(state.revision);
-        state.entries.remove(key);
-        let _ = self.changes.send(Change {
-            key: key.to_owned(),
-            revision,
-            deleted: true,
-        });
-        Write::Done(revision)
+        if changed {
+            state.revision = revision.0;
+        }
+        TxnOutcome::Done(Revision(state.revision))
     }
 }
 
@@ -113,7 +115,8 @@ impl Store for MemoryStore {
     ) -> BoxFuture<'a, Result<Write, StoreError>> {
         Box::pin(async move {
             check_put(key, &value)?;
-            Ok(self.put_now(key, value, precondition))
+            let op = TxnOp::put(key, value, precondition);
+            Ok(self.commit_now(vec![op]).into_write())
         })
     }
 
@@ -124,7 +127,15 @@ impl Store for MemoryStore {
     ) -> BoxFuture<'a, Result<Write, StoreError>> {
         Box::pin(async move {
             check_key(key)?;
-            Ok(self.delete_now(key, precondition))
+            let op = TxnOp::delete(key, precondition);
+            Ok(self.commit_now(vec![op]).into_write())
+        })
+    }
+
+    fn commit<'a>(&'a self, ops: Vec<TxnOp>) -> BoxFuture<'a, Result<TxnOutcome, StoreError>> {
+        Box::pin(async move {
+            check_txn(&ops)?;
+            Ok(self.commit_now(ops))
         })
     }
 

@@ -4,11 +4,15 @@
 //! Every key is stored as `prefix + key`. A [`Revision`] is etcd's `mod_revision`; conditional
 //! writes are one etcd transaction comparing `mod_revision` (or `create_revision == 0` for
 //! [`Precondition::Absent`]), whose failure branch reads the key so a conflict returns the current
-//! entry in the same round trip. `list` pages through a range pinned to one revision. The change
+//! entry in the same round trip; a multi-key [`Store::commit`] is one such transaction over all its
+//! keys ([`txn`]). `list` pages through a range pinned to one revision. The change
 //! feed is one etcd watch on the prefix ([`watch`]), so a write by any replica reaches every
 //! replica's subscribers.
 
+mod txn;
 mod watch;
+
+use txn::guarded;
 
 pub use watch::{RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN};
 
@@ -21,6 +25,7 @@ use etcd_client::{
 };
 use tokio::sync::broadcast;
 
+use crate::txn::check_txn;
 use crate::{
     BoxFuture, CHANGE_FEED_CAPACITY, Change, Entry, EtcdOptions, Precondition, Revision, Store,
     StoreError, Write, check_key, check_put,
@@ -270,25 +275,6 @@ impl EtcdStore {
     }
 }
 
-/// The transaction for `op` under `precondition`; `None` if the precondition can never hold.
-fn guarded(full: &[u8], op: TxnOp, precondition: Precondition) -> Option<Txn> {
-    let read_back = || [TxnOp::get(full.to_vec(), None)];
-    Some(match precondition {
-        Precondition::Any => Txn::new().and_then([op]),
-        Precondition::Absent => Txn::new()
-            .when([Compare::create_revision(full.to_vec(), CompareOp::Equal, 0)])
-            .and_then([op])
-            .or_else(read_back()),
-        Precondition::Revision(Revision(r)) => {
-            let r = i64::try_from(r).ok().filter(|r| *r > 0)?;
-            Txn::new()
-                .when([Compare::mod_revision(full.to_vec(), CompareOp::Equal, r)])
-                .and_then([op])
-                .or_else(read_back())
-        }
-    })
-}
-
 /// The end of the range of keys starting with `prefix` (etcd's `range_end`).
 fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
@@ -433,6 +419,16 @@ impl Store for EtcdStore {
         })
     }
 
+    fn commit<'a>(
+        &'a self,
+        ops: Vec<crate::TxnOp>,
+    ) -> BoxFuture<'a, Result<crate::TxnOutcome, StoreError>> {
+        Box::pin(async move {
+            check_txn(&ops)?;
+            self.commit_ops(ops).await
+        })
+    }
+
     fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, StoreError>> {
         Box::pin(self.list_all(prefix))
     }
@@ -462,14 +458,6 @@ mod tests {
         assert_eq!(strip_prefix("/p/", b"/p/a/b"), Some("a/b".to_owned()));
         assert_eq!(strip_prefix("/p/", b"/q/a"), None);
         assert_eq!(strip_prefix("/p/", b"/p/\xff"), None);
-    }
-
-    #[test]
-    fn impossible_revisions_never_reach_etcd() {
-        let op = || TxnOp::get("k", None);
-        assert!(guarded(b"k", op(), Precondition::Revision(Revision(0))).is_none());
-        assert!(guarded(b"k", op(), Precondition::Revision(Revision(u64::MAX))).is_none());
-        assert!(guarded(b"k", op(), Precondition::Revision(Revision(5))).is_some());
     }
 
     #[test]

@@ -10,8 +10,9 @@
 //! Layout: table `entries` maps key → (revision, value); table `meta` holds the schema version and
 //! the last revision handed out, so revisions keep increasing across restarts. Writes go to one
 //! writer thread ([`writer`]) that commits every write waiting for it in one transaction with
-//! [`Durability::Immediate`] (group commit: one fsync for the group, each write's precondition
-//! checked inside the transaction in arrival order), and answers each caller only after the commit.
+//! [`Durability::Immediate`] (group commit: one fsync for the group, each write's preconditions
+//! checked inside the transaction in arrival order, a multi-key [`Store::commit`] applied whole or
+//! not at all), and answers each caller only after the commit.
 //!
 //! Reads run on the calling thread: a redb read transaction is a snapshot that never waits for a writer, and
 //! the pages a read touches are in redb's page cache (this process is the file's only user), so a read costs
@@ -26,9 +27,10 @@ use std::sync::Arc;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::broadcast;
 
+use crate::txn::check_txn;
 use crate::{
     BoxFuture, CHANGE_FEED_CAPACITY, Change, Entry, Precondition, Revision, Store, StoreError,
-    Write, check_key, check_put,
+    TxnOp, TxnOutcome, Write, check_key, check_put,
 };
 
 pub use writer::{MAX_GROUP_BYTES, MAX_GROUP_WRITES};
@@ -165,15 +167,7 @@ impl Inner {
     fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
         let table = txn.open_table(ENTRIES).map_err(|e| self.err(e))?;
-        let found = table.get(key).map_err(|e| self.err(e))?;
-        Ok(found.map(|guard| {
-            let (revision, value) = guard.value();
-            Entry {
-                key: key.to_owned(),
-                value: value.to_vec(),
-                revision: Revision(revision),
-            }
-        }))
+        entry_in(&table, key).map_err(|e| self.err(e))
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<Entry>, StoreError> {
@@ -197,6 +191,21 @@ impl Inner {
     }
 }
 
+/// `key`'s entry in `table`: a read snapshot's, or the writer's transaction's.
+fn entry_in(
+    table: &impl ReadableTable<&'static str, (u64, &'static [u8])>,
+    key: &str,
+) -> Result<Option<Entry>, redb::StorageError> {
+    Ok(table.get(key)?.map(|guard| {
+        let (revision, value) = guard.value();
+        Entry {
+            key: key.to_owned(),
+            value: value.to_vec(),
+            revision: Revision(revision),
+        }
+    }))
+}
+
 impl Store for FileStore {
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Entry>, StoreError>> {
         Box::pin(async move {
@@ -213,7 +222,8 @@ impl Store for FileStore {
     ) -> BoxFuture<'a, Result<Write, StoreError>> {
         Box::pin(async move {
             check_put(key, &value)?;
-            self.writer.write(key, Some(value), precondition).await
+            let op = TxnOp::put(key, value, precondition);
+            Ok(self.writer.commit(vec![op]).await?.into_write())
         })
     }
 
@@ -224,7 +234,15 @@ impl Store for FileStore {
     ) -> BoxFuture<'a, Result<Write, StoreError>> {
         Box::pin(async move {
             check_key(key)?;
-            self.writer.write(key, None, precondition).await
+            let op = TxnOp::delete(key, precondition);
+            Ok(self.writer.commit(vec![op]).await?.into_write())
+        })
+    }
+
+    fn commit<'a>(&'a self, ops: Vec<TxnOp>) -> BoxFuture<'a, Result<TxnOutcome, StoreError>> {
+        Box::pin(async move {
+            check_txn(&ops)?;
+            self.writer.commit(ops).await
         })
     }
 

@@ -1,13 +1,16 @@
 //! The `file:` store's one writer: a thread that takes every write waiting in its queue, applies them
 //! in arrival order inside ONE redb write transaction and commits it with one fsync (group commit).
+//! A write is a [`TxnOp`] list: a single `put`/`delete` is a transaction of one op, a
+//! [`crate::Store::commit`] one of several.
 //!
 //! Why: each commit with [`Durability::Immediate`] costs an fsync (about 1 ms on the development
 //! machine), so one transaction per write bounded the whole server to about 1 000 writes per second
 //! whatever the number of callers. Writes that arrive while a commit is on the disk now share the
-//! next one. Nothing a caller can see changes: each write's precondition is checked inside the
-//! transaction against everything before it (including earlier writes of the same group), a caller
-//! is answered only after the commit returned, and the change feed gets the group's changes in
-//! revision order before any caller is answered.
+//! next one. Nothing a caller can see changes: each write's preconditions are checked inside the
+//! transaction against everything before it (including earlier writes of the same group), and either
+//! all its ops are applied or none (a refused write leaves the rest of its group alone); a caller is
+//! answered only after the commit returned, and the change feed gets the group's changes in revision
+//! order before any caller is answered.
 //!
 //! A failed group (an I/O error, a full disk) fails every write of it and commits none of them: the
 //! transaction is dropped, which aborts it.
@@ -19,29 +22,42 @@ use std::thread::JoinHandle;
 use redb::{Durability, ReadableTable, WriteTransaction};
 use tokio::sync::oneshot;
 
-use super::{ENTRIES, Inner, META, META_REVISION};
-use crate::{Change, Entry, Precondition, Revision, StoreError, Write, precondition_holds};
+use super::{ENTRIES, Inner, META, META_REVISION, entry_in};
+use crate::txn::first_conflict;
+use crate::{Change, Revision, StoreError, TxnAction, TxnOp, TxnOutcome};
 
-/// Most writes committed in one transaction. Bounds how long the first write of a group waits for
-/// the others to be applied (microseconds each) before its fsync.
+/// Most ops committed in one redb transaction (a [`crate::Store::commit`] counts each of its ops).
+/// Bounds how long the first write of a group waits for the others to be applied (microseconds
+/// each) before its fsync.
 pub const MAX_GROUP_WRITES: usize = 256;
 
-/// Most value bytes in one transaction; a group is closed once it holds this much (a single larger
-/// write still goes alone). Bounds the transaction's dirty pages.
+/// Most value bytes in one redb transaction; a group is closed once it holds this much (a single
+/// larger write still goes alone). Bounds the transaction's dirty pages.
 pub const MAX_GROUP_BYTES: usize = 8 * 1024 * 1024;
 
-/// One queued write: put (`Some`) or delete (`None`) `key` if `precondition` holds.
-struct Op {
-    key: String,
-    value: Option<Vec<u8>>,
-    precondition: Precondition,
-    reply: oneshot::Sender<Result<Write, StoreError>>,
+/// One queued write: all of `ops` if every precondition holds, else none.
+struct Job {
+    ops: Vec<TxnOp>,
+    reply: oneshot::Sender<Result<TxnOutcome, StoreError>>,
+}
+
+impl Job {
+    /// The value bytes this job counts against [`MAX_GROUP_BYTES`].
+    fn bytes(&self) -> usize {
+        self.ops
+            .iter()
+            .map(|op| match &op.action {
+                TxnAction::Put(value) => value.len(),
+                TxnAction::Delete => 0,
+            })
+            .sum()
+    }
 }
 
 /// The handle the store keeps: the queue's sending end and the thread, joined on drop so the
 /// database file is closed (and can be opened again) once the store is gone.
 pub(super) struct Writer {
-    queue: Option<mpsc::Sender<Op>>,
+    queue: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -60,25 +76,15 @@ impl Writer {
         })
     }
 
-    /// Queues one write and waits until it is committed (or refused by its precondition).
-    pub(super) async fn write(
-        &self,
-        key: &str,
-        value: Option<Vec<u8>>,
-        precondition: Precondition,
-    ) -> Result<Write, StoreError> {
+    /// Queues one (already checked) transaction and waits until it is committed or refused by a
+    /// precondition.
+    pub(super) async fn commit(&self, ops: Vec<TxnOp>) -> Result<TxnOutcome, StoreError> {
         let (reply, answer) = oneshot::channel();
-        let op = Op {
-            key: key.to_owned(),
-            value,
-            precondition,
-            reply,
-        };
         let stopped = || StoreError::Backend("the embedded store's writer thread stopped".into());
         self.queue
             .as_ref()
             .ok_or_else(stopped)?
-            .send(op)
+            .send(Job { ops, reply })
             .map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
@@ -94,16 +100,32 @@ impl Drop for Writer {
     }
 }
 
-/// The thread's loop: block for one write, take whatever else is already queued, commit the group.
-fn run(inner: &Inner, incoming: &mpsc::Receiver<Op>) {
-    while let Ok(first) = incoming.recv() {
-        let mut bytes = first.value.as_ref().map_or(0, Vec::len);
+/// The thread's loop: block for one write, take whatever else is already queued (up to the
+/// bounds), commit the group.
+fn run(inner: &Inner, incoming: &mpsc::Receiver<Job>) {
+    // A job that would have taken its group over MAX_GROUP_WRITES starts the next one.
+    let mut held = None;
+    loop {
+        let first = match held.take() {
+            Some(job) => job,
+            None => match incoming.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            },
+        };
+        let mut ops = first.ops.len();
+        let mut bytes = first.bytes();
         let mut group = vec![first];
-        while group.len() < MAX_GROUP_WRITES && bytes < MAX_GROUP_BYTES {
+        while ops < MAX_GROUP_WRITES && bytes < MAX_GROUP_BYTES {
             match incoming.try_recv() {
-                Ok(op) => {
-                    bytes += op.value.as_ref().map_or(0, Vec::len);
-                    group.push(op);
+                Ok(job) if ops + job.ops.len() > MAX_GROUP_WRITES => {
+                    held = Some(job);
+                    break;
+                }
+                Ok(job) => {
+                    ops += job.ops.len();
+                    bytes += job.bytes();
+                    group.push(job);
                 }
                 Err(_) => break,
             }
@@ -113,7 +135,7 @@ fn run(inner: &Inner, incoming: &mpsc::Receiver<Op>) {
 }
 
 /// Applies and commits one group, then tells the change feed and every caller.
-fn commit_group(inner: &Inner, group: Vec<Op>) {
+fn commit_group(inner: &Inner, group: Vec<Job>) {
     let outcome = inner
         .db
         .begin_write()
@@ -126,14 +148,18 @@ fn commit_group(inner: &Inner, group: Vec<Op>) {
             Ok(applied)
         });
     match outcome {
-        Ok(results) => {
-            for (op, (result, change)) in group.into_iter().zip(results) {
-                if let Some(change) = change {
+        Ok(applied) => {
+            let mut outcomes = Vec::with_capacity(applied.len());
+            for (outcome, changes) in applied {
+                for change in changes {
                     // No receivers is not an error.
                     let _ = inner.changes.send(change);
                 }
+                outcomes.push(outcome);
+            }
+            for (job, outcome) in group.into_iter().zip(outcomes) {
                 // A caller that gave up waiting is not an error either: its write stands.
-                let _ = op.reply.send(Ok(result));
+                let _ = job.reply.send(Ok(outcome));
             }
         }
         Err(first) => {
@@ -141,21 +167,21 @@ fn commit_group(inner: &Inner, group: Vec<Op>) {
             // itself, the others its message.
             let message = first.to_string();
             let mut first = Some(first);
-            for op in group {
+            for job in group {
                 let err = first
                     .take()
                     .unwrap_or_else(|| StoreError::Backend(message.clone()));
-                let _ = op.reply.send(Err(err));
+                let _ = job.reply.send(Err(err));
             }
         }
     }
 }
 
-/// Each write's outcome, and the change it made (none for a refused write or a no-op delete).
-type Applied = Vec<(Write, Option<Change>)>;
+/// Each job's outcome, and the changes it made (none for a refused job or a no-op delete).
+type Applied = Vec<(TxnOutcome, Vec<Change>)>;
 
-/// Checks and applies every write of `group` in order inside `txn`.
-fn apply(inner: &Inner, txn: &WriteTransaction, group: &[Op]) -> Result<Applied, StoreError> {
+/// Checks and applies every job of `group` in order inside `txn`.
+fn apply(inner: &Inner, txn: &WriteTransaction, group: &[Job]) -> Result<Applied, StoreError> {
     let mut entries = txn.open_table(ENTRIES).map_err(|e| inner.err(e))?;
     let mut meta = txn.open_table(META).map_err(|e| inner.err(e))?;
     let mut last = meta
@@ -164,50 +190,52 @@ fn apply(inner: &Inner, txn: &WriteTransaction, group: &[Op]) -> Result<Applied,
         .map_or(0, |g| g.value());
     let start = last;
     let mut out = Vec::with_capacity(group.len());
-    for op in group {
-        let current = entries
-            .get(op.key.as_str())
-            .map_err(|e| inner.err(e))?
-            .map(|guard| {
-                let (revision, value) = guard.value();
-                Entry {
-                    key: op.key.clone(),
-                    value: value.to_vec(),
-                    revision: Revision(revision),
-                }
-            });
-        if !precondition_holds(op.precondition, current.as_ref().map(|e| e.revision)) {
-            out.push((Write::Conflict(current), None));
+    for job in group {
+        // Against the group's transaction: earlier writes of the group included.
+        let conflict = first_conflict(&job.ops, |key| {
+            let found = entries.get(key).map_err(|e| inner.err(e))?;
+            Ok::<_, StoreError>(found.map(|guard| Revision(guard.value().0)))
+        })?;
+        if let Some(op) = conflict {
+            let current = entry_in(&entries, &op.key).map_err(|e| inner.err(e))?;
+            let key = op.key.clone();
+            out.push((TxnOutcome::Conflict { key, current }, Vec::new()));
             continue;
         }
-        if op.value.is_none() && current.is_none() {
-            out.push((Write::Done(Revision(last)), None));
-            continue;
-        }
-        last = last.checked_add(1).ok_or_else(|| {
+        let revision = last.checked_add(1).ok_or_else(|| {
             StoreError::Corrupt(format!(
                 "{}: revision counter exhausted",
                 inner.path.display()
             ))
         })?;
-        match &op.value {
-            Some(value) => {
-                entries
-                    .insert(op.key.as_str(), (last, value.as_slice()))
-                    .map_err(|e| inner.err(e))?;
-            }
-            None => {
-                entries.remove(op.key.as_str()).map_err(|e| inner.err(e))?;
-            }
-        }
-        out.push((
-            Write::Done(Revision(last)),
-            Some(Change {
+        let mut changes = Vec::new();
+        for op in &job.ops {
+            let deleted = match &op.action {
+                TxnAction::Put(value) => {
+                    entries
+                        .insert(op.key.as_str(), (revision, value.as_slice()))
+                        .map_err(|e| inner.err(e))?;
+                    false
+                }
+                TxnAction::Delete => {
+                    let removed = entries.remove(op.key.as_str()).map_err(|e| inner.err(e))?;
+                    if removed.is_none() {
+                        // Deleting an absent key changes nothing and emits nothing.
+                        continue;
+                    }
+                    true
+                }
+            };
+            changes.push(Change {
                 key: op.key.clone(),
-                revision: Revision(last),
-                deleted: op.value.is_none(),
-            }),
-        ));
+                revision: Revision(revision),
+                deleted,
+            });
+        }
+        if !changes.is_empty() {
+            last = revision;
+        }
+        out.push((TxnOutcome::Done(Revision(last)), changes));
     }
     if last != start {
         meta.insert(META_REVISION, last).map_err(|e| inner.err(e))?;

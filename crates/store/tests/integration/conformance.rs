@@ -12,7 +12,7 @@ use inplace_store::{
     Change, Entry, MAX_VALUE_BYTES, Precondition, Revision, Store, StoreError, Write,
 };
 
-fn done(w: Write) -> Revision {
+pub(crate) fn done(w: Write) -> Revision {
     match w {
         Write::Done(r) => r,
         Write::Conflict(e) => panic!("expected Done, got Conflict({e:?})"),
@@ -391,31 +391,34 @@ mod suite {
     }
 }
 
+/// The test functions `memory::CASE`, `file::CASE` and `etcd::CASE` for each case of the invoking
+/// module's `suite`.
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod memory {
             $(#[tokio::test]
             async fn $case() {
                 let backend = crate::common::memory().await;
-                crate::conformance::suite::$case(backend.store.clone()).await;
+                super::suite::$case(backend.store.clone()).await;
             })*
         }
         mod file {
             $(#[tokio::test]
             async fn $case() {
                 let backend = crate::common::file().await;
-                crate::conformance::suite::$case(backend.store.clone()).await;
+                super::suite::$case(backend.store.clone()).await;
             })*
         }
         mod etcd {
             $(#[tokio::test]
             async fn $case() {
                 let backend = crate::common::etcd().await;
-                crate::conformance::suite::$case(backend.store.clone()).await;
+                super::suite::$case(backend.store.clone()).await;
             })*
         }
     };
 }
+pub(crate) use conformance;
 
 conformance!(
     put_then_get_returns_value_and_revision,

@@ -1,10 +1,11 @@
 //! `kill -9` at random moments: a child process (this test binary, re-executed with
-//! [`CHILD_ENV`] set) hammers compare-and-swap writes on an embedded store from several tasks and
-//! reports each write before trying it and after it was acknowledged; the parent SIGKILLs it after
-//! a random number of acknowledgements, reopens the store and checks that it opens, that every
-//! acknowledged write is there (or was superseded by a later write), that nothing but attempted
-//! values is stored, and that revisions keep increasing across the crashes. Several rounds on the
-//! same database.
+//! [`CHILD_ENV`] set) hammers compare-and-swap writes on an embedded store from several tasks, and
+//! multi-key transactions (each writes one counter value to the [`TXN_KEYS`] keys of a group) from
+//! others, and reports each write before trying it and after it was acknowledged; the parent SIGKILLs
+//! it after a random number of acknowledgements, reopens the store and checks that it opens, that
+//! every acknowledged write is there (or was superseded by a later write), that nothing but attempted
+//! values is stored, that every transaction is all or nothing (a group's keys agree), and that
+//! revisions keep increasing across the crashes. Several rounds on the same database.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] fns unwrap too: a failure is the test failing
 
 use std::collections::{HashMap, HashSet};
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inplace_store::file::FileStore;
-use inplace_store::{Precondition, Revision, Store, Write};
+use inplace_store::{Precondition, Revision, Store, TxnOp, TxnOutcome, Write};
 use rand::{Rng, SeedableRng};
 
 /// Set (to the store directory) in the child process.
@@ -26,8 +27,14 @@ const SEED_ENV: &str = "INPLACE_STORE_CRASH_SEED";
 const ROUNDS: usize = 10;
 /// Keys the writers fight over.
 const KEYS: usize = 8;
-/// Concurrent writer tasks in the child.
+/// Concurrent single-key writer tasks in the child.
 const WRITERS: usize = 4;
+/// Concurrent transaction writer tasks in the child.
+const TXN_WRITERS: usize = 2;
+/// Key groups the transaction writers fight over (`g0/…`, `g1/…`).
+const GROUPS: usize = 2;
+/// The keys of every group, all written by each transaction.
+const TXN_KEYS: [&str; 3] = ["a", "b", "c"];
 /// The kill comes after a random number of acknowledgements in this range.
 const ACKS_BEFORE_KILL: std::ops::Range<usize> = 5..400;
 /// Value sizes vary so commits touch different numbers of pages.
@@ -102,6 +109,10 @@ struct History {
     revisions: HashSet<Revision>,
     /// The highest revision the store held at the previous verification.
     high_water: Revision,
+    /// Per group: the highest counter a transaction tried.
+    txn_tried: HashMap<String, u64>,
+    /// Per group: the acknowledged transaction with the highest revision (counter, revision).
+    txn_acked: HashMap<String, (u64, Revision)>,
 }
 
 impl History {
@@ -109,7 +120,7 @@ impl History {
     fn record(&mut self, line: &str) -> Option<Revision> {
         // libtest prints `test NAME ... ` without a newline before the test runs, so the child's first
         // line arrives after it on the same line: read from the first `TRY `/`ACK ` on.
-        let start = ["TRY ", "ACK "]
+        let start = ["TRY ", "ACK ", "BEGIN ", "COMMIT "]
             .iter()
             .filter_map(|tag| line.find(tag))
             .min()?;
@@ -123,22 +134,32 @@ impl History {
                 None
             }
             ["ACK", key, id, rev] => {
-                let rev = Revision(rev.parse().unwrap());
-                assert!(
-                    self.revisions.insert(rev),
-                    "revision {rev} acknowledged twice"
-                );
-                let last = self
-                    .last_ack
-                    .entry(key.to_string())
-                    .or_insert((id.to_string(), rev));
-                if rev >= last.1 {
-                    *last = (id.to_string(), rev);
-                }
+                let rev = self.acknowledged(rev);
+                latest(&mut self.last_ack, key, (id.to_string(), rev));
+                Some(rev)
+            }
+            ["BEGIN", group, counter] => {
+                let tried = self.txn_tried.entry(group.to_string()).or_default();
+                *tried = (*tried).max(counter.parse().unwrap());
+                None
+            }
+            ["COMMIT", group, counter, rev] => {
+                let rev = self.acknowledged(rev);
+                latest(&mut self.txn_acked, group, (counter.parse().unwrap(), rev));
                 Some(rev)
             }
             _ => None, // libtest's own output
         }
+    }
+
+    /// The revision of an acknowledgement, which no other acknowledgement may have.
+    fn acknowledged(&mut self, rev: &str) -> Revision {
+        let rev = Revision(rev.parse().unwrap());
+        assert!(
+            self.revisions.insert(rev),
+            "revision {rev} acknowledged twice"
+        );
+        rev
     }
 
     async fn verify(&mut self, dir: &Path, round: usize, acks: &[Revision]) {
@@ -176,8 +197,11 @@ impl History {
                 );
             }
         }
+        for group in 0..GROUPS {
+            self.verify_group(&store, round, &format!("g{group}")).await;
+        }
         let all = store.list("").await.unwrap();
-        assert!(all.len() <= KEYS);
+        assert!(all.len() <= KEYS + GROUPS * TXN_KEYS.len());
         let stored_max = all.iter().map(|e| e.revision).max().unwrap_or(Revision(0));
         // The next revision handed out is above everything ever acknowledged.
         let probe = match store.put("probe", vec![], Precondition::Any).await.unwrap() {
@@ -192,6 +216,59 @@ impl History {
         store.delete("probe", Precondition::Any).await.unwrap();
         self.high_water = probe.max(stored_max);
         drop(store);
+    }
+}
+
+impl History {
+    /// A group's keys are all there with one value and one revision, or all absent; what they hold
+    /// was tried, and is no older than the last acknowledged transaction.
+    async fn verify_group(&self, store: &FileStore, round: usize, group: &str) {
+        let mut stored = Vec::new();
+        for key in TXN_KEYS {
+            let entry = store.get(&format!("{group}/{key}")).await.unwrap();
+            stored.push(entry.map(|e| (e.value, e.revision)));
+        }
+        assert!(
+            stored.windows(2).all(|w| w[0] == w[1]),
+            "round {round}: a transaction on {group} was applied in part: {stored:?}"
+        );
+        let acked = self.txn_acked.get(group);
+        let Some((value, revision)) = &stored[0] else {
+            assert!(
+                acked.is_none(),
+                "round {round}: acknowledged {group} is gone"
+            );
+            return;
+        };
+        let (counter, _) = split_value(value);
+        let counter: u64 = counter.parse().unwrap();
+        assert!(
+            counter <= self.txn_tried[group],
+            "round {round}: {group} holds counter {counter}, never tried"
+        );
+        if let Some(&(acked_counter, acked_revision)) = acked {
+            assert!(
+                *revision >= acked_revision && counter >= acked_counter,
+                "round {round}: {group} went back from acknowledged {acked_counter} at \
+                 {acked_revision} to {counter} at {revision}"
+            );
+            if *revision == acked_revision {
+                assert_eq!(
+                    counter, acked_counter,
+                    "round {round}: {group} at {revision}"
+                );
+            }
+        }
+    }
+}
+
+/// Keeps `acked` as `key`'s acknowledgement if its revision is the highest seen.
+fn latest<T>(last: &mut HashMap<String, (T, Revision)>, key: &str, acked: (T, Revision)) {
+    match last.get(key) {
+        Some((_, rev)) if *rev > acked.1 => {}
+        _ => {
+            last.insert(key.to_owned(), acked);
+        }
     }
 }
 
@@ -219,11 +296,7 @@ fn hammer(dir: &Path, seed: u64) {
             let (store, out) = (store.clone(), out.clone());
             tasks.push(tokio::spawn(async move {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(seed.wrapping_add(writer as u64));
-                let say = |line: String| {
-                    let mut out = out.lock().unwrap();
-                    out.write_all(line.as_bytes()).unwrap();
-                    out.flush().unwrap();
-                };
+                let say = |line: String| say(&out, &line);
                 for seq in 0u64.. {
                     let key = format!("k{}", rng.random_range(0..KEYS));
                     let id = format!("s{seed}-w{writer}-{seq}");
@@ -240,8 +313,52 @@ fn hammer(dir: &Path, seed: u64) {
                 }
             }));
         }
+        for writer in 0..TXN_WRITERS {
+            let (store, out) = (store.clone(), out.clone());
+            let seed = seed.wrapping_add((WRITERS + writer) as u64);
+            tasks.push(tokio::spawn(transact(store, out, seed)));
+        }
         for task in tasks {
             task.await.unwrap();
         }
     });
+}
+
+/// Writes one line to the parent at once.
+fn say(out: &std::sync::Mutex<std::io::Stdout>, line: &str) {
+    let mut out = out.lock().unwrap();
+    out.write_all(line.as_bytes()).unwrap();
+    out.flush().unwrap();
+}
+
+/// A transaction writer: reads a random group, writes the next counter to all its keys with a
+/// compare-and-swap on each, until the process is killed.
+async fn transact(store: Arc<dyn Store>, out: Arc<std::sync::Mutex<std::io::Stdout>>, seed: u64) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let say = |line: String| say(&out, &line);
+    loop {
+        let group = format!("g{}", rng.random_range(0..GROUPS));
+        let mut counter = 0;
+        let mut preconditions = Vec::new();
+        for key in TXN_KEYS {
+            preconditions.push(match store.get(&format!("{group}/{key}")).await.unwrap() {
+                None => Precondition::Absent,
+                Some(e) => {
+                    counter = split_value(&e.value).0.parse::<u64>().unwrap();
+                    Precondition::Revision(e.revision)
+                }
+            });
+        }
+        counter += 1;
+        let value = format!("{counter}|{}", "x".repeat(rng.random_range(VALUE_PADDING)));
+        let ops = TXN_KEYS
+            .iter()
+            .zip(preconditions)
+            .map(|(key, pre)| TxnOp::put(format!("{group}/{key}"), value.clone().into_bytes(), pre))
+            .collect();
+        say(format!("BEGIN {group} {counter}\n"));
+        if let TxnOutcome::Done(rev) = store.commit(ops).await.unwrap() {
+            say(format!("COMMIT {group} {counter} {rev}\n"));
+        }
+    }
 }

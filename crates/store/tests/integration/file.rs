@@ -1,8 +1,12 @@
-//! The embedded redb backend across restarts and against bad files.
+//! The embedded redb backend across restarts and against bad files, and group commit of concurrent
+//! writes and transactions.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] fns unwrap too: a failure is the test failing
 
 use inplace_store::file::FILE_NAME;
-use inplace_store::{EtcdOptions, Precondition, Revision, StoreError, StoreUrl, Write};
+use inplace_store::{
+    EtcdOptions, MAX_TXN_OPS, Precondition, Revision, StoreError, StoreUrl, TxnOp, TxnOutcome,
+    Write,
+};
 
 async fn open(
     dir: &std::path::Path,
@@ -191,4 +195,140 @@ async fn concurrent_writes_committed_together_keep_their_own_outcomes() {
     assert_eq!(store.list("own/").await.unwrap().len(), WRITERS / 2);
     let contended = store.get("contended").await.unwrap().unwrap();
     assert_eq!(contended.revision, winning_revision);
+}
+
+/// What one writer of [`transactions_and_single_writes_committed_together_keep_their_own_outcomes`]
+/// did, and how it ended.
+enum Tried {
+    /// A transaction of these keys.
+    Txn(Vec<String>, TxnOutcome),
+    /// A single put of this key.
+    Put(String, Write),
+}
+
+/// Transactions queued with single writes share their groups (and group bounds: some transactions
+/// hold MAX_TXN_OPS ops, so groups fill up and a transaction starts the next one). Each keeps its own
+/// outcome: of everything racing to create one key exactly one wins, and a losing transaction wrote
+/// none of its other keys; the keys of a transaction share its revision; the feed carries each
+/// change once, in revision order; after a restart everything acknowledged is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transactions_and_single_writes_committed_together_keep_their_own_outcomes() {
+    const WRITERS: usize = 200;
+    let tmp = tempfile::tempdir().unwrap();
+    let store = open(tmp.path()).await.unwrap();
+    let mut feed = store.subscribe();
+    let mut tasks = Vec::new();
+    for i in 0..WRITERS {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let value = format!("{i}").into_bytes();
+            let own = |n: usize| -> Vec<String> {
+                (0..n).map(|k| format!("own/{i:03}/{k:02}")).collect()
+            };
+            let keys = match i % 5 {
+                0 => std::iter::once("contended".to_owned())
+                    .chain(own(2))
+                    .collect(),
+                1 => vec!["contended".to_owned()],
+                2 => own(3),
+                3 => vec![format!("own/{i:03}")],
+                _ => own(MAX_TXN_OPS),
+            };
+            if i % 5 == 1 || i % 5 == 3 {
+                let key = keys[0].clone();
+                let written = store.put(&key, value, Precondition::Absent).await.unwrap();
+                return (i, Tried::Put(key, written));
+            }
+            let ops = keys
+                .iter()
+                .map(|k| TxnOp::put(k.clone(), value.clone(), Precondition::Absent))
+                .collect();
+            (i, Tried::Txn(keys, store.commit(ops).await.unwrap()))
+        }));
+    }
+    let mut winners = Vec::new();
+    let mut revisions = std::collections::BTreeSet::new();
+    let mut changed = std::collections::BTreeMap::new();
+    for task in tasks {
+        let (i, tried) = task.await.unwrap();
+        let (keys, outcome) = match tried {
+            Tried::Put(key, Write::Done(r)) => (vec![key], Ok(r)),
+            Tried::Put(key, Write::Conflict(now)) => (vec![key.clone()], Err((key, now))),
+            Tried::Txn(keys, TxnOutcome::Done(r)) => (keys, Ok(r)),
+            Tried::Txn(keys, TxnOutcome::Conflict { key, current }) => (keys, Err((key, current))),
+        };
+        match outcome {
+            Ok(revision) => {
+                assert!(
+                    revisions.insert(revision),
+                    "revision {revision} handed out twice"
+                );
+                if keys[0] == "contended" {
+                    winners.push((i, revision));
+                }
+                for key in keys {
+                    changed.insert(key, (i, revision));
+                }
+            }
+            Err((key, now)) => {
+                assert_eq!(
+                    (i % 5 < 2, key.as_str()),
+                    (true, "contended"),
+                    "writer {i} refused"
+                );
+                assert!(
+                    now.is_some(),
+                    "a refused create is told the entry that exists"
+                );
+                for key in &keys[1..] {
+                    assert_eq!(
+                        store.get(key).await.unwrap(),
+                        None,
+                        "{key} of a refused transaction"
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(
+        winners.len(),
+        1,
+        "exactly one create of the contended key wins: {winners:?}"
+    );
+    let contended = store.get("contended").await.unwrap().unwrap();
+    assert_eq!(
+        (contended.revision, contended.value.clone()),
+        (winners[0].1, format!("{}", winners[0].0).into_bytes())
+    );
+    let mut fed = Vec::new();
+    while fed.len() < changed.len() {
+        let change = feed.recv().await.unwrap();
+        fed.push((change.revision, change.key));
+    }
+    assert!(
+        fed.windows(2).all(|w| w[0].0 <= w[1].0),
+        "feed out of revision order"
+    );
+    let fed: std::collections::BTreeMap<String, Revision> =
+        fed.into_iter().map(|(r, k)| (k, r)).collect();
+    assert_eq!(fed.len(), changed.len(), "a key's change came twice");
+    for (key, (i, revision)) in &changed {
+        assert_eq!(fed.get(key), Some(revision), "{key}");
+        let entry = store.get(key).await.unwrap().unwrap();
+        assert_eq!(
+            (entry.revision, entry.value),
+            (*revision, format!("{i}").into_bytes())
+        );
+    }
+    let before = store.list("").await.unwrap();
+    assert_eq!(
+        before.len(),
+        changed.len(),
+        "nothing but acknowledged writes stored"
+    );
+    drop(feed);
+    drop(store);
+
+    let store = open(tmp.path()).await.unwrap();
+    assert_eq!(store.list("").await.unwrap(), before);
 }

@@ -3,6 +3,7 @@
 
 mod common;
 mod conformance;
+mod conformance_txn;
 mod crash;
 mod etcd;
 mod file;
