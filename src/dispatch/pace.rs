@@ -7,8 +7,6 @@
 //! safety margin of [`MARGIN_SIGMAS`] standard deviations, so CAPI comes a little early rather than late and
 //! then asks every second. Pure: no clock, no I/O, no lock; the dispatcher owns the table and passes `now`.
 
-use serde::Deserialize;
-
 use super::records::{RunView, StepState};
 
 /// Smallest `retryAfterSeconds` answered while in progress (0 would mean "done" to CAPI).
@@ -42,100 +40,14 @@ pub enum RetryAfterMode {
     Fixed,
 }
 
-/// The kinds of step, as their wire names in a plan (`inplace_agent_api::StepAction::kind`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum StepKind {
-    /// `files`.
-    Files,
-    /// `sshKeys`.
-    SshKeys,
-    /// `ntp`.
-    Ntp,
-    /// `etcdImage`.
-    EtcdImage,
-    /// `kubeletArgs`.
-    KubeletArgs,
-    /// `installKubeadm`.
-    InstallKubeadm,
-    /// `kubeadmUpgrade`.
-    KubeadmUpgrade,
-    /// `installKubelet`.
-    InstallKubelet,
-    /// `drainNode`.
-    DrainNode,
-    /// `waitNodeReady`.
-    WaitNodeReady,
-    /// `uncordonNode`.
-    UncordonNode,
-    /// A kind this build does not know (or a record without kinds).
-    #[default]
-    #[serde(other)]
-    Other,
-}
+/// The kinds of step: the one table of them, in the protocol crate (its `guess_seconds` is what a step of a
+/// kind is expected to take before one was seen).
+pub use inplace_agent_api::StepKind;
 
-impl StepKind {
-    /// Every kind, in table order.
-    pub const ALL: [StepKind; 12] = [
-        StepKind::Files,
-        StepKind::SshKeys,
-        StepKind::Ntp,
-        StepKind::EtcdImage,
-        StepKind::KubeletArgs,
-        StepKind::InstallKubeadm,
-        StepKind::KubeadmUpgrade,
-        StepKind::InstallKubelet,
-        StepKind::DrainNode,
-        StepKind::WaitNodeReady,
-        StepKind::UncordonNode,
-        StepKind::Other,
-    ];
-
-    /// The kind's wire name (`inplace_agent_api::StepAction::kind`); `other` for [`StepKind::Other`].
-    pub const fn wire(self) -> &'static str {
-        match self {
-            StepKind::Files => "files",
-            StepKind::SshKeys => "sshKeys",
-            StepKind::Ntp => "ntp",
-            StepKind::EtcdImage => "etcdImage",
-            StepKind::KubeletArgs => "kubeletArgs",
-            StepKind::InstallKubeadm => "installKubeadm",
-            StepKind::KubeadmUpgrade => "kubeadmUpgrade",
-            StepKind::InstallKubelet => "installKubelet",
-            StepKind::DrainNode => "drainNode",
-            StepKind::WaitNodeReady => "waitNodeReady",
-            StepKind::UncordonNode => "uncordonNode",
-            StepKind::Other => "other",
-        }
-    }
-
-    /// The kind of a wire name (`files`, `kubeadmUpgrade`, …); unknown names are [`StepKind::Other`].
-    pub fn of_wire(name: &str) -> StepKind {
-        Self::ALL
-            .into_iter()
-            .find(|kind| kind.wire() == name)
-            .unwrap_or(StepKind::Other)
-    }
-
-    fn slot(self) -> usize {
-        // Declaration order is the order of `ALL`.
-        self as usize
-    }
-
-    /// What a step of this kind is guessed to take (ms) before one was seen: a typical node's.
-    pub fn guess_ms(self) -> f64 {
-        let seconds = match self {
-            StepKind::Files | StepKind::SshKeys | StepKind::UncordonNode => 1,
-            StepKind::Ntp => 3,
-            StepKind::KubeletArgs | StepKind::EtcdImage => 20,
-            StepKind::InstallKubeadm | StepKind::InstallKubelet => 30,
-            StepKind::KubeadmUpgrade => 90,
-            StepKind::DrainNode => 60,
-            StepKind::WaitNodeReady => 20,
-            StepKind::Other => 10,
-        };
-        f64::from(seconds) * 1000.0
-    }
+/// What a step of `kind` is guessed to take (ms) before one was seen: a typical node's
+/// ([`StepKind::guess_seconds`]).
+pub fn guess_ms(kind: StepKind) -> f64 {
+    f64::from(kind.guess_seconds()) * 1000.0
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -148,7 +60,7 @@ struct Learned {
 /// Learned step durations per kind (one fixed-size table per replica).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepDurations {
-    kinds: [Learned; StepKind::ALL.len()],
+    kinds: [Learned; StepKind::SLOTS],
 }
 
 impl StepDurations {
@@ -158,7 +70,7 @@ impl StepDurations {
             return;
         }
         let x = ms as f64;
-        let entry = &mut self.kinds[kind.slot()];
+        let entry = &mut self.kinds[kind.index()];
         if entry.samples == 0 {
             *entry = Learned {
                 mean_ms: x,
@@ -176,9 +88,9 @@ impl StepDurations {
 
     /// Mean and variance (ms, ms²) of a step of `kind`, and whether they were learned (else guessed).
     fn of(&self, kind: StepKind) -> (f64, f64, bool) {
-        let entry = &self.kinds[kind.slot()];
+        let entry = &self.kinds[kind.index()];
         if entry.samples == 0 {
-            let guess = kind.guess_ms();
+            let guess = guess_ms(kind);
             return (guess, (guess * FIRST_SAMPLE_SPREAD).powi(2), false);
         }
         (

@@ -17,7 +17,7 @@ fn learned(kinds: &[(StepKind, u64)], samples: u32) -> StepDurations {
 fn exact(kinds: &[(StepKind, u64)]) -> StepDurations {
     let mut table = StepDurations::default();
     for &(kind, ms) in kinds {
-        table.kinds[kind.slot()] = Learned {
+        table.kinds[kind.index()] = Learned {
             mean_ms: ms as f64,
             variance: 0.0,
             samples: TRUSTED_AFTER_SAMPLES,
@@ -29,7 +29,7 @@ fn exact(kinds: &[(StepKind, u64)]) -> StepDurations {
 const NOW: u64 = 1_800_000_000_000;
 
 #[test]
-fn wire_names_map_to_their_kinds_and_unknown_ones_to_other() {
+fn wire_names_map_to_their_kinds_and_unknown_ones_to_unsupported() {
     let wire = [
         "files",
         "sshKeys",
@@ -48,12 +48,12 @@ fn wire_names_map_to_their_kinds_and_unknown_ones_to_other() {
         let decoded: StepKind = serde_json::from_value(serde_json::json!(name)).unwrap();
         assert_eq!(decoded, kind, "{name}");
     }
-    assert_eq!(StepKind::of_wire("rebootNode"), StepKind::Other);
+    assert_eq!(StepKind::of_wire("rebootNode"), StepKind::Unsupported);
     // The wire name and the record's `kind` decode alike.
     let decoded: StepKind = serde_json::from_str("\"waitNodeReady\"").unwrap();
     assert_eq!(decoded, StepKind::of_wire("waitNodeReady"));
     let decoded: StepKind = serde_json::from_str("\"somethingNew\"").unwrap();
-    assert_eq!(decoded, StepKind::Other);
+    assert_eq!(decoded, StepKind::Unsupported);
 }
 
 #[test]

@@ -2,12 +2,11 @@
 //! (step reports, agent progress). No I/O: every function here is tested alone.
 
 use inplace_agent_api::{
-    Hold, InventoryReport, MachineRef, Plan, PlanProgress, PlanStatus, StepReport, StepStatus,
+    Hold, InventoryReport, MachineRef, Plan, PlanProgress, PlanStatus, StepKind, StepReport,
+    StepStatus,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
-
-use super::pace::StepKind;
 
 /// Longest stderr tail kept per step (the agent sends at most 4 KiB; operators need the end).
 pub const KEPT_STDERR_BYTES: usize = inplace_agent_api::STDERR_TAIL_MAX_BYTES;
@@ -350,7 +349,7 @@ impl RunView {
                     .map(|step| StepView {
                         description: step.description.clone(),
                         action: ActionView {
-                            kind: StepKind::of_wire(step.action.kind()),
+                            kind: step.action.step_kind(),
                         },
                     })
                     .collect(),

@@ -6,6 +6,7 @@
 
 use std::sync::{Arc, OnceLock, Weak};
 
+use inplace_agent_api::StepKind;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _};
 use prometheus_client::metrics::counter::Counter;
@@ -13,8 +14,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-
-use crate::dispatch::pace::StepKind;
 
 /// The states `inplace_updater_updates{state}` counts (each Machine's current run). `paused`: held by an
 /// operator pause and its agent confirmed it stopped; `cancelled`: ended by an operator cancel.
@@ -25,23 +24,6 @@ pub const UPDATE_STATES: [&str; 6] = [
     "failed",
     "paused",
     "cancelled",
-];
-
-/// Step kinds of the plan (`inplace_agent_api::StepAction::kind`), pre-created so every series exists from
-/// the first scrape (a rate over a series that appears with its first failure misses that failure). The names
-/// are [`StepKind::wire`]'s, the one table of them.
-pub const STEP_KINDS: [StepKind; 11] = [
-    StepKind::Files,
-    StepKind::SshKeys,
-    StepKind::Ntp,
-    StepKind::EtcdImage,
-    StepKind::KubeletArgs,
-    StepKind::InstallKubeadm,
-    StepKind::KubeadmUpgrade,
-    StepKind::InstallKubelet,
-    StepKind::DrainNode,
-    StepKind::WaitNodeReady,
-    StepKind::UncordonNode,
 ];
 
 /// Labels of the step metrics.
@@ -112,7 +94,9 @@ impl FleetMetrics {
             updates: Family::default(),
             live: Arc::new(OnceLock::new()),
         };
-        for kind in STEP_KINDS.map(StepKind::wire) {
+        // Every kind of the table, so every series exists from the first scrape (a rate over a series that
+        // appears with its first failure misses that failure).
+        for kind in StepKind::ALL.map(StepKind::wire) {
             drop(metrics.step_duration.get_or_create(&KindLabels { kind }));
             drop(metrics.step_failures.get_or_create(&KindLabels { kind }));
         }

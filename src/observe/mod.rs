@@ -8,8 +8,6 @@ pub mod logs;
 mod process;
 mod store;
 
-pub use fleet::{
-    FleetMetrics, KindLabels, LiveFleet, ReasonLabels, STEP_KINDS, StateLabels, UPDATE_STATES,
-};
+pub use fleet::{FleetMetrics, KindLabels, LiveFleet, ReasonLabels, StateLabels, UPDATE_STATES};
 pub use process::ProcessCollector;
 pub use store::{InstrumentedStore, STORE_OPERATIONS, StoreLabels, StoreMetrics, backend_name};

@@ -27,3 +27,4 @@ mod openapi;
 mod readme;
 mod resume_node;
 mod server_tls;
+mod step_kinds;

@@ -1,14 +1,17 @@
 //! The agent ⇄ server protocol of inplace-updater, shared by both sides and nothing else.
 //!
-//! Wire types only: serde derives, named limits, and pure validation helpers. No I/O.
+//! Wire types only: serde derives, named limits, the table of step kinds ([`StepKind`]) and pure
+//! validation helpers. No I/O.
 //! JSON field names are camelCase (Kubernetes style). Every request carries
 //! `Authorization: Bearer <token>`; the server checks it. See `README.md` for the full contract.
 
+mod kinds;
 mod messages;
 mod plan;
 mod secret;
 mod validate;
 
+pub use kinds::{StepKind, UNSUPPORTED_GUESS_SECONDS};
 pub use messages::{
     AckResponse, AgentIdentity, ErrorResponse, Hold, HoldReason, InventoryReport, PlanProgress,
     PlanStatus, PollRequest, PollResponse, StepReport, StepStatus,

@@ -72,7 +72,8 @@ pub struct Step {
 }
 
 /// The kinds of step, as declarative desired states. JSON: an object with `"kind"` plus the
-/// variant's fields, e.g. `{"kind": "installKubeadm", "version": "v1.34.1"}`.
+/// variant's fields, e.g. `{"kind": "installKubeadm", "version": "v1.34.1"}`. Each variant has its
+/// row in the table of step kinds (`kinds.rs`, [`crate::StepKind`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum StepAction {
@@ -163,22 +164,9 @@ pub enum StepAction {
 }
 
 impl StepAction {
-    /// The wire name of the kind (`files`, `sshKeys`, …).
+    /// The wire name of the kind (`files`, `sshKeys`, …; `unsupported`): [`crate::StepKind::wire`].
     pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Files { .. } => "files",
-            Self::SshKeys { .. } => "sshKeys",
-            Self::Ntp { .. } => "ntp",
-            Self::EtcdImage { .. } => "etcdImage",
-            Self::KubeletArgs { .. } => "kubeletArgs",
-            Self::InstallKubeadm { .. } => "installKubeadm",
-            Self::KubeadmUpgrade { .. } => "kubeadmUpgrade",
-            Self::InstallKubelet { .. } => "installKubelet",
-            Self::DrainNode { .. } => "drainNode",
-            Self::WaitNodeReady { .. } => "waitNodeReady",
-            Self::UncordonNode => "uncordonNode",
-            Self::Unsupported => "unsupported",
-        }
+        self.step_kind().wire()
     }
 }
 

@@ -2,8 +2,6 @@
 //! reports, send the inventory when due, and long-poll the server for work. Network failures
 //! never stop the agent: it backs off (capped, jittered) and tries again.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,8 +15,10 @@ use crate::backoff::Backoff;
 use crate::client::{ClientError, ServerClient};
 use crate::config::AgentConfig;
 use crate::driver_config::{ConfigError, DriverConfig};
-use crate::drivers::DriverEnv;
+use crate::driver_env::DriverEnv;
+use crate::executor::{StepHost, run_step};
 use crate::inventory;
+use crate::shutdown::{Shutdown, pause};
 use crate::state::{LocalStepStatus, StateError, StateStore, report_for};
 
 /// Timeout of a report or inventory request.
@@ -53,9 +53,6 @@ pub enum AgentError {
     #[error("{0}")]
     NoKubernetesSteps(String),
 }
-
-/// The shutdown signal, boxed so every helper can wait on it.
-pub(crate) type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// A running agent.
 pub(crate) struct Agent {
@@ -129,7 +126,7 @@ impl Agent {
             if let Some(index) = self.next_runnable_step()
                 && self.may_start(index)
             {
-                if self.run_step(index, &mut shutdown).await.is_break() {
+                if run_step(&mut self, index, &mut shutdown).await.is_break() {
                     break;
                 }
                 continue;
@@ -454,10 +451,39 @@ fn check_kubernetes_steps(
     Ok(())
 }
 
-/// Sleeps `delay` unless shutdown comes first; true on shutdown.
-pub(crate) async fn pause(delay: Duration, shutdown: &mut Shutdown) -> bool {
-    tokio::select! {
-        () = tokio::time::sleep(delay) => false,
-        () = &mut *shutdown => true,
+/// The executor's view of the agent: the state, and the server's go-ahead and report delivery.
+impl StepHost for Agent {
+    fn store(&mut self) -> &mut StateStore {
+        &mut self.store
+    }
+
+    fn identity(&self) -> &AgentIdentity {
+        &self.identity
+    }
+
+    fn env(&self) -> Arc<DriverEnv> {
+        self.env.clone()
+    }
+
+    fn step_boundary(&mut self) {
+        self.go_ahead = false;
+    }
+
+    fn plan_ended(&mut self) {
+        self.inventory_due = true;
+    }
+
+    fn next_delay(&mut self) -> Duration {
+        self.backoff.next_delay()
+    }
+
+    fn reports_due_at(&self) -> Instant {
+        self.next_flush_at
+    }
+
+    async fn deliver_reports(&mut self) {
+        if self.flush_outbox().await.is_err() {
+            self.next_flush_at = Instant::now() + self.backoff.next_delay();
+        }
     }
 }

@@ -11,28 +11,51 @@
 //! repair by hand. A step interrupted [`MAX_STEP_ATTEMPTS`] times (e.g. one that keeps crashing
 //! the node) fails instead. An attempt stopped by a clean shutdown is not counted.
 
-use std::ops::ControlFlow;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+//!
+//! The executor knows the agent only through [`StepHost`] (the pull loop implements it): it depends on the
+//! state and the drivers, and nothing depends on it but the pull loop.
 
-use inplace_agent_api::{MESSAGE_MAX_BYTES, PlanStatus, STDERR_TAIL_MAX_BYTES, truncate_tail};
+use std::future::Future;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use inplace_agent_api::{
+    AgentIdentity, MESSAGE_MAX_BYTES, PlanStatus, STDERR_TAIL_MAX_BYTES, truncate_tail,
+};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::agent::{Agent, Shutdown};
+pub(crate) use crate::clock::now_unix_ms;
 use crate::command::KILL_GRACE;
+use crate::driver_env::DriverEnv;
 use crate::drivers::{
     DriverOutcome, ProgressRecorder, ProgressUpdate, StepContext, StepResult, execute,
 };
-use crate::state::{LocalStepStatus, SequenceProgress, report_for};
+use crate::shutdown::{Shutdown, pause};
+use crate::state::{LocalStepStatus, SequenceProgress, StateStore, report_for};
 
 /// Attempts after which a step that keeps being interrupted is failed.
 pub const MAX_STEP_ATTEMPTS: u32 = 3;
 
-/// Milliseconds since the Unix epoch.
-pub(crate) fn now_unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+/// What running a step needs from the agent around it.
+pub(crate) trait StepHost {
+    /// The state dir: the current plan, its progress, the outbox.
+    fn store(&mut self) -> &mut StateStore;
+    /// Who this agent is (reports name it).
+    fn identity(&self) -> &AgentIdentity;
+    /// The drivers' environment.
+    fn env(&self) -> Arc<DriverEnv>;
+    /// A step started or ended: the next one starts only after a fresh "no hold" from the server.
+    fn step_boundary(&mut self);
+    /// The plan ended: the inventory is due.
+    fn plan_ended(&mut self);
+    /// The next back-off delay after a failure.
+    fn next_delay(&mut self) -> Duration;
+    /// When queued reports may next be delivered (a failed delivery backs off).
+    fn reports_due_at(&self) -> Instant;
+    /// Delivers queued reports; a failure sets the next due time a back-off delay away.
+    fn deliver_reports(&mut self) -> impl Future<Output = ()> + Send;
 }
 
 /// The first at most `max` bytes of `text`, cut on a character boundary.
@@ -63,222 +86,217 @@ enum Event {
     Progress,
 }
 
-impl Agent {
-    /// Runs step `index` of the current plan. `Break` means shutdown was requested.
-    pub(crate) async fn run_step(
-        &mut self,
-        index: usize,
-        shutdown: &mut Shutdown,
-    ) -> ControlFlow<()> {
-        let (Some(plan), Some(record)) =
-            (self.store.plan.clone(), self.store.state.current.as_mut())
-        else {
-            return ControlFlow::Continue(());
-        };
-        let Some(step) = plan.steps.get(index).cloned() else {
-            return ControlFlow::Continue(());
-        };
-        let step_record = &mut record.steps[index];
-        let interrupted = step_record.status == LocalStepStatus::Running;
-        let resumed = step_record.began();
-        if interrupted && step_record.attempt >= MAX_STEP_ATTEMPTS {
-            let message = format!(
-                "step interrupted {} times (agent restart or node reboot during the step); not trying again",
-                step_record.attempt
-            );
-            self.finish(index, StepResult::failed(message));
-            return ControlFlow::Continue(());
-        }
-        if interrupted {
-            tracing::warn!(plan = %plan.id, step = index, attempt = step_record.attempt, "step was interrupted; resuming it");
-        } else if resumed {
-            tracing::info!(plan = %plan.id, step = index, "step was stopped by a shutdown; resuming it");
-        }
-        let progress = if resumed {
-            step_record.progress.clone()
-        } else {
-            None
-        };
-        // Each step needs a fresh "no hold" from the server before the next one starts.
-        self.go_ahead = false;
-        step_record.status = LocalStepStatus::Running;
-        step_record.attempt += 1;
-        step_record.started_at_unix_ms = Some(now_unix_ms());
-        step_record.finished_at_unix_ms = None;
-        step_record.exit_code = None;
-        step_record.stderr_tail = None;
-        step_record.message = None;
-        let report = report_for(&self.identity, &plan.id, index, step_record);
-        self.store.enqueue(report);
-        if let Err(e) = self.store.save() {
-            // Without a durable "running" record a crash could lose the attempt count and the
-            // fact that the step began: do not start.
-            tracing::error!(error = %e, "cannot record step start; retrying later");
-            return if crate::agent::pause(self.backoff.next_delay(), shutdown).await {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            };
-        }
-        tracing::info!(plan = %plan.id, step = index, description = %step.description, kind = step.action.kind(), "step started");
-
-        let (cancel_tx, cancel_rx) = watch::channel(false);
-        let (progress_tx, mut progress_rx) = mpsc::channel::<ProgressUpdate>(1);
-        let ctx = StepContext {
-            plan_id: plan.id.clone(),
-            deadline: Instant::now() + Duration::from_secs(u64::from(step.timeout_seconds)),
-            step,
-            resumed,
-            progress,
-            recorder: ProgressRecorder::new(progress_tx),
-            cancel: cancel_rx,
-        };
-        let mut task = AbortOnDrop(tokio::spawn(execute(self.env.clone(), ctx)));
-        let join = |r: Result<StepResult, tokio::task::JoinError>| {
-            r.unwrap_or_else(|e| StepResult::failed(format!("step crashed: {e}")))
-        };
-        let result = loop {
-            let flush_at = self.next_flush_at;
-            let have_reports = !self.store.state.outbox.is_empty();
-            let event = tokio::select! {
-                r = &mut task.0 => Event::Finished(join(r)),
-                Some((progress, message, ack)) = progress_rx.recv() => {
-                    let _ = ack.send(self.record_progress(index, progress, message));
-                    Event::Progress
-                }
-                () = &mut *shutdown => Event::Shutdown,
-                r = async {
-                    tokio::time::sleep_until(flush_at).await;
-                    self.flush_outbox().await
-                }, if have_reports => {
-                    if r.is_err() {
-                        self.next_flush_at = Instant::now() + self.backoff.next_delay();
-                    }
-                    Event::Flushed
-                }
-            };
-            match event {
-                Event::Finished(result) => break result,
-                Event::Flushed | Event::Progress => {}
-                Event::Shutdown => {
-                    let _ = cancel_tx.send(true);
-                    // The driver kills its process group (TERM, then KILL after KILL_GRACE). A
-                    // command that completed meanwhile still gets its progress recorded.
-                    let limit = Instant::now() + KILL_GRACE * 3;
-                    let result = loop {
-                        tokio::select! {
-                            r = &mut task.0 => break join(r),
-                            Some((progress, message, ack)) = progress_rx.recv() => {
-                                let _ = ack.send(self.record_progress(index, progress, message));
-                            }
-                            () = tokio::time::sleep_until(limit) => {
-                                task.0.abort();
-                                break StepResult {
-                                    outcome: DriverOutcome::Interrupted,
-                                    ..StepResult::failed("agent shutting down")
-                                };
-                            }
-                        }
-                    };
-                    if result.outcome == DriverOutcome::Interrupted {
-                        self.interrupted_by_shutdown(index);
-                    } else {
-                        self.finish(index, result);
-                    }
-                    return ControlFlow::Break(());
-                }
-            }
-        };
-        if result.outcome == DriverOutcome::Interrupted {
-            self.interrupted_by_shutdown(index);
-            return ControlFlow::Break(());
-        }
-        self.finish(index, result);
-        ControlFlow::Continue(())
-    }
-
-    /// Writes a sequence's progress (and a new message, reported as `running`) into the step's
-    /// record; true once it is on disk.
-    fn record_progress(
-        &mut self,
-        index: usize,
-        progress: SequenceProgress,
-        message: Option<String>,
-    ) -> bool {
-        let Some(record) = self.store.state.current.as_mut() else {
-            return false;
-        };
-        let plan_id = record.plan_id.clone();
-        let step = &mut record.steps[index];
-        step.progress = Some(progress);
-        if let Some(message) = message {
-            step.message = Some(truncate_head(&message, MESSAGE_MAX_BYTES).to_owned());
-            let report = report_for(&self.identity, &plan_id, index, step);
-            self.store.enqueue(report);
-        }
-        match self.store.save() {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::error!(error = %e, step = index, "cannot record the step's progress");
-                false
-            }
-        }
-    }
-
-    /// A clean shutdown stopped the step: it goes back to pending, the attempt not counted. Its
-    /// start time and progress stay, so the next start resumes it (see `LocalStepRecord::began`).
-    fn interrupted_by_shutdown(&mut self, index: usize) {
-        if let Some(record) = self.store.state.current.as_mut() {
-            let step = &mut record.steps[index];
-            step.status = LocalStepStatus::Pending;
-            step.attempt = step.attempt.saturating_sub(1);
-        }
-        if let Err(e) = self.store.save() {
-            tracing::error!(error = %e, "cannot save state at shutdown");
-        }
-        tracing::info!(
-            step = index,
-            "step stopped by shutdown; it runs again at the next start"
+/// Runs step `index` of the current plan. `Break` means shutdown was requested.
+pub(crate) async fn run_step<H: StepHost + Send>(
+    host: &mut H,
+    index: usize,
+    shutdown: &mut Shutdown,
+) -> ControlFlow<()> {
+    let identity = host.identity().clone();
+    let env = host.env();
+    let store = host.store();
+    let (Some(plan), Some(record)) = (store.plan.clone(), store.state.current.as_mut()) else {
+        return ControlFlow::Continue(());
+    };
+    let Some(step) = plan.steps.get(index).cloned() else {
+        return ControlFlow::Continue(());
+    };
+    let step_record = &mut record.steps[index];
+    let interrupted = step_record.status == LocalStepStatus::Running;
+    let resumed = step_record.began();
+    if interrupted && step_record.attempt >= MAX_STEP_ATTEMPTS {
+        let message = format!(
+            "step interrupted {} times (agent restart or node reboot during the step); not trying again",
+            step_record.attempt
         );
+        finish(host, &identity, index, StepResult::failed(message));
+        return ControlFlow::Continue(());
     }
-
-    /// Records a step's end, queues its report, and notes the plan's end.
-    fn finish(&mut self, index: usize, result: StepResult) {
-        self.go_ahead = false;
-        let Some(record) = self.store.state.current.as_mut() else {
-            return;
-        };
-        let plan_id = record.plan_id.clone();
-        let step = &mut record.steps[index];
-        step.status = if result.outcome == DriverOutcome::Succeeded {
-            LocalStepStatus::Succeeded
+    if interrupted {
+        tracing::warn!(plan = %plan.id, step = index, attempt = step_record.attempt, "step was interrupted; resuming it");
+    } else if resumed {
+        tracing::info!(plan = %plan.id, step = index, "step was stopped by a shutdown; resuming it");
+    }
+    let progress = if resumed {
+        step_record.progress.clone()
+    } else {
+        None
+    };
+    step_record.status = LocalStepStatus::Running;
+    step_record.attempt += 1;
+    step_record.started_at_unix_ms = Some(now_unix_ms());
+    step_record.finished_at_unix_ms = None;
+    step_record.exit_code = None;
+    step_record.stderr_tail = None;
+    step_record.message = None;
+    let report = report_for(&identity, &plan.id, index, step_record);
+    store.enqueue(report);
+    let saved = store.save();
+    // Each step needs a fresh "no hold" from the server before the next one starts.
+    host.step_boundary();
+    if let Err(e) = saved {
+        // Without a durable "running" record a crash could lose the attempt count and the
+        // fact that the step began: do not start.
+        tracing::error!(error = %e, "cannot record step start; retrying later");
+        return if pause(host.next_delay(), shutdown).await {
+            ControlFlow::Break(())
         } else {
-            LocalStepStatus::Failed
+            ControlFlow::Continue(())
         };
-        step.finished_at_unix_ms = Some(now_unix_ms());
-        step.exit_code = result.exit_code;
-        step.stderr_tail = result
-            .stderr_tail
-            .as_deref()
-            .map(|t| truncate_tail(t, STDERR_TAIL_MAX_BYTES).to_owned());
-        step.message = Some(truncate_head(&result.message, MESSAGE_MAX_BYTES).to_owned());
-        let report = report_for(&self.identity, &plan_id, index, step);
-        match step.status {
-            LocalStepStatus::Succeeded => {
-                tracing::info!(plan = %plan_id, step = index, message = %result.message, "step succeeded")
+    }
+    tracing::info!(plan = %plan.id, step = index, description = %step.description, kind = step.action.kind(), "step started");
+
+    let (cancel_tx, cancel_rx) = watch::channel(false);
+    let (progress_tx, mut progress_rx) = mpsc::channel::<ProgressUpdate>(1);
+    let ctx = StepContext {
+        plan_id: plan.id.clone(),
+        deadline: Instant::now() + Duration::from_secs(u64::from(step.timeout_seconds)),
+        step,
+        resumed,
+        progress,
+        recorder: ProgressRecorder::new(progress_tx),
+        cancel: cancel_rx,
+    };
+    let mut task = AbortOnDrop(tokio::spawn(execute(env, ctx)));
+    let join = |r: Result<StepResult, tokio::task::JoinError>| {
+        r.unwrap_or_else(|e| StepResult::failed(format!("step crashed: {e}")))
+    };
+    let result = loop {
+        let flush_at = host.reports_due_at();
+        let have_reports = !host.store().state.outbox.is_empty();
+        let event = tokio::select! {
+            r = &mut task.0 => Event::Finished(join(r)),
+            Some((progress, message, ack)) = progress_rx.recv() => {
+                let _ = ack.send(record_progress(host.store(), &identity, index, progress, message));
+                Event::Progress
             }
-            _ => {
-                tracing::error!(plan = %plan_id, step = index, message = %result.message, exit_code = ?result.exit_code, "step failed")
+            () = &mut *shutdown => Event::Shutdown,
+            () = async {
+                tokio::time::sleep_until(flush_at).await;
+                host.deliver_reports().await;
+            }, if have_reports => Event::Flushed,
+        };
+        match event {
+            Event::Finished(result) => break result,
+            Event::Flushed | Event::Progress => {}
+            Event::Shutdown => {
+                let _ = cancel_tx.send(true);
+                // The driver kills its process group (TERM, then KILL after KILL_GRACE). A
+                // command that completed meanwhile still gets its progress recorded.
+                let limit = Instant::now() + KILL_GRACE * 3;
+                let result = loop {
+                    tokio::select! {
+                        r = &mut task.0 => break join(r),
+                        Some((progress, message, ack)) = progress_rx.recv() => {
+                            let _ = ack.send(record_progress(host.store(), &identity, index, progress, message));
+                        }
+                        () = tokio::time::sleep_until(limit) => {
+                            task.0.abort();
+                            break StepResult::shutting_down();
+                        }
+                    }
+                };
+                if result.outcome == DriverOutcome::Interrupted {
+                    interrupted_by_shutdown(host.store(), index);
+                } else {
+                    finish(host, &identity, index, result);
+                }
+                return ControlFlow::Break(());
             }
         }
-        let status = record.status();
-        self.store.enqueue(report);
-        if status != PlanStatus::Running {
-            tracing::info!(plan = %plan_id, ?status, "plan finished");
-            self.inventory_due = true;
+    };
+    if result.outcome == DriverOutcome::Interrupted {
+        interrupted_by_shutdown(host.store(), index);
+        return ControlFlow::Break(());
+    }
+    finish(host, &identity, index, result);
+    ControlFlow::Continue(())
+}
+
+/// Writes a sequence's progress (and a new message, reported as `running`) into the step's
+/// record; true once it is on disk.
+fn record_progress(
+    store: &mut StateStore,
+    identity: &AgentIdentity,
+    index: usize,
+    progress: SequenceProgress,
+    message: Option<String>,
+) -> bool {
+    let Some(record) = store.state.current.as_mut() else {
+        return false;
+    };
+    let plan_id = record.plan_id.clone();
+    let step = &mut record.steps[index];
+    step.progress = Some(progress);
+    if let Some(message) = message {
+        step.message = Some(truncate_head(&message, MESSAGE_MAX_BYTES).to_owned());
+        let report = report_for(identity, &plan_id, index, step);
+        store.enqueue(report);
+    }
+    match store.save() {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(error = %e, step = index, "cannot record the step's progress");
+            false
         }
-        if let Err(e) = self.store.save() {
-            tracing::error!(error = %e, "cannot save step result");
+    }
+}
+
+/// A clean shutdown stopped the step: it goes back to pending, the attempt not counted. Its
+/// start time and progress stay, so the next start resumes it (see `LocalStepRecord::began`).
+fn interrupted_by_shutdown(store: &mut StateStore, index: usize) {
+    if let Some(record) = store.state.current.as_mut() {
+        let step = &mut record.steps[index];
+        step.status = LocalStepStatus::Pending;
+        step.attempt = step.attempt.saturating_sub(1);
+    }
+    if let Err(e) = store.save() {
+        tracing::error!(error = %e, "cannot save state at shutdown");
+    }
+    tracing::info!(
+        step = index,
+        "step stopped by shutdown; it runs again at the next start"
+    );
+}
+
+/// Records a step's end, queues its report, and notes the plan's end.
+fn finish<H: StepHost>(host: &mut H, identity: &AgentIdentity, index: usize, result: StepResult) {
+    host.step_boundary();
+    let store = host.store();
+    let Some(record) = store.state.current.as_mut() else {
+        return;
+    };
+    let plan_id = record.plan_id.clone();
+    let step = &mut record.steps[index];
+    step.status = if result.outcome == DriverOutcome::Succeeded {
+        LocalStepStatus::Succeeded
+    } else {
+        LocalStepStatus::Failed
+    };
+    step.finished_at_unix_ms = Some(now_unix_ms());
+    step.exit_code = result.exit_code;
+    step.stderr_tail = result
+        .stderr_tail
+        .as_deref()
+        .map(|t| truncate_tail(t, STDERR_TAIL_MAX_BYTES).to_owned());
+    step.message = Some(truncate_head(&result.message, MESSAGE_MAX_BYTES).to_owned());
+    let report = report_for(identity, &plan_id, index, step);
+    match step.status {
+        LocalStepStatus::Succeeded => {
+            tracing::info!(plan = %plan_id, step = index, message = %result.message, "step succeeded")
         }
+        _ => {
+            tracing::error!(plan = %plan_id, step = index, message = %result.message, exit_code = ?result.exit_code, "step failed")
+        }
+    }
+    let status = record.status();
+    store.enqueue(report);
+    let saved = store.save();
+    if status != PlanStatus::Running {
+        tracing::info!(plan = %plan_id, ?status, "plan finished");
+        host.plan_ended();
+    }
+    if let Err(e) = saved {
+        tracing::error!(error = %e, "cannot save step result");
     }
 }

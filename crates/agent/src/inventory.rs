@@ -8,7 +8,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::command::run_command;
-use crate::drivers::DriverEnv;
+use crate::driver_env::DriverEnv;
 use crate::fsutil::read_optional;
 
 /// Each inventory command gets this long.

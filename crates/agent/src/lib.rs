@@ -9,10 +9,12 @@ mod agent;
 mod backoff;
 mod backup;
 mod client;
+mod clock;
 mod command;
 mod config;
 mod diagnose;
 mod driver_config;
+mod driver_env;
 mod drivers;
 mod executor;
 mod fsutil;
@@ -21,6 +23,7 @@ mod limits;
 mod node_config;
 mod retry;
 mod sequence_command;
+mod shutdown;
 mod state;
 mod template;
 mod unfinished;
@@ -38,7 +41,7 @@ pub use driver_config::{
     Check, CommandSequence, CommandSpec, ConfigError, DriverConfig, EtcdConfig, InventoryConfig,
     KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES, NtpConfig, NtpFlavor, SequenceCommand,
 };
-pub use drivers::NODE_STEP_DEADLINE_GRACE;
+pub use drivers::{NODE_STEP_DEADLINE_GRACE, driver_kinds, unconfigured_kinds};
 pub use executor::MAX_STEP_ATTEMPTS;
 pub use inplace_agent_api as api;
 pub use inventory::{AGENT_VERSION, INVENTORY_COMMAND_TIMEOUT};

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::kubernetes::{Prepared, interrupted, run_one};
-use super::{DriverEnv, StepContext, StepResult};
+use super::prepared::{Prepared, run_one};
+use super::step::{StepContext, StepResult};
+use crate::clock::now_unix_ms;
 use crate::command::{cancelled, display_argv};
-use crate::executor::now_unix_ms;
+use crate::driver_env::DriverEnv;
 use crate::retry::RetryPolicy;
 use crate::state::SequenceProgress;
 
@@ -48,7 +49,7 @@ impl Attempts<'_> {
                 self.wait(ctx, due).await?;
             }
             if *ctx.cancel.borrow() {
-                return Err(interrupted());
+                return Err(StepResult::shutting_down());
             }
             let Some(mut end) = run_one(env, ctx, command, &context).await else {
                 return Ok((self.failures > 0).then(|| {
@@ -106,7 +107,7 @@ impl Attempts<'_> {
         let left = Duration::from_millis(due.saturating_sub(now_unix_ms())).min(max);
         tokio::select! {
             () = tokio::time::sleep(left) => {}
-            () = cancelled(&mut ctx.cancel) => return Err(interrupted()),
+            () = cancelled(&mut ctx.cancel) => return Err(StepResult::shutting_down()),
         }
         Ok(())
     }

@@ -3,12 +3,44 @@
 //! and restarts the pod. The edited text is parsed as YAML before it is written, as a check.
 
 use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
 
-use super::DriverEnv;
+use inplace_agent_api::{StepAction, StepKind};
+
+use super::driver::{Driver, StepFuture, blocking, wrong_kind};
+use super::step::StepContext;
+use crate::driver_env::DriverEnv;
 use crate::fsutil::{FileMeta, atomic_write, read_optional};
 
+/// The `etcdImage` driver. No restart of its own: kubelet restarts the static pod when its manifest
+/// changes, so it does not use the restart protocol of [`super::restart`].
+pub(crate) struct EtcdImage;
+
+impl Driver for EtcdImage {
+    fn kind(&self) -> StepKind {
+        StepKind::EtcdImage
+    }
+
+    fn run(&self, env: Arc<DriverEnv>, ctx: StepContext) -> StepFuture {
+        let StepAction::EtcdImage {
+            image_tag,
+            image_repository,
+        } = ctx.step.action.clone()
+        else {
+            return wrong_kind(self.kind(), &ctx.step.action);
+        };
+        Box::pin(async move {
+            let plan_id = ctx.plan_id.clone();
+            blocking(&ctx, move || {
+                apply(&env, &plan_id, &image_tag, image_repository.as_deref())
+            })
+            .await
+        })
+    }
+}
+
 /// Converges the manifest's etcd image; returns a summary.
-pub(crate) fn apply(
+fn apply(
     env: &DriverEnv,
     plan_id: &str,
     tag: &str,

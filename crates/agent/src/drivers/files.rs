@@ -7,12 +7,15 @@
 use std::collections::BTreeSet;
 use std::io::Read;
 use std::path::Path;
+use std::sync::Arc;
 
 use base64::Engine;
-use inplace_agent_api::{FileEncoding, FileSpec, parse_mode};
+use inplace_agent_api::{FileEncoding, FileSpec, StepAction, StepKind, parse_mode};
 use serde::{Deserialize, Serialize};
 
-use super::DriverEnv;
+use super::driver::{Driver, StepFuture, blocking, wrong_kind};
+use super::step::StepContext;
+use crate::driver_env::DriverEnv;
 use crate::fsutil::{
     FileMeta, atomic_write, matches, read_journal, read_optional, remove_file, resolve_owner,
     write_journal,
@@ -28,6 +31,25 @@ const JOURNAL: &str = "managed-files.json";
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Journal {
     paths: BTreeSet<String>,
+}
+
+/// The `files` driver.
+pub(crate) struct Files;
+
+impl Driver for Files {
+    fn kind(&self) -> StepKind {
+        StepKind::Files
+    }
+
+    fn run(&self, env: Arc<DriverEnv>, ctx: StepContext) -> StepFuture {
+        let StepAction::Files { files } = ctx.step.action.clone() else {
+            return wrong_kind(self.kind(), &ctx.step.action);
+        };
+        Box::pin(async move {
+            let plan_id = ctx.plan_id.clone();
+            blocking(&ctx, move || apply(&env, &plan_id, &files)).await
+        })
+    }
 }
 
 fn load_journal(env: &DriverEnv) -> Result<Journal, String> {
@@ -79,7 +101,7 @@ struct Prepared<'a> {
 }
 
 /// Converges the node to `files`; returns a summary for the report.
-pub(crate) fn apply(env: &DriverEnv, plan_id: &str, files: &[FileSpec]) -> Result<String, String> {
+fn apply(env: &DriverEnv, plan_id: &str, files: &[FileSpec]) -> Result<String, String> {
     // Everything is decoded and resolved before the first byte is written.
     let mut prepared = Vec::with_capacity(files.len());
     for spec in files {

@@ -1,15 +1,20 @@
 //! The `kubeletArgs` driver: sets the flags the updater manages inside `KUBELET_KUBEADM_ARGS`
 //! of kubeadm's flags file, keeps every other flag and line as it is, and removes flags an
 //! earlier plan set that this one dropped (journaled in `<state-dir>/managed-kubelet-args.json`).
-//! The caller restarts kubelet when the file changed, or changed earlier without a restart since.
+//! kubelet is restarted when the file changed, or changed earlier without a restart since
+//! ([`super::restart`]).
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
 
-use inplace_agent_api::KubeletArg;
+use inplace_agent_api::{KubeletArg, StepAction, StepKind};
 use serde::{Deserialize, Serialize};
 
-use super::DriverEnv;
+use super::driver::{Driver, StepFuture, wrong_kind};
+use super::restart::{BeforeChange, write_then_restart};
+use super::step::StepContext;
+use crate::driver_env::DriverEnv;
 use crate::fsutil::{FileMeta, atomic_write, read_journal, read_optional, write_journal};
 
 /// The variable kubeadm writes.
@@ -19,18 +24,44 @@ const JOURNAL: &str = "managed-kubelet-args.json";
 /// Mode of a flags file the agent creates (kubeadm's own choice).
 const FLAGS_FILE_MODE: u32 = 0o644;
 
+/// `unfinished.json` key of the kubelet restart.
+const RESTART_KEY: &str = "kubeletArgs.restart";
+
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Journal {
     names: BTreeSet<String>,
 }
 
-/// Updates the flags file; returns (changed, summary). `before_change` runs right before the file
-/// is written (it records that a restart is owed).
-pub(crate) fn write(
+/// The `kubeletArgs` driver.
+pub(crate) struct KubeletArgs;
+
+impl Driver for KubeletArgs {
+    fn kind(&self) -> StepKind {
+        StepKind::KubeletArgs
+    }
+
+    fn run(&self, env: Arc<DriverEnv>, ctx: StepContext) -> StepFuture {
+        let StepAction::KubeletArgs { args } = ctx.step.action.clone() else {
+            return wrong_kind(self.kind(), &ctx.step.action);
+        };
+        let restart = env.config.kubelet.restart.clone();
+        Box::pin(write_then_restart(
+            env,
+            ctx,
+            RESTART_KEY,
+            restart,
+            move |env, plan_id, before_change| write(env, plan_id, &args, before_change),
+        ))
+    }
+}
+
+/// Updates the flags file; returns (changed, summary). `before_change` is marked right before the
+/// file is written (it records that a restart is owed).
+fn write(
     env: &DriverEnv,
     plan_id: &str,
     args: &[KubeletArg],
-    before_change: impl FnOnce() -> Result<(), String>,
+    before_change: BeforeChange<'_>,
 ) -> Result<(bool, String), String> {
     let node_path = &env.config.kubelet.flags_file;
     let path = env.fs.path(node_path)?;
@@ -66,7 +97,7 @@ pub(crate) fn write(
     env.backups
         .save(plan_id, node_path, &path)
         .map_err(|e| e.to_string())?;
-    before_change()?;
+    before_change.mark()?;
     atomic_write(&path, updated.as_bytes(), FileMeta { mode, owner }).map_err(|e| e.to_string())?;
     journal.names = names;
     write_journal(&journal_path, &journal)?;

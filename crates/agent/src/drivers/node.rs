@@ -1,4 +1,5 @@
-//! The node steps, over the workload cluster's API with the node's own kubelet kubeconfig
+//! What the node steps share (their drivers: `drain_node`, `wait_node_ready`, `uncordon_node`): the
+//! workload cluster's API with the node's own kubelet kubeconfig
 //! (`node:` in the agent config): drainNode cordons and drains, waitNodeReady waits for Ready and
 //! the kubelet version, uncordonNode undoes the cordon — only one this plan made.
 //!
@@ -15,11 +16,14 @@
 use std::future::Future;
 use std::time::Duration;
 
-use inplace_drain::{DrainOptions, Drainer, client_from_kubeconfig};
+use inplace_drain::{Drainer, client_from_kubeconfig};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::{DriverEnv, DriverOutcome, StepContext, StepResult, blocking_value};
+use super::driver::blocking_value;
+use super::step::{StepContext, StepResult};
+use crate::driver_config::DriverConfig;
+use crate::driver_env::DriverEnv;
 use crate::fsutil::{read_journal, remove_file, write_journal};
 use crate::inventory::read_fact;
 
@@ -29,15 +33,20 @@ const CORDON_JOURNAL: &str = "cordon.json";
 /// `inplace_drain::drainer::MAX_REQUEST_TIMEOUT`); the drainer ends its waits at the deadline.
 pub const NODE_STEP_DEADLINE_GRACE: Duration = Duration::from_secs(2);
 
+/// `<state-dir>/cordon.json`.
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct CordonJournal {
+pub(super) struct CordonJournal {
     /// The plan whose drainNode step cordoned the node.
     #[serde(default)]
-    cordoned_by_plan: Option<String>,
+    pub cordoned_by_plan: Option<String>,
 }
 
-async fn load_journal(ctx: &StepContext, env: &DriverEnv) -> Result<CordonJournal, StepResult> {
+/// Reads the cordon journal.
+pub(super) async fn load_journal(
+    ctx: &StepContext,
+    env: &DriverEnv,
+) -> Result<CordonJournal, StepResult> {
     let path = env.state_dir.join(CORDON_JOURNAL);
     blocking_value(ctx, move || {
         read_journal(&path, "move it away to forget which plan cordoned the node")
@@ -45,7 +54,8 @@ async fn load_journal(ctx: &StepContext, env: &DriverEnv) -> Result<CordonJourna
     .await
 }
 
-async fn save_journal(
+/// Writes the cordon journal (`None` removes it).
+pub(super) async fn save_journal(
     ctx: &StepContext,
     env: &DriverEnv,
     journal: Option<CordonJournal>,
@@ -58,8 +68,13 @@ async fn save_journal(
     .await
 }
 
+/// Why `config` cannot run the node steps: they need its `node:` section.
+pub(super) fn unconfigured(config: &DriverConfig) -> Option<String> {
+    config.node.is_none().then(|| "node".to_owned())
+}
+
 /// The drainer of this node, or the failure naming the missing setting.
-async fn drainer(env: &DriverEnv, kind: &str) -> Result<Drainer, StepResult> {
+pub(super) async fn drainer(env: &DriverEnv, kind: &str) -> Result<Drainer, StepResult> {
     let Some(node) = &env.config.node else {
         return Err(StepResult::failed(format!(
             "{kind} needs the `node:` section of the agent config (node.kubeconfig, node.name)"
@@ -83,15 +98,12 @@ async fn drainer(env: &DriverEnv, kind: &str) -> Result<Drainer, StepResult> {
 }
 
 fn interrupted() -> StepResult {
-    StepResult {
-        outcome: DriverOutcome::Interrupted,
-        ..StepResult::failed("stopped: agent shutting down")
-    }
+    StepResult::interrupted("stopped: agent shutting down")
 }
 
 /// Runs `work`, forwarding each text from `texts` as the running step's message, until it ends,
 /// the agent shuts down (`None`), or the deadline's grace passed.
-async fn drive<T>(
+pub(super) async fn drive<T>(
     ctx: &mut StepContext,
     mut texts: watch::Receiver<String>,
     work: impl Future<Output = T>,
@@ -121,138 +133,4 @@ async fn drive<T>(
             }
         }
     }
-}
-
-/// drainNode: record + cordon (unless already cordoned), then drain within the step timeout.
-pub(crate) async fn drain(
-    env: &DriverEnv,
-    ctx: &mut StepContext,
-    options: DrainOptions,
-) -> StepResult {
-    let drainer = match drainer(env, "drainNode").await {
-        Ok(d) => d,
-        Err(failure) => return failure,
-    };
-    let (tx, rx) = watch::channel(String::new());
-    let node = drainer.node().to_owned();
-    let cordon = async {
-        let cordoned = drainer.is_cordoned().await?;
-        Ok::<_, inplace_drain::DrainError>(cordoned)
-    };
-    let already = match drive(ctx, rx.clone(), cordon).await {
-        Ok(Ok(cordoned)) => cordoned,
-        Ok(Err(e)) => return StepResult::failed(format!("drainNode: {e}")),
-        Err(stop) => return stop,
-    };
-    let journal = match load_journal(ctx, env).await {
-        Ok(j) => j,
-        Err(failure) => return failure,
-    };
-    let ours = journal.cordoned_by_plan.as_deref() == Some(ctx.plan_id.as_str());
-    let cordon_note = if already && ours {
-        "cordoned by this plan"
-    } else if already && journal.cordoned_by_plan.is_some() {
-        // An earlier plan's drain cordoned the node and never uncordoned it (its drain failed and left the
-        // node cordoned, or it was cancelled or replaced). The cordon is still the updater's, not an
-        // operator's: this plan takes it over and uncordons at its end, or it would stay cordoned for ever.
-        let record = CordonJournal {
-            cordoned_by_plan: Some(ctx.plan_id.clone()),
-        };
-        if let Err(failure) = save_journal(ctx, env, Some(record)).await {
-            return failure;
-        }
-        tracing::info!(node = %node, plan = %ctx.plan_id, "cordon of an earlier plan taken over");
-        "cordoned by an earlier plan of this agent; this plan uncordons it"
-    } else if already {
-        "it was cordoned before this plan and stays cordoned after it"
-    } else {
-        let record = CordonJournal {
-            cordoned_by_plan: Some(ctx.plan_id.clone()),
-        };
-        if let Err(failure) = save_journal(ctx, env, Some(record)).await {
-            return failure;
-        }
-        match drive(ctx, rx.clone(), drainer.cordon()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return StepResult::failed(format!("drainNode: cordon: {e}")),
-            Err(stop) => return stop,
-        }
-        tracing::info!(node = %node, plan = %ctx.plan_id, "node cordoned");
-        "cordoned by this plan"
-    };
-    let deadline = ctx.deadline;
-    let mut report = move |text: String| {
-        let _ = tx.send(text);
-    };
-    match drive(ctx, rx, drainer.drain(options, deadline, &mut report)).await {
-        Ok(Ok(summary)) => StepResult::ok(format!(
-            "drained {node} ({cordon_note}): {} pod(s) evicted{}",
-            summary.evicted.len(),
-            if summary.gone.is_empty() {
-                String::new()
-            } else {
-                format!(", {} already gone", summary.gone.len())
-            }
-        )),
-        Ok(Err(e)) => StepResult::failed(format!("drainNode: {e}; the node stays cordoned")),
-        Err(stop) => stop,
-    }
-}
-
-/// waitNodeReady: Ready=True and, when given, the kubelet version, within the step timeout.
-pub(crate) async fn wait_ready(
-    env: &DriverEnv,
-    ctx: &mut StepContext,
-    kubelet_version: Option<String>,
-) -> StepResult {
-    let drainer = match drainer(env, "waitNodeReady").await {
-        Ok(d) => d,
-        Err(failure) => return failure,
-    };
-    let (tx, rx) = watch::channel(String::new());
-    let deadline = ctx.deadline;
-    let mut report = move |text: String| {
-        let _ = tx.send(text);
-    };
-    let work = drainer.wait_node_ready(kubelet_version.as_deref(), deadline, &mut report);
-    match drive(ctx, rx, work).await {
-        Ok(Ok(message)) => StepResult::ok(message),
-        Ok(Err(e)) => StepResult::failed(format!("waitNodeReady: {e}")),
-        Err(stop) => stop,
-    }
-}
-
-/// uncordonNode: only when this plan's drainNode cordoned the node; the record goes after.
-pub(crate) async fn uncordon(env: &DriverEnv, ctx: &mut StepContext) -> StepResult {
-    let journal = match load_journal(ctx, env).await {
-        Ok(j) => j,
-        Err(failure) => return failure,
-    };
-    if journal.cordoned_by_plan.as_deref() != Some(ctx.plan_id.as_str()) {
-        return StepResult::ok(
-            "node not cordoned by this plan: left as it is (an operator's cordon stays)",
-        );
-    }
-    let drainer = match drainer(env, "uncordonNode").await {
-        Ok(d) => d,
-        Err(failure) => return failure,
-    };
-    let (_tx, rx) = watch::channel(String::new());
-    let work = async {
-        // A resumed step whose uncordon went through already does not patch again.
-        if drainer.is_cordoned().await? {
-            drainer.uncordon().await?;
-        }
-        Ok::<_, inplace_drain::DrainError>(())
-    };
-    match drive(ctx, rx, work).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return StepResult::failed(format!("uncordonNode: {e}")),
-        Err(stop) => return stop,
-    }
-    tracing::info!(node = %drainer.node(), plan = %ctx.plan_id, "node uncordoned");
-    if let Err(failure) = save_journal(ctx, env, None).await {
-        return failure;
-    }
-    StepResult::ok(format!("uncordoned {}", drainer.node()))
 }

@@ -1,14 +1,49 @@
 //! The `ntp` driver: writes the agent's own drop-in for the configured time service (chrony or
 //! systemd-timesyncd) and leaves the distribution's main config alone. `enabled: false`, or no
-//! servers, removes the drop-in so the distribution's defaults apply again. The caller restarts
-//! the service when the drop-in changed, or changed earlier without a restart since.
+//! servers, removes the drop-in so the distribution's defaults apply again. The service is restarted
+//! when the drop-in changed, or changed earlier without a restart since ([`super::restart`]).
 
-use super::DriverEnv;
+use std::sync::Arc;
+
+use inplace_agent_api::{StepAction, StepKind};
+
+use super::driver::{Driver, StepFuture, wrong_kind};
+use super::restart::{BeforeChange, write_then_restart};
+use super::step::StepContext;
 use crate::driver_config::NtpFlavor;
+use crate::driver_env::DriverEnv;
 use crate::fsutil::{FileMeta, atomic_write, matches, remove_file};
 
 /// Mode of the drop-in.
 const DROP_IN_MODE: u32 = 0o644;
+/// `unfinished.json` key of the restart: set before the drop-in changes, cleared after the restart
+/// succeeded.
+const RESTART_KEY: &str = "ntp.restart";
+
+/// The `ntp` driver.
+pub(crate) struct Ntp;
+
+impl Driver for Ntp {
+    fn kind(&self) -> StepKind {
+        StepKind::Ntp
+    }
+
+    fn run(&self, env: Arc<DriverEnv>, ctx: StepContext) -> StepFuture {
+        let StepAction::Ntp { servers, enabled } = ctx.step.action.clone() else {
+            return wrong_kind(self.kind(), &ctx.step.action);
+        };
+        let restart = env.config.ntp.restart();
+        Box::pin(write_then_restart(
+            env,
+            ctx,
+            RESTART_KEY,
+            restart,
+            move |env, plan_id, before_change| {
+                write(env, plan_id, &servers, enabled, before_change)
+            },
+        ))
+    }
+}
 
 /// The drop-in's content for these servers.
 pub(crate) fn render(flavor: NtpFlavor, servers: &[String]) -> String {
@@ -26,14 +61,14 @@ pub(crate) fn render(flavor: NtpFlavor, servers: &[String]) -> String {
     }
 }
 
-/// Converges the drop-in; returns (changed, summary). `before_change` runs right before the
+/// Converges the drop-in; returns (changed, summary). `before_change` is marked right before the
 /// drop-in is written or removed (it records that a restart is owed).
-pub(crate) fn write(
+fn write(
     env: &DriverEnv,
     plan_id: &str,
     servers: &[String],
     enabled: Option<bool>,
-    before_change: impl FnOnce() -> Result<(), String>,
+    before_change: BeforeChange<'_>,
 ) -> Result<(bool, String), String> {
     let node_path = env.config.ntp.config_file();
     let path = env.fs.path(&node_path)?;
@@ -42,7 +77,7 @@ pub(crate) fn write(
             .save(plan_id, &node_path, &path)
             .map_err(|e| e.to_string())?;
         if std::fs::symlink_metadata(&path).is_ok() {
-            before_change()?;
+            before_change.mark()?;
         }
         let removed = remove_file(&path).map_err(|e| e.to_string())?;
         let summary = if removed {
@@ -66,7 +101,7 @@ pub(crate) fn write(
     env.backups
         .save(plan_id, &node_path, &path)
         .map_err(|e| e.to_string())?;
-    before_change()?;
+    before_change.mark()?;
     atomic_write(&path, content.as_bytes(), meta).map_err(|e| e.to_string())?;
     Ok((
         true,

@@ -9,9 +9,13 @@
 //! previous plan listed and this one dropped are left alone: the agent cannot tell their keys
 //! from keys someone else manages.
 
-use inplace_agent_api::SshUser;
+use std::sync::Arc;
 
-use super::DriverEnv;
+use inplace_agent_api::{SshUser, StepAction, StepKind};
+
+use super::driver::{Driver, StepFuture, blocking, wrong_kind};
+use super::step::StepContext;
+use crate::driver_env::DriverEnv;
 use crate::fsutil::{FileMeta, atomic_write, create_dir_atomic, lookup_user, matches};
 
 /// Mode of `authorized_keys`.
@@ -19,8 +23,27 @@ const KEYS_MODE: u32 = 0o600;
 /// Mode of `~/.ssh`.
 const SSH_DIR_MODE: u32 = 0o700;
 
+/// The `sshKeys` driver.
+pub(crate) struct SshKeys;
+
+impl Driver for SshKeys {
+    fn kind(&self) -> StepKind {
+        StepKind::SshKeys
+    }
+
+    fn run(&self, env: Arc<DriverEnv>, ctx: StepContext) -> StepFuture {
+        let StepAction::SshKeys { users } = ctx.step.action.clone() else {
+            return wrong_kind(self.kind(), &ctx.step.action);
+        };
+        Box::pin(async move {
+            let plan_id = ctx.plan_id.clone();
+            blocking(&ctx, move || apply(&env, &plan_id, &users)).await
+        })
+    }
+}
+
 /// Converges every listed user's keys; returns a summary.
-pub(crate) fn apply(env: &DriverEnv, plan_id: &str, users: &[SshUser]) -> Result<String, String> {
+fn apply(env: &DriverEnv, plan_id: &str, users: &[SshUser]) -> Result<String, String> {
     let (mut written, mut unchanged) = (0usize, 0usize);
     let mut unknown = Vec::new();
     for user in users {

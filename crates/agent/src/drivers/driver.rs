@@ -1,0 +1,76 @@
+//! The [`Driver`] trait every step kind's driver implements, and the helpers drivers share to run
+//! synchronous disk work within the step's deadline.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use inplace_agent_api::{StepAction, StepKind};
+
+use super::step::{StepContext, StepResult};
+use crate::driver_config::DriverConfig;
+use crate::driver_env::DriverEnv;
+
+/// A step running through its driver. Owned (`'static`): the executor spawns it as a task.
+pub(crate) type StepFuture = Pin<Box<dyn Future<Output = StepResult> + Send>>;
+
+/// A node-local driver: converges the node to the desired state of one kind of step.
+///
+/// Contract: idempotent (a step whose desired state already holds is a no-op success) and crash safe (a
+/// step interrupted at any point and run again, `ctx.resumed`, ends in the desired state). Work a later
+/// step must not mistake for done is journaled in `unfinished.json` *before* the first effect (see
+/// [`super::restart`]); backups of replaced files are saved before they are replaced.
+///
+/// Room for rollback: an `undo` beside [`Driver::run`] takes what the step recorded before its first
+/// effect (the backups and journals above are that record today, written at the same points), so a driver
+/// adds its undo next to its run and records what the undo needs where it already records its intent.
+pub(crate) trait Driver: Sync {
+    /// The step kind this driver runs (one driver per kind: see `registry`).
+    fn kind(&self) -> StepKind;
+
+    /// Why `config` cannot run steps of this kind, naming the missing `--config` key; `None` when it can.
+    /// Kinds whose settings all have defaults need nothing. The shipped configs are checked against it.
+    fn unconfigured(&self, _config: &DriverConfig) -> Option<String> {
+        None
+    }
+
+    /// Runs a step of this kind (`ctx.step.action` is of [`Driver::kind`]: the registry looked it up by
+    /// its kind, and the executor validated it).
+    fn run(&self, env: Arc<DriverEnv>, ctx: StepContext) -> StepFuture;
+}
+
+/// The failure of a driver handed a step of another kind (a registry mistake, never the server's).
+pub(crate) fn wrong_kind(driver: StepKind, action: &StepAction) -> StepFuture {
+    let result = StepResult::failed(format!(
+        "the {driver} driver was handed a {} step",
+        action.kind()
+    ));
+    Box::pin(std::future::ready(result))
+}
+
+/// Runs synchronous disk work off the async threads, bounded by the step deadline.
+pub(crate) async fn blocking(
+    ctx: &StepContext,
+    work: impl FnOnce() -> Result<String, String> + Send + 'static,
+) -> StepResult {
+    match blocking_value(ctx, work).await {
+        Ok(message) => StepResult::ok(message),
+        Err(result) => result,
+    }
+}
+
+/// [`blocking`], for work that returns a value to go on with; `Err` is the step's end.
+pub(crate) async fn blocking_value<T: Send + 'static>(
+    ctx: &StepContext,
+    work: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, StepResult> {
+    match tokio::time::timeout_at(ctx.deadline, tokio::task::spawn_blocking(work)).await {
+        Ok(Ok(Ok(value))) => Ok(value),
+        Ok(Ok(Err(message))) => Err(StepResult::failed(message)),
+        Ok(Err(join)) => Err(StepResult::failed(format!("driver crashed: {join}"))),
+        Err(_) => Err(StepResult::failed(format!(
+            "timed out: step timeout of {} s reached",
+            ctx.step.timeout_seconds
+        ))),
+    }
+}

@@ -1,0 +1,125 @@
+//! A sequence's commands with their templates expanded ([`Prepared`]), their fingerprint (what recorded
+//! progress refers to), and how one of them runs: a program, or the built-in `writeFile` and
+//! `verifySha256`.
+
+use inplace_agent_api::parse_mode;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::step::{StepContext, StepResult};
+use crate::command::run_command;
+use crate::driver_config::{CommandSpec, SequenceCommand};
+use crate::driver_env::DriverEnv;
+use crate::fsutil::{FileMeta, atomic_write};
+use crate::template::{Vars, expand};
+
+/// One command of a sequence with its templates expanded (and serialized for the fingerprint).
+#[derive(Serialize)]
+pub(super) enum Prepared {
+    /// argv.
+    Run(Vec<String>),
+    /// Node path, content, mode.
+    WriteFile(String, String, u32),
+    /// Node path, expected digest (lowercase hex).
+    VerifySha256(String, String),
+}
+
+/// Expands every command before the first one runs, so a template that cannot be filled (a
+/// version without pins) fails the step before it changes anything.
+pub(super) fn prepare(
+    env: &DriverEnv,
+    key: &str,
+    list: &str,
+    commands: &[SequenceCommand],
+    vars: &Vars,
+) -> Result<Vec<Prepared>, String> {
+    let mut prepared = Vec::with_capacity(commands.len());
+    for (i, command) in commands.iter().enumerate() {
+        let one = match &command.spec {
+            CommandSpec::Run(template) => template
+                .iter()
+                .map(|a| expand(a, vars))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Prepared::Run),
+            CommandSpec::WriteFile {
+                path,
+                content,
+                mode,
+            } => (|| {
+                let node_path = expand(path, vars)?;
+                env.fs.path(&node_path)?;
+                let mode = mode.as_deref().and_then(parse_mode).unwrap_or(0o644);
+                Ok(Prepared::WriteFile(node_path, expand(content, vars)?, mode))
+            })(),
+            CommandSpec::VerifySha256 { path, sha256 } => (|| {
+                let node_path = expand(path, vars)?;
+                env.fs.path(&node_path)?;
+                let expected = expand(sha256, vars)?.to_ascii_lowercase();
+                if expected.len() != 64 || !expected.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(format!("sha256 for {node_path} is not 64 hex digits"));
+                }
+                Ok(Prepared::VerifySha256(node_path, expected))
+            })(),
+        };
+        prepared.push(one.map_err(|e| format!("kubernetes.{key}.{list}[{i}]: {e}"))?);
+    }
+    Ok(prepared)
+}
+
+/// SHA-256 (hex) of a sequence's expanded commands: what recorded progress refers to.
+pub(super) fn fingerprint(key: &str, commands: &[Prepared]) -> String {
+    let bytes = serde_json::to_vec(&(key, commands)).unwrap_or_default();
+    hex(&Sha256::digest(&bytes))
+}
+
+pub(super) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Runs one prepared command; `Some` is the step's end (a failure or an interruption).
+pub(super) async fn run_one(
+    env: &DriverEnv,
+    ctx: &mut StepContext,
+    command: &Prepared,
+    context: impl Fn(String) -> String,
+) -> Option<StepResult> {
+    match command {
+        Prepared::Run(argv) => {
+            let output = run_command(argv, &env.command_env, ctx.deadline, &mut ctx.cancel).await;
+            StepResult::from_command(argv, &output, ctx.step.timeout_seconds)
+        }
+        Prepared::WriteFile(node_path, content, mode) => write_file(env, node_path, content, *mode)
+            .err()
+            .map(|e| StepResult::failed(context(e))),
+        Prepared::VerifySha256(node_path, expected) => verify_sha256(env, node_path, expected)
+            .await
+            .err()
+            .map(|e| StepResult::failed(context(e))),
+    }
+}
+
+fn write_file(env: &DriverEnv, node_path: &str, content: &str, mode: u32) -> Result<(), String> {
+    let real = env.fs.path(node_path)?;
+    let owner = env.is_root.then_some((0, 0));
+    atomic_write(&real, content.as_bytes(), FileMeta { mode, owner }).map_err(|e| e.to_string())
+}
+
+async fn verify_sha256(env: &DriverEnv, node_path: &str, expected: &str) -> Result<(), String> {
+    let real = env.fs.path(node_path)?;
+    let digest = tokio::task::spawn_blocking(move || -> Result<String, String> {
+        let mut file =
+            std::fs::File::open(&real).map_err(|e| format!("open {}: {e}", real.display()))?;
+        let mut hasher = Sha256::new();
+        std::io::copy(&mut file, &mut hasher)
+            .map_err(|e| format!("read {}: {e}", real.display()))?;
+        Ok(hex(&hasher.finalize()))
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    if digest != expected {
+        return Err(format!(
+            "sha256 of {node_path} is {digest}, pinned {expected}"
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,177 @@
+//! One step as a driver sees it: the step and its deadline, whether it is resumed, how it records
+//! progress ([`StepContext`]), and how it ended ([`StepResult`]).
+
+use inplace_agent_api::Step;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use crate::command::{CommandEnd, CommandOutput, display_argv};
+use crate::state::SequenceProgress;
+
+/// How a step ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DriverOutcome {
+    /// The desired state holds.
+    Succeeded,
+    /// It does not; the plan stops.
+    Failed,
+    /// The agent is shutting down: the step stopped and will be re-run.
+    Interrupted,
+}
+
+/// The result of one step.
+#[derive(Clone, Debug)]
+pub(crate) struct StepResult {
+    /// How it ended.
+    pub outcome: DriverOutcome,
+    /// For operators.
+    pub message: String,
+    /// Exit code of the command that ended it.
+    pub exit_code: Option<i32>,
+    /// That command's stderr tail.
+    pub stderr_tail: Option<String>,
+}
+
+impl StepResult {
+    /// Success with a message.
+    pub fn ok(message: impl Into<String>) -> Self {
+        Self {
+            outcome: DriverOutcome::Succeeded,
+            message: message.into(),
+            exit_code: None,
+            stderr_tail: None,
+        }
+    }
+
+    /// Failure with a message.
+    pub fn failed(message: impl Into<String>) -> Self {
+        Self {
+            outcome: DriverOutcome::Failed,
+            message: message.into(),
+            exit_code: None,
+            stderr_tail: None,
+        }
+    }
+
+    /// The agent is shutting down: the step stopped and will be re-run (`message` says where).
+    pub fn interrupted(message: impl Into<String>) -> Self {
+        Self {
+            outcome: DriverOutcome::Interrupted,
+            ..Self::failed(message)
+        }
+    }
+
+    /// The step stopped because the agent is shutting down.
+    pub fn shutting_down() -> Self {
+        Self::interrupted("agent shutting down")
+    }
+
+    /// The failure (or interruption) a command's end means, or `None` when it succeeded.
+    pub fn from_command(
+        argv: &[String],
+        output: &CommandOutput,
+        timeout_seconds: u32,
+    ) -> Option<Self> {
+        let shown = display_argv(argv);
+        let tail = (!output.stderr_tail.is_empty()).then(|| output.stderr_tail.clone());
+        let (outcome, message, exit_code) = match &output.end {
+            CommandEnd::Exited(0) => return None,
+            CommandEnd::Exited(code) => (
+                DriverOutcome::Failed,
+                format!("`{shown}` exited with {code}"),
+                Some(*code),
+            ),
+            CommandEnd::Signaled(signal) => (
+                DriverOutcome::Failed,
+                format!("`{shown}` was killed by signal {signal}"),
+                None,
+            ),
+            CommandEnd::TimedOut => (
+                DriverOutcome::Failed,
+                format!(
+                    "`{shown}` timed out: step timeout of {timeout_seconds} s reached, process group killed"
+                ),
+                None,
+            ),
+            CommandEnd::Cancelled => (
+                DriverOutcome::Interrupted,
+                format!("`{shown}` stopped: agent shutting down"),
+                None,
+            ),
+            CommandEnd::SpawnFailed(e) => (DriverOutcome::Failed, e.clone(), None),
+        };
+        Some(Self {
+            outcome,
+            message,
+            exit_code,
+            stderr_tail: tail,
+        })
+    }
+}
+
+/// One step to run.
+pub(crate) struct StepContext {
+    /// The plan it belongs to (names backups).
+    pub plan_id: String,
+    /// The step.
+    pub step: Step,
+    /// When its timeout expires.
+    pub deadline: Instant,
+    /// True when an earlier attempt of this step began (see `LocalStepRecord::began`) and was
+    /// interrupted, by a crash or by a clean shutdown: `skipIf` is then not consulted, and drivers
+    /// redo side effects (restarts) even if the files already look right, since the interruption
+    /// may have come between the two.
+    pub resumed: bool,
+    /// The sequence progress earlier attempts recorded (only when `resumed`).
+    pub progress: Option<SequenceProgress>,
+    /// Records sequence progress durably in the step's record.
+    pub recorder: ProgressRecorder,
+    /// Turns true when the agent shuts down.
+    pub cancel: watch::Receiver<bool>,
+}
+
+/// A progress record on its way to `state.json`, with the answer "it is on disk".
+/// The optional message replaces the step's message in `state.json` and goes to the server in a
+/// `running` report (e.g. which retry attempt is due).
+pub(crate) type ProgressUpdate = (SequenceProgress, Option<String>, oneshot::Sender<bool>);
+
+/// The driver's side of progress recording: the executor owns `state.json` and writes each
+/// update (temp, fsync, rename) before answering.
+#[derive(Clone, Debug)]
+pub(crate) struct ProgressRecorder(Option<mpsc::Sender<ProgressUpdate>>);
+
+impl ProgressRecorder {
+    /// A recorder feeding `sender`.
+    pub fn new(sender: mpsc::Sender<ProgressUpdate>) -> Self {
+        Self(Some(sender))
+    }
+
+    /// A recorder that keeps nothing (driver tests).
+    #[cfg(test)]
+    pub fn discard() -> Self {
+        Self(None)
+    }
+
+    /// Records `progress`; true once it is durable. False when it could not be written: the
+    /// step goes on (the command would then run again after an interruption, which the resume
+    /// rule makes safe).
+    pub async fn record(&self, progress: SequenceProgress) -> bool {
+        self.record_with_message(progress, None).await
+    }
+
+    /// [`ProgressRecorder::record`], also telling the server `message` as the running step's message.
+    pub async fn record_with_message(
+        &self,
+        progress: SequenceProgress,
+        message: Option<String>,
+    ) -> bool {
+        let Some(sender) = &self.0 else {
+            return false;
+        };
+        let (ack, done) = oneshot::channel();
+        if sender.send((progress, message, ack)).await.is_err() {
+            return false;
+        }
+        done.await.unwrap_or(false)
+    }
+}

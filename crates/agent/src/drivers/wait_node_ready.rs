@@ -1,0 +1,56 @@
+//! The `waitNodeReady` driver: waits until the Node is Ready and, when the step names one, its kubelet
+//! reports the version, within the step's timeout.
+
+use std::sync::Arc;
+
+use inplace_agent_api::{StepAction, StepKind};
+use tokio::sync::watch;
+
+use super::driver::{Driver, StepFuture, wrong_kind};
+use super::node::{drainer, drive, unconfigured};
+use super::step::{StepContext, StepResult};
+use crate::driver_config::DriverConfig;
+use crate::driver_env::DriverEnv;
+
+/// The `waitNodeReady` driver.
+pub(crate) struct WaitNodeReady;
+
+impl Driver for WaitNodeReady {
+    fn kind(&self) -> StepKind {
+        StepKind::WaitNodeReady
+    }
+
+    fn unconfigured(&self, config: &DriverConfig) -> Option<String> {
+        unconfigured(config)
+    }
+
+    fn run(&self, env: Arc<DriverEnv>, mut ctx: StepContext) -> StepFuture {
+        let StepAction::WaitNodeReady { kubelet_version } = ctx.step.action.clone() else {
+            return wrong_kind(self.kind(), &ctx.step.action);
+        };
+        Box::pin(async move { wait_ready(&env, &mut ctx, kubelet_version).await })
+    }
+}
+
+/// waitNodeReady: Ready=True and, when given, the kubelet version, within the step timeout.
+async fn wait_ready(
+    env: &DriverEnv,
+    ctx: &mut StepContext,
+    kubelet_version: Option<String>,
+) -> StepResult {
+    let drainer = match drainer(env, "waitNodeReady").await {
+        Ok(d) => d,
+        Err(failure) => return failure,
+    };
+    let (tx, rx) = watch::channel(String::new());
+    let deadline = ctx.deadline;
+    let mut report = move |text: String| {
+        let _ = tx.send(text);
+    };
+    let work = drainer.wait_node_ready(kubelet_version.as_deref(), deadline, &mut report);
+    match drive(ctx, rx, work).await {
+        Ok(Ok(message)) => StepResult::ok(message),
+        Ok(Err(e)) => StepResult::failed(format!("waitNodeReady: {e}")),
+        Err(stop) => stop,
+    }
+}

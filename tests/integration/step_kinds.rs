@@ -1,0 +1,190 @@
+//! Every step kind of the one table (`inplace_agent_api::StepKind`) is wired everywhere a kind must be:
+//! the validator accepts a valid step of it, the agent has a driver for it, the server's pace has a guess
+//! for it, its metrics series exist from the first scrape, openapi/openapi.yaml lists it, and every shipped
+//! agent config holds what its driver needs. A kind added to the table alone fails here (first to compile,
+//! in `valid_step`, then at each check).
+#![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use inplace_agent_api::{
+    FileEncoding, FileSpec, KubeadmUpgradeMode, KubeletArg, SecretString, SshUser, StepAction,
+    StepKind, validate_action,
+};
+use inplace_updater::dispatch::pace::{RunPace, StepDurations, remaining};
+use serde_json::Value;
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// A valid step of `kind`, as the server would send it.
+fn valid_step(kind: StepKind) -> StepAction {
+    let version = || "v1.34.1".to_owned();
+    match kind {
+        StepKind::Files => StepAction::Files {
+            files: vec![FileSpec {
+                path: "/etc/motd".into(),
+                owner: None,
+                permissions: Some("0644".into()),
+                encoding: FileEncoding::None,
+                append: false,
+                content: SecretString::new("hello"),
+            }],
+        },
+        StepKind::SshKeys => StepAction::SshKeys {
+            users: vec![SshUser {
+                name: "capi".into(),
+                authorized_keys: vec!["ssh-ed25519 AAAA".into()],
+            }],
+        },
+        StepKind::Ntp => StepAction::Ntp {
+            servers: vec!["time.example.org".into()],
+            enabled: None,
+        },
+        StepKind::EtcdImage => StepAction::EtcdImage {
+            image_tag: "3.6.4-0".into(),
+            image_repository: None,
+        },
+        StepKind::KubeletArgs => StepAction::KubeletArgs {
+            args: vec![KubeletArg {
+                name: "max-pods".into(),
+                value: "200".into(),
+            }],
+        },
+        StepKind::InstallKubeadm => StepAction::InstallKubeadm { version: version() },
+        StepKind::KubeadmUpgrade => StepAction::KubeadmUpgrade {
+            version: version(),
+            mode: KubeadmUpgradeMode::Node,
+        },
+        StepKind::InstallKubelet => StepAction::InstallKubelet { version: version() },
+        StepKind::DrainNode => StepAction::DrainNode {
+            delete_empty_dir_data: false,
+            force_unmanaged: false,
+        },
+        StepKind::WaitNodeReady => StepAction::WaitNodeReady {
+            kubelet_version: Some(version()),
+        },
+        StepKind::UncordonNode => StepAction::UncordonNode,
+        StepKind::Unsupported => StepAction::Unsupported,
+    }
+}
+
+/// The shipped agent configs: the node's and the examples.
+fn shipped_configs() -> Vec<PathBuf> {
+    let mut files = vec![repo("deploy/node/agent.yaml")];
+    for entry in std::fs::read_dir(repo("crates/agent/config-examples")).unwrap() {
+        files.push(entry.unwrap().path());
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn every_step_kind_is_wired() {
+    let table: BTreeSet<StepKind> = StepKind::ALL.into_iter().collect();
+    assert_eq!(table.len(), StepKind::ALL.len(), "a kind is listed twice");
+
+    // The wire shape and the validator: a valid step of the kind is of the kind, carries its wire name,
+    // and validates (is not refused as a kind the validator does not know).
+    for kind in StepKind::ALL {
+        let action = valid_step(kind);
+        assert_eq!(action.step_kind(), kind);
+        assert_eq!(serde_json::to_value(&action).unwrap()["kind"], kind.wire());
+        validate_action(&action)
+            .unwrap_or_else(|e| panic!("{kind}: the validator refuses it: {e}"));
+    }
+
+    // The agent: one driver per kind, none for a kind outside the table.
+    let drivers: BTreeSet<StepKind> = inplace_agent::driver_kinds().into_iter().collect();
+    assert_eq!(
+        drivers, table,
+        "the agent's driver registry and the table differ"
+    );
+
+    // The server's pace: a kind nothing was learned about is expected to take its guess.
+    for kind in StepKind::ALL {
+        let run = RunPace {
+            kinds: &[kind],
+            current: 0,
+            current_since_ms: None,
+        };
+        let expected = remaining(&run, &StepDurations::default(), 0);
+        assert!(kind.guess_seconds() > 0, "{kind}: no pace guess");
+        assert_eq!(
+            expected.mean_ms,
+            f64::from(kind.guess_seconds()) * 1000.0,
+            "{kind}"
+        );
+    }
+
+    // The metrics: both step series of every kind exist from the first scrape.
+    let text = inplace_updater::server::Metrics::new().encode();
+    for kind in StepKind::ALL {
+        for series in [
+            format!("inplace_updater_step_failures_total{{kind=\"{kind}\"}} 0"),
+            format!("inplace_updater_step_duration_seconds_count{{kind=\"{kind}\"}} 0"),
+        ] {
+            assert!(
+                text.lines().any(|line| line == series),
+                "{kind}: no `{series}`"
+            );
+        }
+    }
+
+    // openapi/openapi.yaml: the plan schema's step kinds are the table's.
+    let openapi: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(repo("openapi/openapi.yaml")).unwrap())
+            .unwrap();
+    let documented: BTreeSet<&str> = openapi
+        .pointer("/components/schemas/Step/properties/action/properties/kind/enum")
+        .and_then(Value::as_array)
+        .expect("openapi.yaml: Step.action.kind has no enum")
+        .iter()
+        .map(|kind| kind.as_str().unwrap())
+        .collect();
+    let wires: BTreeSet<&str> = StepKind::ALL.map(StepKind::wire).into_iter().collect();
+    assert_eq!(
+        documented, wires,
+        "openapi.yaml's step kinds and the table differ"
+    );
+
+    // The shipped agent configs hold what every driver needs (e.g. the commands of the Kubernetes
+    // version steps, the node steps' `node:` section).
+    let configs = shipped_configs();
+    assert!(configs.len() >= 4, "{configs:?}");
+    for file in configs {
+        let config = inplace_agent::DriverConfig::load(&file)
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let missing = inplace_agent::unconfigured_kinds(&config);
+        assert!(
+            missing.is_empty(),
+            "{}: steps of these kinds would fail for want of config: {missing:?}",
+            file.display()
+        );
+    }
+}
+
+#[test]
+fn a_config_without_a_drivers_settings_is_caught() {
+    // The check above can fail: the empty config lacks the Kubernetes sequences and the `node:` section.
+    let missing = inplace_agent::unconfigured_kinds(&inplace_agent::DriverConfig::default());
+    let kinds: Vec<StepKind> = missing.iter().map(|(kind, _)| *kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            StepKind::InstallKubeadm,
+            StepKind::KubeadmUpgrade,
+            StepKind::InstallKubelet,
+            StepKind::DrainNode,
+            StepKind::WaitNodeReady,
+            StepKind::UncordonNode,
+        ]
+    );
+    assert_eq!(
+        missing[1].1,
+        "kubernetes.kubeadmUpgradeApply, kubernetes.kubeadmUpgradeNode"
+    );
+    assert_eq!(missing[3].1, "node");
+}
