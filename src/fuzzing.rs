@@ -17,7 +17,8 @@ use crate::api::{
 };
 use crate::cmd::diff::{PackedInputs, render_json, render_text};
 use crate::dispatch::plan_for;
-use crate::dispatch::records::{UpdateRecord, valid_segment};
+use crate::dispatch::floor::keys::valid_segment;
+use crate::dispatch::floor::run::UpdateRecord;
 use crate::hooks::{Engine, can_update_machine, can_update_machine_set, update_request};
 use crate::server::decode_agent_body;
 
@@ -48,12 +49,12 @@ pub fn hook_request(data: &[u8]) {
         && let Ok(update) = update_request(&ENGINE.policy, request)
     {
         // What validation promises: a Machine it lets through can be recorded and served to its agent.
-        let machine = &update.facts.machine;
+        let machine = &update.desired.facts.machine;
         assert!(
             valid_segment(&machine.namespace) && valid_segment(&machine.name),
             "validation let through a Machine no agent can be given: {machine}"
         );
-        let change = inplace_core::drain::NodeChange::unknown(update.facts.version.is_some());
+        let change = inplace_core::drain::NodeChange::unknown(update.desired.facts.version.is_some());
         let _ = plan_for(&update, KubeadmUpgradeMode::Node, &change);
         let _ = plan_for(&update, KubeadmUpgradeMode::Apply, &change);
     }

@@ -10,10 +10,11 @@ use serde::de::IgnoredAny;
 use serde_json::Value;
 
 use super::error::DecodeError;
+use super::key::ObjectKey;
 use super::objects::Object;
 use super::requests::{
     CanUpdateMachineRequest, CanUpdateMachineSetRequest, HookRequest, MachineObjects,
-    MachineSetObjects, ObjectKey, SideObjects, decode_request,
+    MachineSetObjects, SideObjects, decode_request,
 };
 use super::validate::{self, Head, Invalid};
 

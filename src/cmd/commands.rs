@@ -125,9 +125,7 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
         metrics.fleet.clone(),
     );
     if let Some(path) = &args.test_window_clock_file {
-        dispatcher
-            .window_clock()
-            .follow_file_for_tests(path.clone());
+        dispatcher.clock().follow_file_for_tests(path.clone());
     }
     let services = Services {
         engine: Arc::new(Engine { policy, dispatcher }),
@@ -170,7 +168,7 @@ pub fn token_create(args: &TokenCreateArgs) -> anyhow::Result<String> {
             .unwrap_or(&args.namespace),
     ] {
         anyhow::ensure!(
-            crate::dispatch::records::valid_segment(part),
+            crate::dispatch::valid_segment(part),
             "{part:?} is not a valid Kubernetes name"
         );
     }
@@ -204,7 +202,7 @@ pub fn policy(command: &PolicyCommand) -> anyhow::Result<String> {
 pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
     if args.agents {
         let rows: Vec<AgentRow> = match &args.store {
-            Some(url) => store_dispatcher(&args.etcd, url).await?.agents().await?,
+            Some(url) => store_dispatcher(&args.etcd, url).await?.agents.list().await?,
             None => get_json(args, "/status/agents").await?.0,
         };
         return Ok(match args.output {
@@ -215,7 +213,7 @@ pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
     // Only a running server knows whether CAPI has called it; a store read directly cannot say.
     let mut no_hook_calls = false;
     let rows: Vec<StatusRow> = match &args.store {
-        Some(url) => store_dispatcher(&args.etcd, url).await?.status().await?,
+        Some(url) => store_dispatcher(&args.etcd, url).await?.fleet.status().await?,
         None => {
             let (rows, headers) = get_json(args, "/status").await?;
             no_hook_calls = headers
@@ -248,7 +246,7 @@ pub async fn retry(args: &RetryArgs) -> anyhow::Result<String> {
         .clone()
         .unwrap_or_else(|| format!("cli-{}", now_ms()));
     let dispatcher = store_dispatcher(&args.etcd, &args.store).await?;
-    match dispatcher.retry(machine, &value, None).await? {
+    match dispatcher.runs.retry(machine, &value).await? {
         RetryOutcome::Started { run_id } => Ok(format!(
             "{machine}: a fresh run of the failed update started (run {}); its agent picks it up at once, \
              and the next UpdateMachine answers from it\n",
@@ -260,7 +258,7 @@ pub async fn retry(args: &RetryArgs) -> anyhow::Result<String> {
         RetryOutcome::AlreadySeen => {
             anyhow::bail!("{machine}: retry value {value:?} was used before; pass a new --value")
         }
-        RetryOutcome::NoRecord | RetryOutcome::OtherState => {
+        RetryOutcome::NoRecord => {
             anyhow::bail!("{machine}: no update is recorded for this Machine")
         }
     }

@@ -28,10 +28,9 @@ use crate::api::{
     Patch, PatchType, SideTexts, Status, decode_request,
 };
 use crate::dispatch::now_ms;
-use crate::dispatch::records::valid_segment;
-use crate::dispatch::verdicts::{
-    TEMPLATE_HASH_LABEL, VerdictHook, VerdictRecord, machine_set_verdict_key, machine_verdict_key,
-};
+use crate::dispatch::floor::keys::{machine_set_verdict_key, machine_verdict_key, valid_segment};
+use crate::dispatch::{VerdictHook, VerdictRecord};
+use inplace_core::objects::TEMPLATE_HASH_LABEL;
 
 /// A CanUpdate answer and, for a `Success` with an updater configured, the verdict to record first.
 #[derive(Debug, Clone)]
@@ -57,7 +56,7 @@ pub async fn record(engine: std::sync::Arc<Engine>, judged: Judged) -> Answer {
     let Some((key, verdict)) = judged.verdict else {
         return judged.answer;
     };
-    match engine.dispatcher.record_verdict(&key, &verdict).await {
+    match engine.dispatcher.licences.record_verdict(&key, &verdict).await {
         Ok(()) => judged.answer,
         Err(err) => failure(
             wire_hook(verdict.hook),

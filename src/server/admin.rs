@@ -84,7 +84,7 @@ pub fn status_router(
                     Arc<crate::dispatch::Dispatcher>,
                     Arc<Metrics>,
                 )>| async move {
-                    match dispatcher.status().await {
+                    match dispatcher.fleet.status().await {
                         Ok(rows) => (
                             [(
                                 HOOK_CALLS_ANSWERED_HEADER,
@@ -106,7 +106,7 @@ pub fn status_router(
                     Arc<crate::dispatch::Dispatcher>,
                     Arc<Metrics>,
                 )>| async move {
-                    match dispatcher.agents().await {
+                    match dispatcher.agents.list().await {
                         Ok(rows) => axum::Json(rows).into_response(),
                         Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n"))
                             .into_response(),

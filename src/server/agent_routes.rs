@@ -56,7 +56,8 @@ impl From<DispatchError> for HttpError {
             DispatchError::BadRequest(_) => StatusCode::BAD_REQUEST,
             DispatchError::Store(_)
             | DispatchError::Contention(_)
-            | DispatchError::Corrupt { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            | DispatchError::Corrupt { .. }
+            | DispatchError::Format { .. } => StatusCode::SERVICE_UNAVAILABLE,
         };
         HttpError::new(status, err.to_string())
     }
@@ -75,6 +76,7 @@ impl<T> Accepted<T> {
     async fn refusal(&self, agent: &AgentIdentity, err: DispatchError) -> HttpError {
         if let DispatchError::Forbidden(message) = &err {
             self.dispatcher
+                .agents
                 .refused(
                     Some(agent),
                     AgentRefusalReason::OutOfScope,
@@ -135,9 +137,10 @@ async fn accept<T: DeserializeOwned>(
             let claimed = claimed_agent(request).await;
             let message = err.to_string();
             dispatcher
+                .agents
                 .refused(
                     claimed.as_ref(),
-                    AgentRefusalReason::of_auth(&err),
+                    err.refusal_reason(),
                     &message,
                     peer,
                 )
@@ -206,7 +209,7 @@ fn json<T: Serialize>(value: &T) -> Response {
 async fn poll(State(state): State<AppState>, request: Request) -> Result<Response, HttpError> {
     let accepted: Accepted<PollRequest> = accept(&state, request).await?;
     let body = &accepted.body;
-    let answer = match accepted.dispatcher.poll(&accepted.scope, body).await {
+    let answer = match accepted.dispatcher.agents.poll(&accepted.scope, body).await {
         Ok(answer) => answer,
         Err(err) => return Err(accepted.refusal(&body.agent, err).await),
     };
@@ -219,7 +222,7 @@ async fn poll(State(state): State<AppState>, request: Request) -> Result<Respons
 async fn report(State(state): State<AppState>, request: Request) -> Result<Response, HttpError> {
     let accepted: Accepted<StepReport> = accept(&state, request).await?;
     let body = &accepted.body;
-    let hold = match accepted.dispatcher.report(&accepted.scope, body).await {
+    let hold = match accepted.dispatcher.agents.report(&accepted.scope, body).await {
         Ok(hold) => hold,
         Err(err) => return Err(accepted.refusal(&body.agent, err).await),
     };
@@ -237,7 +240,7 @@ async fn report(State(state): State<AppState>, request: Request) -> Result<Respo
 async fn inventory(State(state): State<AppState>, request: Request) -> Result<Response, HttpError> {
     let accepted: Accepted<InventoryReport> = accept(&state, request).await?;
     let body = &accepted.body;
-    if let Err(err) = accepted.dispatcher.inventory(&accepted.scope, body).await {
+    if let Err(err) = accepted.dispatcher.agents.inventory(&accepted.scope, body).await {
         return Err(accepted.refusal(&body.agent, err).await);
     }
     Ok(json(&AckResponse::default()))

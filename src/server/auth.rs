@@ -19,7 +19,7 @@ use subtle::ConstantTimeEq as _;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::dispatch::AgentScope;
+use crate::dispatch::{AgentRefusalReason, AgentScope};
 use crate::hex;
 
 /// Prefix of every token this server issues (lets secret scanners recognise leaked ones).
@@ -63,6 +63,20 @@ pub enum AuthError {
     Read(String),
 }
 
+impl AuthError {
+    /// The reason a refused agent request is counted and shown under.
+    pub fn refusal_reason(&self) -> AgentRefusalReason {
+        match self {
+            AuthError::Missing => AgentRefusalReason::MissingToken,
+            AuthError::Revoked => AgentRefusalReason::RevokedToken,
+            AuthError::Expired(_) => AgentRefusalReason::ExpiredToken,
+            AuthError::Unknown | AuthError::File { .. } | AuthError::Read { .. } => {
+                AgentRefusalReason::UnknownToken
+            }
+        }
+    }
+}
+
 /// One entry of the token file.
 #[derive(Clone, PartialEq, Eq)]
 pub struct TokenEntry {
@@ -88,7 +102,7 @@ fn hash(token: &str) -> [u8; 32] {
 
 fn parse_ref(text: &str) -> Option<(String, String)> {
     let (a, b) = text.split_once('/')?;
-    let ok = |s: &str| crate::dispatch::records::valid_segment(s);
+    let ok = |s: &str| crate::dispatch::valid_segment(s);
     (ok(a) && ok(b)).then(|| (a.to_string(), b.to_string()))
 }
 

@@ -217,12 +217,12 @@ pub async fn run(
         "token file watcher"
     });
     let dispatcher = services.engine.dispatcher.clone();
-    let follower = dispatcher.clone();
+    let follower = dispatcher.agents.clone();
     tasks.spawn(async move {
         follower.follow_changes().await;
         "store change feed"
     });
-    let counter = dispatcher.clone();
+    let counter = dispatcher.fleet.clone();
     tasks.spawn(async move {
         counter.run_census().await;
         "update census"
@@ -288,17 +288,17 @@ async fn sweep_retention(dispatcher: Arc<Dispatcher>, shutdown: CancellationToke
             _ = ticker.tick() => {}
             () = shutdown.cancelled() => return,
         }
-        match dispatcher.sweep().await {
+        match dispatcher.fleet.sweep().await {
             Ok(0) => {}
             Ok(deleted) => tracing::info!(deleted, "retention: deleted finished updates"),
             Err(err) => tracing::warn!(error = %err, "retention sweep failed; will try again"),
         }
-        match dispatcher.sweep_refusals().await {
+        match dispatcher.agents.sweep_refusals().await {
             Ok(0) => {}
             Ok(deleted) => tracing::info!(deleted, "retention: deleted old agent refusals"),
             Err(err) => tracing::warn!(error = %err, "refusal sweep failed; will try again"),
         }
-        match dispatcher.sweep_verdicts().await {
+        match dispatcher.licences.sweep().await {
             Ok(0) => {}
             Ok(deleted) => tracing::info!(deleted, "retention: deleted old verdicts and refusals"),
             Err(err) => {

@@ -78,7 +78,7 @@ impl Agents {
     }
 
     /// Every agent seen or refused, sorted by Machine.
-    pub async fn agents(&self) -> Result<Vec<AgentRow>, DispatchError> {
+    pub async fn list(&self) -> Result<Vec<AgentRow>, DispatchError> {
         let now = self.floor.now_ms();
         let store = self.floor.db.store();
         let mut rows: BTreeMap<String, AgentRow> = BTreeMap::new();

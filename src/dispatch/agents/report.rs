@@ -53,7 +53,7 @@ impl Agents {
                                 .plan
                                 .steps
                                 .get(report.step_index as usize)
-                                .map(|step| (step.action.kind(), step.description.clone()));
+                                .map(|step| (step.action.step_kind(), step.description.clone()));
                             Ok(Some(run))
                         }
                         Ok(false) => Ok(None),

@@ -7,8 +7,6 @@
 //! safety margin of [`MARGIN_SIGMAS`] standard deviations, so CAPI comes a little early rather than late and
 //! then asks every second. Pure: no clock, no I/O, no lock; the fleet wing owns the table and passes `now`.
 
-use inplace_agent_api::StepKind;
-
 use crate::dispatch::floor::config::MIN_RETRY_AFTER_SECONDS;
 use crate::dispatch::floor::run::{RunView, StepState};
 
@@ -27,6 +25,16 @@ pub const MAX_LEARNED_STEP_MS: u64 = 2 * 3600 * 1000;
 /// stuck for minutes (an agent's automatic retries wait up to minutes).
 pub const OVERRUN_BACKOFF: f64 = 0.1;
 
+/// The kinds of step: the one table of them, in the protocol crate (its `guess_seconds` is what a step of a
+/// kind is expected to take before one was seen).
+pub use inplace_agent_api::StepKind;
+
+/// What a step of `kind` is guessed to take (ms) before one was seen: a typical node's
+/// ([`StepKind::guess_seconds`]).
+pub fn guess_ms(kind: StepKind) -> f64 {
+    f64::from(kind.guess_seconds()) * 1000.0
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Learned {
     mean_ms: f64,
@@ -37,7 +45,7 @@ struct Learned {
 /// Learned step durations per kind (one fixed-size table per replica).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepDurations {
-    kinds: [Learned; StepKind::ALL.len()],
+    kinds: [Learned; StepKind::SLOTS],
 }
 
 impl StepDurations {
@@ -47,7 +55,7 @@ impl StepDurations {
             return;
         }
         let x = ms as f64;
-        let entry = &mut self.kinds[kind.slot()];
+        let entry = &mut self.kinds[kind.index()];
         if entry.samples == 0 {
             *entry = Learned {
                 mean_ms: x,
@@ -65,9 +73,9 @@ impl StepDurations {
 
     /// Mean and variance (ms, ms²) of a step of `kind`, and whether they were learned (else guessed).
     fn of(&self, kind: StepKind) -> (f64, f64, bool) {
-        let entry = &self.kinds[kind.slot()];
+        let entry = &self.kinds[kind.index()];
         if entry.samples == 0 {
-            let guess = kind.guess_ms();
+            let guess = guess_ms(kind);
             return (guess, (guess * FIRST_SAMPLE_SPREAD).powi(2), false);
         }
         (

@@ -2,7 +2,9 @@
 //! far each step got), the lighter [`RunView`] UpdateMachine answers from, and the pure transitions a run goes
 //! through (step reports, the agent's progress summary). No I/O: every function here is tested alone.
 
-use inplace_agent_api::{Hold, Plan, PlanProgress, PlanStatus, StepKind, StepReport, StepStatus};
+use inplace_agent_api::{
+    Hold, MachineRef, Plan, PlanProgress, PlanStatus, StepKind, StepReport, StepStatus,
+};
 use serde::{Deserialize, Serialize};
 
 /// Longest stderr tail kept per step (the agent sends at most 4 KiB; operators need the end).
@@ -213,7 +215,7 @@ impl RunView {
                     .map(|step| StepView {
                         description: step.description.clone(),
                         action: ActionView {
-                            kind: StepKind::of_wire(step.action.kind()),
+                            kind: step.action.step_kind(),
                         },
                     })
                     .collect(),

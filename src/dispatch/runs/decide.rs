@@ -283,14 +283,14 @@ pub fn decide(
         Some(record) if repeat => record,
         current => {
             let plan = planner.plan()?;
-            match current.filter(|r| r.state_hash == plan.id) {
+            match current {
                 // Same desired state from a differently spelled input: keep the run, learn the spelling.
-                Some(record) => MachineRecord {
+                Some(record) if record.state_hash == plan.id => MachineRecord {
                     input_hash,
                     licensed: licensed.unwrap_or(record.licensed.clone()),
                     ..record
                 },
-                None => {
+                current => {
                     let run_id = run_id(&plan.id, current.as_ref().map(|r| r.run_id.as_str()));
                     // A retry value that came with a new desired state is spent: the new state gets a run
                     // of its own anyway.

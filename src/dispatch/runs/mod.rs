@@ -245,3 +245,6 @@ impl Runs {
         Err(DispatchError::Contention(key))
     }
 }
+
+#[cfg(test)]
+mod decide_tests;

@@ -31,9 +31,6 @@ pub enum RetryOutcome {
     },
     /// This value was handled before (by this or another replica, or an earlier call).
     AlreadySeen,
-    /// The Machine's recorded desired state is not the one the caller asked about: the caller's new desired
-    /// state gets its own run instead.
-    OtherState,
     /// No update was ever recorded for this Machine.
     NoRecord,
 }

@@ -33,13 +33,13 @@ fn machine() -> MachineRef {
 async fn failed_run(d: &Dispatcher) -> String {
     let request = annotated(None, "v1.34.1");
     judge_in_place(d, &request).await;
-    d.update_machine(&request).await.unwrap();
-    let plan = d.poll(&scope(), &poll_for("m-1", 0)).await.unwrap().plan;
+    d.runs.update_machine(&request).await.unwrap();
+    let plan = d.agents.poll(&scope(), &poll_for("m-1", 0)).await.unwrap().plan;
     let plan = plan.expect("a plan for the agent");
-    d.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Failed))
+    d.agents.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Failed))
         .await
         .unwrap();
-    let answer = d.update_machine(&request).await.unwrap();
+    let answer = d.runs.update_machine(&request).await.unwrap();
     let UpdateAnswer::Failed { message } = answer else {
         panic!("{answer:?}")
     };
@@ -79,7 +79,7 @@ async fn two_replicas_seeing_one_value_start_one_fresh_run() {
     assert_eq!(&current_run(&a).await, run_id);
     assert_eq!(store.list("updates/").await.unwrap().len(), 2);
     // The agent is handed the fresh run, and UpdateMachine answers from it.
-    let plan = b.poll(&scope(), &poll_for("m-1", 0)).await.unwrap().plan;
+    let plan = b.agents.poll(&scope(), &poll_for("m-1", 0)).await.unwrap().plan;
     assert_eq!(plan.map(|p| p.id).as_ref(), Some(run_id));
     let answer = a.update_machine(&annotated(None, "v1.34.1")).await.unwrap();
     assert!(
@@ -102,7 +102,7 @@ async fn the_annotation_restarts_a_failed_run_once_without_a_new_verdict() {
     // The verdict is gone (retention, or never judged again): the run's licence still covers its state.
     store
         .delete(
-            &verdicts::machine_verdict_key(&machine()),
+            &floor::keys::machine_verdict_key(&machine()),
             inplace_store::Precondition::Any,
         )
         .await
@@ -123,7 +123,7 @@ async fn the_annotation_restarts_a_failed_run_once_without_a_new_verdict() {
         "one fresh run"
     );
     // Fail the fresh run too: the same value does nothing, the answer is its Failure.
-    a.report(&scope(), &report("m-1", &fresh, 0, StepStatus::Failed))
+    a.agents.report(&scope(), &report("m-1", &fresh, 0, StepStatus::Failed))
         .await
         .unwrap();
     assert!(matches!(
@@ -146,7 +146,7 @@ async fn a_value_on_a_run_that_did_not_fail_is_recorded_and_ignored() {
     let d = dispatcher(memory().await);
     let request = annotated(None, "v1.34.1");
     judge_in_place(&d, &request).await;
-    d.update_machine(&request).await.unwrap();
+    d.runs.update_machine(&request).await.unwrap();
     let run = current_run(&d).await;
     let answer = d
         .update_machine(&annotated(Some("2"), "v1.34.1"))
@@ -163,11 +163,11 @@ async fn a_value_on_a_run_that_did_not_fail_is_recorded_and_ignored() {
     );
     assert_eq!(current_run(&d).await, run);
     // Once the run fails, the ignored value stays spent: only a new one restarts it.
-    d.report(&scope(), &report("m-1", &run, 0, StepStatus::Failed))
+    d.agents.report(&scope(), &report("m-1", &run, 0, StepStatus::Failed))
         .await
         .unwrap();
     assert!(matches!(
-        d.update_machine(&annotated(Some("2"), "v1.34.1"))
+        d.runs.update_machine(&annotated(Some("2"), "v1.34.1"))
             .await
             .unwrap(),
         UpdateAnswer::Failed { .. }
@@ -177,7 +177,7 @@ async fn a_value_on_a_run_that_did_not_fail_is_recorded_and_ignored() {
         RetryOutcome::AlreadySeen
     );
     assert!(matches!(
-        d.update_machine(&annotated(Some("3"), "v1.34.1"))
+        d.runs.update_machine(&annotated(Some("3"), "v1.34.1"))
             .await
             .unwrap(),
         UpdateAnswer::InProgress { .. }

@@ -51,12 +51,12 @@ fn in_progress(answer: &UpdateAnswer) -> &str {
 async fn started(d: &Dispatcher) -> inplace_agent_api::Plan {
     let request = annotated(json!({}));
     judge_in_place(d, &request).await;
-    d.update_machine(&request).await.unwrap();
-    let plan = d.poll(&scope(), &poll_for("m-1", 0)).await.unwrap();
+    d.runs.update_machine(&request).await.unwrap();
+    let plan = d.agents.poll(&scope(), &poll_for("m-1", 0)).await.unwrap();
     assert_eq!(plan.hold, None);
     let plan = plan.plan.expect("a plan");
     assert!(plan.steps.len() >= 2, "a multi-step plan: {plan:?}");
-    d.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Running))
+    d.agents.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Running))
         .await
         .unwrap();
     plan
@@ -110,7 +110,7 @@ async fn a_pause_holds_after_the_running_step_and_removing_it_lets_the_agent_go_
              to resume: kubectl annotate machine -n default m-1 inplace-updater.dev/paused-"
         )
     );
-    let rows = a.status().await.unwrap();
+    let rows = a.fleet.status().await.unwrap();
     assert_eq!(rows[0].state, StatusState::Paused, "{rows:?}");
 
     // Removed while the agent waits in a long poll on the other replica: it is woken with the go-ahead.
@@ -119,7 +119,7 @@ async fn a_pause_holds_after_the_running_step_and_removing_it_lets_the_agent_go_
         let request = holding(&plan.id, 1, total, Some(hold.clone()), 30);
         tokio::spawn(async move {
             let started = Instant::now();
-            (b.poll(&scope(), &request).await.unwrap(), started.elapsed())
+            (b.agents.poll(&scope(), &request).await.unwrap(), started.elapsed())
         })
     };
     tokio::task::yield_now().await;
@@ -136,7 +136,7 @@ async fn a_pause_holds_after_the_running_step_and_removing_it_lets_the_agent_go_
     assert_eq!(answer.hold, None);
     assert_eq!(answer.plan.map(|p| p.id), Some(plan.id.clone()));
     assert_eq!(
-        a.report(&scope(), &report("m-1", &plan.id, 1, StepStatus::Running))
+        a.agents.report(&scope(), &report("m-1", &plan.id, 1, StepStatus::Running))
             .await
             .unwrap(),
         None
@@ -150,14 +150,14 @@ async fn the_setting_pauses_a_brand_new_run_which_is_handed_out_held() {
     let mut request = annotated(json!({}));
     request.paused_setting = Some("freeze until Monday".into());
     judge_in_place(&d, &request).await;
-    let answer = d.update_machine(&request).await.unwrap();
+    let answer = d.runs.update_machine(&request).await.unwrap();
     assert!(
         in_progress(&answer).starts_with(
             "paused by ExtensionConfig setting paused=freeze until Monday after step 0 of "
         ) && in_progress(&answer).contains("remove the ExtensionConfig setting paused"),
         "{answer:?}"
     );
-    let answer = d.poll(&scope(), &poll_for("m-1", 0)).await.unwrap();
+    let answer = d.agents.poll(&scope(), &poll_for("m-1", 0)).await.unwrap();
     let (plan, hold) = (answer.plan.expect("handed out"), answer.hold.expect("held"));
     assert!(
         matches!(hold.reason, HoldReason::Paused { ref by } if by == "ExtensionConfig setting paused=freeze until Monday")
@@ -165,7 +165,7 @@ async fn the_setting_pauses_a_brand_new_run_which_is_handed_out_held() {
     // The annotation names the Machine and wins over the setting.
     let mut named = annotated(json!({ PAUSE_ANNOTATION: "bob" }));
     named.paused_setting = request.paused_setting.clone();
-    let answer = d.update_machine(&named).await.unwrap();
+    let answer = d.runs.update_machine(&named).await.unwrap();
     assert!(
         in_progress(&answer).starts_with("paused by annotation inplace-updater.dev/paused=bob"),
         "{answer:?}"
@@ -189,7 +189,7 @@ async fn a_cancel_ends_the_run_with_failure_once_the_agent_stopped_and_a_retry_r
     let plan = started(&d).await;
     let total = plan.steps.len() as u32;
     let cancel = annotated(json!({ CANCEL_ANNOTATION: "ticket-7" }));
-    let answer = d.update_machine(&cancel).await.unwrap();
+    let answer = d.runs.update_machine(&cancel).await.unwrap();
     assert!(
         in_progress(&answer)
             .starts_with("cancelling (inplace-updater.dev/cancel=ticket-7): step 1/"),
@@ -202,14 +202,14 @@ async fn a_cancel_ends_the_run_with_failure_once_the_agent_stopped_and_a_retry_r
         .expect("the cancel in the ack");
     assert!(hold.cancels());
     // Not yet confirmed: still in progress.
-    assert!(in_progress(&d.update_machine(&cancel).await.unwrap()).contains("has not confirmed"));
-    d.poll(
+    assert!(in_progress(&d.runs.update_machine(&cancel).await.unwrap()).contains("has not confirmed"));
+    d.agents.poll(
         &scope(),
         &holding(&plan.id, 1, total, Some(hold.clone()), 0),
     )
     .await
     .unwrap();
-    let answer = d.update_machine(&cancel).await.unwrap();
+    let answer = d.runs.update_machine(&cancel).await.unwrap();
     let UpdateAnswer::Failed { message } = &answer else {
         panic!("{answer:?}")
     };
@@ -220,20 +220,20 @@ async fn a_cancel_ends_the_run_with_failure_once_the_agent_stopped_and_a_retry_r
         )),
         "{message}"
     );
-    let rows = d.status().await.unwrap();
+    let rows = d.fleet.status().await.unwrap();
     assert_eq!(rows[0].state, StatusState::Cancelled, "{rows:?}");
     // A late report of the stopped agent changes nothing.
-    d.report(&scope(), &report("m-1", &plan.id, 1, StepStatus::Succeeded))
+    d.agents.report(&scope(), &report("m-1", &plan.id, 1, StepStatus::Succeeded))
         .await
         .unwrap();
     assert!(matches!(
-        d.update_machine(&cancel).await.unwrap(),
+        d.runs.update_machine(&cancel).await.unwrap(),
         UpdateAnswer::Failed { .. }
     ));
 
     // The retry starts a fresh run; the spent cancel value, still on the Machine, does not cancel it.
     let retry = annotated(json!({ CANCEL_ANNOTATION: "ticket-7", RETRY_ANNOTATION: "1" }));
-    let answer = d.update_machine(&retry).await.unwrap();
+    let answer = d.runs.update_machine(&retry).await.unwrap();
     assert!(
         in_progress(&answer).starts_with("waiting for agent"),
         "{answer:?}"
@@ -247,7 +247,7 @@ async fn a_cancel_ends_the_run_with_failure_once_the_agent_stopped_and_a_retry_r
     assert_eq!(answer.hold, None);
     // A new value cancels the fresh run.
     let again = annotated(json!({ CANCEL_ANNOTATION: "ticket-8", RETRY_ANNOTATION: "1" }));
-    d.update_machine(&again).await.unwrap();
+    d.runs.update_machine(&again).await.unwrap();
     let answer = d
         .poll(&scope(), &holding(&fresh.id, 0, total, None, 0))
         .await

@@ -1,155 +1,23 @@
 //! Dispatch over the in-memory store: recording runs once, long-poll wake-ups (also across two dispatchers on
 //! one store, as two replicas), scoping, report handling, and the answers UpdateMachine derives.
 
-use std::collections::BTreeSet;
+mod drain;
+mod fault;
+mod hold;
+mod observe;
+mod retry;
+mod retry_after;
+mod verdict;
+mod window;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inplace_agent_api::{
-    AgentIdentity, KubeadmUpgradeMode, MachineRef, PlanProgress, PlanStatus, PollRequest,
-    StepAction, StepReport, StepStatus,
-};
-use inplace_core::Action;
-use inplace_store::{EtcdOptions, Store, StoreUrl};
+use inplace_agent_api::{KubeadmUpgradeMode, MachineRef, PlanProgress, PlanStatus, StepAction, StepStatus};
 use serde_json::json;
-use serde_json::value::RawValue;
-use tokio_util::sync::CancellationToken;
 
+use super::testing::*;
 use super::*;
-use inplace_core::plan::MachineFacts;
-
-pub(super) async fn memory() -> Arc<dyn Store> {
-    inplace_store::open(&StoreUrl::Memory, &EtcdOptions::default())
-        .await
-        .unwrap()
-}
-
-pub(super) fn dispatcher(store: Arc<dyn Store>) -> Arc<Dispatcher> {
-    let dispatcher = Dispatcher::new(store, DispatchConfig::default(), CancellationToken::new());
-    tokio::spawn(dispatcher.clone().follow_changes());
-    dispatcher
-}
-
-pub(super) fn request(name: &str, control_plane: bool, version: &str, motd: &str) -> UpdateRequest {
-    let mut labels = json!({ "cluster.x-k8s.io/cluster-name": "edge-01" });
-    if control_plane {
-        labels["cluster.x-k8s.io/control-plane"] = json!("");
-    }
-    let machine = json!({
-        "metadata": { "name": name, "namespace": "default", "labels": labels },
-        "spec": { "clusterName": "edge-01", "version": version }
-    });
-    let bootstrap = json!({ "spec": { "files": [ { "path": "/etc/motd", "content": motd } ] } });
-    request_of(&machine, &bootstrap)
-}
-
-/// UpdateMachine for these desired Machine and bootstrap objects, allowed to change the version and files.
-pub(super) fn request_of(
-    machine: &serde_json::Value,
-    bootstrap: &serde_json::Value,
-) -> UpdateRequest {
-    let text = |value: &serde_json::Value| RawValue::from_string(value.to_string()).unwrap();
-    UpdateRequest {
-        facts: MachineFacts::of(machine).unwrap(),
-        machine: text(machine),
-        bootstrap: Some(text(bootstrap)),
-        infra: None,
-        paused_setting: None,
-        actions: [Action::KubernetesVersion, Action::Files]
-            .into_iter()
-            .collect::<BTreeSet<_>>(),
-        window: None,
-        drain_rules: inplace_core::drain::DrainRules::default(),
-    }
-}
-
-/// What CAPI does before UpdateMachine: CanUpdateMachine judged the request's desired objects in place.
-pub(super) async fn judge_in_place(d: &Dispatcher, request: &UpdateRequest) {
-    let record = verdict_for(request, true);
-    d.record_verdict(
-        &verdicts::machine_verdict_key(&request.facts.machine),
-        &record,
-    )
-    .await
-    .unwrap();
-}
-
-/// A CanUpdateMachine verdict on the request's desired objects.
-pub(super) fn verdict_for(request: &UpdateRequest, in_place: bool) -> VerdictRecord {
-    let parse = |raw: &RawValue| serde_json::from_str::<serde_json::Value>(raw.get()).unwrap();
-    let machine = parse(&request.machine);
-    let bootstrap = request.bootstrap.as_deref().map(parse);
-    let infra = request.infra.as_deref().map(parse);
-    let normalized = inplace_core::verdict::Normalized::of(
-        inplace_core::Scope::Object,
-        &inplace_core::Objects {
-            machine: Some(&machine),
-            bootstrap: bootstrap.as_ref(),
-            infra: infra.as_ref(),
-        },
-    );
-    let prints = normalized.prints();
-    VerdictRecord {
-        hook: VerdictHook::CanUpdateMachine,
-        object: request.facts.machine.to_string(),
-        judged_ms: now_ms(),
-        in_place,
-        accepted: vec![],
-        rejected: if in_place {
-            vec![]
-        } else {
-            vec!["KubeadmConfig spec.diskSetup".into()]
-        },
-        rejected_total: usize::from(!in_place),
-        template_hash: None,
-        // What CanUpdateMachine finds for these requests: the files change (the motd) of one version.
-        node_change: Some(inplace_core::drain::NodeChange {
-            version: inplace_core::drain::VersionChange::None,
-            actions: [Action::Files].into(),
-        }),
-        fingerprint: prints.fingerprint(),
-        prints,
-    }
-}
-
-/// CanUpdate first, as CAPI does, then UpdateMachine.
-pub(super) async fn update(
-    d: &Dispatcher,
-    request: &UpdateRequest,
-) -> Result<UpdateAnswer, DispatchError> {
-    judge_in_place(d, request).await;
-    d.update_machine(request).await
-}
-
-pub(super) fn scope() -> AgentScope {
-    AgentScope::Cluster {
-        namespace: "default".into(),
-        cluster: "edge-01".into(),
-    }
-}
-
-pub(super) fn poll_for(name: &str, wait_seconds: u32) -> PollRequest {
-    PollRequest {
-        agent: AgentIdentity::Machine(MachineRef::new("default", name)),
-        current: None,
-        wait_seconds,
-    }
-}
-
-pub(super) fn report(name: &str, plan: &str, index: u32, status: StepStatus) -> StepReport {
-    StepReport {
-        agent: AgentIdentity::Machine(MachineRef::new("default", name)),
-        plan_id: plan.into(),
-        step_index: index,
-        status,
-        attempt: 1,
-        started_at_unix_ms: Some(1),
-        finished_at_unix_ms: Some(2),
-        exit_code: (status == StepStatus::Failed).then_some(1),
-        stderr_tail: (status == StepStatus::Failed).then(|| "[ERROR] kubeadm says no".to_string()),
-        message: None,
-    }
-}
 
 #[tokio::test]
 async fn a_run_is_recorded_once_and_answered_from_the_store() {
@@ -183,7 +51,7 @@ async fn a_run_is_recorded_once_and_answered_from_the_store() {
         .plan
         .expect("a plan for the agent");
     for index in 0..plan.steps.len() as u32 {
-        d.report(
+        d.agents.report(
             &scope(),
             &report("m-1", &plan.id, index, StepStatus::Running),
         )
@@ -200,7 +68,7 @@ async fn a_run_is_recorded_once_and_answered_from_the_store() {
             message.starts_with(&format!("step {}/{}: ", index + 1, plan.steps.len())),
             "{message}"
         );
-        d.report(
+        d.agents.report(
             &scope(),
             &report("m-1", &plan.id, index, StepStatus::Succeeded),
         )
@@ -236,10 +104,10 @@ async fn a_failed_step_is_the_answer_for_ever_and_a_new_spec_starts_over() {
         .unwrap()
         .plan
         .unwrap();
-    d.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Succeeded))
+    d.agents.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Succeeded))
         .await
         .unwrap();
-    d.report(&scope(), &report("m-1", &plan.id, 1, StepStatus::Failed))
+    d.agents.report(&scope(), &report("m-1", &plan.id, 1, StepStatus::Failed))
         .await
         .unwrap();
     for _ in 0..3 {
@@ -281,7 +149,7 @@ async fn returning_to_an_earlier_spec_is_a_new_run() {
             update(&d, &request("m-1", false, "v1.34.1", motd))
                 .await
                 .unwrap();
-            d.poll(&scope(), &poll_for("m-1", 0))
+            d.agents.poll(&scope(), &poll_for("m-1", 0))
                 .await
                 .unwrap()
                 .plan
@@ -337,7 +205,7 @@ async fn a_waiting_poll_wakes_when_work_is_recorded_even_on_another_replica() {
         let b = b.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            let answer = b.poll(&scope(), &poll_for("m-1", 30)).await.unwrap();
+            let answer = b.agents.poll(&scope(), &poll_for("m-1", 30)).await.unwrap();
             (answer, started.elapsed())
         })
     };
@@ -371,7 +239,7 @@ async fn tokens_only_see_their_own_cluster_or_machine() {
         cluster: "other".into(),
     };
     assert!(matches!(
-        d.poll(&other, &poll_for("m-1", 0)).await,
+        d.agents.poll(&other, &poll_for("m-1", 0)).await,
         Err(DispatchError::Forbidden(_))
     ));
     let wrong_namespace = AgentScope::Cluster {
@@ -379,17 +247,17 @@ async fn tokens_only_see_their_own_cluster_or_machine() {
         cluster: "edge-01".into(),
     };
     assert!(matches!(
-        d.poll(&wrong_namespace, &poll_for("m-1", 0)).await,
+        d.agents.poll(&wrong_namespace, &poll_for("m-1", 0)).await,
         Err(DispatchError::Forbidden(_))
     ));
     let machine = AgentScope::Machine(MachineRef::new("default", "m-2"));
     assert!(matches!(
-        d.poll(&machine, &poll_for("m-1", 0)).await,
+        d.agents.poll(&machine, &poll_for("m-1", 0)).await,
         Err(DispatchError::Forbidden(_))
     ));
     let own = AgentScope::Machine(MachineRef::new("default", "m-1"));
     assert!(
-        d.poll(&own, &poll_for("m-1", 0))
+        d.agents.poll(&own, &poll_for("m-1", 0))
             .await
             .unwrap()
             .plan
@@ -397,7 +265,7 @@ async fn tokens_only_see_their_own_cluster_or_machine() {
     );
     let bad = poll_for("../etc", 0);
     assert!(matches!(
-        d.poll(&scope(), &bad).await,
+        d.agents.poll(&scope(), &bad).await,
         Err(DispatchError::BadRequest(_))
     ));
 }
@@ -424,7 +292,7 @@ async fn agent_progress_recovers_reports_lost_in_a_crash() {
         hold: None,
     });
     assert!(
-        d.poll(&scope(), &poll).await.unwrap().plan.is_none(),
+        d.agents.poll(&scope(), &poll).await.unwrap().plan.is_none(),
         "a finished agent gets nothing more"
     );
     assert!(matches!(
@@ -453,15 +321,15 @@ async fn status_lists_runs_and_retention_keeps_current_ones() {
     update(&d, &request("m-1", false, "v1.34.1", "b"))
         .await
         .unwrap();
-    let rows = d.status().await.unwrap();
+    let rows = d.fleet.status().await.unwrap();
     assert_eq!(rows.len(), 2);
     assert!(rows.iter().any(|r| r.state == StatusState::Superseded));
     assert_eq!(
-        d.sweep().await.unwrap(),
+        d.fleet.sweep().await.unwrap(),
         1,
         "the superseded run goes, the current one stays"
     );
-    assert_eq!(d.status().await.unwrap().len(), 1);
+    assert_eq!(d.fleet.status().await.unwrap().len(), 1);
 }
 
 /// The Machine record remembers a fingerprint of the inputs its plan was built from, so CAPI's repeated calls

@@ -63,7 +63,7 @@ async fn a_crash_between_any_two_writes_of_a_first_update_loses_nothing() {
     ));
     judge_in_place(&d, &request).await;
     let before = counted.load(Ordering::SeqCst);
-    d.update_machine(&request).await.unwrap();
+    d.runs.update_machine(&request).await.unwrap();
     let writes = counted.load(Ordering::SeqCst) - before;
     assert!(
         writes >= 2,
@@ -124,7 +124,7 @@ async fn polls_are_answered_while_last_seen_writes_hang_and_the_times_land_later
     for i in 0..agents {
         let answered = tokio::time::timeout(
             std::time::Duration::from_secs(5),
-            d.poll(&scope(), &super::tests::poll_for(&format!("w-{i}"), 0)),
+            d.agents.poll(&scope(), &super::tests::poll_for(&format!("w-{i}"), 0)),
         )
         .await;
         assert!(
@@ -133,7 +133,7 @@ async fn polls_are_answered_while_last_seen_writes_hang_and_the_times_land_later
         );
     }
     // This replica knows them at once; the store, once it takes writes again.
-    assert_eq!(d.agents().await.unwrap().len(), agents);
+    assert_eq!(d.agents.list().await.unwrap().len(), agents);
     assert!(inner.list("agents/").await.unwrap().is_empty());
     let mut feed = inner.subscribe();
     released.add_permits(tokio::sync::Semaphore::MAX_PERMITS);

@@ -64,7 +64,7 @@ fn with_annotation(mut r: UpdateRequest, value: &str) -> UpdateRequest {
 async fn without_a_verdict_nothing_is_recorded_or_claimed() {
     let d = dispatcher(memory().await);
     let r = request("cp-1", true, "v1.34.1", "secret-content");
-    let (reason, message) = refused(d.update_machine(&r).await.unwrap());
+    let (reason, message) = refused(d.runs.update_machine(&r).await.unwrap());
     assert_eq!(reason, RefusalReason::NoVerdict);
     assert!(
         message.contains("no CanUpdateMachine or CanUpdateMachineSet verdict"),
@@ -77,7 +77,7 @@ async fn without_a_verdict_nothing_is_recorded_or_claimed() {
     );
     assert!(!message.contains("secret-content"));
     assert!(run_keys(&d).await.is_empty(), "{:?}", run_keys(&d).await);
-    let rows = d.status().await.unwrap();
+    let rows = d.fleet.status().await.unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].state, StatusState::Refused);
     assert_eq!(rows[0].step, "no-verdict");
@@ -88,7 +88,7 @@ async fn without_a_verdict_nothing_is_recorded_or_claimed() {
     // The next control-plane Machine judged in place gets `apply`: the refused one claimed nothing.
     let other = request("cp-2", true, "v1.34.1", "x");
     judge_in_place(&d, &other).await;
-    d.update_machine(&other).await.unwrap();
+    d.runs.update_machine(&other).await.unwrap();
     let plan = d
         .poll(&super::tests::scope(), &super::tests::poll_for("cp-2", 0))
         .await
@@ -113,23 +113,23 @@ async fn without_a_verdict_nothing_is_recorded_or_claimed() {
 async fn the_operator_accepts_exactly_the_state_the_refusal_showed() {
     let d = dispatcher(memory().await);
     let r = request("m-1", false, "v1.34.1", "hi");
-    let (_, message) = refused(d.update_machine(&r).await.unwrap());
+    let (_, message) = refused(d.runs.update_machine(&r).await.unwrap());
     let fingerprint = offered(&message);
     assert_eq!(fingerprint.len(), 16, "{message}");
 
     let wrong = with_annotation(r.clone(), "0123456789abcdef");
-    let (reason, message) = refused(d.update_machine(&wrong).await.unwrap());
+    let (reason, message) = refused(d.runs.update_machine(&wrong).await.unwrap());
     assert_eq!(reason, RefusalReason::NoVerdict);
     assert!(message.contains("another state's fingerprint"), "{message}");
     assert!(run_keys(&d).await.is_empty());
 
     let right = with_annotation(r.clone(), &fingerprint);
     assert!(matches!(
-        d.update_machine(&right).await.unwrap(),
+        d.runs.update_machine(&right).await.unwrap(),
         UpdateAnswer::InProgress { .. }
     ));
     assert!(
-        d.status()
+        d.fleet.status()
             .await
             .unwrap()
             .iter()
@@ -138,7 +138,7 @@ async fn the_operator_accepts_exactly_the_state_the_refusal_showed() {
     );
     let next = with_annotation(request("m-1", false, "v1.34.2", "hi"), &fingerprint);
     assert_eq!(
-        refused(d.update_machine(&next).await.unwrap()).0,
+        refused(d.runs.update_machine(&next).await.unwrap()).0,
         RefusalReason::NoVerdict
     );
 }
@@ -154,7 +154,7 @@ async fn a_change_after_the_verdict_is_refused_by_path() {
         serde_json::from_str(later.bootstrap.as_ref().unwrap().get()).unwrap();
     bootstrap["spec"]["diskSetup"] = json!({"partitions": [{"device": "/dev/sdb"}]});
     later.bootstrap = Some(text(&bootstrap));
-    let (reason, message) = refused(d.update_machine(&later).await.unwrap());
+    let (reason, message) = refused(d.runs.update_machine(&later).await.unwrap());
     assert_eq!(reason, RefusalReason::ChangedAfterJudgement);
     assert!(
         message.contains("spec.files[path=/etc/motd].content (changed)")
@@ -164,7 +164,7 @@ async fn a_change_after_the_verdict_is_refused_by_path() {
     );
     assert!(run_keys(&d).await.is_empty());
     assert!(matches!(
-        d.update_machine(&judged).await.unwrap(),
+        d.runs.update_machine(&judged).await.unwrap(),
         UpdateAnswer::InProgress { .. }
     ));
 }
@@ -174,13 +174,13 @@ async fn a_change_after_the_verdict_is_refused_by_path() {
 async fn a_rollout_verdict_licenses_nothing() {
     let d = dispatcher(memory().await);
     let r = request("m-1", false, "v1.34.1", "hi");
-    d.record_verdict(
+    d.licences.record_verdict(
         &machine_verdict_key(&r.facts.machine),
         &verdict_for(&r, false),
     )
     .await
     .unwrap();
-    let (reason, message) = refused(d.update_machine(&r).await.unwrap());
+    let (reason, message) = refused(d.runs.update_machine(&r).await.unwrap());
     assert_eq!(reason, RefusalReason::NotInPlace);
     assert!(
         message.contains("sent this desired state to a rollout (KubeadmConfig spec.diskSetup)"),
@@ -225,7 +225,7 @@ async fn a_machine_set_verdict_covers_the_machines_moved_to_it() {
         fingerprint: prints.fingerprint(),
         prints,
     };
-    d.record_verdict(&machine_set_verdict_key("default", &label), &verdict)
+    d.licences.record_verdict(&machine_set_verdict_key("default", &label), &verdict)
         .await
         .unwrap();
 
@@ -242,13 +242,13 @@ async fn a_machine_set_verdict_covers_the_machines_moved_to_it() {
         request_of(&machine, &bootstrap)
     };
     assert!(matches!(
-        d.update_machine(&worker("w-1", "123-abc", "hi"))
+        d.runs.update_machine(&worker("w-1", "123-abc", "hi"))
             .await
             .unwrap(),
         UpdateAnswer::InProgress { .. }
     ));
     let (reason, message) = refused(
-        d.update_machine(&worker("w-2", "123-abc", "changed"))
+        d.runs.update_machine(&worker("w-2", "123-abc", "changed"))
             .await
             .unwrap(),
     );
@@ -261,7 +261,7 @@ async fn a_machine_set_verdict_covers_the_machines_moved_to_it() {
     );
     assert_eq!(
         refused(
-            d.update_machine(&worker("w-3", "999-zzz", "hi"))
+            d.runs.update_machine(&worker("w-3", "999-zzz", "hi"))
                 .await
                 .unwrap()
         )
@@ -278,7 +278,7 @@ async fn a_running_update_keeps_answering_without_its_verdict() {
     let d = dispatcher(memory().await);
     let r = request("m-1", false, "v1.34.1", "hi");
     judge_in_place(&d, &r).await;
-    let first = d.update_machine(&r).await.unwrap();
+    let first = d.runs.update_machine(&r).await.unwrap();
     d.store()
         .delete(
             &machine_verdict_key(&r.facts.machine),
@@ -286,7 +286,7 @@ async fn a_running_update_keeps_answering_without_its_verdict() {
         )
         .await
         .unwrap();
-    assert_eq!(d.update_machine(&r).await.unwrap(), first);
+    assert_eq!(d.runs.update_machine(&r).await.unwrap(), first);
     let pretty = |raw: &RawValue| {
         let value: Value = serde_json::from_str(raw.get()).unwrap();
         RawValue::from_string(serde_json::to_string_pretty(&value).unwrap()).unwrap()
@@ -295,7 +295,7 @@ async fn a_running_update_keeps_answering_without_its_verdict() {
         machine: pretty(&r.machine),
         ..r.clone()
     };
-    assert_eq!(d.update_machine(&respelled).await.unwrap(), first);
+    assert_eq!(d.runs.update_machine(&respelled).await.unwrap(), first);
 
     // A record as a version without verdicts wrote it: no fingerprints at all.
     let key = "machines/default/m-1";
@@ -312,7 +312,7 @@ async fn a_running_update_keeps_answering_without_its_verdict() {
         )
         .await
         .unwrap();
-    assert_eq!(d.update_machine(&r).await.unwrap(), first);
+    assert_eq!(d.runs.update_machine(&r).await.unwrap(), first);
     let now: Value =
         serde_json::from_slice(&d.store().get(key).await.unwrap().unwrap().value).unwrap();
     assert_eq!(now["runId"], run);
@@ -320,7 +320,7 @@ async fn a_running_update_keeps_answering_without_its_verdict() {
     // A new desired state is a new judgement.
     assert_eq!(
         refused(
-            d.update_machine(&request("m-1", false, "v1.34.2", "hi"))
+            d.runs.update_machine(&request("m-1", false, "v1.34.2", "hi"))
                 .await
                 .unwrap()
         )
@@ -339,10 +339,10 @@ async fn verdicts_and_refusals_expire() {
     let d = Dispatcher::new(store, config, CancellationToken::new());
     let r = request("m-1", false, "v1.34.1", "hi");
     judge_in_place(&d, &r).await;
-    d.update_machine(&request("m-2", false, "v1.34.1", "hi"))
+    d.runs.update_machine(&request("m-2", false, "v1.34.1", "hi"))
         .await
         .unwrap();
-    assert_eq!(d.sweep_verdicts().await.unwrap(), 2);
+    assert_eq!(d.licences.sweep().await.unwrap(), 2);
     assert!(d.store().list("verdicts/").await.unwrap().is_empty());
     assert!(d.store().list("refusals/").await.unwrap().is_empty());
 }
@@ -355,7 +355,7 @@ async fn a_repeated_judgement_is_written_once_per_refresh_interval() {
     let r = request("m-1", false, "v1.34.1", "hi");
     let key = machine_verdict_key(&r.facts.machine);
     let first = verdict_for(&r, true);
-    d.record_verdict(&key, &first).await.unwrap();
+    d.licences.record_verdict(&key, &first).await.unwrap();
     let revision = |d: &Dispatcher| {
         let key = key.clone();
         let store = d.store().clone();
@@ -367,7 +367,7 @@ async fn a_repeated_judgement_is_written_once_per_refresh_interval() {
         judged_ms: first.judged_ms + 60_000,
         ..first.clone()
     };
-    d.record_verdict(&key, &minute_later).await.unwrap();
+    d.licences.record_verdict(&key, &minute_later).await.unwrap();
     assert_eq!(
         revision(&d).await,
         written,
@@ -376,7 +376,7 @@ async fn a_repeated_judgement_is_written_once_per_refresh_interval() {
     assert_eq!(stored_verdict(&d, &key).await.judged_ms, first.judged_ms);
 
     let other = verdict_for(&r, false);
-    d.record_verdict(&key, &other).await.unwrap();
+    d.licences.record_verdict(&key, &other).await.unwrap();
     assert_ne!(
         revision(&d).await,
         written,
@@ -388,7 +388,7 @@ async fn a_repeated_judgement_is_written_once_per_refresh_interval() {
         judged_ms: other.judged_ms + VERDICT_REFRESH.as_millis() as u64,
         ..other.clone()
     };
-    d.record_verdict(&key, &hour_later).await.unwrap();
+    d.licences.record_verdict(&key, &hour_later).await.unwrap();
     assert_ne!(revision(&d).await, written, "the time was never refreshed");
     assert_eq!(
         stored_verdict(&d, &key).await.judged_ms,

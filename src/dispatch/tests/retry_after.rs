@@ -44,7 +44,7 @@ async fn start(d: &Dispatcher, name: &str) -> Plan {
     update(d, &request(name, false, "v1.34.1", "hi"))
         .await
         .unwrap();
-    d.poll(&scope(), &poll_for(name, 0))
+    d.agents.poll(&scope(), &poll_for(name, 0))
         .await
         .unwrap()
         .plan
@@ -58,12 +58,12 @@ async fn at_step(d: &Dispatcher, name: &str, plan: &Plan, index: usize, running_
     for earlier in (0..index).rev() {
         let begin = end - step_ms(plan, earlier);
         let done = report_of(name, plan, earlier, StepStatus::Succeeded, begin, Some(end));
-        d.report(&scope(), &done).await.unwrap();
+        d.agents.report(&scope(), &done).await.unwrap();
         end = begin;
     }
     if index < plan.steps.len() {
         let running = report_of(name, plan, index, StepStatus::Running, started, None);
-        d.report(&scope(), &running).await.unwrap();
+        d.agents.report(&scope(), &running).await.unwrap();
     }
 }
 
@@ -85,7 +85,7 @@ async fn capi_waits(d: &Dispatcher, name: &str) -> Option<i32> {
 /// A dispatcher that has seen `runs` earlier Machines' updates take [`step_ms`] per step.
 async fn learned(runs: usize, config: DispatchConfig) -> Arc<Dispatcher> {
     let d = Dispatcher::new(memory().await, config, CancellationToken::new());
-    tokio::spawn(d.clone().follow_changes());
+    tokio::spawn(d.agents.clone().follow_changes());
     for k in 0..runs {
         let name = format!("warm-{k}");
         let plan = start(&d, &name).await;
@@ -143,7 +143,7 @@ async fn an_overrun_is_asked_about_every_second_and_a_done_run_never_again() {
         end - 6_000,
         Some(end),
     );
-    d.report(&scope(), &done).await.unwrap();
+    d.agents.report(&scope(), &done).await.unwrap();
     assert_eq!(
         capi_waits(&d, "m-1").await,
         None,

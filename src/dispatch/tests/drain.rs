@@ -5,7 +5,7 @@ use inplace_agent_api::{KubeadmUpgradeMode, StepStatus};
 use inplace_core::drain::{NodeChange, VersionChange};
 
 use super::tests::{dispatcher, memory, poll_for, report, request, scope, update, verdict_for};
-use super::verdicts::machine_verdict_key;
+use super::floor::keys::machine_verdict_key;
 use super::*;
 
 const KEY: &str = "machines/default/m-1";
@@ -29,7 +29,7 @@ async fn put(d: &Dispatcher, key: &str, value: &impl serde::Serialize) {
 /// Records the run `asked` asks for and returns the plan its agent gets.
 async fn recorded(d: &Dispatcher, asked: &UpdateRequest) -> inplace_agent_api::Plan {
     update(d, asked).await.unwrap();
-    d.poll(&scope(), &poll_for("m-1", 0))
+    d.agents.poll(&scope(), &poll_for("m-1", 0))
         .await
         .unwrap()
         .plan
@@ -39,7 +39,7 @@ async fn recorded(d: &Dispatcher, asked: &UpdateRequest) -> inplace_agent_api::P
 /// The Machine record and verdict of `machine` rewritten as a server before drain planning wrote them: no
 /// node change, no `nodeSteps`, and an input fingerprint of another server version.
 async fn as_written_before_drains(d: &Dispatcher, request: &UpdateRequest, node_steps: bool) {
-    let key = format!("machines/default/{}", request.facts.machine.name);
+    let key = format!("machines/default/{}", request.desired.facts.machine.name);
     let mut record = stored(d, &key).await;
     let object = record.as_object_mut().unwrap();
     object.remove("nodeChange");
@@ -51,7 +51,7 @@ async fn as_written_before_drains(d: &Dispatcher, request: &UpdateRequest, node_
     put(d, &key, &record).await;
     let mut verdict = verdict_for(request, true);
     verdict.node_change = None;
-    d.record_verdict(&machine_verdict_key(&request.facts.machine), &verdict)
+    d.licences.record_verdict(&machine_verdict_key(&request.desired.facts.machine), &verdict)
         .await
         .unwrap();
 }
@@ -72,10 +72,10 @@ async fn a_run_recorded_before_drains_were_planned_continues_as_recorded() {
             "installKubelet"
         ]
     );
-    d.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Succeeded))
+    d.agents.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Succeeded))
         .await
         .unwrap();
-    d.report(&scope(), &report("m-1", &plan.id, 1, StepStatus::Running))
+    d.agents.report(&scope(), &report("m-1", &plan.id, 1, StepStatus::Running))
         .await
         .unwrap();
     let before = stored(&d, KEY).await;
@@ -91,7 +91,7 @@ async fn a_run_recorded_before_drains_were_planned_continues_as_recorded() {
     );
 
     // ...but the next UpdateMachine (the server upgraded mid-run, a new input fingerprint) continues the run.
-    let answer = d.update_machine(&asked).await.unwrap();
+    let answer = d.runs.update_machine(&asked).await.unwrap();
     let UpdateAnswer::InProgress { message, .. } = &answer else {
         panic!("{answer:?}")
     };
@@ -120,7 +120,7 @@ async fn a_run_recorded_before_drains_were_planned_continues_as_recorded() {
         .unwrap();
     assert_eq!(again, plan);
     for index in 1..4 {
-        d.report(
+        d.agents.report(
             &scope(),
             &report("m-1", &plan.id, index, StepStatus::Succeeded),
         )
@@ -128,7 +128,7 @@ async fn a_run_recorded_before_drains_were_planned_continues_as_recorded() {
         .unwrap();
     }
     assert!(matches!(
-        d.update_machine(&asked).await.unwrap(),
+        d.runs.update_machine(&asked).await.unwrap(),
         UpdateAnswer::Done { .. }
     ));
 }
@@ -142,7 +142,7 @@ async fn a_record_of_this_version_with_another_plan_is_a_new_run() {
     update(&d, &asked).await.unwrap();
     let before = stored(&d, KEY).await;
     as_written_before_drains(&d, &asked, true).await;
-    d.update_machine(&asked).await.unwrap();
+    d.runs.update_machine(&asked).await.unwrap();
     let after = stored(&d, KEY).await;
     assert_ne!(after["runId"], before["runId"]);
     let plan = d
@@ -163,10 +163,10 @@ async fn the_drain_steps_progress_text_is_shown() {
         version: VersionChange::Minor,
         actions: [inplace_core::Action::KubernetesVersion].into(),
     });
-    d.record_verdict(&machine_verdict_key(&asked.facts.machine), &verdict)
+    d.licences.record_verdict(&machine_verdict_key(&asked.facts.machine), &verdict)
         .await
         .unwrap();
-    d.update_machine(&asked).await.unwrap();
+    d.runs.update_machine(&asked).await.unwrap();
     let plan = d
         .poll(&scope(), &poll_for("m-1", 0))
         .await
@@ -187,7 +187,7 @@ async fn the_drain_steps_progress_text_is_shown() {
         ]
     );
     for index in 0..3 {
-        d.report(
+        d.agents.report(
             &scope(),
             &report("m-1", &plan.id, index, StepStatus::Succeeded),
         )
@@ -197,8 +197,8 @@ async fn the_drain_steps_progress_text_is_shown() {
     let mut draining = report("m-1", &plan.id, 3, StepStatus::Running);
     draining.finished_at_unix_ms = None;
     draining.message = Some("draining node-a: 4 pods left, waiting on PDB web/pdb".into());
-    d.report(&scope(), &draining).await.unwrap();
-    let answer = d.update_machine(&asked).await.unwrap();
+    d.agents.report(&scope(), &draining).await.unwrap();
+    let answer = d.runs.update_machine(&asked).await.unwrap();
     let UpdateAnswer::InProgress { message, .. } = &answer else {
         panic!("{answer:?}")
     };
@@ -209,8 +209,8 @@ async fn the_drain_steps_progress_text_is_shown() {
     );
     // A newer text replaces it.
     draining.message = Some("draining node-a: 1 pod left".into());
-    d.report(&scope(), &draining).await.unwrap();
-    let UpdateAnswer::InProgress { message, .. } = d.update_machine(&asked).await.unwrap() else {
+    d.agents.report(&scope(), &draining).await.unwrap();
+    let UpdateAnswer::InProgress { message, .. } = d.runs.update_machine(&asked).await.unwrap() else {
         panic!()
     };
     assert!(
@@ -219,14 +219,14 @@ async fn the_drain_steps_progress_text_is_shown() {
     );
     // Not done before the node is Ready with the new kubelet and uncordoned.
     for index in 3..6 {
-        d.report(
+        d.agents.report(
             &scope(),
             &report("m-1", &plan.id, index, StepStatus::Succeeded),
         )
         .await
         .unwrap();
     }
-    let UpdateAnswer::InProgress { message, .. } = d.update_machine(&asked).await.unwrap() else {
+    let UpdateAnswer::InProgress { message, .. } = d.runs.update_machine(&asked).await.unwrap() else {
         panic!()
     };
     assert!(
@@ -242,12 +242,12 @@ async fn an_operator_retry_restarts_a_failed_run_recorded_before_drains() {
     let d = dispatcher(memory().await);
     let asked = request("m-1", false, "v1.34.1", "hi");
     let plan = recorded(&d, &asked).await;
-    d.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Failed))
+    d.agents.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Failed))
         .await
         .unwrap();
     as_written_before_drains(&d, &asked, false).await;
     assert!(matches!(
-        d.update_machine(&asked).await.unwrap(),
+        d.runs.update_machine(&asked).await.unwrap(),
         UpdateAnswer::Failed { .. }
     ));
     let failed = stored(&d, KEY).await["runId"].clone();
@@ -263,7 +263,7 @@ async fn an_operator_retry_restarts_a_failed_run_recorded_before_drains() {
     let bootstrap =
         serde_json::json!({ "spec": { "files": [ { "path": "/etc/motd", "content": "hi" } ] } });
     let retried = super::tests::request_of(&machine, &bootstrap);
-    let answer = d.update_machine(&retried).await.unwrap();
+    let answer = d.runs.update_machine(&retried).await.unwrap();
     assert!(
         matches!(answer, UpdateAnswer::InProgress { .. }),
         "the retry restarts the run: {answer:?}"

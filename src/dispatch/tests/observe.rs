@@ -25,8 +25,8 @@ fn replica(store: Arc<dyn Store>, config: DispatchConfig) -> (Arc<Dispatcher>, F
     let metrics = FleetMetrics::new();
     let dispatcher =
         Dispatcher::with_metrics(store, config, CancellationToken::new(), metrics.clone());
-    tokio::spawn(dispatcher.clone().follow_changes());
-    tokio::spawn(dispatcher.clone().run_census());
+    tokio::spawn(dispatcher.agents.clone().follow_changes());
+    tokio::spawn(dispatcher.fleet.clone().run_census());
     (dispatcher, metrics)
 }
 
@@ -53,7 +53,7 @@ fn request(name: &str, motd: &str) -> UpdateRequest {
 /// UpdateMachine for `request` after CanUpdateMachine judged it in place, as CAPI calls them.
 async fn judged_update(dispatcher: &Dispatcher, request: UpdateRequest) -> super::UpdateAnswer {
     super::tests::judge_in_place(dispatcher, &request).await;
-    dispatcher.update_machine(&request).await.unwrap()
+    dispatcher.runs.update_machine(&request).await.unwrap()
 }
 
 fn scope() -> AgentScope {
@@ -129,7 +129,7 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
     let machine = MachineRef::new("default", "w-1");
     let peer = Some("10.0.0.7:40000".parse().unwrap());
 
-    a.refused(
+    a.agents.refused(
         Some(&agent("w-1")),
         AgentRefusalReason::ExpiredToken,
         "token expired at 2026-01-01T00:00:00Z",
@@ -137,12 +137,12 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
     )
     .await;
     assert_eq!(
-        a.last_refusal(&machine).await.unwrap().unwrap().reason,
+        a.agents.last_refusal(&machine).await.unwrap().unwrap().reason,
         AgentRefusalReason::ExpiredToken,
         "remembered where it happened"
     );
     assert!(
-        b.last_refusal(&machine).await.unwrap().is_none(),
+        b.agents.last_refusal(&machine).await.unwrap().is_none(),
         "a Machine this updater has no record of is never written (the claim is not authenticated)"
     );
     assert_eq!(
@@ -155,14 +155,14 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
     assert!(message.contains("last seen: never)"), "{message}");
     // Refusal times are in milliseconds: the next one must be later to be the newer one.
     tokio::time::sleep(Duration::from_millis(3)).await;
-    b.refused(
+    b.agents.refused(
         Some(&agent("w-1")),
         AgentRefusalReason::OutOfScope,
         "this token is scoped to cluster default/other",
         peer,
     )
     .await;
-    let on_a = a.last_refusal(&machine).await.unwrap().unwrap();
+    let on_a = a.agents.last_refusal(&machine).await.unwrap().unwrap();
     assert_eq!(
         on_a.reason,
         AgentRefusalReason::OutOfScope,
@@ -176,7 +176,7 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
         "{message}"
     );
 
-    let rows = a.agents().await.unwrap();
+    let rows = a.agents.list().await.unwrap();
     let row = rows.iter().find(|r| r.machine == "default/w-1").unwrap();
     assert_eq!(
         row.last_refusal.as_ref().unwrap().reason,
@@ -199,7 +199,7 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
     );
 
     // Once the agent gets through, the refusal is history: the message says when it was seen instead.
-    a.poll(
+    a.agents.poll(
         &scope(),
         &inplace_agent_api::PollRequest {
             agent: agent("w-1"),
@@ -211,7 +211,7 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
     .unwrap();
     let message = waiting_message(judged_update(&a, request("w-1", "hi")).await);
     assert!(!message.contains("refused"), "{message}");
-    let rows = a.agents().await.unwrap();
+    let rows = a.agents.list().await.unwrap();
     let row = rows.iter().find(|r| r.machine == "default/w-1").unwrap();
     assert!(row.connected && row.last_seen_ms.is_some(), "{row:?}");
 }
@@ -225,7 +225,7 @@ async fn old_refusals_are_swept_by_retention() {
     };
     let (a, _) = replica(store.clone(), config);
     judged_update(&a, request("w-1", "hi")).await;
-    a.refused(
+    a.agents.refused(
         Some(&agent("w-1")),
         AgentRefusalReason::UnknownToken,
         "unknown or revoked token",
@@ -234,10 +234,10 @@ async fn old_refusals_are_swept_by_retention() {
     .await;
     assert_eq!(store.list("agent-refusals/").await.unwrap().len(), 1);
     tokio::time::sleep(Duration::from_millis(5)).await;
-    assert_eq!(a.sweep_refusals().await.unwrap(), 1);
+    assert_eq!(a.agents.sweep_refusals().await.unwrap(), 1);
     assert!(store.list("agent-refusals/").await.unwrap().is_empty());
     assert!(
-        a.agents().await.unwrap().is_empty(),
+        a.agents.list().await.unwrap().is_empty(),
         "forgotten in memory too"
     );
 }
@@ -263,14 +263,14 @@ async fn every_replica_counts_each_machines_current_update_by_state() {
     assert!(b.unfinished_update_oldest_progress_ms().is_some());
 
     let plan = plan_for_agent(&a, "w-1").await;
-    a.report(&scope(), &step_report("w-1", &plan.id, StepStatus::Running))
+    a.agents.report(&scope(), &step_report("w-1", &plan.id, StepStatus::Running))
         .await
         .unwrap();
     eventually("one running", || {
         count(&on_b, "running") == 1 && count(&on_b, "recorded") == 1
     })
     .await;
-    a.report(&scope(), &step_report("w-1", &plan.id, StepStatus::Failed))
+    a.agents.report(&scope(), &step_report("w-1", &plan.id, StepStatus::Failed))
         .await
         .unwrap();
     eventually("one failed", || {
@@ -298,8 +298,8 @@ async fn finished_steps_are_timed_and_failures_counted_once() {
     let plan = plan_for_agent(&a, "w-1").await;
     let kind = plan.steps[0].action.kind();
     let failed = step_report("w-1", &plan.id, StepStatus::Failed);
-    a.report(&scope(), &failed).await.unwrap();
-    a.report(&scope(), &failed).await.unwrap();
+    a.agents.report(&scope(), &failed).await.unwrap();
+    a.agents.report(&scope(), &failed).await.unwrap();
     let failures = metrics
         .step_failures
         .get_or_create(&KindLabels { kind })

@@ -1,0 +1,153 @@
+//! What dispatch's tests share: a dispatcher over the in-memory store, UpdateMachine requests, the CanUpdate
+//! verdict CAPI would have recorded first, agent polls and reports.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use inplace_agent_api::{AgentIdentity, MachineRef, PollRequest, StepReport, StepStatus};
+use inplace_core::{Action, DesiredMachine};
+use inplace_store::{EtcdOptions, Store, StoreUrl};
+use serde_json::json;
+use serde_json::value::RawValue;
+use tokio_util::sync::CancellationToken;
+
+use super::floor::keys::machine_verdict_key;
+use super::*;
+
+pub(crate) async fn memory() -> Arc<dyn Store> {
+    inplace_store::open(&StoreUrl::Memory, &EtcdOptions::default())
+        .await
+        .unwrap()
+}
+
+pub(crate) fn dispatcher(store: Arc<dyn Store>) -> Arc<Dispatcher> {
+    let dispatcher = Dispatcher::new(store, DispatchConfig::default(), CancellationToken::new());
+    tokio::spawn(dispatcher.agents.clone().follow_changes());
+    dispatcher
+}
+
+pub(crate) fn request(name: &str, control_plane: bool, version: &str, motd: &str) -> UpdateRequest {
+    let mut labels = json!({ "cluster.x-k8s.io/cluster-name": "edge-01" });
+    if control_plane {
+        labels["cluster.x-k8s.io/control-plane"] = json!("");
+    }
+    let machine = json!({
+        "metadata": { "name": name, "namespace": "default", "labels": labels },
+        "spec": { "clusterName": "edge-01", "version": version }
+    });
+    let bootstrap = json!({ "spec": { "files": [ { "path": "/etc/motd", "content": motd } ] } });
+    request_of(&machine, &bootstrap)
+}
+
+/// UpdateMachine for these desired Machine and bootstrap objects, allowed to change the version and files.
+pub(crate) fn request_of(
+    machine: &serde_json::Value,
+    bootstrap: &serde_json::Value,
+) -> UpdateRequest {
+    let text = |value: &serde_json::Value| RawValue::from_string(value.to_string()).unwrap();
+    UpdateRequest {
+        desired: DesiredMachine::of(machine).unwrap(),
+        machine: machine.clone(),
+        machine_text: text(machine),
+        bootstrap: Some(text(bootstrap)),
+        hashed: Default::default(),
+        infra: None,
+        paused_setting: None,
+        actions: [Action::KubernetesVersion, Action::Files]
+            .into_iter()
+            .collect::<BTreeSet<_>>(),
+        window: None,
+        drain_rules: inplace_core::drain::DrainRules::default(),
+    }
+}
+
+/// What CAPI does before UpdateMachine: CanUpdateMachine judged the request's desired objects in place.
+pub(crate) async fn judge_in_place(d: &Dispatcher, request: &UpdateRequest) {
+    let record = verdict_for(request, true);
+    d.licences.record_verdict(
+        &machine_verdict_key(&request.desired.facts.machine),
+        &record,
+    )
+    .await
+    .unwrap();
+}
+
+/// A CanUpdateMachine verdict on the request's desired objects.
+pub(crate) fn verdict_for(request: &UpdateRequest, in_place: bool) -> VerdictRecord {
+    let parse = |raw: &RawValue| serde_json::from_str::<serde_json::Value>(raw.get()).unwrap();
+    let machine = request.machine.clone();
+    let bootstrap = request.bootstrap.as_deref().map(parse);
+    let infra = request.infra.as_deref().map(parse);
+    let normalized = inplace_core::verdict::Normalized::of(
+        inplace_core::Scope::Object,
+        &inplace_core::Objects {
+            machine: Some(&machine),
+            bootstrap: bootstrap.as_ref(),
+            infra: infra.as_ref(),
+        },
+    );
+    let prints = normalized.prints();
+    VerdictRecord {
+        hook: VerdictHook::CanUpdateMachine,
+        object: request.desired.facts.machine.to_string(),
+        judged_ms: now_ms(),
+        in_place,
+        accepted: vec![],
+        rejected: if in_place {
+            vec![]
+        } else {
+            vec!["KubeadmConfig spec.diskSetup".into()]
+        },
+        rejected_total: usize::from(!in_place),
+        template_hash: None,
+        // What CanUpdateMachine finds for these requests: the files change (the motd) of one version.
+        node_change: Some(inplace_core::drain::NodeChange {
+            version: inplace_core::drain::VersionChange::None,
+            actions: [Action::Files].into(),
+        }),
+        fingerprint: prints.fingerprint(),
+        prints,
+    }
+}
+
+/// CanUpdate first, as CAPI does, then UpdateMachine.
+pub(crate) async fn update(
+    d: &Dispatcher,
+    request: &UpdateRequest,
+) -> Result<UpdateAnswer, DispatchError> {
+    judge_in_place(d, request).await;
+    d.runs.update_machine(request).await
+}
+
+pub(crate) fn scope() -> AgentScope {
+    AgentScope::Cluster {
+        namespace: "default".into(),
+        cluster: "edge-01".into(),
+    }
+}
+
+pub(crate) fn poll_for(name: &str, wait_seconds: u32) -> PollRequest {
+    PollRequest {
+        agent: AgentIdentity::Machine(MachineRef::new("default", name)),
+        current: None,
+        wait_seconds,
+    }
+}
+
+pub(crate) fn report(name: &str, plan: &str, index: u32, status: StepStatus) -> StepReport {
+    StepReport {
+        agent: AgentIdentity::Machine(MachineRef::new("default", name)),
+        plan_id: plan.into(),
+        step_index: index,
+        status,
+        attempt: 1,
+        started_at_unix_ms: Some(1),
+        finished_at_unix_ms: Some(2),
+        exit_code: (status == StepStatus::Failed).then_some(1),
+        stderr_tail: (status == StepStatus::Failed).then(|| "[ERROR] kubeadm says no".to_string()),
+        message: None,
+    }
+}
+
