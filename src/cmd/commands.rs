@@ -125,9 +125,7 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
         metrics.fleet.clone(),
     );
     if let Some(path) = &args.test_window_clock_file {
-        dispatcher
-            .window_clock()
-            .follow_file_for_tests(path.clone());
+        dispatcher.clock().follow_file_for_tests(path.clone());
     }
     let services = Services {
         engine: Arc::new(Engine { policy, dispatcher }),

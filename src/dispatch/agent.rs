@@ -14,7 +14,7 @@ use super::records::{
     MachineRecord, ProviderIndex, RunOutcome, UpdateRecord, machine_key, provider_key, update_key,
     valid_segment,
 };
-use super::{DispatchError, Dispatcher, now_ms};
+use super::{DispatchError, Dispatcher};
 
 /// What a verified agent token allows.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -119,8 +119,8 @@ impl Dispatcher {
         record: Option<&MachineRecord>,
     ) -> Result<(), DispatchError> {
         let key = update_key(machine, &progress.plan_id);
-        let now = now_ms();
-        let window_now = self.window_clock.now_ms();
+        let now = self.clock.now_ms();
+        let window_now = self.clock.now_ms();
         let mut failed_kind = None;
         self.update(&key, |current: Option<&UpdateRecord>| {
             failed_kind = None;
@@ -162,7 +162,7 @@ impl Dispatcher {
         else {
             return Ok(None);
         };
-        let hold = hold_for(&record, &run, self.window_clock.now_ms());
+        let hold = hold_for(&record, &run, self.clock.now_ms());
         Ok(run.agent_needs_plan(current).then_some((run.plan, hold)))
     }
 
@@ -258,7 +258,7 @@ impl Dispatcher {
             )));
         };
         self.mark_seen(&machine);
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut rejection = None;
         let mut ended = None;
         let run = self
@@ -297,7 +297,7 @@ impl Dispatcher {
             .read::<MachineRecord>(&machine_key(&machine))
             .await?
             .map_or(record, |(r, _)| r);
-        let now = self.window_clock.now_ms();
+        let now = self.clock.now_ms();
         Ok(run.and_then(|run| hold_for(&record, &run, now)))
     }
 

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::records::AgentRecord;
 use super::refusal_book::newer;
 use super::refusals::{AGENT_REFUSALS_PREFIX, AgentRefusalRecord, Claim};
-use super::{DispatchError, Dispatcher, LAST_SEEN_PERSIST_INTERVAL, now_ms, parse_machine};
+use super::{DispatchError, Dispatcher, LAST_SEEN_PERSIST_INTERVAL, parse_machine};
 
 /// An agent is connected when its last request reached this replica within this long: one long-poll plus
 /// the grace agents give it.
@@ -62,7 +62,10 @@ impl AgentRow {
 impl Dispatcher {
     /// Agents with a request to this replica within [`CONNECTED_WITHIN`].
     pub fn connected_count(&self) -> usize {
-        let horizon = now_ms().saturating_sub(CONNECTED_WITHIN.as_millis() as u64);
+        let horizon = self
+            .clock
+            .now_ms()
+            .saturating_sub(CONNECTED_WITHIN.as_millis() as u64);
         self.seen
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -73,7 +76,7 @@ impl Dispatcher {
 
     /// Every agent seen or refused, sorted by Machine.
     pub async fn agents(&self) -> Result<Vec<AgentRow>, DispatchError> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut rows: BTreeMap<String, AgentRow> = BTreeMap::new();
         let mut persisted_seen: BTreeMap<String, u64> = BTreeMap::new();
         for entry in self.store.list("agents/").await? {

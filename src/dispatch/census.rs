@@ -16,7 +16,7 @@ use serde::Deserialize;
 use super::records::{
     CancelledRun, MachineRecord, RunOutcome, RunStepRecord, UPDATES_PREFIX, update_key,
 };
-use super::{DispatchError, Dispatcher, now_ms, parse_machine};
+use super::{DispatchError, Dispatcher, parse_machine};
 use crate::observe::{LiveFleet, StateLabels};
 
 /// Pause before rebuilding the census again after the store failed to list.
@@ -358,7 +358,7 @@ impl Dispatcher {
             self.census().set_state(&machine, run_id, run);
         } else if let Some(machine) = change.key.strip_prefix("agents/").and_then(parse_machine) {
             if !change.deleted {
-                self.census().agents.insert(machine, now_ms());
+                self.census().agents.insert(machine, self.clock.now_ms());
             }
         }
         Ok(())

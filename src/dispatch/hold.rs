@@ -82,7 +82,7 @@ pub(super) fn annotation(machine: &str, name: &str) -> Result<Option<String>, Di
     }
 }
 
-/// The hold on `run` given its Machine's record at `now_ms` (Unix ms, the window clock): cancelled (recorded
+/// The hold on `run` given its Machine's record at `now_ms` (Unix ms, the dispatcher's clock): cancelled (recorded
 /// or asked for) before paused before a shut maintenance window; none once the run ended otherwise.
 pub fn hold_for(record: &MachineRecord, run: &UpdateRecord, now_ms: u64) -> Option<Hold> {
     hold_on(

@@ -17,7 +17,7 @@ use super::verdicts::{
     Refusal, RefusalRecord, SET_NAME_LABEL, TEMPLATE_HASH_LABEL, VERDICT_REFRESH, VERDICTS_PREFIX,
     VerdictRecord, judge, machine_set_verdict_key, machine_verdict_key, refusal_key,
 };
-use super::{DispatchError, Dispatcher, now_ms};
+use super::{DispatchError, Dispatcher};
 use inplace_core::drain::NodeChange;
 
 /// Whether a new run may be recorded for a desired state.
@@ -221,7 +221,7 @@ impl Dispatcher {
     /// store failure here changes nothing about the answer.
     async fn note_refusal(&self, facts: &inplace_core::plan::MachineFacts, refusal: &Refusal) {
         let key = refusal_key(&facts.machine);
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let previous = self
             .read::<RefusalRecord>(&key)
             .await
@@ -261,7 +261,10 @@ impl Dispatcher {
 
     /// Deletes verdicts and refusals older than `--verdict-retention`. Returns how many were deleted.
     pub async fn sweep_verdicts(&self) -> Result<usize, DispatchError> {
-        let horizon = now_ms().saturating_sub(self.config.verdict_retention.as_millis() as u64);
+        let horizon = self
+            .clock
+            .now_ms()
+            .saturating_sub(self.config.verdict_retention.as_millis() as u64);
         let mut deleted = 0;
         for prefix in [VERDICTS_PREFIX, REFUSALS_PREFIX] {
             for entry in self.store.list(prefix).await? {

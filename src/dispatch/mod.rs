@@ -10,6 +10,7 @@
 mod agent;
 mod agents;
 mod census;
+mod clock;
 mod hold;
 mod licence;
 pub mod pace;
@@ -40,6 +41,7 @@ use crate::observe::{FleetMetrics, LiveFleet};
 pub use agent::AgentScope;
 pub use agents::{AgentRow, CONNECTED_WITHIN};
 pub use census::{CENSUS_RETRY, UpdateState};
+pub use clock::Clock;
 pub use hold::{
     CANCEL_ANNOTATION, MAX_HOLD_VALUE_BYTES, OperatorHolds, PAUSE_ANNOTATION, PAUSED_SETTING,
     hold_for, resume_command,
@@ -63,7 +65,6 @@ pub use update::{UpdateAnswer, UpdateRequest};
 pub use verdicts::{
     DEFAULT_VERDICT_RETENTION, RefusalReason, VERDICT_REFRESH, VerdictHook, VerdictRecord,
 };
-pub use window::WindowClock;
 
 /// How many times a compare-and-swap is retried against concurrent writers before giving up.
 pub const CAS_ATTEMPTS: usize = 16;
@@ -131,7 +132,8 @@ impl Default for DispatchConfig {
     }
 }
 
-/// Milliseconds since the Unix epoch.
+/// Milliseconds since the Unix epoch, by the system clock. Dispatch and the hooks read time through the
+/// dispatcher's [`Clock`] instead ([`Dispatcher::clock`]), which tests can pin.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -159,8 +161,8 @@ pub struct Dispatcher {
     refusals: Mutex<refusal_book::RefusalBook>,
     /// Each Machine's current update state, from the change feed.
     census: Mutex<census::Census>,
-    /// The clock maintenance windows are judged by.
-    window_clock: WindowClock,
+    /// The clock every time read of dispatch goes through (the system clock unless a test pins it).
+    clock: Clock,
     /// Step durations learned from the steps this replica saw succeed (for adaptive `retryAfterSeconds`).
     step_durations: Mutex<pace::StepDurations>,
 }
@@ -213,7 +215,7 @@ impl Dispatcher {
             metrics,
             refusals: Mutex::new(refusal_book::RefusalBook::default()),
             census: Mutex::new(census::Census::default()),
-            window_clock: WindowClock::default(),
+            clock: Clock::default(),
             step_durations: Mutex::new(pace::StepDurations::default()),
         });
         let live: std::sync::Weak<dyn LiveFleet> = Arc::downgrade(&dispatcher) as _;

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::records::{MachineRecord, ProviderIndex, machine_key, provider_key, valid_segment};
 use super::refusal_book::{RefusalBook, newer};
-use super::{DispatchError, Dispatcher, now_ms};
+use super::{DispatchError, Dispatcher};
 use crate::observe::ReasonLabels;
 use crate::server::auth::AuthError;
 
@@ -205,7 +205,7 @@ impl Dispatcher {
             reason,
             message: clean(message),
             peer: peer.map(|p| p.to_string()),
-            at_ms: now_ms(),
+            at_ms: self.clock.now_ms(),
         };
         let decision = self.book().note(&claim, &record, record.at_ms);
         if let Some(count) = decision.unlogged {
@@ -280,7 +280,10 @@ impl Dispatcher {
     /// Deletes refusal records (and forgets refusals) older than the retention period. Returns how many
     /// records were deleted.
     pub async fn sweep_refusals(&self) -> Result<usize, DispatchError> {
-        let horizon = now_ms().saturating_sub(self.config.retention.as_millis() as u64);
+        let horizon = self
+            .clock
+            .now_ms()
+            .saturating_sub(self.config.retention.as_millis() as u64);
         self.book().forget_before(horizon);
         let mut deleted = 0;
         for entry in self.store.list(AGENT_REFUSALS_PREFIX).await? {

@@ -13,7 +13,7 @@ use inplace_agent_api::MachineRef;
 use inplace_store::{Precondition, Write};
 
 use super::records::{MachineRecord, RetryMark, RunOutcome, UpdateRecord, machine_key, update_key};
-use super::{CAS_ATTEMPTS, DispatchError, Dispatcher, now_ms};
+use super::{CAS_ATTEMPTS, DispatchError, Dispatcher};
 
 /// The annotation whose every new value restarts a failed run once.
 pub const RETRY_ANNOTATION: &str = "inplace-updater.dev/retry";
@@ -130,7 +130,7 @@ impl Dispatcher {
                 .read::<UpdateRecord>(&update_key(machine, &record.run_id))
                 .await?
                 .map(|(run, _)| run);
-            let now = now_ms();
+            let now = self.clock.now_ms();
             let (next, outcome) = match run {
                 Some(run) if run.outcome().is_failure() => {
                     let fresh_id = super::update::run_id(&record.state_hash, Some(&record.run_id));

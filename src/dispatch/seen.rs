@@ -17,7 +17,7 @@ use inplace_agent_api::{InventoryReport, MachineRef};
 use tokio::sync::Notify;
 
 use super::records::{AgentRecord, agent_key};
-use super::{DispatchError, Dispatcher, LAST_SEEN_PERSIST_INTERVAL, now_ms};
+use super::{DispatchError, Dispatcher, LAST_SEEN_PERSIST_INTERVAL};
 
 /// Last-seen writes the background task has in flight at once (each is a read and a compare-and-swap). Low on
 /// purpose: these writes only refresh what other replicas show, and must leave the store to UpdateMachine.
@@ -46,7 +46,7 @@ pub(super) struct SeenQueue {
 impl Dispatcher {
     /// Notes a request from `machine`'s agent now; queues its last-seen write when one is due.
     pub(super) fn mark_seen(&self, machine: &MachineRef) {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let due = {
             let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
             let entry = seen.entry(machine.clone()).or_insert((now, 0));
@@ -75,7 +75,7 @@ impl Dispatcher {
         machine: &MachineRef,
         inventory: Option<InventoryReport>,
     ) -> Result<(), DispatchError> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         self.update(&agent_key(machine), |current: Option<&AgentRecord>| {
             Ok(Some(AgentRecord {
                 last_seen_ms: now,

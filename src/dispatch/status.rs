@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::records::{MachineRecord, RunOutcome, UPDATES_PREFIX, UpdateRecord, machine_key};
 use super::verdicts::{REFUSALS_PREFIX, RefusalRecord};
-use super::{DispatchError, Dispatcher, now_ms};
+use super::{DispatchError, Dispatcher};
 
 /// Where a run is, for `status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,7 +66,7 @@ impl Dispatcher {
                 .map(|(record, _)| record)
                 .filter(|record| record.run_id == run.plan.id);
             let current = record.is_some();
-            let window_now = self.window_clock.now_ms();
+            let window_now = self.clock.now_ms();
             let hold = record
                 .as_ref()
                 .and_then(|r| super::hold::hold_for(r, &run, window_now));
@@ -167,7 +167,7 @@ impl Dispatcher {
     /// Deletes runs that finished (or were superseded) longer ago than the retention period and are not any
     /// Machine's current run. Returns how many were deleted.
     pub async fn sweep(&self) -> Result<usize, DispatchError> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let horizon = now.saturating_sub(self.config.retention.as_millis() as u64);
         let mut deleted = 0;
         for entry in self.store.list(UPDATES_PREFIX).await? {

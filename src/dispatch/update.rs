@@ -23,7 +23,7 @@ use super::records::{
 use super::refusals::AgentRefusalRecord;
 use super::retry::{RETRY_ANNOTATION, RetryOutcome, retry_command};
 use super::verdicts::RefusalReason;
-use super::{CONNECTED_WITHIN, DispatchError, Dispatcher, LAST_SEEN_PERSIST_INTERVAL, now_ms};
+use super::{CONNECTED_WITHIN, DispatchError, Dispatcher, LAST_SEEN_PERSIST_INTERVAL};
 use crate::hex;
 
 /// Longest stderr excerpt put in a Failure message (CAPI logs it; our status shows the full tail).
@@ -165,7 +165,7 @@ impl Dispatcher {
         };
         let claim = ApplyClaim {
             machine: facts.machine.name.clone(),
-            claimed_ms: now_ms(),
+            claimed_ms: self.clock.now_ms(),
         };
         let bytes = serde_json::to_vec(&claim).map_err(|err| DispatchError::Corrupt {
             key: key.clone(),
@@ -300,7 +300,7 @@ impl Dispatcher {
         if !repeat && let Some(provider_id) = &facts.provider_id {
             self.index_provider(provider_id, &facts.machine).await?;
         }
-        let now = now_ms();
+        let now = self.clock.now_ms();
 
         // Built only when the Machine record does not already carry this input's fingerprint (CAPI asks
         // again every few seconds while an update runs, always with the same objects).
@@ -460,7 +460,7 @@ impl Dispatcher {
             .as_ref()
             .filter(|m| m.ignored && m.run_id == record.run_id)
             .map(|m| m.value.as_str());
-        let window_now = self.window_clock.now_ms();
+        let window_now = self.clock.now_ms();
         let hold = hold_on(
             &record,
             &record.run_id,

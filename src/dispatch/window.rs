@@ -1,11 +1,6 @@
-//! Maintenance windows in dispatch: the clock they are judged by (the system clock, or one a test pins),
-//! whether a call would start a new run (which waits for the window), and UpdateMachine's answers while a new
-//! run waits or a run in progress is held (the hold itself is one arm of `hold::hold_on`, judged again at
-//! every poll and report).
-
-use std::path::PathBuf;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+//! Maintenance windows in dispatch, judged by the dispatcher's clock (`clock`): whether a call would start a
+//! new run (which waits for the window), and UpdateMachine's answers while a new run waits or a run in
+//! progress is held (the hold itself is one arm of `hold::hold_on`, judged again at every poll and report).
 
 use inplace_core::window::{Gate, Window};
 
@@ -13,46 +8,7 @@ use inplace_agent_api::{Hold, KubeadmUpgradeMode};
 
 use super::hold::held_answer;
 use super::records::{MachineRecord, RunOutcome, RunView, update_key};
-use super::{DispatchError, Dispatcher, UpdateAnswer, UpdateRequest, now_ms, plan_for};
-
-/// The clock windows are judged by. Only tests set it (a pinned instant, or the hidden test-only serve flag
-/// `--test-window-clock-file`); otherwise it is the system clock.
-#[derive(Debug, Default)]
-pub struct WindowClock {
-    /// Pinned Unix ms; 0 means "not pinned".
-    pinned_ms: AtomicU64,
-    /// Test-only: a file holding the Unix ms to use, read at every look.
-    file: OnceLock<PathBuf>,
-}
-
-impl WindowClock {
-    /// Now, in Unix ms.
-    pub fn now_ms(&self) -> u64 {
-        if let Some(path) = self.file.get() {
-            // A file a test is rewriting may be caught empty: then the system clock, as without one.
-            let pinned = std::fs::read_to_string(path)
-                .ok()
-                .and_then(|text| text.trim().parse::<u64>().ok());
-            if let Some(pinned) = pinned {
-                return pinned;
-            }
-        }
-        match self.pinned_ms.load(Ordering::Relaxed) {
-            0 => now_ms(),
-            pinned => pinned,
-        }
-    }
-
-    /// Test-only: read the instant (Unix ms, decimal) from `path` at every look.
-    pub fn follow_file_for_tests(&self, path: PathBuf) {
-        let _ = self.file.set(path);
-    }
-
-    /// Test-only: judge windows as if it were `unix_ms` from now on (0: back to the system clock).
-    pub fn pin_for_tests(&self, unix_ms: u64) {
-        self.pinned_ms.store(unix_ms, Ordering::Relaxed);
-    }
-}
+use super::{DispatchError, Dispatcher, UpdateAnswer, UpdateRequest, plan_for};
 
 /// `unix_ms` as a timestamp (Unix epoch itself when out of range, which no clock reading is).
 pub(super) fn timestamp(unix_ms: u64) -> jiff::Timestamp {
@@ -63,16 +19,11 @@ pub(super) fn timestamp(unix_ms: u64) -> jiff::Timestamp {
 }
 
 impl Dispatcher {
-    /// The clock maintenance windows are judged by.
-    pub fn window_clock(&self) -> &WindowClock {
-        &self.window_clock
-    }
-
     /// When `window` is closed now: the InProgress answer saying when it opens, with `retryAfterSeconds` the
     /// normal one or the wait until it opens, whichever is shorter (at least 1 s).
     pub(super) fn window_closed(&self, window: &Window, waiting_for: &str) -> Option<UpdateAnswer> {
         // `waiting_for`: "the update" (a new run) or "the next step" (a held run).
-        let now = self.window_clock.now_ms();
+        let now = self.clock.now_ms();
         let Gate::Closed { opens, message } = window.gate(timestamp(now)) else {
             return None;
         };

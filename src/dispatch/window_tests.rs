@@ -30,7 +30,7 @@ async fn machine_record(d: &Dispatcher) -> Option<records::MachineRecord> {
 async fn outside_the_window_no_run_starts_and_the_answer_says_when_it_opens() {
     let d = dispatcher(memory().await);
     // Monday 2026-12-07 18:48 in Berlin: the window opens at 22:00 local (21:00Z).
-    d.window_clock().pin_for_tests(ms("2026-12-07T17:48:00Z"));
+    d.clock().pin_for_tests(ms("2026-12-07T17:48:00Z"));
     let answer = update(&d, &windowed("v2")).await.unwrap();
     assert_eq!(
         answer,
@@ -48,7 +48,7 @@ async fn outside_the_window_no_run_starts_and_the_answer_says_when_it_opens() {
     );
 
     // Three seconds before it opens, CAPI is told to come back at the opening, not later.
-    d.window_clock().pin_for_tests(ms("2026-12-07T20:59:57Z"));
+    d.clock().pin_for_tests(ms("2026-12-07T20:59:57Z"));
     match update(&d, &windowed("v2")).await.unwrap() {
         UpdateAnswer::InProgress {
             retry_after_seconds,
@@ -61,7 +61,7 @@ async fn outside_the_window_no_run_starts_and_the_answer_says_when_it_opens() {
     }
 
     // Open: the run is recorded and the agent is awaited.
-    d.window_clock().pin_for_tests(ms("2026-12-07T21:00:00Z"));
+    d.clock().pin_for_tests(ms("2026-12-07T21:00:00Z"));
     match update(&d, &windowed("v2")).await.unwrap() {
         UpdateAnswer::InProgress { message, .. } => {
             assert!(
@@ -77,12 +77,12 @@ async fn outside_the_window_no_run_starts_and_the_answer_says_when_it_opens() {
 #[tokio::test]
 async fn a_new_desired_state_waits_for_the_window_but_the_recorded_run_is_kept() {
     let d = dispatcher(memory().await);
-    d.window_clock().pin_for_tests(ms("2026-12-07T23:00:00Z"));
+    d.clock().pin_for_tests(ms("2026-12-07T23:00:00Z"));
     update(&d, &windowed("v2")).await.unwrap();
     let first = machine_record(&d).await.unwrap();
 
     // The window closed (Tuesday 05:00 in Berlin): the recorded run is held, and says until when.
-    d.window_clock().pin_for_tests(ms("2026-12-08T04:00:00Z"));
+    d.clock().pin_for_tests(ms("2026-12-08T04:00:00Z"));
     match update(&d, &windowed("v2")).await.unwrap() {
         UpdateAnswer::InProgress { message, .. } => assert!(
             message.starts_with(&format!(
@@ -103,7 +103,7 @@ async fn a_new_desired_state_waits_for_the_window_but_the_recorded_run_is_kept()
     }
     assert_eq!(machine_record(&d).await.unwrap().run_id, first.run_id);
 
-    d.window_clock().pin_for_tests(ms("2026-12-14T21:00:00Z"));
+    d.clock().pin_for_tests(ms("2026-12-14T21:00:00Z"));
     update(&d, &windowed("v3")).await.unwrap();
     assert_ne!(machine_record(&d).await.unwrap().run_id, first.run_id);
 }
@@ -111,7 +111,7 @@ async fn a_new_desired_state_waits_for_the_window_but_the_recorded_run_is_kept()
 #[tokio::test]
 async fn without_a_window_the_clock_does_not_matter() {
     let d = dispatcher(memory().await);
-    d.window_clock().pin_for_tests(ms("2026-12-07T17:48:00Z"));
+    d.clock().pin_for_tests(ms("2026-12-07T17:48:00Z"));
     let plain = request("m-1", false, "v1.34.1", "v2");
     match update(&d, &plain).await.unwrap() {
         UpdateAnswer::InProgress { message, .. } => {
@@ -125,7 +125,7 @@ async fn without_a_window_the_clock_does_not_matter() {
 async fn a_run_in_progress_is_held_after_its_step_when_the_window_shuts_and_goes_on_when_it_opens()
 {
     let d = dispatcher(memory().await);
-    d.window_clock().pin_for_tests(ms("2026-12-07T23:00:00Z"));
+    d.clock().pin_for_tests(ms("2026-12-07T23:00:00Z"));
     update(&d, &windowed("v2")).await.unwrap();
     let first = d.poll(&scope(), &poll_for("m-1", 0)).await.unwrap();
     assert_eq!(first.hold, None);
@@ -135,7 +135,7 @@ async fn a_run_in_progress_is_held_after_its_step_when_the_window_shuts_and_goes
         .unwrap();
 
     // The window shuts while step 1 runs: the step's end is acked with the window hold, and polls say so.
-    d.window_clock().pin_for_tests(ms("2026-12-08T04:00:00Z"));
+    d.clock().pin_for_tests(ms("2026-12-08T04:00:00Z"));
     let opens = ms("2026-12-14T21:00:00Z");
     let ack = d
         .report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Succeeded))
@@ -166,7 +166,7 @@ async fn a_run_in_progress_is_held_after_its_step_when_the_window_shuts_and_goes
     }
 
     // It opens: no hold any more, and UpdateMachine reports the run again.
-    d.window_clock().pin_for_tests(opens);
+    d.clock().pin_for_tests(opens);
     let polled = d.poll(&scope(), &poll_for("m-1", 0)).await.unwrap();
     assert_eq!(polled.hold, None);
     match update(&d, &windowed("v2")).await.unwrap() {
