@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
 mod corpus;
+mod file;
 mod harness;
 mod operator;
 mod rollout;
