@@ -382,7 +382,8 @@ pub struct ServeArgs {
     /// CAPI's 24 h cache of CanUpdateMachineSet answers).
     #[arg(long, env = "INPLACE_UPDATER_VERDICT_RETENTION", value_parser = duration, default_value = "72h")]
     pub verdict_retention: Duration,
-    /// Test-only (hidden): judge maintenance windows by the Unix ms in this file instead of the system clock.
+    /// Test-only (hidden): dispatch reads the time (maintenance windows, run and last-seen times) as the Unix
+    /// ms in this file instead of the system clock.
     #[arg(long, hide = true)]
     pub test_window_clock_file: Option<PathBuf>,
 }

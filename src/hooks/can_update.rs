@@ -27,7 +27,6 @@ use crate::api::{
     CanUpdateMachineSetResponse, CanUpdateRequest, DecodeError, Hook, Object, ObjectKey, Pair,
     Patch, PatchType, SideTexts, Status, decode_request,
 };
-use crate::dispatch::now_ms;
 use crate::dispatch::floor::keys::{machine_set_verdict_key, machine_verdict_key, valid_segment};
 use crate::dispatch::{VerdictHook, VerdictRecord};
 use inplace_core::objects::TEMPLATE_HASH_LABEL;
@@ -202,10 +201,11 @@ fn scope_of(templates: bool) -> Scope {
     }
 }
 
-/// The verdict of a `Success` answer: its key and record.
+/// The verdict of a `Success` answer judged at `now_ms` (the dispatcher's clock): its key and record.
 fn verdict_of(
     question: &Question<'_>,
     decided: &Decided,
+    now_ms: u64,
 ) -> Result<(String, VerdictRecord), String> {
     let Some((namespace, name)) = question.object.as_ref().and_then(key_segments) else {
         return Err(
@@ -242,7 +242,7 @@ fn verdict_of(
         &decided.decision,
         &normalized,
         template_hash,
-        now_ms(),
+        now_ms,
     );
     Ok((store_key, record))
 }
@@ -394,15 +394,20 @@ fn can_update<R: Answering>(engine: &Engine, body: &[u8]) -> Judged {
         question.object.clone(),
         decision.message.clone(),
     );
-    judged(&question, &decided, answer)
+    judged(
+        &question,
+        &decided,
+        answer,
+        engine.dispatcher.clock().now_ms(),
+    )
 }
 
-/// The answer with its verdict, when it is a `Success` (UpdateMachine is checked against it).
-fn judged(question: &Question<'_>, decided: &Decided, answer: Answer) -> Judged {
+/// The answer with its verdict judged at `now_ms`, when it is a `Success` (UpdateMachine is checked against it).
+fn judged(question: &Question<'_>, decided: &Decided, answer: Answer, now_ms: u64) -> Judged {
     if answer.status != Status::Success {
         return answer.into();
     }
-    match verdict_of(question, decided) {
+    match verdict_of(question, decided, now_ms) {
         Ok(verdict) => Judged {
             answer,
             verdict: Some(verdict),

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use http_body_util::BodyExt as _;
 use inplace_updater::api::Hook;
 use inplace_updater::hooks::Engine;
 use inplace_updater::server::auth::AgentTokens;
@@ -20,9 +19,8 @@ fn state() -> AppState {
 }
 
 async fn call(router: Router, request: Request<Body>) -> (StatusCode, serde_json::Value) {
-    let response = router.oneshot(request).await.unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let (status, bytes) = crate::common::respond(router, request).await;
+    let status = StatusCode::from_u16(status).unwrap();
     let json = serde_json::from_slice(&bytes)
         .unwrap_or_else(|_| serde_json::json!({ "raw": String::from_utf8_lossy(&bytes) }));
     (status, json)
@@ -35,87 +33,38 @@ fn post(path: &str, body: impl Into<Body>) -> Request<Body> {
         .unwrap()
 }
 
-async fn failure_message(hook: Hook, body: &str) -> String {
-    let (status, json) = call(app(state()), post(hook.path(), body.to_string())).await;
-    assert_eq!(status, StatusCode::OK, "{json}");
-    assert_eq!(json["status"], "Failure", "{json}");
-    assert_eq!(json["kind"], hook.response_kind());
-    json["message"].as_str().unwrap().to_string()
+/// A request body a hook cannot answer as asked, and what its `Failure` message must contain.
+pub(crate) struct BadBody {
+    /// Tells the case apart (the golden answers' label).
+    pub(crate) label: &'static str,
+    /// The hook it is sent to.
+    pub(crate) hook: Hook,
+    /// The query after the hook's path (`""`: none).
+    pub(crate) query: &'static str,
+    /// The body.
+    pub(crate) body: String,
+    /// What the `Failure` message names.
+    pub(crate) names: &'static str,
+}
+
+impl BadBody {
+    /// The hook's path with the case's query.
+    pub(crate) fn path(&self) -> String {
+        format!("{}{}", self.hook.path(), self.query)
+    }
 }
 
 const MACHINE: &str = r#"{"apiVersion":"cluster.x-k8s.io/v1beta2","kind":"Machine","metadata":{"name":"m-1","namespace":"default"},"spec":{"clusterName":"c","version":"v1.33.4"}}"#;
 
-#[tokio::test]
-async fn undecodable_json_is_a_failure_naming_the_problem() {
-    for hook in [
-        Hook::CanUpdateMachine,
-        Hook::CanUpdateMachineSet,
-        Hook::UpdateMachine,
-    ] {
-        let message = failure_message(hook, "{not json").await;
-        assert!(
-            message.contains("key must be a string"),
-            "{hook}: {message}"
-        );
-        let message = failure_message(hook, "").await;
-        assert!(message.contains("empty"), "{hook}: {message}");
-    }
-}
-
-#[tokio::test]
-async fn missing_current_desired_and_machine_are_named() {
-    let message = failure_message(
-        Hook::CanUpdateMachine,
-        &format!(r#"{{"desired":{{"machine":{MACHINE}}}}}"#),
-    )
-    .await;
-    assert!(message.contains("missing field `current`"), "{message}");
-    let message = failure_message(
-        Hook::CanUpdateMachine,
-        &format!(r#"{{"current":{{"machine":{MACHINE}}}}}"#),
-    )
-    .await;
-    assert!(message.contains("missing field `desired`"), "{message}");
-    let message = failure_message(Hook::UpdateMachine, r#"{"desired":{}}"#).await;
-    assert!(
-        message.contains("desired: missing field `machine`"),
-        "{message}"
-    );
-    let message = failure_message(
-        Hook::CanUpdateMachineSet,
-        &format!(r#"{{"current":{{"machineSet":{MACHINE}}},"desired":{{"machine":{MACHINE}}}}}"#),
-    )
-    .await;
-    assert!(
-        message.contains("desired: missing field `machineSet`"),
-        "{message}"
-    );
-}
-
-#[tokio::test]
-async fn wrong_types_are_named_by_path() {
-    let message = failure_message(
-        Hook::UpdateMachine,
-        &format!(r#"{{"desired":{{"machine":{MACHINE},"bootstrapConfig":[1,2]}}}}"#),
-    )
-    .await;
-    assert!(
-        message.contains("desired.bootstrapConfig: expected an object, found a list"),
-        "{message}"
-    );
-    let message = failure_message(
-        Hook::UpdateMachine,
-        &format!(r#"{{"settings":"x","desired":{{"machine":{MACHINE}}}}}"#),
-    )
-    .await;
-    assert!(
-        message.contains("settings: invalid type: string"),
-        "{message}"
-    );
-}
-
-#[tokio::test]
-async fn deep_nesting_and_huge_strings_are_answered() {
+/// Every undecodable request: HTTP 200 `Failure` naming the problem (`golden_answers` keeps their bytes).
+pub(crate) fn bad_bodies() -> Vec<BadBody> {
+    let bad = |label, hook, body: String, names| BadBody {
+        label,
+        hook,
+        query: "",
+        body,
+        names,
+    };
     // Objects are first skipped over as text (no recursion), then parsed where a hook needs them (with
     // serde_json's depth limit): either way the answer names the problem instead of overflowing the stack.
     let deep = |open: usize, close: usize| {
@@ -125,27 +74,115 @@ async fn deep_nesting_and_huge_strings_are_answered() {
             "]".repeat(close)
         )
     };
-    let message = failure_message(
+    let mut cases = Vec::new();
+    for hook in [
         Hook::CanUpdateMachine,
-        &format!(
-            r#"{{"current":{{"machine":{}}},"desired":{{"machine":{MACHINE}}}}}"#,
-            deep(100_000, 100_000)
-        ),
-    )
-    .await;
-    assert!(message.contains("recursion limit"), "{message}");
-    let message = failure_message(
+        Hook::CanUpdateMachineSet,
         Hook::UpdateMachine,
-        &format!(r#"{{"desired":{{"machine":{}}}}}"#, deep(100_000, 0)),
+    ] {
+        cases.push(bad(
+            "not json",
+            hook,
+            "{not json".into(),
+            "key must be a string",
+        ));
+        cases.push(bad("empty", hook, String::new(), "empty"));
+    }
+    cases.extend([
+        bad(
+            "no current",
+            Hook::CanUpdateMachine,
+            format!(r#"{{"desired":{{"machine":{MACHINE}}}}}"#),
+            "missing field `current`",
+        ),
+        bad(
+            "no desired",
+            Hook::CanUpdateMachine,
+            format!(r#"{{"current":{{"machine":{MACHINE}}}}}"#),
+            "missing field `desired`",
+        ),
+        bad(
+            "no desired machine",
+            Hook::UpdateMachine,
+            r#"{"desired":{}}"#.into(),
+            "desired: missing field `machine`",
+        ),
+        bad(
+            "no desired machineSet",
+            Hook::CanUpdateMachineSet,
+            format!(
+                r#"{{"current":{{"machineSet":{MACHINE}}},"desired":{{"machine":{MACHINE}}}}}"#
+            ),
+            "desired: missing field `machineSet`",
+        ),
+        bad(
+            "bootstrapConfig a list",
+            Hook::UpdateMachine,
+            format!(r#"{{"desired":{{"machine":{MACHINE},"bootstrapConfig":[1,2]}}}}"#),
+            "desired.bootstrapConfig: expected an object, found a list",
+        ),
+        bad(
+            "settings a string",
+            Hook::UpdateMachine,
+            format!(r#"{{"settings":"x","desired":{{"machine":{MACHINE}}}}}"#),
+            "settings: invalid type: string",
+        ),
+        bad(
+            "deep nesting",
+            Hook::CanUpdateMachine,
+            format!(
+                r#"{{"current":{{"machine":{}}},"desired":{{"machine":{MACHINE}}}}}"#,
+                deep(100_000, 100_000)
+            ),
+            "recursion limit",
+        ),
+        bad(
+            "deep nesting unclosed",
+            Hook::UpdateMachine,
+            format!(r#"{{"desired":{{"machine":{}}}}}"#, deep(100_000, 0)),
+            "expected value at line 1",
+        ),
+        BadBody {
+            label: "bad timeout",
+            hook: Hook::UpdateMachine,
+            query: "?timeout=soon",
+            body: format!(r#"{{"desired":{{"machine":{MACHINE}}}}}"#),
+            names: "`timeout`",
+        },
+    ]);
+    cases
+}
+
+/// An UpdateMachine request with a 15 MiB annotation (the answer must not echo it).
+pub(crate) fn huge_annotation_body() -> String {
+    let huge = "x".repeat(15 * 1024 * 1024);
+    format!(
+        r#"{{"desired":{{"machine":{{"metadata":{{"name":"m","namespace":"n","annotations":{{"a":"{huge}"}}}},"spec":{{}}}}}}}}"#
+    )
+}
+
+#[tokio::test]
+async fn undecodable_requests_are_failures_naming_the_problem() {
+    for case in bad_bodies() {
+        let (status, json) = call(app(state()), post(&case.path(), case.body.clone())).await;
+        let what = format!("{} {}", case.hook, case.label);
+        assert_eq!(status, StatusCode::OK, "{what}: {json}");
+        assert_eq!(json["status"], "Failure", "{what}: {json}");
+        assert_eq!(json["kind"], case.hook.response_kind(), "{what}");
+        let message = json["message"].as_str().unwrap();
+        assert!(message.contains(case.names), "{what}: {message}");
+    }
+}
+
+#[tokio::test]
+async fn huge_strings_are_answered_without_echoing_them() {
+    let (status, json) = call(
+        app(state()),
+        post(Hook::UpdateMachine.path(), huge_annotation_body()),
     )
     .await;
-    assert!(message.contains("expected value at line 1"), "{message}");
-    let huge = "x".repeat(15 * 1024 * 1024);
-    let body = format!(
-        r#"{{"desired":{{"machine":{{"metadata":{{"name":"m","namespace":"n","annotations":{{"a":"{huge}"}}}},"spec":{{}}}}}}}}"#
-    );
-    let (status, json) = call(app(state()), post(Hook::UpdateMachine.path(), body)).await;
     assert_eq!(status, StatusCode::OK);
+    assert_eq!(json["status"], "Failure", "{json}");
     assert!(
         json["message"].as_str().unwrap().len() < 1000,
         "the message must not echo the input"
@@ -197,21 +234,6 @@ async fn unknown_paths_are_404_and_wrong_methods_405() {
         assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED, "{hook}");
         assert_eq!(response.headers()["allow"], "POST");
     }
-}
-
-#[tokio::test]
-async fn a_bad_timeout_parameter_is_named() {
-    let path = format!("{}?timeout=soon", Hook::UpdateMachine.path());
-    let message = {
-        let (status, json) = call(
-            app(state()),
-            post(&path, format!(r#"{{"desired":{{"machine":{MACHINE}}}}}"#)),
-        )
-        .await;
-        assert_eq!(status, StatusCode::OK);
-        json["message"].as_str().unwrap().to_string()
-    };
-    assert!(message.contains("`timeout`"), "{message}");
 }
 
 #[tokio::test]

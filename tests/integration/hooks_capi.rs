@@ -10,43 +10,27 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::Request;
 use capi_sim::CapiDecision;
-use http_body_util::BodyExt as _;
 use inplace_updater::api::Hook;
 use inplace_updater::hooks::Engine;
 use inplace_updater::server::auth::AgentTokens;
 use inplace_updater::server::{AppState, app};
 use serde_json::{Value, json};
-use tower::ServiceExt as _;
 
 fn state() -> AppState {
     AppState::new(Arc::new(Engine::in_memory()), Arc::new(AgentTokens::none()))
 }
 
 fn request(fixture: &str, settings: &[(&str, &str)]) -> Value {
-    let mut request: Value = serde_json::from_slice(&common::fixture(fixture)).unwrap();
-    if !settings.is_empty() {
-        let map: serde_json::Map<String, Value> = settings
-            .iter()
-            .map(|(k, v)| (k.to_string(), json!(v)))
-            .collect();
-        request["settings"] = Value::Object(map);
-    }
-    request
+    let request: Value = serde_json::from_slice(&common::fixture(fixture)).unwrap();
+    common::with_settings(request, settings)
 }
 
 async fn ask(hook: Hook, request: &Value) -> (Value, Vec<u8>) {
     let http = Request::post(hook.path())
         .body(Body::from(request.to_string()))
         .unwrap();
-    let response = app(state()).oneshot(http).await.unwrap();
-    assert_eq!(response.status(), 200);
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .unwrap()
-        .to_bytes()
-        .to_vec();
+    let (status, body) = common::respond(app(state()), http).await;
+    assert_eq!(status, 200);
     (serde_json::from_slice(&body).unwrap(), body)
 }
 

@@ -422,7 +422,8 @@ async fn slow_body_client_is_cut_off() {
     );
 }
 
-fn kept_inputs(target: &str) -> Vec<(String, Vec<u8>)> {
+/// The inputs kept from fuzz target `target` (`tests/fuzz-regressions/<target>/`), sorted by name.
+pub(crate) fn kept_inputs(target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fuzz-regressions")
         .join(target);

@@ -17,6 +17,7 @@ mod e2e_rollout;
 mod e2e_verdicts;
 mod e2e_window;
 mod fatal_errors;
+mod golden_answers;
 mod hooks_bad_input;
 mod hooks_capi;
 mod hooks_malformed;

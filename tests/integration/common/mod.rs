@@ -381,6 +381,38 @@ pub fn plain_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
+/// `request` with these ExtensionConfig settings (none: left out, as CAPI leaves out an empty map).
+pub fn with_settings(
+    mut request: serde_json::Value,
+    settings: &[(&str, &str)],
+) -> serde_json::Value {
+    if !settings.is_empty() {
+        let map: serde_json::Map<String, serde_json::Value> = settings
+            .iter()
+            .map(|(k, v)| (k.to_string(), serde_json::json!(v)))
+            .collect();
+        request["settings"] = serde_json::Value::Object(map);
+    }
+    request
+}
+
+/// Sends `request` to an in-process router (`oneshot`): the HTTP status and the body's bytes.
+pub async fn respond(
+    router: axum::Router,
+    request: axum::http::Request<axum::body::Body>,
+) -> (u16, Vec<u8>) {
+    use tower::ServiceExt as _;
+    let response = router.oneshot(request).await.expect("the router answers");
+    let status = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("the body is read")
+        .to_bytes();
+    (status, body.to_vec())
+}
+
 /// Reads a fixture from tests/fixtures.
 pub fn fixture(name: &str) -> Vec<u8> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))

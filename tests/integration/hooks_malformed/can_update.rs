@@ -49,9 +49,29 @@ async fn can_update_cases(hook: Hook, fixture_name: &str, cases: Vec<Case>) {
     }
 }
 
+/// The request the CanUpdateMachine cases change.
+pub(crate) const MACHINE_FIXTURE: &str = "can-update-machine-kcp-mixed.json";
+/// The request the CanUpdateMachineSet cases change.
+pub(crate) const MACHINE_SET_FIXTURE: &str = "can-update-machineset-md.json";
+
 #[tokio::test]
 async fn can_update_machine_refuses_malformed_objects_naming_the_field() {
-    let cases = vec![
+    can_update_cases(Hook::CanUpdateMachine, MACHINE_FIXTURE, machine_cases()).await;
+}
+
+#[tokio::test]
+async fn can_update_machine_set_refuses_malformed_templates_naming_the_field() {
+    can_update_cases(
+        Hook::CanUpdateMachineSet,
+        MACHINE_SET_FIXTURE,
+        machine_set_cases(),
+    )
+    .await;
+}
+
+/// Malformed CanUpdateMachine requests: changes to [`MACHINE_FIXTURE`].
+pub(crate) fn machine_cases() -> Vec<Case> {
+    vec![
         case(
             "/current/machine",
             Some(pod("p")),
@@ -167,20 +187,14 @@ async fn can_update_machine_refuses_malformed_objects_naming_the_field() {
             Some(json!("x".repeat(300))),
             "desired.infrastructureMachine.metadata.name: expected a Kubernetes object name",
         ),
-    ];
-    can_update_cases(
-        Hook::CanUpdateMachine,
-        "can-update-machine-kcp-mixed.json",
-        cases,
-    )
-    .await;
+    ]
 }
 
-#[tokio::test]
-async fn can_update_machine_set_refuses_malformed_templates_naming_the_field() {
+/// Malformed CanUpdateMachineSet requests: changes to [`MACHINE_SET_FIXTURE`].
+pub(crate) fn machine_set_cases() -> Vec<Case> {
     let cluster_label =
         "/desired/machineSet/spec/template/metadata/labels/cluster.x-k8s.io~1cluster-name";
-    let cases = vec![
+    vec![
         case(
             "/desired/machineSet/spec/template",
             Some(json!([])),
@@ -251,11 +265,5 @@ async fn can_update_machine_set_refuses_malformed_templates_naming_the_field() {
             Some(json!("Dev Machine")),
             "desired.infrastructureMachineTemplate.kind: expected a kind",
         ),
-    ];
-    can_update_cases(
-        Hook::CanUpdateMachineSet,
-        "can-update-machineset-md.json",
-        cases,
-    )
-    .await;
+    ]
 }

@@ -5,11 +5,12 @@
 //! message names the field and the shape expected, no patch, and — for UpdateMachine — a store exactly as it
 //! was, with the Machine's real run still in it.
 //!
-//! `can_update.rs` holds the CanUpdateMachine and CanUpdateMachineSet tables, `update.rs` the UpdateMachine one.
+//! `can_update.rs` holds the CanUpdateMachine and CanUpdateMachineSet tables, `update.rs` the UpdateMachine one;
+//! `golden_answers` replays the same tables to keep their exact answers.
 #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
-mod can_update;
-mod update;
+pub(crate) mod can_update;
+pub(crate) mod update;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,16 +18,14 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::http::Request;
-use http_body_util::BodyExt as _;
 use inplace_updater::api::Hook;
 use inplace_updater::dispatch::Dispatcher;
 use inplace_updater::hooks::Engine;
 use inplace_updater::server::auth::AgentTokens;
 use inplace_updater::server::{AppState, app};
 use serde_json::{Value, json};
-use tower::ServiceExt as _;
 
-fn fixture(name: &str) -> Value {
+pub(crate) fn fixture(name: &str) -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(name);
@@ -34,12 +33,12 @@ fn fixture(name: &str) -> Value {
 }
 
 /// One change to a fixture request: the value at a JSON Pointer replaced (`Some`) or removed (`None`).
-type Change = (&'static str, Option<Value>);
+pub(crate) type Change = (&'static str, Option<Value>);
 
 /// A malformed case: its changes and what the Failure message must contain (the field path first).
-struct Case {
-    changes: Vec<Change>,
-    message: &'static str,
+pub(crate) struct Case {
+    pub(crate) changes: Vec<Change>,
+    pub(crate) message: &'static str,
 }
 
 fn case(pointer: &'static str, value: Option<Value>, message: &'static str) -> Case {
@@ -49,7 +48,7 @@ fn case(pointer: &'static str, value: Option<Value>, message: &'static str) -> C
     }
 }
 
-fn apply(mut request: Value, changes: &[Change]) -> Value {
+pub(crate) fn apply(mut request: Value, changes: &[Change]) -> Value {
     for (pointer, value) in changes {
         let (parent, last) = pointer.rsplit_once('/').unwrap();
         let last = last.replace("~1", "/").replace("~0", "~");
@@ -89,19 +88,9 @@ async fn call(router: &Router, hook: Hook, request: &Value) -> Vec<u8> {
         .header("content-type", "application/json")
         .body(Body::from(request.to_string()))
         .unwrap();
-    let response = router.clone().oneshot(http).await.unwrap();
-    assert_eq!(
-        response.status(),
-        200,
-        "a client mistake is never an HTTP error"
-    );
-    response
-        .into_body()
-        .collect()
-        .await
-        .unwrap()
-        .to_bytes()
-        .to_vec()
+    let (status, body) = crate::common::respond(router.clone(), http).await;
+    assert_eq!(status, 200, "a client mistake is never an HTTP error");
+    body
 }
 
 /// What CAPI's runtime client makes of a CanUpdate answer: the Failure's message (and no patch in it).

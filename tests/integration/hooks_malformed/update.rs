@@ -7,9 +7,9 @@ use capi_sim::UpdateOutcome;
 use inplace_store::Store;
 use inplace_updater::api::Hook;
 use inplace_updater::dispatch::Dispatcher;
-use serde_json::json;
+use serde_json::{Value, json};
 
-use super::{apply, assert_names, call, case, fixture, pod, router};
+use super::{Case, apply, assert_names, call, case, fixture, pod, router};
 
 /// Every key, value and revision in the store.
 async fn contents(store: &Arc<dyn Store>) -> Vec<(String, Vec<u8>, u64)> {
@@ -31,7 +31,7 @@ async fn update_machine_refuses_malformed_objects_and_keeps_the_recorded_run() {
         .unwrap();
     let dispatcher = Dispatcher::new(store.clone(), Default::default(), Default::default());
     let router = router(dispatcher);
-    let valid = fixture("update-machine-kcp.json");
+    let valid = fixture(FIXTURE);
     // What CAPI asks first: CanUpdateMachine accepts this desired state in place (its verdict licenses the run).
     let judged = call(
         &router,
@@ -59,10 +59,64 @@ async fn update_machine_refuses_malformed_objects_and_keeps_the_recorded_run() {
         before.iter().map(|e| &e.0).collect::<Vec<_>>()
     );
 
+    for case in &cases(&valid) {
+        let body = call(
+            &router,
+            Hook::UpdateMachine,
+            &apply(valid.clone(), &case.changes),
+        )
+        .await;
+        match update_outcome(&body) {
+            UpdateOutcome::Failed { message } => assert_names(Hook::UpdateMachine, &message, case),
+            other => panic!(
+                "{:?}: CAPI would not see a Failure: {other:?}",
+                case.changes
+            ),
+        }
+        assert_eq!(
+            contents(&store).await,
+            before,
+            "{:?}: the store must be exactly as it was",
+            case.changes
+        );
+    }
+
+    // The comparison can fail: a well-formed new desired spec for the same Machine does replace the run.
+    let newer = apply(
+        valid,
+        &[("/desired/machine/spec/version", Some(json!("v1.34.2")))],
+    );
+    let judged = call(
+        &router,
+        Hook::CanUpdateMachine,
+        &apply(
+            fixture("can-update-machine-kcp-version.json"),
+            &[("/desired/machine/spec/version", Some(json!("v1.34.2")))],
+        ),
+    )
+    .await;
+    assert!(
+        String::from_utf8_lossy(&judged).contains(r#""status":"Success""#),
+        "{}",
+        String::from_utf8_lossy(&judged)
+    );
+    let answer = update_outcome(&call(&router, Hook::UpdateMachine, &newer).await);
+    assert!(
+        matches!(answer, UpdateOutcome::InProgress { .. }),
+        "{answer:?}"
+    );
+    assert_ne!(contents(&store).await, before);
+}
+
+/// The request the UpdateMachine cases change.
+pub(crate) const FIXTURE: &str = "update-machine-kcp.json";
+
+/// Malformed UpdateMachine requests: changes to `valid` ([`FIXTURE`]).
+pub(crate) fn cases(valid: &Value) -> Vec<Case> {
     let mut pod_as_machine = pod("edge-01-control-plane-abcde");
     pod_as_machine["metadata"]["labels"] =
         valid["desired"]["machine"]["metadata"]["labels"].clone();
-    let cases = vec![
+    vec![
         case(
             "/desired/machine",
             Some(pod_as_machine),
@@ -173,52 +227,5 @@ async fn update_machine_refuses_malformed_objects_and_keeps_the_recorded_run() {
             None,
             "desired.infrastructureMachine.metadata.name: missing, expected a Kubernetes object name",
         ),
-    ];
-    for case in &cases {
-        let body = call(
-            &router,
-            Hook::UpdateMachine,
-            &apply(valid.clone(), &case.changes),
-        )
-        .await;
-        match update_outcome(&body) {
-            UpdateOutcome::Failed { message } => assert_names(Hook::UpdateMachine, &message, case),
-            other => panic!(
-                "{:?}: CAPI would not see a Failure: {other:?}",
-                case.changes
-            ),
-        }
-        assert_eq!(
-            contents(&store).await,
-            before,
-            "{:?}: the store must be exactly as it was",
-            case.changes
-        );
-    }
-
-    // The comparison can fail: a well-formed new desired spec for the same Machine does replace the run.
-    let newer = apply(
-        valid,
-        &[("/desired/machine/spec/version", Some(json!("v1.34.2")))],
-    );
-    let judged = call(
-        &router,
-        Hook::CanUpdateMachine,
-        &apply(
-            fixture("can-update-machine-kcp-version.json"),
-            &[("/desired/machine/spec/version", Some(json!("v1.34.2")))],
-        ),
-    )
-    .await;
-    assert!(
-        String::from_utf8_lossy(&judged).contains(r#""status":"Success""#),
-        "{}",
-        String::from_utf8_lossy(&judged)
-    );
-    let answer = update_outcome(&call(&router, Hook::UpdateMachine, &newer).await);
-    assert!(
-        matches!(answer, UpdateOutcome::InProgress { .. }),
-        "{answer:?}"
-    );
-    assert_ne!(contents(&store).await, before);
+    ]
 }
