@@ -18,9 +18,9 @@ pub use can_update::{
 };
 pub use duration::{DurationError, parse_go_duration};
 pub use error::DecodeError;
-pub use key::ObjectKey;
 /// The one JSON decoder (Go's field naming, the failing field named), shared with the plan in `inplace-core`.
 pub use inplace_core::decode_json;
+pub use key::ObjectKey;
 pub use objects::{Object, Pair};
 pub use requests::{
     CanUpdateMachineRequest, CanUpdateMachineSetRequest, HookRequest, MachineObjects,

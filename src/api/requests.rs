@@ -9,8 +9,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::HOOKS_API_VERSION;
-use super::key::ObjectKey;
 use super::error::DecodeError;
+use super::key::ObjectKey;
 use super::objects::{Object, parse};
 use super::validate::{self, Head, Role};
 

@@ -202,7 +202,13 @@ pub fn policy(command: &PolicyCommand) -> anyhow::Result<String> {
 pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
     if args.agents {
         let rows: Vec<AgentRow> = match &args.store {
-            Some(url) => store_dispatcher(&args.etcd, url).await?.agents.list().await?,
+            Some(url) => {
+                store_dispatcher(&args.etcd, url)
+                    .await?
+                    .agents
+                    .list()
+                    .await?
+            }
             None => get_json(args, "/status/agents").await?.0,
         };
         return Ok(match args.output {
@@ -213,7 +219,13 @@ pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
     // Only a running server knows whether CAPI has called it; a store read directly cannot say.
     let mut no_hook_calls = false;
     let rows: Vec<StatusRow> = match &args.store {
-        Some(url) => store_dispatcher(&args.etcd, url).await?.fleet.status().await?,
+        Some(url) => {
+            store_dispatcher(&args.etcd, url)
+                .await?
+                .fleet
+                .status()
+                .await?
+        }
         None => {
             let (rows, headers) = get_json(args, "/status").await?;
             no_hook_calls = headers

@@ -119,6 +119,12 @@ impl Dispatcher {
         self.floor.db.store()
     }
 
+    /// The store, typed (tests read records through it).
+    #[cfg(test)]
+    pub(crate) fn db(&self) -> &floor::Db {
+        &self.floor.db
+    }
+
     /// The clock every wing judges by (tests pin it).
     pub fn clock(&self) -> &Clock {
         &self.floor.clock

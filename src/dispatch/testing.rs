@@ -13,6 +13,9 @@ use serde_json::json;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
+pub(crate) use super::licence::VERDICT_REFRESH;
+pub(crate) use inplace_core::knobs::*;
+
 use super::floor::keys::machine_verdict_key;
 use super::*;
 
@@ -46,32 +49,72 @@ pub(crate) fn request_of(
     machine: &serde_json::Value,
     bootstrap: &serde_json::Value,
 ) -> UpdateRequest {
-    let text = |value: &serde_json::Value| RawValue::from_string(value.to_string()).unwrap();
+    request_with(
+        machine,
+        bootstrap,
+        &[Action::KubernetesVersion, Action::Files],
+    )
+}
+
+/// UpdateMachine for these desired Machine and bootstrap objects, allowed `actions`.
+pub(crate) fn request_with(
+    machine: &serde_json::Value,
+    bootstrap: &serde_json::Value,
+    actions: &[Action],
+) -> UpdateRequest {
     UpdateRequest {
-        desired: DesiredMachine::of(machine).unwrap(),
-        machine: machine.clone(),
-        machine_text: text(machine),
         bootstrap: Some(text(bootstrap)),
-        hashed: Default::default(),
         infra: None,
         paused_setting: None,
-        actions: [Action::KubernetesVersion, Action::Files]
-            .into_iter()
-            .collect::<BTreeSet<_>>(),
+        actions: actions.iter().copied().collect::<BTreeSet<_>>(),
         window: None,
         drain_rules: inplace_core::drain::DrainRules::default(),
+        ..with_machine(&blank(), machine.clone())
+    }
+}
+
+fn text(value: &serde_json::Value) -> Box<RawValue> {
+    RawValue::from_string(value.to_string()).unwrap()
+}
+
+fn blank() -> UpdateRequest {
+    let machine =
+        json!({"metadata": {"name": "m", "namespace": "default"}, "spec": {"clusterName": "c"}});
+    UpdateRequest {
+        desired: DesiredMachine::of(&machine).unwrap(),
+        machine_text: text(&machine),
+        machine,
+        bootstrap: None,
+        infra: None,
+        actions: BTreeSet::new(),
+        window: None,
+        paused_setting: None,
+        drain_rules: inplace_core::drain::DrainRules::default(),
+        hashed: Default::default(),
+    }
+}
+
+/// `request` with another desired Machine (everything else as it was).
+pub(crate) fn with_machine(request: &UpdateRequest, machine: serde_json::Value) -> UpdateRequest {
+    UpdateRequest {
+        desired: DesiredMachine::of(&machine).unwrap(),
+        machine_text: text(&machine),
+        machine,
+        hashed: Default::default(),
+        ..request.clone()
     }
 }
 
 /// What CAPI does before UpdateMachine: CanUpdateMachine judged the request's desired objects in place.
 pub(crate) async fn judge_in_place(d: &Dispatcher, request: &UpdateRequest) {
     let record = verdict_for(request, true);
-    d.licences.record_verdict(
-        &machine_verdict_key(&request.desired.facts.machine),
-        &record,
-    )
-    .await
-    .unwrap();
+    d.licences
+        .record_verdict(
+            &machine_verdict_key(&request.desired.facts.machine),
+            &record,
+        )
+        .await
+        .unwrap();
 }
 
 /// A CanUpdateMachine verdict on the request's desired objects.
@@ -150,4 +193,3 @@ pub(crate) fn report(name: &str, plan: &str, index: u32, status: StepStatus) -> 
         message: None,
     }
 }
-

@@ -55,7 +55,12 @@ pub async fn record(engine: std::sync::Arc<Engine>, judged: Judged) -> Answer {
     let Some((key, verdict)) = judged.verdict else {
         return judged.answer;
     };
-    match engine.dispatcher.licences.record_verdict(&key, &verdict).await {
+    match engine
+        .dispatcher
+        .licences
+        .record_verdict(&key, &verdict)
+        .await
+    {
         Ok(()) => judged.answer,
         Err(err) => failure(
             wire_hook(verdict.hook),

@@ -138,12 +138,7 @@ async fn accept<T: DeserializeOwned>(
             let message = err.to_string();
             dispatcher
                 .agents
-                .refused(
-                    claimed.as_ref(),
-                    err.refusal_reason(),
-                    &message,
-                    peer,
-                )
+                .refused(claimed.as_ref(), err.refusal_reason(), &message, peer)
                 .await;
             return Err(HttpError::new(StatusCode::UNAUTHORIZED, message)
                 .with_header(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
@@ -222,7 +217,12 @@ async fn poll(State(state): State<AppState>, request: Request) -> Result<Respons
 async fn report(State(state): State<AppState>, request: Request) -> Result<Response, HttpError> {
     let accepted: Accepted<StepReport> = accept(&state, request).await?;
     let body = &accepted.body;
-    let hold = match accepted.dispatcher.agents.report(&accepted.scope, body).await {
+    let hold = match accepted
+        .dispatcher
+        .agents
+        .report(&accepted.scope, body)
+        .await
+    {
         Ok(hold) => hold,
         Err(err) => return Err(accepted.refusal(&body.agent, err).await),
     };
@@ -240,7 +240,12 @@ async fn report(State(state): State<AppState>, request: Request) -> Result<Respo
 async fn inventory(State(state): State<AppState>, request: Request) -> Result<Response, HttpError> {
     let accepted: Accepted<InventoryReport> = accept(&state, request).await?;
     let body = &accepted.body;
-    if let Err(err) = accepted.dispatcher.agents.inventory(&accepted.scope, body).await {
+    if let Err(err) = accepted
+        .dispatcher
+        .agents
+        .inventory(&accepted.scope, body)
+        .await
+    {
         return Err(accepted.refusal(&body.agent, err).await);
     }
     Ok(json(&AckResponse::default()))

@@ -12,7 +12,7 @@ use inplace_agent_api::{
     FileEncoding, FileSpec, KubeadmUpgradeMode, KubeletArg, SecretString, SshUser, StepAction,
     StepKind, validate_action,
 };
-use inplace_updater::dispatch::pace::{RunPace, StepDurations, remaining};
+use inplace_updater::dispatch::fleet::pace::{RunPace, StepDurations, remaining};
 use serde_json::Value;
 
 fn repo(path: &str) -> PathBuf {

@@ -84,7 +84,11 @@ impl Agents {
         let mut rows: BTreeMap<String, AgentRow> = BTreeMap::new();
         let mut persisted_seen: BTreeMap<String, u64> = BTreeMap::new();
         for entry in store.list(AGENTS_PREFIX).await? {
-            let Some(machine) = entry.key.strip_prefix(AGENTS_PREFIX).and_then(parse_machine) else {
+            let Some(machine) = entry
+                .key
+                .strip_prefix(AGENTS_PREFIX)
+                .and_then(parse_machine)
+            else {
                 continue;
             };
             let Ok(record) = serde_json::from_slice::<AgentRecord>(&entry.value) else {

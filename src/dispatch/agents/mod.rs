@@ -90,7 +90,10 @@ impl Agents {
 
     /// How many Machines have an agent long-polling this replica right now.
     pub fn waiting(&self) -> usize {
-        self.waiters.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
     fn waiter(&self, machine: &MachineRef) -> Arc<Notify> {

@@ -103,7 +103,11 @@ impl Agents {
                     return Ok(None);
                 }
                 if let (RunOutcome::Failed { index }, false) = (run.outcome(), was_failed) {
-                    failed_kind = run.plan.steps.get(index).map(|step| step.action.step_kind());
+                    failed_kind = run
+                        .plan
+                        .steps
+                        .get(index)
+                        .map(|step| step.action.step_kind());
                 }
                 Ok(Some(run))
             })

@@ -221,7 +221,12 @@ impl Agents {
                 machine.clone()
             }
             Claim::ProviderId(id) if !id.is_empty() => {
-                match self.floor.db.value::<ProviderIndex>(&provider_key(id)).await? {
+                match self
+                    .floor
+                    .db
+                    .value::<ProviderIndex>(&provider_key(id))
+                    .await?
+                {
                     Some(index) => {
                         self.book().remember(index.machine.clone(), record.clone());
                         index.machine
@@ -240,7 +245,10 @@ impl Agents {
         {
             return Ok(());
         }
-        self.floor.db.put_any(&agent_refusal_key(&machine), record).await
+        self.floor
+            .db
+            .put_any(&agent_refusal_key(&machine), record)
+            .await
     }
 
     /// The last refusal of a Machine's agent: this replica's memory or the store, whichever is newer.

@@ -2,7 +2,9 @@
 //! run, and acknowledged with the hold on that run; an inventory is persisted per agent and its plan summary
 //! folded into the run it names. A step's end is counted (and its duration learned) once.
 
-use inplace_agent_api::{Hold, InventoryReport, MachineRef, StepReport, StepStatus, validate_report};
+use inplace_agent_api::{
+    Hold, InventoryReport, MachineRef, StepReport, StepStatus, validate_report,
+};
 
 use super::Agents;
 use super::poll::truncate;
@@ -49,11 +51,10 @@ impl Agents {
                     let mut run = run.clone();
                     match run.apply_report(report, now) {
                         Ok(true) => {
-                            ended = run
-                                .plan
-                                .steps
-                                .get(report.step_index as usize)
-                                .map(|step| (step.action.step_kind(), step.description.clone()));
+                            ended =
+                                run.plan.steps.get(report.step_index as usize).map(|step| {
+                                    (step.action.step_kind(), step.description.clone())
+                                });
                             Ok(Some(run))
                         }
                         Ok(false) => Ok(None),

@@ -79,15 +79,17 @@ impl Agents {
         inventory: Option<InventoryReport>,
     ) -> Result<(), DispatchError> {
         let now = self.floor.now_ms();
-        self.floor.db.update(&agent_key(machine), |current: Option<&AgentRecord>| {
-            Ok(Some(AgentRecord {
-                last_seen_ms: now,
-                inventory: inventory
-                    .clone()
-                    .or_else(|| current.and_then(|c| c.inventory.clone())),
-            }))
-        })
-        .await?;
+        self.floor
+            .db
+            .update(&agent_key(machine), |current: Option<&AgentRecord>| {
+                Ok(Some(AgentRecord {
+                    last_seen_ms: now,
+                    inventory: inventory
+                        .clone()
+                        .or_else(|| current.and_then(|c| c.inventory.clone())),
+                }))
+            })
+            .await?;
         Ok(())
     }
 
@@ -146,10 +148,7 @@ async fn write_due(agents: &Arc<Agents>) {
             error = %err,
             "could not record agents' last-seen times; trying again at their next request"
         );
-        let mut seen = agents
-            .seen
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut seen = agents.seen.lock().unwrap_or_else(PoisonError::into_inner);
         for (machine, _) in &failed {
             if let Some(entry) = seen.get_mut(machine) {
                 entry.1 = 0;

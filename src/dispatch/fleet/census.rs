@@ -197,7 +197,10 @@ impl Census {
     }
 
     /// The oldest last contact among agents that recorded updates wait for; `local` is what this replica saw.
-    pub(super) fn oldest_waited_contact(&self, local: impl Fn(&MachineRef) -> Option<u64>) -> Option<u64> {
+    pub(super) fn oldest_waited_contact(
+        &self,
+        local: impl Fn(&MachineRef) -> Option<u64>,
+    ) -> Option<u64> {
         self.machines
             .iter()
             .filter_map(|(machine, tally)| match tally.run {
@@ -276,7 +279,10 @@ impl Fleet {
         let store = self.floor.db.store();
         let mut census = Census::default();
         for entry in store.list(MACHINES_PREFIX).await? {
-            let machine = entry.key.strip_prefix(MACHINES_PREFIX).and_then(parse_machine);
+            let machine = entry
+                .key
+                .strip_prefix(MACHINES_PREFIX)
+                .and_then(parse_machine);
             if let (Some(machine), Ok(record)) = (
                 machine,
                 serde_json::from_slice::<MachineRecord>(&entry.value),
@@ -285,7 +291,10 @@ impl Fleet {
             }
         }
         for entry in store.list(AGENTS_PREFIX).await? {
-            let machine = entry.key.strip_prefix(AGENTS_PREFIX).and_then(parse_machine);
+            let machine = entry
+                .key
+                .strip_prefix(AGENTS_PREFIX)
+                .and_then(parse_machine);
             if let (Some(machine), Ok(seen)) =
                 (machine, serde_json::from_slice::<Seen>(&entry.value))
             {
@@ -327,7 +336,11 @@ impl Fleet {
 
     /// Applies one change of the feed.
     async fn census_change(&self, change: &Change) -> Result<(), DispatchError> {
-        if let Some(machine) = change.key.strip_prefix(MACHINES_PREFIX).and_then(parse_machine) {
+        if let Some(machine) = change
+            .key
+            .strip_prefix(MACHINES_PREFIX)
+            .and_then(parse_machine)
+        {
             if change.deleted {
                 self.census().remove(&machine);
                 return Ok(());
@@ -355,7 +368,11 @@ impl Fleet {
                 self.read_run(&machine, run_id).await?
             };
             self.census().set_state(&machine, run_id, run);
-        } else if let Some(machine) = change.key.strip_prefix(AGENTS_PREFIX).and_then(parse_machine) {
+        } else if let Some(machine) = change
+            .key
+            .strip_prefix(AGENTS_PREFIX)
+            .and_then(parse_machine)
+        {
             if !change.deleted {
                 let now = self.floor.now_ms();
                 self.census().agents.insert(machine, now);

@@ -31,7 +31,11 @@ impl Fleet {
     /// (a rate over a series that appears with its first refusal misses that refusal).
     pub fn new(floor: Floor, metrics: FleetMetrics, refusal_reasons: &[&'static str]) -> Fleet {
         for reason in refusal_reasons {
-            drop(metrics.auth_failures.get_or_create(&ReasonLabels { reason }));
+            drop(
+                metrics
+                    .auth_failures
+                    .get_or_create(&ReasonLabels { reason }),
+            );
         }
         Fleet {
             floor,
@@ -49,11 +53,8 @@ impl Fleet {
     /// Counts a step that ended after `millis` (as the agent measured it), and learns its duration when it
     /// succeeded.
     pub fn step_finished(&self, kind: StepKind, millis: Option<u64>, failed: bool) {
-        self.metrics.step_finished(
-            kind.wire(),
-            millis.map(|ms| ms as f64 / 1000.0),
-            failed,
-        );
+        self.metrics
+            .step_finished(kind.wire(), millis.map(|ms| ms as f64 / 1000.0), failed);
         if let (false, Some(ms)) = (failed, millis) {
             self.learning().learn(kind, ms);
         }
@@ -73,7 +74,9 @@ impl Fleet {
     }
 
     fn learning(&self) -> MutexGuard<'_, pace::StepDurations> {
-        self.durations.lock().unwrap_or_else(PoisonError::into_inner)
+        self.durations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The oldest last progress among recorded or running updates (Unix ms).

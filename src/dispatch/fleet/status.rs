@@ -105,9 +105,7 @@ impl Fleet {
                     let message = match (&run.cancelled, &hold) {
                         (Some(c), _) => format!(
                             "cancelled by operator ({}={}) after step {} of {total}",
-                            CANCEL_ANNOTATION,
-                            c.value,
-                            c.after_steps
+                            CANCEL_ANNOTATION, c.value, c.after_steps
                         ),
                         (None, Some(hold)) if run.held.as_ref() == Some(hold) => {
                             format!("{hold} after step {done} of {total}")

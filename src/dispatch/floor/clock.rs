@@ -52,8 +52,9 @@ impl Clock {
         self.pinned_ms.store(unix_ms, Ordering::Relaxed);
     }
 
-    /// Test-only: moves a pinned clock `ms` forward.
-    pub fn advance_for_tests(&self, ms: u64) {
-        self.pinned_ms.fetch_add(ms, Ordering::Relaxed);
+    /// Test-only: moves a pinned clock `by` forward.
+    pub fn advance_for_tests(&self, by: std::time::Duration) {
+        self.pinned_ms
+            .fetch_add(by.as_millis() as u64, Ordering::Relaxed);
     }
 }

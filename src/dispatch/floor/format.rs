@@ -28,7 +28,11 @@ pub async fn check(db: &Db) -> Result<(), DispatchError> {
         },
         Precondition::Absent,
     )?;
-    let found = match db.store().put(FORMAT_KEY, ours.value, Precondition::Absent).await? {
+    let found = match db
+        .store()
+        .put(FORMAT_KEY, ours.value, Precondition::Absent)
+        .await?
+    {
         Write::Done(_) => return Ok(()),
         Write::Conflict(Some(entry)) => decode::<Format>(FORMAT_KEY, &entry.value)?.version,
         Write::Conflict(None) => return Err(DispatchError::Contention(FORMAT_KEY.to_owned())),

@@ -30,7 +30,10 @@ pub fn machine_key(machine: &MachineRef) -> String {
 
 /// Key of one update run of a Machine.
 pub fn update_key(machine: &MachineRef, run_id: &str) -> String {
-    format!("{UPDATES_PREFIX}{}/{}/{run_id}", machine.namespace, machine.name)
+    format!(
+        "{UPDATES_PREFIX}{}/{}/{run_id}",
+        machine.namespace, machine.name
+    )
 }
 
 /// Key of what the agent of a Machine last told us.
@@ -40,7 +43,10 @@ pub fn agent_key(machine: &MachineRef) -> String {
 
 /// Key of the last refusal of a Machine's agent.
 pub fn agent_refusal_key(machine: &MachineRef) -> String {
-    format!("{AGENT_REFUSALS_PREFIX}{}/{}", machine.namespace, machine.name)
+    format!(
+        "{AGENT_REFUSALS_PREFIX}{}/{}",
+        machine.namespace, machine.name
+    )
 }
 
 /// Key mapping a provider id to its Machine (provider ids contain `/`, so they are hex-encoded). An id whose

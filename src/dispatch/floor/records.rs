@@ -97,4 +97,3 @@ pub struct ProviderIndex {
     /// The Machine with that provider id.
     pub machine: MachineRef,
 }
-

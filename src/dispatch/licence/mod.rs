@@ -144,12 +144,12 @@ impl Licences {
             .verdict(&machine_set_verdict_key(&name.namespace, set))
             .await?;
         // Two long MachineSet names CAPI hashed to the same label value: not this Machine's template.
-        Ok(found.filter(|verdict| {
-            match (&verdict.template_hash, &machine.template_hash) {
+        Ok(found.filter(
+            |verdict| match (&verdict.template_hash, &machine.template_hash) {
                 (Some(judged), Some(own)) => judged == own,
                 _ => true,
-            }
-        }))
+            },
+        ))
     }
 
     /// Keeps the refusal for `status` and logs it at WARN once (again after [`REFUSAL_WARN_INTERVAL`]). A
@@ -157,7 +157,13 @@ impl Licences {
     pub async fn note_refusal(&self, facts: &MachineFacts, refusal: &Refusal) {
         let key = refusal_key(&facts.machine);
         let now = self.floor.now_ms();
-        let previous = self.floor.db.value::<RefusalRecord>(&key).await.ok().flatten();
+        let previous = self
+            .floor
+            .db
+            .value::<RefusalRecord>(&key)
+            .await
+            .ok()
+            .flatten();
         let same = previous
             .as_ref()
             .filter(|p| p.reason == refusal.reason && p.fingerprint == refusal.fingerprint);
@@ -190,7 +196,10 @@ impl Licences {
     }
 
     /// The refusal last answered for `machine`, if any.
-    pub async fn refusal(&self, machine: &MachineRef) -> Result<Option<RefusalRecord>, DispatchError> {
+    pub async fn refusal(
+        &self,
+        machine: &MachineRef,
+    ) -> Result<Option<RefusalRecord>, DispatchError> {
         self.floor.db.value(&refusal_key(machine)).await
     }
 

@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use inplace_agent_api::MachineRef;
 use inplace_core::drain::NodeChange;
+use inplace_core::knobs::ACCEPT_UNJUDGED_ANNOTATION;
 use inplace_core::verdict::{
     CheckMode, Desired, Mismatch, Normalized, Prints, operator_fingerprint,
 };
-use inplace_core::knobs::ACCEPT_UNJUDGED_ANNOTATION;
 use inplace_core::{ChangeVerdict, Decision, DecisionOutcome};
 use serde::{Deserialize, Serialize};
 

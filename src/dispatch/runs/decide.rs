@@ -119,7 +119,10 @@ pub fn claim_key(request: &UpdateRequest) -> Option<String> {
 
 /// Which `kubeadm upgrade` the Machine runs given the claim as loaded: `apply` when it holds the claim or nobody
 /// does yet (it claims it then), `node` otherwise.
-pub fn upgrade_mode(request: &UpdateRequest, claim: Option<&Option<ApplyClaim>>) -> KubeadmUpgradeMode {
+pub fn upgrade_mode(
+    request: &UpdateRequest,
+    claim: Option<&Option<ApplyClaim>>,
+) -> KubeadmUpgradeMode {
     match claim {
         None => KubeadmUpgradeMode::Node,
         Some(Some(holder)) if holder.machine != request.desired.facts.machine.name => {
@@ -218,7 +221,8 @@ pub fn decide(
     // before the `kubeadm upgrade apply` claim, so a waiting Machine claims nothing.
     if !repeat
         && let Some(window) = &request.window
-        && let Some(waiting) = window_closed(window, now_ms, "the update", config.retry_after_seconds)
+        && let Some(waiting) =
+            window_closed(window, now_ms, "the update", config.retry_after_seconds)
     {
         let starts = match record {
             None => true,

@@ -88,7 +88,9 @@ fn a_first_call_writes_the_record_and_its_run_in_one_commit() {
     assert_eq!(kinds, ["run", "machine (create)"]);
     assert_eq!(c.run.outcome(), RunOutcome::Waiting);
     assert_eq!(c.record.run_id, c.run_id());
-    assert!(matches!(&c.events[..], [Event::Recorded { steps, .. }] if *steps == c.run.steps.len()));
+    assert!(
+        matches!(&c.events[..], [Event::Recorded { steps, .. }] if *steps == c.run.steps.len())
+    );
 }
 
 impl Committed {
@@ -144,10 +146,16 @@ fn the_operator_may_accept_exactly_the_refused_state() {
     let mut machine = plain.machine.clone();
     machine["metadata"]["annotations"] =
         json!({ "inplace-updater.dev/accept-unjudged": refusal.fingerprint });
-    let accepted = request_of(&machine, &json!({ "spec": { "files": [ { "path": "/etc/motd", "content": "hi" } ] } }));
+    let accepted = request_of(
+        &machine,
+        &json!({ "spec": { "files": [ { "path": "/etc/motd", "content": "hi" } ] } }),
+    );
     // The annotation is metadata, which the state's fingerprint leaves out.
     let c = commit(decided(&accepted, &Snapshot::default()));
-    assert!(matches!(&c.events[..], [Event::GrantedByOperator { .. }, Event::Recorded { .. }]));
+    assert!(matches!(
+        &c.events[..],
+        [Event::GrantedByOperator { .. }, Event::Recorded { .. }]
+    ));
 }
 
 #[test]
@@ -155,7 +163,9 @@ fn a_closed_window_holds_a_new_run_and_claims_nothing() {
     let mut request = request("cp-1", true, "v1.34.1", "hi");
     // Closed all week but one minute on Sunday night.
     request.window = Some(
-        inplace_core::window::parse_setting("days=sun start=23:58 end=23:59 tz=UTC").unwrap().unwrap(),
+        inplace_core::window::parse_setting("days=sun start=23:58 end=23:59 tz=UTC")
+            .unwrap()
+            .unwrap(),
     );
     let snapshot = Snapshot {
         claim: Some(None),
@@ -175,7 +185,10 @@ fn the_first_control_plane_machine_claims_apply_and_the_others_run_node() {
         claim: Some(None),
         ..judged(&request)
     };
-    assert_eq!(upgrade_mode(&request, free.claim.as_ref()), KubeadmUpgradeMode::Apply);
+    assert_eq!(
+        upgrade_mode(&request, free.claim.as_ref()),
+        KubeadmUpgradeMode::Apply
+    );
     let c = commit(decided(&request, &free));
     assert!(
         c.writes
@@ -189,10 +202,16 @@ fn the_first_control_plane_machine_claims_apply_and_the_others_run_node() {
         })),
         ..judged(&request)
     };
-    assert_eq!(upgrade_mode(&request, taken.claim.as_ref()), KubeadmUpgradeMode::Node);
+    assert_eq!(
+        upgrade_mode(&request, taken.claim.as_ref()),
+        KubeadmUpgradeMode::Node
+    );
     let c2 = commit(decided(&request, &taken));
     assert!(!c2.writes.iter().any(|w| matches!(w, Write::Claim(_))));
-    assert_ne!(c.record.input_hash, c2.record.input_hash, "the mode is part of the input");
+    assert_ne!(
+        c.record.input_hash, c2.record.input_hash,
+        "the mode is part of the input"
+    );
 }
 
 #[test]
@@ -227,7 +246,12 @@ fn a_new_desired_state_gets_a_new_run_chained_to_the_old() {
         second.record.run_id,
         super::request::run_id(&second.record.state_hash, Some(&first.record.run_id))
     );
-    assert!(second.writes.iter().any(|w| matches!(w, Write::Machine(_, Precondition::Revision(Revision(7))))));
+    assert!(
+        second
+            .writes
+            .iter()
+            .any(|w| matches!(w, Write::Machine(_, Precondition::Revision(Revision(7)))))
+    );
 }
 
 #[test]
@@ -236,7 +260,10 @@ fn a_retry_restarts_a_failed_run_once_and_is_ignored_on_one_that_did_not_fail() 
     let first = commit(decided(&plain, &judged(&plain)));
     let mut machine = plain.machine.clone();
     machine["metadata"]["annotations"] = json!({ "inplace-updater.dev/retry": "1" });
-    let retried = request_of(&machine, &json!({ "spec": { "files": [ { "path": "/etc/motd", "content": "hi" } ] } }));
+    let retried = request_of(
+        &machine,
+        &json!({ "spec": { "files": [ { "path": "/etc/motd", "content": "hi" } ] } }),
+    );
 
     let on_failed = Snapshot {
         run: Some(failed(&first)),
@@ -254,8 +281,17 @@ fn a_retry_restarts_a_failed_run_once_and_is_ignored_on_one_that_did_not_fail() 
     assert_eq!(fresh.len(), 1, "one fresh run");
     assert_eq!(fresh[0].plan.id, c.record.run_id);
     assert_ne!(c.record.run_id, first.record.run_id);
-    assert_eq!(c.record.state_hash, first.record.state_hash, "the same desired state");
-    assert!(matches!(&c.events[..], [Event::Retry { outcome: RetryOutcome::Started { .. }, .. }]));
+    assert_eq!(
+        c.record.state_hash, first.record.state_hash,
+        "the same desired state"
+    );
+    assert!(matches!(
+        &c.events[..],
+        [Event::Retry {
+            outcome: RetryOutcome::Started { .. },
+            ..
+        }]
+    ));
 
     // The same value again, on the fresh run: a repeat of the input, nothing happens.
     let again = commit(decided(&retried, &after(&c, &on_failed)));
@@ -266,7 +302,15 @@ fn a_retry_restarts_a_failed_run_once_and_is_ignored_on_one_that_did_not_fail() 
     assert!(!c.writes.iter().any(|w| matches!(w, Write::Run(_))));
     let mark = c.record.retry.clone().unwrap();
     assert!(mark.ignored && mark.run_id == first.record.run_id);
-    assert!(matches!(&c.events[..], [Event::Retry { outcome: RetryOutcome::Ignored { state: "waiting for its agent" }, .. }]));
+    assert!(matches!(
+        &c.events[..],
+        [Event::Retry {
+            outcome: RetryOutcome::Ignored {
+                state: "waiting for its agent"
+            },
+            ..
+        }]
+    ));
 }
 
 #[test]
@@ -276,14 +320,27 @@ fn holds_are_recorded_on_every_call() {
     let mut paused = plain.clone();
     paused.paused_setting = Some("freeze".into());
     let c = commit(decided(&paused, &after(&first, &judged(&plain))));
-    assert_eq!(c.record.paused.as_deref(), Some("ExtensionConfig setting paused=freeze"));
+    assert_eq!(
+        c.record.paused.as_deref(),
+        Some("ExtensionConfig setting paused=freeze")
+    );
     assert!(matches!(&c.events[..], [Event::Paused(Some(_))]));
-    assert!(matches!(&c.writes[..], [Write::Machine(..)]), "{:?}", c.writes);
+    assert!(
+        matches!(&c.writes[..], [Write::Machine(..)]),
+        "{:?}",
+        c.writes
+    );
 
     let mut machine = plain.machine.clone();
     machine["metadata"]["annotations"] = json!({ "inplace-updater.dev/cancel": "stop" });
-    let cancel = request_of(&machine, &json!({ "spec": { "files": [ { "path": "/etc/motd", "content": "hi" } ] } }));
+    let cancel = request_of(
+        &machine,
+        &json!({ "spec": { "files": [ { "path": "/etc/motd", "content": "hi" } ] } }),
+    );
     let c = commit(decided(&cancel, &after(&first, &judged(&cancel))));
     let mark = c.record.cancel.clone().unwrap();
-    assert_eq!((mark.value.as_str(), mark.run_id.as_str()), ("stop", first.record.run_id.as_str()));
+    assert_eq!(
+        (mark.value.as_str(), mark.run_id.as_str()),
+        ("stop", first.record.run_id.as_str())
+    );
 }

@@ -29,7 +29,10 @@ pub async fn load(
         None => None,
     };
     let run = match &record {
-        Some((record, _)) => db.value::<RunView>(&update_key(machine, &record.run_id)).await?,
+        Some((record, _)) => {
+            db.value::<RunView>(&update_key(machine, &record.run_id))
+                .await?
+        }
         None => None,
     };
     let mut snapshot = Snapshot {

@@ -17,8 +17,8 @@ use inplace_core::knobs::check_retry_value;
 use inplace_store::Precondition;
 
 pub use answer::{
-    FAILURE_STDERR_EXCERPT_BYTES, Inputs, PAUSED_SETTING, ago, answer, held_answer,
-    resume_command, window_closed,
+    FAILURE_STDERR_EXCERPT_BYTES, Inputs, PAUSED_SETTING, ago, answer, held_answer, resume_command,
+    window_closed,
 };
 pub use decide::{Decision, Event, Snapshot, Write, claim_key, decide, upgrade_mode};
 pub use planning::{node_change_of, plan_for};
@@ -113,7 +113,12 @@ impl Runs {
                     Precondition::Absent,
                 )?,
                 Write::Provider(index) => {
-                    let id = request.desired.facts.provider_id.as_deref().unwrap_or_default();
+                    let id = request
+                        .desired
+                        .facts
+                        .provider_id
+                        .as_deref()
+                        .unwrap_or_default();
                     Put::of(provider_key(id), &index, Precondition::Any)?
                 }
                 Write::Machine(record, precondition) => {
@@ -150,7 +155,9 @@ impl Runs {
                 Event::Paused(Some(by)) => {
                     tracing::warn!(%machine, by, "updates paused: no new step starts")
                 }
-                Event::Paused(None) => tracing::info!(%machine, "pause lifted: the update continues"),
+                Event::Paused(None) => {
+                    tracing::info!(%machine, "pause lifted: the update continues")
+                }
                 Event::Cancel(mark) => tracing::warn!(
                     %machine,
                     value = mark.value,

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use inplace_agent_api::{Hold, HoldReason, PlanProgress, PlanStatus, PollRequest, StepStatus};
 use serde_json::json;
 
-use super::tests::{dispatcher, judge_in_place, memory, poll_for, report, request_of, scope};
-use super::*;
+use crate::dispatch::testing::*;
+use crate::dispatch::*;
 
 fn annotated(annotations: serde_json::Value) -> UpdateRequest {
     let machine = json!({
@@ -56,7 +56,8 @@ async fn started(d: &Dispatcher) -> inplace_agent_api::Plan {
     assert_eq!(plan.hold, None);
     let plan = plan.plan.expect("a plan");
     assert!(plan.steps.len() >= 2, "a multi-step plan: {plan:?}");
-    d.agents.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Running))
+    d.agents
+        .report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Running))
         .await
         .unwrap();
     plan
@@ -69,7 +70,7 @@ async fn a_pause_holds_after_the_running_step_and_removing_it_lets_the_agent_go_
     let plan = started(&a).await;
     let total = plan.steps.len() as u32;
     let paused = annotated(json!({ PAUSE_ANNOTATION: "alice: disk check" }));
-    let message = a.update_machine(&paused).await.unwrap();
+    let message = a.runs.update_machine(&paused).await.unwrap();
     let message = in_progress(&message);
     assert!(
         message.starts_with(
@@ -81,6 +82,7 @@ async fn a_pause_holds_after_the_running_step_and_removing_it_lets_the_agent_go_
     // A second replica (or this one restarted) acks the step's end with the hold.
     let b = dispatcher(store.clone());
     let hold = b
+        .agents
         .report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Succeeded))
         .await
         .unwrap()
@@ -95,6 +97,7 @@ async fn a_pause_holds_after_the_running_step_and_removing_it_lets_the_agent_go_
 
     // The agent confirms with its next poll, which then waits and says the hold again.
     let answer = b
+        .agents
         .poll(
             &scope(),
             &holding(&plan.id, 1, total, Some(hold.clone()), 0),
@@ -102,7 +105,7 @@ async fn a_pause_holds_after_the_running_step_and_removing_it_lets_the_agent_go_
         .await
         .unwrap();
     assert_eq!((answer.plan, answer.hold.as_ref()), (None, Some(&hold)));
-    let message = a.update_machine(&paused).await.unwrap();
+    let message = a.runs.update_machine(&paused).await.unwrap();
     assert_eq!(
         in_progress(&message),
         format!(
@@ -119,11 +122,14 @@ async fn a_pause_holds_after_the_running_step_and_removing_it_lets_the_agent_go_
         let request = holding(&plan.id, 1, total, Some(hold.clone()), 30);
         tokio::spawn(async move {
             let started = Instant::now();
-            (b.agents.poll(&scope(), &request).await.unwrap(), started.elapsed())
+            (
+                b.agents.poll(&scope(), &request).await.unwrap(),
+                started.elapsed(),
+            )
         })
     };
     tokio::task::yield_now().await;
-    let resumed = a.update_machine(&annotated(json!({}))).await.unwrap();
+    let resumed = a.runs.update_machine(&annotated(json!({}))).await.unwrap();
     assert!(
         in_progress(&resumed).starts_with(&format!("step 2/{total}: ")),
         "{resumed:?}"
@@ -136,7 +142,8 @@ async fn a_pause_holds_after_the_running_step_and_removing_it_lets_the_agent_go_
     assert_eq!(answer.hold, None);
     assert_eq!(answer.plan.map(|p| p.id), Some(plan.id.clone()));
     assert_eq!(
-        a.agents.report(&scope(), &report("m-1", &plan.id, 1, StepStatus::Running))
+        a.agents
+            .report(&scope(), &report("m-1", &plan.id, 1, StepStatus::Running))
             .await
             .unwrap(),
         None
@@ -172,6 +179,7 @@ async fn the_setting_pauses_a_brand_new_run_which_is_handed_out_held() {
     );
     let total = plan.steps.len() as u32;
     let answer = d
+        .agents
         .poll(&scope(), &holding(&plan.id, 0, total, Some(hold), 0))
         .await
         .unwrap();
@@ -196,19 +204,23 @@ async fn a_cancel_ends_the_run_with_failure_once_the_agent_stopped_and_a_retry_r
         "{answer:?}"
     );
     let hold = d
+        .agents
         .report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Succeeded))
         .await
         .unwrap()
         .expect("the cancel in the ack");
     assert!(hold.cancels());
     // Not yet confirmed: still in progress.
-    assert!(in_progress(&d.runs.update_machine(&cancel).await.unwrap()).contains("has not confirmed"));
-    d.agents.poll(
-        &scope(),
-        &holding(&plan.id, 1, total, Some(hold.clone()), 0),
-    )
-    .await
-    .unwrap();
+    assert!(
+        in_progress(&d.runs.update_machine(&cancel).await.unwrap()).contains("has not confirmed")
+    );
+    d.agents
+        .poll(
+            &scope(),
+            &holding(&plan.id, 1, total, Some(hold.clone()), 0),
+        )
+        .await
+        .unwrap();
     let answer = d.runs.update_machine(&cancel).await.unwrap();
     let UpdateAnswer::Failed { message } = &answer else {
         panic!("{answer:?}")
@@ -223,7 +235,8 @@ async fn a_cancel_ends_the_run_with_failure_once_the_agent_stopped_and_a_retry_r
     let rows = d.fleet.status().await.unwrap();
     assert_eq!(rows[0].state, StatusState::Cancelled, "{rows:?}");
     // A late report of the stopped agent changes nothing.
-    d.agents.report(&scope(), &report("m-1", &plan.id, 1, StepStatus::Succeeded))
+    d.agents
+        .report(&scope(), &report("m-1", &plan.id, 1, StepStatus::Succeeded))
         .await
         .unwrap();
     assert!(matches!(
@@ -239,6 +252,7 @@ async fn a_cancel_ends_the_run_with_failure_once_the_agent_stopped_and_a_retry_r
         "{answer:?}"
     );
     let answer = d
+        .agents
         .poll(&scope(), &holding(&plan.id, 1, total, Some(hold), 0))
         .await
         .unwrap();
@@ -249,6 +263,7 @@ async fn a_cancel_ends_the_run_with_failure_once_the_agent_stopped_and_a_retry_r
     let again = annotated(json!({ CANCEL_ANNOTATION: "ticket-8", RETRY_ANNOTATION: "1" }));
     d.runs.update_machine(&again).await.unwrap();
     let answer = d
+        .agents
         .poll(&scope(), &holding(&fresh.id, 0, total, None, 0))
         .await
         .unwrap();

@@ -13,8 +13,10 @@ mod window;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inplace_agent_api::{KubeadmUpgradeMode, MachineRef, PlanProgress, PlanStatus, StepAction, StepStatus};
-use serde_json::json;
+use inplace_agent_api::{
+    KubeadmUpgradeMode, MachineRef, PlanProgress, PlanStatus, StepAction, StepStatus,
+};
+use serde_json::value::RawValue;
 
 use super::testing::*;
 use super::*;
@@ -45,18 +47,20 @@ async fn a_run_is_recorded_once_and_answered_from_the_store() {
     );
 
     let plan = d
+        .agents
         .poll(&scope(), &poll_for("m-1", 0))
         .await
         .unwrap()
         .plan
         .expect("a plan for the agent");
     for index in 0..plan.steps.len() as u32 {
-        d.agents.report(
-            &scope(),
-            &report("m-1", &plan.id, index, StepStatus::Running),
-        )
-        .await
-        .unwrap();
+        d.agents
+            .report(
+                &scope(),
+                &report("m-1", &plan.id, index, StepStatus::Running),
+            )
+            .await
+            .unwrap();
         let UpdateAnswer::InProgress { message, .. } =
             update(&d, &request("m-1", false, "v1.34.1", "hi"))
                 .await
@@ -68,12 +72,13 @@ async fn a_run_is_recorded_once_and_answered_from_the_store() {
             message.starts_with(&format!("step {}/{}: ", index + 1, plan.steps.len())),
             "{message}"
         );
-        d.agents.report(
-            &scope(),
-            &report("m-1", &plan.id, index, StepStatus::Succeeded),
-        )
-        .await
-        .unwrap();
+        d.agents
+            .report(
+                &scope(),
+                &report("m-1", &plan.id, index, StepStatus::Succeeded),
+            )
+            .await
+            .unwrap();
     }
     assert!(matches!(
         update(&d, &request("m-1", false, "v1.34.1", "hi"))
@@ -85,6 +90,7 @@ async fn a_run_is_recorded_once_and_answered_from_the_store() {
     let again = dispatcher(d.store().clone());
     assert!(matches!(
         again
+            .runs
             .update_machine(&request("m-1", false, "v1.34.1", "hi"))
             .await
             .unwrap(),
@@ -99,15 +105,18 @@ async fn a_failed_step_is_the_answer_for_ever_and_a_new_spec_starts_over() {
         .await
         .unwrap();
     let plan = d
+        .agents
         .poll(&scope(), &poll_for("m-1", 0))
         .await
         .unwrap()
         .plan
         .unwrap();
-    d.agents.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Succeeded))
+    d.agents
+        .report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Succeeded))
         .await
         .unwrap();
-    d.agents.report(&scope(), &report("m-1", &plan.id, 1, StepStatus::Failed))
+    d.agents
+        .report(&scope(), &report("m-1", &plan.id, 1, StepStatus::Failed))
         .await
         .unwrap();
     for _ in 0..3 {
@@ -132,6 +141,7 @@ async fn a_failed_step_is_the_answer_for_ever_and_a_new_spec_starts_over() {
         "{changed:?}"
     );
     let stale = d
+        .agents
         .report(&scope(), &report("m-1", &plan.id, 2, StepStatus::Succeeded))
         .await;
     assert!(
@@ -149,7 +159,8 @@ async fn returning_to_an_earlier_spec_is_a_new_run() {
             update(&d, &request("m-1", false, "v1.34.1", motd))
                 .await
                 .unwrap();
-            d.agents.poll(&scope(), &poll_for("m-1", 0))
+            d.agents
+                .poll(&scope(), &poll_for("m-1", 0))
                 .await
                 .unwrap()
                 .plan
@@ -176,6 +187,7 @@ async fn the_first_control_plane_machine_of_a_version_runs_apply() {
             .await
             .unwrap();
         let plan = d
+            .agents
             .poll(&scope(), &poll_for(name, 0))
             .await
             .unwrap()
@@ -210,7 +222,7 @@ async fn a_waiting_poll_wakes_when_work_is_recorded_even_on_another_replica() {
         })
     };
     let deadline = Instant::now() + Duration::from_secs(5);
-    while b.waiting() == 0 {
+    while b.agents.waiting() == 0 {
         assert!(Instant::now() < deadline, "the poll never started waiting");
         tokio::task::yield_now().await;
     }
@@ -257,7 +269,8 @@ async fn tokens_only_see_their_own_cluster_or_machine() {
     ));
     let own = AgentScope::Machine(MachineRef::new("default", "m-1"));
     assert!(
-        d.agents.poll(&own, &poll_for("m-1", 0))
+        d.agents
+            .poll(&own, &poll_for("m-1", 0))
             .await
             .unwrap()
             .plan
@@ -277,6 +290,7 @@ async fn agent_progress_recovers_reports_lost_in_a_crash() {
         .await
         .unwrap();
     let plan = d
+        .agents
         .poll(&scope(), &poll_for("m-1", 0))
         .await
         .unwrap()
@@ -334,9 +348,9 @@ async fn status_lists_runs_and_retention_keeps_current_ones() {
 
 /// The Machine record remembers a fingerprint of the inputs its plan was built from, so CAPI's repeated calls
 /// skip building the plan. The fingerprint is of the texts: the same objects spelled differently (other
-/// whitespace, a record from a version that kept no fingerprint) cost one more build, never a new run.
+/// whitespace) cost one more build, never a new run.
 #[tokio::test]
-async fn respelled_inputs_and_older_records_keep_the_run() {
+async fn respelled_inputs_keep_the_run() {
     let d = dispatcher(memory().await);
     let asked = request("m-1", false, "v1.34.1", "hi");
     update(&d, &asked).await.unwrap();
@@ -356,8 +370,9 @@ async fn respelled_inputs_and_older_records_keep_the_run() {
         RawValue::from_string(serde_json::to_string_pretty(&value).unwrap()).unwrap()
     };
     let respelled = UpdateRequest {
-        machine: pretty(&asked.machine),
+        machine_text: pretty(&asked.machine_text),
         bootstrap: asked.bootstrap.as_deref().map(pretty),
+        hashed: Default::default(),
         ..asked.clone()
     };
     update(&d, &respelled).await.unwrap();
@@ -368,21 +383,8 @@ async fn respelled_inputs_and_older_records_keep_the_run() {
         "the new spelling is learned"
     );
 
-    // A record written before fingerprints existed.
-    let mut old = second.clone();
-    old.as_object_mut().unwrap().remove("inputHash");
-    d.store()
-        .put(
-            key,
-            serde_json::to_vec(&old).unwrap(),
-            inplace_store::Precondition::Any,
-        )
-        .await
-        .unwrap();
     update(&d, &asked).await.unwrap();
-    let third = stored(&d).await;
-    assert_eq!(third["runId"], first["runId"]);
-    assert_eq!(third["inputHash"], first["inputHash"]);
+    assert_eq!(stored(&d).await["runId"], first["runId"]);
     assert_eq!(d.store().list("updates/").await.unwrap().len(), 1);
 
     // A real change of the desired state is a new run, fingerprint or not.

@@ -8,12 +8,11 @@ use std::time::{Duration, Instant};
 use inplace_agent_api::{AgentIdentity, MachineRef, StepStatus};
 use inplace_store::{EtcdOptions, Store, StoreUrl};
 use serde_json::json;
-use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
-use super::*;
+use crate::dispatch::testing::*;
+use crate::dispatch::*;
 use crate::observe::{KindLabels, StateLabels};
-use inplace_core::plan::MachineFacts;
 
 async fn memory() -> Arc<dyn Store> {
     inplace_store::open(&StoreUrl::Memory, &EtcdOptions::default())
@@ -37,22 +36,12 @@ fn request(name: &str, motd: &str) -> UpdateRequest {
         "spec": { "clusterName": "edge-01", "version": "v1.34.1" }
     });
     let bootstrap = json!({ "spec": { "files": [ { "path": "/etc/motd", "content": motd } ] } });
-    let text = |value: &serde_json::Value| RawValue::from_string(value.to_string()).unwrap();
-    UpdateRequest {
-        facts: MachineFacts::of(&machine).unwrap(),
-        machine: text(&machine),
-        bootstrap: Some(text(&bootstrap)),
-        infra: None,
-        paused_setting: None,
-        actions: [inplace_core::Action::Files].into_iter().collect(),
-        window: None,
-        drain_rules: inplace_core::drain::DrainRules::default(),
-    }
+    request_with(&machine, &bootstrap, &[inplace_core::Action::Files])
 }
 
 /// UpdateMachine for `request` after CanUpdateMachine judged it in place, as CAPI calls them.
-async fn judged_update(dispatcher: &Dispatcher, request: UpdateRequest) -> super::UpdateAnswer {
-    super::tests::judge_in_place(dispatcher, &request).await;
+async fn judged_update(dispatcher: &Dispatcher, request: UpdateRequest) -> UpdateAnswer {
+    judge_in_place(dispatcher, &request).await;
     dispatcher.runs.update_machine(&request).await.unwrap()
 }
 
@@ -70,6 +59,7 @@ fn agent(name: &str) -> AgentIdentity {
 /// The plan the agent of `name` gets from a poll.
 async fn plan_for_agent(dispatcher: &Dispatcher, name: &str) -> inplace_agent_api::Plan {
     dispatcher
+        .agents
         .poll(
             &scope(),
             &inplace_agent_api::PollRequest {
@@ -129,15 +119,21 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
     let machine = MachineRef::new("default", "w-1");
     let peer = Some("10.0.0.7:40000".parse().unwrap());
 
-    a.agents.refused(
-        Some(&agent("w-1")),
-        AgentRefusalReason::ExpiredToken,
-        "token expired at 2026-01-01T00:00:00Z",
-        peer,
-    )
-    .await;
+    a.agents
+        .refused(
+            Some(&agent("w-1")),
+            AgentRefusalReason::ExpiredToken,
+            "token expired at 2026-01-01T00:00:00Z",
+            peer,
+        )
+        .await;
     assert_eq!(
-        a.agents.last_refusal(&machine).await.unwrap().unwrap().reason,
+        a.agents
+            .last_refusal(&machine)
+            .await
+            .unwrap()
+            .unwrap()
+            .reason,
         AgentRefusalReason::ExpiredToken,
         "remembered where it happened"
     );
@@ -155,13 +151,14 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
     assert!(message.contains("last seen: never)"), "{message}");
     // Refusal times are in milliseconds: the next one must be later to be the newer one.
     tokio::time::sleep(Duration::from_millis(3)).await;
-    b.agents.refused(
-        Some(&agent("w-1")),
-        AgentRefusalReason::OutOfScope,
-        "this token is scoped to cluster default/other",
-        peer,
-    )
-    .await;
+    b.agents
+        .refused(
+            Some(&agent("w-1")),
+            AgentRefusalReason::OutOfScope,
+            "this token is scoped to cluster default/other",
+            peer,
+        )
+        .await;
     let on_a = a.agents.last_refusal(&machine).await.unwrap().unwrap();
     assert_eq!(
         on_a.reason,
@@ -199,16 +196,17 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
     );
 
     // Once the agent gets through, the refusal is history: the message says when it was seen instead.
-    a.agents.poll(
-        &scope(),
-        &inplace_agent_api::PollRequest {
-            agent: agent("w-1"),
-            current: None,
-            wait_seconds: 0,
-        },
-    )
-    .await
-    .unwrap();
+    a.agents
+        .poll(
+            &scope(),
+            &inplace_agent_api::PollRequest {
+                agent: agent("w-1"),
+                current: None,
+                wait_seconds: 0,
+            },
+        )
+        .await
+        .unwrap();
     let message = waiting_message(judged_update(&a, request("w-1", "hi")).await);
     assert!(!message.contains("refused"), "{message}");
     let rows = a.agents.list().await.unwrap();
@@ -225,13 +223,14 @@ async fn old_refusals_are_swept_by_retention() {
     };
     let (a, _) = replica(store.clone(), config);
     judged_update(&a, request("w-1", "hi")).await;
-    a.agents.refused(
-        Some(&agent("w-1")),
-        AgentRefusalReason::UnknownToken,
-        "unknown or revoked token",
-        None,
-    )
-    .await;
+    a.agents
+        .refused(
+            Some(&agent("w-1")),
+            AgentRefusalReason::UnknownToken,
+            "unknown or revoked token",
+            None,
+        )
+        .await;
     assert_eq!(store.list("agent-refusals/").await.unwrap().len(), 1);
     tokio::time::sleep(Duration::from_millis(5)).await;
     assert_eq!(a.agents.sweep_refusals().await.unwrap(), 1);
@@ -263,14 +262,16 @@ async fn every_replica_counts_each_machines_current_update_by_state() {
     assert!(b.unfinished_update_oldest_progress_ms().is_some());
 
     let plan = plan_for_agent(&a, "w-1").await;
-    a.agents.report(&scope(), &step_report("w-1", &plan.id, StepStatus::Running))
+    a.agents
+        .report(&scope(), &step_report("w-1", &plan.id, StepStatus::Running))
         .await
         .unwrap();
     eventually("one running", || {
         count(&on_b, "running") == 1 && count(&on_b, "recorded") == 1
     })
     .await;
-    a.agents.report(&scope(), &step_report("w-1", &plan.id, StepStatus::Failed))
+    a.agents
+        .report(&scope(), &step_report("w-1", &plan.id, StepStatus::Failed))
         .await
         .unwrap();
     eventually("one failed", || {

@@ -5,9 +5,10 @@
 use inplace_agent_api::{MachineRef, StepStatus};
 use serde_json::json;
 
-use super::records::{MachineRecord, machine_key};
-use super::tests::{dispatcher, judge_in_place, memory, poll_for, report, request_of, scope};
-use super::*;
+use crate::dispatch::floor::keys::machine_key;
+use crate::dispatch::floor::records::MachineRecord;
+use crate::dispatch::testing::*;
+use crate::dispatch::*;
 
 fn annotated(retry: Option<&str>, version: &str) -> UpdateRequest {
     let mut machine = json!({
@@ -34,9 +35,15 @@ async fn failed_run(d: &Dispatcher) -> String {
     let request = annotated(None, "v1.34.1");
     judge_in_place(d, &request).await;
     d.runs.update_machine(&request).await.unwrap();
-    let plan = d.agents.poll(&scope(), &poll_for("m-1", 0)).await.unwrap().plan;
+    let plan = d
+        .agents
+        .poll(&scope(), &poll_for("m-1", 0))
+        .await
+        .unwrap()
+        .plan;
     let plan = plan.expect("a plan for the agent");
-    d.agents.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Failed))
+    d.agents
+        .report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Failed))
         .await
         .unwrap();
     let answer = d.runs.update_machine(&request).await.unwrap();
@@ -55,6 +62,7 @@ async fn failed_run(d: &Dispatcher) -> String {
 
 async fn current_run(d: &Dispatcher) -> String {
     let (record, _) = d
+        .db()
         .read::<MachineRecord>(&machine_key(&machine()))
         .await
         .unwrap()
@@ -68,7 +76,7 @@ async fn two_replicas_seeing_one_value_start_one_fresh_run() {
     let (a, b) = (dispatcher(store.clone()), dispatcher(store.clone()));
     let failed = failed_run(&a).await;
     let m = machine();
-    let (x, y) = tokio::join!(a.retry(&m, "1", None), b.retry(&m, "1", None));
+    let (x, y) = tokio::join!(a.runs.retry(&m, "1"), b.runs.retry(&m, "1"));
     let mut outcomes = [x.unwrap(), y.unwrap()];
     outcomes.sort_by_key(|o| matches!(o, RetryOutcome::AlreadySeen));
     let RetryOutcome::Started { run_id } = &outcomes[0] else {
@@ -79,16 +87,25 @@ async fn two_replicas_seeing_one_value_start_one_fresh_run() {
     assert_eq!(&current_run(&a).await, run_id);
     assert_eq!(store.list("updates/").await.unwrap().len(), 2);
     // The agent is handed the fresh run, and UpdateMachine answers from it.
-    let plan = b.agents.poll(&scope(), &poll_for("m-1", 0)).await.unwrap().plan;
+    let plan = b
+        .agents
+        .poll(&scope(), &poll_for("m-1", 0))
+        .await
+        .unwrap()
+        .plan;
     assert_eq!(plan.map(|p| p.id).as_ref(), Some(run_id));
-    let answer = a.update_machine(&annotated(None, "v1.34.1")).await.unwrap();
+    let answer = a
+        .runs
+        .update_machine(&annotated(None, "v1.34.1"))
+        .await
+        .unwrap();
     assert!(
         matches!(answer, UpdateAnswer::InProgress { .. }),
         "{answer:?}"
     );
     // The same value again, on either replica, does nothing.
     assert_eq!(
-        b.retry(&machine(), "1", None).await.unwrap(),
+        b.runs.retry(&machine(), "1").await.unwrap(),
         RetryOutcome::AlreadySeen
     );
     assert_eq!(&current_run(&b).await, run_id);
@@ -108,7 +125,7 @@ async fn the_annotation_restarts_a_failed_run_once_without_a_new_verdict() {
         .await
         .unwrap();
     let retry = annotated(Some("1700000000"), "v1.34.1");
-    let (x, y) = tokio::join!(a.update_machine(&retry), b.update_machine(&retry));
+    let (x, y) = tokio::join!(a.runs.update_machine(&retry), b.runs.update_machine(&retry));
     for answer in [x.unwrap(), y.unwrap()] {
         assert!(
             matches!(&answer, UpdateAnswer::InProgress { message, .. } if message.starts_with("waiting for agent")),
@@ -123,17 +140,18 @@ async fn the_annotation_restarts_a_failed_run_once_without_a_new_verdict() {
         "one fresh run"
     );
     // Fail the fresh run too: the same value does nothing, the answer is its Failure.
-    a.agents.report(&scope(), &report("m-1", &fresh, 0, StepStatus::Failed))
+    a.agents
+        .report(&scope(), &report("m-1", &fresh, 0, StepStatus::Failed))
         .await
         .unwrap();
     assert!(matches!(
-        b.update_machine(&retry).await.unwrap(),
+        b.runs.update_machine(&retry).await.unwrap(),
         UpdateAnswer::Failed { .. }
     ));
     assert_eq!(current_run(&a).await, fresh);
     // A changed desired state still needs a CanUpdate verdict, retry value or not.
     let changed = annotated(Some("1700000001"), "v1.34.2");
-    let refused = a.update_machine(&changed).await.unwrap();
+    let refused = a.runs.update_machine(&changed).await.unwrap();
     assert!(
         matches!(refused, UpdateAnswer::Refused { .. }),
         "{refused:?}"
@@ -149,6 +167,7 @@ async fn a_value_on_a_run_that_did_not_fail_is_recorded_and_ignored() {
     d.runs.update_machine(&request).await.unwrap();
     let run = current_run(&d).await;
     let answer = d
+        .runs
         .update_machine(&annotated(Some("2"), "v1.34.1"))
         .await
         .unwrap();
@@ -163,21 +182,24 @@ async fn a_value_on_a_run_that_did_not_fail_is_recorded_and_ignored() {
     );
     assert_eq!(current_run(&d).await, run);
     // Once the run fails, the ignored value stays spent: only a new one restarts it.
-    d.agents.report(&scope(), &report("m-1", &run, 0, StepStatus::Failed))
+    d.agents
+        .report(&scope(), &report("m-1", &run, 0, StepStatus::Failed))
         .await
         .unwrap();
     assert!(matches!(
-        d.runs.update_machine(&annotated(Some("2"), "v1.34.1"))
+        d.runs
+            .update_machine(&annotated(Some("2"), "v1.34.1"))
             .await
             .unwrap(),
         UpdateAnswer::Failed { .. }
     ));
     assert_eq!(
-        d.retry(&machine(), "2", None).await.unwrap(),
+        d.runs.retry(&machine(), "2").await.unwrap(),
         RetryOutcome::AlreadySeen
     );
     assert!(matches!(
-        d.runs.update_machine(&annotated(Some("3"), "v1.34.1"))
+        d.runs
+            .update_machine(&annotated(Some("3"), "v1.34.1"))
             .await
             .unwrap(),
         UpdateAnswer::InProgress { .. }
@@ -189,12 +211,12 @@ async fn a_value_on_a_run_that_did_not_fail_is_recorded_and_ignored() {
 async fn retry_values_are_bounded_and_unknown_machines_have_nothing_to_retry() {
     let d = dispatcher(memory().await);
     assert_eq!(
-        d.retry(&machine(), "1", None).await.unwrap(),
+        d.runs.retry(&machine(), "1").await.unwrap(),
         RetryOutcome::NoRecord
     );
-    let long = "x".repeat(MAX_RETRY_VALUE_BYTES + 1);
+    let long = "x".repeat(MAX_KNOB_VALUE_BYTES + 1);
     assert!(matches!(
-        d.retry(&machine(), &long, None).await,
+        d.runs.retry(&machine(), &long).await,
         Err(DispatchError::BadRequest(_))
     ));
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::tests::{dispatcher, memory, poll_for, request, scope, update};
-use super::*;
+use crate::dispatch::testing::*;
+use crate::dispatch::*;
 use inplace_agent_api::{AgentIdentity, Plan, StepReport, StepStatus};
 
 /// How long the simulated steps take: a long `kubeadm upgrade`, a few seconds for everything else.
@@ -44,7 +44,8 @@ async fn start(d: &Dispatcher, name: &str) -> Plan {
     update(d, &request(name, false, "v1.34.1", "hi"))
         .await
         .unwrap();
-    d.agents.poll(&scope(), &poll_for(name, 0))
+    d.agents
+        .poll(&scope(), &poll_for(name, 0))
         .await
         .unwrap()
         .plan

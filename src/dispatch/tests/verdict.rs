@@ -9,9 +9,9 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::tests::{dispatcher, judge_in_place, memory, request, request_of, verdict_for};
-use super::verdicts::{ACCEPT_UNJUDGED_ANNOTATION, machine_set_verdict_key, machine_verdict_key};
-use super::*;
+use crate::dispatch::floor::keys::{machine_set_verdict_key, machine_verdict_key};
+use crate::dispatch::testing::*;
+use crate::dispatch::*;
 
 fn text(value: &Value) -> Box<RawValue> {
     RawValue::from_string(value.to_string()).unwrap()
@@ -51,11 +51,10 @@ fn offered(message: &str) -> String {
         .collect()
 }
 
-fn with_annotation(mut r: UpdateRequest, value: &str) -> UpdateRequest {
-    let mut machine: Value = serde_json::from_str(r.machine.get()).unwrap();
+fn with_annotation(r: UpdateRequest, value: &str) -> UpdateRequest {
+    let mut machine = r.machine.clone();
     machine["metadata"]["annotations"] = json!({ ACCEPT_UNJUDGED_ANNOTATION: value });
-    r.machine = text(&machine);
-    r
+    with_machine(&r, machine)
 }
 
 /// No verdict: refused, with no run, no Machine record and no `kubeadm upgrade apply` claim written (a
@@ -90,6 +89,7 @@ async fn without_a_verdict_nothing_is_recorded_or_claimed() {
     judge_in_place(&d, &other).await;
     d.runs.update_machine(&other).await.unwrap();
     let plan = d
+        .agents
         .poll(&super::tests::scope(), &super::tests::poll_for("cp-2", 0))
         .await
         .unwrap()
@@ -129,7 +129,8 @@ async fn the_operator_accepts_exactly_the_state_the_refusal_showed() {
         UpdateAnswer::InProgress { .. }
     ));
     assert!(
-        d.fleet.status()
+        d.fleet
+            .status()
             .await
             .unwrap()
             .iter()
@@ -174,12 +175,13 @@ async fn a_change_after_the_verdict_is_refused_by_path() {
 async fn a_rollout_verdict_licenses_nothing() {
     let d = dispatcher(memory().await);
     let r = request("m-1", false, "v1.34.1", "hi");
-    d.licences.record_verdict(
-        &machine_verdict_key(&r.facts.machine),
-        &verdict_for(&r, false),
-    )
-    .await
-    .unwrap();
+    d.licences
+        .record_verdict(
+            &machine_verdict_key(&r.desired.facts.machine),
+            &verdict_for(&r, false),
+        )
+        .await
+        .unwrap();
     let (reason, message) = refused(d.runs.update_machine(&r).await.unwrap());
     assert_eq!(reason, RefusalReason::NotInPlace);
     assert!(
@@ -225,7 +227,8 @@ async fn a_machine_set_verdict_covers_the_machines_moved_to_it() {
         fingerprint: prints.fingerprint(),
         prints,
     };
-    d.licences.record_verdict(&machine_set_verdict_key("default", &label), &verdict)
+    d.licences
+        .record_verdict(&machine_set_verdict_key("default", &label), &verdict)
         .await
         .unwrap();
 
@@ -242,13 +245,15 @@ async fn a_machine_set_verdict_covers_the_machines_moved_to_it() {
         request_of(&machine, &bootstrap)
     };
     assert!(matches!(
-        d.runs.update_machine(&worker("w-1", "123-abc", "hi"))
+        d.runs
+            .update_machine(&worker("w-1", "123-abc", "hi"))
             .await
             .unwrap(),
         UpdateAnswer::InProgress { .. }
     ));
     let (reason, message) = refused(
-        d.runs.update_machine(&worker("w-2", "123-abc", "changed"))
+        d.runs
+            .update_machine(&worker("w-2", "123-abc", "changed"))
             .await
             .unwrap(),
     );
@@ -261,7 +266,8 @@ async fn a_machine_set_verdict_covers_the_machines_moved_to_it() {
     );
     assert_eq!(
         refused(
-            d.runs.update_machine(&worker("w-3", "999-zzz", "hi"))
+            d.runs
+                .update_machine(&worker("w-3", "999-zzz", "hi"))
                 .await
                 .unwrap()
         )
@@ -272,7 +278,7 @@ async fn a_machine_set_verdict_covers_the_machines_moved_to_it() {
 }
 
 /// Once a run is recorded, CAPI's repeated calls need no verdict any more: the exact repeat, another
-/// spelling of the same objects, a run recorded by a version without verdicts.
+/// spelling of the same objects.
 #[tokio::test]
 async fn a_running_update_keeps_answering_without_its_verdict() {
     let d = dispatcher(memory().await);
@@ -281,7 +287,7 @@ async fn a_running_update_keeps_answering_without_its_verdict() {
     let first = d.runs.update_machine(&r).await.unwrap();
     d.store()
         .delete(
-            &machine_verdict_key(&r.facts.machine),
+            &machine_verdict_key(&r.desired.facts.machine),
             inplace_store::Precondition::Any,
         )
         .await
@@ -292,35 +298,17 @@ async fn a_running_update_keeps_answering_without_its_verdict() {
         RawValue::from_string(serde_json::to_string_pretty(&value).unwrap()).unwrap()
     };
     let respelled = UpdateRequest {
-        machine: pretty(&r.machine),
+        machine_text: pretty(&r.machine_text),
+        hashed: Default::default(),
         ..r.clone()
     };
     assert_eq!(d.runs.update_machine(&respelled).await.unwrap(), first);
 
-    // A record as a version without verdicts wrote it: no fingerprints at all.
-    let key = "machines/default/m-1";
-    let mut old: Value =
-        serde_json::from_slice(&d.store().get(key).await.unwrap().unwrap().value).unwrap();
-    let run = old["runId"].clone();
-    old.as_object_mut().unwrap().remove("licensed");
-    old.as_object_mut().unwrap().remove("inputHash");
-    d.store()
-        .put(
-            key,
-            serde_json::to_vec(&old).unwrap(),
-            inplace_store::Precondition::Any,
-        )
-        .await
-        .unwrap();
-    assert_eq!(d.runs.update_machine(&r).await.unwrap(), first);
-    let now: Value =
-        serde_json::from_slice(&d.store().get(key).await.unwrap().unwrap().value).unwrap();
-    assert_eq!(now["runId"], run);
-
     // A new desired state is a new judgement.
     assert_eq!(
         refused(
-            d.runs.update_machine(&request("m-1", false, "v1.34.2", "hi"))
+            d.runs
+                .update_machine(&request("m-1", false, "v1.34.2", "hi"))
                 .await
                 .unwrap()
         )
@@ -339,7 +327,8 @@ async fn verdicts_and_refusals_expire() {
     let d = Dispatcher::new(store, config, CancellationToken::new());
     let r = request("m-1", false, "v1.34.1", "hi");
     judge_in_place(&d, &r).await;
-    d.runs.update_machine(&request("m-2", false, "v1.34.1", "hi"))
+    d.runs
+        .update_machine(&request("m-2", false, "v1.34.1", "hi"))
         .await
         .unwrap();
     assert_eq!(d.licences.sweep().await.unwrap(), 2);
@@ -353,7 +342,7 @@ async fn verdicts_and_refusals_expire() {
 async fn a_repeated_judgement_is_written_once_per_refresh_interval() {
     let d = dispatcher(memory().await);
     let r = request("m-1", false, "v1.34.1", "hi");
-    let key = machine_verdict_key(&r.facts.machine);
+    let key = machine_verdict_key(&r.desired.facts.machine);
     let first = verdict_for(&r, true);
     d.licences.record_verdict(&key, &first).await.unwrap();
     let revision = |d: &Dispatcher| {
@@ -367,7 +356,10 @@ async fn a_repeated_judgement_is_written_once_per_refresh_interval() {
         judged_ms: first.judged_ms + 60_000,
         ..first.clone()
     };
-    d.licences.record_verdict(&key, &minute_later).await.unwrap();
+    d.licences
+        .record_verdict(&key, &minute_later)
+        .await
+        .unwrap();
     assert_eq!(
         revision(&d).await,
         written,

@@ -1,8 +1,9 @@
 //! Maintenance windows in UpdateMachine, judged by a pinned clock: outside the window no run is recorded and
 //! the answer says when it opens; inside, the run starts; `retryAfterSeconds` never passes the opening.
 
-use super::tests::{dispatcher, memory, poll_for, report, request, scope, update};
-use super::*;
+use crate::dispatch::floor::records::MachineRecord;
+use crate::dispatch::testing::*;
+use crate::dispatch::*;
 use inplace_agent_api::{HoldReason, StepStatus};
 use inplace_core::Window;
 
@@ -19,8 +20,9 @@ fn windowed(motd: &str) -> UpdateRequest {
     }
 }
 
-async fn machine_record(d: &Dispatcher) -> Option<records::MachineRecord> {
-    d.read::<records::MachineRecord>("machines/default/m-1")
+async fn machine_record(d: &Dispatcher) -> Option<MachineRecord> {
+    d.db()
+        .read::<MachineRecord>("machines/default/m-1")
         .await
         .unwrap()
         .map(|(r, _)| r)
@@ -130,7 +132,8 @@ async fn a_run_in_progress_is_held_after_its_step_when_the_window_shuts_and_goes
     let first = d.agents.poll(&scope(), &poll_for("m-1", 0)).await.unwrap();
     assert_eq!(first.hold, None);
     let plan = first.plan.expect("a plan");
-    d.agents.report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Running))
+    d.agents
+        .report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Running))
         .await
         .unwrap();
 
@@ -138,6 +141,7 @@ async fn a_run_in_progress_is_held_after_its_step_when_the_window_shuts_and_goes
     d.clock().pin_for_tests(ms("2026-12-08T04:00:00Z"));
     let opens = ms("2026-12-14T21:00:00Z");
     let ack = d
+        .agents
         .report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Succeeded))
         .await
         .unwrap()

@@ -219,7 +219,7 @@ impl Golden {
             current: agent.progress(),
             wait_seconds: 0,
         };
-        let answer = self.dispatcher.poll(&agent.scope, &request).await;
+        let answer = self.dispatcher.agents.poll(&agent.scope, &request).await;
         if let Ok(answer) = &answer {
             if let Some(plan) = &answer.plan
                 && agent.plan.as_ref().is_none_or(|held| held.id != plan.id)
@@ -287,6 +287,7 @@ impl Golden {
         };
         let answer = self
             .dispatcher
+            .agents
             .report(&agent.scope, &report)
             .await
             .map(|hold| AckResponse { hold });
@@ -321,6 +322,7 @@ impl Golden {
         };
         let answer = self
             .dispatcher
+            .agents
             .inventory(&agent.scope, &report)
             .await
             .map(|()| AckResponse::default());
@@ -329,9 +331,9 @@ impl Golden {
 
     /// What operators see: `Dispatcher::status()` and `Dispatcher::agents()`, serialized.
     pub async fn operator_views(&mut self, label: &str) {
-        let status = self.dispatcher.status().await;
+        let status = self.dispatcher.fleet.status().await;
         self.record_view(&format!("{label}: status"), "status", status);
-        let agents = self.dispatcher.agents().await;
+        let agents = self.dispatcher.agents.list().await;
         self.record_view(&format!("{label}: agents"), "agents", agents);
     }
 

@@ -418,6 +418,7 @@ pub async fn refusals_scenario() {
     let refused = "edge-01-md-0-x7k2p-refus";
     golden
         .dispatcher()
+        .agents
         .refused(
             Some(&AgentIdentity::Machine(MachineRef::new("default", refused))),
             AgentRefusalReason::ExpiredToken,
