@@ -1,6 +1,6 @@
 //! The fleet's metrics. Counters and histograms are updated where things happen (a step report, a refused
 //! agent); the gauges are computed: `updates{state}` by dispatch's census, which follows the store's change feed
-//! (see `dispatch::census`), and the agent gauges at scrape time from what this replica knows ([`LiveFleet`]).
+//! (see the fleet wing of dispatch), and the agent gauges at scrape time from what this replica knows ([`LiveFleet`]).
 //! No series carries a Machine: label values come from small fixed sets, so 30 000 agents cost no more series
 //! than three.
 
@@ -99,11 +99,6 @@ impl FleetMetrics {
         for kind in StepKind::ALL.map(StepKind::wire) {
             drop(metrics.step_duration.get_or_create(&KindLabels { kind }));
             drop(metrics.step_failures.get_or_create(&KindLabels { kind }));
-        }
-        for reason in crate::dispatch::AgentRefusalReason::ALL {
-            drop(metrics.auth_failures.get_or_create(&ReasonLabels {
-                reason: reason.as_str(),
-            }));
         }
         for state in UPDATE_STATES {
             drop(metrics.updates.get_or_create(&StateLabels { state }));

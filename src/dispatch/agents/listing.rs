@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Agents;
 use super::refusal_book::newer;
-use super::refusals::{AgentRefusalRecord, Claim};
+use super::refused::{AgentRefusalRecord, Claim};
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::config::LAST_SEEN_PERSIST_INTERVAL;
 use crate::dispatch::floor::keys::{AGENT_REFUSALS_PREFIX, AGENTS_PREFIX, parse_machine};

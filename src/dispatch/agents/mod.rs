@@ -8,6 +8,7 @@ mod listing;
 mod poll;
 mod refusal_book;
 mod refusals;
+mod refused;
 mod report;
 mod scope;
 mod seen;
@@ -19,7 +20,7 @@ use inplace_agent_api::MachineRef;
 use tokio::sync::Notify;
 
 pub use listing::{AgentRow, CONNECTED_WITHIN};
-pub use refusals::{
+pub use refused::{
     AgentRefusalReason, AgentRefusalRecord, Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL,
     REFUSAL_LOG_LINES_PER_MINUTE, REFUSAL_PERSIST_INTERVAL, REFUSAL_WRITES_PER_MINUTE,
 };

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use inplace_agent_api::MachineRef;
 
-use super::refusals::{
+use super::refused::{
     AgentRefusalReason, AgentRefusalRecord, Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL,
     REFUSAL_LOG_LINES_PER_MINUTE, REFUSAL_PERSIST_INTERVAL, REFUSAL_WRITES_PER_MINUTE,
 };
@@ -187,7 +187,7 @@ mod tests {
     use inplace_agent_api::AgentIdentity;
 
     use super::*;
-    use crate::dispatch::agents::refusals::MAX_CLAIM_CHARS;
+    use crate::dispatch::agents::refused::MAX_CLAIM_CHARS;
 
     fn record(reason: AgentRefusalReason, at_ms: u64) -> AgentRefusalRecord {
         AgentRefusalRecord {
