@@ -25,7 +25,7 @@ pub(crate) type StepFuture = Pin<Box<dyn Future<Output = StepResult> + Send>>;
 /// effect (the backups and journals above are that record today, written at the same points), so a driver
 /// adds its undo next to its run and records what the undo needs where it already records its intent.
 pub(crate) trait Driver: Sync {
-    /// The step kind this driver runs (one driver per kind: see `registry`).
+    /// The step kind this driver runs (one driver per kind: the registry, `DRIVERS` in `drivers/mod.rs`).
     fn kind(&self) -> StepKind;
 
     /// Why `config` cannot run steps of this kind, naming the missing `--config` key; `None` when it can.
