@@ -48,8 +48,21 @@ pub(crate) fn wrong_kind(driver: StepKind, action: &StepAction) -> StepFuture {
     Box::pin(std::future::ready(result))
 }
 
+/// A step whose whole work is synchronous disk work (`work(env, plan id)` returns the summary), run by
+/// [`blocking`].
+pub(crate) fn blocking_step(
+    env: Arc<DriverEnv>,
+    ctx: StepContext,
+    work: impl FnOnce(&DriverEnv, &str) -> Result<String, String> + Send + 'static,
+) -> StepFuture {
+    Box::pin(async move {
+        let plan_id = ctx.plan_id.clone();
+        blocking(&ctx, move || work(&env, &plan_id)).await
+    })
+}
+
 /// Runs synchronous disk work off the async threads, bounded by the step deadline.
-pub(crate) async fn blocking(
+async fn blocking(
     ctx: &StepContext,
     work: impl FnOnce() -> Result<String, String> + Send + 'static,
 ) -> StepResult {
