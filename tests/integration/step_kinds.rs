@@ -85,23 +85,35 @@ fn shipped_configs() -> Vec<PathBuf> {
 fn every_step_kind_is_wired() {
     let table: BTreeSet<StepKind> = StepKind::ALL.into_iter().collect();
     assert_eq!(table.len(), StepKind::ALL.len(), "a kind is listed twice");
+    // Every gap, so one run names all of them.
+    let mut gaps = Vec::new();
 
     // The wire shape and the validator: a valid step of the kind is of the kind, carries its wire name,
     // and validates (is not refused as a kind the validator does not know).
     for kind in StepKind::ALL {
         let action = valid_step(kind);
-        assert_eq!(action.step_kind(), kind);
-        assert_eq!(serde_json::to_value(&action).unwrap()["kind"], kind.wire());
-        validate_action(&action)
-            .unwrap_or_else(|e| panic!("{kind}: the validator refuses it: {e}"));
+        if action.step_kind() != kind
+            || serde_json::to_value(&action).unwrap()["kind"] != kind.wire()
+        {
+            gaps.push(format!(
+                "{kind}: its StepAction variant is not its row of the table"
+            ));
+        }
+        if let Err(e) = validate_action(&action) {
+            gaps.push(format!("{kind}: the validator refuses a valid step: {e}"));
+        }
     }
 
     // The agent: one driver per kind, none for a kind outside the table.
     let drivers: BTreeSet<StepKind> = inplace_agent::driver_kinds().into_iter().collect();
-    assert_eq!(
-        drivers, table,
-        "the agent's driver registry and the table differ"
-    );
+    for kind in table.difference(&drivers) {
+        gaps.push(format!(
+            "{kind}: no driver in the agent's registry (crates/agent/src/drivers/mod.rs)"
+        ));
+    }
+    for kind in drivers.difference(&table) {
+        gaps.push(format!("{kind}: a driver for a kind outside the table"));
+    }
 
     // The server's pace: a kind nothing was learned about is expected to take its guess.
     for kind in StepKind::ALL {
@@ -111,12 +123,13 @@ fn every_step_kind_is_wired() {
             current_since_ms: None,
         };
         let expected = remaining(&run, &StepDurations::default(), 0);
-        assert!(kind.guess_seconds() > 0, "{kind}: no pace guess");
-        assert_eq!(
-            expected.mean_ms,
-            f64::from(kind.guess_seconds()) * 1000.0,
-            "{kind}"
-        );
+        if kind.guess_seconds() == 0 || expected.mean_ms != f64::from(kind.guess_seconds()) * 1000.0
+        {
+            gaps.push(format!(
+                "{kind}: no pace guess (expected {} ms)",
+                expected.mean_ms
+            ));
+        }
     }
 
     // The metrics: both step series of every kind exist from the first scrape.
@@ -126,10 +139,9 @@ fn every_step_kind_is_wired() {
             format!("inplace_updater_step_failures_total{{kind=\"{kind}\"}} 0"),
             format!("inplace_updater_step_duration_seconds_count{{kind=\"{kind}\"}} 0"),
         ] {
-            assert!(
-                text.lines().any(|line| line == series),
-                "{kind}: no `{series}`"
-            );
+            if !text.lines().any(|line| line == series) {
+                gaps.push(format!("{kind}: no metrics series `{series}`"));
+            }
         }
     }
 
@@ -145,10 +157,16 @@ fn every_step_kind_is_wired() {
         .map(|kind| kind.as_str().unwrap())
         .collect();
     let wires: BTreeSet<&str> = StepKind::ALL.map(StepKind::wire).into_iter().collect();
-    assert_eq!(
-        documented, wires,
-        "openapi.yaml's step kinds and the table differ"
-    );
+    for wire in wires.difference(&documented) {
+        gaps.push(format!(
+            "{wire}: not in openapi.yaml's Step.action.kind enum"
+        ));
+    }
+    for wire in documented.difference(&wires) {
+        gaps.push(format!(
+            "{wire}: in openapi.yaml's Step.action.kind enum, not in the table"
+        ));
+    }
 
     // The shipped agent configs hold what every driver needs (e.g. the commands of the Kubernetes
     // version steps, the node steps' `node:` section).
@@ -157,13 +175,16 @@ fn every_step_kind_is_wired() {
     for file in configs {
         let config = inplace_agent::DriverConfig::load(&file)
             .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        let missing = inplace_agent::unconfigured_kinds(&config);
-        assert!(
-            missing.is_empty(),
-            "{}: steps of these kinds would fail for want of config: {missing:?}",
-            file.display()
-        );
+        for (kind, missing) in inplace_agent::unconfigured_kinds(&config) {
+            gaps.push(format!("{kind}: {} lacks {missing}", file.display()));
+        }
     }
+
+    assert!(
+        gaps.is_empty(),
+        "step kinds not wired everywhere:\n{}",
+        gaps.join("\n")
+    );
 }
 
 #[test]

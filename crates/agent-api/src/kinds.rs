@@ -160,7 +160,7 @@ mod tests {
             }
         }
         assert_eq!(StepKind::Unsupported.index(), StepKind::SLOTS - 1);
-        assert_eq!(StepKind::of_wire("rebootNode"), StepKind::Unsupported);
+        assert_eq!(StepKind::of_wire("someFutureKind"), StepKind::Unsupported);
         assert_eq!(StepAction::Unsupported.step_kind(), StepKind::Unsupported);
     }
 

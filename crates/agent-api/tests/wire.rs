@@ -124,7 +124,7 @@ fn every_action_kind_round_trips() {
 fn unknown_kind_decodes_as_unsupported_and_fails_validation() {
     let step: Step = serde_json::from_value(json!({
         "index": 0, "description": "from the future", "timeoutSeconds": 5,
-        "action": {"kind": "rebootNode", "after": "5m"}
+        "action": {"kind": "someFutureKind", "after": "5m"}
     }))
     .unwrap();
     assert_eq!(step.action, StepAction::Unsupported);

@@ -10,7 +10,8 @@ use serde::Deserialize;
 
 pub use crate::node_config::NodeConfig;
 use crate::retry::RetryPolicy;
-pub use crate::sequence_command::SequenceCommand;
+pub use crate::sequence_command::{CommandSpec, SequenceCommand};
+use crate::sequence_command::{check_argv, check_node_path};
 use crate::template;
 
 /// Largest `--config` file accepted.
@@ -160,31 +161,6 @@ pub struct Check {
     /// The stdout must contain this (templated).
     #[serde(default)]
     pub stdout_contains: Option<String>,
-}
-
-/// What one entry of a sequence does. YAML: `- run: [argv…]` (optionally with `retryable: true`),
-/// `- writeFile: {path, content, mode}` or `- verifySha256: {path, sha256}`. `run` arguments are literal (use `{{root}}` for node
-/// paths); the `path` of the built-ins is a node path, joined under `--root` by the agent.
-#[derive(Clone, Debug)]
-pub enum CommandSpec {
-    /// Run a program (looked up in `path`) with these arguments. Never through a shell.
-    Run(Vec<String>),
-    /// Write a file atomically (e.g. the package repository line for `{{minor}}`).
-    WriteFile {
-        /// Node path.
-        path: String,
-        /// Content (templated).
-        content: String,
-        /// Octal mode, default `0644`.
-        mode: Option<String>,
-    },
-    /// Fail unless the file's SHA-256 is this (hex, templated: `{{pin.kubeadmSha256}}`).
-    VerifySha256 {
-        /// Node path.
-        path: String,
-        /// Expected digest, 64 hex digits.
-        sha256: String,
-    },
 }
 
 /// The kubelet-args driver.
@@ -471,48 +447,4 @@ impl CommandSequence {
         }
         Ok(())
     }
-}
-
-impl CommandSpec {
-    fn validate(&self) -> Result<(), String> {
-        match self {
-            CommandSpec::Run(argv) => check_argv(argv),
-            CommandSpec::WriteFile {
-                path,
-                content,
-                mode,
-            } => check_node_path(path)
-                .and_then(|()| template::check(path))
-                .and_then(|()| template::check(content))
-                .and_then(|()| match mode {
-                    Some(m) if inplace_agent_api::parse_mode(m).is_none() => {
-                        Err(format!("mode {m:?} is not octal"))
-                    }
-                    _ => Ok(()),
-                }),
-            CommandSpec::VerifySha256 { path, sha256 } => check_node_path(path)
-                .and_then(|()| template::check(path))
-                .and_then(|()| template::check(sha256)),
-        }
-    }
-}
-
-fn check_argv(argv: &[String]) -> Result<(), String> {
-    if argv.first().is_none_or(|p| p.trim().is_empty()) {
-        return Err("argv needs a program".into());
-    }
-    for arg in argv {
-        template::check(arg)?;
-        if arg.contains('\0') {
-            return Err("an argument contains a NUL byte".into());
-        }
-    }
-    Ok(())
-}
-
-fn check_node_path(path: &str) -> Result<(), String> {
-    if !path.starts_with('/') && !path.starts_with("{{") {
-        return Err(format!("{path:?} is not an absolute node path"));
-    }
-    Ok(())
 }

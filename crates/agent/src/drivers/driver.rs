@@ -25,7 +25,7 @@ pub(crate) type StepFuture = Pin<Box<dyn Future<Output = StepResult> + Send>>;
 /// effect (the backups and journals above are that record today, written at the same points), so a driver
 /// adds its undo next to its run and records what the undo needs where it already records its intent.
 pub(crate) trait Driver: Sync {
-    /// The step kind this driver runs (one driver per kind: see `registry`).
+    /// The step kind this driver runs (one driver per kind: the registry, `DRIVERS` in `drivers/mod.rs`).
     fn kind(&self) -> StepKind;
 
     /// Why `config` cannot run steps of this kind, naming the missing `--config` key; `None` when it can.
@@ -48,8 +48,21 @@ pub(crate) fn wrong_kind(driver: StepKind, action: &StepAction) -> StepFuture {
     Box::pin(std::future::ready(result))
 }
 
+/// A step whose whole work is synchronous disk work (`work(env, plan id)` returns the summary), run by
+/// [`blocking`].
+pub(crate) fn blocking_step(
+    env: Arc<DriverEnv>,
+    ctx: StepContext,
+    work: impl FnOnce(&DriverEnv, &str) -> Result<String, String> + Send + 'static,
+) -> StepFuture {
+    Box::pin(async move {
+        let plan_id = ctx.plan_id.clone();
+        blocking(&ctx, move || work(&env, &plan_id)).await
+    })
+}
+
 /// Runs synchronous disk work off the async threads, bounded by the step deadline.
-pub(crate) async fn blocking(
+async fn blocking(
     ctx: &StepContext,
     work: impl FnOnce() -> Result<String, String> + Send + 'static,
 ) -> StepResult {

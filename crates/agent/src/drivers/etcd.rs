@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use inplace_agent_api::{StepAction, StepKind};
 
-use super::driver::{Driver, StepFuture, blocking, wrong_kind};
+use super::driver::{Driver, StepFuture, blocking_step, wrong_kind};
 use super::step::StepContext;
 use crate::driver_env::DriverEnv;
 use crate::fsutil::{FileMeta, atomic_write, read_optional};
@@ -29,12 +29,8 @@ impl Driver for EtcdImage {
         else {
             return wrong_kind(self.kind(), &ctx.step.action);
         };
-        Box::pin(async move {
-            let plan_id = ctx.plan_id.clone();
-            blocking(&ctx, move || {
-                apply(&env, &plan_id, &image_tag, image_repository.as_deref())
-            })
-            .await
+        blocking_step(env, ctx, move |env, plan_id| {
+            apply(env, plan_id, &image_tag, image_repository.as_deref())
         })
     }
 }

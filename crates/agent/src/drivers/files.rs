@@ -13,7 +13,7 @@ use base64::Engine;
 use inplace_agent_api::{FileEncoding, FileSpec, StepAction, StepKind, parse_mode};
 use serde::{Deserialize, Serialize};
 
-use super::driver::{Driver, StepFuture, blocking, wrong_kind};
+use super::driver::{Driver, StepFuture, blocking_step, wrong_kind};
 use super::step::StepContext;
 use crate::driver_env::DriverEnv;
 use crate::fsutil::{
@@ -45,10 +45,7 @@ impl Driver for Files {
         let StepAction::Files { files } = ctx.step.action.clone() else {
             return wrong_kind(self.kind(), &ctx.step.action);
         };
-        Box::pin(async move {
-            let plan_id = ctx.plan_id.clone();
-            blocking(&ctx, move || apply(&env, &plan_id, &files)).await
-        })
+        blocking_step(env, ctx, move |env, plan_id| apply(env, plan_id, &files))
     }
 }
 

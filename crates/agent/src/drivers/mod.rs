@@ -1,10 +1,11 @@
-//! Node-local drivers: one per step kind, behind the [`Driver`] trait, found through one registry
-//! (`registry.rs`). Each converges the node to the step's desired state and is idempotent — a step
-//! whose desired state already holds is a no-op success.
+//! Node-local drivers: one per step kind, behind the [`driver::Driver`] trait, listed once in
+//! [`DRIVERS`] (the registry) and looked up by kind. Each converges the node to the step's desired
+//! state and is idempotent — a step whose desired state already holds is a no-op success.
 //!
-//! A new step kind's driver is its own file here plus one line in `registry.rs`. Shared pieces: the
-//! step and its result (`step.rs`), the trait and the deadline-bound blocking helpers (`driver.rs`),
-//! and the "write a file, journal the owed restart, restart the service" protocol (`restart.rs`).
+//! A new step kind's driver is its own file here, its `mod` line and its line in [`DRIVERS`]. Shared
+//! pieces: the step and its result (`step.rs`), the trait and the deadline-bound blocking helpers
+//! (`driver.rs`), and the "write a file, journal the owed restart, restart the service" protocol
+//! (`restart.rs`).
 
 mod attempts;
 mod drain_node;
@@ -16,7 +17,6 @@ mod kubernetes;
 mod node;
 mod ntp;
 mod prepared;
-mod registry;
 mod restart;
 mod ssh;
 mod step;
@@ -28,11 +28,30 @@ use std::sync::Arc;
 use inplace_agent_api::{StepKind, validate_action};
 
 use crate::driver_config::DriverConfig;
-
 pub(crate) use crate::driver_env::DriverEnv;
+use driver::Driver;
 pub use node::NODE_STEP_DEADLINE_GRACE;
-use registry::driver_for;
 pub(crate) use step::{DriverOutcome, ProgressRecorder, ProgressUpdate, StepContext, StepResult};
+
+/// The registry: every driver of this agent, one per step kind.
+const DRIVERS: &[&dyn Driver] = &[
+    &files::Files,
+    &ssh::SshKeys,
+    &ntp::Ntp,
+    &etcd::EtcdImage,
+    &kubelet::KubeletArgs,
+    &kubernetes::KubernetesVersion(StepKind::InstallKubeadm),
+    &kubernetes::KubernetesVersion(StepKind::KubeadmUpgrade),
+    &kubernetes::KubernetesVersion(StepKind::InstallKubelet),
+    &drain_node::DrainNode,
+    &wait_node_ready::WaitNodeReady,
+    &uncordon_node::UncordonNode,
+];
+
+/// The driver of `kind`; `None` for a kind this agent has no driver for.
+fn driver_for(kind: StepKind) -> Option<&'static dyn Driver> {
+    DRIVERS.iter().copied().find(|driver| driver.kind() == kind)
+}
 
 /// Runs one step through its kind's driver (after validating its action).
 pub(crate) async fn execute(env: Arc<DriverEnv>, ctx: StepContext) -> StepResult {
@@ -47,13 +66,32 @@ pub(crate) async fn execute(env: Arc<DriverEnv>, ctx: StepContext) -> StepResult
 
 /// The step kinds this agent has a driver for, in registry order.
 pub fn driver_kinds() -> Vec<StepKind> {
-    registry::all().iter().map(|driver| driver.kind()).collect()
+    DRIVERS.iter().map(|driver| driver.kind()).collect()
 }
 
 /// The kinds whose driver cannot run with `config`, each with the missing `--config` key(s).
 pub fn unconfigured_kinds(config: &DriverConfig) -> Vec<(StepKind, String)> {
-    registry::all()
+    DRIVERS
         .iter()
         .filter_map(|driver| Some((driver.kind(), driver.unconfigured(config)?)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn one_driver_per_kind() {
+        let kinds: BTreeSet<StepKind> = driver_kinds().into_iter().collect();
+        assert_eq!(kinds.len(), DRIVERS.len(), "two drivers share a kind");
+        assert!(!kinds.contains(&StepKind::Unsupported));
+        assert_eq!(
+            driver_for(StepKind::Ntp).map(|driver| driver.kind()),
+            Some(StepKind::Ntp)
+        );
+        assert!(driver_for(StepKind::Unsupported).is_none());
+    }
 }

@@ -8,9 +8,9 @@ use sha2::{Digest, Sha256};
 
 use super::step::{StepContext, StepResult};
 use crate::command::run_command;
-use crate::driver_config::{CommandSpec, SequenceCommand};
 use crate::driver_env::DriverEnv;
 use crate::fsutil::{FileMeta, atomic_write};
+use crate::sequence_command::{CommandSpec, SequenceCommand};
 use crate::template::{Vars, expand};
 
 /// One command of a sequence with its templates expanded (and serialized for the fingerprint).

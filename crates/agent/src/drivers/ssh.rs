@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use inplace_agent_api::{SshUser, StepAction, StepKind};
 
-use super::driver::{Driver, StepFuture, blocking, wrong_kind};
+use super::driver::{Driver, StepFuture, blocking_step, wrong_kind};
 use super::step::StepContext;
 use crate::driver_env::DriverEnv;
 use crate::fsutil::{FileMeta, atomic_write, create_dir_atomic, lookup_user, matches};
@@ -35,10 +35,7 @@ impl Driver for SshKeys {
         let StepAction::SshKeys { users } = ctx.step.action.clone() else {
             return wrong_kind(self.kind(), &ctx.step.action);
         };
-        Box::pin(async move {
-            let plan_id = ctx.plan_id.clone();
-            blocking(&ctx, move || apply(&env, &plan_id, &users)).await
-        })
+        blocking_step(env, ctx, move |env, plan_id| apply(env, plan_id, &users))
     }
 }
 
