@@ -87,17 +87,21 @@ pub enum Decision {
     Refused(Refusal),
     /// Answer this without writing (a new run waits for its maintenance window).
     Answer(UpdateAnswer),
-    /// Commit `writes` (none for a repeat), then answer from `record` and `run`.
-    Commit {
-        /// The records to write, all or none.
-        writes: Vec<Write>,
-        /// The Machine record after them.
-        record: MachineRecord,
-        /// Its current run after them.
-        run: RunView,
-        /// What to log once committed.
-        events: Vec<Event>,
-    },
+    /// Commit the writes (none for a repeat), then answer from the record and run after them.
+    Commit(Box<Commit>),
+}
+
+/// The records a decision writes in one transaction and the state it answers from.
+#[derive(Debug, Clone)]
+pub struct Commit {
+    /// The records to write, all or none.
+    pub writes: Vec<Write>,
+    /// The Machine record after them.
+    pub record: MachineRecord,
+    /// Its current run after them.
+    pub run: RunView,
+    /// What to log once committed.
+    pub events: Vec<Event>,
 }
 
 /// The key of the `kubeadm upgrade apply` claim a control-plane Machine with a version competes for, when the
@@ -376,10 +380,10 @@ pub fn decide(
         };
         writes.push(Write::Machine(next.clone(), precondition));
     }
-    Ok(Decision::Commit {
+    Ok(Decision::Commit(Box::new(Commit {
         writes,
         record: next,
         run,
         events,
-    })
+    })))
 }

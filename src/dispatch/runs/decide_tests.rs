@@ -5,37 +5,22 @@ use inplace_agent_api::KubeadmUpgradeMode;
 use inplace_store::{Precondition, Revision};
 use serde_json::json;
 
-use super::decide::{Decision, Event, Snapshot, Write, decide, upgrade_mode};
+use super::decide::{Commit, Decision, Event, Snapshot, Write, decide, upgrade_mode};
 use super::request::{UpdateAnswer, UpdateRequest};
 use super::retry::RetryOutcome;
 use crate::dispatch::floor::DispatchConfig;
-use crate::dispatch::floor::records::{ApplyClaim, MachineRecord, ProviderIndex};
+use crate::dispatch::floor::records::{ApplyClaim, ProviderIndex};
 use crate::dispatch::floor::run::{RunOutcome, RunView, StepState, UpdateRecord};
 use crate::dispatch::licence::RefusalReason;
 use crate::dispatch::testing::{request, request_of, verdict_for};
 
 const NOW: u64 = 1_750_000_000_000;
 
-struct Committed {
-    writes: Vec<Write>,
-    record: MachineRecord,
-    run: RunView,
-    events: Vec<Event>,
-}
+type Committed = Commit;
 
 fn commit(decision: Decision) -> Committed {
     match decision {
-        Decision::Commit {
-            writes,
-            record,
-            run,
-            events,
-        } => Committed {
-            writes,
-            record,
-            run,
-            events,
-        },
+        Decision::Commit(commit) => *commit,
         other => panic!("expected a commit, got {other:?}"),
     }
 }
@@ -87,22 +72,20 @@ fn a_first_call_writes_the_record_and_its_run_in_one_commit() {
         .collect();
     assert_eq!(kinds, ["run", "machine (create)"]);
     assert_eq!(c.run.outcome(), RunOutcome::Waiting);
-    assert_eq!(c.record.run_id, c.run_id());
+    assert_eq!(c.record.run_id, run_id(&c));
     assert!(
         matches!(&c.events[..], [Event::Recorded { steps, .. }] if *steps == c.run.steps.len())
     );
 }
 
-impl Committed {
-    fn run_id(&self) -> String {
-        self.writes
-            .iter()
-            .find_map(|w| match w {
-                Write::Run(run) => Some(run.plan.id.clone()),
-                _ => None,
-            })
-            .unwrap_or_default()
-    }
+fn run_id(c: &Committed) -> String {
+    c.writes
+        .iter()
+        .find_map(|w| match w {
+            Write::Run(run) => Some(run.plan.id.clone()),
+            _ => None,
+        })
+        .unwrap_or_default()
 }
 
 #[test]

@@ -20,7 +20,7 @@ pub use answer::{
     FAILURE_STDERR_EXCERPT_BYTES, Inputs, PAUSED_SETTING, ago, answer, held_answer, resume_command,
     window_closed,
 };
-pub use decide::{Decision, Event, Snapshot, Write, claim_key, decide, upgrade_mode};
+pub use decide::{Commit, Decision, Event, Snapshot, Write, claim_key, decide, upgrade_mode};
 pub use planning::{node_change_of, plan_for};
 pub use request::{UpdateAnswer, UpdateRequest, run_id};
 pub use retry::{Retried, RetryOutcome, retry_command};
@@ -65,23 +65,22 @@ impl Runs {
         for _ in 0..CAS_ATTEMPTS {
             let snapshot = load::load(&self.floor, &self.licences, request).await?;
             let now = self.floor.now_ms();
-            let (writes, record, run, events) =
-                match decide(request, &snapshot, &self.floor.config, now)? {
-                    Decision::Refused(refusal) => {
-                        self.licences.note_refusal(facts, &refusal).await;
-                        return Ok(UpdateAnswer::Refused {
-                            reason: refusal.reason,
-                            message: refusal.message,
-                        });
-                    }
-                    Decision::Answer(answer) => return Ok(answer),
-                    Decision::Commit {
-                        writes,
-                        record,
-                        run,
-                        events,
-                    } => (writes, record, run, events),
-                };
+            let Commit {
+                writes,
+                record,
+                run,
+                events,
+            } = match decide(request, &snapshot, &self.floor.config, now)? {
+                Decision::Refused(refusal) => {
+                    self.licences.note_refusal(facts, &refusal).await;
+                    return Ok(UpdateAnswer::Refused {
+                        reason: refusal.reason,
+                        message: refusal.message,
+                    });
+                }
+                Decision::Answer(answer) => return Ok(answer),
+                Decision::Commit(commit) => *commit,
+            };
             let wrote = !writes.is_empty();
             if self.commit(request, writes).await? == Committed::Conflict {
                 continue;
