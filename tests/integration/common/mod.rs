@@ -251,14 +251,40 @@ impl ServerProcess {
                 &[][..]
             } else {
                 &["--store", "memory:"][..]
-            })
+            });
+        if let Some(cwd) = cwd {
+            command.current_dir(cwd);
+        }
+        Self::spawn(command)
+    }
+
+    /// Starts `inplace-updater serve --dev` in `cwd` as the README starts it (certificates generated in
+    /// ./certs, the store in ./data), but on port-0 loopback listeners instead of the fixed development ports,
+    /// so that a `serve --dev` a developer left running on this machine does not collide with it.
+    pub fn start_dev(cwd: &Path) -> Self {
+        let mut command = Command::new(binary());
+        command
+            .args(["--log-format", "json", "serve", "--dev"])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--health-listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ])
+            .current_dir(cwd);
+        Self::spawn(command)
+    }
+
+    /// Spawns a `serve` command that logs JSON, learns its addresses from its `listening` line and waits
+    /// until `/readyz` answers 200.
+    fn spawn(mut command: Command) -> Self {
+        command
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        if let Some(cwd) = cwd {
-            command.current_dir(cwd);
-        }
         let mut child = command.spawn().expect("spawn server");
         let stderr = child.stderr.take().expect("stderr");
         let logs = Arc::new(Mutex::new(Vec::new()));
