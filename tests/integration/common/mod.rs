@@ -207,6 +207,24 @@ pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_inplace-updater"))
 }
 
+/// `inplace-updater --log-format json serve` with its hook port on `listen` and its health and metrics ports on
+/// free loopback ports (the addresses come from its `listening` line).
+fn serve_command(listen: &str) -> Command {
+    let mut command = Command::new(binary());
+    command.args([
+        "--log-format",
+        "json",
+        "serve",
+        "--listen",
+        listen,
+        "--health-listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]);
+    command
+}
+
 fn addr_field(line: &serde_json::Value, name: &str) -> Option<SocketAddr> {
     line["fields"][name].as_str()?.parse().ok()
 }
@@ -230,17 +248,8 @@ impl ServerProcess {
         extra: &[&str],
         cwd: Option<&Path>,
     ) -> Self {
-        let mut command = Command::new(binary());
+        let mut command = serve_command(listen);
         command
-            .args(["--log-format", "json", "serve"])
-            .args([
-                "--listen",
-                listen,
-                "--health-listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ])
             .arg("--tls-cert")
             .arg(&certs.server_cert)
             .arg("--tls-key")
@@ -262,18 +271,8 @@ impl ServerProcess {
     /// ./certs, the store in ./data), but on port-0 loopback listeners instead of the fixed development ports,
     /// so that a `serve --dev` a developer left running on this machine does not collide with it.
     pub fn start_dev(cwd: &Path) -> Self {
-        let mut command = Command::new(binary());
-        command
-            .args(["--log-format", "json", "serve", "--dev"])
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--health-listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ])
-            .current_dir(cwd);
+        let mut command = serve_command("127.0.0.1:0");
+        command.arg("--dev").current_dir(cwd);
         Self::spawn(command)
     }
 
