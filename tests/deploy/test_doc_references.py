@@ -4,8 +4,8 @@ import re
 
 import deploylib as d
 
-DOCS = ["README.md", "SECURITY.md", "docs/install.md", "docs/architecture.md", "crates/agent/README.md",
-        "crates/store/README.md"]
+DOCS = ["README.md", "CONTRIBUTING.md", "SECURITY.md", *sorted(str(p.relative_to(d.REPO)) for p in (d.REPO / "docs").glob("*.md")),
+        "crates/agent/README.md", "crates/store/README.md"]
 CITATION = re.compile(r"`((?:[\w.-]+/)*[\w.-]+\.rs)::((?:\w+::)*\w+)`")
 
 

@@ -1,4 +1,4 @@
-"""What README.md and docs/install.md promise about the install, checked against deploy/ and the code.
+"""What docs/install.md and docs/operations.md promise about the install, checked against deploy/ and the code.
 
 Each test holds one claim a reviewer following only the docs relies on: the image is built and pointed at
 before anything is applied, the Pod schedules on a control-plane-only management cluster and reports start-up
@@ -18,8 +18,9 @@ import pytest
 import deploylib as d
 from test_deploy import SERVER_RENDERS, rel
 
-README = (d.REPO / "README.md").read_text()
 DOCS = (d.REPO / "docs" / "install.md").read_text()
+OPERATIONS = (d.REPO / "docs" / "operations.md").read_text()
+PERFORMANCE = (d.REPO / "docs" / "performance.md").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +52,8 @@ def test_the_memory_limit_is_the_documented_formula(rendered):
     for directory, objs in rendered.items():
         limit = mebibytes(d.server_deployment(objs)[1]["resources"]["limits"]["memory"])
         assert formula <= limit < formula + 32, f"{rel(directory)}: {limit} MiB for the formula's {formula:.1f} MiB"
-    # The per-agent figure covers every per-agent measurement the docs and the README quote.
-    quoted = [float(x) for x in re.findall(r"(\d+(?:\.\d+)?) KiB per\s+agent", memory + README)]
+    # The per-agent figure covers every per-agent measurement the install and performance pages quote.
+    quoted = [float(x) for x in re.findall(r"(\d+(?:\.\d+)?) KiB per\s+(?:connected\s+)?agent", memory + PERFORMANCE)]
     assert quoted and max(quoted) <= per_agent, f"{per_agent} KiB per agent is below a measurement: {quoted}"
     worked = re.search(r"(\d+) agents: 64 MiB \+ 48 KiB × \1 = (\d+) MiB", memory.replace("\u202f", " ").replace(" 000", "000"))
     assert worked and round(base + per_agent * int(worked.group(1)) / 1024) == int(worked.group(2)), "the worked example"
@@ -63,7 +64,7 @@ def test_the_token_secret_is_optional_and_the_docs_say_what_happens_without_it(r
         dep, _ = d.server_deployment(objs)
         volume = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v.get("secret", {}).get("secretName") == "inplace-updater-agent-tokens")
         assert volume["secret"]["optional"] is True, rel(directory)
-    for text in (README, DOCS):
+    for text in (DOCS, OPERATIONS):
         assert "no agent tokens: no agent can authenticate" in text
 
 
@@ -73,12 +74,11 @@ def test_the_namespace_the_docs_label_is_the_one_the_extension_config_selects():
     (key, value), = re.findall(r"kubectl label namespace \S+ ([\w./-]+)=(\S+)", d.docs_block("kubectl label namespace"))
     assert d.labels_match(selector, {key: value}), f"{key}={value} does not match {selector}"
     assert not d.labels_match(selector, {}), "an unlabelled namespace must not be selected"
-    assert f"kubectl label namespace NAMESPACE {key}={value}" in README
+    assert f"kubectl label namespace NAMESPACE {key}={value}" in OPERATIONS, "the status hint names the same label"
 
 
 def test_the_image_is_built_and_chosen_before_anything_is_applied(tmp_path):
-    for text in (README, DOCS):
-        assert text.index("docker push") < text.index("kubectl apply -k"), "build and push come first"
+    assert DOCS.index("docker push") < DOCS.index("kubectl apply -k"), "build and push come first"
     # The docs' override, run: a kustomization next to deploy/ that names the pushed image.
     (tmp_path / "deploy").symlink_to(d.DEPLOY)
     bindir = tmp_path / "bin"
@@ -95,20 +95,19 @@ def test_the_image_is_built_and_chosen_before_anything_is_applied(tmp_path):
 
 
 def test_the_in_place_only_limits_name_the_settings_and_bounds_the_code_uses():
-    for text in (README, DOCS):
-        for claim in ("maxSurge: 0", "maxUnavailable", "24 hours", "cluster.x-k8s.io/paused",
-                      "cluster.x-k8s.io/skip-remediation", "rollout.after", "preflight"):
-            assert claim in text, claim
+    for claim in ("maxSurge: 0", "maxUnavailable", "24 hours", "cluster.x-k8s.io/paused",
+                  "cluster.x-k8s.io/skip-remediation", "rollout.after", "preflight"):
+        assert claim in OPERATIONS, claim
     # The MachineHealthCheck advice: timeouts longer than the longest step, as the plan (crates/core) bounds it.
     plan = (d.REPO / "crates" / "core" / "src" / "plan" / "mod.rs").read_text()
     longest = max(int(n.replace("_", "")) for n in re.findall(r"TIMEOUT_SECONDS: u\d+ = ([\d_]+);", plan))
-    flat = " ".join((README + DOCS).split())
+    flat = " ".join(OPERATIONS.split())
     assert f"steps time out after {longest} s" in flat, "the docs name the longest step's timeout"
-    advised = int(re.search(r"`timeoutSeconds: (\d+)`", DOCS).group(1))
+    advised = int(re.search(r"`timeoutSeconds: (\d+)`", OPERATIONS).group(1))
     assert advised > longest, f"the advised MHC timeout {advised} s is not longer than the longest step {longest} s"
-    assert f"`kubeadm upgrade` {longest} s" in README, "README Bounds has the same step timeout"
+    assert f"`kubeadm upgrade` {longest} s" in OPERATIONS, "the Bounds table has the same step timeout"
 
 
 def test_the_mhc_example_is_a_valid_annotation_pair():
-    lines = [l.strip() for l in DOCS.splitlines() if "annotate machinehealthcheck" in l]
+    lines = [l.strip() for l in OPERATIONS.splitlines() if "annotate machinehealthcheck" in l]
     assert len(lines) == 2 and lines[0].endswith('cluster.x-k8s.io/paused=""') and lines[1].endswith("cluster.x-k8s.io/paused-")

@@ -123,17 +123,17 @@ def test_upgrade_node_skips_the_addon_phase(tmp_path, config):
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: str(p.relative_to(d.REPO)))
 def test_a_target_older_than_v1_32_fails_the_step_loudly_as_documented(tmp_path, config):
     # The documented limit: kubeadm before v1.32 has no such phases, so the step fails (never silently runs the
-    # addon phases); docs/install.md says to drop the arguments for such targets.
+    # addon phases); docs/operations.md says to drop the arguments for such targets.
     for step in ("kubeadmUpgradeApply", "kubeadmUpgradeNode"):
         status, _, stderr = run_step(tmp_path, config, step, "old")
         assert status != 0 and ("unknown" in stderr), (step, stderr)
 
 
 def test_the_decision_is_documented():
-    text = (d.REPO / "docs" / "install.md").read_text()
-    assert "kubeadm upgrade apply and KubeadmControlPlane" in text
+    text = (d.REPO / "docs" / "operations.md").read_text()
+    assert "## kubeadm upgrade apply and KubeadmControlPlane" in text
     for phrase in ("--skip-phases addon/coredns,addon/kube-proxy", "v1.32", "skip-coredns", "skip-kube-proxy",
                    "drop the\ntwo `--skip-phases` arguments"):
         assert phrase in text, phrase
     for config in CONFIGS:
-        assert "kubeadm upgrade apply and KubeadmControlPlane" in config.read_text(), config
+        assert 'docs/operations.md, "kubeadm upgrade apply and KubeadmControlPlane"' in config.read_text(), config

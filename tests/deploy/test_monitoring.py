@@ -261,3 +261,43 @@ def test_the_export_check_can_fail(served):
     assert not unexported(['max(inplace_updater_updates{state="failed"})'], served)
     assert promql_problems("sum(rate(inplace_updater_hook_calls_total[5x])")
     assert promql_problems('inplace_updater_updates{state=failed}')
+
+
+def metric_families(series: dict[str, list[dict[str, str]]]) -> dict[str, set[str]]:
+    """Exported metric families (a histogram's _bucket/_sum/_count folded into its name) with their label names."""
+    families: dict[str, set[str]] = {}
+    for name, label_sets in series.items():
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        family = base if f"{base}_bucket" in series else name
+        families.setdefault(family, set()).update(k for labels in label_sets for k in labels if k != "le")
+    return families
+
+
+def documented_metrics() -> dict[str, set[str]]:
+    """docs/operations.md's Metrics table: each name with the labels it lists."""
+    section = (d.REPO / "docs" / "operations.md").read_text().split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    table: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            for name in re.findall(r"`([a-z_]+)`", cells[0]):
+                table[name] = set(re.findall(r"`([a-z_]+)`", cells[2]))
+    return table
+
+
+def test_the_operations_metrics_table_is_what_the_server_exports(served):
+    documented, families = documented_metrics(), metric_families(served)
+    assert not set(families) - set(documented), f"exported, not documented: {sorted(set(families) - set(documented))}"
+    # A labelled counter shows up only once counted (a TLS reload): then it must at least be registered.
+    code = "\n".join(p.read_text() for p in (d.REPO / "src").rglob("*.rs"))
+    unregistered = [n for n in set(documented) - set(families)
+                    if f'"{re.sub(r"^inplace_updater_|_total$", "", n)}"' not in code]
+    assert not unregistered, f"documented, but neither exported nor registered: {unregistered}"
+    for name, labels in families.items():
+        assert labels == documented[name] or (not labels and documented[name]), (name, labels, documented[name])
+
+
+def test_the_metrics_table_check_can_fail():
+    families = metric_families({"a_seconds_bucket": [{"le": "1", "x": "y"}], "a_seconds_sum": [{}], "b_total": [{}]})
+    assert families == {"a_seconds": {"x"}, "b_total": set()}
+    assert "inplace_updater_updates" in documented_metrics()

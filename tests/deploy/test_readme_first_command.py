@@ -19,7 +19,6 @@ import pathlib
 import re
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -32,8 +31,11 @@ import procs
 # Longest the command may take to answer /readyz: a no-op `cargo run` takes seconds; a build from a stale
 # tree takes minutes on 2 cores.
 READY_DEADLINE_S = 900
-# The fixed loopback ports of `serve --dev` (README, Quick start).
-DEV_PORTS = {"hooks": 9443, "health": 9440, "metrics": 8080}
+# The command runs as written, but on free ports: `serve --dev`'s fixed ones (9443, 9440, 8080; README, Quick
+# start) are overridden through the flags' environment twins, so a `./scripts/serve-dev` left running on this
+# machine does not collide with it. The ports it got are read from its JSON `listening` line.
+FREE_PORTS = {"INPLACE_UPDATER_LISTEN": "127.0.0.1:0", "INPLACE_UPDATER_HEALTH_LISTEN": "127.0.0.1:0",
+              "INPLACE_UPDATER_METRICS_LISTEN": "127.0.0.1:0", "INPLACE_UPDATER_LOG_FORMAT": "json"}
 
 
 def first_command() -> str:
@@ -62,16 +64,6 @@ def plain_env(path: str) -> dict[str, str]:
     return env
 
 
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def test_the_first_command_is_the_dev_server_script():
     # The README's choice (Quick start): a script that installs what the build needs, then `cargo run`.
     assert first_command() == "./scripts/serve-dev"
@@ -83,19 +75,21 @@ def test_the_first_command_is_the_dev_server_script():
 
 
 def test_the_first_command_starts_the_dev_server(user_dir):
-    busy = [f"{name} {port}" for name, port in DEV_PORTS.items() if not port_free(port)]
-    assert not busy, f"serve --dev needs its fixed ports, in use here: {busy}"
     cargo = shutil.which("cargo")
     assert cargo, "cargo is not on PATH"
-    env = plain_env(f"{pathlib.Path(cargo).parent}:/usr/local/bin:/usr/bin:/bin")
+    env = {**plain_env(f"{pathlib.Path(cargo).parent}:/usr/local/bin:/usr/bin:/bin"), **FREE_PORTS}
     proc = procs.Proc(["sh", "-c", f"exec {first_command()}"], env=env, cwd=str(user_dir))
     try:
-        procs.wait_until(lambda: health(DEV_PORTS["health"]) == 200 or proc.popen.poll() is not None,
-                         "the README's first command serving /readyz", timeout=READY_DEADLINE_S, every=0.2)
+        listening = proc.wait_for_json("listening", timeout=READY_DEADLINE_S)["fields"]
+        hooks = listening["hooks"].rsplit(":", 1)
+        for name in ("hooks", "health", "metrics"):
+            assert listening[name].startswith("127.0.0.1:"), f"--dev listens on loopback only: {listening}"
+        procs.wait_until(lambda: health(listening["health"]) == 200 or proc.popen.poll() is not None,
+                         "the README's first command serving /readyz", timeout=procs.START_DEADLINE_S, every=0.2)
         assert proc.popen.poll() is None, f"the command exited:\n{proc.output()}"
         # What the README shows next: discovery with the CA the command generated in ./certs.
         ctx = ssl.create_default_context(cafile=str(user_dir / "certs" / "ca.crt"))
-        conn = http.client.HTTPSConnection("127.0.0.1", DEV_PORTS["hooks"], context=ctx, timeout=10)
+        conn = http.client.HTTPSConnection(hooks[0], int(hooks[1]), context=ctx, timeout=10)
         conn.request("POST", "/hooks.runtime.cluster.x-k8s.io/v1alpha1/discovery",
                      body=(d.REPO / "tests" / "fixtures" / "discovery-request.json").read_bytes())
         answer = json.loads(conn.getresponse().read())
@@ -111,8 +105,9 @@ def test_the_first_command_starts_the_dev_server(user_dir):
     assert code == 0, f"the server did not stop cleanly ({code}):\n{proc.output()}"
 
 
-def health(port: int) -> int | None:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+def health(address: str) -> int | None:
+    host, port = address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=2)
     try:
         conn.request("GET", "/readyz")
         return conn.getresponse().status

@@ -1,6 +1,6 @@
-//! The load harness behind README "Performance" runs as the README shows it, scaled down: every scenario
+//! The load harness behind docs/performance.md runs as that page shows it, scaled down: every scenario
 //! exits 0, prints its tables, and reports no request error and no starved agent. The figures themselves are
-//! the README's (taken with the full-size commands); this only keeps the commands working.
+//! that page's (taken with the full-size commands); this only keeps the commands working.
 #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
 use crate::common;

@@ -1,7 +1,10 @@
 //! Every command in README.md runs as written: the server is started the way the README starts it
-//! (`serve --dev`, fixed ports, certificates in ./certs) in a scratch copy of the repository's fixtures, and each
+//! (`serve --dev`, certificates in ./certs) in a scratch copy of the repository's fixtures, and each
 //! `curl` / `cargo run --release -- …` line is executed with `sh` (the latter through the built binary).
-//! A `# exit N` comment on a line states its expected exit code; otherwise it must succeed.
+//! The one liberty: the server listens on free ports, and the README's fixed development ports in each command
+//! are replaced by them, so a `./scripts/serve-dev` left running on the machine neither fails the test nor
+//! answers in its place. A `# exit N` comment on a line states its expected exit code; otherwise it must
+//! succeed.
 #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
 use crate::common;
@@ -57,17 +60,19 @@ fn every_readme_command_runs_as_written() {
     )
     .unwrap();
     let binary = common::binary();
-    let mut server = Command::new(&binary)
-        .args(["serve", "--dev"])
-        .current_dir(scratch.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let health: std::net::SocketAddr = "127.0.0.1:9440".parse().unwrap();
-    common::fleet::wait_until("serve --dev to be ready", || {
-        common::plain_get(health, "/readyz").is_some_and(|r| r.0 == 200)
-    });
+    let server = common::ServerProcess::start_dev(scratch.path());
+    // The development ports the README shows (`serve --dev`'s defaults), and the ones this server got.
+    let ports = [
+        ("127.0.0.1:9443", server.hooks),
+        ("127.0.0.1:9440", server.health),
+        ("127.0.0.1:8080", server.metrics),
+    ];
+    for (dev, _) in ports {
+        assert!(
+            commands.iter().any(|c| c.contains(dev)),
+            "the README no longer shows {dev}: update the ports this test replaces"
+        );
+    }
 
     let mut ran = 0;
     for command in &commands {
@@ -81,7 +86,10 @@ fn every_readme_command_runs_as_written() {
         {
             continue;
         }
-        let shell = command.replace("cargo run --release --", &binary.display().to_string());
+        let mut shell = command.replace("cargo run --release --", &binary.display().to_string());
+        for (dev, actual) in ports {
+            shell = shell.replace(dev, &actual.to_string());
+        }
         let output = Command::new("sh")
             .args(["-c", &shell])
             .current_dir(scratch.path())
@@ -101,7 +109,6 @@ fn every_readme_command_runs_as_written() {
         }
         ran += 1;
     }
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     assert!(ran >= 10, "only {ran} README commands ran");
 }

@@ -207,6 +207,24 @@ pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_inplace-updater"))
 }
 
+/// `inplace-updater --log-format json serve` with its hook port on `listen` and its health and metrics ports on
+/// free loopback ports (the addresses come from its `listening` line).
+fn serve_command(listen: &str) -> Command {
+    let mut command = Command::new(binary());
+    command.args([
+        "--log-format",
+        "json",
+        "serve",
+        "--listen",
+        listen,
+        "--health-listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]);
+    command
+}
+
 fn addr_field(line: &serde_json::Value, name: &str) -> Option<SocketAddr> {
     line["fields"][name].as_str()?.parse().ok()
 }
@@ -230,17 +248,8 @@ impl ServerProcess {
         extra: &[&str],
         cwd: Option<&Path>,
     ) -> Self {
-        let mut command = Command::new(binary());
+        let mut command = serve_command(listen);
         command
-            .args(["--log-format", "json", "serve"])
-            .args([
-                "--listen",
-                listen,
-                "--health-listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ])
             .arg("--tls-cert")
             .arg(&certs.server_cert)
             .arg("--tls-key")
@@ -251,14 +260,30 @@ impl ServerProcess {
                 &[][..]
             } else {
                 &["--store", "memory:"][..]
-            })
+            });
+        if let Some(cwd) = cwd {
+            command.current_dir(cwd);
+        }
+        Self::spawn(command)
+    }
+
+    /// Starts `inplace-updater serve --dev` in `cwd` as the README starts it (certificates generated in
+    /// ./certs, the store in ./data), but on port-0 loopback listeners instead of the fixed development ports,
+    /// so that a `serve --dev` a developer left running on this machine does not collide with it.
+    pub fn start_dev(cwd: &Path) -> Self {
+        let mut command = serve_command("127.0.0.1:0");
+        command.arg("--dev").current_dir(cwd);
+        Self::spawn(command)
+    }
+
+    /// Spawns a `serve` command that logs JSON, learns its addresses from its `listening` line and waits
+    /// until `/readyz` answers 200.
+    fn spawn(mut command: Command) -> Self {
+        command
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        if let Some(cwd) = cwd {
-            command.current_dir(cwd);
-        }
         let mut child = command.spawn().expect("spawn server");
         let stderr = child.stderr.take().expect("stderr");
         let logs = Arc::new(Mutex::new(Vec::new()));
