@@ -90,13 +90,13 @@ pub fn check_binary(path: &Path) -> anyhow::Result<()> {
     let ours = std::env::current_exe()
         .and_then(std::fs::metadata)
         .and_then(|m| m.modified());
-    if let (Ok(bin), Ok(harness)) = (meta.modified(), ours) {
-        if bin + Duration::from_secs(5) < harness {
-            eprintln!(
-                "warning: {} is older than this harness; run `cargo build --release` so the measured server is current",
-                path.display()
-            );
-        }
+    if let (Ok(bin), Ok(harness)) = (meta.modified(), ours)
+        && bin + Duration::from_secs(5) < harness
+    {
+        eprintln!(
+            "warning: {} is older than this harness; run `cargo build --release` so the measured server is current",
+            path.display()
+        );
     }
     Ok(())
 }
@@ -152,11 +152,9 @@ impl ServerProcess {
             let mut sent = false;
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
-                if !sent {
-                    if let Some(listening) = Listening::parse(&line) {
-                        let _ = tx.send(listening);
-                        sent = true;
-                    }
+                if !sent && let Some(listening) = Listening::parse(&line) {
+                    let _ = tx.send(listening);
+                    sent = true;
                 }
                 let _ = writeln!(file, "{line}");
             }

@@ -293,12 +293,12 @@ impl AgentTokens {
                 AuthError::Unknown
             });
         };
-        if let Some(expires) = entry.expires {
-            if expires <= OffsetDateTime::now_utc() {
-                return Err(AuthError::Expired(
-                    expires.format(&Rfc3339).unwrap_or_default(),
-                ));
-            }
+        if let Some(expires) = entry.expires
+            && expires <= OffsetDateTime::now_utc()
+        {
+            return Err(AuthError::Expired(
+                expires.format(&Rfc3339).unwrap_or_default(),
+            ));
         }
         Ok(entry.scope.clone())
     }

@@ -41,10 +41,10 @@ fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
 /// A strict structural check: types, required, enums, no undocumented properties, `format: byte` is base64.
 fn check(doc: &Value, schema: &Value, value: &Value, at: &str) -> Result<(), String> {
     let schema = resolve(doc, schema);
-    if let Some(options) = schema.get("enum").and_then(Value::as_array) {
-        if !options.contains(value) {
-            return Err(format!("{at}: {value} not in {options:?}"));
-        }
+    if let Some(options) = schema.get("enum").and_then(Value::as_array)
+        && !options.contains(value)
+    {
+        return Err(format!("{at}: {value} not in {options:?}"));
     }
     match schema.get("type").and_then(Value::as_str) {
         Some("object") => {

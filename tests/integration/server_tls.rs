@@ -87,10 +87,9 @@ async fn rotated_certificate_is_served_to_new_connections_and_open_ones_survive(
             new_client_cert(&new_client, server.hooks),
         )
         .await
+            && der.as_deref() == Some(new_der.as_slice())
         {
-            if der.as_deref() == Some(new_der.as_slice()) {
-                break;
-            }
+            break;
         }
         assert!(
             std::time::Instant::now() < deadline,

@@ -266,16 +266,16 @@ async fn probe(server: &str) -> Probe {
         return Probe::Nothing;
     };
     let health = plain_get(&address, "/healthz").await;
-    if let Some((200, body)) = &health {
-        if body.trim() == "ok" {
-            return Probe::HealthPort;
-        }
+    if let Some((200, body)) = &health
+        && body.trim() == "ok"
+    {
+        return Probe::HealthPort;
     }
     let metrics = plain_get(&address, "/metrics").await;
-    if let Some((200, body)) = &metrics {
-        if body.contains("inplace_updater_") {
-            return Probe::MetricsPort;
-        }
+    if let Some((200, body)) = &metrics
+        && body.contains("inplace_updater_")
+    {
+        return Probe::MetricsPort;
     }
     if health.is_some() || metrics.is_some() {
         Probe::PlainHttp

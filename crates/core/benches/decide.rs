@@ -179,7 +179,7 @@ fn decide_all(bencher: divan::Bencher, patch_type: &str) {
 #[divan::bench(args = [2_000, 20_000])]
 fn many_small_files(bencher: divan::Bencher, count: usize) {
     let file = |i: usize, c: &str| {
-        if i % 10 == 0 {
+        if i.is_multiple_of(10) {
             json!({"path": format!("/f/{i}"), "contentFrom": {"secret": {"name": c, "key": "k"}}})
         } else {
             json!({"path": format!("/f/{i}"), "content": c})

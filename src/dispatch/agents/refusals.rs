@@ -64,10 +64,10 @@ impl Agents {
                 "agent refused"
             );
         }
-        if decision.persist {
-            if let Err(err) = self.persist_refusal(&claim, &record).await {
-                tracing::debug!(error = %err, machine = %claim, "refusal not recorded in the store");
-            }
+        if decision.persist
+            && let Err(err) = self.persist_refusal(&claim, &record).await
+        {
+            tracing::debug!(error = %err, machine = %claim, "refusal not recorded in the store");
         }
     }
 

@@ -144,10 +144,10 @@ impl Census {
 
     /// Points a Machine at a run; returns whether that is a different run than before.
     fn set_run(&mut self, machine: &MachineRef, run_id: &str) -> bool {
-        if let Some(tally) = self.machines.get(machine) {
-            if tally.run_id == run_id {
-                return false;
-            }
+        if let Some(tally) = self.machines.get(machine)
+            && tally.run_id == run_id
+        {
+            return false;
         }
         let old = self.machines.insert(
             machine.clone(),
@@ -372,11 +372,10 @@ impl Fleet {
             .key
             .strip_prefix(AGENTS_PREFIX)
             .and_then(parse_machine)
+            && !change.deleted
         {
-            if !change.deleted {
-                let now = self.floor.now_ms();
-                self.census().agents.insert(machine, now);
-            }
+            let now = self.floor.now_ms();
+            self.census().agents.insert(machine, now);
         }
         Ok(())
     }

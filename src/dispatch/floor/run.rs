@@ -287,10 +287,10 @@ impl UpdateRecord {
         let Some(step) = self.steps.get(index) else {
             return Err(ReportRejection::NoSuchStep(report.step_index));
         };
-        if let RunOutcome::Failed { index: failed } = self.outcome() {
-            if failed != index || report.status != StepStatus::Failed {
-                return Ok(false);
-            }
+        if let RunOutcome::Failed { index: failed } = self.outcome()
+            && (failed != index || report.status != StepStatus::Failed)
+        {
+            return Ok(false);
         }
         if self.cancelled.is_some() {
             return Ok(false);
@@ -348,15 +348,14 @@ impl UpdateRecord {
                 changed = true;
             }
         }
-        if let (PlanStatus::Failed, Some(failed)) = (progress.status, progress.failed_step) {
-            if let Some(step) = self.steps.get_mut(failed as usize) {
-                if step.state != StepState::Failed {
-                    step.state = StepState::Failed;
-                    step.message
-                        .get_or_insert_with(|| "the agent reported this step failed".into());
-                    changed = true;
-                }
-            }
+        if let (PlanStatus::Failed, Some(failed)) = (progress.status, progress.failed_step)
+            && let Some(step) = self.steps.get_mut(failed as usize)
+            && step.state != StepState::Failed
+        {
+            step.state = StepState::Failed;
+            step.message
+                .get_or_insert_with(|| "the agent reported this step failed".into());
+            changed = true;
         }
         if self.held != progress.hold {
             self.held = progress.hold.clone();

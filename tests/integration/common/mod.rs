@@ -292,14 +292,14 @@ impl ServerProcess {
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
-                if let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) {
-                    if let (Some(h), Some(he), Some(m)) = (
+                if let Ok(json) = serde_json::from_str::<serde_json::Value>(&line)
+                    && let (Some(h), Some(he), Some(m)) = (
                         addr_field(&json, "hooks"),
                         addr_field(&json, "health"),
                         addr_field(&json, "metrics"),
-                    ) {
-                        let _ = addrs_tx.send((h, he, m));
-                    }
+                    )
+                {
+                    let _ = addrs_tx.send((h, he, m));
                 }
                 sink.lock().expect("logs").push(line);
             }

@@ -228,12 +228,11 @@ fn merged(cur: Option<&Value>, des: Option<&Value>, node: &Accepted) -> Option<V
                 }
             }
             for (seg, t) in &node.children {
-                if let Seg::Field(k) = seg {
-                    if !cm.contains_key(k) {
-                        if let Some(value) = merged(None, dm.get(k), t) {
-                            out.insert(k.clone(), value);
-                        }
-                    }
+                if let Seg::Field(k) = seg
+                    && !cm.contains_key(k)
+                    && let Some(value) = merged(None, dm.get(k), t)
+                {
+                    out.insert(k.clone(), value);
                 }
             }
             Some(Value::Object(out))

@@ -191,21 +191,21 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
             ));
         }
     }
-    if let (true, Some(spec)) = (enabled(Action::KubeletArgs), spec) {
-        if let Some(args) = kubelet_args(spec) {
-            let text = format!(
-                "kubelet flags: {}",
-                args.iter()
-                    .map(|a| a.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            actions.push((
-                text,
-                KUBELET_ARGS_TIMEOUT_SECONDS,
-                StepAction::KubeletArgs { args },
-            ));
-        }
+    if let (true, Some(spec)) = (enabled(Action::KubeletArgs), spec)
+        && let Some(args) = kubelet_args(spec)
+    {
+        let text = format!(
+            "kubelet flags: {}",
+            args.iter()
+                .map(|a| a.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        actions.push((
+            text,
+            KUBELET_ARGS_TIMEOUT_SECONDS,
+            StepAction::KubeletArgs { args },
+        ));
     }
 
     if let Some(drain) = &input.drain {

@@ -348,10 +348,10 @@ impl Policy {
             };
             let subject = Subject::of(scope, object, control_plane);
             for rule in self.rules.iter().filter(|r| r.applies_to(&subject)) {
-                if let Verdict::Action(a) = rule.verdict {
-                    if settings.allows(a) {
-                        out.insert(a);
-                    }
+                if let Verdict::Action(a) = rule.verdict
+                    && settings.allows(a)
+                {
+                    out.insert(a);
                 }
             }
         }
