@@ -127,6 +127,14 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
     if let Some(path) = &args.test_window_clock_file {
         dispatcher.clock().follow_file_for_tests(path.clone());
     }
+    // Before anything in the store is read or changed: a store of another format version is refused.
+    dispatcher.check_format().await.map_err(|err| {
+        Fatal::new(
+            Some("--store"),
+            format!("--store {}: {err}", args.store),
+            Some("point --store at the store this version wrote, or at an empty one"),
+        )
+    })?;
     let services = Services {
         engine: Arc::new(Engine { policy, dispatcher }),
         tokens: Arc::new(tokens),
@@ -280,11 +288,12 @@ async fn store_dispatcher(etcd: &EtcdArgs, url: &StoreUrl) -> anyhow::Result<Arc
     let store = inplace_store::open(url, &etcd.options())
         .await
         .with_context(|| format!("opening {url}"))?;
-    Ok(Dispatcher::new(
-        store,
-        DispatchConfig::default(),
-        CancellationToken::new(),
-    ))
+    let dispatcher = Dispatcher::new(store, DispatchConfig::default(), CancellationToken::new());
+    dispatcher
+        .check_format()
+        .await
+        .with_context(|| format!("reading {url}"))?;
+    Ok(dispatcher)
 }
 
 /// GETs `path` from the server's health port and decodes the JSON body; the headers come back too.

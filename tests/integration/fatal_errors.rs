@@ -146,6 +146,49 @@ fn a_bad_policy_file_names_policy() {
     check(&args, "--policy", policy.to_str().unwrap());
 }
 
+/// A store another format version wrote is refused at start-up, untouched.
+#[test]
+fn a_store_of_another_format_version_names_store() {
+    let certs = certs();
+    let data = certs.dir.path().join("data");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        use inplace_store::Store as _;
+        let store = inplace_store::file::FileStore::open(&data).await.unwrap();
+        store
+            .put(
+                "meta/format",
+                br#"{"version":2}"#.to_vec(),
+                inplace_store::Precondition::Any,
+            )
+            .await
+            .unwrap();
+    });
+    let url = format!("file:{}", data.display());
+    let args = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--health-listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--tls-cert",
+        certs.paths.server_cert.to_str().unwrap(),
+        "--tls-key",
+        certs.paths.server_key.to_str().unwrap(),
+        "--store",
+        &url,
+    ];
+    check(&args, "--store", "format version 2");
+    let kept = runtime.block_on(async {
+        use inplace_store::Store as _;
+        let store = inplace_store::file::FileStore::open(&data).await.unwrap();
+        store.get("meta/format").await.unwrap().unwrap().value
+    });
+    assert_eq!(kept, br#"{"version":2}"#, "the store is left as it was");
+}
+
 #[test]
 fn a_bad_store_url_names_store() {
     check(

@@ -45,3 +45,36 @@ pub async fn check(db: &Db) -> Result<(), DispatchError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use inplace_store::memory::MemoryStore;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_new_store_gets_version_1_and_another_version_is_refused_untouched() {
+        let db = Db::new(Arc::new(MemoryStore::new()));
+        check(&db).await.unwrap();
+        check(&db).await.unwrap();
+        assert_eq!(
+            db.value::<Format>(FORMAT_KEY).await.unwrap(),
+            Some(Format { version: 1 })
+        );
+        db.put_any(FORMAT_KEY, &Format { version: 2 })
+            .await
+            .unwrap();
+        let err = check(&db).await.unwrap_err().to_string();
+        assert!(
+            err.contains("format version 2") && err.contains("only version 1"),
+            "{err}"
+        );
+        assert_eq!(
+            db.value::<Format>(FORMAT_KEY).await.unwrap(),
+            Some(Format { version: 2 }),
+            "nothing changed"
+        );
+    }
+}
