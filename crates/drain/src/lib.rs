@@ -6,8 +6,12 @@
 
 pub mod decide;
 pub mod drainer;
+mod evict;
+mod ready;
 
 pub use decide::DrainOptions;
 pub use drainer::{DrainError, DrainSummary, Drainer, Timing, client_from_kubeconfig};
+pub use evict::keys;
+pub use ready::ready_gaps;
 #[cfg(feature = "test-support")]
 pub mod fake;

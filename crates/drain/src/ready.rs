@@ -1,0 +1,79 @@
+//! Waiting for the node to be Ready again, at the kubelet version a Kubernetes upgrade installed.
+
+use k8s_openapi::api::core::v1::Node;
+use tokio::time::Instant;
+
+use crate::decide::bound;
+use crate::drainer::{DrainError, Drainer};
+
+impl Drainer {
+    /// Waits until the node's `Ready` condition is `True` and, when `kubelet_version` is given,
+    /// `status.nodeInfo.kubeletVersion` equals it; until `deadline`. `progress` gets what is
+    /// missing whenever that changes.
+    pub async fn wait_node_ready(
+        &self,
+        kubelet_version: Option<&str>,
+        deadline: Instant,
+        progress: &mut (dyn FnMut(String) + Send),
+    ) -> Result<String, DrainError> {
+        let mut last_text = String::new();
+        loop {
+            let node = self.get_node().await?;
+            let missing = ready_gaps(&node, kubelet_version);
+            if missing.is_empty() {
+                let version = node_kubelet_version(&node).unwrap_or_default();
+                return Ok(format!("node {} is Ready (kubelet {version})", self.node));
+            }
+            let text = bound(format!(
+                "waiting for node {}: {}",
+                self.node,
+                missing.join(", ")
+            ));
+            if text != last_text {
+                progress(text.clone());
+                last_text = text.clone();
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(DrainError::Timeout(format!("timed out {text}")));
+            }
+            tokio::time::sleep_until((now + self.timing.poll_interval).min(deadline)).await;
+        }
+    }
+}
+
+fn node_kubelet_version(node: &Node) -> Option<String> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.kubelet_version.clone())
+}
+
+/// What keeps `node` from counting as ready (empty when nothing does).
+pub fn ready_gaps(node: &Node, kubelet_version: Option<&str>) -> Vec<String> {
+    let mut gaps = Vec::new();
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+    match ready {
+        Some(c) if c.status == "True" => {}
+        Some(c) => gaps.push(format!(
+            "Ready is {}{}",
+            c.status,
+            c.reason
+                .as_ref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default()
+        )),
+        None => gaps.push("no Ready condition".into()),
+    }
+    if let Some(want) = kubelet_version {
+        let have = node_kubelet_version(node).unwrap_or_default();
+        if have != want {
+            gaps.push(format!("kubelet is {have:?}, want {want}"));
+        }
+    }
+    gaps
+}
