@@ -10,7 +10,7 @@ use tracing_subscriber::EnvFilter;
 
 /// jemalloc rather than the system allocator: a hook call allocates many small JSON nodes, and jemalloc served
 /// 25–37% more hook calls per second on the same machine with the same memory for a fleet of agents
-/// (README "Performance"; mimalloc was as fast but held 36% more memory for the same fleet).
+/// (docs/performance.md "Allocator"; mimalloc was as fast but held 36% more memory for the same fleet).
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
