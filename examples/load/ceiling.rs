@@ -1,10 +1,13 @@
 //! The ceiling: a bare axum + rustls server that reads each request body and answers a constant JSON body,
-//! served by the same hyper-util auto builder on the same certificate. Two kinds ([`Ceiling`]): `parse` also
-//! parses every hook body into a `serde_json::Value` (the floor of any correct hook: it must at least read its
-//! JSON), `constant` does not. Whatever our server does beyond the ceiling (decode, diff, policy, patch,
-//! self-check, store, metrics, logging, limits) is what the ratio measures.
+//! served by the same hyper-util auto builder on the same certificate. Three kinds ([`Ceiling`], [`App`]):
+//! `parse` also parses every hook body into a `serde_json::Value` (the floor of any correct hook: it must at
+//! least read its JSON), `constant` does not, and the durable ceiling parses and then writes one small record
+//! per call through the default store's group commit (the floor of a hook that must record before it
+//! answers). Whatever our server does beyond the ceiling (decode, diff, policy, patch, self-check, store,
+//! metrics, logging, limits) is what the ratio measures.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -34,7 +37,36 @@ pub enum Ceiling {
     Constant,
 }
 
-fn router(ceiling: Ceiling) -> Router {
+/// The record the durable ceiling writes per call: about the size of a stored CanUpdate verdict.
+pub const DURABLE_RECORD_BYTES: usize = 256;
+
+/// A ceiling server's behaviour: the kind, and for the durable ceiling the store every call writes to.
+#[derive(Clone)]
+pub struct App {
+    /// What it does with a body.
+    pub ceiling: Ceiling,
+    /// When set, each hook call also puts one [`DURABLE_RECORD_BYTES`] record under a key of its own (a
+    /// plain, durable put: on the `file:` store one group-committed fsync).
+    pub durable: Option<Arc<dyn inplace_store::Store>>,
+}
+
+/// Keys of the durable ceiling's records never repeat.
+static RECORDED: AtomicU64 = AtomicU64::new(0);
+
+async fn record(store: &dyn inplace_store::Store) -> bool {
+    let n = RECORDED.fetch_add(1, Ordering::Relaxed);
+    store
+        .put(
+            &format!("ceiling/{n:016}"),
+            vec![b'x'; DURABLE_RECORD_BYTES],
+            inplace_store::Precondition::Any,
+        )
+        .await
+        .is_ok()
+}
+
+fn router(app: App) -> Router {
+    let ceiling = app.ceiling;
     let mut router = Router::new();
     for hook in [
         Hook::Discovery,
@@ -42,16 +74,30 @@ fn router(ceiling: Ceiling) -> Router {
         Hook::CanUpdateMachineSet,
         Hook::UpdateMachine,
     ] {
+        let durable = app.durable.clone();
         router = router.route(
             hook.path(),
             post(move |body: Bytes| async move {
                 // Read (and keep alive until here) the body, as a real handler must; parse it if asked.
-                if ceiling == Ceiling::Parse {
+                if ceiling == Ceiling::Parse || durable.is_some() {
                     let parsed = serde_json::from_slice::<serde_json::Value>(&body);
                     std::hint::black_box(parsed.is_ok());
                 }
                 std::hint::black_box(body.len());
-                ([(CONTENT_TYPE, "application/json")], CONSTANT)
+                if let Some(store) = &durable
+                    && !record(store.as_ref()).await
+                {
+                    return (
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        [(CONTENT_TYPE, "application/json")],
+                        "{}",
+                    );
+                }
+                (
+                    axum::http::StatusCode::OK,
+                    [(CONTENT_TYPE, "application/json")],
+                    CONSTANT,
+                )
             }),
         );
     }
@@ -96,7 +142,11 @@ pub fn serve_process(cert: &std::path::Path, key: &std::path::Path) -> anyhow::R
             }
             trigger.cancel();
         });
-        serve(listener, config, stop, Ceiling::Constant).await;
+        let app = App {
+            ceiling: Ceiling::Constant,
+            durable: None,
+        };
+        serve(listener, config, stop, app).await;
         anyhow::Ok(())
     })
 }
@@ -126,11 +176,11 @@ pub async fn serve(
     listener: TcpListener,
     config: rustls::ServerConfig,
     stop: CancellationToken,
-    ceiling: Ceiling,
+    app: App,
 ) {
     let acceptor = TlsAcceptor::from(Arc::new(config));
     let builder = Arc::new(Builder::new(TokioExecutor::new()));
-    let app = router(ceiling);
+    let app = router(app);
     loop {
         let (tcp, _) = tokio::select! {
             accepted = listener.accept() => match accepted {

@@ -138,3 +138,40 @@ impl UpdateTemplate {
             .into_bytes()
     }
 }
+
+/// A fixture whose object name is replaced on every call (a text replace over the compact JSON, so the name
+/// stays consistent wherever the fixture repeats it: metadata, references, providerID).
+pub struct Renamed {
+    text: String,
+    name: String,
+}
+
+impl Renamed {
+    /// A CanUpdateMachine fixture; the desired Machine's name is replaced.
+    pub fn machine(fixture_name: &str) -> anyhow::Result<Renamed> {
+        Self::at(fixture_name, "/desired/machine/metadata/name")
+    }
+
+    /// A CanUpdateMachineSet fixture; the desired MachineSet's name is replaced.
+    pub fn machine_set(fixture_name: &str) -> anyhow::Result<Renamed> {
+        Self::at(fixture_name, "/desired/machineSet/metadata/name")
+    }
+
+    fn at(fixture_name: &str, pointer: &str) -> anyhow::Result<Renamed> {
+        let request = fixture_json(fixture_name)?;
+        let name = request
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .with_context(|| format!("{fixture_name}: no name at {pointer}"))?
+            .to_string();
+        Ok(Renamed {
+            text: serde_json::to_string(&request)?,
+            name,
+        })
+    }
+
+    /// The body with the object named `name`.
+    pub fn body(&self, name: &str) -> Vec<u8> {
+        self.text.replace(&self.name, name).into_bytes()
+    }
+}

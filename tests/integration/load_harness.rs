@@ -76,7 +76,13 @@ fn hooks_scenario_answers_every_request_kind_without_errors() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}");
     let kinds = column(&stdout, "request");
-    assert_eq!(kinds.len(), 6, "{stdout}");
+    assert_eq!(kinds.len(), 8, "{stdout}");
+    // A hook that records is held against the durable ceiling, one that only reads against the parse ceiling.
+    for (kind, ceiling) in kinds.iter().zip(column(&stdout, "ceiling")) {
+        let records = kind.contains("new") || kind.starts_with("CanUpdate");
+        let expected = if records { "durable" } else { "parse" };
+        assert_eq!(ceiling, expected, "{kind}\n{stdout}");
+    }
     for (kind, ours) in kinds.iter().zip(column(&stdout, "ours req/s")) {
         let ours: f64 = ours.parse().unwrap();
         assert!(ours > 0.0, "{kind}: no request answered\n{stdout}");

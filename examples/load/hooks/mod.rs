@@ -1,33 +1,28 @@
-//! Scenario `hooks`: our hook server (started in-process through `inplace_updater::server::run`, the default
-//! embedded `file:` store in a temporary directory unless `--store memory`, built-in policy) and the bare axum + rustls ceiling, each on its own runtime, driven in turn by the same
+//! Scenario `hooks`: our hook server and three bare ceilings (`servers`), driven in turn by the same
 //! closed-loop client: N kept-alive HTTP/1.1 connections over TLS posting the same bodies to the same paths.
+//! Each request kind (`workloads`) is held against the ceiling that does the least any correct server must do
+//! for it: parse the body (a hook that only reads), or parse it and make one small durable write through the
+//! default store's group commit (a hook that records before it answers).
+
+mod servers;
+mod workloads;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use inplace_updater::api::Hook;
-use inplace_updater::dispatch::{DispatchConfig, Dispatcher};
-use inplace_updater::hooks::Engine;
-use inplace_updater::server::tls::TlsFiles;
-use inplace_updater::server::{
-    self, ConnLimits, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT,
-    DEFAULT_MAX_CONNECTIONS, DEFAULT_SHUTDOWN_GRACE, DEFAULT_TLS_RELOAD_INTERVAL, Listeners,
-    Metrics, Readiness, ServeConfig, Services,
-};
-use tokio_util::sync::CancellationToken;
 
 use crate::ceiling::Ceiling;
 use crate::net::{Conn, connector};
-use crate::payloads::{self, UpdateTemplate};
+use crate::payloads;
 use crate::stats::{Summary, Table, ms, summarize};
+use servers::{start_ceiling, start_ours};
+use workloads::{Against, Bodies, STEADY_MACHINES, Workload};
 
 /// Time each run spends before measuring (connections warm, caches and pools filled).
 const WARMUP: Duration = Duration::from_millis(300);
-/// Machines the "in progress" UpdateMachine row cycles through (each recorded once, then re-asked).
-const STEADY_MACHINES: usize = 256;
 /// Throughput target: ours ≥ this share of the ceiling.
 const TARGET_THROUGHPUT_RATIO: f64 = 0.8;
 /// Latency target: our p99 ≤ this multiple of the ceiling's.
@@ -62,113 +57,15 @@ pub struct HooksArgs {
     /// Drive only our server (for profiling it alone; no ratios then).
     #[arg(long)]
     ours_only: bool,
-    /// The ceiling to compare with: `parse` (bare server that parses each body into a `serde_json::Value`; the
-    /// targets are set against it) or `constant` (it only reads the body).
+    /// The ceiling the hooks that only read are compared with: `parse` (bare server that parses each body into
+    /// a `serde_json::Value`; the targets are set against it) or `constant` (it only reads the body). The hooks
+    /// that record are always compared with the durable ceiling (parse, then one small fsync'd write).
     #[arg(long, value_enum, default_value_t = Ceiling::Parse)]
     ceiling: Ceiling,
     /// Our server's store: `file` (the default store, a fresh redb file in a temporary directory) or `memory`.
+    /// The durable ceiling always writes to a `file:` store of its own.
     #[arg(long, default_value = "file", value_parser = ["file", "memory"])]
     store: String,
-}
-
-/// Where a request kind's bodies come from.
-enum Bodies {
-    /// These, round robin.
-    Cycle(Vec<Bytes>),
-    /// UpdateMachine for a Machine never seen before (records a new run).
-    Fresh(UpdateTemplate),
-    /// UpdateMachine for one of `STEADY_MACHINES` already recorded (CAPI re-asking while in progress).
-    Steady(Vec<Bytes>),
-}
-
-struct Workload {
-    name: &'static str,
-    path: String,
-    bodies: Bodies,
-    next: AtomicUsize,
-}
-
-/// Names of fresh machines never repeat across runs and rounds.
-static FRESH: AtomicUsize = AtomicUsize::new(0);
-
-impl Workload {
-    fn new(name: &'static str, hook: Hook, bodies: Bodies) -> Workload {
-        Workload {
-            name,
-            path: format!("{}?timeout=10s", hook.path()),
-            bodies,
-            next: AtomicUsize::new(0),
-        }
-    }
-
-    fn body(&self) -> Bytes {
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
-        match &self.bodies {
-            Bodies::Cycle(bodies) | Bodies::Steady(bodies) => bodies[i % bodies.len()].clone(),
-            Bodies::Fresh(template) => {
-                let n = FRESH.fetch_add(1, Ordering::Relaxed);
-                Bytes::from(template.body(&format!("fresh-{n:07}"), "edge-01"))
-            }
-        }
-    }
-
-    fn mean_body_kib(&self) -> f64 {
-        let sizes: Vec<usize> = match &self.bodies {
-            Bodies::Cycle(b) | Bodies::Steady(b) => b.iter().map(Bytes::len).collect(),
-            Bodies::Fresh(t) => vec![t.body("fresh-0000000", "edge-01").len()],
-        };
-        sizes.iter().sum::<usize>() as f64 / sizes.len().max(1) as f64 / 1024.0
-    }
-}
-
-fn workloads() -> anyhow::Result<Vec<Workload>> {
-    let fixtures = |names: &[&str]| -> anyhow::Result<Vec<Bytes>> {
-        names
-            .iter()
-            .map(|n| payloads::fixture(n).map(Bytes::from))
-            .collect()
-    };
-    let steady = UpdateTemplate::worker()?;
-    let steady_bodies = (0..STEADY_MACHINES)
-        .map(|i| Bytes::from(steady.body(&format!("steady-{i:04}"), "edge-01")))
-        .collect();
-    Ok(vec![
-        Workload::new(
-            "Discovery (the fixed cost of a call)",
-            Hook::Discovery,
-            Bodies::Cycle(fixtures(&["discovery-request.json"])?),
-        ),
-        Workload::new(
-            "CanUpdateMachine (4 KCP fixtures)",
-            Hook::CanUpdateMachine,
-            Bodies::Cycle(fixtures(&[
-                "can-update-machine-kcp-version.json",
-                "can-update-machine-kcp-files-keys.json",
-                "can-update-machine-kcp-mixed.json",
-                "can-update-machine-unknown-infra.json",
-            ])?),
-        ),
-        Workload::new(
-            "CanUpdateMachineSet (MD fixture)",
-            Hook::CanUpdateMachineSet,
-            Bodies::Cycle(fixtures(&["can-update-machineset-md.json"])?),
-        ),
-        Workload::new(
-            "UpdateMachine, new run each call",
-            Hook::UpdateMachine,
-            Bodies::Fresh(UpdateTemplate::worker()?),
-        ),
-        Workload::new(
-            "UpdateMachine, run in progress",
-            Hook::UpdateMachine,
-            Bodies::Steady(steady_bodies),
-        ),
-        Workload::new(
-            "CanUpdateMachine worst case (200×10 KiB files, 20 changed)",
-            Hook::CanUpdateMachine,
-            Bodies::Cycle(vec![Bytes::from(payloads::worst_can_update_machine()?)]),
-        ),
-    ])
 }
 
 /// One measured run.
@@ -266,122 +163,6 @@ async fn measure(
     Ok(total)
 }
 
-/// A server on its own runtime in its own thread; dropped = stopped.
-struct Hosted {
-    addr: SocketAddr,
-    stop: CancellationToken,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Hosted {
-    fn drop(&mut self) {
-        self.stop.cancel();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-fn host<F, Fut>(threads: usize, start: F) -> anyhow::Result<Hosted>
-where
-    F: FnOnce(std::sync::mpsc::Sender<SocketAddr>, CancellationToken) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()>,
-{
-    let stop = CancellationToken::new();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .enable_all()
-        .build()?;
-    let token = stop.clone();
-    let thread = std::thread::spawn(move || runtime.block_on(start(tx, token)));
-    let addr = rx.recv_timeout(Duration::from_secs(20))?;
-    Ok(Hosted {
-        addr,
-        stop,
-        thread: Some(thread),
-    })
-}
-
-fn start_ours(
-    certs: &inplace_updater::cmd::certs::DevCertPaths,
-    threads: usize,
-    store_dir: Option<std::path::PathBuf>,
-) -> anyhow::Result<Hosted> {
-    let config = ServeConfig {
-        tls: TlsFiles {
-            cert: certs.server_cert.clone(),
-            key: certs.server_key.clone(),
-        },
-        client_ca: None,
-        tls_reload_interval: DEFAULT_TLS_RELOAD_INTERVAL,
-        limits: ConnLimits {
-            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
-            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
-        },
-    };
-    host(threads, move |tx, stop| async move {
-        let loopback: SocketAddr = ([127, 0, 0, 1], 0).into();
-        let Ok(listeners) = Listeners::bind(loopback, loopback, loopback).await else {
-            return;
-        };
-        let Ok((hooks, _, _)) = listeners.local_addrs() else {
-            return;
-        };
-        let store: Arc<dyn inplace_store::Store> = match store_dir {
-            None => Arc::new(inplace_store::memory::MemoryStore::new()),
-            Some(dir) => match inplace_store::file::FileStore::open(&dir).await {
-                Ok(store) => Arc::new(store),
-                Err(err) => {
-                    eprintln!("our server's store: {err}");
-                    return;
-                }
-            },
-        };
-        let dispatcher = Dispatcher::new(store, DispatchConfig::default(), stop.clone());
-        let services = Services {
-            engine: Arc::new(Engine {
-                policy: inplace_core::Policy::builtin(),
-                dispatcher,
-            }),
-            tokens: Arc::new(inplace_updater::server::auth::AgentTokens::none()),
-        };
-        let _ = tx.send(hooks);
-        if let Err(err) = server::run(
-            config,
-            listeners,
-            services,
-            Arc::new(Metrics::new()),
-            Readiness::default(),
-            stop,
-        )
-        .await
-        {
-            eprintln!("our server stopped: {err}");
-        }
-    })
-}
-
-fn start_ceiling(
-    certs: &inplace_updater::cmd::certs::DevCertPaths,
-    threads: usize,
-    kind: Ceiling,
-) -> anyhow::Result<Hosted> {
-    let config = crate::ceiling::tls_config(&certs.server_cert, &certs.server_key)?;
-    host(threads, move |tx, stop| async move {
-        let Ok(listener) = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await else {
-            return;
-        };
-        let Ok(addr) = listener.local_addr() else {
-            return;
-        };
-        let _ = tx.send(addr);
-        crate::ceiling::serve(listener, config, stop, kind).await;
-    })
-}
-
 fn install_logging() {
     // One JSON line per call, written to /dev/null with a real write(2) by the log thread, as the binary
     // writes to stderr.
@@ -404,13 +185,19 @@ pub fn run(args: &HooksArgs) -> anyhow::Result<()> {
     let certs = inplace_updater::cmd::certs::write_dev_certs(&spec)?;
     let store_dir = (args.store == "file").then(|| dir.path().join("store"));
     let ours = start_ours(&certs, args.server_threads, store_dir)?;
-    let ceiling = start_ceiling(&certs, args.server_threads, args.ceiling)?;
+    let read_ceiling = start_ceiling(&certs, args.server_threads, args.ceiling, None)?;
+    let durable_ceiling = start_ceiling(
+        &certs,
+        args.server_threads,
+        Ceiling::Parse,
+        Some(dir.path().join("durable-ceiling")),
+    )?;
     let client = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     let tls = connector(&certs.ca_cert, !args.no_alpn)?;
-    let workloads: Vec<Arc<Workload>> = workloads()?
+    let workloads: Vec<Arc<Workload>> = workloads::all()?
         .into_iter()
         .filter(|w| {
             args.only
@@ -423,7 +210,8 @@ pub fn run(args: &HooksArgs) -> anyhow::Result<()> {
     println!(
         "hooks: {} connections, HTTP/1.1 keep-alive over TLS, {} round(s) × {:.1} s per kind per server; \
          ours in-process (server::run, {} store, built-in policy, {} worker threads, logging {}), \
-         ceiling: bare axum + rustls, {}",
+         ceilings: bare axum + rustls; for the hooks that read, {}; for the hooks that record, the durable \
+         ceiling (parses, then puts one {}-byte record through a file: store's group commit)",
         args.connections,
         args.rounds,
         window.as_secs_f64(),
@@ -433,14 +221,16 @@ pub fn run(args: &HooksArgs) -> anyhow::Result<()> {
         match args.ceiling {
             Ceiling::Parse => "parses each hook body into a serde_json::Value, answers a constant",
             Ceiling::Constant => "reads each body, answers a constant",
-        }
+        },
+        crate::ceiling::DURABLE_RECORD_BYTES,
     );
     let mut results: Vec<(Run, Run)> = workloads.iter().map(|_| Default::default()).collect();
     client.block_on(async {
         // The MachineDeployment's question before it moves Machines (the UpdateMachine bodies' MachineSet),
         // and the steady Machines' runs, once, on both servers alike.
         let judge = format!("{}?timeout=10s", Hook::CanUpdateMachineSet.path());
-        for addr in [ours.addr, ceiling.addr] {
+        let every = [ours.addr, read_ceiling.addr, durable_ceiling.addr];
+        for addr in every {
             let mut conn = Conn::open(&tls, addr, None, None).await?;
             conn.post(&judge, payloads::can_update_machine_set("edge-01")?.into())
                 .await?;
@@ -449,7 +239,7 @@ pub fn run(args: &HooksArgs) -> anyhow::Result<()> {
             .iter()
             .find(|w| matches!(w.bodies, Bodies::Steady(_)))
         {
-            for addr in [ours.addr, ceiling.addr] {
+            for addr in every {
                 let mut conn = Conn::open(&tls, addr, None, None).await?;
                 for _ in 0..STEADY_MACHINES {
                     conn.post(&steady.path, steady.body()).await?;
@@ -458,6 +248,10 @@ pub fn run(args: &HooksArgs) -> anyhow::Result<()> {
         }
         for round in 0..args.rounds.clamp(1, 20) {
             for (i, workload) in workloads.iter().enumerate() {
+                let ceiling = match workload.against {
+                    Against::Read => &read_ceiling,
+                    Against::Durable => &durable_ceiling,
+                };
                 let order = if round % 2 == 0 {
                     [(true, ceiling.addr), (false, ours.addr)]
                 } else {
@@ -487,16 +281,18 @@ pub fn run(args: &HooksArgs) -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })?;
-    print_table(&workloads, results);
+    print_table(&workloads, results, args.ceiling);
     drop(ours);
-    drop(ceiling);
+    drop(read_ceiling);
+    drop(durable_ceiling);
     Ok(())
 }
 
-fn print_table(workloads: &[Arc<Workload>], results: Vec<(Run, Run)>) {
+fn print_table(workloads: &[Arc<Workload>], results: Vec<(Run, Run)>, read: Ceiling) {
     let mut table = Table::new(&[
         "request",
         "body",
+        "ceiling",
         "ceiling req/s",
         "ours req/s",
         "ours/ceiling",
@@ -521,6 +317,12 @@ fn print_table(workloads: &[Arc<Workload>], results: Vec<(Run, Run)>) {
         table.row(vec![
             workload.name.to_string(),
             format!("{:.1} KiB", workload.mean_body_kib()),
+            match (workload.against, read) {
+                (Against::Durable, _) => "durable",
+                (Against::Read, Ceiling::Parse) => "parse",
+                (Against::Read, Ceiling::Constant) => "constant",
+            }
+            .to_string(),
             format!("{c_rps:.0}"),
             format!("{o_rps:.0}"),
             ratio(format!("{throughput:.2}×")),
