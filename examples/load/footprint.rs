@@ -16,9 +16,10 @@ use inplace_updater::server::auth::create_token;
 use crate::process::{ServerProcess, check_binary, default_binary};
 use crate::stats::{ProcSample, Table, proc_sample};
 
-/// Seconds the agent is watched idle by default. CPU ticks come in 10 ms steps, so a shorter window rounds an
-/// idle agent's few ticks to zero or to a large hourly figure; a minute holds two long-polls (30 s each).
-pub const DEFAULT_IDLE_SECONDS: u64 = 60;
+/// Seconds the agent is watched idle by default: CPU time comes in 10 ms ticks, and one tick in 6 minutes is
+/// [`TARGET_IDLE_CPU_SECONDS_PER_HOUR`], so a shorter window cannot tell whether the agent meets it (no tick in
+/// 60 s only bounds the hour below 0.6 s).
+pub const DEFAULT_IDLE_SECONDS: u64 = 360;
 /// Longest the agent may take to start and be counted connected by the server.
 pub const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Pause between readings of the agent's /proc files (and of the server's connected-agents gauge while the
@@ -40,7 +41,7 @@ pub struct FootprintArgs {
     /// `agent` subcommand.
     #[arg(long)]
     agent_bin: Option<PathBuf>,
-    /// Seconds the agent is watched idle (see DEFAULT_IDLE_SECONDS for why not less).
+    /// Seconds the agent is watched idle (DEFAULT_IDLE_SECONDS says why not less).
     #[arg(long, default_value_t = DEFAULT_IDLE_SECONDS)]
     idle_seconds: u64,
     /// Extra environment for the agent, NAME=VALUE (repeatable), e.g. MALLOC_ARENA_MAX=1.
