@@ -13,7 +13,7 @@ use inplace_agent_api::MachineRef;
 use inplace_updater::dispatch::AgentScope;
 use inplace_updater::server::auth::create_token;
 
-use crate::process::{ServerProcess, check_binary, default_binary};
+use crate::process::{ServerProcess, check_binary, default_binary, server_args};
 use crate::stats::{ProcSample, Table, proc_sample};
 
 /// Seconds the agent is watched idle by default: CPU time comes in 10 ms ticks, and one tick in 6 minutes is
@@ -72,9 +72,6 @@ impl Drop for AgentProcess {
 struct Idle {
     first: ProcSample,
     last: ProcSample,
-    /// The last sample's anonymous (heap, stacks) and file-backed (the binary's code, shared libraries) RSS, KiB.
-    anon_kib: u64,
-    file_kib: u64,
     peak_rss_kib: u64,
     peak_threads: u64,
     window: Duration,
@@ -104,18 +101,11 @@ pub fn run(args: &FootprintArgs) -> anyhow::Result<()> {
     let machine = MachineRef::parse(MACHINE).context("the footprint Machine")?;
     let token = create_token(&AgentScope::Machine(machine), None)
         .map_err(|err| anyhow::anyhow!("token: {err}"))?;
-    std::fs::write(dir.path().join("agent-tokens"), format!("{}\n", token.line))?;
+    let token_file = dir.path().join("agent-tokens");
+    std::fs::write(&token_file, format!("{}\n", token.line))?;
     std::fs::write(dir.path().join("token"), &token.token)?;
-    let server_args: Vec<String> = vec![
-        "--tls-cert".into(),
-        certs.server_cert.display().to_string(),
-        "--tls-key".into(),
-        certs.server_key.display().to_string(),
-        "--agent-tokens".into(),
-        dir.path().join("agent-tokens").display().to_string(),
-        "--store".into(),
-        format!("file:{}", dir.path().join("data").display()),
-    ];
+    let store = format!("file:{}", dir.path().join("data").display());
+    let server_args = server_args(&certs, &token_file, &store);
     let mut server = ServerProcess::start(&server_bin, &server_args, dir.path())?;
     server.wait_ready()?;
     let agent = start_agent(
@@ -199,26 +189,13 @@ fn watch_idle(pid: u32, window: Duration) -> anyhow::Result<Idle> {
         peak_rss_kib = peak_rss_kib.max(last.rss_kib);
         peak_threads = peak_threads.max(last.threads);
     }
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     Ok(Idle {
         first,
         last,
-        anon_kib: status_kib(&status, "RssAnon:"),
-        file_kib: status_kib(&status, "RssFile:"),
         peak_rss_kib,
         peak_threads,
         window: started.elapsed(),
     })
-}
-
-/// The value of `field` (e.g. `RssAnon:`) in /proc/PID/status, KiB; 0 when absent.
-fn status_kib(status: &str, field: &str) -> u64 {
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix(field))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or_default()
 }
 
 fn print_table(binary: &Path, size: u64, idle: &Idle, env: &[(String, String)]) {
@@ -246,12 +223,12 @@ fn print_table(binary: &Path, size: u64, idle: &Idle, env: &[(String, String)]) 
     ]);
     table.row(vec![
         "  of which anonymous: heap, stacks (MiB)".into(),
-        format!("{:.1}", idle.anon_kib as f64 / 1024.0),
+        format!("{:.1}", idle.last.anon_kib as f64 / 1024.0),
         String::new(),
     ]);
     table.row(vec![
         "  of which file-backed: the binary's code, shared libraries (MiB)".into(),
-        format!("{:.1}", idle.file_kib as f64 / 1024.0),
+        format!("{:.1}", idle.last.file_kib as f64 / 1024.0),
         String::new(),
     ]);
     table.row(vec![
