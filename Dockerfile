@@ -6,7 +6,7 @@
 # The binaries are static (musl), so the very same files run in the distroless image and on any node
 # distribution, whatever its glibc. Nodes get inplace-agent (the agent alone, no server code) stripped, its
 # symbols and line tables split off into inplace-agent.debug: keep that file with the release for crash reports
-# (docs/performance.md "Agent footprint": 76 MB as built, 11.8 MB stripped).
+# (docs/performance.md "Agent footprint": 71 MB as built, 11.1 MB stripped).
 
 ARG RUST_VERSION=1.95
 
