@@ -6,7 +6,6 @@ use inplace_updater::cmd::certs::{DevCertsSpec, write_dev_certs};
 use inplace_updater::cmd::cli::{Cli, Command, LogFormat, TokenCommand};
 use inplace_updater::cmd::{commands, fatal};
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
 
 /// jemalloc rather than the system allocator: a hook call allocates many small JSON nodes, and jemalloc served
 /// 25–37% more hook calls per second on the same machine with the same memory for a fleet of agents
@@ -32,8 +31,13 @@ fn main() {
             fatal::exit(&fatal::of_clap(&err));
         }
     };
+    let command = match cli.command {
+        // The agent runs as `inplace-agent` runs it (its own runtime and log queue): the same code either way.
+        Command::Agent(args) => std::process::exit(inplace_agent::cli::run(cli.log_format, &args)),
+        command => command,
+    };
     init_logs(cli.log_format);
-    if let Err(err) = run(cli) {
+    if let Err(err) = run(command) {
         fatal::exit(&fatal::of(&err));
     }
     // Statics are not dropped at exit: write out the queued log lines (the last ones say how it stopped).
@@ -41,25 +45,17 @@ fn main() {
 }
 
 fn init_logs(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(inplace_updater::observe::logs::off_request_path(
-            std::io::stderr(),
-        ));
-    match format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().init(),
-    }
+    inplace_agent::cli::init_logs(
+        format,
+        inplace_updater::observe::logs::off_request_path(std::io::stderr()),
+    );
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(command: Command) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    match cli.command {
+    match command {
         Command::Serve(args) => runtime.block_on(async {
             let shutdown = stop_on_signal()?;
             commands::serve(*args, shutdown).await
@@ -83,11 +79,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", commands::policy(&command)?);
             Ok(())
         }
-        Command::Agent(args) => runtime.block_on(async {
-            let shutdown = stop_on_signal()?;
-            inplace_agent::run(args.config(), async move { shutdown.cancelled().await }).await?;
-            Ok(())
-        }),
+        // Run by main before the logs are set up.
+        Command::Agent(_) => Ok(()),
         Command::Demo(args) => runtime.block_on(commands::demo(&args)),
         Command::Diff(args) => {
             let code = commands::diff(&args);

@@ -26,7 +26,7 @@ EMBEDDED = [
     ("/usr/local/lib/inplace-updater/install-agent.sh", "0755", "install-agent.sh"),
 ]
 SECRET = "my-cluster-inplace-updater-agent"
-AGENT_URL = "https://downloads.example.com/inplace-updater/v0.1.0/inplace-updater-linux-amd64"
+AGENT_URL = "https://downloads.example.com/inplace-updater/v0.1.0/inplace-agent-linux-amd64"
 # Deliberately not a real digest: install-agent.sh refuses the download until you put yours here.
 AGENT_SHA256 = "0" * 64
 # What starts a Jinja expression, statement or comment (Jinja's default delimiters).

@@ -17,7 +17,7 @@ use tokio::sync::Semaphore;
 use crate::agents::{self, Agent, Shared};
 use crate::capi::{self, CapiResult, Target};
 use crate::net::connector;
-use crate::process::{ServerProcess, default_binary};
+use crate::process::{ServerProcess, default_binary, server_args};
 use crate::stats::{ProcSample, proc_sample};
 
 /// Descriptors besides the agent connections (listeners, epoll, store, logs, CAPI's connections, stdio).
@@ -216,18 +216,11 @@ fn run(
         Some(path) => path.clone(),
         None => default_binary()?,
     };
-    let mut server_args: Vec<String> = vec![
-        "--tls-cert".into(),
-        certs.server_cert.display().to_string(),
-        "--tls-key".into(),
-        certs.server_key.display().to_string(),
-        "--agent-tokens".into(),
-        token_file.display().to_string(),
-        "--store".into(),
-        store.clone(),
+    let mut server_args = server_args(&certs, &token_file, &store);
+    server_args.extend([
         "--retry-after-seconds".into(),
         common.retry_after_seconds.to_string(),
-    ];
+    ]);
     if let Some(mode) = &common.pace.retry_after {
         server_args.extend(["--retry-after".into(), mode.clone()]);
     }

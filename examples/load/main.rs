@@ -1,15 +1,17 @@
 //! Load harness for the updater: hook throughput against a bare axum + rustls ceiling (`hooks`), a fleet of
 //! long-polling agents with CAPI-style UpdateMachine calls (`fleet`), issue 4's 1 000-agent dispatch
-//! benchmark (`dispatch`), and a fleet spread over several replicas on one real etcd (`replicas`). Everything
-//! runs on loopback, every loop is bounded in count and time, and each scenario prints a Markdown table with
-//! figures and the ratios measured in the same run.
+//! benchmark (`dispatch`), a fleet spread over several replicas on one real etcd (`replicas`), and one real
+//! `inplace-agent` idle (`agent-footprint`, issue 32). Everything runs on loopback, every loop is bounded in
+//! count and time, and each scenario prints a Markdown table with figures and the ratios measured in the same
+//! run.
 //!
-//! `cargo build --release && cargo run --release --example load -- <hooks|fleet|dispatch|replicas> [options]`
+//! `cargo build --release && cargo run --release --example load -- <hooks|fleet|dispatch|replicas|agent-footprint> [options]`
 
 mod agents;
 mod capi;
 mod ceiling;
 mod fleet;
+mod footprint;
 mod hooks;
 mod net;
 mod payloads;
@@ -47,6 +49,9 @@ enum Scenario {
     /// Issue 18's scale-out: one real etcd, several server replicas on it, agents spread over them and held by
     /// child processes, UpdateMachine sent to another replica than the agent's.
     Replicas(replicas::ReplicasArgs),
+    /// Issue 32: one real `inplace-agent` long-polling the real server with no work; its idle RSS, threads
+    /// and CPU per idle hour.
+    AgentFootprint(footprint::FootprintArgs),
     /// (Used by `replicas`.) A slice of the fleet's agents held in a child process, reporting on stdout.
     #[command(hide = true)]
     AgentSwarm(swarm::SwarmArgs),
@@ -74,6 +79,7 @@ fn main() -> anyhow::Result<()> {
         Scenario::Fleet(args) => fleet::run_fleet(&args),
         Scenario::Dispatch(args) => fleet::run_dispatch(&args),
         Scenario::Replicas(args) => replicas::run(&args),
+        Scenario::AgentFootprint(args) => footprint::run(&args),
         Scenario::AgentSwarm(args) => swarm::serve(&args),
         Scenario::CeilingServe { tls_cert, tls_key } => ceiling::serve_process(&tls_cert, &tls_key),
     }

@@ -69,6 +69,24 @@ pub fn admin_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> 
     Ok((status, body.to_string()))
 }
 
+/// The flags every scenario gives its server: the dev certificate it serves, the agent token file and the store.
+pub fn server_args(
+    certs: &inplace_updater::cmd::certs::DevCertPaths,
+    token_file: &Path,
+    store: &str,
+) -> Vec<String> {
+    vec![
+        "--tls-cert".into(),
+        certs.server_cert.display().to_string(),
+        "--tls-key".into(),
+        certs.server_key.display().to_string(),
+        "--agent-tokens".into(),
+        token_file.display().to_string(),
+        "--store".into(),
+        store.to_string(),
+    ]
+}
+
 /// `target/release/inplace-updater` next to this example (`target/release/examples/load`).
 pub fn default_binary() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;

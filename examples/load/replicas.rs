@@ -20,7 +20,7 @@ use crate::agents::Shared;
 use crate::capi::{self, CapiResult, Target};
 use crate::fleet::machine_name;
 use crate::net::connector;
-use crate::process::{ServerProcess, default_binary};
+use crate::process::{ServerProcess, default_binary, server_args};
 use crate::stats::{ProcSample, proc_sample};
 use crate::swarm::{Counters, MAX_AGENTS_PER_CHILD, SwarmChild, SwarmSpec};
 
@@ -228,18 +228,11 @@ fn run_outcome(args: &ReplicasArgs) -> anyhow::Result<ReplicasOutcome> {
         Some(path) => path.clone(),
         None => default_binary()?,
     };
-    let server_args: Vec<String> = vec![
-        "--tls-cert".into(),
-        certs.server_cert.display().to_string(),
-        "--tls-key".into(),
-        certs.server_key.display().to_string(),
-        "--agent-tokens".into(),
-        token_file.display().to_string(),
-        "--store".into(),
-        store.clone(),
+    let mut server_args = server_args(&certs, &token_file, &store);
+    server_args.extend([
         "--retry-after-seconds".into(),
         args.retry_after_seconds.to_string(),
-    ];
+    ]);
     let mut procs = Processes {
         children: Vec::new(),
         replicas: Vec::new(),

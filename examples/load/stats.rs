@@ -93,6 +93,10 @@ pub struct ProcSample {
     pub rss_kib: u64,
     /// Peak resident set size, KiB.
     pub hwm_kib: u64,
+    /// Anonymous resident memory (heap, stacks), KiB.
+    pub anon_kib: u64,
+    /// File-backed resident memory (the executable's code, shared libraries), KiB.
+    pub file_kib: u64,
     /// User + system CPU time.
     pub cpu: Duration,
     /// Threads.
@@ -129,6 +133,8 @@ pub fn proc_sample(pid: u32) -> std::io::Result<ProcSample> {
     Ok(ProcSample {
         rss_kib: field("VmRSS:"),
         hwm_kib: field("VmHWM:"),
+        anon_kib: field("RssAnon:"),
+        file_kib: field("RssFile:"),
         cpu: Duration::from_secs_f64(cpu_ticks as f64 / hz as f64),
         threads: field("Threads:"),
     })

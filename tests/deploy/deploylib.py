@@ -258,6 +258,20 @@ def binary() -> pathlib.Path:
     pytest.skip(problem)
 
 
+def agent_binary() -> pathlib.Path:
+    """The inplace-agent binary (what nodes run): the one `cargo build --release` puts beside binary().
+
+    Missing: skipped like binary(), a failure under CI=true.
+    """
+    path = binary().parent / "inplace-agent"
+    if path.is_file() and os.access(path, os.X_OK):
+        return path
+    problem = f"{path} is not an executable file (cargo build --release builds it beside inplace-updater)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true but {problem}")
+    pytest.skip(problem)
+
+
 def run_binary(*args: str, env: dict[str, str] | None = None, cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess:
     """Runs a short inplace-updater command and returns its result (never raises on a non-zero exit)."""
     return subprocess.run(

@@ -63,6 +63,16 @@ def test_the_offline_setting_lists_are_the_binarys():
     assert set(d.env_twins("agent")) == d.AGENT_ENV, "update deploylib.AGENT_ENV from src/cmd/cli.rs"
 
 
+
+def test_inplace_agent_takes_what_inplace_updater_agent_takes():
+    """Nodes run `inplace-agent` (agent-start, the DaemonSet): the flags and env twins deploy/ sets are its too."""
+    proc = subprocess.run([str(d.agent_binary()), "--help"], capture_output=True, text=True, timeout=d.BINARY_TIMEOUT_S, check=False)
+    assert proc.returncode == 0, proc.stderr
+    flags = set(re.findall(r"^\s+(?:-\w, )?(--[a-z0-9-]+)", proc.stdout, re.M))
+    assert set(re.findall(r"\[env: ([A-Z0-9_]+)=", proc.stdout)) == set(d.env_twins("agent"))
+    assert flags - {"--version"} == set(d.cli_options("agent")) - {"--version"}
+
+
 @pytest.mark.parametrize("directory", SERVER_RENDERS, ids=rel)
 def test_the_server_accepts_every_setting_the_manifests_give_it(rendered, directory):
     dep, server = d.server_deployment(rendered[directory])

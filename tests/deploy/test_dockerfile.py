@@ -128,7 +128,7 @@ BROKEN = {
     "must be a numeric non-root uid": ("USER 65532:65532", "USER root"),
     "would run as root": ("USER 65532:65532\n", ""),
     "not exec form": ('ENTRYPOINT ["/usr/local/bin/inplace-updater"]\nCMD ["serve"]', "ENTRYPOINT /usr/local/bin/inplace-updater serve"),
-    "no earlier stage": ("COPY --from=build /out/inplace-updater /inplace-updater", "COPY --from=builder /out/inplace-updater /inplace-updater"),
+    "no earlier stage": ("COPY --from=build /out/inplace-agent /inplace-agent", "COPY --from=builder /out/inplace-agent /inplace-agent"),
     "without --locked": ("cargo build --release --locked", "cargo build --release"),
     "not distroless or scratch": ("FROM gcr.io/distroless/static-debian12:nonroot AS server", "FROM debian:bookworm-slim AS server"),
     "not multi-stage": (None, "FROM gcr.io/distroless/static-debian12:nonroot\nCOPY inplace-updater /usr/local/bin/inplace-updater\nUSER 65532\nENTRYPOINT [\"/usr/local/bin/inplace-updater\"]\n"),

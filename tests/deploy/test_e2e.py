@@ -278,7 +278,7 @@ def agent_env(tmp_path: pathlib.Path, certs: pathlib.Path, server_url: str, toke
         "INPLACE_UPDATER_AGENT_MACHINE": f"{MACHINE['namespace']}/{MACHINE['name']}",
         "INPLACE_UPDATER_LOG_FORMAT": "json",
     })
-    return {"PATH": os.environ["PATH"], "AGENT_START_BIN": str(d.binary()), **settings}
+    return {"PATH": os.environ["PATH"], "AGENT_START_BIN": str(d.agent_binary()), **settings}
 
 
 def start_agent(env: dict[str, str]) -> procs.Proc:

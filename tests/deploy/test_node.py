@@ -114,8 +114,8 @@ def test_unit_start_script_env_file_and_installer_agree_on_paths():
     assert "multi-user.target" in unit["Install"]["WantedBy"]
     start = (NODE / "agent-start").read_text()
     installer = (NODE / "install-agent.sh").read_text()
-    assert "${AGENT_START_BIN:-/usr/local/bin/inplace-updater}" in start
-    assert "${INSTALL_AGENT_DEST:-/usr/local/bin/inplace-updater}" in installer
+    assert "${AGENT_START_BIN:-/usr/local/bin/inplace-agent}" in start
+    assert "${INSTALL_AGENT_DEST:-/usr/local/bin/inplace-agent}" in installer
     env, _ = d.read_env_file(NODE / "agent.env")
     # The files the agent reads are the ones the bootstrap snippets write.
     for key in ("INPLACE_UPDATER_AGENT_CA_FILE", "INPLACE_UPDATER_AGENT_TOKEN_FILE", "INPLACE_UPDATER_AGENT_CONFIG"):
@@ -177,7 +177,7 @@ def node(tmp_path):
         pathlib.Path(settings[key]).write_text(key)
     settings["INPLACE_UPDATER_AGENT_STATE_DIR"] = str(tmp_path / "state")
     record = tmp_path / "agent-call"
-    agent = fake(tmp_path / "inplace-updater", f"""
+    agent = fake(tmp_path / "inplace-agent", f"""
 {{ for a in "$@"; do printf 'arg %s\\n' "$a"; done; env | grep '^INPLACE_UPDATER_' | sed 's/^/env /'; }} > {record}
 """)
     kubeconfig = tmp_path / "kubelet.conf"
@@ -212,7 +212,7 @@ def test_agent_start_with_an_explicit_machine(node):
     proc, call = node.run(INPLACE_UPDATER_AGENT_MACHINE="default/my-cluster-md-0-abc")
     assert proc.returncode == 0, proc.stderr
     args, agent_env = call
-    assert args == ["agent"], "every setting goes to the agent as its env twin, none as a flag"
+    assert args == [], "every setting goes to the agent as its env twin, none as a flag"
     assert agent_env == {**node.settings, "INPLACE_UPDATER_AGENT_MACHINE": "default/my-cluster-md-0-abc"}
 
 
@@ -248,7 +248,7 @@ def test_agent_start_uses_a_given_node_name_without_asking(node):
         ("system:node:worker-7", "/", {}, "no Cluster API machine annotations yet"),
         ("admin", "ns/m", {}, "not a node; set INPLACE_UPDATER_AGENT_MACHINE"),
         ("system:node:w", "ns/m", {"INPLACE_UPDATER_AGENT_SERVER": ""}, "INPLACE_UPDATER_AGENT_SERVER is not set (see /etc/inplace-updater/agent.env)"),
-        ("system:node:w", "ns/m", {"AGENT_START_BIN": "/nonexistent/inplace-updater"}, "missing or not executable"),
+        ("system:node:w", "ns/m", {"AGENT_START_BIN": "/nonexistent/inplace-agent"}, "missing or not executable"),
         ("system:node:w", "ns/m", {"AGENT_START_KUBECONFIG": "/nonexistent"}, "node not joined"),
         ("system:node:w", "ns/m", {"INPLACE_UPDATER_AGENT_CONFIG": "/nonexistent/agent.yaml"}, "INPLACE_UPDATER_AGENT_CONFIG: /nonexistent/agent.yaml is missing"),
         ("system:node:w", "ns/m", {"INPLACE_UPDATER_AGENT_CA_FILE": ""}, "INPLACE_UPDATER_AGENT_CA_FILE is not set"),

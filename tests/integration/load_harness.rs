@@ -177,3 +177,18 @@ fn replicas_scenario_wakes_agents_on_other_replicas_through_etcd() {
         "{stdout}"
     );
 }
+
+#[test]
+fn agent_footprint_scenario_measures_a_connected_idle_agent() {
+    // One second idle: enough to show the scenario starts both processes and reads the agent's /proc.
+    let stdout = run(&["agent-footprint", "--idle-seconds", "1"]);
+    let rss: f64 = row_value(&stdout, "RSS at the end").parse().unwrap();
+    let threads: u32 = row_value(&stdout, "threads").parse().unwrap();
+    assert!(rss > 0.0 && threads >= 1, "{stdout}");
+    assert!(
+        row_value(&stdout, "CPU per idle hour")
+            .parse::<f64>()
+            .is_ok(),
+        "{stdout}"
+    );
+}

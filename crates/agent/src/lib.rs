@@ -8,6 +8,7 @@
 mod agent;
 mod backoff;
 mod backup;
+pub mod cli;
 mod client;
 mod clock;
 mod command;
