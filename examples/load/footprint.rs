@@ -56,9 +56,9 @@ fn name_value(text: &str) -> Result<(String, String), String> {
 }
 
 /// The agent process, killed when dropped.
-struct AgentProcess {
-    child: Child,
-    log: PathBuf,
+pub struct AgentProcess {
+    pub child: Child,
+    pub log: PathBuf,
 }
 
 impl Drop for AgentProcess {
@@ -161,7 +161,7 @@ fn start_agent(
 }
 
 /// Waits until the server's connected-agents gauge counts the agent (its first long-poll is held).
-fn wait_connected(server: &ServerProcess, agent: &AgentProcess) -> anyhow::Result<()> {
+pub fn wait_connected(server: &ServerProcess, agent: &AgentProcess) -> anyhow::Result<()> {
     let started = Instant::now();
     loop {
         if server

@@ -10,6 +10,7 @@
 mod agents;
 mod capi;
 mod ceiling;
+mod drain_footprint;
 mod fleet;
 mod footprint;
 mod hooks;
@@ -52,6 +53,9 @@ enum Scenario {
     /// Issue 32: one real `inplace-agent` long-polling the real server with no work; its idle RSS, threads
     /// and CPU per idle hour.
     AgentFootprint(footprint::FootprintArgs),
+    /// Issue 32: one real `inplace-agent` draining a sandboxed node of 110 pods (the fake Kubernetes API) during
+    /// an in-place minor upgrade; its RSS.
+    AgentDrain(drain_footprint::DrainArgs),
     /// (Used by `replicas`.) A slice of the fleet's agents held in a child process, reporting on stdout.
     #[command(hide = true)]
     AgentSwarm(swarm::SwarmArgs),
@@ -80,6 +84,7 @@ fn main() -> anyhow::Result<()> {
         Scenario::Dispatch(args) => fleet::run_dispatch(&args),
         Scenario::Replicas(args) => replicas::run(&args),
         Scenario::AgentFootprint(args) => footprint::run(&args),
+        Scenario::AgentDrain(args) => drain_footprint::run(&args),
         Scenario::AgentSwarm(args) => swarm::serve(&args),
         Scenario::CeilingServe { tls_cert, tls_key } => ceiling::serve_process(&tls_cert, &tls_key),
     }

@@ -192,3 +192,15 @@ fn agent_footprint_scenario_measures_a_connected_idle_agent() {
         "{stdout}"
     );
 }
+
+#[test]
+fn agent_drain_scenario_measures_an_agent_that_evicts_every_pod() {
+    // Five pods instead of 110: the scenario runs the same update, drain and readings.
+    let stdout = run(&["agent-drain", "--pods", "5"]);
+    assert_eq!(row_value(&stdout, "pods evicted"), "5", "{stdout}");
+    let peak: f64 = row_value(&stdout, "RSS peak during the update")
+        .parse()
+        .unwrap();
+    let idle: f64 = row_value(&stdout, "RSS before the update").parse().unwrap();
+    assert!(peak >= idle && idle > 0.0, "{stdout}");
+}
