@@ -58,6 +58,19 @@ pub struct StatusRow {
 }
 
 impl Fleet {
+    /// The Machine record of `run`'s Machine when `run` is its current run (else `None`: superseded).
+    async fn record_running(
+        &self,
+        run: &UpdateRecord,
+    ) -> Result<Option<MachineRecord>, DispatchError> {
+        Ok(self
+            .floor
+            .db
+            .value::<MachineRecord>(&machine_key(&run.plan.machine))
+            .await?
+            .filter(|record| record.run_id == run.plan.id))
+    }
+
     /// Every recorded run, newest first within each cluster.
     pub async fn status(&self) -> Result<Vec<StatusRow>, DispatchError> {
         let store = self.floor.db.store();
@@ -66,12 +79,7 @@ impl Fleet {
             let Ok(run) = serde_json::from_slice::<UpdateRecord>(&entry.value) else {
                 continue;
             };
-            let record = self
-                .floor
-                .db
-                .value::<MachineRecord>(&machine_key(&run.plan.machine))
-                .await?
-                .filter(|record| record.run_id == run.plan.id);
+            let record = self.record_running(&run).await?;
             let current = record.is_some();
             let now = self.floor.now_ms();
             let hold = record.as_ref().and_then(|r| hold_for(r, &run, now));
@@ -184,15 +192,8 @@ impl Fleet {
             if ended > horizon {
                 continue;
             }
-            let record = self
-                .floor
-                .db
-                .value::<MachineRecord>(&machine_key(&run.plan.machine))
-                .await?
-                .filter(|record| record.run_id == run.plan.id);
-            let current = record.is_some();
-            if current {
-                // The current run stays: it is what UpdateMachine answers from (one per Machine, bounded).
+            // The current run stays: it is what UpdateMachine answers from (one per Machine, bounded).
+            if self.record_running(&run).await?.is_some() {
                 continue;
             }
             if let inplace_store::Write::Done(_) = store
