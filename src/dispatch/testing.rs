@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use inplace_agent_api::{AgentIdentity, MachineRef, PollRequest, StepReport, StepStatus};
+use inplace_agent_api::{AgentIdentity, MachineRef, Plan, PollRequest, StepReport, StepStatus};
 use inplace_core::{Action, DesiredMachine};
 use inplace_store::{EtcdOptions, Store, StoreUrl};
 use serde_json::json;
@@ -191,5 +191,31 @@ pub(crate) fn report(name: &str, plan: &str, index: u32, status: StepStatus) -> 
         exit_code: (status == StepStatus::Failed).then_some(1),
         stderr_tail: (status == StepStatus::Failed).then(|| "[ERROR] kubeadm says no".to_string()),
         message: None,
+    }
+}
+
+/// The plan the agent of Machine `default/<name>` is handed on its next poll.
+pub(crate) async fn handed_plan(d: &Dispatcher, name: &str) -> Plan {
+    d.agents
+        .poll(&scope(), &poll_for(name, 0))
+        .await
+        .unwrap()
+        .plan
+        .expect("a plan for the agent")
+}
+
+/// The agent of Machine `default/<name>` reports `status` for each step of `indices` of plan `plan`.
+pub(crate) async fn agent_reports(
+    d: &Dispatcher,
+    name: &str,
+    plan: &str,
+    indices: impl IntoIterator<Item = u32>,
+    status: StepStatus,
+) {
+    for index in indices {
+        d.agents
+            .report(&scope(), &report(name, plan, index, status))
+            .await
+            .unwrap();
     }
 }

@@ -21,13 +21,7 @@ async fn the_drain_steps_progress_text_is_shown() {
         .await
         .unwrap();
     d.runs.update_machine(&asked).await.unwrap();
-    let plan = d
-        .agents
-        .poll(&scope(), &poll_for("m-1", 0))
-        .await
-        .unwrap()
-        .plan
-        .unwrap();
+    let plan = handed_plan(&d, "m-1").await;
     let kinds: Vec<_> = plan.steps.iter().map(|s| s.action.kind()).collect();
     assert_eq!(
         kinds,
@@ -41,15 +35,7 @@ async fn the_drain_steps_progress_text_is_shown() {
             "uncordonNode"
         ]
     );
-    for index in 0..3 {
-        d.agents
-            .report(
-                &scope(),
-                &report("m-1", &plan.id, index, StepStatus::Succeeded),
-            )
-            .await
-            .unwrap();
-    }
+    agent_reports(&d, "m-1", &plan.id, 0..3, StepStatus::Succeeded).await;
     let mut draining = report("m-1", &plan.id, 3, StepStatus::Running);
     draining.finished_at_unix_ms = None;
     draining.message = Some("draining node-a: 4 pods left, waiting on PDB web/pdb".into());
@@ -75,15 +61,7 @@ async fn the_drain_steps_progress_text_is_shown() {
         "{message}"
     );
     // Not done before the node is Ready with the new kubelet and uncordoned.
-    for index in 3..6 {
-        d.agents
-            .report(
-                &scope(),
-                &report("m-1", &plan.id, index, StepStatus::Succeeded),
-            )
-            .await
-            .unwrap();
-    }
+    agent_reports(&d, "m-1", &plan.id, 3..6, StepStatus::Succeeded).await;
     let UpdateAnswer::InProgress { message, .. } = d.runs.update_machine(&asked).await.unwrap()
     else {
         panic!()

@@ -46,13 +46,7 @@ async fn a_run_is_recorded_once_and_answered_from_the_store() {
         "repeated calls record nothing new"
     );
 
-    let plan = d
-        .agents
-        .poll(&scope(), &poll_for("m-1", 0))
-        .await
-        .unwrap()
-        .plan
-        .expect("a plan for the agent");
+    let plan = handed_plan(&d, "m-1").await;
     for index in 0..plan.steps.len() as u32 {
         d.agents
             .report(
@@ -104,13 +98,7 @@ async fn a_failed_step_is_the_answer_for_ever_and_a_new_spec_starts_over() {
     update(&d, &request("m-1", false, "v1.34.1", "hi"))
         .await
         .unwrap();
-    let plan = d
-        .agents
-        .poll(&scope(), &poll_for("m-1", 0))
-        .await
-        .unwrap()
-        .plan
-        .unwrap();
+    let plan = handed_plan(&d, "m-1").await;
     d.agents
         .report(&scope(), &report("m-1", &plan.id, 0, StepStatus::Succeeded))
         .await
@@ -289,13 +277,7 @@ async fn agent_progress_recovers_reports_lost_in_a_crash() {
     update(&d, &request("m-1", false, "v1.34.1", "hi"))
         .await
         .unwrap();
-    let plan = d
-        .agents
-        .poll(&scope(), &poll_for("m-1", 0))
-        .await
-        .unwrap()
-        .plan
-        .unwrap();
+    let plan = handed_plan(&d, "m-1").await;
     let mut poll = poll_for("m-1", 0);
     poll.current = Some(PlanProgress {
         plan_id: plan.id.clone(),

@@ -44,12 +44,7 @@ async fn start(d: &Dispatcher, name: &str) -> Plan {
     update(d, &request(name, false, "v1.34.1", "hi"))
         .await
         .unwrap();
-    d.agents
-        .poll(&scope(), &poll_for(name, 0))
-        .await
-        .unwrap()
-        .plan
-        .expect("a plan")
+    handed_plan(d, name).await
 }
 
 /// The agent of `name` finished the steps before `index` back to back, and step `index` has run `running_ms`.
