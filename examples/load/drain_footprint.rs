@@ -13,16 +13,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use inplace_agent_api::MachineRef;
 use inplace_drain::fake::FakePod;
 use inplace_updater::api::Hook;
 use inplace_updater::cmd::demo::Sandbox;
-use inplace_updater::dispatch::AgentScope;
-use inplace_updater::server::auth::create_token;
 use serde_json::{Value, json};
 
-use crate::footprint::{AgentProcess, SAMPLE_INTERVAL, wait_connected};
-use crate::process::{ServerProcess, check_binary, default_binary, server_args};
+use crate::footprint::{AgentProcess, SAMPLE_INTERVAL, binaries, serve_one_agent, wait_connected};
 use crate::stats::{Table, proc_sample};
 
 /// Pods on the node by default: the kubelet's default `maxPods`.
@@ -68,32 +64,9 @@ fn update_request() -> anyhow::Result<Value> {
 }
 
 pub fn run(args: &DrainArgs) -> anyhow::Result<()> {
-    let server_bin = match &args.server_bin {
-        Some(path) => path.clone(),
-        None => default_binary()?,
-    };
-    let agent_bin = match &args.agent_bin {
-        Some(path) => path.clone(),
-        None => server_bin.with_file_name("inplace-agent"),
-    };
-    check_binary(&agent_bin)?;
+    let (server_bin, agent_bin) = binaries(args.server_bin.as_ref(), args.agent_bin.as_ref())?;
     let dir = tempfile::tempdir()?;
-    let spec =
-        inplace_updater::cmd::certs::DevCertsSpec::with_defaults(dir.path().into(), vec![], vec![]);
-    let certs = inplace_updater::cmd::certs::write_dev_certs(&spec)?;
-    let machine = MachineRef::parse(&format!("default/{NODE}")).context("the drained Machine")?;
-    let token = create_token(&AgentScope::Machine(machine), None)
-        .map_err(|err| anyhow::anyhow!("token: {err}"))?;
-    let token_file = dir.path().join("agent-tokens");
-    std::fs::write(&token_file, format!("{}\n", token.line))?;
-    std::fs::write(dir.path().join("token"), &token.token)?;
-    let store = format!("file:{}", dir.path().join("data").display());
-    let mut server = ServerProcess::start(
-        &server_bin,
-        &server_args(&certs, &token_file, &store),
-        dir.path(),
-    )?;
-    server.wait_ready()?;
+    let (certs, mut server) = serve_one_agent(&server_bin, dir.path(), &format!("default/{NODE}"))?;
 
     let sandbox = Sandbox::create(&dir.path().join("nodes").join(NODE), "v1.33.4", false)?;
     for i in 0..args.pods {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use inplace_agent_api::MachineRef;
+use inplace_updater::cmd::certs::DevCertPaths;
 use inplace_updater::dispatch::AgentScope;
 use inplace_updater::server::auth::create_token;
 
@@ -85,29 +86,9 @@ impl Idle {
 }
 
 pub fn run(args: &FootprintArgs) -> anyhow::Result<()> {
-    let server_bin = match &args.server_bin {
-        Some(path) => path.clone(),
-        None => default_binary()?,
-    };
-    let agent_bin = match &args.agent_bin {
-        Some(path) => path.clone(),
-        None => server_bin.with_file_name("inplace-agent"),
-    };
-    check_binary(&agent_bin)?;
+    let (server_bin, agent_bin) = binaries(args.server_bin.as_ref(), args.agent_bin.as_ref())?;
     let dir = tempfile::tempdir()?;
-    let spec =
-        inplace_updater::cmd::certs::DevCertsSpec::with_defaults(dir.path().into(), vec![], vec![]);
-    let certs = inplace_updater::cmd::certs::write_dev_certs(&spec)?;
-    let machine = MachineRef::parse(MACHINE).context("the footprint Machine")?;
-    let token = create_token(&AgentScope::Machine(machine), None)
-        .map_err(|err| anyhow::anyhow!("token: {err}"))?;
-    let token_file = dir.path().join("agent-tokens");
-    std::fs::write(&token_file, format!("{}\n", token.line))?;
-    std::fs::write(dir.path().join("token"), &token.token)?;
-    let store = format!("file:{}", dir.path().join("data").display());
-    let server_args = server_args(&certs, &token_file, &store);
-    let mut server = ServerProcess::start(&server_bin, &server_args, dir.path())?;
-    server.wait_ready()?;
+    let (certs, mut server) = serve_one_agent(&server_bin, dir.path(), MACHINE)?;
     let agent = start_agent(
         &agent_bin,
         &server,
@@ -125,6 +106,45 @@ pub fn run(args: &FootprintArgs) -> anyhow::Result<()> {
     drop(agent);
     server.stop();
     Ok(())
+}
+
+/// The server and agent binaries an agent scenario runs: `--server-bin` (default
+/// target/release/inplace-updater) and `--agent-bin` (default `inplace-agent` beside the server binary), checked.
+pub fn binaries(
+    server: Option<&PathBuf>,
+    agent: Option<&PathBuf>,
+) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let server_bin = match server {
+        Some(path) => path.clone(),
+        None => default_binary()?,
+    };
+    let agent_bin = match agent {
+        Some(path) => path.clone(),
+        None => server_bin.with_file_name("inplace-agent"),
+    };
+    check_binary(&agent_bin)?;
+    Ok((server_bin, agent_bin))
+}
+
+/// The real server on dev certificates written to `dir` and a `file:` store there, ready, accepting one agent
+/// token scoped to Machine `machine` (`namespace/name`), whose secret is in `dir/token`.
+pub fn serve_one_agent(
+    server_bin: &Path,
+    dir: &Path,
+    machine: &str,
+) -> anyhow::Result<(DevCertPaths, ServerProcess)> {
+    let spec = inplace_updater::cmd::certs::DevCertsSpec::with_defaults(dir.into(), vec![], vec![]);
+    let certs = inplace_updater::cmd::certs::write_dev_certs(&spec)?;
+    let machine = MachineRef::parse(machine).with_context(|| format!("Machine {machine}"))?;
+    let token = create_token(&AgentScope::Machine(machine), None)
+        .map_err(|err| anyhow::anyhow!("token: {err}"))?;
+    let token_file = dir.join("agent-tokens");
+    std::fs::write(&token_file, format!("{}\n", token.line))?;
+    std::fs::write(dir.join("token"), &token.token)?;
+    let store = format!("file:{}", dir.join("data").display());
+    let server = ServerProcess::start(server_bin, &server_args(&certs, &token_file, &store), dir)?;
+    server.wait_ready()?;
+    Ok((certs, server))
 }
 
 fn start_agent(
