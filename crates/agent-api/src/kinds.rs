@@ -14,11 +14,26 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::StepAction;
 
+/// What a rollback does with a finished step of a kind (issue 28): the column `undo` of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Undo {
+    /// Its effects are undone: the node is put back as it was before the step (files restored, packages
+    /// reinstalled at the versions found before, services restarted again).
+    Restores,
+    /// A point of no return: a success of it is not undone, and a rollback stops at it (it changed the control
+    /// plane, which Kubernetes does not downgrade). The steps after it are undone back to the state right
+    /// after it.
+    NoReturn,
+    /// It leaves nothing to undo (waiting, or the drain's cordon, which the rollback lifts last and only
+    /// after the node is verified).
+    Nothing,
+}
+
 /// What a step of a kind this build does not know is guessed to take, in seconds.
 pub const UNSUPPORTED_GUESS_SECONDS: u32 = 10;
 
 macro_rules! step_kinds {
-    ($( $(#[$doc:meta])* $kind:ident = $wire:literal, guess_seconds: $guess:literal; )+) => {
+    ($( $(#[$doc:meta])* $kind:ident = $wire:literal, guess_seconds: $guess:literal, undo: $undo:ident; )+) => {
         /// A kind of step: the `kind` tag of a [`StepAction`], as a small `Copy` value.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
         pub enum StepKind {
@@ -41,6 +56,14 @@ macro_rules! step_kinds {
                 match self {
                     $( StepKind::$kind => $wire, )+
                     StepKind::Unsupported => "unsupported",
+                }
+            }
+
+            /// What a rollback does with a finished step of this kind ([`Undo`]).
+            pub const fn undo(self) -> Undo {
+                match self {
+                    $( StepKind::$kind => Undo::$undo, )+
+                    StepKind::Unsupported => Undo::Nothing,
                 }
             }
 
@@ -68,27 +91,27 @@ macro_rules! step_kinds {
 
 step_kinds! {
     /// `files`: the full set of files the updater manages.
-    Files = "files", guess_seconds: 1;
+    Files = "files", guess_seconds: 1, undo: Restores;
     /// `sshKeys`: each listed user's `authorized_keys`.
-    SshKeys = "sshKeys", guess_seconds: 1;
+    SshKeys = "sshKeys", guess_seconds: 1, undo: Restores;
     /// `ntp`: the time service's drop-in, then its restart.
-    Ntp = "ntp", guess_seconds: 3;
+    Ntp = "ntp", guess_seconds: 3, undo: Restores;
     /// `etcdImage`: the etcd static pod's image.
-    EtcdImage = "etcdImage", guess_seconds: 20;
+    EtcdImage = "etcdImage", guess_seconds: 20, undo: Restores;
     /// `kubeletArgs`: the managed kubelet flags, then a kubelet restart.
-    KubeletArgs = "kubeletArgs", guess_seconds: 20;
+    KubeletArgs = "kubeletArgs", guess_seconds: 20, undo: Restores;
     /// `installKubeadm`: the node's configured sequence installing kubeadm.
-    InstallKubeadm = "installKubeadm", guess_seconds: 30;
+    InstallKubeadm = "installKubeadm", guess_seconds: 30, undo: Restores;
     /// `kubeadmUpgrade`: `kubeadm upgrade apply` or `node`, as configured.
-    KubeadmUpgrade = "kubeadmUpgrade", guess_seconds: 90;
+    KubeadmUpgrade = "kubeadmUpgrade", guess_seconds: 90, undo: NoReturn;
     /// `installKubelet`: the node's configured sequence installing kubelet and kubectl.
-    InstallKubelet = "installKubelet", guess_seconds: 30;
+    InstallKubelet = "installKubelet", guess_seconds: 30, undo: Restores;
     /// `drainNode`: cordon and evict through the Kubernetes API.
-    DrainNode = "drainNode", guess_seconds: 60;
+    DrainNode = "drainNode", guess_seconds: 60, undo: Nothing;
     /// `waitNodeReady`: the Node Ready (at a kubelet version).
-    WaitNodeReady = "waitNodeReady", guess_seconds: 20;
+    WaitNodeReady = "waitNodeReady", guess_seconds: 20, undo: Nothing;
     /// `uncordonNode`: undo this plan's cordon.
-    UncordonNode = "uncordonNode", guess_seconds: 1;
+    UncordonNode = "uncordonNode", guess_seconds: 1, undo: Nothing;
 }
 
 impl StepKind {

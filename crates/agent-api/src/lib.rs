@@ -11,10 +11,11 @@ mod plan;
 mod secret;
 mod validate;
 
-pub use kinds::{StepKind, UNSUPPORTED_GUESS_SECONDS};
+pub use kinds::{StepKind, UNSUPPORTED_GUESS_SECONDS, Undo};
 pub use messages::{
-    AckResponse, AgentIdentity, ErrorResponse, Hold, HoldReason, InventoryReport, PlanProgress,
-    PlanStatus, PollRequest, PollResponse, StepReport, StepStatus,
+    AckResponse, AgentIdentity, ErrorResponse, Hold, HoldReason, InventoryReport, OnFailure,
+    PlanProgress, PlanStatus, PollRequest, PollResponse, RollbackProgress, RollbackState,
+    StepReport, StepStatus,
 };
 pub use plan::{
     FileEncoding, FileSpec, KubeadmUpgradeMode, KubeletArg, MachineRef, Plan, SshUser, Step,

@@ -58,6 +58,60 @@ pub struct PlanProgress {
     /// lifts it (absent: not held). Lets the server say "paused after step N" only once it is true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold: Option<Hold>,
+    /// Where the rollback of this plan is, once a step failed and the agent rolls back (absent: no rollback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<RollbackProgress>,
+}
+
+/// What the agent does when a step fails (after its own retries), or the node is not Ready at the target
+/// kubelet version by `waitNodeReady`'s deadline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum OnFailure {
+    /// Undo the finished steps back to the last point of no return, in reverse order, verify the node is as it
+    /// was, and uncordon only a cordon the plan made (the default).
+    #[default]
+    Rollback,
+    /// Leave the node as it failed, for inspection (cordon kept).
+    Hold,
+}
+
+impl OnFailure {
+    /// The setting and annotation value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnFailure::Rollback => "rollback",
+            OnFailure::Hold => "hold",
+        }
+    }
+}
+
+/// Where a rollback is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RollbackState {
+    /// Undoing steps (or verifying the node afterwards).
+    RollingBack,
+    /// Every step back to the last point of no return was undone and the node verified as it was.
+    RolledBack,
+    /// An undo failed, or the verification did: the node is left cordoned; `message` says where and why.
+    Failed,
+}
+
+/// The agent's account of a plan's rollback, sent with every poll and inventory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RollbackProgress {
+    /// Where it is.
+    pub state: RollbackState,
+    /// The step whose failure started it.
+    pub failed_step: u32,
+    /// How many steps were undone so far (from the failed one backwards).
+    pub undone: u32,
+    /// For operators: what the node is now (`node … is at v1.33.4 and Ready; files restored`), or where and why
+    /// the rollback failed; at most [`crate::MESSAGE_MAX_BYTES`].
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// The server holding a plan: the agent finishes the step it is running, starts no other, keeps its
@@ -157,6 +211,9 @@ pub struct PollResponse {
     /// means go on (and lifts a hold the agent had).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold: Option<Hold>,
+    /// What to do when a step of the plan fails; absent (older servers, or the default): roll back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<OnFailure>,
 }
 
 impl PollResponse {
@@ -165,6 +222,7 @@ impl PollResponse {
         Self {
             plan: None,
             hold: None,
+            on_failure: None,
         }
     }
 
@@ -173,6 +231,7 @@ impl PollResponse {
         Self {
             plan: Some(plan),
             hold: None,
+            on_failure: None,
         }
     }
 }
@@ -222,6 +281,9 @@ pub struct StepReport {
     /// at most [`crate::MESSAGE_MAX_BYTES`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// True when the report is about undoing step `step_index` during a rollback, not about running it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub undo: bool,
 }
 
 fn one() -> u32 {

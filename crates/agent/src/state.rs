@@ -151,6 +151,7 @@ pub(crate) fn report_for(
         exit_code: record.exit_code,
         stderr_tail: record.stderr_tail.clone(),
         message: record.message.clone(),
+        undo: false,
     }
 }
 
@@ -216,6 +217,7 @@ impl PlanRecord {
                 .position(|s| s.status == LocalStepStatus::Failed)
                 .map(|i| i as u32),
             hold: self.hold.clone(),
+            rollback: None,
         }
     }
 }
