@@ -186,6 +186,7 @@ fn report(
         exit_code: (status != StepStatus::Running).then_some(0),
         stderr_tail: None,
         message: None,
+        undo: false,
     };
     Bytes::from(serde_json::to_vec(&report).unwrap_or_default())
 }
@@ -243,6 +244,7 @@ async fn execute(
         total_steps: plan.steps.len() as u32,
         failed_step: None,
         hold: None,
+        rollback: None,
     })
 }
 

@@ -191,6 +191,7 @@ pub(crate) fn report(name: &str, plan: &str, index: u32, status: StepStatus) -> 
         exit_code: (status == StepStatus::Failed).then_some(1),
         stderr_tail: (status == StepStatus::Failed).then(|| "[ERROR] kubeadm says no".to_string()),
         message: None,
+        undo: false,
     }
 }
 

@@ -166,6 +166,7 @@ fn identity_and_poll_shapes() {
             total_steps: 3,
             failed_step: Some(1),
             hold: None,
+            rollback: None,
         }),
         wait_seconds: DEFAULT_WAIT_SECONDS,
     };
@@ -204,6 +205,7 @@ fn report_shape_and_bounds() {
         exit_code: Some(1),
         stderr_tail: Some("boom".into()),
         message: Some("command kubeadm exited with 1".into()),
+        undo: false,
     };
     let value = serde_json::to_value(&report).unwrap();
     assert_eq!(value["stepIndex"], 2);

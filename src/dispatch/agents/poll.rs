@@ -193,6 +193,7 @@ impl Agents {
                         break Ok(PollResponse {
                             plan: Some(plan),
                             hold,
+                            on_failure: None,
                         });
                     }
                     agreed = hold;
@@ -203,9 +204,9 @@ impl Agents {
             tokio::select! {
                 () = &mut for_machine => {}
                 () = &mut for_everyone => {}
-                () = tokio::time::sleep_until(deadline) => break Ok(PollResponse { plan: None, hold: agreed }),
+                () = tokio::time::sleep_until(deadline) => break Ok(PollResponse { plan: None, hold: agreed, on_failure: None }),
                 // Shutting down: answer now so the drain is not held up by idle polls.
-                () = self.floor.shutdown.cancelled() => break Ok(PollResponse { plan: None, hold: agreed }),
+                () = self.floor.shutdown.cancelled() => break Ok(PollResponse { plan: None, hold: agreed, on_failure: None }),
             }
         };
         self.release_waiter(&machine, notify);

@@ -34,6 +34,7 @@ fn report(index: u32, status: StepStatus, attempt: u32) -> StepReport {
         exit_code: None,
         stderr_tail: None,
         message: None,
+        undo: false,
     }
 }
 
@@ -120,6 +121,7 @@ fn agent_progress_recovers_lost_reports() {
         total_steps: 3,
         failed_step: None,
         hold: None,
+        rollback: None,
     };
     assert!(run.agent_needs_plan(None));
     assert!(run.apply_progress(&progress, 9));

@@ -35,6 +35,7 @@ fn holding(plan_id: &str, done: u32, total: u32, hold: Option<Hold>, wait: u32) 
             total_steps: total,
             failed_step: None,
             hold,
+            rollback: None,
         }),
         ..poll_for("m-1", wait)
     }

@@ -286,6 +286,7 @@ async fn agent_progress_recovers_reports_lost_in_a_crash() {
         total_steps: plan.steps.len() as u32,
         failed_step: None,
         hold: None,
+        rollback: None,
     });
     assert!(
         d.agents.poll(&scope(), &poll).await.unwrap().plan.is_none(),

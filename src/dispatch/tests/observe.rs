@@ -86,6 +86,7 @@ fn step_report(name: &str, plan: &str, status: StepStatus) -> inplace_agent_api:
         exit_code: (status == StepStatus::Failed).then_some(2),
         stderr_tail: None,
         message: None,
+        undo: false,
     }
 }
 

@@ -36,6 +36,7 @@ fn report_of(
         exit_code: finished.map(|_| 0),
         stderr_tail: None,
         message: None,
+        undo: false,
     }
 }
 

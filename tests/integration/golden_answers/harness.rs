@@ -121,6 +121,7 @@ impl Agent {
             total_steps: total,
             failed_step: self.failed,
             hold: self.hold.clone().filter(|h| h.plan_id == plan.id),
+            rollback: None,
         })
     }
 }
@@ -284,6 +285,7 @@ impl Golden {
                 .map(|f| f.message)
                 .or(message)
                 .map(str::to_owned),
+            undo: false,
         };
         let answer = self
             .dispatcher

@@ -196,12 +196,17 @@ async fn handle(
                         let answer = PollResponse {
                             plan: Some(plan),
                             hold,
+                            on_failure: None,
                         };
                         return Ok(json(StatusCode::OK, &answer));
                     }
                 }
                 if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                    let answer = PollResponse { plan: None, hold };
+                    let answer = PollResponse {
+                        plan: None,
+                        hold,
+                        on_failure: None,
+                    };
                     return Ok(json(StatusCode::OK, &answer));
                 }
             }
