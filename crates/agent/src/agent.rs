@@ -123,6 +123,16 @@ impl Agent {
     pub async fn run(mut self, mut shutdown: Shutdown) {
         tracing::info!(agent = %self.identity, state_dir = %self.store.dir().display(), "agent started");
         loop {
+            // A rollback under way runs before anything else: the node is half changed until it ends.
+            if crate::rollback::pending(&self.store) {
+                if crate::rollback::run_undo(&mut self, &mut shutdown)
+                    .await
+                    .is_break()
+                {
+                    break;
+                }
+                continue;
+            }
             if let Some(index) = self.next_runnable_step()
                 && self.may_start(index)
             {
@@ -241,6 +251,8 @@ impl Agent {
         self.backoff.reset();
         self.mark_connected();
         let offered = answer.plan.is_some();
+        let carries_setting = offered || answer.hold.is_some();
+        let on_failure = answer.on_failure;
         if let Some(plan) = answer.plan
             && let Round::Stop = self.accept(plan, shutdown).await?
         {
@@ -252,6 +264,10 @@ impl Agent {
             && let Err(e) = self.store.save()
         {
             tracing::error!(error = %e, "cannot save the hold; it stays in force in memory");
+        }
+        // `onFailure` rides every answer carrying a plan or a hold (absent there: roll back).
+        if carries_setting {
+            crate::rollback::note_on_failure(&mut self.store, on_failure);
         }
         let held = self
             .store
@@ -329,6 +345,9 @@ impl Agent {
                         self.store.enqueue(report);
                     }
                 }
+                for report in crate::rollback::finished_undo_reports(&self.identity, &record) {
+                    self.store.enqueue(report);
+                }
                 if let Err(e) = self.store.save() {
                     tracing::error!(error = %e, "cannot save state");
                 }
@@ -343,6 +362,9 @@ impl Agent {
         }
         if let Err(e) = self.env.backups.prune(&id) {
             tracing::warn!(error = %e, "cannot prune old backups");
+        }
+        if let Err(e) = crate::drivers::prune_undo_snapshots(&self.env, &id) {
+            tracing::warn!(error = %e, "cannot prune the undo snapshots of earlier plans");
         }
         Ok(Round::Continue)
     }

@@ -30,10 +30,10 @@ pub(crate) use crate::clock::now_unix_ms;
 use crate::command::KILL_GRACE;
 use crate::driver_env::DriverEnv;
 use crate::drivers::{
-    DriverOutcome, ProgressRecorder, ProgressUpdate, StepContext, StepResult, execute,
+    DriverOutcome, ProgressRecorder, ProgressUpdate, StepContext, StepResult, execute, record_undo,
 };
 use crate::shutdown::{Shutdown, pause};
-use crate::state::{LocalStepStatus, SequenceProgress, StateStore, report_for};
+use crate::state::{LocalStepStatus, SequenceProgress, StateStore, report_for, truncate_head};
 
 /// Attempts after which a step that keeps being interrupted is failed.
 pub const MAX_STEP_ATTEMPTS: u32 = 3;
@@ -56,18 +56,6 @@ pub(crate) trait StepHost {
     fn reports_due_at(&self) -> Instant;
     /// Delivers queued reports; a failure sets the next due time a back-off delay away.
     fn deliver_reports(&mut self) -> impl Future<Output = ()> + Send;
-}
-
-/// The first at most `max` bytes of `text`, cut on a character boundary.
-fn truncate_head(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 /// Aborts the step task when the agent's own future is dropped, so nothing outlives the agent.
@@ -94,14 +82,51 @@ pub(crate) async fn run_step<H: StepHost + Send>(
 ) -> ControlFlow<()> {
     let identity = host.identity().clone();
     let env = host.env();
-    let store = host.store();
-    let (Some(plan), Some(record)) = (store.plan.clone(), store.state.current.as_mut()) else {
+    let Some(plan) = host.store().plan.clone() else {
         return ControlFlow::Continue(());
     };
     let Some(step) = plan.steps.get(index).cloned() else {
         return ControlFlow::Continue(());
     };
+    let Some(began) = host
+        .store()
+        .state
+        .current
+        .as_ref()
+        .and_then(|r| r.steps.get(index))
+        .map(|s| s.began())
+    else {
+        return ControlFlow::Continue(());
+    };
+    // What the undo needs is recorded before the first effect; a step that began keeps its first record
+    // (its own writes since must never be taken for the state before it).
+    let undo = if began {
+        None
+    } else {
+        let (undo_env, plan_id, undo_step) = (env.clone(), plan.id.clone(), step.clone());
+        let recorded = tokio::task::spawn_blocking(move || {
+            record_undo(&undo_env, &plan_id, index, &undo_step)
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("crashed: {e}")));
+        match recorded {
+            Ok(undo) => undo,
+            Err(e) => {
+                let message =
+                    format!("cannot record what undoing the step needs (nothing was changed): {e}");
+                finish(host, &identity, index, StepResult::failed(message));
+                return ControlFlow::Continue(());
+            }
+        }
+    };
+    let store = host.store();
+    let Some(record) = store.state.current.as_mut() else {
+        return ControlFlow::Continue(());
+    };
     let step_record = &mut record.steps[index];
+    if !began {
+        step_record.undo = undo;
+    }
     let interrupted = step_record.status == LocalStepStatus::Running;
     let resumed = step_record.began();
     if interrupted && step_record.attempt >= MAX_STEP_ATTEMPTS {
@@ -147,7 +172,7 @@ pub(crate) async fn run_step<H: StepHost + Send>(
     tracing::info!(plan = %plan.id, step = index, description = %step.description, kind = step.action.kind(), "step started");
 
     let (cancel_tx, cancel_rx) = watch::channel(false);
-    let (progress_tx, mut progress_rx) = mpsc::channel::<ProgressUpdate>(1);
+    let (progress_tx, progress_rx) = mpsc::channel::<ProgressUpdate>(1);
     let ctx = StepContext {
         plan_id: plan.id.clone(),
         deadline: Instant::now() + Duration::from_secs(u64::from(step.timeout_seconds)),
@@ -157,17 +182,46 @@ pub(crate) async fn run_step<H: StepHost + Send>(
         recorder: ProgressRecorder::new(progress_tx),
         cancel: cancel_rx,
     };
-    let mut task = AbortOnDrop(tokio::spawn(execute(env, ctx)));
+    let task = tokio::spawn(execute(env, ctx));
+    let record = |store: &mut StateStore, progress, message| {
+        record_progress(store, &identity, index, progress, message)
+    };
+    let (result, stopping) = drive(host, task, cancel_tx, progress_rx, shutdown, record).await;
+    if result.outcome == DriverOutcome::Interrupted {
+        interrupted_by_shutdown(host.store(), index);
+        return ControlFlow::Break(());
+    }
+    finish(host, &identity, index, result);
+    if stopping {
+        ControlFlow::Break(())
+    } else {
+        ControlFlow::Continue(())
+    }
+}
+
+/// Awaits a step's (or an undo's) task while delivering reports and writing its progress with `record`. On
+/// shutdown the task is cancelled (the driver kills its process group: TERM, then KILL after
+/// `KILL_GRACE`) and awaited up to three grace periods; a command that completed meanwhile still gets its
+/// progress recorded. Returns the result and whether shutdown was requested.
+pub(crate) async fn drive<H: StepHost + Send>(
+    host: &mut H,
+    task: tokio::task::JoinHandle<StepResult>,
+    cancel_tx: watch::Sender<bool>,
+    mut progress_rx: mpsc::Receiver<ProgressUpdate>,
+    shutdown: &mut Shutdown,
+    mut record: impl FnMut(&mut StateStore, SequenceProgress, Option<String>) -> bool,
+) -> (StepResult, bool) {
+    let mut task = AbortOnDrop(task);
     let join = |r: Result<StepResult, tokio::task::JoinError>| {
         r.unwrap_or_else(|e| StepResult::failed(format!("step crashed: {e}")))
     };
-    let result = loop {
+    loop {
         let flush_at = host.reports_due_at();
         let have_reports = !host.store().state.outbox.is_empty();
         let event = tokio::select! {
             r = &mut task.0 => Event::Finished(join(r)),
             Some((progress, message, ack)) = progress_rx.recv() => {
-                let _ = ack.send(record_progress(host.store(), &identity, index, progress, message));
+                let _ = ack.send(record(host.store(), progress, message));
                 Event::Progress
             }
             () = &mut *shutdown => Event::Shutdown,
@@ -177,40 +231,26 @@ pub(crate) async fn run_step<H: StepHost + Send>(
             }, if have_reports => Event::Flushed,
         };
         match event {
-            Event::Finished(result) => break result,
+            Event::Finished(result) => return (result, false),
             Event::Flushed | Event::Progress => {}
             Event::Shutdown => {
                 let _ = cancel_tx.send(true);
-                // The driver kills its process group (TERM, then KILL after KILL_GRACE). A
-                // command that completed meanwhile still gets its progress recorded.
                 let limit = Instant::now() + KILL_GRACE * 3;
-                let result = loop {
+                loop {
                     tokio::select! {
-                        r = &mut task.0 => break join(r),
+                        r = &mut task.0 => return (join(r), true),
                         Some((progress, message, ack)) = progress_rx.recv() => {
-                            let _ = ack.send(record_progress(host.store(), &identity, index, progress, message));
+                            let _ = ack.send(record(host.store(), progress, message));
                         }
                         () = tokio::time::sleep_until(limit) => {
                             task.0.abort();
-                            break StepResult::shutting_down();
+                            return (StepResult::shutting_down(), true);
                         }
                     }
-                };
-                if result.outcome == DriverOutcome::Interrupted {
-                    interrupted_by_shutdown(host.store(), index);
-                } else {
-                    finish(host, &identity, index, result);
                 }
-                return ControlFlow::Break(());
             }
         }
-    };
-    if result.outcome == DriverOutcome::Interrupted {
-        interrupted_by_shutdown(host.store(), index);
-        return ControlFlow::Break(());
     }
-    finish(host, &identity, index, result);
-    ControlFlow::Continue(())
 }
 
 /// Writes a sequence's progress (and a new message, reported as `running`) into the step's
@@ -268,6 +308,7 @@ fn finish<H: StepHost>(host: &mut H, identity: &AgentIdentity, index: usize, res
     };
     let plan_id = record.plan_id.clone();
     let step = &mut record.steps[index];
+    let failed = result.outcome != DriverOutcome::Succeeded;
     step.status = if result.outcome == DriverOutcome::Succeeded {
         LocalStepStatus::Succeeded
     } else {
@@ -288,6 +329,10 @@ fn finish<H: StepHost>(host: &mut H, identity: &AgentIdentity, index: usize, res
         _ => {
             tracing::error!(plan = %plan_id, step = index, message = %result.message, exit_code = ?result.exit_code, "step failed")
         }
+    }
+    // The rollback is recorded in the same write as the failure: a crash after it resumes the rollback.
+    if failed && let Some(plan) = store.plan.as_ref() {
+        crate::rollback::start(plan, record, index);
     }
     let status = record.status();
     store.enqueue(report);

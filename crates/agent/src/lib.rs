@@ -23,6 +23,7 @@ mod inventory;
 mod limits;
 mod node_config;
 mod retry;
+mod rollback;
 mod sequence_command;
 mod shutdown;
 mod state;

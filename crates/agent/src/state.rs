@@ -8,12 +8,14 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use inplace_agent_api::{
-    AgentIdentity, Hold, Plan, PlanProgress, PlanStatus, StepReport, StepStatus,
+    AgentIdentity, Hold, OnFailure, Plan, PlanProgress, PlanStatus, StepReport, StepStatus,
 };
 use serde::{Deserialize, Serialize};
 
+use crate::drivers::UndoRecord;
 use crate::fsutil::{FileMeta, atomic_write, read_optional, remove_file};
 use crate::limits::MAX_STATE_BYTES;
+use crate::rollback::RollbackRecord;
 
 /// Version of the `state.json` layout.
 const STATE_FORMAT: u32 = 1;
@@ -77,6 +79,10 @@ pub struct LocalStepRecord {
     /// agents before it existed, and for other step kinds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<SequenceProgress>,
+    /// What undoing this step needs, recorded (with its snapshots) before the step's first effect (absent:
+    /// the kind is not undone, has no undo in this agent, or an older agent ran the step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undo: Option<UndoRecord>,
 }
 
 /// The commands of a step's configured sequence known to have completed, written (fsynced) after
@@ -102,7 +108,7 @@ fn is_zero(n: &u32) -> bool {
 }
 
 impl LocalStepRecord {
-    fn pending() -> Self {
+    pub(crate) fn pending() -> Self {
         Self {
             status: LocalStepStatus::Pending,
             attempt: 0,
@@ -112,6 +118,7 @@ impl LocalStepRecord {
             stderr_tail: None,
             message: None,
             progress: None,
+            undo: None,
         }
     }
 
@@ -168,6 +175,25 @@ pub struct PlanRecord {
     /// crash cannot lose a hold the server counts as delivered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold: Option<Hold>,
+    /// What to do when a step fails, as the server last said with a plan or hold (absent: roll back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<OnFailure>,
+    /// The rollback, once a step failed under `rollback`: written in the same save as the failure, so a
+    /// crash anywhere after resumes it and the failed step never runs again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<RollbackRecord>,
+}
+
+/// The first at most `max` bytes of `text`, cut on a character boundary.
+pub(crate) fn truncate_head(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 impl PlanRecord {
@@ -217,7 +243,7 @@ impl PlanRecord {
                 .position(|s| s.status == LocalStepStatus::Failed)
                 .map(|i| i as u32),
             hold: self.hold.clone(),
-            rollback: None,
+            rollback: self.rollback.as_ref().map(RollbackRecord::progress),
         }
     }
 }
@@ -373,6 +399,8 @@ impl StateStore {
                     .map(|_| LocalStepRecord::pending())
                     .collect(),
                 hold: None,
+                on_failure: None,
+                rollback: None,
             });
             self.save()?;
         }
@@ -390,6 +418,7 @@ impl StateStore {
         outbox.retain(|r| {
             !(r.plan_id == report.plan_id
                 && r.step_index == report.step_index
+                && r.undo == report.undo
                 && r.attempt == report.attempt
                 && r.status == StepStatus::Running)
         });

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use inplace_agent_api::{StepAction, StepKind};
 
 use super::step::{StepContext, StepResult};
+use super::undo::{Place, UndoContext, restore_then_restart};
 use crate::driver_config::DriverConfig;
 use crate::driver_env::DriverEnv;
 
@@ -21,9 +22,10 @@ pub(crate) type StepFuture = Pin<Box<dyn Future<Output = StepResult> + Send>>;
 /// step must not mistake for done is journaled in `unfinished.json` *before* the first effect (see
 /// [`super::restart`]); backups of replaced files are saved before they are replaced.
 ///
-/// Room for rollback: an `undo` beside [`Driver::run`] takes what the step recorded before its first
-/// effect (the backups and journals above are that record today, written at the same points), so a driver
-/// adds its undo next to its run and records what the undo needs where it already records its intent.
+/// Rollback (issue 28): a kind whose steps are undone (`StepKind::undo()` is `Restores`) names the places a
+/// step may change ([`Driver::undo_places`]); the executor snapshots them into the step's record before the
+/// step's first effect, and [`Driver::undo`] puts them back. A kind that names none has no undo yet: a
+/// rollback reaching one of its steps fails, naming it.
 pub(crate) trait Driver: Sync {
     /// The step kind this driver runs (one driver per kind: the registry, `DRIVERS` in `drivers/mod.rs`).
     fn kind(&self) -> StepKind;
@@ -37,6 +39,21 @@ pub(crate) trait Driver: Sync {
     /// Runs a step of this kind (`ctx.step.action` is of [`Driver::kind`]: the registry looked it up by
     /// its kind, and the executor validated it).
     fn run(&self, env: Arc<DriverEnv>, ctx: StepContext) -> StepFuture;
+
+    /// The places a step of this kind with `action` may change, read before its first effect; `None` when
+    /// this kind has no undo (yet).
+    fn undo_places(
+        &self,
+        _env: &DriverEnv,
+        _action: &StepAction,
+    ) -> Result<Option<Vec<Place>>, String> {
+        Ok(None)
+    }
+
+    /// Undoes a step of this kind from what its record says (the default: restore the places, no restart).
+    fn undo(&self, env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
+        restore_then_restart(env, ctx, None)
+    }
 }
 
 /// The failure of a driver handed a step of another kind (a registry mistake, never the server's).

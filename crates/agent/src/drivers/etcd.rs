@@ -9,6 +9,7 @@ use inplace_agent_api::{StepAction, StepKind};
 
 use super::driver::{Driver, StepFuture, blocking_step, wrong_kind};
 use super::step::StepContext;
+use super::undo::Place;
 use crate::driver_env::DriverEnv;
 use crate::fsutil::{FileMeta, atomic_write, read_optional};
 
@@ -32,6 +33,15 @@ impl Driver for EtcdImage {
         blocking_step(env, ctx, move |env, plan_id| {
             apply(env, plan_id, &image_tag, image_repository.as_deref())
         })
+    }
+
+    /// The manifest only: kubelet restarts the static pod when it changes back.
+    fn undo_places(
+        &self,
+        env: &DriverEnv,
+        _action: &StepAction,
+    ) -> Result<Option<Vec<Place>>, String> {
+        Ok(Some(vec![Place::Node(env.config.etcd.manifest.clone())]))
     }
 }
 

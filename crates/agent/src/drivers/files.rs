@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::driver::{Driver, StepFuture, blocking_step, wrong_kind};
 use super::step::StepContext;
+use super::undo::Place;
 use crate::driver_env::DriverEnv;
 use crate::fsutil::{
     FileMeta, atomic_write, matches, read_journal, read_optional, remove_file, resolve_owner,
@@ -46,6 +47,22 @@ impl Driver for Files {
             return wrong_kind(self.kind(), &ctx.step.action);
         };
         blocking_step(env, ctx, move |env, plan_id| apply(env, plan_id, &files))
+    }
+
+    fn undo_places(
+        &self,
+        env: &DriverEnv,
+        action: &StepAction,
+    ) -> Result<Option<Vec<Place>>, String> {
+        let StepAction::Files { files } = action else {
+            return Ok(None);
+        };
+        // The listed files, the ones an earlier plan wrote that this one drops (removed), and the journal.
+        let mut places: BTreeSet<Place> =
+            files.iter().map(|f| Place::Node(f.path.clone())).collect();
+        places.extend(load_journal(env)?.paths.into_iter().map(Place::Node));
+        places.insert(Place::State(JOURNAL.to_owned()));
+        Ok(Some(places.into_iter().collect()))
     }
 }
 

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::driver::{Driver, StepFuture, wrong_kind};
 use super::restart::{BeforeChange, write_then_restart};
 use super::step::StepContext;
+use super::undo::{Place, UndoContext, restore_then_restart};
 use crate::driver_env::DriverEnv;
 use crate::fsutil::{FileMeta, atomic_write, read_journal, read_optional, write_journal};
 
@@ -52,6 +53,22 @@ impl Driver for KubeletArgs {
             restart,
             move |env, plan_id, before_change| write(env, plan_id, &args, before_change),
         ))
+    }
+
+    fn undo_places(
+        &self,
+        env: &DriverEnv,
+        _action: &StepAction,
+    ) -> Result<Option<Vec<Place>>, String> {
+        Ok(Some(vec![
+            Place::Node(env.config.kubelet.flags_file.clone()),
+            Place::State(JOURNAL.to_owned()),
+        ]))
+    }
+
+    fn undo(&self, env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
+        let restart = env.config.kubelet.restart.clone();
+        restore_then_restart(env, ctx, Some((RESTART_KEY, restart)))
     }
 }
 

@@ -21,17 +21,19 @@ mod restart;
 mod ssh;
 mod step;
 mod uncordon_node;
+mod undo;
 mod wait_node_ready;
 
 use std::sync::Arc;
 
-use inplace_agent_api::{StepKind, validate_action};
+use inplace_agent_api::{Step, StepKind, Undo, validate_action};
 
 use crate::driver_config::DriverConfig;
 pub(crate) use crate::driver_env::DriverEnv;
 use driver::Driver;
 pub use node::NODE_STEP_DEADLINE_GRACE;
 pub(crate) use step::{DriverOutcome, ProgressRecorder, ProgressUpdate, StepContext, StepResult};
+pub(crate) use undo::{UndoContext, UndoRecord, prune as prune_undo_snapshots};
 
 /// The registry: every driver of this agent, one per step kind.
 const DRIVERS: &[&dyn Driver] = &[
@@ -60,6 +62,40 @@ pub(crate) async fn execute(env: Arc<DriverEnv>, ctx: StepContext) -> StepResult
     }
     match driver_for(ctx.step.action.step_kind()) {
         Some(driver) => driver.run(env, ctx).await,
+        None => StepResult::failed("step kind not supported by this agent"),
+    }
+}
+
+/// What the undo of `step` (step `index` of plan `plan_id`) needs, snapshotted now, before its first effect.
+/// `None` when its kind is not undone, its driver has no undo yet, or the step is invalid (it then fails
+/// before any effect).
+pub(crate) fn record_undo(
+    env: &DriverEnv,
+    plan_id: &str,
+    index: usize,
+    step: &Step,
+) -> Result<Option<UndoRecord>, String> {
+    let kind = step.action.step_kind();
+    if kind.undo() != Undo::Restores || validate_action(&step.action).is_err() {
+        return Ok(None);
+    }
+    let Some(driver) = driver_for(kind) else {
+        return Ok(None);
+    };
+    match driver.undo_places(env, &step.action)? {
+        Some(places) => undo::take(env, plan_id, index, places).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Undoes a step of `kind` through its driver.
+pub(crate) async fn execute_undo(
+    env: Arc<DriverEnv>,
+    kind: StepKind,
+    ctx: UndoContext,
+) -> StepResult {
+    match driver_for(kind) {
+        Some(driver) => driver.undo(env, ctx).await,
         None => StepResult::failed("step kind not supported by this agent"),
     }
 }

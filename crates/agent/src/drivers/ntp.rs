@@ -10,6 +10,7 @@ use inplace_agent_api::{StepAction, StepKind};
 use super::driver::{Driver, StepFuture, wrong_kind};
 use super::restart::{BeforeChange, write_then_restart};
 use super::step::StepContext;
+use super::undo::{Place, UndoContext, restore_then_restart};
 use crate::driver_config::NtpFlavor;
 use crate::driver_env::DriverEnv;
 use crate::fsutil::{FileMeta, atomic_write, matches, remove_file};
@@ -42,6 +43,19 @@ impl Driver for Ntp {
                 write(env, plan_id, &servers, enabled, before_change)
             },
         ))
+    }
+
+    fn undo_places(
+        &self,
+        env: &DriverEnv,
+        _action: &StepAction,
+    ) -> Result<Option<Vec<Place>>, String> {
+        Ok(Some(vec![Place::Node(env.config.ntp.config_file())]))
+    }
+
+    fn undo(&self, env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
+        let restart = env.config.ntp.restart();
+        restore_then_restart(env, ctx, Some((RESTART_KEY, restart)))
     }
 }
 

@@ -15,8 +15,9 @@ use inplace_agent_api::{SshUser, StepAction, StepKind};
 
 use super::driver::{Driver, StepFuture, blocking_step, wrong_kind};
 use super::step::StepContext;
+use super::undo::Place;
 use crate::driver_env::DriverEnv;
-use crate::fsutil::{FileMeta, atomic_write, create_dir_atomic, lookup_user, matches};
+use crate::fsutil::{FileMeta, PasswdEntry, atomic_write, create_dir_atomic, lookup_user, matches};
 
 /// Mode of `authorized_keys`.
 const KEYS_MODE: u32 = 0o600;
@@ -37,6 +38,31 @@ impl Driver for SshKeys {
         };
         blocking_step(env, ctx, move |env, plan_id| apply(env, plan_id, &users))
     }
+
+    fn undo_places(
+        &self,
+        env: &DriverEnv,
+        action: &StepAction,
+    ) -> Result<Option<Vec<Place>>, String> {
+        let StepAction::SshKeys { users } = action else {
+            return Ok(None);
+        };
+        let mut places = Vec::with_capacity(users.len());
+        for user in users {
+            places.push(Place::Node(keys_path(env, &user.name)?.1));
+        }
+        Ok(Some(places))
+    }
+}
+
+/// The user's passwd entry (if any) and the node path of their `authorized_keys`.
+fn keys_path(env: &DriverEnv, name: &str) -> Result<(Option<PasswdEntry>, String), String> {
+    let entry = lookup_user(&env.fs, name)?;
+    let home = entry
+        .as_ref()
+        .map_or_else(|| format!("/home/{name}"), |e| e.home.clone());
+    let keys = format!("{}/.ssh/authorized_keys", home.trim_end_matches('/'));
+    Ok((entry, keys))
 }
 
 /// Converges every listed user's keys; returns a summary.
@@ -44,10 +70,7 @@ fn apply(env: &DriverEnv, plan_id: &str, users: &[SshUser]) -> Result<String, St
     let (mut written, mut unchanged) = (0usize, 0usize);
     let mut unknown = Vec::new();
     for user in users {
-        let entry = lookup_user(&env.fs, &user.name)?;
-        let home = entry
-            .as_ref()
-            .map_or_else(|| format!("/home/{}", user.name), |e| e.home.clone());
+        let (entry, keys_node) = keys_path(env, &user.name)?;
         if entry.is_none() {
             unknown.push(user.name.clone());
         }
@@ -55,10 +78,11 @@ fn apply(env: &DriverEnv, plan_id: &str, users: &[SshUser]) -> Result<String, St
             .as_ref()
             .filter(|_| env.is_root)
             .map(|e| (e.uid, e.gid));
-        let ssh_dir_node = format!("{}/.ssh", home.trim_end_matches('/'));
-        let keys_node = format!("{ssh_dir_node}/authorized_keys");
-        let ssh_dir = env.fs.path(&ssh_dir_node)?;
         let keys_path = env.fs.path(&keys_node)?;
+        let ssh_dir = keys_path
+            .parent()
+            .ok_or_else(|| format!("{keys_node} has no directory"))?
+            .to_path_buf();
 
         let mut content = String::new();
         for key in &user.authorized_keys {

@@ -7,6 +7,7 @@ mod files;
 mod node_config;
 mod resume;
 mod retries;
+mod rollback;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,341 @@
+//! What a rollback needs to undo a step of the file family (files, sshKeys, ntp, kubeletArgs, etcdImage), and
+//! the undo itself (issue 28).
+//!
+//! Before a step's first effect the executor has the step's driver name the files it may change
+//! ([`super::driver::Driver::undo_places`]); each is snapshotted — content under
+//! `<state-dir>/undo/<plan id>/<step>/`, and its hash, mode and owner (or its absence, with the
+//! directories missing above it) in the step's [`UndoRecord`] in `state.json`. The snapshot of a place is
+//! taken once per step: a resumed step never snapshots its own writes. The undo writes every snapshot back
+//! (atomically, with its mode and owner), removes what was absent and the directories the step created,
+//! and checks each place byte-equal to its record. It converges, so an interrupted undo is simply run again.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::driver::StepFuture;
+use super::prepared::hex;
+use super::step::StepResult;
+use crate::command::{display_argv, run_command};
+use crate::driver_env::DriverEnv;
+use crate::fsutil::{
+    FileMeta, FsError, atomic_write, create_dirs, fs_err, matches, read_bounded, remove_file,
+};
+use crate::limits::MAX_BACKUP_BYTES;
+use crate::unfinished;
+
+/// Directory of the undo snapshots in the state dir (one sub-directory per plan, then per step).
+const SNAPSHOT_DIR: &str = "undo";
+
+/// A file a step may change.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) enum Place {
+    /// A node path (under `--root`).
+    Node(String),
+    /// A driver journal in the state dir (its file name), e.g. `managed-files.json`.
+    State(String),
+}
+
+/// What a place held before the step.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "type")]
+pub(crate) enum Before {
+    /// Nothing: the undo removes what is there, then `createdDirs` (deepest first) when empty.
+    #[serde(rename_all = "camelCase")]
+    Absent {
+        /// The directories above it that did not exist either (node paths, or state-dir names), outermost
+        /// first.
+        created_dirs: Vec<String>,
+    },
+    /// A regular file; its content is the snapshot.
+    #[serde(rename_all = "camelCase")]
+    File {
+        /// SHA-256 (hex) of the content.
+        sha256: String,
+        /// Permission bits.
+        mode: u32,
+        /// Owner uid.
+        uid: u32,
+        /// Owner gid.
+        gid: u32,
+    },
+    /// Something else (a symlink, a directory): the file drivers refuse or replace it only by a rename, which
+    /// this undo does not reverse; it is left as it is and the undo says so.
+    Other,
+}
+
+/// One place and what it held.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct PlaceBefore {
+    /// Where.
+    pub place: Place,
+    /// What it held.
+    pub before: Before,
+}
+
+/// What the undo of a step needs, written into the step's record in `state.json` before its first effect.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "family")]
+pub(crate) enum UndoRecord {
+    /// A step of the file family: the places it may change, as they were.
+    #[serde(rename_all = "camelCase")]
+    Files {
+        /// Each place, as it was before the step.
+        places: Vec<PlaceBefore>,
+    },
+}
+
+/// The undo snapshots of one state dir.
+fn snapshot_root(env: &DriverEnv) -> PathBuf {
+    env.state_dir.join(SNAPSHOT_DIR)
+}
+
+fn snapshot_path(env: &DriverEnv, plan_id: &str, index: usize, place: &Place) -> PathBuf {
+    let base = snapshot_root(env).join(plan_id).join(index.to_string());
+    match place {
+        Place::Node(path) => base.join("node").join(path.trim_start_matches('/')),
+        Place::State(name) => base.join("state").join(name),
+    }
+}
+
+fn real_path(env: &DriverEnv, place: &Place) -> Result<PathBuf, String> {
+    match place {
+        Place::Node(path) => env.fs.path(path),
+        Place::State(name) => Ok(env.state_dir.join(name)),
+    }
+}
+
+fn place_name(place: &Place) -> String {
+    match place {
+        Place::Node(path) => path.clone(),
+        Place::State(name) => format!("<state-dir>/{name}"),
+    }
+}
+
+/// Snapshots `places` for the undo of step `index` of `plan_id`.
+pub(crate) fn take(
+    env: &DriverEnv,
+    plan_id: &str,
+    index: usize,
+    places: Vec<Place>,
+) -> Result<UndoRecord, String> {
+    let mut out = Vec::with_capacity(places.len());
+    for place in places {
+        let real = real_path(env, &place)?;
+        let before = match fs::symlink_metadata(&real) {
+            Ok(meta) if meta.is_file() => {
+                let content = read_bounded(&real, MAX_BACKUP_BYTES).map_err(|e| e.to_string())?;
+                let target = snapshot_path(env, plan_id, index, &place);
+                if !target.exists() {
+                    if let Some(parent) = target.parent() {
+                        create_dirs(parent).map_err(|e| e.to_string())?;
+                    }
+                    // Owner-only: snapshots may hold secrets; mode and owner are in the record.
+                    atomic_write(
+                        &target,
+                        &content,
+                        FileMeta {
+                            mode: 0o600,
+                            owner: None,
+                        },
+                    )
+                    .map_err(|e| e.to_string())?;
+                }
+                Before::File {
+                    sha256: hex(&Sha256::digest(&content)),
+                    mode: meta.permissions().mode() & 0o7777,
+                    uid: meta.uid(),
+                    gid: meta.gid(),
+                }
+            }
+            Ok(_) => Before::Other,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Before::Absent {
+                created_dirs: missing_dirs(&place, &real),
+            },
+            Err(e) => return Err(fs_err("inspect", &real)(e).to_string()),
+        };
+        out.push(PlaceBefore { place, before });
+    }
+    Ok(UndoRecord::Files { places: out })
+}
+
+/// The directories above `real` that do not exist, outermost first, named like `place`.
+fn missing_dirs(place: &Place, real: &Path) -> Vec<String> {
+    let Place::Node(node_path) = place else {
+        return Vec::new();
+    };
+    let mut missing = Vec::new();
+    let (mut node, mut dir) = (Path::new(node_path), real);
+    while let (Some(node_parent), Some(parent)) = (node.parent(), dir.parent()) {
+        if node_parent == Path::new("/") || parent.exists() {
+            break;
+        }
+        missing.push(node_parent.display().to_string());
+        (node, dir) = (node_parent, parent);
+    }
+    missing.reverse();
+    missing
+}
+
+/// Puts every place of `record` back as it was; returns how many it changed. Each place is then checked
+/// byte-equal (and mode and owner) to its record.
+pub(crate) fn restore(
+    env: &DriverEnv,
+    plan_id: &str,
+    index: usize,
+    record: &UndoRecord,
+) -> Result<usize, String> {
+    let UndoRecord::Files { places } = record;
+    let mut changed = 0;
+    // Reverse: a directory created for a later place is removed after the files in it.
+    for PlaceBefore { place, before } in places.iter().rev() {
+        let real = real_path(env, place)?;
+        let name = place_name(place);
+        match before {
+            Before::Absent { created_dirs } => {
+                if remove_file(&real).map_err(|e| e.to_string())? {
+                    changed += 1;
+                }
+                for dir in created_dirs.iter().rev() {
+                    let real_dir = env.fs.path(dir)?;
+                    match fs::remove_dir(&real_dir) {
+                        Ok(()) => changed += 1,
+                        // Not empty (something else lives there now) or already gone: left as it is.
+                        Err(_) => break,
+                    }
+                }
+            }
+            Before::File {
+                sha256,
+                mode,
+                uid,
+                gid,
+            } => {
+                let snapshot = snapshot_path(env, plan_id, index, place);
+                let content = read_bounded(&snapshot, MAX_BACKUP_BYTES)
+                    .map_err(|e| format!("{name}: the snapshot is unreadable: {e}"))?;
+                if hex(&Sha256::digest(&content)) != *sha256 {
+                    return Err(format!(
+                        "{name}: the snapshot {} does not match its recorded SHA-256",
+                        snapshot.display()
+                    ));
+                }
+                let meta = FileMeta {
+                    mode: *mode,
+                    owner: env.is_root.then_some((*uid, *gid)),
+                };
+                if !matches(&real, &content, meta).map_err(|e| e.to_string())? {
+                    atomic_write(&real, &content, meta).map_err(|e| e.to_string())?;
+                    changed += 1;
+                }
+                if !matches(&real, &content, meta).map_err(|e| e.to_string())? {
+                    return Err(format!(
+                        "{name}: not byte-equal to before after the restore"
+                    ));
+                }
+            }
+            Before::Other => {}
+        }
+    }
+    Ok(changed)
+}
+
+/// Removes the undo snapshots of every plan but `keep`.
+pub(crate) fn prune(env: &DriverEnv, keep: &str) -> Result<(), FsError> {
+    let root = snapshot_root(env);
+    let entries = match fs::read_dir(&root) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(fs_err("list", &root)(e)),
+    };
+    for entry in entries.filter_map(Result::ok) {
+        if entry.file_name() != keep {
+            let path = entry.path();
+            fs::remove_dir_all(&path).map_err(fs_err("prune", &path))?;
+        }
+    }
+    Ok(())
+}
+
+/// A step to undo, as its driver sees it.
+pub(crate) struct UndoContext {
+    /// The plan.
+    pub plan_id: String,
+    /// The step's index in the plan.
+    pub index: usize,
+    /// What its record says the undo needs (`None`: nothing was recorded, so nothing can be undone).
+    pub record: Option<UndoRecord>,
+    /// True when an earlier attempt of this undo began: the service restart is owed whatever the files
+    /// look like.
+    pub resumed: bool,
+    /// When the undo's time is up (the step's own timeout).
+    pub deadline: tokio::time::Instant,
+    /// The step's timeout, for messages.
+    pub timeout_seconds: u32,
+    /// Turns true when the agent shuts down.
+    pub cancel: tokio::sync::watch::Receiver<bool>,
+}
+
+/// The undo of a file-family step: restore its places, then (ntp, kubeletArgs) restart the service that
+/// reads them — journaled under its key in `unfinished.json` like the forward restart, so a restart
+/// owed by the forward step or an interrupted undo is not lost.
+pub(crate) fn restore_then_restart(
+    env: Arc<DriverEnv>,
+    mut ctx: UndoContext,
+    restart: Option<(&'static str, Vec<String>)>,
+) -> StepFuture {
+    Box::pin(async move {
+        let Some(record) = ctx.record.take() else {
+            return StepResult::failed("nothing was recorded before the step began");
+        };
+        let blocking_env = env.clone();
+        let (plan_id, index) = (ctx.plan_id.clone(), ctx.index);
+        let key = restart.as_ref().map(|(key, _)| *key);
+        let work = tokio::task::spawn_blocking(move || -> Result<(usize, bool), String> {
+            let env = blocking_env;
+            let owed = match key {
+                Some(key) => unfinished::contains(&env.state_dir, key)?,
+                None => false,
+            };
+            if let Some(key) = key {
+                unfinished::mark(&env.state_dir, key)?;
+            }
+            Ok((restore(&env, &plan_id, index, &record)?, owed))
+        });
+        let (changed, owed) = match tokio::time::timeout_at(ctx.deadline, work).await {
+            Ok(Ok(Ok(done))) => done,
+            Ok(Ok(Err(message))) => return StepResult::failed(message),
+            Ok(Err(join)) => return StepResult::failed(format!("undo crashed: {join}")),
+            Err(_) => {
+                return StepResult::failed(format!(
+                    "timed out: step timeout of {} s reached",
+                    ctx.timeout_seconds
+                ));
+            }
+        };
+        let message = format!("{changed} changes restored; every file byte-equal to before");
+        let Some((key, argv)) = restart else {
+            return StepResult::ok(message);
+        };
+        if changed == 0 && !owed && !ctx.resumed {
+            if let Err(e) = unfinished::clear(&env.state_dir, key) {
+                tracing::warn!(error = %e, key, "cannot record the restart as not owed");
+            }
+            return StepResult::ok(message);
+        }
+        let output = run_command(&argv, &env.command_env, ctx.deadline, &mut ctx.cancel).await;
+        if let Some(failure) = StepResult::from_command(&argv, &output, ctx.timeout_seconds) {
+            return failure;
+        }
+        if let Err(e) = unfinished::clear(&env.state_dir, key) {
+            tracing::warn!(error = %e, key, "cannot record the restart as done");
+        }
+        StepResult::ok(format!("{message}; ran `{}`", display_argv(&argv)))
+    })
+}
