@@ -20,13 +20,10 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use inplace_agent_api::{
-    AgentIdentity, MESSAGE_MAX_BYTES, PlanStatus, STDERR_TAIL_MAX_BYTES, truncate_tail,
-};
+use inplace_agent_api::{AgentIdentity, MESSAGE_MAX_BYTES, PlanStatus};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-pub(crate) use crate::clock::now_unix_ms;
 use crate::command::KILL_GRACE;
 use crate::driver_env::DriverEnv;
 use crate::drivers::{
@@ -147,13 +144,7 @@ pub(crate) async fn run_step<H: StepHost + Send>(
     } else {
         None
     };
-    step_record.status = LocalStepStatus::Running;
-    step_record.attempt += 1;
-    step_record.started_at_unix_ms = Some(now_unix_ms());
-    step_record.finished_at_unix_ms = None;
-    step_record.exit_code = None;
-    step_record.stderr_tail = None;
-    step_record.message = None;
+    step_record.begin_attempt();
     let report = report_for(&identity, &plan.id, index, step_record);
     store.enqueue(report);
     let saved = store.save();
@@ -309,18 +300,7 @@ fn finish<H: StepHost>(host: &mut H, identity: &AgentIdentity, index: usize, res
     let plan_id = record.plan_id.clone();
     let step = &mut record.steps[index];
     let failed = result.outcome != DriverOutcome::Succeeded;
-    step.status = if result.outcome == DriverOutcome::Succeeded {
-        LocalStepStatus::Succeeded
-    } else {
-        LocalStepStatus::Failed
-    };
-    step.finished_at_unix_ms = Some(now_unix_ms());
-    step.exit_code = result.exit_code;
-    step.stderr_tail = result
-        .stderr_tail
-        .as_deref()
-        .map(|t| truncate_tail(t, STDERR_TAIL_MAX_BYTES).to_owned());
-    step.message = Some(truncate_head(&result.message, MESSAGE_MAX_BYTES).to_owned());
+    step.end(&result);
     let report = report_for(identity, &plan_id, index, step);
     match step.status {
         LocalStepStatus::Succeeded => {

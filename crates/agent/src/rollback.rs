@@ -13,15 +13,14 @@ use std::ops::ControlFlow;
 use std::time::Duration;
 
 use inplace_agent_api::{
-    AgentIdentity, MESSAGE_MAX_BYTES, OnFailure, Plan, RollbackProgress, RollbackState,
-    STDERR_TAIL_MAX_BYTES, Undo, truncate_tail,
+    AgentIdentity, MESSAGE_MAX_BYTES, OnFailure, Plan, RollbackProgress, RollbackState, Undo,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::drivers::{DriverOutcome, StepResult, UndoContext, execute_undo};
-use crate::executor::{MAX_STEP_ATTEMPTS, StepHost, drive, now_unix_ms};
+use crate::executor::{MAX_STEP_ATTEMPTS, StepHost, drive};
 use crate::shutdown::{Shutdown, pause};
 use crate::state::{
     LocalStepRecord, LocalStepStatus, PlanRecord, StateStore, report_for, truncate_head,
@@ -208,11 +207,21 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
     let entry = &mut rollback.undos[pos];
     let interrupted = entry.status == LocalStepStatus::Running;
     let resumed = entry.began();
-    if interrupted && entry.attempt >= MAX_STEP_ATTEMPTS {
-        let message = format!(
+    let undo_record = record.steps[index].undo.clone();
+    let refusal = if interrupted && entry.attempt >= MAX_STEP_ATTEMPTS {
+        Some(format!(
             "undo interrupted {} times (agent restart or node reboot during it); not trying again",
             entry.attempt
-        );
+        ))
+    } else if undo_record.is_none() {
+        Some(format!(
+            "no undo was recorded for this {kind} step ({kind} has no undo in this agent yet, or an agent \
+             without undos ran it)"
+        ))
+    } else {
+        None
+    };
+    if let Some(message) = refusal {
         end_undo(
             host,
             &identity,
@@ -222,33 +231,13 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
         );
         return ControlFlow::Continue(());
     }
-    let Some(undo_record) = record.steps[index].undo.clone() else {
-        let message = format!(
-            "no undo was recorded for this {kind} step ({kind} has no undo in this agent yet, or an agent \
-             without undos ran it)"
-        );
-        end_undo(
-            host,
-            &identity,
-            pos,
-            Some(&step),
-            StepResult::failed(message),
-        );
-        return ControlFlow::Continue(());
-    };
     let Some(entry) = record.rollback.as_mut().and_then(|r| r.undos.get_mut(pos)) else {
         return ControlFlow::Continue(());
     };
     if interrupted {
         tracing::warn!(plan = %plan.id, step = index, attempt = entry.attempt, "undo was interrupted; running it again");
     }
-    entry.status = LocalStepStatus::Running;
-    entry.attempt += 1;
-    entry.started_at_unix_ms = Some(now_unix_ms());
-    entry.finished_at_unix_ms = None;
-    entry.exit_code = None;
-    entry.stderr_tail = None;
-    entry.message = None;
+    entry.begin_attempt();
     let report = undo_report(&identity, &plan.id, index, entry);
     store.enqueue(report);
     let saved = store.save();
@@ -268,7 +257,7 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
     let ctx = UndoContext {
         plan_id: plan.id.clone(),
         index,
-        record: Some(undo_record),
+        record: undo_record,
         resumed,
         deadline: Instant::now() + Duration::from_secs(u64::from(step.timeout_seconds)),
         timeout_seconds: step.timeout_seconds,
@@ -367,19 +356,8 @@ fn end_undo<H: StepHost>(
     let index = rollback.order[pos] as usize;
     let entry = &mut rollback.undos[pos];
     let succeeded = result.outcome == DriverOutcome::Succeeded;
-    entry.status = if succeeded {
-        LocalStepStatus::Succeeded
-    } else {
-        LocalStepStatus::Failed
-    };
+    entry.end(&result);
     entry.attempt = entry.attempt.max(1);
-    entry.finished_at_unix_ms = Some(now_unix_ms());
-    entry.exit_code = result.exit_code;
-    entry.stderr_tail = result
-        .stderr_tail
-        .as_deref()
-        .map(|t| truncate_tail(t, STDERR_TAIL_MAX_BYTES).to_owned());
-    entry.message = Some(truncate_head(&result.message, MESSAGE_MAX_BYTES).to_owned());
     let report = undo_report(identity, &plan_id, index, entry);
     if succeeded {
         tracing::info!(plan = %plan_id, step = index, message = %result.message, "undo succeeded");

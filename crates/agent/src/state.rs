@@ -8,11 +8,13 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use inplace_agent_api::{
-    AgentIdentity, Hold, OnFailure, Plan, PlanProgress, PlanStatus, StepReport, StepStatus,
+    AgentIdentity, Hold, MESSAGE_MAX_BYTES, OnFailure, Plan, PlanProgress, PlanStatus,
+    STDERR_TAIL_MAX_BYTES, StepReport, StepStatus, truncate_tail,
 };
 use serde::{Deserialize, Serialize};
 
-use crate::drivers::UndoRecord;
+use crate::clock::now_unix_ms;
+use crate::drivers::{DriverOutcome, StepResult, UndoRecord};
 use crate::fsutil::{FileMeta, atomic_write, read_optional, remove_file};
 use crate::limits::MAX_STATE_BYTES;
 use crate::rollback::RollbackRecord;
@@ -120,6 +122,33 @@ impl LocalStepRecord {
             progress: None,
             undo: None,
         }
+    }
+
+    /// Records the start of an attempt (status `running`, the attempt counted, the last end cleared).
+    pub(crate) fn begin_attempt(&mut self) {
+        self.status = LocalStepStatus::Running;
+        self.attempt += 1;
+        self.started_at_unix_ms = Some(now_unix_ms());
+        self.finished_at_unix_ms = None;
+        self.exit_code = None;
+        self.stderr_tail = None;
+        self.message = None;
+    }
+
+    /// Records how the attempt ended (bounded stderr tail and message).
+    pub(crate) fn end(&mut self, result: &StepResult) {
+        self.status = if result.outcome == DriverOutcome::Succeeded {
+            LocalStepStatus::Succeeded
+        } else {
+            LocalStepStatus::Failed
+        };
+        self.finished_at_unix_ms = Some(now_unix_ms());
+        self.exit_code = result.exit_code;
+        self.stderr_tail = result
+            .stderr_tail
+            .as_deref()
+            .map(|t| truncate_tail(t, STDERR_TAIL_MAX_BYTES).to_owned());
+        self.message = Some(truncate_head(&result.message, MESSAGE_MAX_BYTES).to_owned());
     }
 
     /// Whether an attempt of this step ever started: it was recorded `running` (durably, before

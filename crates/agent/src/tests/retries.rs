@@ -136,7 +136,7 @@ async fn a_step_resumed_during_a_retry_wait_continues_at_the_recorded_attempt() 
         sequence,
         done: 1,
         failed_attempts: 2,
-        retry_at_unix_ms: Some(crate::executor::now_unix_ms() + 3_600_000),
+        retry_at_unix_ms: Some(crate::clock::now_unix_ms() + 3_600_000),
     };
     // The due time an hour away is capped at maxDelaySeconds (0): the attempt runs at once, as 3/3.
     let (result, _) = run_recorded(&env, install_kubeadm(), true, Some(progress.clone())).await;

@@ -278,3 +278,58 @@ async fn hold_leaves_the_node_as_it_failed() {
     assert!(record.progress().rollback.is_none());
     assert!(host.store.state.outbox.iter().all(|r| !r.undo));
 }
+
+#[tokio::test]
+async fn undoing_kubelet_flags_restores_the_file_and_restarts_kubelet_again() {
+    let sb = Sandbox::new();
+    sb.fake("systemctl", "exit 0");
+    let flags = "KUBELET_KUBEADM_ARGS=\"--max-pods=110 --v=2\"\n";
+    sb.write_node("/var/lib/kubelet/kubeadm-flags.env", flags);
+    std::fs::create_dir_all(sb.node("/etc/blocked")).unwrap();
+    let mut host = host(&sb);
+    let plan = Plan {
+        steps: vec![
+            Step {
+                index: 0,
+                description: "kubelet flags".into(),
+                timeout_seconds: 30,
+                action: StepAction::KubeletArgs {
+                    args: vec![inplace_agent_api::KubeletArg {
+                        name: "max-pods".into(),
+                        value: "200".into(),
+                    }],
+                },
+            },
+            files_step(1, vec![file("/etc/blocked", "never\n")]),
+        ],
+        ..plan()
+    };
+    host.store.adopt(plan).unwrap();
+    run(&mut host, None).await;
+    assert_eq!(
+        std::fs::read_to_string(sb.node("/var/lib/kubelet/kubeadm-flags.env")).unwrap(),
+        flags
+    );
+    assert_eq!(
+        sb.calls(),
+        ["systemctl restart kubelet", "systemctl restart kubelet"],
+        "kubelet restarted by the step, then again by its undo"
+    );
+    assert!(!sb.state.join("managed-kubelet-args.json").exists());
+    let rollback = host
+        .store
+        .state
+        .current
+        .as_ref()
+        .unwrap()
+        .progress()
+        .rollback
+        .unwrap();
+    assert_eq!(
+        rollback.state,
+        RollbackState::RolledBack,
+        "{}",
+        rollback.message
+    );
+    assert_eq!(rollback.undone, 2);
+}
