@@ -48,9 +48,13 @@ impl StepHost for Host {
 }
 
 fn host(sb: &Sandbox) -> Host {
+    host_with(sb, "")
+}
+
+fn host_with(sb: &Sandbox, config: &str) -> Host {
     Host {
         store: StateStore::open(&sb.state).unwrap(),
-        env: sb.env(""),
+        env: sb.env(config),
         identity: AgentIdentity::Machine(MachineRef::new("default", "m")),
     }
 }
@@ -332,4 +336,47 @@ async fn undoing_kubelet_flags_restores_the_file_and_restarts_kubelet_again() {
         rollback.message
     );
     assert_eq!(rollback.undone, 2);
+}
+
+#[tokio::test]
+async fn a_step_without_an_undo_ends_the_rollback_failed_naming_it() {
+    let sb = sandbox();
+    sb.fake("step", "exit 0");
+    let config = "kubernetes:\n  installKubelet:\n    commands:\n      - run: [step, install]\n";
+    let mut host = host_with(&sb, config);
+    let mut plan = plan();
+    plan.steps[0] = Step {
+        index: 0,
+        description: "install kubelet v1.34.1".into(),
+        timeout_seconds: 30,
+        action: StepAction::InstallKubelet {
+            version: "v1.34.1".into(),
+        },
+    };
+    host.store.adopt(plan).unwrap();
+    run(&mut host, None).await;
+    // The failed files step was undone; the install has no undo yet.
+    assert_eq!(
+        std::fs::read_to_string(sb.node("/etc/b.conf")).unwrap(),
+        "old b\n"
+    );
+    let rollback = host
+        .store
+        .state
+        .current
+        .as_ref()
+        .unwrap()
+        .progress()
+        .rollback
+        .unwrap();
+    assert_eq!(rollback.state, RollbackState::Failed);
+    assert_eq!(rollback.undone, 1);
+    assert!(
+        rollback
+            .message
+            .starts_with("undo of step 1 (install kubelet v1.34.1) failed: no undo was recorded")
+            && rollback.message.ends_with("node left cordoned"),
+        "{}",
+        rollback.message
+    );
 }
