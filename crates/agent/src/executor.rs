@@ -100,6 +100,7 @@ pub(crate) async fn run_step<H: StepHost + Send>(
     let undo = if began {
         None
     } else {
+        crate::rollback_verify::note_kubelet_before(host).await;
         let (undo_env, plan_id, undo_step) = (env.clone(), plan.id.clone(), step.clone());
         let recorded = tokio::task::spawn_blocking(move || {
             record_undo(&undo_env, &plan_id, index, &undo_step)

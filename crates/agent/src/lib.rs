@@ -24,6 +24,7 @@ mod limits;
 mod node_config;
 mod retry;
 mod rollback;
+mod rollback_verify;
 mod sequence_command;
 mod shutdown;
 mod state;

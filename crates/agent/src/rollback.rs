@@ -7,7 +7,8 @@
 //! forward step. So a SIGKILL, SIGTERM or reboot anywhere resumes the rollback at the undo it was in (undos
 //! converge, so running one again is safe), and the failed forward step never runs again. An undo that
 //! fails, or is interrupted [`MAX_STEP_ATTEMPTS`] times, ends the rollback `failed`. A step whose kind has no
-//! undo in this agent yet (the package installs) ends it `failed` too, naming the step.
+//! undo recorded ends it `failed` too, naming the step. After the last undo the rollback is not over: the
+//! node is verified and the plan's cordon lifted (`rollback_verify`), and only then is it `rolledBack`.
 
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -41,24 +42,33 @@ pub struct RollbackRecord {
     pub state: RollbackState,
     /// For operators (bounded by `MESSAGE_MAX_BYTES`).
     pub message: String,
+    /// What the verification after the undos found (the Node Ready at its old kubelet version), once it
+    /// passed; the uncordon comes next (`rollback_verify`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<String>,
+    /// Attempts of the verification or uncordon under way, bounded by `MAX_STEP_ATTEMPTS` like a step's.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub finish_attempts: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl RollbackRecord {
-    /// A rollback of the steps `order` after `failed_step` failed (rolled back already when there is
-    /// nothing to undo).
+    /// A rollback of the steps `order` after `failed_step` failed (with nothing to undo, it goes straight
+    /// to the verification and the uncordon).
     pub fn new(failed_step: u32, order: Vec<u32>) -> Self {
         let undos = order.iter().map(|_| LocalStepRecord::pending()).collect();
-        let mut record = Self {
+        Self {
             failed_step,
             order,
             undos,
             state: RollbackState::RollingBack,
             message: String::new(),
-        };
-        if record.order.is_empty() {
-            record.finish_rolled_back();
+            verified: None,
+            finish_attempts: 0,
         }
-        record
     }
 
     /// The position in `order` of the next undo to run, while rolling back.
@@ -82,19 +92,16 @@ impl RollbackRecord {
             .count() as u32
     }
 
-    /// Every undo succeeded: rolled back.
-    pub fn finish_rolled_back(&mut self) {
+    /// Every undo succeeded and the node passed the verification: rolled back. `note` says what the node is
+    /// now (Ready at which kubelet version, the cordon).
+    pub fn finish_rolled_back(&mut self, note: &str) {
         self.state = RollbackState::RolledBack;
-        let steps: Vec<String> = self.order.iter().map(|i| (i + 1).to_string()).collect();
-        self.message = if steps.is_empty() {
-            "nothing to undo".to_owned()
+        let text = if self.order.is_empty() {
+            format!("nothing to undo; {note}")
         } else {
-            format!(
-                "rolled back steps {}: files restored byte-equal; node not verified and not uncordoned by this \
-                 agent yet",
-                steps.join(", ")
-            )
+            note.to_owned()
         };
+        self.message = truncate_head(&text, MESSAGE_MAX_BYTES).to_owned();
     }
 
     /// An undo failed (`message` says which and why): the rollback ends failed, the node left cordoned.
@@ -362,7 +369,7 @@ fn end_undo<H: StepHost>(
     if succeeded {
         tracing::info!(plan = %plan_id, step = index, message = %result.message, "undo succeeded");
         if rollback.next_undo().is_none() {
-            rollback.finish_rolled_back();
+            rollback.message = "undone; verifying the node".to_owned();
         }
     } else {
         let description = step.map_or("", |s| s.description.as_str());

@@ -211,6 +211,10 @@ pub struct PlanRecord {
     /// crash anywhere after resumes it and the failed step never runs again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback: Option<RollbackRecord>,
+    /// The Node's kubelet version when the plan's first step began (read through the node API): what a
+    /// rollback verifies the node is back at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet_before: Option<String>,
 }
 
 /// The first at most `max` bytes of `text`, cut on a character boundary.
@@ -430,6 +434,7 @@ impl StateStore {
                 hold: None,
                 on_failure: None,
                 rollback: None,
+                kubelet_before: None,
             });
             self.save()?;
         }

@@ -8,6 +8,7 @@ mod node_config;
 mod resume;
 mod retries;
 mod rollback;
+mod rollback_node;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

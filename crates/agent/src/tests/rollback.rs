@@ -20,10 +20,10 @@ use crate::shutdown::Shutdown;
 use crate::state::{LocalStepStatus, StateStore};
 
 /// The executor's host without a server: reports stay in the outbox.
-struct Host {
-    store: StateStore,
-    env: Arc<DriverEnv>,
-    identity: AgentIdentity,
+pub(super) struct Host {
+    pub store: StateStore,
+    pub env: Arc<DriverEnv>,
+    pub identity: AgentIdentity,
 }
 
 impl StepHost for Host {
@@ -51,7 +51,7 @@ fn host(sb: &Sandbox) -> Host {
     host_with(sb, "")
 }
 
-fn host_with(sb: &Sandbox, config: &str) -> Host {
+pub(super) fn host_with(sb: &Sandbox, config: &str) -> Host {
     Host {
         store: StateStore::open(&sb.state).unwrap(),
         env: sb.env(config),
@@ -59,7 +59,7 @@ fn host_with(sb: &Sandbox, config: &str) -> Host {
     }
 }
 
-fn file(path: &str, content: &str) -> FileSpec {
+pub(super) fn file(path: &str, content: &str) -> FileSpec {
     FileSpec {
         path: path.into(),
         owner: None,
@@ -70,7 +70,7 @@ fn file(path: &str, content: &str) -> FileSpec {
     }
 }
 
-fn files_step(index: u32, files: Vec<FileSpec>) -> Step {
+pub(super) fn files_step(index: u32, files: Vec<FileSpec>) -> Step {
     Step {
         index,
         description: format!("files {index}"),
@@ -108,7 +108,7 @@ fn plan() -> Plan {
 }
 
 /// The node before the plan: `a.conf` 0640, `b.conf` 0600, `blocked` a directory.
-fn sandbox() -> Sandbox {
+pub(super) fn sandbox() -> Sandbox {
     use std::os::unix::fs::PermissionsExt;
     let sb = Sandbox::new();
     sb.write_node("/etc/a.conf", "old a\n");
@@ -127,8 +127,8 @@ fn sandbox() -> Sandbox {
     sb
 }
 
-/// Runs forward steps and undos until nothing is left, or until `max_undos` undos ran.
-async fn run(host: &mut Host, max_undos: Option<usize>) {
+/// Runs forward steps, undos and the rollback's end until nothing is left, or until `max_undos` undos ran.
+pub(super) async fn run(host: &mut Host, max_undos: Option<usize>) {
     let mut shutdown: Shutdown = Box::pin(std::future::pending());
     let mut undos = 0;
     loop {
@@ -141,6 +141,13 @@ async fn run(host: &mut Host, max_undos: Option<usize>) {
                 ControlFlow::Continue(())
             );
             undos += 1;
+            continue;
+        }
+        if crate::rollback_verify::pending(&host.store) {
+            assert_eq!(
+                crate::rollback_verify::run_finish(host, &mut shutdown).await,
+                ControlFlow::Continue(())
+            );
             continue;
         }
         let next = host
@@ -157,7 +164,7 @@ async fn run(host: &mut Host, max_undos: Option<usize>) {
     }
 }
 
-fn assert_node_as_before(sb: &Sandbox) {
+pub(super) fn assert_node_as_before(sb: &Sandbox) {
     assert_eq!(
         std::fs::read_to_string(sb.node("/etc/a.conf")).unwrap(),
         "old a\n"
