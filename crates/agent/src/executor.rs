@@ -302,7 +302,7 @@ fn finish<H: StepHost>(host: &mut H, identity: &AgentIdentity, index: usize, res
     let step = &mut record.steps[index];
     let failed = result.outcome != DriverOutcome::Succeeded;
     step.end(&result);
-    let report = report_for(identity, &plan_id, index, step);
+    let mut report = report_for(identity, &plan_id, index, step);
     match step.status {
         LocalStepStatus::Succeeded => {
             tracing::info!(plan = %plan_id, step = index, message = %result.message, "step succeeded")
@@ -314,6 +314,7 @@ fn finish<H: StepHost>(host: &mut H, identity: &AgentIdentity, index: usize, res
     // The rollback is recorded in the same write as the failure: a crash after it resumes the rollback.
     if failed && let Some(plan) = store.plan.as_ref() {
         crate::rollback::start(plan, record, index);
+        report.rollback = record.rollback.as_ref().map(|r| r.progress());
     }
     let status = record.status();
     store.enqueue(report);

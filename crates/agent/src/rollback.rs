@@ -245,7 +245,8 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
         tracing::warn!(plan = %plan.id, step = index, attempt = entry.attempt, "undo was interrupted; running it again");
     }
     entry.begin_attempt();
-    let report = undo_report(&identity, &plan.id, index, entry);
+    let mut report = undo_report(&identity, &plan.id, index, entry);
+    report.rollback = record.rollback.as_ref().map(RollbackRecord::progress);
     store.enqueue(report);
     let saved = store.save();
     host.step_boundary();
@@ -317,7 +318,11 @@ pub(crate) fn finished_undo_reports(
                 LocalStepStatus::Succeeded | LocalStepStatus::Failed
             )
         })
-        .map(|(&i, u)| undo_report(identity, &record.plan_id, i as usize, u))
+        .map(|(&i, u)| {
+            let mut report = undo_report(identity, &record.plan_id, i as usize, u);
+            report.rollback = Some(rollback.progress());
+            report
+        })
         .collect()
 }
 
@@ -365,7 +370,7 @@ fn end_undo<H: StepHost>(
     let succeeded = result.outcome == DriverOutcome::Succeeded;
     entry.end(&result);
     entry.attempt = entry.attempt.max(1);
-    let report = undo_report(identity, &plan_id, index, entry);
+    let mut report = undo_report(identity, &plan_id, index, entry);
     if succeeded {
         tracing::info!(plan = %plan_id, step = index, message = %result.message, "undo succeeded");
         if rollback.next_undo().is_none() {
@@ -385,6 +390,7 @@ fn end_undo<H: StepHost>(
     if ended {
         tracing::info!(plan = %plan_id, state = ?rollback.state, message = %rollback.message, "rollback ended");
     }
+    report.rollback = Some(rollback.progress());
     store.enqueue(report);
     if let Err(e) = store.save() {
         tracing::error!(error = %e, "cannot save the undo's result");

@@ -188,6 +188,7 @@ pub(crate) fn report_for(
         stderr_tail: record.stderr_tail.clone(),
         message: record.message.clone(),
         undo: false,
+        rollback: None,
     }
 }
 
