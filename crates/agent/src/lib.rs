@@ -54,6 +54,9 @@ pub use node_config::{
     MAX_NODE_INTERVAL_MILLIS, MIN_NODE_INTERVAL_MILLIS, NodeConfig,
 };
 pub use retry::{MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY_SECONDS, RetryPolicy};
+pub use rollback_verify::{
+    KUBELET_BEFORE_TIMEOUT, ROLLBACK_UNCORDON_TIMEOUT_SECONDS, ROLLBACK_VERIFY_TIMEOUT_SECONDS,
+};
 pub use state::{MAX_OUTBOX, StateError};
 
 /// Runs the agent until `shutdown` completes. Returns an error only when it cannot start (bad

@@ -46,6 +46,11 @@ done
 
 const SYSTEMCTL: &str = r#"#!/bin/sh
 echo "systemctl $*" >> "$INPLACE_ROOT/calls.log"
+if [ "$1 $2" = "restart kubelet" ] && [ -e "$INPLACE_ROOT/fail-kubelet-restart" ]; then
+  rm -f "$INPLACE_ROOT/fail-kubelet-restart"
+  echo "Job for kubelet.service failed because the control process exited with error code." >&2
+  exit 1
+fi
 "#;
 
 /// Agent driver config of a sandbox: package-manager style commands, all resolved in `{{root}}/bin` first.
@@ -211,6 +216,17 @@ impl Sandbox {
     pub fn gate_kubeadm(&self, closed: bool) -> std::io::Result<()> {
         let marker = self.path("/gate-kubeadm");
         if closed {
+            std::fs::write(marker, "")
+        } else {
+            std::fs::remove_file(marker).or(Ok(()))
+        }
+    }
+
+    /// Makes the next `systemctl restart kubelet` fail (once: the restart the rollback runs again succeeds), or
+    /// not.
+    pub fn fail_kubelet_restart(&self, fail: bool) -> std::io::Result<()> {
+        let marker = self.path("/fail-kubelet-restart");
+        if fail {
             std::fs::write(marker, "")
         } else {
             std::fs::remove_file(marker).or(Ok(()))

@@ -58,7 +58,8 @@ impl RunRollback {
         true
     }
 
-    /// `rolled back steps 7–6: …`, `rolling back: …` or `rollback failed: …`, with the agent's words.
+    /// `rolled back steps 7–6: …` (`step 7` for one), `rolling back: …` or `rollback failed: …`, with the
+    /// agent's words.
     pub fn summary(&self) -> String {
         let range = self.undone_range();
         let what = match self.state {
@@ -66,7 +67,10 @@ impl RunRollback {
             RollbackState::RolledBack if range.is_empty() => {
                 "rolled back (nothing to undo)".to_owned()
             }
-            RollbackState::RolledBack => format!("rolled back steps {range}"),
+            RollbackState::RolledBack if range.contains('\u{2013}') => {
+                format!("rolled back steps {range}")
+            }
+            RollbackState::RolledBack => format!("rolled back step {range}"),
             RollbackState::Failed => "rollback failed".to_owned(),
         };
         if self.message.is_empty() {
