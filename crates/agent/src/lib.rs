@@ -25,6 +25,7 @@ mod node_config;
 mod retry;
 mod rollback;
 mod sequence_command;
+mod sequence_undo;
 mod shutdown;
 mod state;
 mod template;
@@ -41,9 +42,10 @@ pub use config::{AgentConfig, DEFAULT_STATE_DIR};
 pub use diagnose::PROBE_TIMEOUT;
 pub use driver_config::{
     Check, CommandSequence, CommandSpec, ConfigError, DriverConfig, EtcdConfig, InventoryConfig,
-    KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES, NtpConfig, NtpFlavor, SequenceCommand,
+    KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES, NtpConfig, NtpFlavor, RecordCommand,
+    RecordCondition, SequenceCommand, UndoSequence,
 };
-pub use drivers::{NODE_STEP_DEADLINE_GRACE, driver_kinds, unconfigured_kinds};
+pub use drivers::{NODE_STEP_DEADLINE_GRACE, driver_kinds, missing_undos, unconfigured_kinds};
 pub use executor::MAX_STEP_ATTEMPTS;
 pub use inplace_agent_api as api;
 pub use inventory::{AGENT_VERSION, INVENTORY_COMMAND_TIMEOUT};
@@ -53,6 +55,7 @@ pub use node_config::{
     MAX_NODE_INTERVAL_MILLIS, MIN_NODE_INTERVAL_MILLIS, NodeConfig,
 };
 pub use retry::{MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY_SECONDS, RetryPolicy};
+pub use sequence_undo::{MAX_RECORD_VALUE_BYTES, MAX_RECORDS};
 pub use state::{MAX_OUTBOX, StateError};
 
 /// Runs the agent until `shutdown` completes. Returns an error only when it cannot start (bad
