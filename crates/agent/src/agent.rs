@@ -479,6 +479,15 @@ fn check_kubernetes_steps(
              a cluster runs `kubeadm upgrade apply` and would fail that step"
         );
     }
+    let no_undo = crate::drivers::missing_undos(config);
+    if !no_undo.is_empty() {
+        tracing::warn!(
+            config = %path.display(),
+            missing = %no_undo.join(", "),
+            "no undo for these package steps in --config: a rollback reaching one of them fails and leaves the \
+             node cordoned (add `record:` and `undo:` as in crates/agent/config-examples/)"
+        );
+    }
     Ok(())
 }
 

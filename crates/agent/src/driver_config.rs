@@ -10,8 +10,9 @@ use serde::Deserialize;
 
 pub use crate::node_config::NodeConfig;
 use crate::retry::RetryPolicy;
-pub use crate::sequence_command::{CommandSpec, SequenceCommand};
+pub use crate::sequence_command::{CommandSpec, RecordCondition, SequenceCommand};
 use crate::sequence_command::{check_argv, check_node_path};
+pub use crate::sequence_undo::{RecordCommand, UndoSequence};
 use crate::template;
 
 /// Largest `--config` file accepted.
@@ -147,6 +148,13 @@ pub struct CommandSequence {
     /// How often, and how far apart, the commands marked `retryable` run when they exit non-zero.
     #[serde(default)]
     pub retry: Option<RetryPolicy>,
+    /// Commands run before the step's first effect (only when it never began), whose outputs the undo
+    /// needs (`{{record.<name>}}`), e.g. the exact package version installed before. Not for kubeadm upgrade.
+    #[serde(default)]
+    pub record: Vec<RecordCommand>,
+    /// How a rollback puts the node back after this step. Not for kubeadm upgrade (the point of no return).
+    #[serde(default)]
+    pub undo: Option<UndoSequence>,
 }
 
 /// A command whose success (and optionally output) says "already done".
@@ -372,8 +380,9 @@ impl DriverConfig {
         ];
         for (key, sequence) in sequences {
             if let Some(sequence) = sequence {
+                let undone = !key.starts_with("kubernetes.kubeadmUpgrade");
                 sequence
-                    .validate()
+                    .validate(undone)
                     .map_err(|e| invalid(format!("{key}: {e}")))?;
             }
         }
@@ -419,7 +428,7 @@ impl DriverConfig {
 }
 
 impl CommandSequence {
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self, undone: bool) -> Result<(), String> {
         if let Some(check) = &self.skip_if {
             check_argv(&check.run).map_err(|e| format!("skipIf.run: {e}"))?;
             for text in [&check.stdout_equals, &check.stdout_contains]
@@ -436,8 +445,13 @@ impl CommandSequence {
             for (i, command) in commands.iter().enumerate() {
                 command
                     .spec
-                    .validate()
+                    .validate(None)
                     .map_err(|e| format!("{list}[{i}]: {e}"))?;
+                if command.when.is_some() {
+                    return Err(format!(
+                        "{list}[{i}]: ifRecorded/ifNotRecorded apply to `undo:` commands only"
+                    ));
+                }
                 if command.retryable && self.retry.is_none() {
                     return Err(format!(
                         "{list}[{i}]: retryable, but the sequence has no `retry: {{attempts, initialDelaySeconds, maxDelaySeconds}}`"
@@ -445,6 +459,6 @@ impl CommandSequence {
                 }
             }
         }
-        Ok(())
+        crate::sequence_undo::validate(&self.record, self.undo.as_ref(), undone)
     }
 }

@@ -27,7 +27,8 @@ use tokio::time::Instant;
 use crate::command::KILL_GRACE;
 use crate::driver_env::DriverEnv;
 use crate::drivers::{
-    DriverOutcome, ProgressRecorder, ProgressUpdate, StepContext, StepResult, execute, record_undo,
+    DriverOutcome, ProgressRecorder, ProgressUpdate, RecordContext, StepContext, StepResult,
+    execute, record_undo,
 };
 use crate::shutdown::{Shutdown, pause};
 use crate::state::{LocalStepStatus, SequenceProgress, StateStore, report_for, truncate_head};
@@ -101,12 +102,19 @@ pub(crate) async fn run_step<H: StepHost + Send>(
         None
     } else {
         crate::rollback_verify::note_kubelet_before(host).await;
-        let (undo_env, plan_id, undo_step) = (env.clone(), plan.id.clone(), step.clone());
-        let recorded = tokio::task::spawn_blocking(move || {
-            record_undo(&undo_env, &plan_id, index, &undo_step)
-        })
-        .await
-        .unwrap_or_else(|e| Err(format!("crashed: {e}")));
+        let (_cancel_tx, cancel) = watch::channel(false);
+        let ctx = RecordContext {
+            plan_id: plan.id.clone(),
+            index,
+            step: step.clone(),
+            deadline: Instant::now() + Duration::from_secs(u64::from(step.timeout_seconds)),
+            cancel,
+        };
+        // A shutdown here leaves the step never begun: its record is taken again at the next start.
+        let recorded = tokio::select! {
+            recorded = record_undo(env.clone(), ctx) => recorded,
+            () = &mut *shutdown => return ControlFlow::Break(()),
+        };
         match recorded {
             Ok(undo) => undo,
             Err(e) => {

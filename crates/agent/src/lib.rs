@@ -26,6 +26,7 @@ mod retry;
 mod rollback;
 mod rollback_verify;
 mod sequence_command;
+mod sequence_undo;
 mod shutdown;
 mod state;
 mod template;
@@ -42,9 +43,10 @@ pub use config::{AgentConfig, DEFAULT_STATE_DIR};
 pub use diagnose::PROBE_TIMEOUT;
 pub use driver_config::{
     Check, CommandSequence, CommandSpec, ConfigError, DriverConfig, EtcdConfig, InventoryConfig,
-    KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES, NtpConfig, NtpFlavor, SequenceCommand,
+    KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES, NtpConfig, NtpFlavor, RecordCommand,
+    RecordCondition, SequenceCommand, UndoSequence,
 };
-pub use drivers::{NODE_STEP_DEADLINE_GRACE, driver_kinds, unconfigured_kinds};
+pub use drivers::{NODE_STEP_DEADLINE_GRACE, driver_kinds, missing_undos, unconfigured_kinds};
 pub use executor::MAX_STEP_ATTEMPTS;
 pub use inplace_agent_api as api;
 pub use inventory::{AGENT_VERSION, INVENTORY_COMMAND_TIMEOUT};
@@ -57,6 +59,7 @@ pub use retry::{MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY_SECONDS, RetryPolicy};
 pub use rollback_verify::{
     KUBELET_BEFORE_TIMEOUT, ROLLBACK_UNCORDON_TIMEOUT_SECONDS, ROLLBACK_VERIFY_TIMEOUT_SECONDS,
 };
+pub use sequence_undo::{MAX_RECORD_VALUE_BYTES, MAX_RECORDS};
 pub use state::{MAX_OUTBOX, StateError};
 
 /// Runs the agent until `shutdown` completes. Returns an error only when it cannot start (bad

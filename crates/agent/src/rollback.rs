@@ -20,11 +20,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::drivers::{DriverOutcome, StepResult, UndoContext, execute_undo};
+use crate::drivers::{DriverOutcome, ProgressRecorder, StepResult, UndoContext, execute_undo};
 use crate::executor::{MAX_STEP_ATTEMPTS, StepHost, drive};
 use crate::shutdown::{Shutdown, pause};
 use crate::state::{
-    LocalStepRecord, LocalStepStatus, PlanRecord, StateStore, report_for, truncate_head,
+    LocalStepRecord, LocalStepStatus, PlanRecord, SequenceProgress, StateStore, report_for,
+    truncate_head,
 };
 
 /// A rollback of the current plan: the steps to undo, in order, and how each undo went.
@@ -128,7 +129,8 @@ impl RollbackRecord {
 pub(crate) fn undo_order(plan: &Plan, steps: &[LocalStepRecord], failed: usize) -> Vec<u32> {
     let kind = |i: usize| plan.steps[i].action.step_kind().undo();
     let mut order = Vec::new();
-    if kind(failed) == Undo::Restores {
+    // A step that failed before it began (its record could not be taken) changed nothing.
+    if kind(failed) == Undo::Restores && steps.get(failed).is_some_and(LocalStepRecord::began) {
         order.push(failed as u32);
     }
     for i in (0..failed.min(steps.len())).rev() {
@@ -244,6 +246,11 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
     if interrupted {
         tracing::warn!(plan = %plan.id, step = index, attempt = entry.attempt, "undo was interrupted; running it again");
     }
+    let progress = if resumed {
+        entry.progress.clone()
+    } else {
+        None
+    };
     entry.begin_attempt();
     let mut report = undo_report(&identity, &plan.id, index, entry);
     report.rollback = record.rollback.as_ref().map(RollbackRecord::progress);
@@ -260,11 +267,14 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
     }
     tracing::info!(plan = %plan.id, step = index, description = %step.description, %kind, "undo started");
     let (cancel_tx, cancel) = watch::channel(false);
-    // Undos of the file family record no sequence progress.
-    let (_, progress_rx) = mpsc::channel(1);
+    // An undo that runs a command sequence (the package steps) records its progress in the undo's record.
+    let (progress_tx, progress_rx) = mpsc::channel(1);
     let ctx = UndoContext {
         plan_id: plan.id.clone(),
         index,
+        step: step.clone(),
+        progress,
+        recorder: ProgressRecorder::new(progress_tx),
         record: undo_record,
         resumed,
         deadline: Instant::now() + Duration::from_secs(u64::from(step.timeout_seconds)),
@@ -272,10 +282,10 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
         cancel,
     };
     let task = tokio::spawn(execute_undo(env, kind, ctx));
-    let (result, stopping) = drive(host, task, cancel_tx, progress_rx, shutdown, |_, _, _| {
-        false
-    })
-    .await;
+    let record = |store: &mut StateStore, progress, message| {
+        record_undo_progress(store, &identity, pos, progress, message)
+    };
+    let (result, stopping) = drive(host, task, cancel_tx, progress_rx, shutdown, record).await;
     if result.outcome == DriverOutcome::Interrupted {
         undo_interrupted_by_shutdown(host.store(), pos);
         return ControlFlow::Break(());
@@ -285,6 +295,40 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
         ControlFlow::Break(())
     } else {
         ControlFlow::Continue(())
+    }
+}
+
+/// Writes an undo sequence's progress (and a new message, reported as a `running` undo) into the undo's
+/// record; true once it is on disk.
+fn record_undo_progress(
+    store: &mut StateStore,
+    identity: &AgentIdentity,
+    pos: usize,
+    progress: SequenceProgress,
+    message: Option<String>,
+) -> bool {
+    let Some(record) = store.state.current.as_mut() else {
+        return false;
+    };
+    let plan_id = record.plan_id.clone();
+    let Some(rollback) = record.rollback.as_mut() else {
+        return false;
+    };
+    let (Some(&index), Some(entry)) = (rollback.order.get(pos), rollback.undos.get_mut(pos)) else {
+        return false;
+    };
+    entry.progress = Some(progress);
+    if let Some(message) = message {
+        entry.message = Some(truncate_head(&message, MESSAGE_MAX_BYTES).to_owned());
+        let report = undo_report(identity, &plan_id, index as usize, entry);
+        store.enqueue(report);
+    }
+    match store.save() {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(error = %e, undo = pos, "cannot record the undo's progress");
+            false
+        }
     }
 }
 

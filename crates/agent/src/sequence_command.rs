@@ -1,5 +1,6 @@
 //! One entry of a command sequence as the agent config spells it: exactly one of `run`, `writeFile`,
-//! `verifySha256`, and beside a `run` an optional `retryable: true`. Unknown keys are errors. What the
+//! `verifySha256`, beside a `run` an optional `retryable: true`, and in `undo:` lists an optional
+//! `ifRecorded`/`ifNotRecorded` condition. Unknown keys are errors. What the
 //! entry does ([`CommandSpec`]) and its checks (argv, node paths) live here too.
 
 use serde::Deserialize;
@@ -15,6 +16,35 @@ pub struct SequenceCommand {
     pub spec: CommandSpec,
     /// Retried on a non-zero exit (only `run` commands).
     pub retryable: bool,
+    /// Runs only when a record's value is (or is not) empty (`undo:` commands only).
+    pub when: Option<RecordCondition>,
+}
+
+/// `ifRecorded: <name>` / `ifNotRecorded: <name>` beside an undo command: it runs only when the record's value
+/// is not empty (the thing was there before the step, e.g. the package was installed), or only when it is.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum RecordCondition {
+    /// Runs when the record `0` is not empty.
+    Recorded(String),
+    /// Runs when the record `0` is empty.
+    NotRecorded(String),
+}
+
+impl RecordCondition {
+    /// The record it reads.
+    pub fn record(&self) -> &str {
+        match self {
+            RecordCondition::Recorded(name) | RecordCondition::NotRecorded(name) => name,
+        }
+    }
+
+    /// Whether the command runs, given the record's value.
+    pub fn holds(&self, value: &str) -> bool {
+        match self {
+            RecordCondition::Recorded(_) => !value.is_empty(),
+            RecordCondition::NotRecorded(_) => value.is_empty(),
+        }
+    }
 }
 
 /// A sequence entry as written: exactly one of `run`, `writeFile`, `verifySha256`, and `retryable`.
@@ -29,6 +59,10 @@ struct RawCommand {
     verify_sha256: Option<VerifySpec>,
     #[serde(default)]
     retryable: bool,
+    #[serde(default)]
+    if_recorded: Option<String>,
+    #[serde(default)]
+    if_not_recorded: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -71,9 +105,18 @@ impl TryFrom<RawCommand> for SequenceCommand {
         if raw.retryable && !matches!(spec, CommandSpec::Run(_)) {
             return Err("`retryable` applies to `run` commands only".into());
         }
+        let when = match (raw.if_recorded, raw.if_not_recorded) {
+            (None, None) => None,
+            (Some(name), None) => Some(RecordCondition::Recorded(name)),
+            (None, Some(name)) => Some(RecordCondition::NotRecorded(name)),
+            (Some(_), Some(_)) => {
+                return Err("a command takes `ifRecorded` or `ifNotRecorded`, not both".into());
+            }
+        };
         Ok(SequenceCommand {
             spec,
             retryable: raw.retryable,
+            when,
         })
     }
 }
@@ -104,16 +147,22 @@ pub enum CommandSpec {
 }
 
 impl CommandSpec {
-    pub(crate) fn validate(&self) -> Result<(), String> {
+    /// Checks argv, paths and templates; `records` are the record names an undo command may use (`None`:
+    /// a forward command, which may use none).
+    pub(crate) fn validate(&self, records: Option<&[&str]>) -> Result<(), String> {
+        let check = |text: &str| match records {
+            None => template::check(text),
+            Some(records) => template::check_undo(text, records),
+        };
         match self {
-            CommandSpec::Run(argv) => check_argv(argv),
+            CommandSpec::Run(argv) => check_argv_with(argv, check),
             CommandSpec::WriteFile {
                 path,
                 content,
                 mode,
             } => check_node_path(path)
-                .and_then(|()| template::check(path))
-                .and_then(|()| template::check(content))
+                .and_then(|()| check(path))
+                .and_then(|()| check(content))
                 .and_then(|()| match mode {
                     Some(m) if inplace_agent_api::parse_mode(m).is_none() => {
                         Err(format!("mode {m:?} is not octal"))
@@ -121,19 +170,26 @@ impl CommandSpec {
                     _ => Ok(()),
                 }),
             CommandSpec::VerifySha256 { path, sha256 } => check_node_path(path)
-                .and_then(|()| template::check(path))
-                .and_then(|()| template::check(sha256)),
+                .and_then(|()| check(path))
+                .and_then(|()| check(sha256)),
         }
     }
 }
 
 /// Checks an argv: a program, templates that expand, no NUL byte.
 pub(crate) fn check_argv(argv: &[String]) -> Result<(), String> {
+    check_argv_with(argv, template::check)
+}
+
+fn check_argv_with(
+    argv: &[String],
+    check: impl Fn(&str) -> Result<(), String>,
+) -> Result<(), String> {
     if argv.first().is_none_or(|p| p.trim().is_empty()) {
         return Err("argv needs a program".into());
     }
     for arg in argv {
-        template::check(arg)?;
+        check(arg)?;
         if arg.contains('\0') {
             return Err("an argument contains a NUL byte".into());
         }

@@ -1,6 +1,8 @@
 //! `{{name}}` substitution in configured command arguments. Values come from the agent itself
 //! (root) or from a validated version, never from free server text; templates are checked when
-//! the config is loaded so a typo fails at start, not mid-upgrade.
+//! the config is loaded so a typo fails at start, not mid-upgrade. `{{record.<name>}}` (a value a
+//! sequence's `record:` command printed before the step began, bounded and restricted by
+//! `crate::record`) exists only in `undo:` commands.
 
 use std::collections::BTreeMap;
 
@@ -14,6 +16,8 @@ pub(crate) struct Vars {
     pub plain: BTreeMap<&'static str, String>,
     /// `pin.<name>` values for the version at hand.
     pub pins: BTreeMap<String, String>,
+    /// `record.<name>` values (undo commands only).
+    pub records: BTreeMap<String, String>,
 }
 
 impl Vars {
@@ -33,7 +37,11 @@ impl Vars {
         plain.insert("bareVersion", bare.to_owned());
         plain.insert("minor", minor);
         plain.insert("root", root.to_owned());
-        Self { plain, pins }
+        Self {
+            plain,
+            pins,
+            records: BTreeMap::new(),
+        }
     }
 
     /// Variables with only `root`.
@@ -42,7 +50,7 @@ impl Vars {
         plain.insert("root", root.to_owned());
         Self {
             plain,
-            pins: BTreeMap::new(),
+            ..Self::default()
         }
     }
 }
@@ -64,7 +72,36 @@ pub(crate) fn variables(template: &str) -> Result<Vec<&str>, String> {
 
 /// Checks a template's variables against [`KNOWN_VARIABLES`] and `pin.<name>`.
 pub(crate) fn check(template: &str) -> Result<(), String> {
+    check_with_records(template, None)
+}
+
+/// [`check`] for an undo command: `record.<name>` is also known when `name` is in `records`.
+pub(crate) fn check_undo(template: &str, records: &[&str]) -> Result<(), String> {
+    check_with_records(template, Some(records))
+}
+
+fn check_with_records(template: &str, records: Option<&[&str]>) -> Result<(), String> {
     for name in variables(template)? {
+        if let Some(record) = name.strip_prefix("record.") {
+            match records {
+                None => {
+                    return Err(format!(
+                        "{{{{{name}}}}} in {template:?}: `record.` values exist only in `undo:` commands"
+                    ));
+                }
+                Some(declared) if !declared.contains(&record) => {
+                    return Err(format!(
+                        "{{{{{name}}}}} in {template:?} names no record of this sequence (declared: {})",
+                        if declared.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            declared.join(", ")
+                        }
+                    ));
+                }
+                Some(_) => continue,
+            }
+        }
         let known = KNOWN_VARIABLES.contains(&name)
             || name.strip_prefix("pin.").is_some_and(|p| !p.is_empty());
         if !known {
@@ -89,9 +126,12 @@ pub(crate) fn expand(template: &str, vars: &Vars) -> Result<String, String> {
             .find("}}")
             .ok_or_else(|| format!("unclosed `{{{{` in {template:?}"))?;
         let name = after[..end].trim();
-        let value = match name.strip_prefix("pin.") {
-            Some(pin) => vars.pins.get(pin),
-            None => vars.plain.get(name),
+        let value = if let Some(pin) = name.strip_prefix("pin.") {
+            vars.pins.get(pin)
+        } else if let Some(record) = name.strip_prefix("record.") {
+            vars.records.get(record)
+        } else {
+            vars.plain.get(name)
         };
         out.push_str(value.ok_or_else(|| format!("no value for {{{{{name}}}}}"))?);
         rest = &after[end + 2..];
@@ -134,5 +174,26 @@ mod tests {
         assert!(check("{{pin.x}}").is_ok());
         assert!(check("{{verison}}").unwrap_err().contains("verison"));
         assert!(check("{{version").unwrap_err().contains("unclosed"));
+    }
+
+    #[test]
+    fn record_values_only_in_undo_commands_and_only_declared_ones() {
+        assert!(
+            check("kubelet={{record.kubelet}}")
+                .unwrap_err()
+                .contains("only in `undo:`")
+        );
+        assert!(check_undo("kubelet={{record.kubelet}}", &["kubelet"]).is_ok());
+        let err = check_undo("{{record.kubectl}}", &["kubelet"]).unwrap_err();
+        assert!(
+            err.contains("record.kubectl") && err.contains("declared: kubelet"),
+            "{err}"
+        );
+        let mut vars = Vars::for_version("v1.34.1", "/", BTreeMap::new());
+        vars.records.insert("kubelet".into(), "1.33.4-1.1".into());
+        assert_eq!(
+            expand("kubelet={{record.kubelet}}", &vars).unwrap(),
+            "kubelet=1.33.4-1.1"
+        );
     }
 }

@@ -38,10 +38,23 @@ echo "apt-get $*" >> "$INPLACE_ROOT/calls.log"
 if [ -e "$INPLACE_ROOT/pace" ]; then sleep "$(cat "$INPLACE_ROOT/pace")"; fi
 for arg in "$@"; do
   case "$arg" in
-    kubeadm=*) v="${arg#kubeadm=}"; echo "v${v%-\*}" > "$INPLACE_ROOT/var/lib/fake/kubeadm-version" ;;
-    kubelet=*) v="${arg#kubelet=}"; echo "v${v%-\*}" > "$INPLACE_ROOT/var/lib/fake/kubelet-version" ;;
+    kubeadm=*) v="${arg#kubeadm=}"; echo "v${v%%-*}" > "$INPLACE_ROOT/var/lib/fake/kubeadm-version" ;;
+    kubelet=*) v="${arg#kubelet=}"; echo "v${v%%-*}" > "$INPLACE_ROOT/var/lib/fake/kubelet-version" ;;
   esac
 done
+"#;
+
+/// `dpkg-query -W -f=${Version} PACKAGE`: the "installed" package version, as Debian spells it (`1.33.4-1.1`).
+const DPKG_QUERY: &str = r#"#!/bin/sh
+echo "dpkg-query $*" >> "$INPLACE_ROOT/calls.log"
+for package; do :; done
+case "$package" in
+  kubeadm) file=kubeadm-version ;;
+  kubelet|kubectl) file=kubelet-version ;;
+  *) echo "dpkg-query: no packages found matching $package" >&2; exit 1 ;;
+esac
+version=$(cat "$INPLACE_ROOT/var/lib/fake/$file")
+printf '%s-1.1\n' "${version#v}"
 "#;
 
 const SYSTEMCTL: &str = r#"#!/bin/sh
@@ -53,13 +66,19 @@ if [ "$1 $2" = "restart kubelet" ] && [ -e "$INPLACE_ROOT/fail-kubelet-restart" 
 fi
 "#;
 
-/// Agent driver config of a sandbox: package-manager style commands, all resolved in `{{root}}/bin` first.
+/// Agent driver config of a sandbox: package-manager style commands, all resolved in `{{root}}/bin` first; the
+/// package installs record the version found before and undo by reinstalling it (as the shipped apt config).
 pub const AGENT_CONFIG: &str = r#"path: ["{{root}}/bin", /usr/bin, /bin]
 kubernetes:
   installKubeadm:
     skipIf: {run: [kubeadm, version, -o, short], stdoutEquals: "{{version}}"}
+    record:
+      - {name: kubeadm, run: [dpkg-query, -W, "-f=${Version}", kubeadm]}
     commands:
       - run: [apt-get, install, -y, "kubeadm={{bareVersion}}-*"]
+    undo:
+      commands:
+        - run: [apt-get, install, -y, --allow-downgrades, "kubeadm={{record.kubeadm}}"]
   kubeadmUpgradeApply:
     commands:
       - run: [kubeadm, upgrade, apply, "{{version}}", --yes]
@@ -68,9 +87,15 @@ kubernetes:
       - run: [kubeadm, upgrade, node]
   installKubelet:
     skipIf: {run: [kubelet, --version], stdoutEquals: "Kubernetes {{version}}"}
+    record:
+      - {name: kubelet, run: [dpkg-query, -W, "-f=${Version}", kubelet]}
     commands:
       - run: [apt-get, install, -y, "kubelet={{bareVersion}}-*", "kubectl={{bareVersion}}-*"]
       - run: [systemctl, restart, kubelet]
+    undo:
+      commands:
+        - run: [apt-get, install, -y, --allow-downgrades, "kubelet={{record.kubelet}}", "kubectl={{record.kubelet}}"]
+        - run: [systemctl, restart, kubelet]
 inventory:
   kubeletVersion: [kubelet, --version]
   kubeadmVersion: [kubeadm, version, -o, short]
@@ -123,6 +148,7 @@ impl Sandbox {
             ("kubeadm", KUBEADM),
             ("kubelet", KUBELET),
             ("apt-get", APT_GET),
+            ("dpkg-query", DPKG_QUERY),
             ("systemctl", SYSTEMCTL),
         ] {
             write(&root.join("bin").join(name), script, 0o755)?;

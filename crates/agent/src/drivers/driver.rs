@@ -8,12 +8,17 @@ use std::sync::Arc;
 use inplace_agent_api::{StepAction, StepKind};
 
 use super::step::{StepContext, StepResult};
-use super::undo::{Place, UndoContext, restore_then_restart};
+use super::undo::{Place, RecordContext, UndoContext, UndoRecord, restore_then_restart};
 use crate::driver_config::DriverConfig;
 use crate::driver_env::DriverEnv;
 
 /// A step running through its driver. Owned (`'static`): the executor spawns it as a task.
 pub(crate) type StepFuture = Pin<Box<dyn Future<Output = StepResult> + Send>>;
+
+/// A driver taking the record its undo needs (`None`: nothing to record; `Err`: the step fails before any
+/// effect).
+pub(crate) type RecordFuture =
+    Pin<Box<dyn Future<Output = Result<Option<UndoRecord>, String>> + Send>>;
 
 /// A node-local driver: converges the node to the desired state of one kind of step.
 ///
@@ -23,8 +28,8 @@ pub(crate) type StepFuture = Pin<Box<dyn Future<Output = StepResult> + Send>>;
 /// [`super::restart`]); backups of replaced files are saved before they are replaced.
 ///
 /// Rollback (issue 28): a kind whose steps are undone (`StepKind::undo()` is `Restores`) names the places a
-/// step may change ([`Driver::undo_places`]); the executor snapshots them into the step's record before the
-/// step's first effect, and [`Driver::undo`] puts them back. A kind that names none has no undo yet: a
+/// step may change ([`Driver::undo_places`]) or takes its record itself ([`Driver::record`]); the executor
+/// writes it into the step's record before the step's first effect, and [`Driver::undo`] puts the node back. A kind that names none has no undo yet: a
 /// rollback reaching one of its steps fails, naming it.
 pub(crate) trait Driver: Sync {
     /// The step kind this driver runs (one driver per kind: the registry, `DRIVERS` in `drivers/mod.rs`).
@@ -48,6 +53,12 @@ pub(crate) trait Driver: Sync {
         _action: &StepAction,
     ) -> Result<Option<Vec<Place>>, String> {
         Ok(None)
+    }
+
+    /// Takes the record the undo of a step needs by running commands (the package steps' `record:`); `None`
+    /// (the default) when the driver only names places ([`Driver::undo_places`]).
+    fn record(&self, _env: Arc<DriverEnv>, _ctx: RecordContext) -> Option<RecordFuture> {
+        None
     }
 
     /// Undoes a step of this kind from what its record says (the default: restore the places, no restart).

@@ -12,14 +12,15 @@ use std::sync::Arc;
 
 use inplace_agent_api::{KubeadmUpgradeMode, StepAction, StepKind, is_valid_kubernetes_version};
 
-use super::attempts::Attempts;
-use super::driver::{Driver, StepFuture};
-use super::prepared::{fingerprint, prepare, run_one};
+use super::driver::{Driver, RecordFuture, StepFuture};
+use super::kubernetes_undo;
+use super::prepared::{fingerprint, prepare};
+use super::sequence_run::{SequenceList, run_list};
 use super::step::{StepContext, StepResult};
+use super::undo::{RecordContext, UndoContext};
 use crate::command::{display_argv, run_command};
 use crate::driver_config::{Check, CommandSequence, DriverConfig};
 use crate::driver_env::DriverEnv;
-use crate::state::SequenceProgress;
 use crate::template::{Vars, expand};
 use crate::unfinished;
 
@@ -57,11 +58,23 @@ impl Driver for KubernetesVersion {
             run(&env, &mut ctx, &action).await
         })
     }
+
+    fn record(&self, env: Arc<DriverEnv>, ctx: RecordContext) -> Option<RecordFuture> {
+        Some(kubernetes_undo::record(env, ctx))
+    }
+
+    fn undo(&self, env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
+        kubernetes_undo::undo(env, ctx)
+    }
 }
 
-/// Runs the configured sequence for `action`.
-async fn run(env: &DriverEnv, ctx: &mut StepContext, action: &StepAction) -> StepResult {
-    let k = &env.config.kubernetes;
+/// The configured sequence of `action` (its YAML key under `kubernetes`, the sequence when configured, the
+/// version), or the step's failure.
+pub(super) fn sequence_of<'a>(
+    config: &'a DriverConfig,
+    action: &'a StepAction,
+) -> Result<(&'static str, Option<&'a CommandSequence>, &'a str), StepResult> {
+    let k = &config.kubernetes;
     let (key, sequence, version) = match action {
         StepAction::InstallKubeadm { version } => ("installKubeadm", &k.install_kubeadm, version),
         StepAction::KubeadmUpgrade {
@@ -74,28 +87,39 @@ async fn run(env: &DriverEnv, ctx: &mut StepContext, action: &StepAction) -> Ste
         } => ("kubeadmUpgradeNode", &k.kubeadm_upgrade_node, version),
         StepAction::InstallKubelet { version } => ("installKubelet", &k.install_kubelet, version),
         other => {
-            return StepResult::failed(format!(
+            return Err(StepResult::failed(format!(
                 "{} is not a Kubernetes version step",
                 other.kind()
-            ));
+            )));
         }
+    };
+    if !is_valid_kubernetes_version(version) {
+        return Err(StepResult::failed(format!(
+            "version {version:?} is not of the form v1.2.3"
+        )));
+    }
+    Ok((key, sequence.as_ref(), version))
+}
+
+/// The template values of a step at `version` on this node (`version`, `root`, the version's pins).
+pub(super) fn vars_for(env: &DriverEnv, version: &str) -> Vars {
+    let root = env.fs.root().display().to_string();
+    let pins = env.config.pins.get(version).cloned().unwrap_or_default();
+    Vars::for_version(version, &root, pins)
+}
+
+/// Runs the configured sequence for `action`.
+async fn run(env: &DriverEnv, ctx: &mut StepContext, action: &StepAction) -> StepResult {
+    let (key, sequence, version) = match sequence_of(&env.config, action) {
+        Ok(found) => found,
+        Err(end) => return end,
     };
     let Some(sequence) = sequence else {
         return StepResult::failed(format!(
             "the agent config has no kubernetes.{key}: this node does not know how to run it"
         ));
     };
-    if !is_valid_kubernetes_version(version) {
-        return StepResult::failed(format!("version {version:?} is not of the form v1.2.3"));
-    }
-    let root = env.fs.root().display().to_string();
-    let pins = env
-        .config
-        .pins
-        .get(version.as_str())
-        .cloned()
-        .unwrap_or_default();
-    let vars = Vars::for_version(version, &root, pins);
+    let vars = vars_for(env, version);
     run_sequence(env, ctx, key, sequence, &vars, version).await
 }
 
@@ -146,66 +170,18 @@ async fn run_sequence(
         return StepResult::failed(e);
     }
     let total = commands.len();
-    let first = match &ctx.progress {
-        Some(p) if p.sequence == sequence_id => (p.done as usize).min(total),
-        Some(_) => {
-            tracing::warn!(
-                step = key,
-                "recorded progress is for other commands (agent config or pins changed); running every command"
-            );
-            0
-        }
-        None => 0,
+    let list = SequenceList {
+        label: &format!("kubernetes.{key}"),
+        commands: &commands,
+        specs: &sequence.commands,
+        on_resume: &on_resume,
+        retry: sequence.retry,
+        id: &sequence_id,
     };
-    if ctx.resumed {
-        tracing::info!(
-            step = key,
-            first = first + 1,
-            total,
-            "resuming the sequence"
-        );
-        for (i, command) in on_resume.iter().enumerate() {
-            if *ctx.cancel.borrow() {
-                return StepResult::shutting_down();
-            }
-            let context = |e: String| format!("kubernetes.{key}.onResume[{i}]: {e}");
-            if let Some(end) = run_one(env, ctx, command, context).await {
-                return end;
-            }
-        }
-    }
-    // A retry of command `first` that an interruption cut short continues at its attempt.
-    let mut pending_retry = match &ctx.progress {
-        Some(p) if p.sequence == sequence_id && p.done as usize == first => {
-            Some((p.failed_attempts, p.retry_at_unix_ms))
-        }
-        _ => None,
+    let (first, retried) = match run_list(env, ctx, &list).await {
+        Ok(done) => done,
+        Err(end) => return end,
     };
-    let mut retried = Vec::new();
-    for (i, command) in commands.iter().enumerate().skip(first) {
-        let policy = sequence.retry.filter(|_| sequence.commands[i].retryable);
-        let (failures, due) = pending_retry.take().unwrap_or_default();
-        let context = |e: String| format!("kubernetes.{key}.commands[{i}]: {e}");
-        let attempts = Attempts {
-            index: i,
-            sequence: &sequence_id,
-            policy,
-            failures,
-            due,
-        };
-        match attempts.run(env, ctx, command, context).await {
-            Err(end) => return end,
-            Ok(Some(note)) => retried.push(note),
-            Ok(None) => {}
-        }
-        let progress = SequenceProgress {
-            sequence: sequence_id.clone(),
-            done: (i + 1) as u32,
-            ..SequenceProgress::default()
-        };
-        // When this fails the command runs again after an interruption: safe by the resume rule.
-        ctx.recorder.record(progress).await;
-    }
     if let Err(e) = unfinished::clear(&env.state_dir, &unfinished_key) {
         // Only means the next step of this kind is not skipped by skipIf.
         tracing::warn!(error = %e, step = key, "cannot record the sequence as finished");

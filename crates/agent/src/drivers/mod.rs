@@ -14,10 +14,12 @@ mod etcd;
 mod files;
 mod kubelet;
 mod kubernetes;
+mod kubernetes_undo;
 mod node;
 mod ntp;
 mod prepared;
 mod restart;
+mod sequence_run;
 mod ssh;
 mod step;
 mod uncordon_node;
@@ -26,7 +28,7 @@ mod wait_node_ready;
 
 use std::sync::Arc;
 
-use inplace_agent_api::{Step, StepKind, Undo, validate_action};
+use inplace_agent_api::{StepKind, Undo, validate_action};
 
 use crate::driver_config::DriverConfig;
 pub(crate) use crate::driver_env::DriverEnv;
@@ -34,7 +36,7 @@ use driver::Driver;
 pub use node::NODE_STEP_DEADLINE_GRACE;
 pub(crate) use node::node_kubelet_version;
 pub(crate) use step::{DriverOutcome, ProgressRecorder, ProgressUpdate, StepContext, StepResult};
-pub(crate) use undo::{UndoContext, UndoRecord, prune as prune_undo_snapshots};
+pub(crate) use undo::{RecordContext, UndoContext, UndoRecord, prune as prune_undo_snapshots};
 
 /// The registry: every driver of this agent, one per step kind.
 const DRIVERS: &[&dyn Driver] = &[
@@ -67,26 +69,31 @@ pub(crate) async fn execute(env: Arc<DriverEnv>, ctx: StepContext) -> StepResult
     }
 }
 
-/// What the undo of `step` (step `index` of plan `plan_id`) needs, snapshotted now, before its first effect.
-/// `None` when its kind is not undone, its driver has no undo yet, or the step is invalid (it then fails
-/// before any effect).
-pub(crate) fn record_undo(
-    env: &DriverEnv,
-    plan_id: &str,
-    index: usize,
-    step: &Step,
+/// What the undo of the step of `ctx` needs, taken now, before its first effect: the driver's own record
+/// (commands it runs), or snapshots of the places it names. `None` when its kind is not undone, its driver has
+/// no undo yet, or the step is invalid (it then fails before any effect).
+pub(crate) async fn record_undo(
+    env: Arc<DriverEnv>,
+    ctx: RecordContext,
 ) -> Result<Option<UndoRecord>, String> {
-    let kind = step.action.step_kind();
-    if kind.undo() != Undo::Restores || validate_action(&step.action).is_err() {
+    let action = ctx.step.action.clone();
+    let kind = action.step_kind();
+    if kind.undo() != Undo::Restores || validate_action(&action).is_err() {
         return Ok(None);
     }
     let Some(driver) = driver_for(kind) else {
         return Ok(None);
     };
-    match driver.undo_places(env, &step.action)? {
-        Some(places) => undo::take(env, plan_id, index, places).map(Some),
-        None => Ok(None),
+    let (plan_id, index) = (ctx.plan_id.clone(), ctx.index);
+    if let Some(record) = driver.record(env.clone(), ctx) {
+        return record.await;
     }
+    tokio::task::spawn_blocking(move || match driver.undo_places(&env, &action)? {
+        Some(places) => undo::take(&env, &plan_id, index, places).map(Some),
+        None => Ok(None),
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("crashed: {e}")))
 }
 
 /// Undoes a step of `kind` through its driver.
@@ -99,6 +106,20 @@ pub(crate) async fn execute_undo(
         Some(driver) => driver.undo(env, ctx).await,
         None => StepResult::failed("step kind not supported by this agent"),
     }
+}
+
+/// The `undo:` keys a config lacks for a sequence it configures whose kind is undone (e.g.
+/// `kubernetes.installKubelet.undo`): a rollback reaching such a step fails, naming the key.
+pub fn missing_undos(config: &DriverConfig) -> Vec<String> {
+    let k = &config.kubernetes;
+    [
+        ("installKubeadm", &k.install_kubeadm),
+        ("installKubelet", &k.install_kubelet),
+    ]
+    .into_iter()
+    .filter(|(_, sequence)| sequence.as_ref().is_some_and(|s| s.undo.is_none()))
+    .map(|(key, _)| format!("kubernetes.{key}.undo"))
+    .collect()
 }
 
 /// The step kinds this agent has a driver for, in registry order.

@@ -22,6 +22,8 @@ pub(super) enum Prepared {
     WriteFile(String, String, u32),
     /// Node path, expected digest (lowercase hex).
     VerifySha256(String, String),
+    /// An undo command whose `ifRecorded`/`ifNotRecorded` condition does not hold: it does nothing.
+    Skip,
 }
 
 /// Expands every command before the first one runs, so a template that cannot be filled (a
@@ -35,6 +37,19 @@ pub(super) fn prepare(
 ) -> Result<Vec<Prepared>, String> {
     let mut prepared = Vec::with_capacity(commands.len());
     for (i, command) in commands.iter().enumerate() {
+        if let Some(when) = &command.when {
+            let value = vars.records.get(when.record()).ok_or_else(|| {
+                format!(
+                    "kubernetes.{key}.{list}[{i}]: no value for record {:?} (the agent config changed since \
+                     the step began?)",
+                    when.record()
+                )
+            })?;
+            if !when.holds(value) {
+                prepared.push(Prepared::Skip);
+                continue;
+            }
+        }
         let one = match &command.spec {
             CommandSpec::Run(template) => template
                 .iter()
@@ -95,6 +110,7 @@ pub(super) async fn run_one(
             .await
             .err()
             .map(|e| StepResult::failed(context(e))),
+        Prepared::Skip => None,
     }
 }
 

@@ -1,5 +1,7 @@
 //! What a rollback needs to undo a step of the file family (files, sshKeys, ntp, kubeletArgs, etcdImage), and
-//! the undo itself (issue 28).
+//! the undo itself (issue 28). The Kubernetes version steps' record (values their `record:` commands printed,
+//! plus the snapshots of the files their `writeFile` commands replace) is here too; their undo is
+//! `super::kubernetes_undo`.
 //!
 //! Before a step's first effect the executor has the step's driver name the files it may change
 //! ([`super::driver::Driver::undo_places`]); each is snapshotted — content under
@@ -89,6 +91,25 @@ pub(crate) enum UndoRecord {
         /// Each place, as it was before the step.
         places: Vec<PlaceBefore>,
     },
+    /// A Kubernetes version step (installKubeadm, installKubelet): what its `record:` commands printed, and
+    /// the files its `writeFile` commands replace, as they were.
+    #[serde(rename_all = "camelCase")]
+    Commands {
+        /// `{{record.<name>}}` values, by name.
+        values: std::collections::BTreeMap<String, String>,
+        /// The files the sequence's `writeFile` commands write, as they were.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        places: Vec<PlaceBefore>,
+    },
+}
+
+impl UndoRecord {
+    /// The places it snapshotted.
+    pub(crate) fn places(&self) -> &[PlaceBefore] {
+        match self {
+            UndoRecord::Files { places } | UndoRecord::Commands { places, .. } => places,
+        }
+    }
 }
 
 /// The undo snapshots of one state dir.
@@ -125,6 +146,16 @@ pub(crate) fn take(
     index: usize,
     places: Vec<Place>,
 ) -> Result<UndoRecord, String> {
+    snapshot(env, plan_id, index, places).map(|places| UndoRecord::Files { places })
+}
+
+/// Snapshots `places` (content beside the state, the rest returned) for the undo of step `index` of `plan_id`.
+pub(crate) fn snapshot(
+    env: &DriverEnv,
+    plan_id: &str,
+    index: usize,
+    places: Vec<Place>,
+) -> Result<Vec<PlaceBefore>, String> {
     let mut out = Vec::with_capacity(places.len());
     for place in places {
         let real = real_path(env, &place)?;
@@ -162,7 +193,7 @@ pub(crate) fn take(
         };
         out.push(PlaceBefore { place, before });
     }
-    Ok(UndoRecord::Files { places: out })
+    Ok(out)
 }
 
 /// The directories above `real` that do not exist, outermost first, named like `place`.
@@ -191,7 +222,7 @@ pub(crate) fn restore(
     index: usize,
     record: &UndoRecord,
 ) -> Result<usize, String> {
-    let UndoRecord::Files { places } = record;
+    let places = record.places();
     let mut changed = 0;
     // Reverse: a directory created for a later place is removed after the files in it.
     for PlaceBefore { place, before } in places.iter().rev() {
@@ -263,12 +294,32 @@ pub(crate) fn prune(env: &DriverEnv, keep: &str) -> Result<(), FsError> {
     Ok(())
 }
 
+/// A step about to begin, for the record its undo needs.
+pub(crate) struct RecordContext {
+    /// The plan.
+    pub plan_id: String,
+    /// The step's index in the plan.
+    pub index: usize,
+    /// The step.
+    pub step: inplace_agent_api::Step,
+    /// When the record's time is up (the step's own timeout from now).
+    pub deadline: tokio::time::Instant,
+    /// Turns true when the agent shuts down.
+    pub cancel: tokio::sync::watch::Receiver<bool>,
+}
+
 /// A step to undo, as its driver sees it.
 pub(crate) struct UndoContext {
     /// The plan.
     pub plan_id: String,
     /// The step's index in the plan.
     pub index: usize,
+    /// The step.
+    pub step: inplace_agent_api::Step,
+    /// The undo sequence's progress an earlier attempt recorded (only when `resumed`).
+    pub progress: Option<crate::state::SequenceProgress>,
+    /// Records the undo sequence's progress durably in the undo's record.
+    pub recorder: super::step::ProgressRecorder,
     /// What its record says the undo needs (`None`: nothing was recorded, so nothing can be undone).
     pub record: Option<UndoRecord>,
     /// True when an earlier attempt of this undo began: the service restart is owed whatever the files

@@ -346,7 +346,7 @@ async fn undoing_kubelet_flags_restores_the_file_and_restarts_kubelet_again() {
 }
 
 #[tokio::test]
-async fn a_step_without_an_undo_ends_the_rollback_failed_naming_it() {
+async fn a_package_step_without_a_configured_undo_ends_the_rollback_failed_naming_the_key() {
     let sb = sandbox();
     sb.fake("step", "exit 0");
     let config = "kubernetes:\n  installKubelet:\n    commands:\n      - run: [step, install]\n";
@@ -362,7 +362,7 @@ async fn a_step_without_an_undo_ends_the_rollback_failed_naming_it() {
     };
     host.store.adopt(plan).unwrap();
     run(&mut host, None).await;
-    // The failed files step was undone; the install has no undo yet.
+    // The failed files step was undone; the install has no `undo:` in the config.
     assert_eq!(
         std::fs::read_to_string(sb.node("/etc/b.conf")).unwrap(),
         "old b\n"
@@ -379,10 +379,10 @@ async fn a_step_without_an_undo_ends_the_rollback_failed_naming_it() {
     assert_eq!(rollback.state, RollbackState::Failed);
     assert_eq!(rollback.undone, 1);
     assert!(
-        rollback
-            .message
-            .starts_with("undo of step 1 (install kubelet v1.34.1) failed: no undo was recorded")
-            && rollback.message.ends_with("node left cordoned"),
+        rollback.message.starts_with(
+            "undo of step 1 (install kubelet v1.34.1) failed: the agent config has no \
+                 kubernetes.installKubelet.undo"
+        ) && rollback.message.ends_with("node left cordoned"),
         "{}",
         rollback.message
     );

@@ -1,0 +1,162 @@
+//! The undo of the package steps (installKubeadm, installKubelet; issue 28), from the agent config's
+//! `record:` and `undo:` of their sequence.
+//!
+//! Before the step's first effect (only when it never began) the `record:` commands run and their values —
+//! trimmed, bounded and of a restricted character set (`crate::sequence_undo`) — go into the step's
+//! [`UndoRecord::Commands`] in `state.json`, with snapshots of the files the sequence's `writeFile` commands
+//! replace (e.g. the package repository line of the old minor). Any failure there fails the step before it
+//! changes anything. The undo puts those files back, then runs the `undo:` commands with
+//! `{{record.<name>}}` templated in, recording its progress per command like a forward sequence: an
+//! interrupted undo runs `undo.onResume`, then continues at its first unfinished command.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::driver::{RecordFuture, StepFuture};
+use super::kubernetes::{sequence_of, vars_for};
+use super::prepared::{fingerprint, prepare};
+use super::sequence_run::{SequenceList, run_list};
+use super::step::{StepContext, StepResult};
+use super::undo::{Place, RecordContext, UndoContext, UndoRecord, restore, snapshot};
+use crate::command::{display_argv, run_command};
+use crate::driver_env::DriverEnv;
+use crate::sequence_command::CommandSpec;
+use crate::sequence_undo::record_value;
+use crate::template::expand;
+
+/// Runs the sequence's `record:` commands and snapshots its `writeFile` targets. `None` when the step has no
+/// configured sequence (it then fails before any effect).
+pub(super) fn record(env: Arc<DriverEnv>, ctx: RecordContext) -> RecordFuture {
+    Box::pin(async move {
+        let Ok((key, Some(sequence), version)) = sequence_of(&env.config, &ctx.step.action) else {
+            return Ok(None);
+        };
+        let vars = vars_for(&env, version);
+        let mut values = BTreeMap::new();
+        for (i, entry) in sequence.record.iter().enumerate() {
+            let at = format!("kubernetes.{key}.record[{i}] ({})", entry.name);
+            let argv = entry
+                .run
+                .iter()
+                .map(|a| expand(a, &vars))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("{at}: {e}"))?;
+            let mut cancel = ctx.cancel.clone();
+            let output = run_command(&argv, &env.command_env, ctx.deadline, &mut cancel).await;
+            let value = record_value(entry, &output.end, &output.stdout_tail).map_err(|e| {
+                let stderr = output.stderr_tail.trim();
+                let stderr = if stderr.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {stderr}")
+                };
+                format!("{at}: `{}`: {e}{stderr}", display_argv(&argv))
+            })?;
+            values.insert(entry.name.clone(), value);
+        }
+        let places = sequence
+            .commands
+            .iter()
+            .filter_map(|command| match &command.spec {
+                CommandSpec::WriteFile { path, .. } => Some(expand(path, &vars).map(Place::Node)),
+                _ => None,
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("kubernetes.{key}: {e}"))?;
+        let (plan_id, index) = (ctx.plan_id.clone(), ctx.index);
+        let places = tokio::task::spawn_blocking(move || snapshot(&env, &plan_id, index, places))
+            .await
+            .map_err(|e| format!("crashed: {e}"))??;
+        Ok(Some(UndoRecord::Commands { values, places }))
+    })
+}
+
+/// Restores the snapshotted files, then runs `undo:` from its first unfinished command.
+pub(super) fn undo(env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
+    Box::pin(async move {
+        let Some(record @ UndoRecord::Commands { .. }) = ctx.record else {
+            return StepResult::failed("nothing was recorded before the step began");
+        };
+        let action = ctx.step.action.clone();
+        let (key, sequence, version) = match sequence_of(&env.config, &action) {
+            Ok(found) => found,
+            Err(end) => return end,
+        };
+        let Some(undo) = sequence.and_then(|s| s.undo.as_ref()) else {
+            return StepResult::failed(format!(
+                "the agent config has no kubernetes.{key}.undo: this {} step cannot be undone",
+                ctx.step.action.kind()
+            ));
+        };
+        let mut vars = vars_for(&env, version);
+        if let UndoRecord::Commands { values, .. } = &record {
+            vars.records = values.clone();
+        }
+        let undo_key = format!("{key}.undo");
+        let (commands, on_resume) = match (
+            prepare(&env, &undo_key, "commands", &undo.commands, &vars),
+            prepare(&env, &undo_key, "onResume", &undo.on_resume, &vars),
+        ) {
+            (Ok(commands), Ok(on_resume)) => (commands, on_resume),
+            (Err(e), _) | (_, Err(e)) => return StepResult::failed(e),
+        };
+        let restored = if record.places().is_empty() {
+            0
+        } else {
+            let (blocking_env, plan_id, index) = (env.clone(), ctx.plan_id.clone(), ctx.index);
+            let work = tokio::task::spawn_blocking(move || {
+                restore(&blocking_env, &plan_id, index, &record)
+            });
+            match tokio::time::timeout_at(ctx.deadline, work).await {
+                Ok(Ok(Ok(changed))) => changed,
+                Ok(Ok(Err(message))) => return StepResult::failed(message),
+                Ok(Err(join)) => return StepResult::failed(format!("undo crashed: {join}")),
+                Err(_) => {
+                    return StepResult::failed(format!(
+                        "timed out: step timeout of {} s reached",
+                        ctx.timeout_seconds
+                    ));
+                }
+            }
+        };
+        let id = fingerprint(&undo_key, &commands);
+        let label = format!("kubernetes.{undo_key}");
+        let list = SequenceList {
+            label: &label,
+            commands: &commands,
+            specs: &undo.commands,
+            on_resume: &on_resume,
+            retry: undo.retry,
+            id: &id,
+        };
+        let mut step_ctx = StepContext {
+            plan_id: ctx.plan_id,
+            step: ctx.step,
+            deadline: ctx.deadline,
+            resumed: ctx.resumed,
+            progress: ctx.progress,
+            recorder: ctx.recorder,
+            cancel: ctx.cancel,
+        };
+        let (first, retried) = match run_list(&env, &mut step_ctx, &list).await {
+            Ok(done) => done,
+            Err(end) => return end,
+        };
+        let total = commands.len();
+        let mut message = if first == 0 {
+            format!("{total} undo commands ran: back from {version}")
+        } else {
+            format!(
+                "undo resumed at command {} of {total}: back from {version}",
+                first + 1
+            )
+        };
+        if restored > 0 {
+            message.push_str(&format!("; {restored} files restored byte-equal"));
+        }
+        if !retried.is_empty() {
+            message.push_str(&format!(" ({})", retried.join("; ")));
+        }
+        StepResult::ok(message)
+    })
+}
