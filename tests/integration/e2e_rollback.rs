@@ -27,22 +27,18 @@ async fn a_failed_kubelet_restart_is_rolled_back_to_the_old_kubelet_and_a_retry_
 
     capi.kcp_judges(FIRST).await;
     let request = update_request("update-machine-kcp.json", FIRST);
-    let (outcome, messages) = capi.update_until_settled(&request, SETTLE).await;
+    let (outcome, _) = capi.update_until_settled(&request, SETTLE).await;
     let UpdateOutcome::Failed { message } = outcome else {
         panic!("{outcome:?}")
     };
     eprintln!("Failure: {message}");
     assert!(
-        message.contains("install kubelet v1.34.1 failed")
+        message.contains("install kubelet and kubectl v1.34.1, restart kubelet failed (exit 1)")
             && message.contains("; rolled back step")
             && message.contains(&format!(
                 "node {FIRST} is Ready (kubelet v1.33.4), the kubelet version it had before"
             )),
         "{message}"
-    );
-    assert!(
-        messages.iter().any(|m| m.contains("; rolling back")),
-        "CAPI saw the rollback while it ran: {messages:?}"
     );
     // The node as it was, but for what the point of no return changed: kubeadm stays at the control plane's
     // version (the kubelet may be older than the control plane, never newer).
@@ -50,7 +46,9 @@ async fn a_failed_kubelet_restart_is_rolled_back_to_the_old_kubelet_and_a_retry_
     assert!(!agent.sandbox.kube.unschedulable(), "its own cordon lifted");
     let calls = agent.sandbox.calls();
     assert!(
-        calls.iter().any(|c| c.contains("--allow-downgrades kubelet=1.33.4-1.1")),
+        calls
+            .iter()
+            .any(|c| c.contains("--allow-downgrades kubelet=1.33.4-1.1")),
         "{calls:?}"
     );
     let status = std::process::Command::new(common::binary())
@@ -97,7 +95,11 @@ async fn on_failure_hold_leaves_the_node_as_it_failed_and_a_retry_finishes() {
     assert_eq!(agent.sandbox.kubelet_version(), "v1.34.1");
     assert!(agent.sandbox.kube.unschedulable());
     assert!(
-        !agent.sandbox.calls().iter().any(|c| c.contains("kubelet=1.33.4")),
+        !agent
+            .sandbox
+            .calls()
+            .iter()
+            .any(|c| c.contains("kubelet=1.33.4")),
         "nothing undone"
     );
 

@@ -24,12 +24,14 @@ mod limits;
 mod node_config;
 mod retry;
 mod rollback;
+mod rollback_record;
 mod rollback_verify;
 mod sequence_command;
 mod sequence_undo;
 mod shutdown;
 mod state;
 mod template;
+mod undo_record;
 mod unfinished;
 
 use std::future::Future;

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::drivers::{DriverOutcome, ProgressRecorder, StepContext, execute, node_kubelet_version};
 use crate::executor::{MAX_STEP_ATTEMPTS, StepHost, drive};
-use crate::rollback::RollbackRecord;
+use crate::rollback_record::RollbackRecord;
 use crate::shutdown::{Shutdown, pause};
 use crate::state::{StateStore, truncate_head};
 

@@ -14,10 +14,11 @@ use inplace_agent_api::{
 use serde::{Deserialize, Serialize};
 
 use crate::clock::now_unix_ms;
-use crate::drivers::{DriverOutcome, StepResult, UndoRecord};
+use crate::drivers::{DriverOutcome, StepResult};
 use crate::fsutil::{FileMeta, atomic_write, read_optional, remove_file};
 use crate::limits::MAX_STATE_BYTES;
-use crate::rollback::RollbackRecord;
+use crate::rollback_record::RollbackRecord;
+use crate::undo_record::UndoRecord;
 
 /// Version of the `state.json` layout.
 const STATE_FORMAT: u32 = 1;
