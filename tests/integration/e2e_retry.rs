@@ -89,7 +89,10 @@ async fn an_operator_retry_restarts_a_failed_update_once_after_the_node_is_fixed
     let failed = operator_view(&server, false);
     let row = newest_row(&failed, FIRST);
     // Failed, then undone back to the start (issue 28): the agent's shipped behaviour on a failure.
-    assert!(row.contains("rolled-back") && row.contains("exit"), "{failed}");
+    assert!(
+        row.contains("rolled-back") && row.contains("exit"),
+        "{failed}"
+    );
     let agents = operator_view(&server, true);
     assert!(
         newest_row(&agents, FIRST)
