@@ -83,7 +83,9 @@ impl Agent {
             None => DriverConfig::default(),
         };
         if config.require_kubernetes_steps {
-            check_kubernetes_steps(config.driver_config.as_deref(), &driver_config)?;
+            config
+                .check_kubernetes_steps(&driver_config)
+                .map_err(AgentError::NoKubernetesSteps)?;
         }
         let lock_deadline = Instant::now() + STATE_LOCK_WAIT;
         let store = loop {
@@ -124,20 +126,8 @@ impl Agent {
         tracing::info!(agent = %self.identity, state_dir = %self.store.dir().display(), "agent started");
         loop {
             // A rollback under way runs before anything else: the node is half changed until it ends.
-            if crate::rollback::pending(&self.store) {
-                if crate::rollback::run_undo(&mut self, &mut shutdown)
-                    .await
-                    .is_break()
-                {
-                    break;
-                }
-                continue;
-            }
-            if crate::rollback_verify::pending(&self.store) {
-                if crate::rollback_verify::run_finish(&mut self, &mut shutdown)
-                    .await
-                    .is_break()
-                {
+            if let Some(flow) = crate::rollback::run_next(&mut self, &mut shutdown).await {
+                if flow.is_break() {
                     break;
                 }
                 continue;
@@ -447,48 +437,6 @@ async fn log_failure(error: &ClientError, server: &str, delay: Duration) {
         crate::diagnose::Severity::Error => line!(error),
         crate::diagnose::Severity::Warn => line!(warn),
     }
-}
-
-/// With `--config` required for the Kubernetes version steps: it must be given and hold the sequences every
-/// node runs (control-plane nodes also need `kubeadmUpgradeApply`, which a worker's config may leave out).
-fn check_kubernetes_steps(
-    path: Option<&std::path::Path>,
-    config: &DriverConfig,
-) -> Result<(), AgentError> {
-    let Some(path) = path else {
-        return Err(AgentError::NoKubernetesSteps(
-            "--config is not given: without the node's commands for Kubernetes version steps the agent would \
-             fail every Kubernetes upgrade (fix: pass --config FILE, e.g. deploy/node/agent.yaml or \
-             crates/agent/config-examples/, or --no-kubernetes-steps on nodes that never change Kubernetes version)"
-                .into(),
-        ));
-    };
-    let missing = config.kubernetes.missing_sequences();
-    if !missing.is_empty() {
-        return Err(AgentError::NoKubernetesSteps(format!(
-            "--config {}: no kubernetes.{} (fix: add the commands for each, as in \
-             crates/agent/config-examples/, or pass --no-kubernetes-steps on nodes that never change Kubernetes version)",
-            path.display(),
-            missing.join(", kubernetes.")
-        )));
-    }
-    if config.kubernetes.kubeadm_upgrade_apply.is_none() {
-        tracing::warn!(
-            config = %path.display(),
-            "no kubernetes.kubeadmUpgradeApply in --config: fine on a worker, but the first control-plane node of \
-             a cluster runs `kubeadm upgrade apply` and would fail that step"
-        );
-    }
-    let no_undo = crate::drivers::missing_undos(config);
-    if !no_undo.is_empty() {
-        tracing::warn!(
-            config = %path.display(),
-            missing = %no_undo.join(", "),
-            "no undo for these package steps in --config: a rollback reaching one of them fails and leaves the \
-             node cordoned (add `record:` and `undo:` as in crates/agent/config-examples/)"
-        );
-    }
-    Ok(())
 }
 
 /// The executor's view of the agent: the state, and the server's go-ahead and report delivery.

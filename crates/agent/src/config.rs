@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use inplace_agent_api::{AgentIdentity, DEFAULT_WAIT_SECONDS};
 
+use crate::driver_config::DriverConfig;
+
 /// Default `--state-dir`.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/inplace-agent";
 
@@ -55,5 +57,44 @@ impl AgentConfig {
             poll_wait_seconds: DEFAULT_WAIT_SECONDS,
             require_kubernetes_steps: false,
         }
+    }
+
+    /// With `--config` required for the Kubernetes version steps: it must be given and hold the sequences every
+    /// node runs (control-plane nodes also need `kubeadmUpgradeApply`, which a worker's config may leave out).
+    pub fn check_kubernetes_steps(&self, config: &DriverConfig) -> Result<(), String> {
+        let Some(path) = self.driver_config.as_deref() else {
+            return Err(
+                "--config is not given: without the node's commands for Kubernetes version steps the agent would \
+                 fail every Kubernetes upgrade (fix: pass --config FILE, e.g. deploy/node/agent.yaml or \
+                 crates/agent/config-examples/, or --no-kubernetes-steps on nodes that never change Kubernetes version)"
+                    .into(),
+            );
+        };
+        let missing = config.kubernetes.missing_sequences();
+        if !missing.is_empty() {
+            return Err(format!(
+                "--config {}: no kubernetes.{} (fix: add the commands for each, as in \
+                 crates/agent/config-examples/, or pass --no-kubernetes-steps on nodes that never change Kubernetes version)",
+                path.display(),
+                missing.join(", kubernetes.")
+            ));
+        }
+        if config.kubernetes.kubeadm_upgrade_apply.is_none() {
+            tracing::warn!(
+                config = %path.display(),
+                "no kubernetes.kubeadmUpgradeApply in --config: fine on a worker, but the first control-plane node of \
+                 a cluster runs `kubeadm upgrade apply` and would fail that step"
+            );
+        }
+        let no_undo = crate::drivers::missing_undos(config);
+        if !no_undo.is_empty() {
+            tracing::warn!(
+                config = %path.display(),
+                missing = %no_undo.join(", "),
+                "no undo for these package steps in --config: a rollback reaching one of them fails and leaves the \
+                 node cordoned (add `record:` and `undo:` as in crates/agent/config-examples/)"
+            );
+        }
+        Ok(())
     }
 }

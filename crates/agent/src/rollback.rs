@@ -55,6 +55,21 @@ pub(crate) fn note_on_failure(store: &mut StateStore, on_failure: Option<OnFailu
     }
 }
 
+/// Runs the next part of the current plan's rollback, if one is under way: an undo, else the verification or
+/// the uncordon (`rollback_verify`). `None` when there is nothing to run; `Break` means shutdown was requested.
+pub(crate) async fn run_next<H: StepHost + Send>(
+    host: &mut H,
+    shutdown: &mut Shutdown,
+) -> Option<ControlFlow<()>> {
+    if pending(host.store()) {
+        Some(run_undo(host, shutdown).await)
+    } else if crate::rollback_verify::pending(host.store()) {
+        Some(crate::rollback_verify::run_finish(host, shutdown).await)
+    } else {
+        None
+    }
+}
+
 /// Whether the current plan has an undo to run.
 pub(crate) fn pending(store: &StateStore) -> bool {
     store

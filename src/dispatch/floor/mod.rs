@@ -12,6 +12,7 @@ pub mod keys;
 pub mod records;
 pub mod rollback;
 pub mod run;
+pub mod run_view;
 
 use std::sync::Arc;
 
