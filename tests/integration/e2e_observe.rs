@@ -333,16 +333,37 @@ async fn a_failed_step_is_counted_timed_and_logged() {
     };
     assert!(message.contains("kubeadm"), "{message}");
 
+    // The agent undid the run (the default onFailure), so the failed update counts as rolled back.
     eventually("the failed update to be counted", async || {
         let text = metrics(&server);
-        count(&text, "failed") == Some(1.0)
+        count(&text, "rolled-back") == Some(1.0)
             && sample(&text, "inplace_updater_agents_connected") == Some(1.0)
     })
     .await;
     let text = metrics(&server);
-    for state in ["recorded", "running", "done", "paused", "cancelled"] {
+    for state in [
+        "recorded",
+        "running",
+        "done",
+        "failed",
+        "paused",
+        "cancelled",
+        "rolling-back",
+        "rollback-failed",
+    ] {
         assert_eq!(count(&text, state), Some(0.0), "{state}: {text}");
     }
+    let rollbacks = |outcome: &str| {
+        sample(
+            &text,
+            &format!("inplace_updater_rollbacks_total{{outcome=\"{outcome}\"}}"),
+        )
+    };
+    assert_eq!(
+        (rollbacks("rolled-back"), rollbacks("failed")),
+        (Some(1.0), Some(0.0)),
+        "{text}"
+    );
     let kind = |name: &str, kind: &str| sample(&text, &format!("{name}{{kind=\"{kind}\"}}"));
     assert_eq!(
         kind("inplace_updater_step_failures_total", "kubeadmUpgrade"),
