@@ -6,8 +6,7 @@
 use std::collections::BTreeMap;
 
 use inplace_agent_api::{
-    Hold, MachineRef, Plan, PlanProgress, PlanStatus, RollbackProgress, RollbackState, StepKind,
-    StepReport, StepStatus,
+    Hold, Plan, PlanProgress, PlanStatus, RollbackProgress, RollbackState, StepReport, StepStatus,
 };
 use serde::{Deserialize, Serialize};
 
