@@ -20,10 +20,26 @@ use crate::shutdown::Shutdown;
 use crate::state::{LocalStepStatus, StateStore};
 
 /// The executor's host without a server: reports stay in the outbox.
-struct Host {
-    store: StateStore,
+pub(super) struct Host {
+    pub store: StateStore,
     env: Arc<DriverEnv>,
     identity: AgentIdentity,
+}
+
+impl Host {
+    /// An agent (re)starting on `state` with `env`.
+    pub(super) fn open(state: &std::path::Path, env: Arc<DriverEnv>) -> Self {
+        Self::with_store(StateStore::open(state).unwrap(), env)
+    }
+
+    /// An agent on an opened state dir.
+    pub(super) fn with_store(store: StateStore, env: Arc<DriverEnv>) -> Self {
+        Self {
+            store,
+            env,
+            identity: AgentIdentity::Machine(MachineRef::new("default", "m")),
+        }
+    }
 }
 
 impl StepHost for Host {
@@ -52,14 +68,10 @@ fn host(sb: &Sandbox) -> Host {
 }
 
 fn host_with(sb: &Sandbox, config: &str) -> Host {
-    Host {
-        store: StateStore::open(&sb.state).unwrap(),
-        env: sb.env(config),
-        identity: AgentIdentity::Machine(MachineRef::new("default", "m")),
-    }
+    Host::open(&sb.state, sb.env(config))
 }
 
-fn file(path: &str, content: &str) -> FileSpec {
+pub(super) fn file(path: &str, content: &str) -> FileSpec {
     FileSpec {
         path: path.into(),
         owner: None,
@@ -70,7 +82,7 @@ fn file(path: &str, content: &str) -> FileSpec {
     }
 }
 
-fn files_step(index: u32, files: Vec<FileSpec>) -> Step {
+pub(super) fn files_step(index: u32, files: Vec<FileSpec>) -> Step {
     Step {
         index,
         description: format!("files {index}"),
