@@ -123,13 +123,13 @@ pub(crate) fn validate(
                     "{key}: retryable, but the undo has no `retry: {{attempts, initialDelaySeconds, maxDelaySeconds}}`"
                 ));
             }
-            if let Some(when) = &command.when {
-                if !names.contains(&when.record()) {
-                    return Err(format!(
-                        "{key}: ifRecorded/ifNotRecorded {:?} names no record of this sequence",
-                        when.record()
-                    ));
-                }
+            if let Some(when) = &command.when
+                && !names.contains(&when.record())
+            {
+                return Err(format!(
+                    "{key}: ifRecorded/ifNotRecorded {:?} names no record of this sequence",
+                    when.record()
+                ));
             }
         }
     }

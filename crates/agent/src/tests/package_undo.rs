@@ -287,7 +287,6 @@ async fn drive(node: &Node, plan: Plan, case: Option<&Case>) -> End {
                 if undo {
                     run_undo(&mut host, &mut shutdown).await
                 } else {
-                    let index = index;
                     crate::executor::run_step(&mut host, index, &mut shutdown).await
                 }
             } => {

@@ -207,10 +207,8 @@ impl Node {
 
     /// Kills the blocked command's process group (what a SIGKILL of the agent's unit does) and forgets it.
     pub fn kill_blocked(&self) {
-        if let Some(pid) = self.blocked() {
-            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-            }
+        if let Some(pid) = self.blocked().and_then(rustix::process::Pid::from_raw) {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
         }
         let _ = std::fs::remove_file(self.dir.join("blocked.pid"));
     }
