@@ -93,6 +93,9 @@ struct Case {
     command: usize,
     argv: String,
     act: Act,
+    /// For a kill: the invocations after the restart, in order — the undo's `onResume`, then its commands
+    /// from the killed one (those before it completed and must not run again).
+    resumed: Vec<String>,
 }
 
 impl Case {
@@ -200,6 +203,10 @@ fn cases(world: World) -> Vec<Case> {
             (Phase::Forward, runs(&node, &sequence.commands, &records)),
             (Phase::Undo, runs(&node, &undo.commands, &records)),
         ];
+        let on_resume: Vec<String> = runs(&node, &undo.on_resume, &records)
+            .into_iter()
+            .flatten()
+            .collect();
         for (phase, argvs) in lists {
             let present: Vec<&String> = argvs.iter().flatten().collect();
             for (command, argv) in argvs.iter().enumerate() {
@@ -214,7 +221,13 @@ fn cases(world: World) -> Vec<Case> {
                     _ => &[Act::Fail],
                 };
                 // Each case runs on its own node: its root goes in at run time.
-                let argv = argv.replace(&node.root.display().to_string(), ROOT);
+                let root = node.root.display().to_string();
+                let argv = argv.replace(&root, ROOT);
+                let resumed: Vec<String> = on_resume
+                    .iter()
+                    .chain(argvs[command..].iter().flatten())
+                    .map(|a| a.replace(&root, ROOT))
+                    .collect();
                 for &act in acts {
                     out.push(Case {
                         world,
@@ -223,6 +236,7 @@ fn cases(world: World) -> Vec<Case> {
                         command,
                         argv: argv.clone(),
                         act,
+                        resumed: resumed.clone(),
                     });
                 }
             }
@@ -235,6 +249,8 @@ fn cases(world: World) -> Vec<Case> {
 /// case's injection fired.
 struct End {
     fired: bool,
+    /// The shims' invocations after the restart (kills only).
+    after_kill: Vec<String>,
     status: inplace_agent_api::PlanStatus,
     state: Option<RollbackState>,
     message: String,
@@ -247,6 +263,7 @@ async fn drive(node: &Node, plan: Plan, case: Option<&Case>) -> End {
     host.store.adopt(plan).unwrap();
     let mut shutdown: Shutdown = Box::pin(std::future::pending());
     let mut fired = false;
+    let mut killed_at = None;
     loop {
         let record = host.store.state.current.as_ref().unwrap();
         let (phases, index) = if pending(&host.store) {
@@ -300,6 +317,7 @@ async fn drive(node: &Node, plan: Plan, case: Option<&Case>) -> End {
             node.kill_blocked();
             node.inject(None);
             fired = true;
+            killed_at = Some(node.calls().len());
             drop(host);
             // Another case's child between its fork and exec holds a copy of the lock's descriptor for a
             // moment (the cases share this process): wait for it like a restarted agent waits for the lock.
@@ -320,8 +338,10 @@ async fn drive(node: &Node, plan: Plan, case: Option<&Case>) -> End {
     node.inject(None);
     let progress = host.store.state.current.as_ref().unwrap().progress();
     let rollback = progress.rollback;
+    let after_kill = killed_at.map_or_else(Vec::new, |at| node.calls().split_off(at));
     End {
         fired,
+        after_kill,
         status: progress.status,
         state: rollback.as_ref().map(|r| r.state),
         message: rollback
@@ -335,7 +355,11 @@ async fn drive(node: &Node, plan: Plan, case: Option<&Case>) -> End {
 /// Runs one case on a fresh node; returns whether the node ended at its start state, rolled back.
 async fn run_case(mut case: Case) -> Result<bool, String> {
     let node = Node::new(case.world, true);
-    case.argv = case.argv.replace(ROOT, &node.root.display().to_string());
+    let root = node.root.display().to_string();
+    case.argv = case.argv.replace(ROOT, &root);
+    for argv in &mut case.resumed {
+        *argv = argv.replace(ROOT, &root);
+    }
     std::fs::create_dir_all(node.root.join("etc/blocked")).unwrap();
     let start = node.fingerprint();
     let end = tokio::time::timeout(
@@ -375,6 +399,15 @@ async fn run_case(mut case: Case) -> Result<bool, String> {
                     end.state,
                     end.undone,
                     end.message
+                ));
+            }
+            if case.act != Act::Fail && end.after_kill != case.resumed {
+                return Err(format!(
+                    "{}: after the restart ran {:?}, expected onResume then the commands from the killed one \
+                     {:?}",
+                    case.name(),
+                    end.after_kill,
+                    case.resumed
                 ));
             }
             if case.step == 1 && case.phase != Phase::Record {

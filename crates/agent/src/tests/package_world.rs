@@ -213,6 +213,15 @@ impl Node {
         let _ = std::fs::remove_file(self.dir.join("blocked.pid"));
     }
 
+    /// The invocations the shims let through so far (`program args…`).
+    pub fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// Whether a shim failed an invocation as injected.
     pub fn failed_injection(&self) -> bool {
         self.dir.join("failed").exists()
@@ -387,7 +396,8 @@ fn write_shims(shims: &Path, base: &Path, world: World) {
         "#!/bin/sh\n# shim: fail or block the injected invocation, else run the real program\n\
          me=\"$(basename \"$0\") $*\"\ninject=\nread -r inject < \"{b}/inject\" 2>/dev/null\n\
          case \"$inject\" in\n  \"fail $me\") : > \"{b}/failed\"; echo \"injected failure\" >&2; exit 100 ;;\n\
-           \"before $me\") echo $$ > \"{b}/blocked.pid\"; while :; do sleep 1; done ;;\nesac\n"
+           \"before $me\") echo $$ > \"{b}/blocked.pid\"; while :; do sleep 1; done ;;\nesac\n\
+         echo \"$me\" >> \"{b}/calls.log\"\n"
     );
     for program in wrapped(world) {
         let real = format!("/usr/bin/{program}");
