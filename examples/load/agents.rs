@@ -187,6 +187,7 @@ fn report(
         stderr_tail: None,
         message: None,
         undo: false,
+        rollback: None,
     };
     Bytes::from(serde_json::to_vec(&report).unwrap_or_default())
 }

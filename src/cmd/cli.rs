@@ -77,6 +77,10 @@ pub struct DemoArgs {
     /// Keep the sandboxes, store and logs in this directory (a temporary one, deleted after, by default).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Make the Nth Machine's (1-based) kubelet restart fail, to watch its agent roll the node back and the
+    /// rollout stop there, as CAPI stops when a Machine's update fails.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=50))]
+    pub fail_machine: Option<u16>,
 }
 
 /// `inplace-updater diff`.

@@ -405,7 +405,8 @@ pub fn diff(args: &crate::cmd::cli::DiffArgs) -> i32 {
     }
 }
 
-/// `demo`: runs the demo rollout and prints its summary; fails unless every Machine was updated.
+/// `demo`: runs the demo rollout and prints its summary; fails unless every Machine was updated (with
+/// `--fail-machine N`: unless the Machines before N were updated, N was rolled back and none after it started).
 pub async fn demo(args: &crate::cmd::cli::DemoArgs) -> anyhow::Result<()> {
     let temp;
     let dir = match &args.dir {
@@ -418,11 +419,27 @@ pub async fn demo(args: &crate::cmd::cli::DemoArgs) -> anyhow::Result<()> {
             temp.path().to_owned()
         }
     };
-    let results = crate::cmd::demo::run::run(usize::from(args.machines), &dir).await?;
+    let fail = args.fail_machine.map(usize::from);
+    if let Some(n) = fail {
+        anyhow::ensure!(
+            n <= usize::from(args.machines),
+            "--fail-machine {n}: the demo has only {} Machines",
+            args.machines
+        );
+    }
+    let results = crate::cmd::demo::run::run(usize::from(args.machines), &dir, fail).await?;
     print!("{}", crate::cmd::demo::run::summary(&results));
+    let expected = |i: usize| match fail {
+        Some(n) if i + 1 == n => crate::cmd::demo::run::ROLLED_BACK,
+        Some(n) if i + 1 > n => crate::cmd::demo::run::NOT_STARTED,
+        _ => "done",
+    };
     anyhow::ensure!(
-        results.iter().all(|r| r.result == "done"),
-        "some Machines were not updated"
+        results
+            .iter()
+            .enumerate()
+            .all(|(i, r)| r.result == expected(i)),
+        "some Machines did not end as expected"
     );
     Ok(())
 }

@@ -66,6 +66,7 @@ pub(crate) fn request_with(
         bootstrap: Some(text(bootstrap)),
         infra: None,
         paused_setting: None,
+        on_failure_setting: None,
         actions: actions.iter().copied().collect::<BTreeSet<_>>(),
         window: None,
         drain_rules: inplace_core::drain::DrainRules::default(),
@@ -89,6 +90,7 @@ fn blank() -> UpdateRequest {
         actions: BTreeSet::new(),
         window: None,
         paused_setting: None,
+        on_failure_setting: None,
         drain_rules: inplace_core::drain::DrainRules::default(),
         hashed: Default::default(),
     }
@@ -192,6 +194,7 @@ pub(crate) fn report(name: &str, plan: &str, index: u32, status: StepStatus) -> 
         stderr_tail: (status == StepStatus::Failed).then(|| "[ERROR] kubeadm says no".to_string()),
         message: None,
         undo: false,
+        rollback: None,
     }
 }
 

@@ -86,6 +86,7 @@ pub fn update_request(
         window,
         drain_rules: policy.drain_for(&settings),
         paused_setting: settings.paused,
+        on_failure_setting: settings.on_failure,
         hashed: Default::default(),
     })
 }

@@ -16,15 +16,31 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 /// The states `inplace_updater_updates{state}` counts (each Machine's current run). `paused`: held by an
-/// operator pause and its agent confirmed it stopped; `cancelled`: ended by an operator cancel.
-pub const UPDATE_STATES: [&str; 6] = [
+/// operator pause and its agent confirmed it stopped; `cancelled`: ended by an operator cancel;
+/// `rolling-back`, `rolled-back`, `rollback-failed`: a step failed and the agent is undoing the run, undid it
+/// (node verified as before), or could not (node left cordoned).
+pub const UPDATE_STATES: [&str; 9] = [
     "recorded",
     "running",
     "done",
     "failed",
     "paused",
     "cancelled",
+    "rolling-back",
+    "rolled-back",
+    "rollback-failed",
 ];
+
+/// The outcomes `inplace_updater_rollbacks_total{outcome}` counts: the node undone and verified, or not (left
+/// cordoned).
+pub const ROLLBACK_OUTCOMES: [&str; 2] = ["rolled-back", "failed"];
+
+/// Labels of `rollbacks`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// One of [`ROLLBACK_OUTCOMES`].
+    pub outcome: &'static str,
+}
 
 /// Labels of the step metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -73,6 +89,8 @@ pub struct FleetMetrics {
     pub step_failures: Family<KindLabels, Counter>,
     /// Refused agent requests, by reason.
     pub auth_failures: Family<ReasonLabels, Counter>,
+    /// Rollbacks that ended, by outcome.
+    pub rollbacks: Family<OutcomeLabels, Counter>,
     /// Machines whose current update is in each state.
     pub updates: Family<StateLabels, Gauge>,
     live: Arc<OnceLock<Weak<dyn LiveFleet>>>,
@@ -91,6 +109,7 @@ impl FleetMetrics {
             step_duration: Family::new_with_constructor(step_histogram as fn() -> Histogram),
             step_failures: Family::default(),
             auth_failures: Family::default(),
+            rollbacks: Family::default(),
             updates: Family::default(),
             live: Arc::new(OnceLock::new()),
         };
@@ -99,6 +118,9 @@ impl FleetMetrics {
         for kind in StepKind::ALL.map(StepKind::wire) {
             drop(metrics.step_duration.get_or_create(&KindLabels { kind }));
             drop(metrics.step_failures.get_or_create(&KindLabels { kind }));
+        }
+        for outcome in ROLLBACK_OUTCOMES {
+            drop(metrics.rollbacks.get_or_create(&OutcomeLabels { outcome }));
         }
         for state in UPDATE_STATES {
             drop(metrics.updates.get_or_create(&StateLabels { state }));
@@ -124,6 +146,12 @@ impl FleetMetrics {
             self.step_failures.clone(),
         );
         registry.register(
+            "rollbacks",
+            "Rollbacks of failed updates that ended, by outcome (rolled-back: node verified as before; failed: node \
+             left cordoned), counted by the replica that saw the end",
+            self.rollbacks.clone(),
+        );
+        registry.register(
             "agent_auth_failures",
             "Refused agent requests, by reason",
             self.auth_failures.clone(),
@@ -134,6 +162,14 @@ impl FleetMetrics {
     /// Where the scrape-time gauges come from (the dispatcher); the first call wins.
     pub fn attach(&self, live: Weak<dyn LiveFleet>) {
         let _ = self.live.set(live);
+    }
+
+    /// Records one rollback that ended.
+    pub fn rollback_ended(&self, rolled_back: bool) {
+        let outcome = ROLLBACK_OUTCOMES[usize::from(!rolled_back)];
+        self.rollbacks
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
     }
 
     /// Records one finished step.

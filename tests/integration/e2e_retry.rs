@@ -88,7 +88,11 @@ async fn an_operator_retry_restarts_a_failed_update_once_after_the_node_is_fixed
     // What the operator sees: the failed run with its step and exit, and the agent still connected.
     let failed = operator_view(&server, false);
     let row = newest_row(&failed, FIRST);
-    assert!(row.contains("failed") && row.contains("exit"), "{failed}");
+    // Failed, then undone back to the start (issue 28): the agent's shipped behaviour on a failure.
+    assert!(
+        row.contains("rolled-back") && row.contains("exit"),
+        "{failed}"
+    );
     let agents = operator_view(&server, true);
     assert!(
         newest_row(&agents, FIRST)

@@ -13,6 +13,7 @@ mod e2e_hold;
 mod e2e_observe;
 mod e2e_resume;
 mod e2e_retry;
+mod e2e_rollback;
 mod e2e_rollout;
 mod e2e_verdicts;
 mod e2e_window;

@@ -284,6 +284,10 @@ pub struct StepReport {
     /// True when the report is about undoing step `step_index` during a rollback, not about running it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub undo: bool,
+    /// The rollback's summary, on the report of the failed step that started a rollback and on every undo's
+    /// report, so the server knows a rollback is under way before the next poll (absent: no rollback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<RollbackProgress>,
 }
 
 fn one() -> u32 {

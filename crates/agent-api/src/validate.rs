@@ -319,6 +319,11 @@ pub fn validate_report(report: &StepReport) -> Result<(), ReportError> {
     {
         return Err(ReportError::MessageTooLong(message.len()));
     }
+    if let Some(rollback) = &report.rollback
+        && rollback.message.len() > MESSAGE_MAX_BYTES
+    {
+        return Err(ReportError::MessageTooLong(rollback.message.len()));
+    }
     Ok(())
 }
 

@@ -206,6 +206,7 @@ fn report_shape_and_bounds() {
         stderr_tail: Some("boom".into()),
         message: Some("command kubeadm exited with 1".into()),
         undo: false,
+        rollback: None,
     };
     let value = serde_json::to_value(&report).unwrap();
     assert_eq!(value["stepIndex"], 2);

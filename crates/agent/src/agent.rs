@@ -133,6 +133,15 @@ impl Agent {
                 }
                 continue;
             }
+            if crate::rollback_verify::pending(&self.store) {
+                if crate::rollback_verify::run_finish(&mut self, &mut shutdown)
+                    .await
+                    .is_break()
+                {
+                    break;
+                }
+                continue;
+            }
             if let Some(index) = self.next_runnable_step()
                 && self.may_start(index)
             {

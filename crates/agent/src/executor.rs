@@ -104,6 +104,7 @@ pub(crate) async fn run_step<H: StepHost + Send>(
     let undo = if began {
         None
     } else {
+        crate::rollback_verify::note_kubelet_before(host).await;
         let (_cancel_tx, cancel) = watch::channel(false);
         let ctx = RecordContext {
             plan_id: plan.id.clone(),
@@ -332,7 +333,7 @@ fn finish<H: StepHost>(host: &mut H, identity: &AgentIdentity, index: usize, res
     let step = &mut record.steps[index];
     let failed = result.outcome != DriverOutcome::Succeeded;
     step.end(&result);
-    let report = report_for(identity, &plan_id, index, step);
+    let mut report = report_for(identity, &plan_id, index, step);
     match step.status {
         LocalStepStatus::Succeeded => {
             tracing::info!(plan = %plan_id, step = index, message = %result.message, "step succeeded")
@@ -344,6 +345,7 @@ fn finish<H: StepHost>(host: &mut H, identity: &AgentIdentity, index: usize, res
     // The rollback is recorded in the same write as the failure: a crash after it resumes the rollback.
     if failed && let Some(plan) = store.plan.as_ref() {
         crate::rollback::start(plan, record, index);
+        report.rollback = record.rollback.as_ref().map(|r| r.progress());
     }
     let status = record.status();
     store.enqueue(report);

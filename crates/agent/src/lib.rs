@@ -24,11 +24,14 @@ mod limits;
 mod node_config;
 mod retry;
 mod rollback;
+mod rollback_record;
+mod rollback_verify;
 mod sequence_command;
 mod sequence_undo;
 mod shutdown;
 mod state;
 mod template;
+mod undo_record;
 mod unfinished;
 
 use std::future::Future;
@@ -55,6 +58,9 @@ pub use node_config::{
     MAX_NODE_INTERVAL_MILLIS, MIN_NODE_INTERVAL_MILLIS, NodeConfig,
 };
 pub use retry::{MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY_SECONDS, RetryPolicy};
+pub use rollback_verify::{
+    KUBELET_BEFORE_TIMEOUT, ROLLBACK_UNCORDON_TIMEOUT_SECONDS, ROLLBACK_VERIFY_TIMEOUT_SECONDS,
+};
 pub use sequence_undo::{MAX_RECORD_VALUE_BYTES, MAX_RECORDS};
 pub use state::{MAX_OUTBOX, StateError};
 

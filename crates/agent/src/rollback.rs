@@ -7,137 +7,23 @@
 //! forward step. So a SIGKILL, SIGTERM or reboot anywhere resumes the rollback at the undo it was in (undos
 //! converge, so running one again is safe), and the failed forward step never runs again. An undo that
 //! fails, or is interrupted [`MAX_STEP_ATTEMPTS`] times, ends the rollback `failed`. A step whose kind has no
-//! undo in this agent yet (the package installs) ends it `failed` too, naming the step.
+//! undo recorded ends it `failed` too, naming the step. After the last undo the rollback is not over: the
+//! node is verified and the plan's cordon lifted (`rollback_verify`), and only then is it `rolledBack`.
 
 use std::ops::ControlFlow;
 use std::time::Duration;
 
-use inplace_agent_api::{
-    AgentIdentity, MESSAGE_MAX_BYTES, OnFailure, Plan, RollbackProgress, RollbackState, Undo,
-};
-use serde::{Deserialize, Serialize};
+use inplace_agent_api::{AgentIdentity, OnFailure, Plan, RollbackState};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::drivers::{DriverOutcome, ProgressRecorder, StepResult, UndoContext, execute_undo};
 use crate::executor::{MAX_STEP_ATTEMPTS, StepHost, drive, write_progress};
+use crate::rollback_record::{RollbackRecord, undo_order};
 use crate::shutdown::{Shutdown, pause};
 use crate::state::{
     LocalStepRecord, LocalStepStatus, PlanRecord, SequenceProgress, StateStore, report_for,
-    truncate_head,
 };
-
-/// A rollback of the current plan: the steps to undo, in order, and how each undo went.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RollbackRecord {
-    /// The step whose failure started it.
-    pub failed_step: u32,
-    /// The steps to undo, in order: the failed one (when its kind is undone), then the succeeded ones in
-    /// reverse, back to the last point of no return.
-    pub order: Vec<u32>,
-    /// One record per entry of `order`: the undo's status, attempts and outcome.
-    pub undos: Vec<LocalStepRecord>,
-    /// Where it is.
-    pub state: RollbackState,
-    /// For operators (bounded by `MESSAGE_MAX_BYTES`).
-    pub message: String,
-}
-
-impl RollbackRecord {
-    /// A rollback of the steps `order` after `failed_step` failed (rolled back already when there is
-    /// nothing to undo).
-    pub fn new(failed_step: u32, order: Vec<u32>) -> Self {
-        let undos = order.iter().map(|_| LocalStepRecord::pending()).collect();
-        let mut record = Self {
-            failed_step,
-            order,
-            undos,
-            state: RollbackState::RollingBack,
-            message: String::new(),
-        };
-        if record.order.is_empty() {
-            record.finish_rolled_back();
-        }
-        record
-    }
-
-    /// The position in `order` of the next undo to run, while rolling back.
-    pub fn next_undo(&self) -> Option<usize> {
-        if self.state != RollbackState::RollingBack {
-            return None;
-        }
-        self.undos.iter().position(|u| {
-            matches!(
-                u.status,
-                LocalStepStatus::Pending | LocalStepStatus::Running
-            )
-        })
-    }
-
-    /// How many undos succeeded.
-    pub fn undone(&self) -> u32 {
-        self.undos
-            .iter()
-            .filter(|u| u.status == LocalStepStatus::Succeeded)
-            .count() as u32
-    }
-
-    /// Every undo succeeded: rolled back.
-    pub fn finish_rolled_back(&mut self) {
-        self.state = RollbackState::RolledBack;
-        let steps: Vec<String> = self.order.iter().map(|i| (i + 1).to_string()).collect();
-        self.message = if steps.is_empty() {
-            "nothing to undo".to_owned()
-        } else {
-            format!(
-                "rolled back steps {}: files restored byte-equal; node not verified and not uncordoned by this \
-                 agent yet",
-                steps.join(", ")
-            )
-        };
-    }
-
-    /// An undo failed (`message` says which and why): the rollback ends failed, the node left cordoned.
-    pub fn finish_failed(&mut self, message: &str) {
-        self.state = RollbackState::Failed;
-        let text = format!("{message}; node left cordoned");
-        self.message = truncate_head(&text, MESSAGE_MAX_BYTES).to_owned();
-    }
-
-    /// The summary sent with polls and inventory.
-    pub fn progress(&self) -> RollbackProgress {
-        RollbackProgress {
-            state: self.state,
-            failed_step: self.failed_step,
-            undone: self.undone(),
-            message: self.message.clone(),
-        }
-    }
-}
-
-/// The steps a failure of step `failed` undoes, in order: the failed one when its kind is undone (it may
-/// have changed things), then the succeeded ones before it in reverse, stopping at the last point of no
-/// return. Kinds that leave nothing to undo (the drain's cordon, waits) are passed over.
-pub(crate) fn undo_order(plan: &Plan, steps: &[LocalStepRecord], failed: usize) -> Vec<u32> {
-    let kind = |i: usize| plan.steps[i].action.step_kind().undo();
-    let mut order = Vec::new();
-    // A step that failed before it began (its record could not be taken) changed nothing.
-    if kind(failed) == Undo::Restores && steps.get(failed).is_some_and(LocalStepRecord::began) {
-        order.push(failed as u32);
-    }
-    for i in (0..failed.min(steps.len())).rev() {
-        if steps[i].status != LocalStepStatus::Succeeded {
-            continue;
-        }
-        match kind(i) {
-            Undo::NoReturn => break,
-            Undo::Restores => order.push(i as u32),
-            Undo::Nothing => {}
-        }
-    }
-    order
-}
 
 /// Starts the rollback of `record` after step `failed` failed, unless `onFailure` is `hold` or one is
 /// already under way. The caller saves (in the same write as the failure).
@@ -245,7 +131,8 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
         None
     };
     entry.begin_attempt();
-    let report = undo_report(&identity, &plan.id, index, entry);
+    let mut report = undo_report(&identity, &plan.id, index, entry);
+    report.rollback = record.rollback.as_ref().map(RollbackRecord::progress);
     store.enqueue(report);
     let saved = store.save();
     host.step_boundary();
@@ -346,7 +233,11 @@ pub(crate) fn finished_undo_reports(
                 LocalStepStatus::Succeeded | LocalStepStatus::Failed
             )
         })
-        .map(|(&i, u)| undo_report(identity, &record.plan_id, i as usize, u))
+        .map(|(&i, u)| {
+            let mut report = undo_report(identity, &record.plan_id, i as usize, u);
+            report.rollback = Some(rollback.progress());
+            report
+        })
         .collect()
 }
 
@@ -394,11 +285,11 @@ fn end_undo<H: StepHost>(
     let succeeded = result.outcome == DriverOutcome::Succeeded;
     entry.end(&result);
     entry.attempt = entry.attempt.max(1);
-    let report = undo_report(identity, &plan_id, index, entry);
+    let mut report = undo_report(identity, &plan_id, index, entry);
     if succeeded {
         tracing::info!(plan = %plan_id, step = index, message = %result.message, "undo succeeded");
         if rollback.next_undo().is_none() {
-            rollback.finish_rolled_back();
+            rollback.message = "undone; verifying the node".to_owned();
         }
     } else {
         let description = step.map_or("", |s| s.description.as_str());
@@ -414,6 +305,7 @@ fn end_undo<H: StepHost>(
     if ended {
         tracing::info!(plan = %plan_id, state = ?rollback.state, message = %rollback.message, "rollback ended");
     }
+    report.rollback = Some(rollback.progress());
     store.enqueue(report);
     if let Err(e) = store.save() {
         tracing::error!(error = %e, "cannot save the undo's result");

@@ -14,10 +14,11 @@ use inplace_agent_api::{
 use serde::{Deserialize, Serialize};
 
 use crate::clock::now_unix_ms;
-use crate::drivers::{DriverOutcome, StepResult, UndoRecord};
+use crate::drivers::{DriverOutcome, StepResult};
 use crate::fsutil::{FileMeta, atomic_write, read_optional, remove_file};
 use crate::limits::MAX_STATE_BYTES;
-use crate::rollback::RollbackRecord;
+use crate::rollback_record::RollbackRecord;
+use crate::undo_record::UndoRecord;
 
 /// Version of the `state.json` layout.
 const STATE_FORMAT: u32 = 1;
@@ -188,6 +189,7 @@ pub(crate) fn report_for(
         stderr_tail: record.stderr_tail.clone(),
         message: record.message.clone(),
         undo: false,
+        rollback: None,
     }
 }
 
@@ -211,6 +213,10 @@ pub struct PlanRecord {
     /// crash anywhere after resumes it and the failed step never runs again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback: Option<RollbackRecord>,
+    /// The Node's kubelet version when the plan's first step began (read through the node API): what a
+    /// rollback verifies the node is back at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet_before: Option<String>,
 }
 
 /// The first at most `max` bytes of `text`, cut on a character boundary.
@@ -430,6 +436,7 @@ impl StateStore {
                 hold: None,
                 on_failure: None,
                 rollback: None,
+                kubelet_before: None,
             });
             self.save()?;
         }

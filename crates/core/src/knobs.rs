@@ -4,6 +4,7 @@
 //! A knob is an annotation because CAPI keeps a Machine's annotations when it hands the desired Machine to
 //! UpdateMachine: an operator can steer one Machine's update with `kubectl annotate` and no new API.
 
+use inplace_agent_api::OnFailure;
 use serde_json::Value;
 
 /// Pauses the Machine's updates (any non-empty value: the reason, shown in messages).
@@ -17,6 +18,9 @@ pub const RETRY_ANNOTATION: &str = "inplace-updater.dev/retry";
 pub const ACCEPT_UNJUDGED_ANNOTATION: &str = "inplace-updater.dev/accept-unjudged";
 /// The Machine's own maintenance window (overrides the ExtensionConfig setting; see [`crate::window`]).
 pub const WINDOW_ANNOTATION: &str = "inplace-updater.dev/maintenance-window";
+/// What the agent does when a step fails: `rollback` (undo the run, the default) or `hold` (leave the node as it
+/// failed, for inspection); overrides the ExtensionConfig setting `onFailure`.
+pub const ON_FAILURE_ANNOTATION: &str = "inplace-updater.dev/on-failure";
 /// Longest pause, cancel or retry value accepted, in bytes (each is kept in the Machine record).
 pub const MAX_KNOB_VALUE_BYTES: usize = 256;
 
@@ -33,6 +37,8 @@ pub struct Knobs {
     pub accept_unjudged: Option<String>,
     /// [`WINDOW_ANNOTATION`]'s text, parsed against the setting by [`crate::window::effective`].
     pub window: Option<String>,
+    /// [`ON_FAILURE_ANNOTATION`]'s value.
+    pub on_failure: Option<OnFailure>,
 }
 
 /// A knob whose value cannot be used; the hook answers `Failure` with this message.
@@ -56,6 +62,25 @@ pub enum KnobError {
         /// What to use instead, when there is a usual form (`; use e.g. $(date +%s)`).
         hint: &'static str,
     },
+    /// The value is not one of those the annotation accepts.
+    #[error("annotation {name}: invalid value {value:?}, expected {expected}")]
+    Invalid {
+        /// The annotation.
+        name: &'static str,
+        /// The value (bounded: at most [`MAX_KNOB_VALUE_BYTES`] of it).
+        value: String,
+        /// What would have been accepted.
+        expected: &'static str,
+    },
+}
+
+/// `rollback` or `hold`, as the `onFailure` setting and the on-failure annotation spell them.
+pub fn parse_on_failure(value: &str) -> Option<OnFailure> {
+    match value {
+        "rollback" => Some(OnFailure::Rollback),
+        "hold" => Some(OnFailure::Hold),
+        _ => None,
+    }
 }
 
 /// What to put in a retry value instead of a long one.
@@ -109,12 +134,21 @@ impl Knobs {
             .and_then(Value::as_str)
             .map(str::to_owned);
         let retry = kept(RETRY_ANNOTATION, RETRY_HINT)?;
+        let on_failure = match text(ON_FAILURE_ANNOTATION)? {
+            None => None,
+            Some(value) => Some(parse_on_failure(value).ok_or_else(|| KnobError::Invalid {
+                name: ON_FAILURE_ANNOTATION,
+                value: value.chars().take(MAX_KNOB_VALUE_BYTES).collect(),
+                expected: "\"rollback\" or \"hold\"",
+            })?),
+        };
         Ok(Knobs {
             paused: kept(PAUSE_ANNOTATION, "")?,
             cancel: kept(CANCEL_ANNOTATION, "")?,
             retry,
             accept_unjudged,
             window,
+            on_failure,
         })
     }
 }
@@ -171,5 +205,21 @@ mod tests {
             "{err}"
         );
         assert!(check_retry_value(&"1".repeat(MAX_KNOB_VALUE_BYTES)).is_ok());
+    }
+
+    #[test]
+    fn on_failure_is_rollback_or_hold_and_anything_else_is_named() {
+        let of = |value: &str| Knobs::of(&machine(json!({ ON_FAILURE_ANNOTATION: value })));
+        assert_eq!(of("hold").unwrap().on_failure, Some(OnFailure::Hold));
+        assert_eq!(
+            of("rollback").unwrap().on_failure,
+            Some(OnFailure::Rollback)
+        );
+        assert_eq!(of("").unwrap().on_failure, None);
+        let error = of("Hold").unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "annotation inplace-updater.dev/on-failure: invalid value \"Hold\", expected \"rollback\" or \"hold\""
+        );
     }
 }

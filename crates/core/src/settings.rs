@@ -2,6 +2,7 @@
 //! They can only narrow what the policy accepts in place for one registration, never widen it; the `drain*` settings
 //! replace the policy's drain defaults ([`crate::drain`]).
 
+use inplace_agent_api::OnFailure;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -38,6 +39,13 @@ pub const SETTINGS_DOC: &[(&str, &str)] = &[
          Remove it (or set \"\") to resume. Default: not paused.",
     ),
     (
+        ON_FAILURE_SETTING,
+        "\"rollback\" (default) or \"hold\": what the agent does when a step fails. \"rollback\" undoes the run's \
+         steps back to the last point of no return (a successful kubeadm upgrade), verifies the node Ready at its \
+         old kubelet version and lifts the update's own cordon; \"hold\" leaves the node as it failed, cordoned, \
+         for inspection. The Machine annotation inplace-updater.dev/on-failure overrides it.",
+    ),
+    (
         WINDOW_SETTING,
         "A maintenance window such as \"days=mon-fri start=22:00 end=04:00 tz=Europe/Berlin\" (days: names or ranges; \
          start/end: HH:MM local, end may be 24:00, an end at or before start is the next day; tz: IANA name, default \
@@ -66,6 +74,8 @@ pub const SETTINGS_DOC: &[(&str, &str)] = &[
     ),
 ];
 
+/// Setting: `rollback` or `hold` when a step fails.
+pub const ON_FAILURE_SETTING: &str = "onFailure";
 /// Setting: whether a patch version change drains.
 pub const DRAIN_PATCH_VERSION: &str = "drainPatchVersion";
 /// Setting: whether a kubelet flags change drains.
@@ -108,6 +118,9 @@ pub struct Settings {
     pub paused: Option<String>,
     /// `maintenanceWindow`: when runs may start and step (`None`: always).
     pub maintenance_window: Option<Window>,
+    /// `onFailure`: what the agent does when a step fails (`None`: roll back).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<OnFailure>,
     /// `drainPatchVersion`, `drainKubeletArgs`, `drainDeleteEmptyDirData`, `drainForceUnmanaged`: replace the
     /// policy's drain defaults for this registration.
     pub drain: DrainOverrides,
@@ -122,6 +135,7 @@ impl Default for Settings {
             patch_type: PatchType::JsonPatch,
             paused: None,
             maintenance_window: None,
+            on_failure: None,
             drain: DrainOverrides::default(),
         }
     }
@@ -133,7 +147,7 @@ pub enum SettingsError {
     /// A key this updater does not know (a typo would otherwise silently widen what goes in place).
     #[error(
         "unknown setting {key:?} (known: inPlace, disableActions, mode, patchType, paused, maintenanceWindow, \
-         drainPatchVersion, drainKubeletArgs, drainDeleteEmptyDirData, drainForceUnmanaged)"
+         onFailure, drainPatchVersion, drainKubeletArgs, drainDeleteEmptyDirData, drainForceUnmanaged)"
     )]
     UnknownKey {
         /// The key as given.
@@ -235,6 +249,14 @@ impl Settings {
                             value: value.clone(),
                             problem,
                         })?;
+                }
+                ON_FAILURE_SETTING => {
+                    s.on_failure = match v {
+                        "" => None,
+                        v => Some(crate::knobs::parse_on_failure(v).ok_or_else(|| {
+                            invalid(ON_FAILURE_SETTING, value, "\"rollback\" or \"hold\"")
+                        })?),
+                    }
                 }
                 DRAIN_PATCH_VERSION => {
                     s.drain.patch_version = Some(boolean(DRAIN_PATCH_VERSION, value)?)
@@ -418,5 +440,25 @@ mod tests {
             parse(&[("inPlace", "false"), ("mode", "in-place-only")]),
             Err(SettingsError::Conflict(_))
         ));
+    }
+
+    #[test]
+    fn on_failure_setting_is_rollback_or_hold() {
+        let of = |value: &str| {
+            Settings::from_map(&BTreeMap::from([(
+                ON_FAILURE_SETTING.to_owned(),
+                value.to_owned(),
+            )]))
+        };
+        assert_eq!(of("hold").unwrap().on_failure, Some(OnFailure::Hold));
+        assert_eq!(
+            of(" rollback ").unwrap().on_failure,
+            Some(OnFailure::Rollback)
+        );
+        assert_eq!(of("").unwrap().on_failure, None);
+        assert_eq!(
+            of("undo").unwrap_err().to_string(),
+            "setting onFailure: invalid value \"undo\", expected \"rollback\" or \"hold\""
+        );
     }
 }

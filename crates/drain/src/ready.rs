@@ -42,6 +42,13 @@ impl Drainer {
     }
 }
 
+impl Drainer {
+    /// The node's `status.nodeInfo.kubeletVersion` now (`None` when the Node does not report one).
+    pub async fn kubelet_version(&self) -> Result<Option<String>, DrainError> {
+        Ok(node_kubelet_version(&self.get_node().await?).filter(|v| !v.is_empty()))
+    }
+}
+
 fn node_kubelet_version(node: &Node) -> Option<String> {
     node.status
         .as_ref()

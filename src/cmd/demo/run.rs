@@ -32,6 +32,10 @@ pub const DEMO_PACE_SECONDS: &str = "0.4";
 pub const DEMO_PDB_REFUSALS: u32 = 4;
 /// Control-plane Machines in the demo cluster (the rest are workers).
 pub const CONTROL_PLANE_MACHINES: usize = 3;
+/// The result of a Machine whose update failed and whose agent rolled the node back.
+pub const ROLLED_BACK: &str = "rolled back";
+/// The result of a Machine the rollout never reached because an earlier one failed.
+pub const NOT_STARTED: &str = "not started";
 
 const CONTROL_PLANE_REQUEST: &str = include_str!("../../../tests/fixtures/update-machine-kcp.json");
 const WORKER_REQUEST: &str = include_str!("../../../tests/fixtures/update-machine-worker.json");
@@ -70,7 +74,7 @@ impl Drop for Children {
 pub struct MachineResult {
     /// The Machine.
     pub name: String,
-    /// `done` or the failure.
+    /// `done`, [`ROLLED_BACK`], [`NOT_STARTED`] or the failure.
     pub result: String,
     /// Time from the first UpdateMachine call to done.
     pub took: Duration,
@@ -206,8 +210,13 @@ fn start_server(exe: &Path, dir: &Path, tokens: &Path) -> Result<(Child, SocketA
     Ok((child, addr))
 }
 
-/// Runs the demo with `machines` Machines in `dir`, printing progress to stdout.
-pub async fn run(machines: usize, dir: &Path) -> Result<Vec<MachineResult>, DemoError> {
+/// Runs the demo with `machines` Machines in `dir`, printing progress to stdout; the kubelet restart of Machine
+/// `fail` (1-based) fails.
+pub async fn run(
+    machines: usize,
+    dir: &Path,
+    fail: Option<usize>,
+) -> Result<Vec<MachineResult>, DemoError> {
     let exe: PathBuf = std::env::current_exe().map_err(setup("locating this binary"))?;
     let certs_dir = dir.join("certs");
     write_dev_certs(&DevCertsSpec::with_defaults(
@@ -255,6 +264,11 @@ pub async fn run(machines: usize, dir: &Path) -> Result<Vec<MachineResult>, Demo
         sandbox
             .set_pace(DEMO_PACE_SECONDS)
             .map_err(setup("sandbox"))?;
+        if fail == Some(i + 1) {
+            sandbox
+                .fail_kubelet_restart(true)
+                .map_err(setup("sandbox"))?;
+        }
         add_workloads(&sandbox.kube, i, PdbBlock::Attempts(DEMO_PDB_REFUSALS));
         let log = std::fs::File::create(node_dir.join("agent.log")).map_err(setup("agent log"))?;
         let child = Command::new(&exe)
@@ -294,6 +308,18 @@ pub async fn run(machines: usize, dir: &Path) -> Result<Vec<MachineResult>, Demo
     let mut results = Vec::new();
     let mut workers_judged = false;
     for (name, control_plane, sandbox) in &names {
+        // CAPI does not go on to the next Machine while one failed: KCP and a MachineDeployment with
+        // maxUnavailable 1 wait for it.
+        if results.iter().any(|r: &MachineResult| r.result != "done") {
+            results.push(MachineResult {
+                name: name.clone(),
+                result: NOT_STARTED.to_owned(),
+                took: Duration::ZERO,
+                kubeadm: Vec::new(),
+                node: node_report(sandbox),
+            });
+            continue;
+        }
         let template = if *control_plane {
             let question = request_for(CONTROL_PLANE_QUESTION, name)?;
             let what = format!("default/{name}");
@@ -345,6 +371,7 @@ pub async fn run(machines: usize, dir: &Path) -> Result<Vec<MachineResult>, Demo
             match (status, answer["status"].as_str(), retry) {
                 (200, Some("Success"), 0) => break "done".to_string(),
                 (200, Some("Success"), _) => {}
+                _ if message.contains("; rolled back step") => break ROLLED_BACK.to_owned(),
                 _ => break format!("failed: {message}"),
             }
             if begun.elapsed() > MACHINE_DEADLINE {
@@ -414,7 +441,8 @@ fn node_report(sandbox: &Sandbox) -> String {
         .map(|e| e.pod.clone())
         .collect();
     format!(
-        "{}; evicted {} ({refused} refused by a budget)",
+        "kubelet {}; {}; evicted {} ({refused} refused by a budget)",
+        sandbox.kubelet_version(),
         if patches.is_empty() {
             "never cordoned".to_owned()
         } else {
@@ -433,7 +461,7 @@ pub fn summary(results: &[MachineResult]) -> String {
     let mut out = String::from("\nsummary\n");
     for r in results {
         out.push_str(&format!(
-            "  default/{:<32} {:<8} {:>6.1}s  {}\n  {:<42} node: {}\n",
+            "  default/{:<32} {:<11} {:>6.1}s  {}\n  {:<45} node: {}\n",
             r.name,
             r.result,
             r.took.as_secs_f64(),

@@ -38,23 +38,47 @@ echo "apt-get $*" >> "$INPLACE_ROOT/calls.log"
 if [ -e "$INPLACE_ROOT/pace" ]; then sleep "$(cat "$INPLACE_ROOT/pace")"; fi
 for arg in "$@"; do
   case "$arg" in
-    kubeadm=*) v="${arg#kubeadm=}"; echo "v${v%-\*}" > "$INPLACE_ROOT/var/lib/fake/kubeadm-version" ;;
-    kubelet=*) v="${arg#kubelet=}"; echo "v${v%-\*}" > "$INPLACE_ROOT/var/lib/fake/kubelet-version" ;;
+    kubeadm=*) v="${arg#kubeadm=}"; echo "v${v%%-*}" > "$INPLACE_ROOT/var/lib/fake/kubeadm-version" ;;
+    kubelet=*) v="${arg#kubelet=}"; echo "v${v%%-*}" > "$INPLACE_ROOT/var/lib/fake/kubelet-version" ;;
   esac
 done
 "#;
 
-const SYSTEMCTL: &str = r#"#!/bin/sh
-echo "systemctl $*" >> "$INPLACE_ROOT/calls.log"
+/// `dpkg-query -W -f=${Version} PACKAGE`: the "installed" package version, as Debian spells it (`1.33.4-1.1`).
+const DPKG_QUERY: &str = r#"#!/bin/sh
+echo "dpkg-query $*" >> "$INPLACE_ROOT/calls.log"
+for package; do :; done
+case "$package" in
+  kubeadm) file=kubeadm-version ;;
+  kubelet|kubectl) file=kubelet-version ;;
+  *) echo "dpkg-query: no packages found matching $package" >&2; exit 1 ;;
+esac
+version=$(cat "$INPLACE_ROOT/var/lib/fake/$file")
+printf '%s-1.1\n' "${version#v}"
 "#;
 
-/// Agent driver config of a sandbox: package-manager style commands, all resolved in `{{root}}/bin` first.
+const SYSTEMCTL: &str = r#"#!/bin/sh
+echo "systemctl $*" >> "$INPLACE_ROOT/calls.log"
+if [ "$1 $2" = "restart kubelet" ] && [ -e "$INPLACE_ROOT/fail-kubelet-restart" ]; then
+  rm -f "$INPLACE_ROOT/fail-kubelet-restart"
+  echo "Job for kubelet.service failed because the control process exited with error code." >&2
+  exit 1
+fi
+"#;
+
+/// Agent driver config of a sandbox: package-manager style commands, all resolved in `{{root}}/bin` first; the
+/// package installs record the version found before and undo by reinstalling it (as the shipped apt config).
 pub const AGENT_CONFIG: &str = r#"path: ["{{root}}/bin", /usr/bin, /bin]
 kubernetes:
   installKubeadm:
     skipIf: {run: [kubeadm, version, -o, short], stdoutEquals: "{{version}}"}
+    record:
+      - {name: kubeadm, run: [dpkg-query, -W, "-f=${Version}", kubeadm]}
     commands:
       - run: [apt-get, install, -y, "kubeadm={{bareVersion}}-*"]
+    undo:
+      commands:
+        - run: [apt-get, install, -y, --allow-downgrades, "kubeadm={{record.kubeadm}}"]
   kubeadmUpgradeApply:
     commands:
       - run: [kubeadm, upgrade, apply, "{{version}}", --yes]
@@ -63,9 +87,15 @@ kubernetes:
       - run: [kubeadm, upgrade, node]
   installKubelet:
     skipIf: {run: [kubelet, --version], stdoutEquals: "Kubernetes {{version}}"}
+    record:
+      - {name: kubelet, run: [dpkg-query, -W, "-f=${Version}", kubelet]}
     commands:
       - run: [apt-get, install, -y, "kubelet={{bareVersion}}-*", "kubectl={{bareVersion}}-*"]
       - run: [systemctl, restart, kubelet]
+    undo:
+      commands:
+        - run: [apt-get, install, -y, --allow-downgrades, "kubelet={{record.kubelet}}", "kubectl={{record.kubelet}}"]
+        - run: [systemctl, restart, kubelet]
 inventory:
   kubeletVersion: [kubelet, --version]
   kubeadmVersion: [kubeadm, version, -o, short]
@@ -118,6 +148,7 @@ impl Sandbox {
             ("kubeadm", KUBEADM),
             ("kubelet", KUBELET),
             ("apt-get", APT_GET),
+            ("dpkg-query", DPKG_QUERY),
             ("systemctl", SYSTEMCTL),
         ] {
             write(&root.join("bin").join(name), script, 0o755)?;
@@ -211,6 +242,17 @@ impl Sandbox {
     pub fn gate_kubeadm(&self, closed: bool) -> std::io::Result<()> {
         let marker = self.path("/gate-kubeadm");
         if closed {
+            std::fs::write(marker, "")
+        } else {
+            std::fs::remove_file(marker).or(Ok(()))
+        }
+    }
+
+    /// Makes the next `systemctl restart kubelet` fail (once: the restart the rollback runs again succeeds), or
+    /// not.
+    pub fn fail_kubelet_restart(&self, fail: bool) -> std::io::Result<()> {
+        let marker = self.path("/fail-kubelet-restart");
+        if fail {
             std::fs::write(marker, "")
         } else {
             std::fs::remove_file(marker).or(Ok(()))

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use inplace_agent_api::{
-    AgentIdentity, Hold, MAX_WAIT_SECONDS, MachineRef, Plan, PlanProgress, PollRequest,
+    AgentIdentity, Hold, MAX_WAIT_SECONDS, MachineRef, OnFailure, Plan, PlanProgress, PollRequest,
     PollResponse,
 };
 
@@ -89,12 +89,14 @@ impl Agents {
         let key = update_key(machine, &progress.plan_id);
         let now = self.floor.now_ms();
         let mut failed_kind = None;
+        let mut rollback_end = None;
         self.floor
             .db
             .update(&key, |current: Option<&UpdateRecord>| {
-                failed_kind = None;
+                (failed_kind, rollback_end) = (None, None);
                 let Some(run) = current else { return Ok(None) };
-                let was_failed = run.outcome().is_failure();
+                let was_failed = failed_at(&run.outcome()).is_some();
+                let before = run.rollback_state();
                 let expected = record.and_then(|r| hold_for(r, run, now));
                 let mut progress = progress.clone();
                 progress.hold = progress.hold.filter(|h| Some(h) == expected.as_ref());
@@ -102,19 +104,23 @@ impl Agents {
                 if !run.apply_progress(&progress, now) {
                     return Ok(None);
                 }
-                if let (RunOutcome::Failed { index }, false) = (run.outcome(), was_failed) {
+                if let (Some(index), false) = (failed_at(&run.outcome()), was_failed) {
                     failed_kind = run
                         .plan
                         .steps
                         .get(index)
                         .map(|step| step.action.step_kind());
                 }
+                rollback_end = run.rollback_ended_since(before).cloned();
                 Ok(Some(run))
             })
             .await?;
         if let Some(kind) = failed_kind {
             // Its report was lost: no duration, but the failure counts.
             self.fleet.step_finished(kind, None, true);
+        }
+        if let Some(rollback) = rollback_end {
+            self.rollback_ended(machine, &progress.plan_id, &rollback);
         }
         Ok(())
     }
@@ -125,7 +131,7 @@ impl Agents {
         scope: &AgentScope,
         machine: &MachineRef,
         current: Option<&PlanProgress>,
-    ) -> Result<Option<(Plan, Option<Hold>)>, DispatchError> {
+    ) -> Result<Option<(Plan, Option<Hold>, Option<OnFailure>)>, DispatchError> {
         let Some(record) = self.scoped_machine(scope, machine).await? else {
             return Ok(None);
         };
@@ -138,7 +144,9 @@ impl Agents {
             return Ok(None);
         };
         let hold = hold_for(&record, &run, self.floor.now_ms());
-        Ok(run.agent_needs_plan(current).then_some((run.plan, hold)))
+        Ok(run
+            .agent_needs_plan(current)
+            .then_some((run.plan, hold, record.on_failure)))
     }
 
     /// Long-poll: answers at once with the Machine's current run when the agent has not finished it, else
@@ -170,6 +178,8 @@ impl Agents {
         let notify = self.waiter(&machine);
         // The hold both sides agree on while the agent waits out a hold (said again when the poll times out).
         let mut agreed: Option<Hold>;
+        // The Machine's onFailure, said with every answer that carries a plan or a hold.
+        let mut on_failure: Option<OnFailure> = None;
         let answer = loop {
             // Register interest before looking, so a run recorded in between is not missed.
             let for_machine = notify.notified();
@@ -181,7 +191,8 @@ impl Agents {
                 .pending_plan(scope, &machine, request.current.as_ref())
                 .await
             {
-                Ok(Some((plan, hold))) => {
+                Ok(Some((plan, hold, said))) => {
+                    on_failure = said;
                     // An agent already honouring this very hold waits here until it changes; any other agent
                     // gets the plan (its go-ahead, or the plan to adopt) with the hold now.
                     let honoured = request
@@ -193,7 +204,7 @@ impl Agents {
                         break Ok(PollResponse {
                             plan: Some(plan),
                             hold,
-                            on_failure: None,
+                            on_failure,
                         });
                     }
                     agreed = hold;
@@ -204,12 +215,30 @@ impl Agents {
             tokio::select! {
                 () = &mut for_machine => {}
                 () = &mut for_everyone => {}
-                () = tokio::time::sleep_until(deadline) => break Ok(PollResponse { plan: None, hold: agreed, on_failure: None }),
+                () = tokio::time::sleep_until(deadline) => break Ok(held(agreed, on_failure)),
                 // Shutting down: answer now so the drain is not held up by idle polls.
-                () = self.floor.shutdown.cancelled() => break Ok(PollResponse { plan: None, hold: agreed, on_failure: None }),
+                () = self.floor.shutdown.cancelled() => break Ok(held(agreed, on_failure)),
             }
         };
         self.release_waiter(&machine, notify);
         answer
+    }
+}
+
+/// The answer without a plan: the agreed hold, and with it the Machine's onFailure (an answer carrying neither
+/// says nothing about it).
+fn held(hold: Option<Hold>, on_failure: Option<OnFailure>) -> PollResponse {
+    PollResponse {
+        on_failure: on_failure.filter(|_| hold.is_some()),
+        plan: None,
+        hold,
+    }
+}
+
+/// The failed step of a run that failed (whether or not it is being rolled back).
+fn failed_at(outcome: &RunOutcome) -> Option<usize> {
+    match outcome {
+        RunOutcome::Failed { index } | RunOutcome::RollingBack { index } => Some(*index),
+        _ => None,
     }
 }

@@ -13,7 +13,8 @@ use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::hold::hold_for;
 use crate::dispatch::floor::keys::{machine_key, update_key};
 use crate::dispatch::floor::records::MachineRecord;
-use crate::dispatch::floor::run::UpdateRecord;
+use crate::dispatch::floor::run::{RunRollback, UpdateRecord};
+use inplace_agent_api::RollbackState;
 
 impl Agents {
     /// One step report: applied to the run it names, which must be the Machine's current run. Answers the hold
@@ -40,21 +41,26 @@ impl Agents {
         let now = self.floor.now_ms();
         let mut rejection = None;
         let mut ended = None;
+        let mut rollback_end = None;
         let run = self
             .floor
             .db
             .update(
                 &update_key(&machine, &report.plan_id),
                 |current: Option<&UpdateRecord>| {
-                    ended = None;
+                    (ended, rollback_end) = (None, None);
                     let Some(run) = current else { return Ok(None) };
+                    let before = run.rollback_state();
                     let mut run = run.clone();
                     match run.apply_report(report, now) {
                         Ok(true) => {
-                            ended =
-                                run.plan.steps.get(report.step_index as usize).map(|step| {
-                                    (step.action.step_kind(), step.description.clone())
-                                });
+                            ended = run
+                                .plan
+                                .steps
+                                .get(report.step_index as usize)
+                                .filter(|_| !report.undo)
+                                .map(|step| (step.action.step_kind(), step.description.clone()));
+                            rollback_end = run.rollback_ended_since(before).cloned();
                             Ok(Some(run))
                         }
                         Ok(false) => Ok(None),
@@ -68,6 +74,9 @@ impl Agents {
             .await?;
         if let Some((kind, description)) = ended {
             self.step_ended(&machine, report, kind, &description);
+        }
+        if let Some(rollback) = rollback_end {
+            self.rollback_ended(&machine, &report.plan_id, &rollback);
         }
         if let Some(err) = rejection {
             return Err(DispatchError::BadRequest(err.to_string()));
@@ -112,6 +121,24 @@ impl Agents {
                 detail = report.message.as_deref().unwrap_or_default(),
                 "step failed; the update stops here"
             );
+        }
+    }
+
+    /// Counts a rollback that just ended (the first report or progress that said so) and logs it.
+    pub(super) fn rollback_ended(
+        &self,
+        machine: &MachineRef,
+        run_id: &str,
+        rollback: &RunRollback,
+    ) {
+        let rolled_back = rollback.state == RollbackState::RolledBack;
+        self.fleet.rollback_ended(rolled_back);
+        let run = run_id.chars().take(12).collect::<String>();
+        let summary = rollback.summary();
+        if rolled_back {
+            tracing::warn!(%machine, %run, failed_step = rollback.failed_step + 1, %summary, "update rolled back");
+        } else {
+            tracing::error!(%machine, %run, failed_step = rollback.failed_step + 1, %summary, "rollback failed: node left cordoned");
         }
     }
 

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use inplace_agent_api::MachineRef;
+use inplace_agent_api::{MachineRef, RollbackState};
 use inplace_store::Change;
 use serde::Deserialize;
 
@@ -19,7 +19,7 @@ use crate::dispatch::floor::keys::{
     AGENTS_PREFIX, MACHINES_PREFIX, UPDATES_PREFIX, parse_machine, parse_update_key, update_key,
 };
 use crate::dispatch::floor::records::MachineRecord;
-use crate::dispatch::floor::run::{CancelledRun, RunOutcome, RunStepRecord};
+use crate::dispatch::floor::run::{CancelledRun, RunOutcome, RunRollback, RunStepRecord};
 use crate::observe::StateLabels;
 
 /// Pause before rebuilding the census again after the store failed to list.
@@ -40,16 +40,25 @@ pub enum UpdateState {
     Paused,
     /// Cancelled by an operator.
     Cancelled,
+    /// A step failed and the agent is undoing the run.
+    RollingBack,
+    /// A step failed and the agent undid the run and verified the node.
+    RolledBack,
+    /// A step failed and so did the rollback: the node is left cordoned for an operator.
+    RollbackFailed,
 }
 
 impl UpdateState {
-    const ALL: [UpdateState; 6] = [
+    const ALL: [UpdateState; 9] = [
         Self::Recorded,
         Self::Running,
         Self::Done,
         Self::Failed,
         Self::Paused,
         Self::Cancelled,
+        Self::RollingBack,
+        Self::RolledBack,
+        Self::RollbackFailed,
     ];
 
     /// The `state` label.
@@ -61,22 +70,30 @@ impl UpdateState {
             Self::Failed => "failed",
             Self::Paused => "paused",
             Self::Cancelled => "cancelled",
+            Self::RollingBack => "rolling-back",
+            Self::RolledBack => "rolled-back",
+            Self::RollbackFailed => "rollback-failed",
         }
     }
 
-    fn of(outcome: &RunOutcome) -> Self {
+    fn of(outcome: &RunOutcome, rollback: Option<RollbackState>) -> Self {
         match outcome {
             RunOutcome::Waiting => Self::Recorded,
             RunOutcome::InProgress { .. } => Self::Running,
             RunOutcome::Done => Self::Done,
-            RunOutcome::Failed { .. } => Self::Failed,
+            RunOutcome::Failed { .. } => match rollback {
+                Some(RollbackState::RolledBack) => Self::RolledBack,
+                Some(RollbackState::Failed) => Self::RollbackFailed,
+                _ => Self::Failed,
+            },
+            RunOutcome::RollingBack { .. } => Self::RollingBack,
             RunOutcome::Cancelled { .. } => Self::Cancelled,
         }
     }
 
     fn unfinished(self) -> bool {
         // A paused run is not stuck: the stalled-update gauge leaves it out.
-        matches!(self, Self::Recorded | Self::Running)
+        matches!(self, Self::Recorded | Self::Running | Self::RollingBack)
     }
 }
 
@@ -90,6 +107,8 @@ struct RunTimes {
     held: Option<inplace_agent_api::Hold>,
     #[serde(default)]
     cancelled: Option<CancelledRun>,
+    #[serde(default)]
+    rollback: Option<RunRollback>,
 }
 
 impl RunTimes {
@@ -101,8 +120,10 @@ impl RunTimes {
             .flat_map(|s| [s.started_ms, s.finished_ms])
             .flatten()
             .fold(self.created_ms, u64::max);
-        let outcome = RunOutcome::of_run(&self.steps, self.cancelled.as_ref());
-        let state = match UpdateState::of(&outcome) {
+        let outcome =
+            RunOutcome::of_run(&self.steps, self.cancelled.as_ref(), self.rollback.as_ref());
+        let rollback = self.rollback.as_ref().map(|r| r.state);
+        let state = match UpdateState::of(&outcome, rollback) {
             UpdateState::Recorded | UpdateState::Running if self.held.is_some() => {
                 UpdateState::Paused
             }
@@ -125,7 +146,7 @@ pub struct Census {
     machines: HashMap<MachineRef, Tally>,
     /// When each agent's last-seen record was last written (Unix ms, as this replica saw the write).
     agents: HashMap<MachineRef, u64>,
-    counts: [i64; 6],
+    counts: [i64; UpdateState::ALL.len()],
 }
 
 fn index(state: UpdateState) -> usize {
@@ -183,7 +204,7 @@ impl Census {
     }
 
     /// Machines per state.
-    pub fn counts(&self) -> [(UpdateState, i64); 6] {
+    pub fn counts(&self) -> [(UpdateState, i64); UpdateState::ALL.len()] {
         UpdateState::ALL.map(|state| (state, self.counts[index(state)]))
     }
 
@@ -402,14 +423,14 @@ mod tests {
         census.set_state(&m("a"), "old", Some((UpdateState::Failed, 40)));
         assert_eq!(
             census.counts().map(|(_, n)| n),
-            [0, 1, 0, 1, 0, 0],
+            [0, 1, 0, 1, 0, 0, 0, 0, 0],
             "a superseded run is not counted"
         );
         assert!(!census.set_run(&m("a"), "r1"), "same run: no change");
         assert!(census.set_run(&m("b"), "r3"), "a new desired state");
-        assert_eq!(census.counts().map(|(_, n)| n), [0, 1, 0, 0, 0, 0]);
+        assert_eq!(census.counts().map(|(_, n)| n), [0, 1, 0, 0, 0, 0, 0, 0, 0]);
         census.remove(&m("a"));
-        assert_eq!(census.counts().map(|(_, n)| n), [0, 0, 0, 0, 0, 0]);
+        assert_eq!(census.counts().map(|(_, n)| n), [0, 0, 0, 0, 0, 0, 0, 0, 0]);
     }
 
     #[test]

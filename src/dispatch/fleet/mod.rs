@@ -60,6 +60,11 @@ impl Fleet {
         }
     }
 
+    /// Counts a rollback that ended (`rolled_back`: the node verified as before; else left cordoned).
+    pub fn rollback_ended(&self, rolled_back: bool) {
+        self.metrics.rollback_ended(rolled_back);
+    }
+
     /// Counts one refused agent request.
     pub fn agent_refused(&self, reason: &'static str) {
         self.metrics

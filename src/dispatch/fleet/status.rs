@@ -11,6 +11,7 @@ use crate::dispatch::floor::keys::{REFUSALS_PREFIX, UPDATES_PREFIX, machine_key}
 use crate::dispatch::floor::records::MachineRecord;
 use crate::dispatch::floor::run::{RunOutcome, UpdateRecord};
 use crate::dispatch::licence::RefusalRecord;
+use inplace_agent_api::RollbackState;
 use inplace_core::knobs::CANCEL_ANNOTATION;
 
 /// Where a run is, for `status`.
@@ -23,8 +24,12 @@ pub enum StatusState {
     InProgress,
     /// Done.
     Done,
-    /// A step failed.
+    /// A step failed (and, when the agent rolled back, the rollback failed: the node is left cordoned).
     Failed,
+    /// A step failed and the agent is undoing the steps before it.
+    RollingBack,
+    /// A step failed and the agent undid the run and verified the node as it was before.
+    RolledBack,
     /// Held by an operator pause (or another hold): no new step starts.
     Paused,
     /// Cancelled by an operator.
@@ -86,7 +91,11 @@ impl Fleet {
             let total = run.plan.steps.len();
             let (state, index) = match run.outcome() {
                 RunOutcome::Done => (StatusState::Done, None),
-                RunOutcome::Failed { index } => (StatusState::Failed, Some(index)),
+                RunOutcome::Failed { index } => match run.rollback.as_ref().map(|r| r.state) {
+                    Some(RollbackState::RolledBack) => (StatusState::RolledBack, Some(index)),
+                    _ => (StatusState::Failed, Some(index)),
+                },
+                RunOutcome::RollingBack { index } => (StatusState::RollingBack, Some(index)),
                 RunOutcome::Cancelled { .. } => (StatusState::Cancelled, None),
                 _ if !current => (StatusState::Superseded, None),
                 _ if hold.is_some() => (StatusState::Paused, None),
@@ -99,6 +108,9 @@ impl Fleet {
                     let mut message = record.message.clone().unwrap_or_default();
                     if let Some(code) = record.exit_code {
                         message = format!("exit {code}; {message}");
+                    }
+                    if let Some(rollback) = &run.rollback {
+                        message = format!("{message}; {}", rollback.summary());
                     }
                     (
                         format!("step {}/{total}: {}", i + 1, step.description),

@@ -10,6 +10,7 @@ pub mod format;
 pub mod hold;
 pub mod keys;
 pub mod records;
+pub mod rollback;
 pub mod run;
 
 use std::sync::Arc;

@@ -45,6 +45,10 @@ pub struct MachineRecord {
     /// What the run's desired state does to the node, as the verdict that licensed it judged it (or as
     /// assumed without one): rebuilding the plan for the same state decides the same drain.
     pub node_change: NodeChange,
+    /// What the agent does when a step fails (`inplace-updater.dev/on-failure`, else the `onFailure` setting;
+    /// `None`: roll back), as the last UpdateMachine saw it; sent with every plan and hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<inplace_agent_api::OnFailure>,
 }
 
 /// An operator cancel value as dispatch recorded it.

@@ -2,10 +2,15 @@
 //! far each step got), the lighter [`RunView`] UpdateMachine answers from, and the pure transitions a run goes
 //! through (step reports, the agent's progress summary). No I/O: every function here is tested alone.
 
+use std::collections::BTreeMap;
+
 use inplace_agent_api::{
-    Hold, MachineRef, Plan, PlanProgress, PlanStatus, StepKind, StepReport, StepStatus,
+    Hold, MachineRef, Plan, PlanProgress, PlanStatus, RollbackProgress, RollbackState, StepKind,
+    StepReport, StepStatus,
 };
 use serde::{Deserialize, Serialize};
+
+pub use super::rollback::RunRollback;
 
 /// Longest stderr tail kept per step (the agent sends at most 4 KiB; operators need the end).
 pub const KEPT_STDERR_BYTES: usize = inplace_agent_api::STDERR_TAIL_MAX_BYTES;
@@ -67,8 +72,42 @@ pub struct RunStepRecord {
     pub message: Option<String>,
 }
 
+/// The step state a report's status means.
+fn state_of(status: StepStatus) -> StepState {
+    match status {
+        StepStatus::Running => StepState::Running,
+        StepStatus::Succeeded => StepState::Succeeded,
+        StepStatus::Failed => StepState::Failed,
+    }
+}
+
+/// Whether `report` (meaning `state`) is news for `step`: a newer attempt, or the same attempt not yet final
+/// with a new state (or, while running, a new message: the agent's automatic retries, "attempt 2/3 …").
+fn report_is_news(step: &RunStepRecord, report: &StepReport, state: StepState) -> bool {
+    let news = state != step.state
+        || (state == StepState::Running
+            && report.message.is_some()
+            && report.message != step.message);
+    report.attempt > step.attempt
+        || (report.attempt == step.attempt && !step.state.is_final() && news)
+}
+
 impl RunStepRecord {
-    fn pending() -> Self {
+    /// Takes `report` (meaning `state`) as this record's attempt.
+    fn record(&mut self, report: &StepReport, state: StepState) {
+        self.state = state;
+        self.attempt = report.attempt;
+        self.started_ms = report.started_at_unix_ms.or(self.started_ms);
+        self.finished_ms = report.finished_at_unix_ms;
+        self.exit_code = report.exit_code;
+        self.stderr_tail = report
+            .stderr_tail
+            .as_deref()
+            .map(|t| inplace_agent_api::truncate_tail(t, KEPT_STDERR_BYTES).to_string());
+        self.message = report.message.clone();
+    }
+
+    pub(super) fn pending() -> Self {
         Self {
             state: StepState::Pending,
             attempt: 0,
@@ -100,6 +139,9 @@ pub struct UpdateRecord {
     /// Set when the agent confirmed an operator cancel: the run ended there (and counts as failed for a retry).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancelled: Option<CancelledRun>,
+    /// Set once the agent reported a rollback of this run (a step failed under `onFailure: rollback`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<RunRollback>,
 }
 
 /// Where a run is, as UpdateMachine reports it.
@@ -114,9 +156,14 @@ pub enum RunOutcome {
     },
     /// Every step succeeded.
     Done,
-    /// Step `index` failed.
+    /// Step `index` failed (and the rollback, if there was one, ended: see the run's `rollback`).
     Failed {
         /// The step.
+        index: usize,
+    },
+    /// Step `index` failed and the agent is undoing the steps before it: the run has not ended.
+    RollingBack {
+        /// The failed step.
         index: usize,
     },
     /// An operator cancelled it; the agent stopped after `after` steps.
@@ -127,13 +174,22 @@ pub enum RunOutcome {
 }
 
 impl RunOutcome {
-    /// Where a run with these step records and this cancel is.
-    pub fn of_run(steps: &[RunStepRecord], cancelled: Option<&CancelledRun>) -> RunOutcome {
-        match cancelled {
-            Some(cancelled) => RunOutcome::Cancelled {
+    /// Where a run with these step records, this cancel and this rollback is.
+    pub fn of_run(
+        steps: &[RunStepRecord],
+        cancelled: Option<&CancelledRun>,
+        rollback: Option<&RunRollback>,
+    ) -> RunOutcome {
+        match (cancelled, RunOutcome::of(steps), rollback) {
+            (Some(cancelled), _, _) => RunOutcome::Cancelled {
                 after: cancelled.after_steps as usize,
             },
-            None => RunOutcome::of(steps),
+            (None, RunOutcome::Failed { index }, Some(rollback))
+                if rollback.state == RollbackState::RollingBack =>
+            {
+                RunOutcome::RollingBack { index }
+            }
+            (None, outcome, _) => outcome,
         }
     }
 
@@ -173,6 +229,9 @@ pub struct RunView {
     /// Set once the run was cancelled.
     #[serde(default)]
     pub cancelled: Option<CancelledRun>,
+    /// Set once its agent reported a rollback.
+    #[serde(default)]
+    pub rollback: Option<RunRollback>,
 }
 
 /// The parts of a [`Plan`] a [`RunView`] keeps.
@@ -223,12 +282,13 @@ impl RunView {
             steps: record.steps.clone(),
             held: record.held.clone(),
             cancelled: record.cancelled.clone(),
+            rollback: record.rollback.clone(),
         }
     }
 
     /// Where the run is.
     pub fn outcome(&self) -> RunOutcome {
-        RunOutcome::of_run(&self.steps, self.cancelled.as_ref())
+        RunOutcome::of_run(&self.steps, self.cancelled.as_ref(), self.rollback.as_ref())
     }
 }
 
@@ -247,6 +307,7 @@ impl UpdateRecord {
             steps,
             held: None,
             cancelled: None,
+            rollback: None,
         };
         if record.steps.is_empty() {
             record.finished_ms = Some(now_ms);
@@ -256,7 +317,19 @@ impl UpdateRecord {
 
     /// Where the run is.
     pub fn outcome(&self) -> RunOutcome {
-        RunOutcome::of_run(&self.steps, self.cancelled.as_ref())
+        RunOutcome::of_run(&self.steps, self.cancelled.as_ref(), self.rollback.as_ref())
+    }
+
+    /// The rollback's state, if the agent reported one.
+    pub fn rollback_state(&self) -> Option<RollbackState> {
+        self.rollback.as_ref().map(|r| r.state)
+    }
+
+    /// The rollback, when it reached its end since it was `before` (the first change seen to a final state).
+    pub fn rollback_ended_since(&self, before: Option<RollbackState>) -> Option<&RunRollback> {
+        self.rollback
+            .as_ref()
+            .filter(|r| r.state != RollbackState::RollingBack && before != Some(r.state))
     }
 
     /// Steps that succeeded, from the first.
@@ -277,39 +350,40 @@ impl UpdateRecord {
 
     /// Applies one step report. Returns whether anything changed. Reports are at-least-once: a repeat is a
     /// no-op, a `running` report never overwrites a final state of the same or a later attempt, and nothing
-    /// changes once the run failed.
+    /// changes once the run failed. An undo's report (`undo`) goes to the run's rollback; the rollback summary
+    /// a report carries is folded in after the report itself.
     pub fn apply_report(
         &mut self,
         report: &StepReport,
         now_ms: u64,
     ) -> Result<bool, ReportRejection> {
-        let index = report.step_index as usize;
-        let Some(step) = self.steps.get(index) else {
+        if self.steps.get(report.step_index as usize).is_none() {
             return Err(ReportRejection::NoSuchStep(report.step_index));
-        };
-        if let RunOutcome::Failed { index: failed } = self.outcome()
-            && (failed != index || report.status != StepStatus::Failed)
-        {
-            return Ok(false);
         }
         if self.cancelled.is_some() {
             return Ok(false);
         }
-        let state = match report.status {
-            StepStatus::Running => StepState::Running,
-            StepStatus::Succeeded => StepState::Succeeded,
-            StepStatus::Failed => StepState::Failed,
-        };
-        let newer_attempt = report.attempt > step.attempt;
-        let same_attempt = report.attempt == step.attempt;
-        // A running step's new message (the agent's automatic retries: "attempt 2/3 …") is news too.
-        let news = state != step.state
-            || (state == StepState::Running
-                && report.message.is_some()
-                && report.message != step.message);
-        let allowed = newer_attempt || (same_attempt && !step.state.is_final() && news);
-        if !allowed {
-            return Ok(false);
+        if report.undo {
+            let rolled = self.absorb_rollback(report.rollback.as_ref(), now_ms);
+            return Ok(self.apply_undo_report(report) || rolled);
+        }
+        let stepped = self.apply_step_report(report, now_ms);
+        let rolled = self.absorb_rollback(report.rollback.as_ref(), now_ms);
+        Ok(stepped || rolled)
+    }
+
+    /// A forward step's report (its index is checked).
+    fn apply_step_report(&mut self, report: &StepReport, now_ms: u64) -> bool {
+        let index = report.step_index as usize;
+        if let RunOutcome::Failed { index: failed } | RunOutcome::RollingBack { index: failed } =
+            self.outcome()
+            && (failed != index || report.status != StepStatus::Failed)
+        {
+            return false;
+        }
+        let state = state_of(report.status);
+        if !report_is_news(&self.steps[index], report, state) {
+            return false;
         }
         // A step's success implies every earlier step succeeded (the agent runs them in order).
         if state == StepState::Succeeded {
@@ -319,29 +393,73 @@ impl UpdateRecord {
                 }
             }
         }
-        let step = &mut self.steps[index];
-        step.state = state;
-        step.attempt = report.attempt;
-        step.started_ms = report.started_at_unix_ms.or(step.started_ms);
-        step.finished_ms = report.finished_at_unix_ms;
-        step.exit_code = report.exit_code;
-        step.stderr_tail = report
-            .stderr_tail
-            .as_deref()
-            .map(|t| inplace_agent_api::truncate_tail(t, KEPT_STDERR_BYTES).to_string());
-        step.message = report.message.clone();
+        self.steps[index].record(report, state);
         self.settle(now_ms);
-        Ok(true)
+        true
+    }
+
+    /// An undo's report: its record under the step it undoes (the same at-least-once rules as a step's).
+    fn apply_undo_report(&mut self, report: &StepReport) -> bool {
+        let Some(rollback) = self.rollback.as_mut() else {
+            // The summary rides every undo report: it is recorded first, by `absorb_rollback`.
+            return false;
+        };
+        let state = state_of(report.status);
+        let undo = rollback
+            .undos
+            .entry(report.step_index)
+            .or_insert_with(RunStepRecord::pending);
+        if !report_is_news(undo, report, state) {
+            return false;
+        }
+        undo.record(report, state);
+        true
+    }
+
+    /// Records the agent's rollback summary (from a report or its progress). The first one starts the run's
+    /// rollback record; a final state ends the run.
+    fn absorb_rollback(&mut self, progress: Option<&RollbackProgress>, now_ms: u64) -> bool {
+        let Some(progress) = progress.filter(|p| (p.failed_step as usize) < self.steps.len())
+        else {
+            return false;
+        };
+        let changed = match self.rollback.as_mut() {
+            Some(rollback) => rollback.absorb(progress),
+            None => {
+                self.rollback = Some(RunRollback {
+                    state: progress.state,
+                    failed_step: progress.failed_step,
+                    undone: progress.undone,
+                    message: progress.message.clone(),
+                    undos: BTreeMap::new(),
+                });
+                true
+            }
+        };
+        // The failed step's own report may come later: the rollback says it failed.
+        if let Some(step) = self.steps.get_mut(progress.failed_step as usize)
+            && step.state != StepState::Failed
+        {
+            step.state = StepState::Failed;
+            step.message
+                .get_or_insert_with(|| "the agent reported this step failed".into());
+        }
+        self.settle(now_ms);
+        changed
     }
 
     /// Folds in the agent's summary of this run (sent with every poll and inventory), so progress whose
     /// reports were lost is not lost. Returns whether anything changed.
     pub fn apply_progress(&mut self, progress: &PlanProgress, now_ms: u64) -> bool {
-        if progress.plan_id != self.plan.id || self.outcome().is_failure() {
+        if progress.plan_id != self.plan.id || self.cancelled.is_some() {
             return false;
         }
+        let rolled = self.absorb_rollback(progress.rollback.as_ref(), now_ms);
+        if self.outcome().is_failure() || matches!(self.outcome(), RunOutcome::RollingBack { .. }) {
+            return rolled;
+        }
         let succeeded = (progress.succeeded_steps as usize).min(self.steps.len());
-        let mut changed = false;
+        let mut changed = rolled;
         for step in &mut self.steps[..succeeded] {
             if step.state != StepState::Succeeded {
                 step.state = StepState::Succeeded;

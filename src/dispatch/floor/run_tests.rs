@@ -35,6 +35,7 @@ fn report(index: u32, status: StepStatus, attempt: u32) -> StepReport {
         stderr_tail: None,
         message: None,
         undo: false,
+        rollback: None,
     }
 }
 

@@ -2,7 +2,7 @@
 //! its agent was last seen and why it was refused, and how long until CAPI should call again. Pure: every input
 //! is loaded before and passed in, so a restart or another replica answers the same.
 
-use inplace_agent_api::{Hold, HoldReason, MachineRef};
+use inplace_agent_api::{Hold, HoldReason, MachineRef, OnFailure};
 use inplace_core::knobs::{CANCEL_ANNOTATION, PAUSE_ANNOTATION, RETRY_ANNOTATION};
 use inplace_core::window::{Gate, Window};
 
@@ -71,7 +71,9 @@ pub fn answer(inputs: &Inputs<'_>) -> UpdateAnswer {
         inputs.now_ms,
     );
     let normal = inputs.config.retry_after_seconds;
-    match hold.filter(|_| !outcome.is_failure()) {
+    let ended_or_undoing =
+        outcome.is_failure() || matches!(outcome, RunOutcome::RollingBack { .. });
+    match hold.filter(|_| !ended_or_undoing) {
         Some(hold) if matches!(hold.reason, HoldReason::Window { .. }) => {
             match record
                 .window
@@ -131,22 +133,13 @@ fn answer_run(inputs: &Inputs<'_>) -> UpdateAnswer {
             ),
         },
         RunOutcome::Failed { index } => {
-            let step = &run.steps[index];
-            let mut message = format!(
-                "step {}/{total}: {} failed",
-                index + 1,
-                plan.steps[index].description
-            );
-            if let Some(code) = step.exit_code {
-                message.push_str(&format!(" (exit {code})"));
-            }
-            if let Some(text) = &step.message {
-                message.push_str(&format!(": {text}"));
-            }
-            if let Some(tail) = step.stderr_tail.as_deref().filter(|t| !t.trim().is_empty()) {
-                let excerpt =
-                    inplace_agent_api::truncate_tail(tail.trim_end(), FAILURE_STDERR_EXCERPT_BYTES);
-                message.push_str(&format!("; stderr: {excerpt}"));
+            let mut message = failed_step(run, index);
+            match &run.rollback {
+                Some(rollback) => message.push_str(&format!("; {}", rollback.summary())),
+                None if inputs.record.on_failure == Some(OnFailure::Hold) => message.push_str(
+                    "; nothing undone: the node is left as it failed for inspection (onFailure hold)",
+                ),
+                None => {}
             }
             message.push_str(&format!(
                 "; to run it again once the cause is fixed: {}",
@@ -154,6 +147,18 @@ fn answer_run(inputs: &Inputs<'_>) -> UpdateAnswer {
             ));
             UpdateAnswer::Failed { message }
         }
+        // CAPI shows an in-progress message on the Machine, a Failure only in its log: while the agent undoes
+        // the run, say so where operators look, and answer Failure once the rollback ended.
+        RunOutcome::RollingBack { index } => UpdateAnswer::InProgress {
+            message: format!(
+                "{}; {}",
+                failed_step(run, index),
+                run.rollback
+                    .as_ref()
+                    .map_or_else(|| "rolling back".to_owned(), |r| r.summary())
+            ),
+            retry_after_seconds: inputs.config.retry_after_seconds,
+        },
         RunOutcome::Cancelled { after } => UpdateAnswer::Failed {
             message: format!(
                 "cancelled by operator ({CANCEL_ANNOTATION}={}) after step {after} of {total}; to run it again: {}",
@@ -215,6 +220,29 @@ fn answer_run(inputs: &Inputs<'_>) -> UpdateAnswer {
             }
         }
     }
+}
+
+/// `step 7/11: install kubelet v1.34.1 failed (exit 100): <agent message>; stderr: <excerpt>`.
+fn failed_step(run: &RunView, index: usize) -> String {
+    let step = &run.steps[index];
+    let mut message = format!(
+        "step {}/{}: {} failed",
+        index + 1,
+        run.plan.steps.len(),
+        run.plan.steps[index].description
+    );
+    if let Some(code) = step.exit_code {
+        message.push_str(&format!(" (exit {code})"));
+    }
+    if let Some(text) = &step.message {
+        message.push_str(&format!(": {text}"));
+    }
+    if let Some(tail) = step.stderr_tail.as_deref().filter(|t| !t.trim().is_empty()) {
+        let excerpt =
+            inplace_agent_api::truncate_tail(tail.trim_end(), FAILURE_STDERR_EXCERPT_BYTES);
+        message.push_str(&format!("; stderr: {excerpt}"));
+    }
+    message
 }
 
 /// `retryAfterSeconds` for the run whose first unfinished step is `current`: the fixed one, or paced by the

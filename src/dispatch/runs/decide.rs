@@ -328,6 +328,7 @@ pub fn decide(
                         cancel: current.as_ref().and_then(|r| r.cancel.clone()),
                         window: current.as_ref().and_then(|r| r.window.clone()),
                         node_change: planner.change.clone(),
+                        on_failure: current.as_ref().and_then(|r| r.on_failure),
                     }
                 }
             }
@@ -348,6 +349,7 @@ pub fn decide(
         next.paused = paused;
     }
     next.window = request.window.clone();
+    next.on_failure = knobs.on_failure.or(request.on_failure_setting);
     if let Some(value) = &knobs.cancel
         && next.cancel.as_ref().is_none_or(|m| &m.value != value)
     {

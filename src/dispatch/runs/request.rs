@@ -39,6 +39,8 @@ pub struct UpdateRequest {
     pub window: Option<inplace_core::Window>,
     /// The ExtensionConfig `paused` setting, when set: every Machine of the registration is paused.
     pub paused_setting: Option<String>,
+    /// The ExtensionConfig `onFailure` setting, when set (the Machine's annotation overrides it).
+    pub on_failure_setting: Option<inplace_agent_api::OnFailure>,
     /// The drain rules of this registration: the policy's `drain:` section with the settings' overrides.
     pub drain_rules: DrainRules,
     /// [`UpdateRequest::input_hash`] per upgrade mode (`apply`, `node`), computed at most once each.

@@ -50,6 +50,9 @@ fn describe(outcome: Option<&RunOutcome>) -> &'static str {
         Some(RunOutcome::InProgress { .. }) => "in progress",
         Some(RunOutcome::Done) => "done",
         Some(RunOutcome::Failed { .. }) => "failed",
+        Some(RunOutcome::RollingBack { .. }) => {
+            "rolling back (set a new retry value once the rollback ended)"
+        }
         Some(RunOutcome::Cancelled { .. }) => "cancelled",
     }
 }

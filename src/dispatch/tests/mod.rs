@@ -7,6 +7,7 @@ mod hold;
 mod observe;
 mod retry;
 mod retry_after;
+mod rollback;
 mod verdict;
 mod window;
 

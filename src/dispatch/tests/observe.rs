@@ -87,6 +87,7 @@ fn step_report(name: &str, plan: &str, status: StepStatus) -> inplace_agent_api:
         stderr_tail: None,
         message: None,
         undo: false,
+        rollback: None,
     }
 }
 

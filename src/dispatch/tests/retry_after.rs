@@ -37,6 +37,7 @@ fn report_of(
         stderr_tail: None,
         message: None,
         undo: false,
+        rollback: None,
     }
 }
 

@@ -286,6 +286,7 @@ impl Golden {
                 .or(message)
                 .map(str::to_owned),
             undo: false,
+            rollback: None,
         };
         let answer = self
             .dispatcher

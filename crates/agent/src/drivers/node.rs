@@ -97,6 +97,12 @@ pub(super) async fn drainer(env: &DriverEnv, kind: &str) -> Result<Drainer, Step
     Ok(Drainer::new(client, name, node.timing()))
 }
 
+/// The Node's kubelet version through the node API (`None` without one); the error says why it is unknown.
+pub(crate) async fn node_kubelet_version(env: &DriverEnv) -> Result<Option<String>, String> {
+    let drainer = drainer(env, "rollback").await.map_err(|f| f.message)?;
+    drainer.kubelet_version().await.map_err(|e| e.to_string())
+}
+
 fn interrupted() -> StepResult {
     StepResult::interrupted("stopped: agent shutting down")
 }

@@ -10,6 +10,7 @@ mod package_world;
 mod resume;
 mod retries;
 mod rollback;
+mod rollback_node;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -266,6 +266,11 @@ async fn drive(node: &Node, plan: Plan, case: Option<&Case>) -> End {
     let mut killed_at = None;
     loop {
         let record = host.store.state.current.as_ref().unwrap();
+        if crate::rollback_verify::pending(&host.store) {
+            let flow = crate::rollback_verify::run_finish(&mut host, &mut shutdown).await;
+            assert_eq!(flow, ControlFlow::Continue(()));
+            continue;
+        }
         let (phases, index) = if pending(&host.store) {
             let rollback = record.rollback.as_ref().unwrap();
             let pos = rollback.next_undo().unwrap();

@@ -151,6 +151,8 @@ impl Node {
             .chain(["/usr/sbin", "/usr/bin", "/sbin", "/bin"].map(String::from))
             .collect();
         config.env = env;
+        // No Kubernetes API here: the rollback ends "not verified" (tests/rollback_node.rs verifies).
+        config.node = None;
         if world == World::Release {
             config.pins = BTreeMap::from([("v1.34.1".to_owned(), release_pins())]);
         }

@@ -22,8 +22,8 @@ use crate::state::{LocalStepStatus, StateStore};
 /// The executor's host without a server: reports stay in the outbox.
 pub(super) struct Host {
     pub store: StateStore,
-    env: Arc<DriverEnv>,
-    identity: AgentIdentity,
+    pub env: Arc<DriverEnv>,
+    pub identity: AgentIdentity,
 }
 
 impl Host {
@@ -67,7 +67,7 @@ fn host(sb: &Sandbox) -> Host {
     host_with(sb, "")
 }
 
-fn host_with(sb: &Sandbox, config: &str) -> Host {
+pub(super) fn host_with(sb: &Sandbox, config: &str) -> Host {
     Host::open(&sb.state, sb.env(config))
 }
 
@@ -120,7 +120,7 @@ fn plan() -> Plan {
 }
 
 /// The node before the plan: `a.conf` 0640, `b.conf` 0600, `blocked` a directory.
-fn sandbox() -> Sandbox {
+pub(super) fn sandbox() -> Sandbox {
     use std::os::unix::fs::PermissionsExt;
     let sb = Sandbox::new();
     sb.write_node("/etc/a.conf", "old a\n");
@@ -139,8 +139,8 @@ fn sandbox() -> Sandbox {
     sb
 }
 
-/// Runs forward steps and undos until nothing is left, or until `max_undos` undos ran.
-async fn run(host: &mut Host, max_undos: Option<usize>) {
+/// Runs forward steps, undos and the rollback's end until nothing is left, or until `max_undos` undos ran.
+pub(super) async fn run(host: &mut Host, max_undos: Option<usize>) {
     let mut shutdown: Shutdown = Box::pin(std::future::pending());
     let mut undos = 0;
     loop {
@@ -153,6 +153,13 @@ async fn run(host: &mut Host, max_undos: Option<usize>) {
                 ControlFlow::Continue(())
             );
             undos += 1;
+            continue;
+        }
+        if crate::rollback_verify::pending(&host.store) {
+            assert_eq!(
+                crate::rollback_verify::run_finish(host, &mut shutdown).await,
+                ControlFlow::Continue(())
+            );
             continue;
         }
         let next = host
@@ -169,7 +176,7 @@ async fn run(host: &mut Host, max_undos: Option<usize>) {
     }
 }
 
-fn assert_node_as_before(sb: &Sandbox) {
+pub(super) fn assert_node_as_before(sb: &Sandbox) {
     assert_eq!(
         std::fs::read_to_string(sb.node("/etc/a.conf")).unwrap(),
         "old a\n"

@@ -161,7 +161,7 @@ async fn operator_cordon_stays() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn drain_timeout_names_the_pods_and_leaves_the_node_cordoned() {
+async fn drain_timeout_names_the_pods_and_the_rollback_lifts_its_cordon() {
     let server = TestServer::start(TOKEN).await;
     let node = Node::new();
     let api = cluster(&node);
@@ -169,18 +169,35 @@ async fn drain_timeout_names_the_pods_and_leaves_the_node_cordoned() {
     server.offer(node_plan("plan-timeout", 1));
     let agent = spawn_agent(node.agent_config(&server, TOKEN, NODE_YAML));
     wait_until("drain ended", LIMIT, || ended(&server, 0).is_some()).await;
-    agent.shutdown().await;
     let failed = ended(&server, 0).unwrap();
     assert_eq!(failed.status, StepStatus::Failed);
     let message = failed.message.unwrap();
     assert!(message.contains("web/web-0, web/web-1"), "{message}");
     assert!(message.contains("PDB web/web-pdb"), "{message}");
-    assert!(api.unschedulable());
-    assert_eq!(api.unschedulable_patches(), [Some(true)]);
+    // Nothing to undo; the rollback verifies the node and lifts the cordon the failed drain left (issue 28).
+    wait_until("the rollback uncordoned", LIMIT, || !api.unschedulable()).await;
+    agent.shutdown().await;
+    assert_eq!(api.unschedulable_patches(), [Some(true), None]);
     assert!(
         server.reports_for(2).is_empty(),
-        "no uncordon after a failed drain"
+        "the uncordon step of the plan never ran"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_timeout_under_hold_leaves_the_node_cordoned() {
+    let server = TestServer::start(TOKEN).await;
+    server.with(|s| s.on_failure = Some(OnFailure::Hold));
+    let node = Node::new();
+    let api = cluster(&node);
+    api.add_pdb(web_pdb(PdbBlock::UntilReleased));
+    server.offer(node_plan("plan-timeout", 1));
+    let agent = spawn_agent(node.agent_config(&server, TOKEN, NODE_YAML));
+    wait_until("drain ended", LIMIT, || ended(&server, 0).is_some()).await;
+    agent.shutdown().await;
+    assert_eq!(ended(&server, 0).unwrap().status, StepStatus::Failed);
+    assert!(api.unschedulable());
+    assert_eq!(api.unschedulable_patches(), [Some(true)]);
 }
 
 /// A drain that failed leaves the node cordoned; the next plan (another desired state) takes that cordon over
@@ -188,6 +205,8 @@ async fn drain_timeout_names_the_pods_and_leaves_the_node_cordoned() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_plan_uncordons_what_a_failed_drain_left_cordoned() {
     let server = TestServer::start(TOKEN).await;
+    // Held for inspection: the failed drain's cordon stays until the next plan.
+    server.with(|s| s.on_failure = Some(OnFailure::Hold));
     let node = Node::new();
     let api = cluster(&node);
     api.add_pdb(web_pdb(PdbBlock::UntilReleased));

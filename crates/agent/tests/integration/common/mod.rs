@@ -34,6 +34,8 @@ pub struct ServerState {
     pub hold: Option<Hold>,
     /// Set `hold` when the report with this step index and status arrives, before acking it.
     pub hold_on_report: Option<(u32, StepStatus, Hold)>,
+    /// The Machine's onFailure, said with every plan and hold (absent: roll back).
+    pub on_failure: Option<inplace_agent::api::OnFailure>,
 }
 
 pub struct TestServer {
@@ -195,8 +197,8 @@ async fn handle(
                     if hold.is_none() || honoured != hold {
                         let answer = PollResponse {
                             plan: Some(plan),
+                            on_failure: state.lock().unwrap().on_failure,
                             hold,
-                            on_failure: None,
                         };
                         return Ok(json(StatusCode::OK, &answer));
                     }
@@ -204,8 +206,8 @@ async fn handle(
                 if tokio::time::timeout_at(deadline, notified).await.is_err() {
                     let answer = PollResponse {
                         plan: None,
+                        on_failure: state.lock().unwrap().on_failure.filter(|_| hold.is_some()),
                         hold,
-                        on_failure: None,
                     };
                     return Ok(json(StatusCode::OK, &answer));
                 }

@@ -1,0 +1,126 @@
+//! The rollback of a plan as `state.json` keeps it (issue 28): which steps to undo and in what order, each
+//! undo's record, where the rollback is and what it says. Data and pure rules only; the rollback phase that
+//! runs the undos is `rollback.rs`, its end `rollback_verify.rs`.
+
+use inplace_agent_api::{MESSAGE_MAX_BYTES, Plan, RollbackProgress, RollbackState, Undo};
+use serde::{Deserialize, Serialize};
+
+use crate::state::{LocalStepRecord, LocalStepStatus, truncate_head};
+
+/// A rollback of the current plan: the steps to undo, in order, and how each undo went.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RollbackRecord {
+    /// The step whose failure started it.
+    pub failed_step: u32,
+    /// The steps to undo, in order: the failed one (when its kind is undone), then the succeeded ones in
+    /// reverse, back to the last point of no return.
+    pub order: Vec<u32>,
+    /// One record per entry of `order`: the undo's status, attempts and outcome.
+    pub undos: Vec<LocalStepRecord>,
+    /// Where it is.
+    pub state: RollbackState,
+    /// For operators (bounded by `MESSAGE_MAX_BYTES`).
+    pub message: String,
+    /// What the verification after the undos found (the Node Ready at its old kubelet version), once it
+    /// passed; the uncordon comes next (`rollback_verify`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<String>,
+    /// Attempts of the verification or uncordon under way, bounded by `MAX_STEP_ATTEMPTS` like a step's.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub finish_attempts: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl RollbackRecord {
+    /// A rollback of the steps `order` after `failed_step` failed (with nothing to undo, it goes straight
+    /// to the verification and the uncordon).
+    pub fn new(failed_step: u32, order: Vec<u32>) -> Self {
+        let undos = order.iter().map(|_| LocalStepRecord::pending()).collect();
+        Self {
+            failed_step,
+            order,
+            undos,
+            state: RollbackState::RollingBack,
+            message: String::new(),
+            verified: None,
+            finish_attempts: 0,
+        }
+    }
+
+    /// The position in `order` of the next undo to run, while rolling back.
+    pub fn next_undo(&self) -> Option<usize> {
+        if self.state != RollbackState::RollingBack {
+            return None;
+        }
+        self.undos.iter().position(|u| {
+            matches!(
+                u.status,
+                LocalStepStatus::Pending | LocalStepStatus::Running
+            )
+        })
+    }
+
+    /// How many undos succeeded.
+    pub fn undone(&self) -> u32 {
+        self.undos
+            .iter()
+            .filter(|u| u.status == LocalStepStatus::Succeeded)
+            .count() as u32
+    }
+
+    /// Every undo succeeded and the node passed the verification: rolled back. `note` says what the node is
+    /// now (Ready at which kubelet version, the cordon).
+    pub fn finish_rolled_back(&mut self, note: &str) {
+        self.state = RollbackState::RolledBack;
+        let text = if self.order.is_empty() {
+            format!("nothing to undo; {note}")
+        } else {
+            note.to_owned()
+        };
+        self.message = truncate_head(&text, MESSAGE_MAX_BYTES).to_owned();
+    }
+
+    /// An undo failed (`message` says which and why): the rollback ends failed, the node left cordoned.
+    pub fn finish_failed(&mut self, message: &str) {
+        self.state = RollbackState::Failed;
+        let text = format!("{message}; node left cordoned");
+        self.message = truncate_head(&text, MESSAGE_MAX_BYTES).to_owned();
+    }
+
+    /// The summary sent with polls and inventory.
+    pub fn progress(&self) -> RollbackProgress {
+        RollbackProgress {
+            state: self.state,
+            failed_step: self.failed_step,
+            undone: self.undone(),
+            message: self.message.clone(),
+        }
+    }
+}
+
+/// The steps a failure of step `failed` undoes, in order: the failed one when its kind is undone (it may
+/// have changed things), then the succeeded ones before it in reverse, stopping at the last point of no
+/// return. Kinds that leave nothing to undo (the drain's cordon, waits) are passed over.
+pub(crate) fn undo_order(plan: &Plan, steps: &[LocalStepRecord], failed: usize) -> Vec<u32> {
+    let kind = |i: usize| plan.steps[i].action.step_kind().undo();
+    let mut order = Vec::new();
+    // A step that failed before it began (its record could not be taken) changed nothing.
+    if kind(failed) == Undo::Restores && steps.get(failed).is_some_and(LocalStepRecord::began) {
+        order.push(failed as u32);
+    }
+    for i in (0..failed.min(steps.len())).rev() {
+        if steps[i].status != LocalStepStatus::Succeeded {
+            continue;
+        }
+        match kind(i) {
+            Undo::NoReturn => break,
+            Undo::Restores => order.push(i as u32),
+            Undo::Nothing => {}
+        }
+    }
+    order
+}
