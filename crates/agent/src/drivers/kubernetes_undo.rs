@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::driver::{RecordFuture, StepFuture, blocking_value};
 use super::kubernetes::{sequence_of, vars_for};
-use super::prepared::{fingerprint, prepare};
+use super::prepared::{Prepared, fingerprint, prepare};
 use super::sequence_run::{SequenceList, run_list};
 use super::step::{StepContext, StepResult};
 use super::undo::{Place, RecordContext, UndoContext, UndoRecord, restore, snapshot};
@@ -135,7 +135,11 @@ pub(super) fn undo(env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
         };
         let total = commands.len();
         let mut message = if first == 0 {
-            format!("{total} undo commands ran: back from {version}")
+            let ran = commands
+                .iter()
+                .filter(|c| !matches!(c, Prepared::Skip))
+                .count();
+            format!("{ran} undo commands ran: back from {version}")
         } else {
             format!(
                 "undo resumed at command {} of {total}: back from {version}",
