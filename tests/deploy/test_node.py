@@ -376,11 +376,14 @@ DRIVER_CONFIG = {
     # crates/agent/src/node_config.rs: the node's kubeconfig and name for drainNode/waitNodeReady/uncordonNode.
     "node": {"kubeconfig", "name", "pollIntervalMillis", "evictionRetryMillis"},
 }
-SEQUENCE_KEYS = {"skipIf", "onResume", "commands", "retry"}
+SEQUENCE_KEYS = {"skipIf", "onResume", "commands", "retry", "record", "undo"}
 RETRY_KEYS = {"attempts", "initialDelaySeconds", "maxDelaySeconds"}
 CHECK_KEYS = {"run", "stdoutEquals", "stdoutContains"}
 COMMAND_KEYS = {"run": None, "writeFile": {"path", "content", "mode"}, "verifySha256": {"path", "sha256"}}
-# crates/agent/src/template.rs KNOWN_VARIABLES, plus pin.<name>.
+# crates/agent/src/sequence_undo.rs: `record:` entries and `undo:` (rollback, issue 28).
+RECORD_KEYS = {"name", "run", "map", "absentOnExit"}
+UNDO_KEYS = {"onResume", "retry", "commands"}
+# crates/agent/src/template.rs KNOWN_VARIABLES, plus pin.<name> (and record.<name>[.minor] in undo: only).
 TEMPLATE_VARIABLES = {"version", "bareVersion", "minor", "root"}
 
 
@@ -421,30 +424,65 @@ def config_problems(config: dict) -> list[str]:
             problems += [f"kubernetes.{kind}.retry.{k}: unknown key" for k in set(retry) - RETRY_KEYS]
             problems += [f"kubernetes.{kind}.retry.{k}: missing" for k in RETRY_KEYS - set(retry)]
         for list_key in ("onResume", "commands"):
-            for i, command in enumerate(sequence.get(list_key, [])):
-                where = f"kubernetes.{kind}.{list_key}[{i}]"
-                command = dict(command)
-                # `retryable: true` sits beside a `run` (crates/agent/src/driver_config.rs SequenceCommand).
-                if command.pop("retryable", None) is not None:
-                    if "run" not in command:
-                        problems.append(f"{where}: retryable applies to run commands only")
-                    if retry is None:
-                        problems.append(f"{where}: retryable, but the sequence has no retry")
-                if len(command) != 1:
-                    problems.append(f"{where}: needs exactly one of {sorted(COMMAND_KEYS)}")
-                    continue
-                (name, body), = command.items()
-                if name not in COMMAND_KEYS:
-                    problems.append(f"{where}: unknown command {name}")
-                elif COMMAND_KEYS[name] is None:
-                    if not (isinstance(body, list) and body and all(isinstance(a, str) for a in body)):
-                        problems.append(f"{where}.run: not an argv list of strings")
-                elif set(body) - COMMAND_KEYS[name]:
-                    problems.append(f"{where}.{name}: unknown keys {set(body) - COMMAND_KEYS[name]}")
-    for text in strings(config):
+            problems += command_problems(f"kubernetes.{kind}.{list_key}", sequence.get(list_key, []), retry, None)
+        records = []
+        for i, record in enumerate(sequence.get("record", [])):
+            problems += [f"kubernetes.{kind}.record[{i}].{k}: unknown key" for k in set(record) - RECORD_KEYS]
+            records.append(record.get("name"))
+        undo = sequence.get("undo")
+        if (records or undo is not None) and kind.startswith("kubeadmUpgrade"):
+            problems.append(f"kubernetes.{kind}: kubeadm upgrade is not undone")
+        if undo is not None:
+            problems += [f"kubernetes.{kind}.undo.{k}: unknown key" for k in set(undo) - UNDO_KEYS]
+            for list_key in ("onResume", "commands"):
+                where = f"kubernetes.{kind}.undo.{list_key}"
+                problems += command_problems(where, undo.get(list_key, []), undo.get("retry"), records)
+                for text in strings(undo.get(list_key, [])):
+                    for name in re.findall(r"{{\s*record\.([^}]*?)\s*}}", text):
+                        if name.removesuffix(".minor") not in records:
+                            problems.append(f"{where}: {{{{record.{name}}}}} names no record")
+    undos = [s.get("undo") for s in (config.get("kubernetes") or {}).values()]
+    for text in strings({k: v for k, v in config.items() if k != "kubernetes"}) + [
+        t for s in (config.get("kubernetes") or {}).values() for k, v in s.items() if k != "undo" for t in strings(v)
+    ]:
         for name in re.findall(r"{{\s*([^}]*?)\s*}}", text):
             if name not in TEMPLATE_VARIABLES and not re.fullmatch(r"pin\.[A-Za-z0-9_-]+", name):
                 problems.append(f"unknown template variable {{{{{name}}}}} in {text!r}")
+    for text in strings(undos):
+        for name in re.findall(r"{{\s*([^}]*?)\s*}}", text):
+            known = name in TEMPLATE_VARIABLES or re.fullmatch(r"(pin|record)\.[A-Za-z0-9_.-]+", name)
+            if not known:
+                problems.append(f"unknown template variable {{{{{name}}}}} in {text!r}")
+    return problems
+
+
+def command_problems(where: str, commands: list, retry, records) -> list[str]:
+    """A list of sequence commands; `records` is the undo's record names (None: a forward list)."""
+    problems = []
+    for i, entry in enumerate(commands):
+        at = f"{where}[{i}]"
+        command = dict(entry)
+        # `retryable: true` sits beside a `run` (crates/agent/src/sequence_command.rs SequenceCommand).
+        if command.pop("retryable", None) is not None:
+            if "run" not in command:
+                problems.append(f"{at}: retryable applies to run commands only")
+            if retry is None:
+                problems.append(f"{at}: retryable, but the sequence has no retry")
+        for condition in ("ifRecorded", "ifNotRecorded"):
+            name = command.pop(condition, None)
+            if name is not None and (records is None or name not in records):
+                problems.append(f"{at}.{condition}: {name!r} is no record of this sequence's undo")
+        if len(command) != 1:
+            problems.append(f"{at}: needs exactly one of {sorted(COMMAND_KEYS)}")
+            continue
+        (name, body), = command.items()
+        if name not in COMMAND_KEYS:
+            problems.append(f"{at}: unknown command {name}")
+        elif COMMAND_KEYS[name] is None:
+            if not (isinstance(body, list) and body and all(isinstance(a, str) for a in body)):
+                problems.append(f"{at}.run: not an argv list of strings")
+        elif set(body) - COMMAND_KEYS[name]:
+            problems.append(f"{at}.{name}: unknown keys {set(body) - COMMAND_KEYS[name]}")
     return problems
 
 
@@ -462,6 +500,11 @@ def test_agent_config_has_the_agents_shape():
     assert any("https://pkgs.k8s.io/core:/stable:/{{minor}}/deb/" in f["content"] for f in sources)
     installs = [c["run"] for k in ("installKubeadm", "installKubelet") for c in kubernetes[k]["commands"] if "run" in c]
     assert ["apt-get", "install", "-y", "-q", "kubeadm={{bareVersion}}-*"] in installs
+    # A failed update is rolled back (issue 28): the package steps put back the exact versions recorded.
+    for kind in ("installKubeadm", "installKubelet"):
+        undo = [c["run"] for c in kubernetes[kind]["undo"]["commands"] if "run" in c]
+        tool = kind.removeprefix("install").lower()
+        assert ["apt-get", "install", "-y", "-q", "--allow-downgrades", f"{tool}={{{{record.{tool}}}}}"] in undo, kind
 
 
 @pytest.mark.parametrize(
@@ -475,6 +518,10 @@ def test_agent_config_has_the_agents_shape():
         (lambda c: c["kubernetes"]["installKubeadm"]["skipIf"].__setitem__("stdoutEquals", "{semver}{{verison}}"), "{{verison}}"),
         (lambda c: c["kubernetes"]["installKubeadm"]["retry"].__setitem__("attemps", 3), "retry.attemps: unknown key"),
         (lambda c: c["kubernetes"]["installKubeadm"].pop("retry"), "retryable, but the sequence has no retry"),
+        (lambda c: c["kubernetes"]["installKubelet"]["record"][0].__setitem__("stdout", 1), "record[0].stdout: unknown key"),
+        (lambda c: c["kubernetes"]["installKubelet"]["undo"]["commands"][3].__setitem__("ifRecorded", "kubelt"), "'kubelt' is no record"),
+        (lambda c: c["kubernetes"]["installKubelet"]["undo"]["commands"].append({"run": ["x", "{{record.kubelt}}"]}), "names no record"),
+        (lambda c: c["kubernetes"]["kubeadmUpgradeNode"].__setitem__("undo", {"commands": []}), "kubeadm upgrade is not undone"),
     ],
 )
 def test_the_agent_config_check_can_fail(breakage, problem):

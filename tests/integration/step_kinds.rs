@@ -178,6 +178,13 @@ fn every_step_kind_is_wired() {
         for (kind, missing) in inplace_agent::unconfigured_kinds(&config) {
             gaps.push(format!("{kind}: {} lacks {missing}", file.display()));
         }
+        // A kind that is undone (issue 28) needs its sequence's `undo:`, or a rollback reaching it fails.
+        for missing in inplace_agent::missing_undos(&config) {
+            gaps.push(format!(
+                "{}: a rollback cannot undo it: lacks {missing}",
+                file.display()
+            ));
+        }
     }
 
     assert!(
@@ -208,4 +215,20 @@ fn a_config_without_a_drivers_settings_is_caught() {
         "kubernetes.kubeadmUpgradeApply, kubernetes.kubeadmUpgradeNode"
     );
     assert_eq!(missing[3].1, "node");
+}
+
+#[test]
+fn a_package_sequence_without_an_undo_is_caught() {
+    // The undo check above can fail: a sequence of a kind that is undone, without `undo:`.
+    let config = inplace_agent::DriverConfig::from_yaml(
+        "kubernetes:\n  installKubelet:\n    commands:\n      - run: [apt-get, install, -y, kubelet]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        inplace_agent::missing_undos(&config),
+        ["kubernetes.installKubelet.undo"]
+    );
+    for kind in [StepKind::InstallKubeadm, StepKind::InstallKubelet] {
+        assert_eq!(kind.undo(), inplace_agent::api::Undo::Restores, "{kind}");
+    }
 }

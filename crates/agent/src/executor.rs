@@ -20,7 +20,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use inplace_agent_api::{AgentIdentity, MESSAGE_MAX_BYTES, PlanStatus};
+use inplace_agent_api::{AgentIdentity, MESSAGE_MAX_BYTES, PlanStatus, StepReport};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -31,7 +31,10 @@ use crate::drivers::{
     execute, record_undo,
 };
 use crate::shutdown::{Shutdown, pause};
-use crate::state::{LocalStepStatus, SequenceProgress, StateStore, report_for, truncate_head};
+use crate::state::{
+    LocalStepRecord, LocalStepStatus, PlanRecord, SequenceProgress, StateStore, report_for,
+    truncate_head,
+};
 
 /// Attempts after which a step that keeps being interrupted is failed.
 pub const MAX_STEP_ATTEMPTS: u32 = 3;
@@ -262,21 +265,41 @@ fn record_progress(
     progress: SequenceProgress,
     message: Option<String>,
 ) -> bool {
+    write_progress(
+        store,
+        progress,
+        message,
+        |record| record.steps.get_mut(index),
+        |plan_id, step| report_for(identity, plan_id, index, step),
+    )
+}
+
+/// Writes a sequence's progress into the record `entry` finds in the current plan's (a step's, or an undo's);
+/// a new message replaces its message and queues `report` of it (`running`). True once it is on disk.
+pub(crate) fn write_progress(
+    store: &mut StateStore,
+    progress: SequenceProgress,
+    message: Option<String>,
+    entry: impl FnOnce(&mut PlanRecord) -> Option<&mut LocalStepRecord>,
+    report: impl FnOnce(&str, &LocalStepRecord) -> StepReport,
+) -> bool {
     let Some(record) = store.state.current.as_mut() else {
         return false;
     };
     let plan_id = record.plan_id.clone();
-    let step = &mut record.steps[index];
+    let Some(step) = entry(record) else {
+        return false;
+    };
     step.progress = Some(progress);
     if let Some(message) = message {
         step.message = Some(truncate_head(&message, MESSAGE_MAX_BYTES).to_owned());
-        let report = report_for(identity, &plan_id, index, step);
+        let report = report(&plan_id, step);
         store.enqueue(report);
     }
     match store.save() {
         Ok(()) => true,
         Err(e) => {
-            tracing::error!(error = %e, step = index, "cannot record the step's progress");
+            tracing::error!(error = %e, "cannot record the sequence's progress");
             false
         }
     }

@@ -13,17 +13,16 @@
 use std::ops::ControlFlow;
 use std::time::Duration;
 
-use inplace_agent_api::{AgentIdentity, MESSAGE_MAX_BYTES, OnFailure, Plan, RollbackState};
+use inplace_agent_api::{AgentIdentity, OnFailure, Plan, RollbackState};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::drivers::{DriverOutcome, ProgressRecorder, StepResult, UndoContext, execute_undo};
-use crate::executor::{MAX_STEP_ATTEMPTS, StepHost, drive};
+use crate::executor::{MAX_STEP_ATTEMPTS, StepHost, drive, write_progress};
 use crate::rollback_record::{RollbackRecord, undo_order};
 use crate::shutdown::{Shutdown, pause};
 use crate::state::{
     LocalStepRecord, LocalStepStatus, PlanRecord, SequenceProgress, StateStore, report_for,
-    truncate_head,
 };
 
 /// Starts the rollback of `record` after step `failed` failed, unless `onFailure` is `hold` or one is
@@ -202,29 +201,21 @@ fn record_undo_progress(
     progress: SequenceProgress,
     message: Option<String>,
 ) -> bool {
-    let Some(record) = store.state.current.as_mut() else {
-        return false;
-    };
-    let plan_id = record.plan_id.clone();
-    let Some(rollback) = record.rollback.as_mut() else {
-        return false;
-    };
-    let (Some(&index), Some(entry)) = (rollback.order.get(pos), rollback.undos.get_mut(pos)) else {
-        return false;
-    };
-    entry.progress = Some(progress);
-    if let Some(message) = message {
-        entry.message = Some(truncate_head(&message, MESSAGE_MAX_BYTES).to_owned());
-        let report = undo_report(identity, &plan_id, index as usize, entry);
-        store.enqueue(report);
-    }
-    match store.save() {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::error!(error = %e, undo = pos, "cannot record the undo's progress");
-            false
-        }
-    }
+    let index = store
+        .state
+        .current
+        .as_ref()
+        .and_then(|r| r.rollback.as_ref()?.order.get(pos).copied())
+        .unwrap_or_default() as usize;
+    let report =
+        |plan_id: &str, undo: &LocalStepRecord| undo_report(identity, plan_id, index, undo);
+    write_progress(
+        store,
+        progress,
+        message,
+        |record| record.rollback.as_mut()?.undos.get_mut(pos),
+        report,
+    )
 }
 
 /// The report of an undo's record.

@@ -123,13 +123,13 @@ pub(crate) fn validate(
                     "{key}: retryable, but the undo has no `retry: {{attempts, initialDelaySeconds, maxDelaySeconds}}`"
                 ));
             }
-            if let Some(when) = &command.when {
-                if !names.contains(&when.record()) {
-                    return Err(format!(
-                        "{key}: ifRecorded/ifNotRecorded {:?} names no record of this sequence",
-                        when.record()
-                    ));
-                }
+            if let Some(when) = &command.when
+                && !names.contains(&when.record())
+            {
+                return Err(format!(
+                    "{key}: ifRecorded/ifNotRecorded {:?} names no record of this sequence",
+                    when.record()
+                ));
             }
         }
     }
@@ -235,6 +235,68 @@ mod tests {
         );
         let huge = "1".repeat(STDOUT_TAIL_MAX_BYTES);
         assert!(record_value(&plain, &ok, &huge).is_err());
+    }
+
+    /// The error loading `kubernetes:` YAML gives.
+    fn load_error(kubernetes: &str) -> String {
+        let yaml = format!("kubernetes:\n{kubernetes}");
+        crate::driver_config::DriverConfig::from_yaml(&yaml)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn config_errors_name_the_key() {
+        let cases = [
+            (
+                "  kubeadmUpgradeNode:\n    commands: [{run: [kubeadm]}]\n    undo: {commands: []}\n",
+                "kubernetes.kubeadmUpgradeNode: kubeadm upgrade is not undone",
+            ),
+            (
+                "  kubeadmUpgradeApply:\n    commands: [{run: [kubeadm]}]\n    record: [{name: v, run: [x]}]\n",
+                "kubernetes.kubeadmUpgradeApply: kubeadm upgrade is not undone",
+            ),
+            (
+                "  installKubelet:\n    commands: [{run: [apt-get, \"kubelet={{record.kubelet}}\"]}]\n",
+                "kubernetes.installKubelet: commands[0]: {{record.kubelet}}",
+            ),
+            (
+                "  installKubelet:\n    record: [{name: kubelet, run: [q]}]\n    commands: []\n    \
+                 undo: {commands: [{run: [x, \"{{record.kubectl}}\"]}]}\n",
+                "kubernetes.installKubelet: undo.commands[0]: {{record.kubectl}} in \"{{record.kubectl}}\" names no \
+                 record of this sequence (declared: kubelet)",
+            ),
+            (
+                "  installKubelet:\n    record: [{name: kubelet, run: [q]}]\n    commands: []\n    \
+                 undo: {commands: [{run: [x], ifRecorded: kubectl}]}\n",
+                "kubernetes.installKubelet: undo.commands[0]: ifRecorded/ifNotRecorded \"kubectl\" names no record",
+            ),
+            (
+                "  installKubelet:\n    commands: [{run: [x], ifRecorded: kubelet}]\n",
+                "kubernetes.installKubelet: commands[0]: ifRecorded/ifNotRecorded apply to `undo:` commands only",
+            ),
+            (
+                "  installKubeadm:\n    record: [{name: a, run: [q]}, {name: a, run: [q]}]\n    commands: []\n",
+                "kubernetes.installKubeadm: record[1].name: \"a\" is declared twice",
+            ),
+            (
+                "  installKubeadm:\n    record: [{name: \"a b\", run: [q]}]\n    commands: []\n",
+                "kubernetes.installKubeadm: record[0].name: \"a b\" is not a name",
+            ),
+            (
+                "  installKubeadm:\n    record: [{name: h, run: [q], map: {\"x y\": hold}}]\n    commands: []\n",
+                "kubernetes.installKubeadm: record[0].map: key \"x y\": ' ' is outside the allowed characters",
+            ),
+            (
+                "  installKubeadm:\n    commands: []\n    undo: {commands: [{run: [x], retryable: true}]}\n",
+                "kubernetes.installKubeadm: undo.commands[0]: retryable, but the undo has no `retry",
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let error = load_error(yaml);
+            assert!(error.contains(expected), "{yaml}\n{error}");
+        }
     }
 
     #[test]

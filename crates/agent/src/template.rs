@@ -2,7 +2,8 @@
 //! (root) or from a validated version, never from free server text; templates are checked when
 //! the config is loaded so a typo fails at start, not mid-upgrade. `{{record.<name>}}` (a value a
 //! sequence's `record:` command printed before the step began, bounded and restricted by
-//! `crate::record`) exists only in `undo:` commands.
+//! `crate::sequence_undo`) and `{{record.<name>.minor}}` (`v1.33` of a recorded `1.33.4-1.1`) exist only in
+//! `undo:` commands.
 
 use std::collections::BTreeMap;
 
@@ -83,6 +84,7 @@ pub(crate) fn check_undo(template: &str, records: &[&str]) -> Result<(), String>
 fn check_with_records(template: &str, records: Option<&[&str]>) -> Result<(), String> {
     for name in variables(template)? {
         if let Some(record) = name.strip_prefix("record.") {
+            let record = record.strip_suffix(".minor").unwrap_or(record);
             match records {
                 None => {
                     return Err(format!(
@@ -129,7 +131,20 @@ pub(crate) fn expand(template: &str, vars: &Vars) -> Result<String, String> {
         let value = if let Some(pin) = name.strip_prefix("pin.") {
             vars.pins.get(pin)
         } else if let Some(record) = name.strip_prefix("record.") {
-            vars.records.get(record)
+            match record.strip_suffix(".minor") {
+                Some(record) => {
+                    let value = vars.records.get(record).map(String::as_str);
+                    let minor = value.and_then(minor_of).ok_or_else(|| {
+                        format!(
+                            "no value for {{{{{name}}}}}: record {record} is {value:?}, not a version like 1.33.4-1.1"
+                        )
+                    })?;
+                    out.push_str(&minor);
+                    rest = &after[end + 2..];
+                    continue;
+                }
+                None => vars.records.get(record),
+            }
         } else {
             vars.plain.get(name)
         };
@@ -138,6 +153,16 @@ pub(crate) fn expand(template: &str, vars: &Vars) -> Result<String, String> {
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// `v1.33` of a package version like `1.33.4-1.1` (or `1:1.33.4-150500.1.1`, `v1.33.4`).
+fn minor_of(version: &str) -> Option<String> {
+    let version = version.rsplit_once(':').map_or(version, |(_, v)| v);
+    let version = version.strip_prefix('v').unwrap_or(version);
+    let mut parts = version.split(['.', '-']);
+    let (major, minor) = (parts.next()?, parts.next()?);
+    let numeric = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    (numeric(major) && numeric(minor)).then(|| format!("v{major}.{minor}"))
 }
 
 #[cfg(test)]
@@ -195,5 +220,17 @@ mod tests {
             expand("kubelet={{record.kubelet}}", &vars).unwrap(),
             "kubelet=1.33.4-1.1"
         );
+        assert!(check_undo("{{record.kubelet.minor}}", &["kubelet"]).is_ok());
+        assert_eq!(
+            expand("/stable:/{{record.kubelet.minor}}/deb/", &vars).unwrap(),
+            "/stable:/v1.33/deb/"
+        );
+        vars.records.insert("kubectl".into(), String::new());
+        assert!(
+            expand("{{record.kubectl.minor}}", &vars)
+                .unwrap_err()
+                .contains("not a version")
+        );
+        assert_eq!(minor_of("1:1.34.1-150500.1.1").as_deref(), Some("v1.34"));
     }
 }

@@ -1,5 +1,5 @@
-//! Stand-ins for the programs the shipped agent configs run (apt-get, apt-mark, dpkg, dnf, curl, install, rm,
-//! systemctl, kubeadm, kubelet). Each one behaves like the real program as far as repeating it goes (apt refuses
+//! Stand-ins for the programs the shipped agent configs run (apt-get, apt-mark, dpkg, dpkg-query, dnf, rpm,
+//! curl, install, rm, cp, systemctl, kubeadm, kubelet). Each one behaves like the real program as far as repeating it goes (apt refuses
 //! to work after an interrupted install until `dpkg --configure -a`, `systemctl start` leaves a running kubelet
 //! alone, an interrupted download or `install` leaves a half-written file), keeps the node's state in files
 //! under `<root>/var/lib/standin`, and logs `start <argv>` / `end <argv>` to `<root>/calls.log`; read-only
@@ -83,7 +83,13 @@ esac
 finish
 "#;
 
-const APT_MARK: &str = r#"begin apt-mark "$@"
+const APT_MARK: &str = r#"if [ "$1" = showhold ]; then
+  query apt-mark "$@"
+  shift
+  for p in "$@"; do [ -e "$S/held-$p" ] && echo "$p"; done
+  exit 0
+fi
+begin apt-mark "$@"
 checkpoint inside
 op=$1; shift
 for p in "$@"; do
@@ -101,6 +107,27 @@ const DPKG: &str = r#"begin dpkg "$@"
 checkpoint inside
 rm -f "$S/dpkg-interrupted"
 finish
+"#;
+
+/// `dpkg-query --show --showformat=${Version} <pkg>` (the apt config's `record:`): the version installed.
+const DPKG_QUERY: &str = r#"query dpkg-query "$@"
+for p; do :; done
+[ -f "$S/pkg-$p" ] || { echo "dpkg-query: no packages found matching $p" >&2; exit 1; }
+read -r v < "$S/pkg-$p"
+echo "${v#v}-1.1"
+"#;
+
+/// `rpm -q --qf %{VERSION}-%{RELEASE} <pkg>` (the dnf config's `record:`): the version installed.
+const RPM: &str = r#"query rpm "$@"
+for p; do :; done
+[ -f "$S/pkg-$p" ] || { echo "package $p is not installed"; exit 1; }
+read -r v < "$S/pkg-$p"
+echo "${v#v}-150500.1.1"
+"#;
+
+/// `cp` (the release-binaries config's `record:` keeps the binaries aside).
+const CP: &str = r#"query cp "$@"
+exec /bin/cp "$@"
 "#;
 
 const DNF: &str = r#"begin dnf "$@"
@@ -186,13 +213,21 @@ pub fn tools(world: World, from: &str) -> Vec<(String, String)> {
     let mut tools: Vec<(String, String)> = vec![("/usr/bin/systemctl".into(), SYSTEMCTL.into())];
     match world {
         World::Apt => {
-            for (name, body) in [("apt-get", APT_GET), ("apt-mark", APT_MARK), ("dpkg", DPKG)] {
+            for (name, body) in [
+                ("apt-get", APT_GET),
+                ("apt-mark", APT_MARK),
+                ("dpkg", DPKG),
+                ("dpkg-query", DPKG_QUERY),
+            ] {
                 tools.push((format!("/usr/bin/{name}"), body.into()));
             }
         }
-        World::Dnf => tools.push(("/usr/bin/dnf".into(), DNF.into())),
+        World::Dnf => {
+            tools.push(("/usr/bin/dnf".into(), DNF.into()));
+            tools.push(("/usr/bin/rpm".into(), RPM.into()));
+        }
         World::Release => {
-            for (name, body) in [("curl", CURL), ("install", INSTALL), ("rm", RM)] {
+            for (name, body) in [("curl", CURL), ("install", INSTALL), ("rm", RM), ("cp", CP)] {
                 tools.push((format!("/usr/bin/{name}"), body.into()));
             }
         }

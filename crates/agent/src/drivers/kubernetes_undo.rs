@@ -12,9 +12,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::driver::{RecordFuture, StepFuture};
+use super::driver::{RecordFuture, StepFuture, blocking_value};
 use super::kubernetes::{sequence_of, vars_for};
-use super::prepared::{fingerprint, prepare};
+use super::prepared::{Prepared, fingerprint, prepare};
 use super::sequence_run::{SequenceList, run_list};
 use super::step::{StepContext, StepResult};
 use super::undo::{Place, RecordContext, UndoContext, UndoRecord, restore, snapshot};
@@ -100,25 +100,6 @@ pub(super) fn undo(env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
             (Ok(commands), Ok(on_resume)) => (commands, on_resume),
             (Err(e), _) | (_, Err(e)) => return StepResult::failed(e),
         };
-        let restored = if record.places().is_empty() {
-            0
-        } else {
-            let (blocking_env, plan_id, index) = (env.clone(), ctx.plan_id.clone(), ctx.index);
-            let work = tokio::task::spawn_blocking(move || {
-                restore(&blocking_env, &plan_id, index, &record)
-            });
-            match tokio::time::timeout_at(ctx.deadline, work).await {
-                Ok(Ok(Ok(changed))) => changed,
-                Ok(Ok(Err(message))) => return StepResult::failed(message),
-                Ok(Err(join)) => return StepResult::failed(format!("undo crashed: {join}")),
-                Err(_) => {
-                    return StepResult::failed(format!(
-                        "timed out: step timeout of {} s reached",
-                        ctx.timeout_seconds
-                    ));
-                }
-            }
-        };
         let id = fingerprint(&undo_key, &commands);
         let label = format!("kubernetes.{undo_key}");
         let list = SequenceList {
@@ -138,13 +119,27 @@ pub(super) fn undo(env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
             recorder: ctx.recorder,
             cancel: ctx.cancel,
         };
+        let restored = if record.places().is_empty() {
+            0
+        } else {
+            let (blocking_env, plan_id, index) = (env.clone(), step_ctx.plan_id.clone(), ctx.index);
+            let work = move || restore(&blocking_env, &plan_id, index, &record);
+            match blocking_value(&step_ctx, work).await {
+                Ok(changed) => changed,
+                Err(end) => return end,
+            }
+        };
         let (first, retried) = match run_list(&env, &mut step_ctx, &list).await {
             Ok(done) => done,
             Err(end) => return end,
         };
         let total = commands.len();
         let mut message = if first == 0 {
-            format!("{total} undo commands ran: back from {version}")
+            let ran = commands
+                .iter()
+                .filter(|c| !matches!(c, Prepared::Skip))
+                .count();
+            format!("{ran} undo commands ran: back from {version}")
         } else {
             format!(
                 "undo resumed at command {} of {total}: back from {version}",

@@ -5,6 +5,8 @@ mod bounded_reads;
 mod commands;
 mod files;
 mod node_config;
+mod package_undo;
+mod package_world;
 mod resume;
 mod retries;
 mod rollback;

@@ -26,6 +26,22 @@ pub(super) struct Host {
     pub identity: AgentIdentity,
 }
 
+impl Host {
+    /// An agent (re)starting on `state` with `env`.
+    pub(super) fn open(state: &std::path::Path, env: Arc<DriverEnv>) -> Self {
+        Self::with_store(StateStore::open(state).unwrap(), env)
+    }
+
+    /// An agent on an opened state dir.
+    pub(super) fn with_store(store: StateStore, env: Arc<DriverEnv>) -> Self {
+        Self {
+            store,
+            env,
+            identity: AgentIdentity::Machine(MachineRef::new("default", "m")),
+        }
+    }
+}
+
 impl StepHost for Host {
     fn store(&mut self) -> &mut StateStore {
         &mut self.store
@@ -52,11 +68,7 @@ fn host(sb: &Sandbox) -> Host {
 }
 
 pub(super) fn host_with(sb: &Sandbox, config: &str) -> Host {
-    Host {
-        store: StateStore::open(&sb.state).unwrap(),
-        env: sb.env(config),
-        identity: AgentIdentity::Machine(MachineRef::new("default", "m")),
-    }
+    Host::open(&sb.state, sb.env(config))
 }
 
 pub(super) fn file(path: &str, content: &str) -> FileSpec {
