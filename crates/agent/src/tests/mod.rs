@@ -5,6 +5,7 @@ mod bounded_reads;
 mod commands;
 mod files;
 mod node_config;
+mod package_cases;
 mod package_undo;
 mod package_world;
 mod resume;

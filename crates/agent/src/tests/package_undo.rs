@@ -12,8 +12,7 @@
 //! undo command. A forward or record failure and every kill must end at the start state, rolled back; an undo
 //! command that fails for good ends the rollback `failed` naming it (by design: node left cordoned).
 //!
-//! dnf does not run here (Debian has no dnf package to install in CI): dnf.yaml's record/undo is checked with
-//! stand-in values (it loads; its templates and conditions expand to the expected argv).
+//! The single scenarios (forward alone, a package not installed before, dnf) are `package_cases.rs`.
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -22,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use inplace_agent_api::{MachineRef, Plan, RollbackState, Step, StepAction};
 
-use super::package_world::{FROM, Node, TO, World};
+use super::package_world::{FROM, Node, World};
 use super::rollback::{Host, file, files_step};
 use crate::driver_config::{CommandSequence, CommandSpec, DriverConfig, SequenceCommand};
 use crate::rollback::{pending, run_undo};
@@ -39,7 +38,7 @@ const CASE_LIMIT: Duration = Duration::from_secs(60);
 
 /// The plan: installKubeadm (`kinds` 0) and/or installKubelet (1), then, when `fail_at_end`, a files step
 /// that fails (a directory is in the way). A case runs only the step it is about.
-fn plan(kinds: &[usize], fail_at_end: bool) -> Plan {
+pub(super) fn plan(kinds: &[usize], fail_at_end: bool) -> Plan {
     let version = || "v1.34.1".to_owned();
     let mut steps: Vec<Step> = kinds
         .iter()
@@ -86,7 +85,7 @@ enum Phase {
 }
 
 #[derive(Clone, Debug)]
-struct Case {
+pub(super) struct Case {
     world: World,
     step: usize,
     phase: Phase,
@@ -247,18 +246,18 @@ fn cases(world: World) -> Vec<Case> {
 
 /// How a run ended: the plan's status and its rollback's state, message and undone count, and whether the
 /// case's injection fired.
-struct End {
+pub(super) struct End {
     fired: bool,
     /// The shims' invocations after the restart (kills only).
     after_kill: Vec<String>,
-    status: inplace_agent_api::PlanStatus,
-    state: Option<RollbackState>,
-    message: String,
-    undone: u32,
+    pub(super) status: inplace_agent_api::PlanStatus,
+    pub(super) state: Option<RollbackState>,
+    pub(super) message: String,
+    pub(super) undone: u32,
 }
 
 /// Runs the plan on `node` to its end, applying `case` (when given) to its invocation.
-async fn drive(node: &Node, plan: Plan, case: Option<&Case>) -> End {
+pub(super) async fn drive(node: &Node, plan: Plan, case: Option<&Case>) -> End {
     let mut host = Host::open(&node.state, node.env.clone());
     host.store.adopt(plan).unwrap();
     let mut shutdown: Shutdown = Box::pin(std::future::pending());
@@ -427,7 +426,7 @@ async fn run_case(mut case: Case) -> Result<bool, String> {
     }
 }
 
-fn diff(a: &[String], b: &[String]) -> Vec<String> {
+pub(super) fn diff(a: &[String], b: &[String]) -> Vec<String> {
     let only_a = a
         .iter()
         .filter(|l| !b.contains(l))
@@ -491,133 +490,4 @@ async fn apt_every_injected_failure_and_kill_ends_at_the_start_or_names_the_fail
 async fn release_binaries_every_injected_failure_and_kill_ends_at_the_start_or_names_the_failed_undo()
  {
     table(World::Release).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn apt_forward_installs_the_target_and_holds_all_three() {
-    // Forward alone: the target versions, all three held.
-    let node = Node::new(World::Apt, true);
-    let end = drive(&node, plan(&[0, 1], false), None).await;
-    assert_eq!(end.status, inplace_agent_api::PlanStatus::Succeeded);
-    assert_eq!(end.state, None, "no rollback");
-    let versions = node.apt(&[
-        "dpkg-query",
-        "--show",
-        "--showformat=${Package}=${Version} ",
-    ]);
-    assert_eq!(
-        versions.trim(),
-        format!("kubeadm={TO} kubectl={TO} kubelet={TO}")
-    );
-    assert_eq!(
-        node.apt(&["apt-mark", "showhold"])
-            .lines()
-            .collect::<Vec<_>>(),
-        ["kubeadm", "kubectl", "kubelet"]
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn apt_a_package_not_installed_before_is_removed_again_and_holds_are_as_before() {
-    let node = Node::new(World::Apt, false);
-    std::fs::create_dir_all(node.root.join("etc/blocked")).unwrap();
-    let start = node.fingerprint();
-    assert!(
-        !start.iter().any(|l| l.starts_with("package kubectl")),
-        "{start:?}"
-    );
-    let end = drive(&node, plan(&[0, 1], true), None).await;
-    assert_eq!(
-        end.state,
-        Some(RollbackState::RolledBack),
-        "{}",
-        end.message
-    );
-    assert_eq!(end.undone, 3);
-    assert_eq!(diff(&start, &node.fingerprint()), Vec::<String>::new());
-    assert_eq!(
-        node.apt(&[
-            "dpkg-query",
-            "--show",
-            "--showformat=${Package}=${Version} "
-        ])
-        .trim(),
-        format!("kubeadm={FROM} kubelet={FROM}")
-    );
-    assert_eq!(
-        node.apt(&["apt-mark", "showhold"])
-            .lines()
-            .collect::<Vec<_>>(),
-        ["kubeadm", "kubelet"]
-    );
-}
-
-#[test]
-fn dnf_record_and_undo_expand_to_the_exact_old_versions() {
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config-examples/dnf.yaml"),
-    )
-    .unwrap();
-    let config = DriverConfig::from_yaml(&text).unwrap();
-    let kubelet = config.kubernetes.install_kubelet.as_ref().unwrap();
-    let records: Vec<String> = kubelet
-        .record
-        .iter()
-        .map(|r| format!("{}: {}", r.name, r.run.join(" ")))
-        .collect();
-    assert_eq!(
-        records,
-        [
-            "kubelet: rpm -q --qf %{VERSION}-%{RELEASE} kubelet",
-            "kubectl: rpm -q --qf %{VERSION}-%{RELEASE} kubectl"
-        ]
-    );
-    let undo = kubelet.undo.as_ref().unwrap();
-    let mut vars = Vars::for_version("v1.34.1", "/", BTreeMap::new());
-    // rpm printed kubelet's version-release; kubectl was not installed (rpm -q exits 1: empty).
-    vars.records = BTreeMap::from([
-        ("kubelet".to_owned(), "1.33.4-150500.1.1".to_owned()),
-        ("kubectl".to_owned(), String::new()),
-    ]);
-    let expanded: Vec<String> = undo
-        .commands
-        .iter()
-        .filter(|c| {
-            c.when
-                .as_ref()
-                .is_none_or(|w| w.holds(&vars.records[w.record()]))
-        })
-        .map(|c| match &c.spec {
-            CommandSpec::Run(argv) => argv
-                .iter()
-                .map(|a| expand(a, &vars).unwrap())
-                .collect::<Vec<_>>()
-                .join(" "),
-            CommandSpec::WriteFile { path, content, .. } => {
-                format!(
-                    "write {path}: {}",
-                    expand(content, &vars).unwrap().lines().nth(2).unwrap()
-                )
-            }
-            CommandSpec::VerifySha256 { path, .. } => format!("verify {path}"),
-        })
-        .collect();
-    assert_eq!(
-        expanded,
-        [
-            "write /etc/yum.repos.d/kubernetes-rollback.repo: baseurl=https://pkgs.k8s.io/core:/stable:/v1.33/rpm/",
-            "dnf install -y --allowerasing kubelet-1.33.4-150500.1.1 --disableexcludes=all",
-            "dnf remove -y kubectl",
-            "rm -f //etc/yum.repos.d/kubernetes-rollback.repo",
-            "systemctl daemon-reload",
-            "systemctl restart kubelet",
-        ]
-    );
-    assert_eq!(
-        kubelet.record[0].absent_on_exit,
-        [1],
-        "rpm -q exits 1 for a package that is not installed"
-    );
-    let kubeadm = config.kubernetes.install_kubeadm.as_ref().unwrap();
-    assert!(kubeadm.undo.is_some() && kubeadm.record.len() == 1);
 }
