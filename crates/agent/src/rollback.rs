@@ -277,8 +277,8 @@ fn undo_interrupted_by_shutdown(store: &mut StateStore, pos: usize) {
     );
 }
 
-/// Records an undo's end and queues its report; a failure ends the rollback `failed`, the last success ends
-/// it rolled back. `step` is the plan's step (`None` when the plan body is lost).
+/// Records an undo's end and queues its report; a failure ends the rollback `failed`, after the last success
+/// the verification comes (`rollback_verify`). `step` is the plan's step (`None` when the plan body is lost).
 fn end_undo<H: StepHost>(
     host: &mut H,
     identity: &AgentIdentity,
