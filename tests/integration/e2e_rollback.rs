@@ -3,8 +3,9 @@
 //! and `undo:` sequence reinstalls the version found before), stops at `kubeadm upgrade apply` (the point of no
 //! return), verifies the Node Ready at its old kubelet version through the node API and lifts its own cordon.
 //! UpdateMachine answers in progress while it rolls back and Failure naming the rollback after; `status` says
-//! `rolled-back`; an operator retry then finishes the update. The node's API is the drain crate's fake (real
-//! TLS): it does not prove a real API server's authorization of the kubelet's credentials.
+//! `rolled-back`; an operator retry then finishes the update. An agent SIGKILLed inside an undo command resumes
+//! the rollback after its restart: the failed step never runs again. The node's API is the drain crate's fake
+//! (real TLS): it does not prove a real API server's authorization of the kubelet's credentials.
 #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
 use crate::common;
@@ -12,7 +13,7 @@ use crate::common;
 use std::time::Duration;
 
 use capi_sim::UpdateOutcome;
-use common::fleet::{Setup, update_request};
+use common::fleet::{Setup, update_request, wait_until};
 use serde_json::json;
 
 const SETTLE: Duration = Duration::from_secs(60);
@@ -110,4 +111,58 @@ async fn on_failure_hold_leaves_the_node_as_it_failed_and_a_retry_finishes() {
     assert_eq!(outcome, UpdateOutcome::Done, "{messages:?}");
     assert!(!agent.sandbox.kube.unschedulable());
     drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_inside_an_undo_command_resumes_the_rollback_to_the_same_end() {
+    let setup = Setup::new();
+    let (server, capi) = setup.serve_on_file_store();
+    let mut agent = setup.agent(&server, FIRST, true);
+    agent.sandbox.fail_kubelet_restart(true).unwrap();
+    agent.sandbox.gate_undo(true).unwrap();
+
+    capi.kcp_judges(FIRST).await;
+    let request = update_request("update-machine-kcp.json", FIRST);
+    let undo_started = |agent: &common::fleet::AgentProcess| {
+        agent
+            .sandbox
+            .calls()
+            .iter()
+            .filter(|c| c.contains("--allow-downgrades kubelet="))
+            .count()
+    };
+    capi.update_machine(&request).await;
+    wait_until("the undo's install is running", || {
+        undo_started(&agent) == 1
+    });
+    // SIGKILL while the undo command runs; the command itself finishes once its gate opens.
+    agent.kill();
+    agent.sandbox.gate_undo(false).unwrap();
+    agent.restart();
+
+    let (outcome, _) = capi.update_until_settled(&request, SETTLE).await;
+    let UpdateOutcome::Failed { message } = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert!(
+        message.contains("; rolled back step 7: ")
+            && message.contains("is Ready (kubelet v1.33.4)"),
+        "{message}"
+    );
+    let calls = agent.sandbox.calls();
+    let forward_installs = calls
+        .iter()
+        .filter(|c| c.contains("kubelet=1.34.1"))
+        .count();
+    assert_eq!(
+        forward_installs, 1,
+        "the failed step never ran again: {calls:?}"
+    );
+    assert_eq!(
+        undo_started(&agent),
+        2,
+        "the interrupted undo command ran again: {calls:?}"
+    );
+    assert_eq!(agent.sandbox.kubelet_version(), "v1.33.4");
+    assert!(!agent.sandbox.kube.unschedulable());
 }

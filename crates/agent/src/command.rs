@@ -18,6 +18,12 @@ pub const KILL_GRACE: Duration = Duration::from_secs(5);
 pub const OUTPUT_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// Bytes of stdout kept (the last ones): enough for version strings and checks.
 pub const STDOUT_TAIL_MAX_BYTES: usize = 4096;
+/// Starts tried again, [`SPAWN_BUSY_DELAY`] apart, while the program is busy (ETXTBSY): a program file written
+/// moments before (a fresh binary, a stand-in) is refused while any process still holds it open for writing —
+/// including one forked by another thread between the write and its own exec, which lasts moments.
+pub const SPAWN_BUSY_RETRIES: u32 = 10;
+/// Pause between those tries.
+pub const SPAWN_BUSY_DELAY: Duration = Duration::from_millis(20);
 
 /// The environment every command gets: `PATH` as configured, `INPLACE_ROOT`, `LANG=C.UTF-8`,
 /// plus the configured extra variables. Nothing is inherited from the agent's own environment.
@@ -93,9 +99,19 @@ pub(crate) async fn run_command(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = match command.spawn() {
-        Ok(child) => child,
-        Err(e) => return spawn_failed(format!("cannot start {program:?}: {e}")),
+    let mut busy = 0;
+    let mut child = loop {
+        match command.spawn() {
+            Ok(child) => break child,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ExecutableFileBusy
+                    && busy < SPAWN_BUSY_RETRIES =>
+            {
+                busy += 1;
+                tokio::time::sleep(SPAWN_BUSY_DELAY).await;
+            }
+            Err(e) => return spawn_failed(format!("cannot start {program:?}: {e}")),
+        }
     };
     let pgid = child
         .id()

@@ -40,7 +40,9 @@ pub use agent::{AgentError, MIN_POLL_INTERVAL, REQUEST_TIMEOUT, STATE_LOCK_WAIT}
 pub use backoff::{BACKOFF_INITIAL, BACKOFF_MAX};
 pub use backup::MAX_BACKUP_PLANS;
 pub use client::{CONNECT_TIMEOUT, ClientError, POOL_IDLE_TIMEOUT, TransportKind};
-pub use command::{KILL_GRACE, OUTPUT_DRAIN_TIMEOUT, STDOUT_TAIL_MAX_BYTES};
+pub use command::{
+    KILL_GRACE, OUTPUT_DRAIN_TIMEOUT, SPAWN_BUSY_DELAY, SPAWN_BUSY_RETRIES, STDOUT_TAIL_MAX_BYTES,
+};
 pub use config::{AgentConfig, DEFAULT_STATE_DIR};
 pub use diagnose::PROBE_TIMEOUT;
 pub use driver_config::{

@@ -35,6 +35,9 @@ echo "Kubernetes $(cat "$INPLACE_ROOT/var/lib/fake/kubelet-version")"
 
 const APT_GET: &str = r#"#!/bin/sh
 echo "apt-get $*" >> "$INPLACE_ROOT/calls.log"
+case "$*" in
+  *--allow-downgrades*) while [ -e "$INPLACE_ROOT/gate-undo" ]; do sleep 0.05; done ;;
+esac
 if [ -e "$INPLACE_ROOT/pace" ]; then sleep "$(cat "$INPLACE_ROOT/pace")"; fi
 for arg in "$@"; do
   case "$arg" in
@@ -241,6 +244,17 @@ impl Sandbox {
     /// as a test needs), or opens it.
     pub fn gate_kubeadm(&self, closed: bool) -> std::io::Result<()> {
         let marker = self.path("/gate-kubeadm");
+        if closed {
+            std::fs::write(marker, "")
+        } else {
+            std::fs::remove_file(marker).or(Ok(()))
+        }
+    }
+
+    /// Makes every later undo install (`apt-get install --allow-downgrades`) wait while the gate is closed (to
+    /// kill an agent inside an undo command), or opens it.
+    pub fn gate_undo(&self, closed: bool) -> std::io::Result<()> {
+        let marker = self.path("/gate-undo");
         if closed {
             std::fs::write(marker, "")
         } else {
