@@ -3,9 +3,10 @@
 //! and `undo:` sequence reinstalls the version found before), stops at `kubeadm upgrade apply` (the point of no
 //! return), verifies the Node Ready at its old kubelet version through the node API and lifts its own cordon.
 //! UpdateMachine answers in progress while it rolls back and Failure naming the rollback after; `status` says
-//! `rolled-back`; an operator retry then finishes the update. An agent SIGKILLed inside an undo command resumes
-//! the rollback after its restart: the failed step never runs again. The node's API is the drain crate's fake
-//! (real TLS): it does not prove a real API server's authorization of the kubelet's credentials.
+//! `rolled-back`; an operator retry then finishes the update. An agent SIGKILLed or SIGTERMed inside an undo
+//! command resumes the rollback after its restart: the failed step never runs again. The node's API is the
+//! drain crate's fake (real TLS): it does not prove a real API server's authorization of the kubelet's
+//! credentials.
 #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
 use crate::common;
@@ -113,8 +114,26 @@ async fn on_failure_hold_leaves_the_node_as_it_failed_and_a_retry_finishes() {
     drop(server);
 }
 
+/// How the agent is stopped inside the undo command.
+#[derive(Clone, Copy, Debug)]
+enum Stop {
+    /// SIGKILL of the agent alone (a crash): the command itself finishes once its gate opens.
+    Kill,
+    /// SIGTERM (systemd stopping the unit): the agent kills the command's process group and exits.
+    Term,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_killed_inside_an_undo_command_resumes_the_rollback_to_the_same_end() {
+    stopped_inside_an_undo_command(Stop::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_stopped_inside_an_undo_command_resumes_the_rollback_to_the_same_end() {
+    stopped_inside_an_undo_command(Stop::Term).await;
+}
+
+async fn stopped_inside_an_undo_command(stop: Stop) {
     let setup = Setup::new();
     let (server, capi) = setup.serve_on_file_store();
     let mut agent = setup.agent(&server, FIRST, true);
@@ -135,19 +154,21 @@ async fn an_agent_killed_inside_an_undo_command_resumes_the_rollback_to_the_same
     wait_until("the undo's install is running", || {
         undo_started(&agent) == 1
     });
-    // SIGKILL while the undo command runs; the command itself finishes once its gate opens.
-    agent.kill();
+    match stop {
+        Stop::Kill => agent.kill(),
+        Stop::Term => agent.terminate(),
+    }
     agent.sandbox.gate_undo(false).unwrap();
     agent.restart();
 
     let (outcome, _) = capi.update_until_settled(&request, SETTLE).await;
     let UpdateOutcome::Failed { message } = outcome else {
-        panic!("{outcome:?}")
+        panic!("{stop:?}: {outcome:?}")
     };
     assert!(
         message.contains("; rolled back step 7: ")
             && message.contains("is Ready (kubelet v1.33.4)"),
-        "{message}"
+        "{stop:?}: {message}"
     );
     let calls = agent.sandbox.calls();
     let forward_installs = calls
@@ -156,12 +177,12 @@ async fn an_agent_killed_inside_an_undo_command_resumes_the_rollback_to_the_same
         .count();
     assert_eq!(
         forward_installs, 1,
-        "the failed step never ran again: {calls:?}"
+        "{stop:?}: the failed step never ran again: {calls:?}"
     );
     assert_eq!(
         undo_started(&agent),
         2,
-        "the interrupted undo command ran again: {calls:?}"
+        "{stop:?}: the interrupted undo command ran again: {calls:?}"
     );
     assert_eq!(agent.sandbox.kubelet_version(), "v1.33.4");
     assert!(!agent.sandbox.kube.unschedulable());

@@ -90,6 +90,18 @@ impl AgentProcess {
         }
     }
 
+    /// SIGTERM, as systemd stops the unit, and waits for the agent to exit.
+    pub fn terminate(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let status = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()
+                .expect("kill");
+            assert!(status.success());
+            let _ = child.wait();
+        }
+    }
+
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();

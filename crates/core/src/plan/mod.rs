@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 
 use inplace_agent_api::{
     FileEncoding, FileSpec, KubeadmUpgradeMode, KubeletArg, Plan, SecretString, SshUser, Step,
-    StepAction,
+    StepAction, Undo,
 };
 use sha2::{Digest as _, Sha256};
 
@@ -30,6 +30,9 @@ pub use facts::MachineFacts;
 use view::KubeadmConfigSpec;
 pub use view::KubeadmConfigView;
 
+/// What the description of a step a rollback does not undo ends with (`kubeadm upgrade`, see the step-kind
+/// table's `undo` column).
+pub const POINT_OF_NO_RETURN: &str = "[point of no return]";
 /// Timeout of a files step.
 pub const FILES_TIMEOUT_SECONDS: u32 = 60;
 /// Timeout of an ssh-keys step.
@@ -217,7 +220,12 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         .enumerate()
         .map(|(index, (description, timeout_seconds, action))| Step {
             index: index as u32,
-            description,
+            // A rollback stops before a point of no return (the step-kind table says which): the plan says so.
+            description: if action.step_kind().undo() == Undo::NoReturn {
+                format!("{description} {POINT_OF_NO_RETURN}")
+            } else {
+                description
+            },
             timeout_seconds,
             action,
         })

@@ -82,7 +82,10 @@ fn control_plane_plan_orders_config_then_upgrade_then_what_upgrade_overwrites() 
             "kubeletArgs"
         ]
     );
-    assert_eq!(plan.steps[4].description, "kubeadm upgrade apply (v1.34.1)");
+    assert_eq!(
+        plan.steps[4].description,
+        "kubeadm upgrade apply (v1.34.1) [point of no return]"
+    );
     assert!(
         plan.steps
             .iter()
