@@ -13,7 +13,7 @@
 use std::ops::ControlFlow;
 use std::time::Duration;
 
-use inplace_agent_api::{AgentIdentity, OnFailure, Plan, RollbackState};
+use inplace_agent_api::{AgentIdentity, OnFailure, Plan, RollbackState, StepKind};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -36,7 +36,12 @@ pub(crate) fn start(plan: &Plan, record: &mut PlanRecord, failed: usize) {
     }
     let order = undo_order(plan, &record.steps, failed);
     tracing::warn!(plan = %plan.id, step = failed, undo = ?order, "step failed: rolling back");
-    record.rollback = Some(RollbackRecord::new(failed as u32, order));
+    let drained = plan
+        .steps
+        .iter()
+        .zip(&record.steps)
+        .any(|(step, local)| step.action.step_kind() == StepKind::DrainNode && local.began());
+    record.rollback = Some(RollbackRecord::new(failed as u32, order, drained));
 }
 
 /// Takes the server's `onFailure` from a poll answer that carried a plan or a hold (absent there: roll

@@ -29,6 +29,9 @@ pub struct RollbackRecord {
     /// Attempts of the verification or uncordon under way, bounded by `MAX_STEP_ATTEMPTS` like a step's.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub finish_attempts: u32,
+    /// A drainNode step of the plan began: a failed rollback leaves the node cordoned (by this plan).
+    #[serde(default)]
+    pub drained: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -37,8 +40,9 @@ fn is_zero(n: &u32) -> bool {
 
 impl RollbackRecord {
     /// A rollback of the steps `order` after `failed_step` failed (with nothing to undo, it goes straight
-    /// to the verification and the uncordon).
-    pub fn new(failed_step: u32, order: Vec<u32>) -> Self {
+    /// to the verification and the uncordon); `drained`: a drainNode step of the plan began, so the node may
+    /// carry this plan's cordon.
+    pub fn new(failed_step: u32, order: Vec<u32>, drained: bool) -> Self {
         let undos = order.iter().map(|_| LocalStepRecord::pending()).collect();
         Self {
             failed_step,
@@ -48,6 +52,7 @@ impl RollbackRecord {
             message: String::new(),
             verified: None,
             finish_attempts: 0,
+            drained,
         }
     }
 
@@ -87,7 +92,11 @@ impl RollbackRecord {
     /// An undo failed (`message` says which and why): the rollback ends failed, the node left cordoned.
     pub fn finish_failed(&mut self, message: &str) {
         self.state = RollbackState::Failed;
-        let text = format!("{message}; node left cordoned");
+        let text = if self.drained {
+            format!("{message}; node left cordoned")
+        } else {
+            format!("{message}; the plan did not cordon the node")
+        };
         self.message = truncate_head(&text, MESSAGE_MAX_BYTES).to_owned();
     }
 

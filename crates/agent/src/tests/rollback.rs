@@ -394,7 +394,9 @@ async fn a_package_step_without_a_configured_undo_ends_the_rollback_failed_namin
         rollback.message.starts_with(
             "undo of step 1 (install kubelet v1.34.1) failed: the agent config has no \
                  kubernetes.installKubelet.undo"
-        ) && rollback.message.ends_with("node left cordoned"),
+        ) && rollback
+            .message
+            .ends_with("; the plan did not cordon the node"),
         "{}",
         rollback.message
     );
