@@ -97,43 +97,43 @@ const WORKER_KINDS: [&str; 7] = [
 ];
 
 /// Recorded in `src/plan.rs` before `plan` moved to `crates/core` (commit "golden plan ids before the move"),
-/// unchanged since.
+/// re-recorded when the kubeadm upgrade step's description gained `[point of no return]` (issue 28).
 const GOLDEN: [(&str, KubeadmUpgradeMode, &str, &[&str]); 6] = [
     (
         "kcp",
         Apply,
-        "5630fa237c32b40fc5f28d96d192383142f1f4bd90088f65de49e133df71a2a7",
+        "b1cc57dba23e3ac0d4855eb61796dcc2dc12bc82a6a0e9cca2ef26f74f422840",
         &CONTROL_PLANE,
     ),
     (
         "kcp",
         Node,
-        "7447ad5442fa8dec0b468bc7846fb7f6559e4f75ef109b40b54d039fff5ed569",
+        "c63955a0ba66d00af6fc6800f7cc6a971f12bc54f22fcbcd124787874b292b29",
         &CONTROL_PLANE,
     ),
     // A worker always runs `kubeadm upgrade node`: the mode asked for does not change its plan.
     (
         "worker",
         Apply,
-        "f2c93126ce1c0f7dcdd1a226ea6c9145fb9dbe9fb0607361306faeceaf5b5b85",
+        "90956a73b93c1766b59121a67aa87cb4dca2034df086d5536857777f67602b64",
         &WORKER_KINDS,
     ),
     (
         "worker",
         Node,
-        "f2c93126ce1c0f7dcdd1a226ea6c9145fb9dbe9fb0607361306faeceaf5b5b85",
+        "90956a73b93c1766b59121a67aa87cb4dca2034df086d5536857777f67602b64",
         &WORKER_KINDS,
     ),
     (
         "every-field",
         Apply,
-        "baa3ac3b95bb0b6b81b265dba408422d5b58b71f4d342b0ba16c7c0e274a62aa",
+        "50f3206e803ca594856a29662138ea12e9291ed9596e8046c313cedb8c9e6fa1",
         &CONTROL_PLANE,
     ),
     (
         "every-field",
         Node,
-        "0c8602830f923dd2edc3cf7c308c2dc698b63c441faf769b78573c1b20e0f0e2",
+        "e93f5240ca02ba037e2a3780b03395e7491b739580ca07d8f01255c891fa98c9",
         &CONTROL_PLANE,
     ),
 ];
@@ -191,8 +191,8 @@ fn drain(why: Why, timeout_seconds: u32, evict_all: bool, version_changes: bool)
     }
 }
 
-/// Plans with node steps (issue 15), recorded when drains were first planned. Their ids are new; the plans
-/// without a drain above keep theirs.
+/// Plans with node steps (issue 15), recorded when drains were first planned; re-recorded when the kubeadm
+/// upgrade step's description gained `[point of no return]` (issue 28).
 #[test]
 fn drained_plan_ids_of_fixed_inputs_never_change() {
     let cases: [(&str, KubeadmUpgradeMode, Drain, &str, &[&str]); 3] = [
@@ -200,21 +200,21 @@ fn drained_plan_ids_of_fixed_inputs_never_change() {
             "kcp",
             Apply,
             drain(Why::MinorVersion, 600, false, true),
-            "76d14aedb7dbf2dd317024cc2bee40b7a94140cf36825a027bbbdcc70f78b733",
+            "df9fbc8deeb2184f6148bf76271db4eda5ffdeb3395521dc3a8d3890c3e525a8",
             &DRAINED_CONTROL_PLANE,
         ),
         (
             "worker",
             Node,
             drain(Why::PatchVersion, 3600, true, true),
-            "3754d0e2b1d2cda2083dff7234f31e349508adabd60b5392e87944334a1a2a01",
+            "0bdfe7b460d4c505387af248e86deba796d41a56afd93d81b89b420c61a9fcf8",
             &DRAINED_WORKER,
         ),
         (
             "every-field",
             Node,
             drain(Why::KubeletArgs, 120, false, false),
-            "2be20f28114c413f9f653bb0dfa85d7e0e39f01ddd4259b2970b858587b596d9",
+            "6dfdc25e6155c369ef8eba29027a28729773375ce6d4fc9121fef59e899d9e8a",
             &DRAINED_CONTROL_PLANE,
         ),
     ];
