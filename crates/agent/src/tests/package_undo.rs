@@ -323,18 +323,7 @@ pub(super) async fn drive(node: &Node, plan: Plan, case: Option<&Case>) -> End {
             fired = true;
             killed_at = Some(node.calls().len());
             drop(host);
-            // Another case's child between its fork and exec holds a copy of the lock's descriptor for a
-            // moment (the cases share this process): wait for it like a restarted agent waits for the lock.
-            let mut tries = 0;
-            let store = loop {
-                match crate::state::StateStore::open(&node.state) {
-                    Ok(store) => break store,
-                    Err(e) => assert!(tries < 500, "{e}"),
-                }
-                tries += 1;
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            };
-            host = Host::with_store(store, node.env.clone());
+            host = Host::open(&node.state, node.env.clone());
         } else if armed.is_some_and(|c| c.act == Act::Fail) && node.failed_injection() {
             fired = true;
         }

@@ -27,13 +27,24 @@ pub(super) struct Host {
 }
 
 impl Host {
-    /// An agent (re)starting on `state` with `env`.
+    /// An agent (re)starting on `state` with `env`. Another test's child between its fork and its exec holds a
+    /// copy of the lock's descriptor for a moment (the tests share this process): it waits for the lock like a
+    /// restarted agent does (at most 5 s).
     pub(super) fn open(state: &std::path::Path, env: Arc<DriverEnv>) -> Self {
-        Self::with_store(StateStore::open(state).unwrap(), env)
+        let mut tries = 0;
+        let store = loop {
+            match StateStore::open(state) {
+                Ok(store) => break store,
+                Err(e) => assert!(tries < 500, "{e}"),
+            }
+            tries += 1;
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        Self::with_store(store, env)
     }
 
     /// An agent on an opened state dir.
-    pub(super) fn with_store(store: StateStore, env: Arc<DriverEnv>) -> Self {
+    fn with_store(store: StateStore, env: Arc<DriverEnv>) -> Self {
         Self {
             store,
             env,
