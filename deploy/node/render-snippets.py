@@ -9,6 +9,10 @@ The kubeadm bootstrap provider's cloud-init user-data is a Jinja template (it st
 `## template: jinja`): cloud-init renders the whole of it, file contents included, before writing any file.
 A file whose text holds a Jinja delimiter (the agent's `{{version}}` templates, a shell `${#var}`) is
 therefore embedded base64-encoded, which Jinja leaves alone; every other file is embedded as plain text.
+
+Cluster API's CRDs cap a file's `content` at 10240 characters (KubeadmConfig `files[].content`, maxLength): the
+agent config is embedded without its comment lines (the same YAML: checked here), and a content over the cap is
+an error here rather than an object the API server refuses.
 """
 
 import base64
@@ -31,6 +35,23 @@ AGENT_URL = "https://downloads.example.com/inplace-updater/v0.1.0/inplace-agent-
 AGENT_SHA256 = "0" * 64
 # What starts a Jinja expression, statement or comment (Jinja's default delimiters).
 JINJA_DELIMITERS = ("{{", "{%", "{#")
+# Cluster API's maxLength of a bootstrap file's `content` (bootstrap.cluster.x-k8s.io KubeadmConfig files[]).
+MAX_CONTENT_CHARS = 10240
+# The embedded files whose comment lines are left out (YAML: the data is unchanged, which embedded_text checks).
+WITHOUT_COMMENTS = {"agent.yaml"}
+
+
+def embedded_text(src: str) -> str:
+    """The text of deploy/node/<src> as the bootstrap snippets carry it."""
+    text = (HERE / src).read_text()
+    if src not in WITHOUT_COMMENTS:
+        return text
+    import yaml  # only here: the other files need no YAML parser
+
+    kept = "".join(line for line in text.splitlines(keepends=True) if not line.lstrip().startswith("#"))
+    if yaml.safe_load(kept) != yaml.safe_load(text):
+        raise SystemExit(f"deploy/node/{src}: leaving out its comment lines changes its data")
+    return kept
 
 
 def needs_encoding(text: str) -> bool:
@@ -60,14 +81,20 @@ def files_section(ind: int) -> str:
 {i}# Each content below is a copy of deploy/node/<file> (render-snippets.py); tests/deploy checks they match.
 """
     for path, mode, src in EMBEDDED:
-        text = (HERE / src).read_text()
+        text = embedded_text(src)
         out += f"""{i}- path: {path}
 {i}  owner: root:root
 {i}  permissions: "{mode}"
 """
         if needs_encoding(text):
             encoded = base64.b64encode(text.encode()).decode()
-            out += f"""{i}  # deploy/node/{src}, base64-encoded: cloud-init's Jinja pass over the user-data would
+            if len(encoded) > MAX_CONTENT_CHARS:
+                raise SystemExit(
+                    f"deploy/node/{src}: {len(encoded)} characters base64-encoded, over Cluster API's "
+                    f"{MAX_CONTENT_CHARS} for a bootstrap file's content"
+                )
+            without = " without its comment lines," if src in WITHOUT_COMMENTS else ""
+            out += f"""{i}  # deploy/node/{src},{without} base64-encoded: cloud-init's Jinja pass over the user-data would
 {i}  # otherwise rewrite its templates. `base64 -d` shows it; edit the source and re-render.
 {i}  encoding: base64
 {i}  content: {encoded}

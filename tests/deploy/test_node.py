@@ -59,7 +59,8 @@ def test_snippet_installs_agent_config_and_token(name):
     spec = bootstrap_spec(name)
     files = files_by_path(spec)
     for path, mode, source in render_module().EMBEDDED:
-        assert d.file_text(files[path]) == (NODE / source).read_text(), f"{path} differs from deploy/node/{source}"
+        assert d.file_text(files[path]) == render_module().embedded_text(source), \
+            f"{path} differs from deploy/node/{source}"
         assert files[path]["permissions"] == mode
     token = files["/etc/inplace-updater/token"]
     assert token["permissions"] == "0600" and token["owner"] == "root:root"
@@ -122,7 +123,7 @@ def test_unit_start_script_env_file_and_installer_agree_on_paths():
         assert env[key] in files, f"{key}={env[key]} is written by no bootstrap file"
     assert files[env["INPLACE_UPDATER_AGENT_TOKEN_FILE"]]["contentFrom"]["secret"]["key"] == "token"
     assert files[env["INPLACE_UPDATER_AGENT_CA_FILE"]]["contentFrom"]["secret"]["key"] == "ca.crt"
-    assert d.file_text(files[env["INPLACE_UPDATER_AGENT_CONFIG"]]) == (NODE / "agent.yaml").read_text()
+    assert d.file_text(files[env["INPLACE_UPDATER_AGENT_CONFIG"]]) == render_module().embedded_text("agent.yaml")
     assert env["INPLACE_UPDATER_AGENT_STATE_DIR"] == "/var/lib/" + unit["Service"]["StateDirectory"], \
         "systemd creates a different state directory than the agent uses"
     assert unit["Service"]["StateDirectoryMode"] == "0700"
