@@ -76,12 +76,7 @@ pub(crate) async fn run_next<H: StepHost + Send>(
 
 /// Whether the current plan has an undo to run.
 pub(crate) fn pending(store: &StateStore) -> bool {
-    store
-        .state
-        .current
-        .as_ref()
-        .and_then(|r| r.rollback.as_ref())
-        .is_some_and(|r| r.next_undo().is_some())
+    store.rollback().is_some_and(|r| r.next_undo().is_some())
 }
 
 /// Runs the next undo of the current plan's rollback. `Break` means shutdown was requested.
@@ -263,13 +258,7 @@ pub(crate) fn finished_undo_reports(
 
 /// A clean shutdown stopped the undo: back to pending, the attempt not counted.
 fn undo_interrupted_by_shutdown(store: &mut StateStore, pos: usize) {
-    if let Some(entry) = store
-        .state
-        .current
-        .as_mut()
-        .and_then(|r| r.rollback.as_mut())
-        .and_then(|r| r.undos.get_mut(pos))
-    {
+    if let Some(entry) = store.rollback_mut().and_then(|r| r.undos.get_mut(pos)) {
         entry.status = LocalStepStatus::Pending;
         entry.attempt = entry.attempt.saturating_sub(1);
     }

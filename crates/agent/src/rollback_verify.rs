@@ -91,13 +91,7 @@ fn remaining(rollback: &RollbackRecord) -> Option<Remaining> {
 
 /// Whether the current plan's rollback has only its verification or uncordon left.
 pub(crate) fn pending(store: &StateStore) -> bool {
-    store
-        .state
-        .current
-        .as_ref()
-        .and_then(|r| r.rollback.as_ref())
-        .and_then(remaining)
-        .is_some()
+    store.rollback().and_then(remaining).is_some()
 }
 
 /// The synthetic step of `what` for the plan `plan`.
@@ -197,7 +191,7 @@ pub(crate) async fn run_finish<H: StepHost + Send>(
     .await;
     match (result.outcome, what) {
         (DriverOutcome::Interrupted, _) => {
-            if let Some(rollback) = current_rollback(host.store()) {
+            if let Some(rollback) = host.store().rollback_mut() {
                 rollback.finish_attempts = rollback.finish_attempts.saturating_sub(1);
             }
             if let Err(e) = host.store().save() {
@@ -213,7 +207,7 @@ pub(crate) async fn run_finish<H: StepHost + Send>(
                     result.message
                 ),
             };
-            if let Some(rollback) = current_rollback(host.store()) {
+            if let Some(rollback) = host.store().rollback_mut() {
                 rollback.verified = Some(verified);
                 rollback.finish_attempts = 0;
             }
@@ -240,17 +234,9 @@ pub(crate) async fn run_finish<H: StepHost + Send>(
     }
 }
 
-fn current_rollback(store: &mut StateStore) -> Option<&mut RollbackRecord> {
-    store
-        .state
-        .current
-        .as_mut()
-        .and_then(|r| r.rollback.as_mut())
-}
-
 /// The verification's progress ("waiting for node …: not Ready") becomes the rollback's message.
 fn show_progress(store: &mut StateStore, message: Option<String>) -> bool {
-    let (Some(message), Some(rollback)) = (message, current_rollback(store)) else {
+    let (Some(message), Some(rollback)) = (message, store.rollback_mut()) else {
         return true;
     };
     rollback.message = truncate_head(
@@ -266,7 +252,7 @@ fn show_progress(store: &mut StateStore, message: Option<String>) -> bool {
 fn end<H: StepHost>(host: &mut H, outcome: Result<String, String>) {
     host.step_boundary();
     let store = host.store();
-    let Some(rollback) = current_rollback(store) else {
+    let Some(rollback) = store.rollback_mut() else {
         return;
     };
     match outcome {

@@ -405,6 +405,16 @@ impl StateStore {
         .map_err(|e| StateError::Io(e.to_string()))
     }
 
+    /// The current plan's rollback, once one started.
+    pub(crate) fn rollback(&self) -> Option<&RollbackRecord> {
+        self.state.current.as_ref()?.rollback.as_ref()
+    }
+
+    /// [`StateStore::rollback`], to change.
+    pub(crate) fn rollback_mut(&mut self) -> Option<&mut RollbackRecord> {
+        self.state.current.as_mut()?.rollback.as_mut()
+    }
+
     /// Makes `plan` the current plan: body first, then progress (all steps pending), then the
     /// old body is removed. A crash in between leaves the old plan current.
     pub fn adopt(&mut self, plan: Plan) -> Result<(), StateError> {
