@@ -302,6 +302,7 @@ pub async fn run(
             agent: identity.clone(),
             current: current.clone(),
             wait_seconds,
+            facts: None,
         };
         let body = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
         let sent = Instant::now();

@@ -178,6 +178,7 @@ pub(crate) fn poll_for(name: &str, wait_seconds: u32) -> PollRequest {
         agent: AgentIdentity::Machine(MachineRef::new("default", name)),
         current: None,
         wait_seconds,
+        facts: None,
     }
 }
 

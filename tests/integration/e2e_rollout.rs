@@ -278,6 +278,7 @@ async fn rollout_upgrades_control_plane_then_workers_for_real() {
         agent: AgentIdentity::Machine(MachineRef::new("default", CONTROL_PLANE[0])),
         current: None,
         wait_seconds: 0,
+        facts: None,
     };
     for (token, expected) in [
         (Some(other.token.as_str()), 403),

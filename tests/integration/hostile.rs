@@ -319,6 +319,7 @@ async fn agent_poll(ca: &std::path::Path, addr: SocketAddr, token: &str) -> (u16
         agent: AgentIdentity::Machine(MachineRef::new("default", "m-1")),
         current: None,
         wait_seconds: 0,
+        facts: None,
     };
     let request = hyper::Request::post(POLL_PATH)
         .header("host", "localhost")

@@ -9,6 +9,7 @@ mod kinds;
 mod messages;
 mod plan;
 mod secret;
+mod upkeep;
 mod validate;
 
 pub use kinds::{StepKind, UNSUPPORTED_GUESS_SECONDS, Undo};
@@ -22,6 +23,10 @@ pub use plan::{
     StepAction,
 };
 pub use secret::SecretString;
+pub use upkeep::{
+    AgentFacts, AgentUpgrade, BINARY_PATH, CA_PATH, MAX_AGENT_BINARY_BYTES, MAX_CA_BUNDLE_BYTES,
+    TokenOffer, UpgradeOutcome, go_arch, is_sha256_hex,
+};
 pub use validate::{
     PlanError, ReportError, is_valid_kubernetes_version, parse_mode, truncate_tail,
     validate_action, validate_plan, validate_plan_structure, validate_report,

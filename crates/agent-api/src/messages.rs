@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{MachineRef, Plan};
+use crate::{AgentFacts, AgentUpgrade, MachineRef, Plan, TokenOffer};
 
 /// Who an agent is: its Machine, or the provider id matched against the Machine's
 /// `spec.providerID`. JSON: `{"machine": {"namespace": "ns", "name": "m"}}` or
@@ -196,6 +196,9 @@ pub struct PollRequest {
     /// [`crate::MAX_WAIT_SECONDS`]. 0 asks for an immediate answer.
     #[serde(default)]
     pub wait_seconds: u32,
+    /// What the agent says about itself (absent from agents before 0.2: they are offered no upkeep).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facts: Option<AgentFacts>,
 }
 
 /// Answer of `POST /agent/v1/poll` (HTTP 200). `plan` is present when there is a plan for that
@@ -214,24 +217,29 @@ pub struct PollResponse {
     /// What to do when a step of the plan fails; absent (older servers, or the default): roll back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_failure: Option<OnFailure>,
+    /// Run this agent executable instead (only while no plan step is running or unreported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_upgrade: Option<AgentUpgrade>,
+    /// The successor of the token this request used: write it, then use it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<TokenOffer>,
+    /// SHA-256 of the CA bundle the agent should trust; when it differs from the agent's, the agent fetches
+    /// [`crate::CA_PATH`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle_sha256: Option<String>,
 }
 
 impl PollResponse {
     /// The "nothing to do" answer.
     pub fn nothing() -> Self {
-        Self {
-            plan: None,
-            hold: None,
-            on_failure: None,
-        }
+        Self::default()
     }
 
     /// An answer carrying a plan.
     pub fn with_plan(plan: Plan) -> Self {
         Self {
             plan: Some(plan),
-            hold: None,
-            on_failure: None,
+            ..Self::default()
         }
     }
 }
@@ -318,6 +326,9 @@ pub struct InventoryReport {
     /// The plan the agent holds, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current: Option<PlanProgress>,
+    /// What the agent says about itself (absent from agents before 0.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facts: Option<AgentFacts>,
 }
 
 /// Answer of `report` and `inventory` on success (HTTP 200, `{}`).

@@ -169,6 +169,7 @@ fn identity_and_poll_shapes() {
             rollback: None,
         }),
         wait_seconds: DEFAULT_WAIT_SECONDS,
+        facts: None,
     };
     assert_eq!(
         serde_json::to_value(&poll).unwrap(),

@@ -240,6 +240,7 @@ impl Agent {
             agent: self.identity.clone(),
             current: self.progress(),
             wait_seconds: self.poll_wait_seconds,
+            facts: None,
         };
         let timeout = Duration::from_secs(u64::from(self.poll_wait_seconds + POLL_GRACE_SECONDS));
         let started = Instant::now();

@@ -65,5 +65,6 @@ pub(crate) async fn gather(
         hostname: read_fact(env, "/proc/sys/kernel/hostname")
             .or_else(|| read_fact(env, "/etc/hostname")),
         current,
+        facts: None,
     }
 }

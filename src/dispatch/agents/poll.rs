@@ -205,6 +205,7 @@ impl Agents {
                             plan: Some(plan),
                             hold,
                             on_failure,
+                            ..PollResponse::default()
                         });
                     }
                     agreed = hold;
@@ -232,6 +233,7 @@ fn held(hold: Option<Hold>, on_failure: Option<OnFailure>) -> PollResponse {
         on_failure: on_failure.filter(|_| hold.is_some()),
         plan: None,
         hold,
+        ..PollResponse::default()
     }
 }
 

@@ -92,6 +92,7 @@ async fn a_crash_between_any_two_writes_of_a_first_update_loses_nothing() {
             agent: AgentIdentity::ProviderId("metal://rack-7/m-1".into()),
             current: None,
             wait_seconds: 0,
+            facts: None,
         };
         let plan = next.agents.poll(&scope(), &poll).await.unwrap().plan;
         assert!(

@@ -66,6 +66,7 @@ async fn plan_for_agent(dispatcher: &Dispatcher, name: &str) -> inplace_agent_ap
                 agent: agent(name),
                 current: None,
                 wait_seconds: 0,
+                facts: None,
             },
         )
         .await
@@ -205,6 +206,7 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
                 agent: agent("w-1"),
                 current: None,
                 wait_seconds: 0,
+                facts: None,
             },
         )
         .await

@@ -219,6 +219,7 @@ impl Golden {
             agent: agent.identity.clone(),
             current: agent.progress(),
             wait_seconds: 0,
+            facts: None,
         };
         let answer = self.dispatcher.agents.poll(&agent.scope, &request).await;
         if let Ok(answer) = &answer {
@@ -322,6 +323,7 @@ impl Golden {
             boot_id: Some(format!("boot-{hostname}")),
             hostname: Some(hostname),
             current: agent.progress(),
+            facts: None,
         };
         let answer = self
             .dispatcher

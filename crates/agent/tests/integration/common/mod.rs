@@ -199,6 +199,7 @@ async fn handle(
                             plan: Some(plan),
                             on_failure: state.lock().unwrap().on_failure,
                             hold,
+                            ..PollResponse::default()
                         };
                         return Ok(json(StatusCode::OK, &answer));
                     }
@@ -208,6 +209,7 @@ async fn handle(
                         plan: None,
                         on_failure: state.lock().unwrap().on_failure.filter(|_| hold.is_some()),
                         hold,
+                        ..PollResponse::default()
                     };
                     return Ok(json(StatusCode::OK, &answer));
                 }
