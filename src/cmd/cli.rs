@@ -14,6 +14,7 @@ use inplace_store::{EtcdOptions, StoreUrl};
 pub use inplace_agent::cli::{AgentArgs, LogFormat, machine_ref};
 
 use crate::api::parse_go_duration;
+use crate::dispatch::upgrade_decide::{DEFAULT_UPGRADE_CONCURRENCY, DEFAULT_UPGRADE_MAX_FAILURES};
 use crate::dispatch::{
     DEFAULT_RETENTION, DEFAULT_RETRY_AFTER_MAX_SECONDS, DEFAULT_RETRY_AFTER_SECONDS,
     DEFAULT_VERDICT_RETENTION, DispatchConfig, RETRY_AFTER_MAX_SECONDS_LIMIT, RetryAfterMode,
@@ -283,6 +284,23 @@ pub struct ServeArgs {
     /// authenticate without it.
     #[arg(long, env = "INPLACE_UPDATER_AGENT_TOKENS")]
     pub agent_tokens: Option<PathBuf>,
+    /// The agent executable this server hands out to agents of its architecture (`GET /agent/v1/binary`);
+    /// default: `inplace-agent` beside this executable, when there is one.
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_BINARY")]
+    pub agent_binary: Option<PathBuf>,
+    /// The agent release the fleet should run (YAML: version, and per architecture a sha256 and an https url);
+    /// default: this build's version, for this server's architecture only.
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_RELEASE")]
+    pub agent_release: Option<PathBuf>,
+    /// Agents that may be upgrading their own binary at once, across the fleet.
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_UPGRADE_CONCURRENCY", default_value_t = DEFAULT_UPGRADE_CONCURRENCY, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub agent_upgrade_concurrency: u32,
+    /// Failed agent upgrades to the current release that stop its rollout.
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_UPGRADE_MAX_FAILURES", default_value_t = DEFAULT_UPGRADE_MAX_FAILURES, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub agent_upgrade_max_failures: u32,
+    /// Never offer agents an upgrade of their own binary.
+    #[arg(long, env = "INPLACE_UPDATER_NO_AGENT_UPGRADES")]
+    pub no_agent_upgrades: bool,
     /// Where updates are recorded: `file:DIR` (embedded, default), `etcd://host:port[,host:port]` (HA),
     /// `memory:` (tests only: lost on exit).
     #[arg(long, env = "INPLACE_UPDATER_STORE", value_parser = store_url, default_value = "file:./data")]

@@ -135,9 +135,11 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
             Some("point --store at the store this version wrote, or at an empty one"),
         )
     })?;
+    let agent_image = agent_upkeep(&args, &dispatcher)?;
     let services = Services {
         engine: Arc::new(Engine { policy, dispatcher }),
         tokens: Arc::new(tokens),
+        agent_image,
     };
     let config = args.config();
     let (hooks, health, metrics_addr) = args.listen_addrs();
@@ -297,6 +299,46 @@ async fn store_dispatcher(etcd: &EtcdArgs, url: &StoreUrl) -> anyhow::Result<Arc
 }
 
 /// GETs `path` from the server's health port and decodes the JSON body; the headers come back too.
+/// The agent executable to hand out and the release the fleet should run (`--agent-binary`, `--agent-release`,
+/// `--no-agent-upgrades`), set on the dispatcher.
+fn agent_upkeep(
+    args: &ServeArgs,
+    dispatcher: &Dispatcher,
+) -> Result<crate::server::agent_release::SharedImage, Fatal> {
+    use crate::server::agent_release::{find_image, release};
+    let image = find_image(args.agent_binary.as_deref()).map_err(|err| {
+        Fatal::new(
+            Some("--agent-binary"),
+            err.to_string(),
+            Some("name the inplace-agent executable of this release"),
+        )
+    })?;
+    let release = if args.no_agent_upgrades {
+        None
+    } else {
+        release(
+            args.agent_release.as_deref(),
+            image.as_ref(),
+            args.agent_upgrade_concurrency,
+            args.agent_upgrade_max_failures,
+        )
+        .map_err(|err| Fatal::new(Some("--agent-release"), err.to_string(), None::<String>))?
+    };
+    match (&release, &image) {
+        (Some(release), _) => {
+            tracing::info!(version = %release.version, architectures = ?release.binaries.keys().collect::<Vec<_>>(), "agents are upgraded to this release")
+        }
+        (None, _) if args.no_agent_upgrades => {
+            tracing::info!("agent self-upgrades are off (--no-agent-upgrades)")
+        }
+        (None, _) => tracing::info!(
+            "agent self-upgrades are off: no inplace-agent beside this executable and no --agent-binary or --agent-release"
+        ),
+    }
+    dispatcher.agents.set_release(release);
+    Ok(image.map(Arc::new))
+}
+
 async fn get_json<T: serde::de::DeserializeOwned>(
     args: &StatusArgs,
     path: &str,
@@ -314,8 +356,8 @@ fn render_agents(rows: &[AgentRow], now: u64) -> String {
         return "no agent seen\n".into();
     }
     let mut out = format!(
-        "{:<40} {:<24} {:<10} {:<13} {:<12} {}\n",
-        "MACHINE", "NODE", "VERSION", "STATE", "LAST SEEN", "LAST REFUSAL"
+        "{:<40} {:<24} {:<28} {:<13} {:<12} {:<40} {}\n",
+        "MACHINE", "NODE", "VERSION", "STATE", "LAST SEEN", "UPGRADE", "LAST REFUSAL"
     );
     for row in rows {
         let refusal = row
@@ -331,11 +373,18 @@ fn render_agents(rows: &[AgentRow], now: u64) -> String {
                 )
             })
             .unwrap_or_else(|| "-".into());
+        let version = match (&row.agent_version, &row.arch, &row.agent_sha256) {
+            (Some(version), Some(arch), Some(sha)) => {
+                format!("{version} {arch} {}", sha.get(..12).unwrap_or(sha))
+            }
+            (Some(version), _, _) => version.clone(),
+            (None, _, _) => "-".into(),
+        };
         out.push_str(&format!(
-            "{:<40} {:<24} {:<10} {:<13} {:<12} {}\n",
+            "{:<40} {:<24} {:<28} {:<13} {:<12} {:<40} {}\n",
             row.machine,
             row.node.as_deref().unwrap_or("-"),
-            row.agent_version.as_deref().unwrap_or("-"),
+            version,
             if row.connected {
                 "connected"
             } else {
@@ -343,6 +392,7 @@ fn render_agents(rows: &[AgentRow], now: u64) -> String {
             },
             row.last_seen_ms
                 .map_or_else(|| "never".into(), |at| ago(now, at)),
+            row.upgrade.as_deref().unwrap_or("-"),
             refusal
         ));
     }

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::observe::{FleetMetrics, LiveFleet};
 
+pub use agents::upgrade_decide;
 pub use agents::{AgentRefusalReason, AgentRow, AgentScope, Agents, CONNECTED_WITHIN};
 pub use fleet::{Fleet, StatusRow, StatusState, UpdateState};
 pub use floor::clock::system_ms as now_ms;

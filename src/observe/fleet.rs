@@ -35,10 +35,14 @@ pub const UPDATE_STATES: [&str; 9] = [
 /// cordoned).
 pub const ROLLBACK_OUTCOMES: [&str; 2] = ["rolled-back", "failed"];
 
-/// Labels of `rollbacks`.
+/// The outcomes `inplace_updater_agent_upgrades_total{outcome}` counts: the agent runs the new binary, or it
+/// restored its previous one (or never came back).
+pub const AGENT_UPGRADE_OUTCOMES: [&str; 2] = ["succeeded", "failed"];
+
+/// Labels of `rollbacks` and `agent_upgrades`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
-    /// One of [`ROLLBACK_OUTCOMES`].
+    /// One of [`ROLLBACK_OUTCOMES`] or [`AGENT_UPGRADE_OUTCOMES`].
     pub outcome: &'static str,
 }
 
@@ -91,6 +95,8 @@ pub struct FleetMetrics {
     pub auth_failures: Family<ReasonLabels, Counter>,
     /// Rollbacks that ended, by outcome.
     pub rollbacks: Family<OutcomeLabels, Counter>,
+    /// Agent self-upgrades that ended, by outcome.
+    pub agent_upgrades: Family<OutcomeLabels, Counter>,
     /// Machines whose current update is in each state.
     pub updates: Family<StateLabels, Gauge>,
     live: Arc<OnceLock<Weak<dyn LiveFleet>>>,
@@ -110,6 +116,7 @@ impl FleetMetrics {
             step_failures: Family::default(),
             auth_failures: Family::default(),
             rollbacks: Family::default(),
+            agent_upgrades: Family::default(),
             updates: Family::default(),
             live: Arc::new(OnceLock::new()),
         };
@@ -121,6 +128,13 @@ impl FleetMetrics {
         }
         for outcome in ROLLBACK_OUTCOMES {
             drop(metrics.rollbacks.get_or_create(&OutcomeLabels { outcome }));
+        }
+        for outcome in AGENT_UPGRADE_OUTCOMES {
+            drop(
+                metrics
+                    .agent_upgrades
+                    .get_or_create(&OutcomeLabels { outcome }),
+            );
         }
         for state in UPDATE_STATES {
             drop(metrics.updates.get_or_create(&StateLabels { state }));
@@ -152,6 +166,12 @@ impl FleetMetrics {
             self.rollbacks.clone(),
         );
         registry.register(
+            "agent_upgrades",
+            "Agent self-upgrades that ended, by outcome (succeeded: the agent runs the new binary; failed: it \
+             restored the previous one or never came back), counted by the replica that saw the end",
+            self.agent_upgrades.clone(),
+        );
+        registry.register(
             "agent_auth_failures",
             "Refused agent requests, by reason",
             self.auth_failures.clone(),
@@ -168,6 +188,14 @@ impl FleetMetrics {
     pub fn rollback_ended(&self, rolled_back: bool) {
         let outcome = ROLLBACK_OUTCOMES[usize::from(!rolled_back)];
         self.rollbacks
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    /// Records one agent self-upgrade that ended.
+    pub fn agent_upgrade_ended(&self, succeeded: bool) {
+        let outcome = AGENT_UPGRADE_OUTCOMES[usize::from(!succeeded)];
+        self.agent_upgrades
             .get_or_create(&OutcomeLabels { outcome })
             .inc();
     }

@@ -13,10 +13,11 @@ use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use inplace_agent_api::{
-    AckResponse, AgentIdentity, INVENTORY_PATH, InventoryReport, MAX_REQUEST_BODY_BYTES,
-    MAX_WAIT_SECONDS, POLL_GRACE_SECONDS, POLL_PATH, PollRequest, REPORT_PATH, StepReport,
+    AckResponse, AgentIdentity, BINARY_PATH, INVENTORY_PATH, InventoryReport,
+    MAX_REQUEST_BODY_BYTES, MAX_WAIT_SECONDS, POLL_GRACE_SECONDS, POLL_PATH, PollRequest,
+    REPORT_PATH, StepReport,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -41,6 +42,7 @@ pub fn agent_router(state: AppState) -> Router {
         .route(POLL_PATH, post(poll))
         .route(REPORT_PATH, post(report))
         .route(INVENTORY_PATH, post(inventory))
+        .route(BINARY_PATH, get(binary))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::GATEWAY_TIMEOUT,
             MAX_AGENT_REQUEST_TIME,
@@ -249,4 +251,56 @@ async fn inventory(State(state): State<AppState>, request: Request) -> Result<Re
         return Err(accepted.refusal(&body.agent, err).await);
     }
     Ok(json(&AckResponse::default()))
+}
+
+/// Authenticates a request without a body (a download): any valid token may fetch what every agent gets.
+async fn authenticated(state: &AppState, request: Request) -> Result<AgentScope, HttpError> {
+    let peer = request.extensions().get::<ConnInfo>().map(|info| info.peer);
+    let header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned);
+    drop(request);
+    match state.tokens.authenticate(header.as_deref()) {
+        Ok(scope) => Ok(scope),
+        Err(err) => {
+            let message = err.to_string();
+            state
+                .engine
+                .dispatcher
+                .agents
+                .refused(None, err.refusal_reason(), &message, peer)
+                .await;
+            Err(HttpError::new(StatusCode::UNAUTHORIZED, message)
+                .with_header(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")))
+        }
+    }
+}
+
+/// Header carrying the SHA-256 of the agent executable served at [`BINARY_PATH`].
+pub const SHA256_HEADER: &str = "x-inplace-sha256";
+
+/// `GET /agent/v1/binary`: the agent executable this server hands out (404 without one).
+async fn binary(State(state): State<AppState>, request: Request) -> Result<Response, HttpError> {
+    authenticated(&state, request).await?;
+    let Some(image) = state.agent_image.clone() else {
+        return Err(HttpError::new(
+            StatusCode::NOT_FOUND,
+            "this server hands out no agent executable (no --agent-binary, and no inplace-agent beside it)",
+        ));
+    };
+    let sha = HeaderValue::from_str(&image.sha256)
+        .map_err(|_| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, "bad digest"))?;
+    Ok((
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            ),
+            (header::HeaderName::from_static(SHA256_HEADER), sha),
+        ],
+        image.bytes.clone(),
+    )
+        .into_response())
 }

@@ -2,6 +2,7 @@
 //! together and stopped together. It decides nothing about Machines; `hooks` does.
 
 mod admin;
+pub mod agent_release;
 mod agent_routes;
 mod app;
 pub mod auth;
@@ -137,6 +138,8 @@ pub struct Services {
     pub engine: Arc<Engine>,
     /// Agent tokens.
     pub tokens: Arc<AgentTokens>,
+    /// The agent executable handed out at `GET /agent/v1/binary`, if any.
+    pub agent_image: agent_release::SharedImage,
 }
 
 /// Runs the server until `shutdown` is cancelled, then drains and returns `Ok`. Returns an error at once
@@ -162,6 +165,7 @@ pub async fn run(
         require_client_cert: config.client_ca.is_some(),
         engine: services.engine.clone(),
         tokens: services.tokens.clone(),
+        agent_image: services.agent_image.clone(),
     };
 
     let mut tasks: JoinSet<&'static str> = JoinSet::new();

@@ -18,6 +18,8 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     /// Agent tokens (agent API).
     pub tokens: Arc<AgentTokens>,
+    /// The agent executable handed out at `GET /agent/v1/binary` (none: 404).
+    pub agent_image: super::agent_release::SharedImage,
 }
 
 impl AppState {
@@ -29,6 +31,7 @@ impl AppState {
             require_client_cert: false,
             engine,
             tokens,
+            agent_image: None,
         }
     }
 }

@@ -70,6 +70,10 @@ pub(crate) struct Agent {
     /// Whether the server said "no hold" on the current plan since the last step started or ended (and since
     /// this process started): a step that has not begun starts only then (see [`Agent::may_start`]).
     pub go_ahead: bool,
+    /// Its own executable and where its last self-upgrade stands.
+    pub me: crate::self_upgrade::SelfBinary,
+    /// An upgrade that failed to download or install is not tried again before this instant.
+    pub upgrade_not_before: Option<Instant>,
 }
 
 impl Agent {
@@ -102,6 +106,7 @@ impl Agent {
             &config.token_file,
             config.tls_server_name.as_deref(),
         )?;
+        let me = crate::self_upgrade::SelfBinary::load(config.binary.clone(), &config.state_dir);
         let env = Arc::new(DriverEnv::new(
             config.root.clone(),
             driver_config,
@@ -118,13 +123,23 @@ impl Agent {
             next_flush_at: Instant::now(),
             connected: None,
             go_ahead: false,
+            me,
+            upgrade_not_before: None,
         })
     }
 
     /// The main loop, until `shutdown` completes.
-    pub async fn run(mut self, mut shutdown: Shutdown) {
+    pub async fn run(mut self, mut shutdown: Shutdown) -> crate::Stopped {
         tracing::info!(agent = %self.identity, state_dir = %self.store.dir().display(), "agent started");
+        let mut stopped = crate::Stopped::Shutdown;
         loop {
+            if self.trial_over() {
+                tracing::error!(
+                    "this agent binary is on trial and has not reached the server in time; exiting so that agent-start restores the previous one"
+                );
+                stopped = crate::Stopped::Restart;
+                break;
+            }
             // A rollback under way runs before anything else: the node is half changed until it ends.
             if let Some(flow) = crate::rollback::run_next(&mut self, &mut shutdown).await {
                 if flow.is_break() {
@@ -143,6 +158,10 @@ impl Agent {
             match self.idle_round(&mut shutdown).await {
                 Ok(Round::Continue) => {}
                 Ok(Round::Stop) => break,
+                Ok(Round::Restart) => {
+                    stopped = crate::Stopped::Restart;
+                    break;
+                }
                 Err(error) => {
                     self.inventory_due = true;
                     let delay = self.backoff.next_delay();
@@ -155,6 +174,7 @@ impl Agent {
             }
         }
         tracing::info!(agent = %self.identity, "agent stopped");
+        stopped
     }
 
     /// The step to run next: the first unfinished step of a running plan whose body we hold.
@@ -221,7 +241,13 @@ impl Agent {
             () = &mut *shutdown => return Ok(Round::Stop),
         }
         if self.inventory_due {
-            let report = inventory::gather(&self.env, self.identity.clone(), self.progress()).await;
+            let report = inventory::gather(
+                &self.env,
+                self.identity.clone(),
+                self.progress(),
+                self.facts(),
+            )
+            .await;
             tokio::select! {
                 result = self.client.post::<_, AckResponse>(INVENTORY_PATH, &report, REQUEST_TIMEOUT) => { result?; }
                 () = &mut *shutdown => return Ok(Round::Stop),
@@ -240,7 +266,7 @@ impl Agent {
             agent: self.identity.clone(),
             current: self.progress(),
             wait_seconds: self.poll_wait_seconds,
-            facts: None,
+            facts: Some(self.facts()),
         };
         let timeout = Duration::from_secs(u64::from(self.poll_wait_seconds + POLL_GRACE_SECONDS));
         let started = Instant::now();
@@ -250,6 +276,15 @@ impl Agent {
         };
         self.backoff.reset();
         self.mark_connected();
+        self.me.connected();
+        self.me
+            .outcome_seen(request.facts.as_ref().and_then(|f| f.upgrade.as_ref()));
+        if let Some(upgrade) = &answer.agent_upgrade
+            && answer.plan.is_none()
+            && let Round::Restart = self.take_upgrade(upgrade).await
+        {
+            return Ok(Round::Restart);
+        }
         let offered = answer.plan.is_some();
         let carries_setting = offered || answer.hold.is_some();
         let on_failure = answer.on_failure;
@@ -416,6 +451,8 @@ pub(crate) enum Round {
     Continue,
     /// Shutdown requested.
     Stop,
+    /// The agent's binary was replaced: exit so that the unit starts the new one.
+    Restart,
 }
 
 /// One line per failed attempt: what kind of failure, the error, the fix, and when the next try is.

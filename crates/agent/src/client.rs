@@ -284,22 +284,61 @@ impl ServerClient {
                 reason: e.to_string(),
                 kind: TransportKind::Other,
             })?;
+        let body = self
+            .exchange(&url, request, MAX_POLL_RESPONSE_BYTES, timeout)
+            .await?;
+        serde_json::from_slice(&body).map_err(|e| ClientError::Decode {
+            url,
+            reason: e.to_string(),
+        })
+    }
+}
+
+impl ServerClient {
+    /// `GET`s `path` (with the token) and returns a 2xx body of at most `limit` bytes.
+    pub async fn get_bytes(
+        &self,
+        path: &str,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Bytes, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let request = hyper::Request::get(&url)
+            .header(AUTHORIZATION, self.token()?)
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| ClientError::Transport {
+                url: url.clone(),
+                reason: e.to_string(),
+                kind: TransportKind::Other,
+            })?;
+        self.exchange(&url, request, limit, timeout).await
+    }
+
+    /// Sends `request` and returns a 2xx body of at most `limit` bytes; any other status is an error carrying
+    /// the server's message.
+    async fn exchange(
+        &self,
+        url: &str,
+        request: hyper::Request<Full<Bytes>>,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Bytes, ClientError> {
         let exchange = async {
             let response =
                 self.http
                     .request(request)
                     .await
                     .map_err(|e| ClientError::Transport {
-                        url: url.clone(),
+                        url: url.to_owned(),
                         reason: error_chain(&e),
                         kind: transport_kind(&e),
                     })?;
             let status = response.status();
-            let body = Limited::new(response.into_body(), MAX_POLL_RESPONSE_BYTES)
+            let body = Limited::new(response.into_body(), limit)
                 .collect()
                 .await
                 .map_err(|e| ClientError::Decode {
-                    url: url.clone(),
+                    url: url.to_owned(),
                     reason: e.to_string(),
                 })?
                 .to_bytes();
@@ -307,7 +346,7 @@ impl ServerClient {
         };
         let (status, body) = tokio::time::timeout(timeout, exchange)
             .await
-            .map_err(|_| ClientError::Timeout(url.clone()))??;
+            .map_err(|_| ClientError::Timeout(url.to_owned()))??;
         if !status.is_success() {
             let message = match serde_json::from_slice::<ErrorResponse>(&body) {
                 Ok(error) => truncate_tail(&error.message, ERROR_BODY_KEPT).to_owned(),
@@ -317,15 +356,12 @@ impl ServerClient {
                 }
             };
             return Err(ClientError::Status {
-                url,
+                url: url.to_owned(),
                 status: status.as_u16(),
                 message,
             });
         }
-        serde_json::from_slice(&body).map_err(|e| ClientError::Decode {
-            url,
-            reason: e.to_string(),
-        })
+        Ok(body)
     }
 }
 

@@ -34,6 +34,9 @@ pub struct AgentConfig {
     /// Refuse to start unless `driver_config` is given and holds the Kubernetes version step commands every
     /// node may run (the binary sets it unless `--no-kubernetes-steps`; false in [`AgentConfig::new`]).
     pub require_kubernetes_steps: bool,
+    /// `--binary`: the agent's own executable, which it replaces when the server offers another release;
+    /// `None`: it never replaces itself.
+    pub binary: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -56,6 +59,7 @@ impl AgentConfig {
             tls_server_name: None,
             poll_wait_seconds: DEFAULT_WAIT_SECONDS,
             require_kubernetes_steps: false,
+            binary: None,
         }
     }
 

@@ -54,6 +54,7 @@ pub(crate) async fn gather(
     env: &DriverEnv,
     agent: AgentIdentity,
     current: Option<PlanProgress>,
+    facts: inplace_agent_api::AgentFacts,
 ) -> InventoryReport {
     let inventory = &env.config.inventory;
     InventoryReport {
@@ -65,6 +66,6 @@ pub(crate) async fn gather(
         hostname: read_fact(env, "/proc/sys/kernel/hostname")
             .or_else(|| read_fact(env, "/etc/hostname")),
         current,
-        facts: None,
+        facts: Some(facts),
     }
 }

@@ -14,6 +14,7 @@ mod clock;
 mod command;
 mod config;
 mod diagnose;
+mod download;
 mod driver_config;
 mod driver_env;
 mod drivers;
@@ -26,6 +27,7 @@ mod retry;
 mod rollback;
 mod rollback_record;
 mod rollback_verify;
+mod self_upgrade;
 mod sequence_command;
 mod sequence_undo;
 mod shutdown;
@@ -33,6 +35,7 @@ mod state;
 mod template;
 mod undo_record;
 mod unfinished;
+mod upkeep;
 
 use std::future::Future;
 
@@ -45,6 +48,7 @@ pub use command::{
 };
 pub use config::{AgentConfig, DEFAULT_STATE_DIR};
 pub use diagnose::PROBE_TIMEOUT;
+pub use download::DOWNLOAD_TIMEOUT;
 pub use driver_config::{
     Check, CommandSequence, CommandSpec, ConfigError, DriverConfig, EtcdConfig, InventoryConfig,
     KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES, NtpConfig, NtpFlavor, RecordCommand,
@@ -63,8 +67,20 @@ pub use retry::{MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY_SECONDS, RetryPolicy};
 pub use rollback_verify::{
     KUBELET_BEFORE_TIMEOUT, ROLLBACK_UNCORDON_TIMEOUT_SECONDS, ROLLBACK_VERIFY_TIMEOUT_SECONDS,
 };
+pub use self_upgrade::{
+    EXIT_RESTART, OUTCOME_FILE, PREVIOUS_SUFFIX, TRIAL_FILE, UPGRADE_RETRY_DELAY, UPGRADE_TRIAL,
+};
 pub use sequence_undo::{MAX_RECORD_VALUE_BYTES, MAX_RECORDS};
 pub use state::{MAX_OUTBOX, StateError};
+
+/// How a running agent stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// `shutdown` completed.
+    Shutdown,
+    /// It replaced its own binary: the caller exits with [`EXIT_RESTART`] so that the unit starts the new one.
+    Restart,
+}
 
 /// Runs the agent until `shutdown` completes. Returns an error only when it cannot start (bad
 /// `--config`, or none while [`AgentConfig::require_kubernetes_steps`], state dir locked or corrupt, bad
@@ -74,10 +90,9 @@ pub use state::{MAX_OUTBOX, StateError};
 pub async fn run(
     config: AgentConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), AgentError> {
+) -> Result<Stopped, AgentError> {
     let agent = agent::Agent::start(config).await?;
-    agent.run(Box::pin(shutdown)).await;
-    Ok(())
+    Ok(agent.run(Box::pin(shutdown)).await)
 }
 
 #[cfg(test)]

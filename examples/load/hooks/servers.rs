@@ -102,6 +102,7 @@ pub fn start_ours(
                 dispatcher,
             }),
             tokens: Arc::new(inplace_updater::server::auth::AgentTokens::none()),
+            agent_image: None,
         };
         let _ = tx.send(hooks);
         if let Err(err) = server::run(

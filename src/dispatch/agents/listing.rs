@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 use super::Agents;
 use super::refusal_book::newer;
 use super::refused::{AgentRefusalRecord, Claim};
+use super::upgrade::is_idle;
+use super::upgrade_decide::{UpgradeRecord, upgrade_status};
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::config::LAST_SEEN_PERSIST_INTERVAL;
 use crate::dispatch::floor::keys::{AGENT_REFUSALS_PREFIX, AGENTS_PREFIX, parse_machine};
@@ -34,6 +36,16 @@ pub struct AgentRow {
     /// The agent's version, from its last inventory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_version: Option<String>,
+    /// The agent's architecture, from its last inventory (agents before 0.2 do not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch: Option<String>,
+    /// SHA-256 of the agent's executable, from its last inventory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_sha256: Option<String>,
+    /// Where its self-upgrade stands (`up to date`, `upgrading to 0.2.0 (…)`, `outdated: …`); absent when the
+    /// server offers no upgrades or the agent says nothing about itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<String>,
     /// The node's kubelet version, from the agent's last inventory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubelet_version: Option<String>,
@@ -54,6 +66,9 @@ impl AgentRow {
             machine,
             node: None,
             agent_version: None,
+            arch: None,
+            agent_sha256: None,
+            upgrade: None,
             kubelet_version: None,
             last_seen_ms: None,
             connected: false,
@@ -83,6 +98,16 @@ impl Agents {
         let store = self.floor.db.store();
         let mut rows: BTreeMap<String, AgentRow> = BTreeMap::new();
         let mut persisted_seen: BTreeMap<String, u64> = BTreeMap::new();
+        let release = self.release();
+        let upgrades: BTreeMap<String, UpgradeRecord> = match &release {
+            Some(_) => self
+                .upgrade_records()
+                .await?
+                .into_iter()
+                .map(|(machine, record)| (machine.to_string(), record))
+                .collect(),
+            None => BTreeMap::new(),
+        };
         for entry in store.list(AGENTS_PREFIX).await? {
             let Some(machine) = entry
                 .key
@@ -102,6 +127,19 @@ impl Agents {
                 row.node = inventory.hostname.clone();
                 row.agent_version = Some(inventory.agent_version.clone());
                 row.kubelet_version = inventory.kubelet_version.clone();
+                if let Some(facts) = &inventory.facts {
+                    row.arch = Some(facts.arch.clone());
+                    row.agent_sha256 = facts.sha256.clone();
+                    row.upgrade = release.as_ref().map(|release| {
+                        upgrade_status(
+                            release,
+                            facts,
+                            is_idle(inventory.current.as_ref()),
+                            upgrades.get(&key),
+                            now,
+                        )
+                    });
+                }
             }
             row.last_seen_ms = Some(record.last_seen_ms);
             persisted_seen.insert(key, record.last_seen_ms);

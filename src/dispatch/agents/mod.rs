@@ -12,9 +12,11 @@ mod refused;
 mod report;
 mod scope;
 mod seen;
+mod upgrade;
+pub mod upgrade_decide;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 
 use inplace_agent_api::MachineRef;
 use tokio::sync::Notify;
@@ -26,6 +28,7 @@ pub use refused::{
 };
 pub use scope::AgentScope;
 pub use seen::SEEN_WRITES_IN_FLIGHT;
+pub use upgrade::{ROLLOUT_VIEW_TTL, is_idle};
 
 use super::fleet::Fleet;
 use super::floor::Floor;
@@ -46,6 +49,10 @@ pub struct Agents {
     this: Weak<Agents>,
     /// Refused agents, as this replica saw them.
     book: Mutex<refusal_book::RefusalBook>,
+    /// The agent release the fleet should run (`None`: no agent is offered an upgrade).
+    release: RwLock<Option<Arc<upgrade_decide::AgentRelease>>>,
+    /// The fleet's rollout counts, as last listed.
+    rollout: Mutex<upgrade::RolloutView>,
 }
 
 impl Agents {
@@ -60,6 +67,8 @@ impl Agents {
             seen_due: Arc::default(),
             this: this.clone(),
             book: Mutex::default(),
+            release: RwLock::default(),
+            rollout: Mutex::default(),
         })
     }
 

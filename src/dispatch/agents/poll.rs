@@ -180,6 +180,11 @@ impl Agents {
         let mut agreed: Option<Hold>;
         // The Machine's onFailure, said with every answer that carries a plan or a hold.
         let mut on_failure: Option<OnFailure> = None;
+        // Its own upgrade: noted at every poll, offered only when the Machine has no plan for it, at the first look.
+        let mut upgrade = match &request.facts {
+            Some(facts) => Some((facts, self.note_upgrade(&machine, facts).await?)),
+            None => None,
+        };
         let answer = loop {
             // Register interest before looking, so a run recorded in between is not missed.
             let for_machine = notify.notified();
@@ -210,7 +215,24 @@ impl Agents {
                     }
                     agreed = hold;
                 }
-                Ok(None) => agreed = None,
+                Ok(None) => {
+                    agreed = None;
+                    if let Some((facts, record)) = upgrade.take() {
+                        match self
+                            .offer_upgrade(&machine, facts, request.current.as_ref(), record)
+                            .await
+                        {
+                            Ok(Some(upgrade)) => {
+                                break Ok(PollResponse {
+                                    agent_upgrade: Some(upgrade),
+                                    ..PollResponse::default()
+                                });
+                            }
+                            Ok(None) => {}
+                            Err(err) => break Err(err),
+                        }
+                    }
+                }
                 Err(err) => break Err(err),
             }
             tokio::select! {

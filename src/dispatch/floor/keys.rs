@@ -18,6 +18,8 @@ pub const VERDICTS_PREFIX: &str = "verdicts/";
 pub const REFUSALS_PREFIX: &str = "refusals/";
 /// Prefix of every refused agent's last refusal.
 pub const AGENT_REFUSALS_PREFIX: &str = "agent-refusals/";
+/// Prefix of every agent's last self-upgrade.
+pub const AGENT_UPGRADES_PREFIX: &str = "agent-upgrades/";
 /// Prefix of the provider-id index.
 pub const PROVIDERS_PREFIX: &str = "providers/";
 /// The key holding the stored format's version ([`super::format`]).
@@ -39,6 +41,14 @@ pub fn update_key(machine: &MachineRef, run_id: &str) -> String {
 /// Key of what the agent of a Machine last told us.
 pub fn agent_key(machine: &MachineRef) -> String {
     format!("{AGENTS_PREFIX}{}/{}", machine.namespace, machine.name)
+}
+
+/// Key of the last self-upgrade of a Machine's agent.
+pub fn agent_upgrade_key(machine: &MachineRef) -> String {
+    format!(
+        "{AGENT_UPGRADES_PREFIX}{}/{}",
+        machine.namespace, machine.name
+    )
 }
 
 /// Key of the last refusal of a Machine's agent.

@@ -71,6 +71,12 @@ pub struct AgentArgs {
     /// Seconds each long-poll asks the server to wait for work (the server caps it at 30).
     #[arg(long, env = "INPLACE_UPDATER_AGENT_POLL_WAIT", default_value_t = inplace_agent_api::DEFAULT_WAIT_SECONDS, value_parser = clap::value_parser!(u32).range(0..=30))]
     pub poll_wait: u32,
+    /// This agent's own executable (e.g. /usr/local/bin/inplace-agent): when the server offers another agent
+    /// release, the agent downloads it, checks its SHA-256, keeps this file as FILE.previous and swaps the new
+    /// one in (agent-start restores the previous one if the new one does not reach the server). Unset: the
+    /// agent never replaces itself (the DaemonSet's image is replaced instead).
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_BINARY")]
+    pub binary: Option<PathBuf>,
 }
 
 impl AgentArgs {
@@ -88,6 +94,7 @@ impl AgentArgs {
         config.tls_server_name = self.tls_server_name.clone();
         config.poll_wait_seconds = self.poll_wait;
         config.require_kubernetes_steps = !self.no_kubernetes_steps;
+        config.binary = self.binary.clone();
         config
     }
 }

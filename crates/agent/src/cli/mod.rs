@@ -54,7 +54,8 @@ pub fn run(format: LogFormat, args: &AgentArgs) -> i32 {
     let (writer, guard) = log_queue();
     init_logs(format, writer);
     let code = match serve(args) {
-        Ok(()) => 0,
+        Ok(crate::Stopped::Shutdown) => 0,
+        Ok(crate::Stopped::Restart) => crate::EXIT_RESTART,
         Err(fatal) => {
             fatal.log();
             EXIT_FATAL
@@ -96,7 +97,7 @@ fn log_queue() -> (
 
 /// The agent on a current-thread runtime: one poll loop needs no more, and each worker thread would cost
 /// memory on every node. Blocking work (a step's file hashing) still goes to Tokio's blocking pool.
-fn serve(args: &AgentArgs) -> Result<(), Fatal> {
+fn serve(args: &AgentArgs) -> Result<crate::Stopped, Fatal> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
