@@ -254,6 +254,7 @@ impl Agent {
             }
             self.inventory_due = false;
             self.mark_connected();
+            self.me.connected();
         }
         if self
             .next_runnable_step()

@@ -143,8 +143,13 @@ impl SelfBinary {
         };
         if let Some(trial) = read_mark(&this.trial_path()) {
             let target = trial.get("target").cloned().unwrap_or_default();
-            if this.sha256.as_deref() == Some(target.as_str()) {
-                this.trial_deadline = trial.get("deadline").and_then(|d| d.parse().ok());
+            if this.sha256.as_deref() != trial.get("previous").map(String::as_str) {
+                this.trial_deadline = Some(
+                    trial
+                        .get("deadline")
+                        .and_then(|d| d.parse().ok())
+                        .unwrap_or(0),
+                );
                 tracing::info!(sha256 = %target, "running a new agent binary on trial: it must reach the server within {} s", UPGRADE_TRIAL.as_secs());
             } else {
                 // Killed before the swap took effect: this is still the previous binary, and the server offers

@@ -342,7 +342,7 @@ impl Node {
 /// A running agent task and the way to stop it cleanly.
 pub struct RunningAgent {
     pub stop: Option<tokio::sync::oneshot::Sender<()>>,
-    pub task: tokio::task::JoinHandle<Result<(), inplace_agent::AgentError>>,
+    pub task: tokio::task::JoinHandle<Result<inplace_agent::Stopped, inplace_agent::AgentError>>,
 }
 
 pub fn spawn_agent(config: inplace_agent::AgentConfig) -> RunningAgent {
