@@ -3,6 +3,7 @@
 
 mod agent_api;
 mod agent_diagnostics;
+mod agent_skew;
 mod bounded_inputs;
 mod common;
 mod deploy_configs;

@@ -8,6 +8,7 @@ mod observe;
 mod retry;
 mod retry_after;
 mod rollback;
+mod upgrade;
 mod verdict;
 mod window;
 
