@@ -12,6 +12,8 @@ mod refused;
 mod report;
 mod scope;
 mod seen;
+pub mod token_rule;
+mod tokens;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -26,6 +28,7 @@ pub use refused::{
 };
 pub use scope::AgentScope;
 pub use seen::SEEN_WRITES_IN_FLIGHT;
+pub use tokens::{MAX_CACHED_AGENT_TOKENS, Minted, MintedToken};
 
 use super::fleet::Fleet;
 use super::floor::Floor;
@@ -46,6 +49,8 @@ pub struct Agents {
     this: Weak<Agents>,
     /// Refused agents, as this replica saw them.
     book: Mutex<refusal_book::RefusalBook>,
+    /// Minted agent tokens and used successors, as read from the store.
+    tokens: Mutex<tokens::TokenCache>,
 }
 
 impl Agents {
@@ -60,6 +65,7 @@ impl Agents {
             seen_due: Arc::default(),
             this: this.clone(),
             book: Mutex::default(),
+            tokens: Mutex::default(),
         })
     }
 
