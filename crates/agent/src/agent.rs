@@ -240,7 +240,11 @@ impl Agent {
             agent: self.identity.clone(),
             current: self.progress(),
             wait_seconds: self.poll_wait_seconds,
-            facts: None,
+            facts: Some(inplace_agent_api::AgentFacts {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                arch: inplace_agent_api::go_arch(std::env::consts::ARCH).to_string(),
+                ..Default::default()
+            }),
         };
         let timeout = Duration::from_secs(u64::from(self.poll_wait_seconds + POLL_GRACE_SECONDS));
         let started = Instant::now();
@@ -250,6 +254,11 @@ impl Agent {
         };
         self.backoff.reset();
         self.mark_connected();
+        if let Some(offer) = &answer.token
+            && let Err(e) = self.client.keep_successor(&offer.token)
+        {
+            tracing::warn!(error = %e, "cannot keep the successor token the server offered; the current one stays in use");
+        }
         let offered = answer.plan.is_some();
         let carries_setting = offered || answer.hold.is_some();
         let on_failure = answer.on_failure;
