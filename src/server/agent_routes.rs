@@ -258,9 +258,10 @@ async fn poll(State(state): State<AppState>, request: Request) -> Result<Respons
         },
         None => None,
     };
-    // With a successor to hand over, the poll answers at once rather than waiting.
+    // With a successor to hand over, or one used for the first time, the poll answers at once rather than
+    // waiting: the agent keeps (or promotes) it without waiting out a long-poll.
     let quick;
-    let asked = if offer.is_some() {
+    let asked = if offer.is_some() || accepted.token.first_use {
         quick = PollRequest {
             wait_seconds: 0,
             ..body.clone()

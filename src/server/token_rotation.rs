@@ -10,8 +10,8 @@ use inplace_agent_api::{AgentIdentity, SecretString, TokenOffer};
 use time::OffsetDateTime;
 
 use super::auth::{AgentTokens, AuthError, LineState, Presented, expired, random_token};
-use crate::dispatch::agents::MintedToken;
 use crate::dispatch::agents::token_rule::Lifetime;
+use crate::dispatch::agents::{MintedToken, SuccessorUse};
 use crate::dispatch::{AgentScope, Agents, DispatchError};
 use crate::hex;
 
@@ -37,6 +37,9 @@ pub struct Verified {
     root: String,
     /// Its lifetime; `None` for a line without `expires=` (never rotated).
     lifetime: Option<Lifetime>,
+    /// Whether it is a successor used for the first time now (the poll then answers at once, so the agent
+    /// learns it was accepted and moves it over its token file without waiting out a long-poll).
+    pub first_use: bool,
 }
 
 fn unix_ms(at: OffsetDateTime) -> u64 {
@@ -81,6 +84,7 @@ pub async fn verify(
                 root: hash.clone(),
                 hash,
                 lifetime,
+                first_use: false,
             });
         }
         Presented::Other { hash, revoked } => (hex(&hash), revoked),
@@ -102,14 +106,17 @@ pub async fn verify(
     if minted.lifetime.expired(now) {
         return Err(expired(&minted.scope, at_ms(minted.lifetime.expires_ms)).into());
     }
-    if !agents.successor_used(&hash, &minted).await? {
-        return Err(AuthError::Superseded.into());
-    }
+    let first_use = match agents.successor_used(&hash, &minted).await? {
+        SuccessorUse::SiblingUsed => return Err(AuthError::Superseded.into()),
+        SuccessorUse::First => true,
+        SuccessorUse::Known => false,
+    };
     Ok(Verified {
         scope: minted.scope,
         hash,
         root: minted.root,
         lifetime: Some(minted.lifetime),
+        first_use,
     })
 }
 

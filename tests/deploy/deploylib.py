@@ -353,6 +353,7 @@ SETTINGS = {
 # Every line of a server token file that is not blank or a comment (src/server/auth.rs).
 TOKEN_LINE = re.compile(
     r"sha256:[0-9a-f]{64} (cluster|machine)=[a-z0-9][a-z0-9.-]*/[a-z0-9][a-z0-9.-]*"
+    r"( issued=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d))?"
     r"( expires=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d))?"
 )
 

@@ -3,6 +3,7 @@
 
 mod agent_api;
 mod agent_diagnostics;
+mod agent_tokens;
 mod bounded_inputs;
 mod common;
 mod deploy_configs;
@@ -15,6 +16,7 @@ mod e2e_resume;
 mod e2e_retry;
 mod e2e_rollback;
 mod e2e_rollout;
+mod e2e_tokens;
 mod e2e_verdicts;
 mod e2e_window;
 mod fatal_errors;

@@ -28,7 +28,7 @@ pub use refused::{
 };
 pub use scope::AgentScope;
 pub use seen::SEEN_WRITES_IN_FLIGHT;
-pub use tokens::{MAX_CACHED_AGENT_TOKENS, Minted, MintedToken};
+pub use tokens::{MAX_CACHED_AGENT_TOKENS, Minted, MintedToken, SuccessorUse};
 
 use super::fleet::Fleet;
 use super::floor::Floor;

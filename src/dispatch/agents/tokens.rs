@@ -44,6 +44,17 @@ pub(super) struct TokenCache {
     used: HashSet<String>,
 }
 
+/// What using a minted token means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SuccessorUse {
+    /// Its first use, recorded now: its predecessor's grace period starts.
+    First,
+    /// Its use was recorded before.
+    Known,
+    /// Another successor of the same token and agent was used first: this one is refused.
+    SiblingUsed,
+}
+
 /// A successor just minted: the token (for the agent, once) and when it expires (Unix ms).
 #[derive(Debug)]
 pub struct Minted {
@@ -72,41 +83,39 @@ impl Agents {
         Ok(found)
     }
 
-    /// Records that the minted token `hash_hex` was used (once). Returns false when a sibling was used
-    /// first: then this one is refused.
+    /// Records that the minted token `hash_hex` was used (once).
     pub async fn successor_used(
         &self,
         hash_hex: &str,
         minted: &MintedToken,
-    ) -> Result<bool, DispatchError> {
+    ) -> Result<SuccessorUse, DispatchError> {
         if self.token_cache().used.contains(hash_hex) {
-            return Ok(true);
+            return Ok(SuccessorUse::Known);
         }
         let now = self.floor.now_ms();
-        let mut sibling_used = false;
+        let mut seen = SuccessorUse::Known;
         self.floor
             .db
             .update(&minted.rotation_key, |current: Option<&Rotation>| {
-                sibling_used = false;
                 let current = current.cloned().unwrap_or_default();
-                match current.on_use(hash_hex, now) {
-                    Ok(next) => Ok(next),
-                    Err(()) => {
-                        sibling_used = true;
-                        Ok(None)
-                    }
-                }
+                let (next, said) = match current.on_use(hash_hex, now) {
+                    Ok(Some(next)) => (Some(next), SuccessorUse::First),
+                    Ok(None) => (None, SuccessorUse::Known),
+                    Err(()) => (None, SuccessorUse::SiblingUsed),
+                };
+                seen = said;
+                Ok(next)
             })
             .await?;
-        if sibling_used {
-            return Ok(false);
+        if seen == SuccessorUse::SiblingUsed {
+            return Ok(seen);
         }
         let mut cache = self.token_cache();
         if cache.used.len() >= MAX_CACHED_AGENT_TOKENS {
             cache.used.clear();
         }
         cache.used.insert(hash_hex.to_string());
-        Ok(true)
+        Ok(seen)
     }
 
     /// The rotation of the token `hash_hex` for `agent`, if one was started.
