@@ -5,7 +5,7 @@
 //! and an expired token's refusal says how to re-enrol the node.
 #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,7 +60,7 @@ struct Replica {
     tokens: Arc<AgentTokens>,
 }
 
-fn replica(store: &Arc<dyn Store>, file: &PathBuf, grace: Duration) -> Replica {
+fn replica(store: &Arc<dyn Store>, file: &Path, grace: Duration) -> Replica {
     let config = DispatchConfig {
         agent_token_grace: grace,
         ..Default::default()
