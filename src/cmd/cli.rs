@@ -16,8 +16,9 @@ pub use inplace_agent::cli::{AgentArgs, LogFormat, machine_ref};
 use crate::api::parse_go_duration;
 use crate::dispatch::upgrade_decide::{DEFAULT_UPGRADE_CONCURRENCY, DEFAULT_UPGRADE_MAX_FAILURES};
 use crate::dispatch::{
-    DEFAULT_RETENTION, DEFAULT_RETRY_AFTER_MAX_SECONDS, DEFAULT_RETRY_AFTER_SECONDS,
-    DEFAULT_VERDICT_RETENTION, DispatchConfig, RETRY_AFTER_MAX_SECONDS_LIMIT, RetryAfterMode,
+    DEFAULT_AGENT_TOKEN_GRACE, DEFAULT_RETENTION, DEFAULT_RETRY_AFTER_MAX_SECONDS,
+    DEFAULT_RETRY_AFTER_SECONDS, DEFAULT_VERDICT_RETENTION, DispatchConfig,
+    RETRY_AFTER_MAX_SECONDS_LIMIT, RetryAfterMode,
 };
 use crate::server::{
     ConnLimits, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
@@ -121,9 +122,10 @@ pub struct TokenCreateArgs {
     /// Machine name: the token covers only this Machine.
     #[arg(long)]
     pub machine: Option<String>,
-    /// Lifetime of the token (Go duration, e.g. 8760h); no expiry when absent.
-    #[arg(long, value_parser = duration)]
-    pub ttl: Option<Duration>,
+    /// Lifetime of the token (Go duration); `0s` for a token that never expires (and so is never rotated).
+    /// Agents that send their facts get a successor after 2/3 of it.
+    #[arg(long, value_parser = duration, default_value = "8760h")]
+    pub ttl: Duration,
 }
 
 /// `inplace-updater policy ...`.
@@ -330,6 +332,10 @@ pub struct ServeArgs {
     /// CAPI's 24 h cache of CanUpdateMachineSet answers).
     #[arg(long, env = "INPLACE_UPDATER_VERDICT_RETENTION", value_parser = duration, default_value = "72h")]
     pub verdict_retention: Duration,
+    /// How long an agent token that was rotated keeps working for its agent after the successor was first
+    /// used (Go duration).
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_TOKEN_GRACE", value_parser = duration, default_value = "1h")]
+    pub agent_token_grace: Duration,
     /// Test-only (hidden): dispatch reads the time (maintenance windows, run and last-seen times) as the Unix
     /// ms in this file instead of the system clock.
     #[arg(long, hide = true)]
@@ -362,6 +368,7 @@ impl ServeArgs {
             retry_after_max_seconds: self.retry_after_max_seconds,
             retention: self.retention,
             verdict_retention: self.verdict_retention,
+            agent_token_grace: self.agent_token_grace,
         }
     }
 
@@ -417,6 +424,8 @@ const _: () = {
     assert!(DEFAULT_SHUTDOWN_GRACE.as_secs() == 8);
     assert!(DEFAULT_RETENTION.as_secs() == 168 * 3600);
     assert!(DEFAULT_VERDICT_RETENTION.as_secs() == 72 * 3600);
+    assert!(DEFAULT_AGENT_TOKEN_GRACE.as_secs() == 3600);
+    assert!(crate::server::auth::DEFAULT_TOKEN_TTL.as_secs() == 8760 * 3600);
 };
 
 #[cfg(test)]

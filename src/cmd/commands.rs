@@ -182,9 +182,9 @@ pub fn token_create(args: &TokenCreateArgs) -> anyhow::Result<String> {
             "{part:?} is not a valid Kubernetes name"
         );
     }
-    let expires = args
-        .ttl
-        .map(|ttl| time::OffsetDateTime::now_utc() + time::Duration::seconds(ttl.as_secs() as i64));
+    let expires = (!args.ttl.is_zero()).then(|| {
+        time::OffsetDateTime::now_utc() + time::Duration::seconds(args.ttl.as_secs() as i64)
+    });
     let token =
         create_token(&scope, expires).map_err(|err| anyhow::anyhow!("no OS randomness: {err}"))?;
     Ok(format!(

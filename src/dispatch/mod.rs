@@ -29,9 +29,9 @@ pub use agents::{AgentRefusalReason, AgentRow, AgentScope, Agents, CONNECTED_WIT
 pub use fleet::{Fleet, StatusRow, StatusState, UpdateState};
 pub use floor::clock::system_ms as now_ms;
 pub use floor::config::{
-    DEFAULT_RETENTION, DEFAULT_RETRY_AFTER_MAX_SECONDS, DEFAULT_RETRY_AFTER_SECONDS,
-    DEFAULT_VERDICT_RETENTION, LAST_SEEN_PERSIST_INTERVAL, MIN_RETRY_AFTER_SECONDS,
-    RETRY_AFTER_MAX_SECONDS_LIMIT, RetryAfterMode,
+    DEFAULT_AGENT_TOKEN_GRACE, DEFAULT_RETENTION, DEFAULT_RETRY_AFTER_MAX_SECONDS,
+    DEFAULT_RETRY_AFTER_SECONDS, DEFAULT_VERDICT_RETENTION, LAST_SEEN_PERSIST_INTERVAL,
+    MIN_RETRY_AFTER_SECONDS, RETRY_AFTER_MAX_SECONDS_LIMIT, RetryAfterMode,
 };
 pub use floor::keys::valid_segment;
 pub use floor::{Clock, DispatchConfig, DispatchError, Floor};

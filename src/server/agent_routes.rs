@@ -26,7 +26,8 @@ use tower_http::timeout::TimeoutLayer;
 use super::error::HttpError;
 use super::listener::ConnInfo;
 use super::state::AppState;
-use crate::dispatch::{AgentRefusalReason, AgentScope, DispatchError, Dispatcher};
+use super::token_rotation::{TokenRefusal, Verified, verify};
+use crate::dispatch::{AgentRefusalReason, DispatchError, Dispatcher};
 
 /// Ceiling on any agent request: the longest poll plus the grace agents allow for it.
 pub const MAX_AGENT_REQUEST_TIME: Duration =
@@ -65,9 +66,32 @@ impl From<DispatchError> for HttpError {
     }
 }
 
+/// An agent request body: each says which agent sends it.
+trait Claimant {
+    fn agent(&self) -> &AgentIdentity;
+}
+
+impl Claimant for PollRequest {
+    fn agent(&self) -> &AgentIdentity {
+        &self.agent
+    }
+}
+
+impl Claimant for StepReport {
+    fn agent(&self) -> &AgentIdentity {
+        &self.agent
+    }
+}
+
+impl Claimant for InventoryReport {
+    fn agent(&self) -> &AgentIdentity {
+        &self.agent
+    }
+}
+
 /// An authenticated, decoded agent request.
 struct Accepted<T> {
-    scope: AgentScope,
+    token: Verified,
     dispatcher: Arc<Dispatcher>,
     body: T,
     peer: Option<SocketAddr>,
@@ -122,8 +146,24 @@ async fn claimed_agent(request: Request) -> Option<AgentIdentity> {
         .map(|claimed| claimed.agent)
 }
 
+/// The 401 for a refused token, counted and logged as a refused agent.
+async fn unauthorized(
+    dispatcher: &Dispatcher,
+    claimed: Option<&AgentIdentity>,
+    err: &super::auth::AuthError,
+    peer: Option<SocketAddr>,
+) -> HttpError {
+    let message = err.to_string();
+    dispatcher
+        .agents
+        .refused(claimed, err.refusal_reason(), &message, peer)
+        .await;
+    HttpError::new(StatusCode::UNAUTHORIZED, message)
+        .with_header(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))
+}
+
 /// Authenticates, reads and decodes an agent request.
-async fn accept<T: DeserializeOwned>(
+async fn accept<T: DeserializeOwned + Claimant>(
     state: &AppState,
     request: Request,
 ) -> Result<Accepted<T>, HttpError> {
@@ -133,18 +173,13 @@ async fn accept<T: DeserializeOwned>(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|h| h.to_str().ok());
-    let scope = match state.tokens.authenticate(header) {
-        Ok(scope) => scope,
-        Err(err) => {
+    let token = match verify(&state.tokens, &dispatcher.agents, header).await {
+        Ok(token) => token,
+        Err(TokenRefusal::Refused(err)) => {
             let claimed = claimed_agent(request).await;
-            let message = err.to_string();
-            dispatcher
-                .agents
-                .refused(claimed.as_ref(), err.refusal_reason(), &message, peer)
-                .await;
-            return Err(HttpError::new(StatusCode::UNAUTHORIZED, message)
-                .with_header(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
+            return Err(unauthorized(&dispatcher, claimed.as_ref(), &err, peer).await);
         }
+        Err(TokenRefusal::Store(err)) => return Err(HttpError::from(err)),
     };
     let too_large = || {
         HttpError::new(
@@ -173,8 +208,15 @@ async fn accept<T: DeserializeOwned>(
     .map_err(|_| too_large())?;
     let body: T = decode_agent_body(&body)
         .map_err(|err| HttpError::new(StatusCode::BAD_REQUEST, err.to_string()))?;
+    match token.check_retired(&dispatcher.agents, body.agent()).await {
+        Ok(()) => {}
+        Err(TokenRefusal::Refused(err)) => {
+            return Err(unauthorized(&dispatcher, Some(body.agent()), &err, peer).await);
+        }
+        Err(TokenRefusal::Store(err)) => return Err(HttpError::from(err)),
+    }
     Ok(Accepted {
-        scope,
+        token,
         dispatcher,
         body,
         peer,
@@ -205,11 +247,39 @@ fn json<T: Serialize>(value: &T) -> Response {
 
 async fn poll(State(state): State<AppState>, request: Request) -> Result<Response, HttpError> {
     let accepted: Accepted<PollRequest> = accept(&state, request).await?;
+    let agents = &accepted.dispatcher.agents;
     let body = &accepted.body;
-    let answer = match accepted.dispatcher.agents.poll(&accepted.scope, body).await {
+    // Only agents that send their facts know what to do with a successor token.
+    let offer = match &body.facts {
+        Some(_) => match accepted.token.offer(agents, &body.agent).await {
+            Ok(offer) => offer,
+            Err(err) => {
+                tracing::warn!(agent = %body.agent, error = %err, "no successor token offered");
+                None
+            }
+        },
+        None => None,
+    };
+    // With a successor to hand over, or one used for the first time, the poll answers at once rather than
+    // waiting: the agent keeps (or promotes) it without waiting out a long-poll.
+    let quick;
+    let asked = if offer.is_some() || accepted.token.first_use {
+        quick = PollRequest {
+            wait_seconds: 0,
+            ..body.clone()
+        };
+        &quick
+    } else {
+        body
+    };
+    let mut answer = match agents.poll(&accepted.token.scope, asked).await {
         Ok(answer) => answer,
         Err(err) => return Err(accepted.refusal(&body.agent, err).await),
     };
+    if let Some(offer) = offer {
+        tracing::info!(agent = %body.agent, expires_unix = offer.expires_unix, "successor token offered");
+        answer.token = Some(offer);
+    }
     if let Some(plan) = &answer.plan {
         tracing::info!(agent = %body.agent, run = %plan.id.chars().take(12).collect::<String>(), steps = plan.steps.len(), "plan handed to agent");
     }
@@ -222,7 +292,7 @@ async fn report(State(state): State<AppState>, request: Request) -> Result<Respo
     let hold = match accepted
         .dispatcher
         .agents
-        .report(&accepted.scope, body)
+        .report(&accepted.token.scope, body)
         .await
     {
         Ok(hold) => hold,
@@ -245,7 +315,7 @@ async fn inventory(State(state): State<AppState>, request: Request) -> Result<Re
     if let Err(err) = accepted
         .dispatcher
         .agents
-        .inventory(&accepted.scope, body)
+        .inventory(&accepted.token.scope, body)
         .await
     {
         return Err(accepted.refusal(&body.agent, err).await);
@@ -254,7 +324,10 @@ async fn inventory(State(state): State<AppState>, request: Request) -> Result<Re
 }
 
 /// Authenticates a request without a body (a download): any valid token may fetch what every agent gets.
-async fn authenticated(state: &AppState, request: Request) -> Result<AgentScope, HttpError> {
+async fn authenticated(
+    state: &AppState,
+    request: Request,
+) -> Result<crate::dispatch::AgentScope, HttpError> {
     let peer = request.extensions().get::<ConnInfo>().map(|info| info.peer);
     let header = request
         .headers()

@@ -3,10 +3,11 @@
 //! compare against every entry in constant time, so timing says nothing about which hashes exist.
 //!
 //! Token file: one entry per line, `#` comments allowed:
-//! `sha256:<64 hex> cluster=<namespace>/<cluster> [expires=<RFC 3339>]` or
-//! `sha256:<64 hex> machine=<namespace>/<name> [expires=<RFC 3339>]`. Removing a line revokes the token; the
-//! hashes of lines removed while the server runs are remembered (at most [`MAX_REMEMBERED_REVOKED`]), so a
-//! revoked token is refused as revoked rather than unknown until the server restarts.
+//! `sha256:<64 hex> cluster=<namespace>/<cluster> [issued=<RFC 3339>] [expires=<RFC 3339>]` or
+//! `sha256:<64 hex> machine=<namespace>/<name> [issued=<RFC 3339>] [expires=<RFC 3339>]`. Removing a line
+//! revokes the token (and every successor the server minted from it, see `token_rotation`); the hashes of
+//! lines removed while the server runs are remembered (at most [`MAX_REMEMBERED_REVOKED`]), so a revoked token
+//! is refused as revoked rather than unknown until the server restarts.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -32,6 +33,12 @@ pub const MAX_TOKEN_BYTES: usize = 512;
 pub const MAX_REMEMBERED_REVOKED: usize = 10_000;
 /// Largest token file read (`--agent-tokens`, at start and on every reload check): about 100 000 entries.
 pub const MAX_TOKEN_FILE_BYTES: u64 = 16 * 1024 * 1024;
+pub use crate::dispatch::agents::token_rule::DEFAULT_TOKEN_TTL;
+/// Where the node install puts the agent's token (named in the re-enrolment advice of an expired token).
+pub const AGENT_TOKEN_PATH: &str = "/etc/inplace-updater/token";
+/// The docs section on token expiry, rotation, revocation and re-enrolment (named in refusals).
+pub const TOKEN_DOCS_SECTION: &str =
+    "docs/install.md, \"Agent tokens: expiry, rotation, revocation, re-enrolment\"";
 
 /// Why a token file or a presented token was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -45,9 +52,20 @@ pub enum AuthError {
     /// The token's line was removed from the token file while this server ran.
     #[error("token revoked: its line was removed from the server's token file")]
     Revoked,
-    /// The token's entry has expired.
-    #[error("token expired at {0}")]
-    Expired(String),
+    /// The token (or the token-file line it descends from) has expired.
+    #[error("token expired at {at}: {reenrol}")]
+    Expired {
+        /// When, RFC 3339.
+        at: String,
+        /// How to re-enrol the node ([`reenrol_advice`]).
+        reenrol: String,
+    },
+    /// The token was succeeded by a rotated token that is in use, and its grace period has passed (or it is
+    /// an unused sibling of the successor in use).
+    #[error(
+        "token superseded: the server issued this agent a successor token, which is in use; the agent keeps the successor in <token-file>.next until it renames it over its token file"
+    )]
+    Superseded,
     /// A line of the token file is malformed (never echoes the line: it may hold a hash).
     #[error("{path}:{line}: {problem}")]
     File {
@@ -69,7 +87,8 @@ impl AuthError {
         match self {
             AuthError::Missing => AgentRefusalReason::MissingToken,
             AuthError::Revoked => AgentRefusalReason::RevokedToken,
-            AuthError::Expired(_) => AgentRefusalReason::ExpiredToken,
+            AuthError::Expired { .. } => AgentRefusalReason::ExpiredToken,
+            AuthError::Superseded => AgentRefusalReason::SupersededToken,
             AuthError::Unknown | AuthError::File { .. } | AuthError::Read { .. } => {
                 AgentRefusalReason::UnknownToken
             }
@@ -83,8 +102,69 @@ pub struct TokenEntry {
     hash: [u8; 32],
     /// What the token may do.
     pub scope: AgentScope,
+    /// When it was issued (`issued=`; absent from lines made before 0.2).
+    pub issued: Option<OffsetDateTime>,
     /// When it stops working, if ever.
     pub expires: Option<OffsetDateTime>,
+}
+
+impl TokenEntry {
+    /// The SHA-256 of the token.
+    pub fn hash(&self) -> [u8; 32] {
+        self.hash
+    }
+}
+
+/// What the command line to re-enrol a node with `scope` is, and where its token goes.
+pub fn reenrol_advice(scope: &AgentScope) -> String {
+    let target = match scope {
+        AgentScope::Cluster { namespace, cluster } => {
+            format!("--namespace {namespace} --cluster {cluster}")
+        }
+        AgentScope::Machine(machine) => {
+            format!(
+                "--namespace {} --machine {}",
+                machine.namespace, machine.name
+            )
+        }
+    };
+    format!(
+        "re-enrol the node: run `inplace-updater token create {target} --ttl {}h`, add the line it prints to the server's --agent-tokens file and write the token to {AGENT_TOKEN_PATH} on the node ({TOKEN_DOCS_SECTION})",
+        DEFAULT_TOKEN_TTL.as_secs() / 3600
+    )
+}
+
+/// The refusal of a token of `scope` that expired at `at`.
+pub fn expired(scope: &AgentScope, at: OffsetDateTime) -> AuthError {
+    AuthError::Expired {
+        at: at.format(&Rfc3339).unwrap_or_default(),
+        reenrol: reenrol_advice(scope),
+    }
+}
+
+/// What a presented token is, as far as the token file knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Presented {
+    /// A line of the file (not yet checked for expiry).
+    Line(TokenEntry),
+    /// Not a line of the file: maybe a successor the server minted (looked up in the store).
+    Other {
+        /// Its SHA-256.
+        hash: [u8; 32],
+        /// Whether it was a line removed while this server ran.
+        revoked: bool,
+    },
+}
+
+/// Whether a token-file line with a given hash is in force.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LineState {
+    /// In the file.
+    Present(TokenEntry),
+    /// Removed while this server ran.
+    Revoked,
+    /// Not in the file.
+    Unknown,
 }
 
 impl std::fmt::Debug for TokenEntry {
@@ -134,6 +214,14 @@ pub fn parse_token_file(path: &str, text: &str) -> Result<Vec<TokenEntry>, AuthE
         }
         let mut scope = None;
         let mut expires = None;
+        let mut issued = None;
+        let time = |value: &str, name: &str| {
+            OffsetDateTime::parse(value, &Rfc3339).map_err(|_| {
+                problem(&format!(
+                    "{name} must be RFC 3339, e.g. 2027-01-01T00:00:00Z"
+                ))
+            })
+        };
         for word in words {
             match word.split_once('=') {
                 Some(("cluster", value)) => {
@@ -146,14 +234,11 @@ pub fn parse_token_file(path: &str, text: &str) -> Result<Vec<TokenEntry>, AuthE
                         .ok_or_else(|| problem("machine=<namespace>/<name> expected"))?;
                     scope = Some(AgentScope::Machine(MachineRef::new(namespace, name)));
                 }
-                Some(("expires", value)) => {
-                    expires = Some(OffsetDateTime::parse(value, &Rfc3339).map_err(|_| {
-                        problem("expires must be RFC 3339, e.g. 2027-01-01T00:00:00Z")
-                    })?);
-                }
+                Some(("expires", value)) => expires = Some(time(value, "expires")?),
+                Some(("issued", value)) => issued = Some(time(value, "issued")?),
                 _ => {
                     return Err(problem(
-                        "unknown field (expected cluster=, machine= or expires=)",
+                        "unknown field (expected cluster=, machine=, issued= or expires=)",
                     ));
                 }
             }
@@ -164,6 +249,7 @@ pub fn parse_token_file(path: &str, text: &str) -> Result<Vec<TokenEntry>, AuthE
         entries.push(TokenEntry {
             hash,
             scope,
+            issued,
             expires,
         });
     }
@@ -263,8 +349,26 @@ impl AgentTokens {
         self.len() == 0
     }
 
-    /// Checks an `Authorization` header value and returns the token's scope.
+    /// Checks an `Authorization` header value against the file alone and returns the token's scope (a token
+    /// that is not a line of the file is refused: successors are checked by `token_rotation`).
     pub fn authenticate(&self, header: Option<&str>) -> Result<AgentScope, AuthError> {
+        match self.check(header)? {
+            Presented::Line(entry) => {
+                if let Some(expires) = entry.expires
+                    && expires <= OffsetDateTime::now_utc()
+                {
+                    return Err(expired(&entry.scope, expires));
+                }
+                Ok(entry.scope)
+            }
+            Presented::Other { revoked: true, .. } => Err(AuthError::Revoked),
+            Presented::Other { .. } => Err(AuthError::Unknown),
+        }
+    }
+
+    /// Reads the bearer token of an `Authorization` header value and finds its line, if any (expiry is not
+    /// checked here).
+    pub fn check(&self, header: Option<&str>) -> Result<Presented, AuthError> {
         let token = header
             .filter(|h| h.len() <= MAX_TOKEN_BYTES)
             .and_then(|h| h.strip_prefix("Bearer "))
@@ -272,35 +376,43 @@ impl AgentTokens {
             .filter(|t| !t.is_empty())
             .ok_or(AuthError::Missing)?;
         let presented = hash(token);
+        Ok(match self.line(&presented) {
+            LineState::Present(entry) => Presented::Line(entry),
+            LineState::Revoked => Presented::Other {
+                hash: presented,
+                revoked: true,
+            },
+            LineState::Unknown => Presented::Other {
+                hash: presented,
+                revoked: false,
+            },
+        })
+    }
+
+    /// The line of a hash: in force, removed while this server ran, or unknown.
+    pub fn line(&self, presented: &[u8; 32]) -> LineState {
         let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
         let mut found: Option<&TokenEntry> = None;
         for entry in &state.1 {
             // Every entry is compared, found or not.
-            if bool::from(entry.hash.ct_eq(&presented)) {
+            if bool::from(entry.hash.ct_eq(presented)) {
                 found = Some(entry);
             }
         }
-        let Some(entry) = found else {
-            let revoked = self.revoked.read().unwrap_or_else(PoisonError::into_inner);
-            let mut was_revoked = false;
-            for hash in revoked.iter() {
-                // Constant time here too: timing must not tell revoked hashes from unknown ones.
-                was_revoked |= bool::from(hash.ct_eq(&presented));
-            }
-            return Err(if was_revoked {
-                AuthError::Revoked
-            } else {
-                AuthError::Unknown
-            });
-        };
-        if let Some(expires) = entry.expires
-            && expires <= OffsetDateTime::now_utc()
-        {
-            return Err(AuthError::Expired(
-                expires.format(&Rfc3339).unwrap_or_default(),
-            ));
+        if let Some(entry) = found {
+            return LineState::Present(entry.clone());
         }
-        Ok(entry.scope.clone())
+        let revoked = self.revoked.read().unwrap_or_else(PoisonError::into_inner);
+        let mut was_revoked = false;
+        for hash in revoked.iter() {
+            // Constant time here too: timing must not tell revoked hashes from unknown ones.
+            was_revoked |= bool::from(hash.ct_eq(presented));
+        }
+        if was_revoked {
+            LineState::Revoked
+        } else {
+            LineState::Unknown
+        }
     }
 }
 
@@ -313,22 +425,45 @@ pub struct NewToken {
     pub line: String,
 }
 
-/// Creates a token for a scope.
-pub fn create_token(
-    scope: &AgentScope,
-    expires: Option<OffsetDateTime>,
-) -> Result<NewToken, getrandom::Error> {
+/// A new random token (`iu1_` and [`TOKEN_RANDOM_BYTES`] random bytes) and its SHA-256.
+pub fn random_token() -> Result<(String, [u8; 32]), getrandom::Error> {
     let mut random = [0u8; TOKEN_RANDOM_BYTES];
     getrandom::fill(&mut random)?;
     let token = format!(
         "{TOKEN_PREFIX}{}",
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random)
     );
+    let digest = hash(&token);
+    Ok((token, digest))
+}
+
+/// Creates a token for a scope, issued now.
+pub fn create_token(
+    scope: &AgentScope,
+    expires: Option<OffsetDateTime>,
+) -> Result<NewToken, getrandom::Error> {
+    create_token_issued(scope, OffsetDateTime::now_utc(), expires)
+}
+
+/// Creates a token for a scope, issued `issued` (written as `issued=` on its line).
+pub fn create_token_issued(
+    scope: &AgentScope,
+    issued: OffsetDateTime,
+    expires: Option<OffsetDateTime>,
+) -> Result<NewToken, getrandom::Error> {
+    let (token, digest) = random_token()?;
     let scope_field = match scope {
         AgentScope::Cluster { namespace, cluster } => format!("cluster={namespace}/{cluster}"),
         AgentScope::Machine(machine) => format!("machine={}/{}", machine.namespace, machine.name),
     };
-    let mut line = format!("sha256:{} {scope_field}", hex(&hash(&token)));
+    let mut line = format!("sha256:{} {scope_field}", hex(&digest));
+    if let Ok(issued) = issued
+        .replace_nanosecond(0)
+        .unwrap_or(issued)
+        .format(&Rfc3339)
+    {
+        line.push_str(&format!(" issued={issued}"));
+    }
     if let Some(expires) = expires.and_then(|e| e.format(&Rfc3339).ok()) {
         line.push_str(&format!(" expires={expires}"));
     }
@@ -383,10 +518,47 @@ mod tests {
         let past = OffsetDateTime::now_utc() - time::Duration::hours(1);
         let token = create_token(&cluster("default", "c"), Some(past)).unwrap();
         let tokens = AgentTokens::from_entries(parse_token_file("t", &token.line).unwrap());
-        assert!(matches!(
-            tokens.authenticate(Some(&format!("Bearer {}", token.token))),
-            Err(AuthError::Expired(_))
-        ));
+        let refusal = tokens
+            .authenticate(Some(&format!("Bearer {}", token.token)))
+            .unwrap_err();
+        assert!(matches!(refusal, AuthError::Expired { .. }));
+        let said = refusal.to_string();
+        assert!(
+            said.contains(
+                "inplace-updater token create --namespace default --cluster c --ttl 8760h"
+            ),
+            "{said}"
+        );
+        assert!(said.contains(AGENT_TOKEN_PATH), "{said}");
+        assert!(said.contains("Agent tokens: expiry, rotation"), "{said}");
+    }
+
+    #[test]
+    fn lines_carry_their_issue_time_and_lines_without_one_still_parse() {
+        let issued = OffsetDateTime::parse("2026-01-02T03:04:05Z", &Rfc3339).unwrap();
+        let made = create_token_issued(&cluster("default", "c"), issued, None).unwrap();
+        assert!(
+            made.line.contains(" issued=2026-01-02T03:04:05Z"),
+            "{}",
+            made.line
+        );
+        let parsed = parse_token_file("t", &made.line).unwrap();
+        assert_eq!(parsed[0].issued, Some(issued));
+        let old = format!(
+            "sha256:{} cluster=default/c expires=2027-01-01T00:00:00Z",
+            "0".repeat(64)
+        );
+        assert_eq!(parse_token_file("t", &old).unwrap()[0].issued, None);
+        let bad = format!(
+            "sha256:{} cluster=default/c issued=yesterday",
+            "0".repeat(64)
+        );
+        assert!(
+            parse_token_file("t", &bad)
+                .unwrap_err()
+                .to_string()
+                .contains("issued must be RFC 3339")
+        );
     }
 
     #[test]

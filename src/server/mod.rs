@@ -11,6 +11,7 @@ mod listener;
 pub mod metrics;
 mod state;
 pub mod tls;
+pub mod token_rotation;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -327,6 +327,7 @@ SERVE_ENV = {
         "tls-reload-interval", "handshake-timeout", "header-read-timeout", "max-connections", "shutdown-grace",
         "policy", "agent-tokens", "store", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user", "etcd-prefix",
         "retry-after-seconds", "retry-after", "retry-after-max-seconds", "retention", "verdict-retention",
+        "agent-token-grace",
     )
 }
 SERVE_ENV_ONLY = {"INPLACE_UPDATER_ETCD_PASSWORD"}
@@ -353,6 +354,7 @@ SETTINGS = {
 # Every line of a server token file that is not blank or a comment (src/server/auth.rs).
 TOKEN_LINE = re.compile(
     r"sha256:[0-9a-f]{64} (cluster|machine)=[a-z0-9][a-z0-9.-]*/[a-z0-9][a-z0-9.-]*"
+    r"( issued=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d))?"
     r"( expires=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d))?"
 )
 

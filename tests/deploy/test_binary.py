@@ -221,6 +221,8 @@ def test_token_create_prints_what_the_docs_say():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert [l for l in lines if l.startswith("iu1_")] and [l for l in lines if d.TOKEN_LINE.fullmatch(l)]
-    assert "expires=" not in proc.stdout, "without --ttl the token does not expire"
-    proc = d.run_binary("token", "create", "--namespace", "default", "--machine", "my-cluster-md-0-abc")
-    assert any(re.fullmatch(r"sha256:[0-9a-f]{64} machine=default/my-cluster-md-0-abc", l) for l in proc.stdout.splitlines())
+    assert " issued=" in proc.stdout and " expires=" in proc.stdout, "without --ttl: a year, rotated before it ends"
+    proc = d.run_binary("token", "create", "--namespace", "default", "--machine", "my-cluster-md-0-abc", "--ttl", "0s")
+    assert any(re.fullmatch(r"sha256:[0-9a-f]{64} machine=default/my-cluster-md-0-abc issued=\S+", l)
+               for l in proc.stdout.splitlines()), proc.stdout
+    assert "expires=" not in proc.stdout, "--ttl 0s: the token does not expire"

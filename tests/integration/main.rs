@@ -4,6 +4,7 @@
 mod agent_api;
 mod agent_diagnostics;
 mod agent_skew;
+mod agent_tokens;
 mod bounded_inputs;
 mod common;
 mod deploy_configs;
@@ -17,6 +18,7 @@ mod e2e_retry;
 mod e2e_rollback;
 mod e2e_rollout;
 mod e2e_self_upgrade;
+mod e2e_tokens;
 mod e2e_verdicts;
 mod e2e_window;
 mod fatal_errors;

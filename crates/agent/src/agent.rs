@@ -280,6 +280,11 @@ impl Agent {
         self.me.connected();
         self.me
             .outcome_seen(request.facts.as_ref().and_then(|f| f.upgrade.as_ref()));
+        if let Some(offer) = &answer.token
+            && let Err(e) = self.client.keep_successor(&offer.token)
+        {
+            tracing::warn!(error = %e, "cannot keep the successor token the server offered; the current one stays in use");
+        }
         if let Some(upgrade) = &answer.agent_upgrade
             && answer.plan.is_none()
             && let Round::Restart = self.take_upgrade(upgrade).await

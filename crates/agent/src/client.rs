@@ -1,8 +1,9 @@
 //! The agent's HTTPS client: outbound only, HTTP/1.1 keep-alive, server verified against the
 //! `--ca-file` (rustls with the ring provider), bearer token re-read from its file on every
-//! request so a rotated token (a Secret's `..data` swap) takes effect at once.
+//! request so a rotated token (a Secret's `..data` swap) takes effect at once; a successor token the server
+//! offers is kept and promoted by [`crate::token_file`].
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +19,8 @@ use rustls_pki_types::pem::PemObject;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::limits::{MAX_CA_FILE_BYTES, MAX_TOKEN_FILE_BYTES};
+use crate::limits::MAX_CA_FILE_BYTES;
+use crate::token_file::TokenFiles;
 
 /// TCP connect timeout.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -159,7 +161,7 @@ pub(crate) fn transport_kind(error: &(dyn std::error::Error + 'static)) -> Trans
 #[derive(Clone)]
 pub(crate) struct ServerClient {
     base: String,
-    token_file: PathBuf,
+    tokens: Arc<TokenFiles>,
     http: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
@@ -235,7 +237,7 @@ impl ServerClient {
             .build(connector);
         Ok(Self {
             base,
-            token_file: token_file.to_path_buf(),
+            tokens: Arc::new(TokenFiles::new(token_file)),
             http,
         })
     }
@@ -245,21 +247,25 @@ impl ServerClient {
         &self.base
     }
 
-    fn token(&self) -> Result<HeaderValue, ClientError> {
+    /// Keeps a successor token the server offered (see [`crate::token_file`]).
+    pub fn keep_successor(
+        &self,
+        token: &inplace_agent_api::SecretString,
+    ) -> Result<(), crate::fsutil::FsError> {
+        self.tokens.keep_successor(token)
+    }
+
+    /// The `Authorization` value for the next request, and whether it carries the successor token.
+    fn token(&self) -> Result<(HeaderValue, bool), ClientError> {
         let err = |reason: String| ClientError::Token {
-            path: self.token_file.display().to_string(),
+            path: self.tokens.path().display().to_string(),
             reason,
         };
-        let text = inplace_bounded_read::read_to_string(&self.token_file, MAX_TOKEN_FILE_BYTES)
-            .map_err(|e| err(e.to_string()))?;
-        let token = text.trim();
-        if token.is_empty() {
-            return Err(err("empty".into()));
-        }
-        let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
+        let presented = self.tokens.read().map_err(err)?;
+        let mut value = HeaderValue::from_str(&format!("Bearer {}", presented.token.expose()))
             .map_err(|_| err("contains characters not allowed in an HTTP header".into()))?;
         value.set_sensitive(true);
-        Ok(value)
+        Ok((value, presented.successor))
     }
 
     /// `POST`s `body` as JSON to `path` and decodes a 2xx answer as `R`.
@@ -270,7 +276,7 @@ impl ServerClient {
         timeout: Duration,
     ) -> Result<R, ClientError> {
         let url = format!("{}{path}", self.base);
-        let token = self.token()?;
+        let (token, successor) = self.token()?;
         let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Decode {
             url: url.clone(),
             reason: e.to_string(),
@@ -285,7 +291,7 @@ impl ServerClient {
                 kind: TransportKind::Other,
             })?;
         let body = self
-            .exchange(&url, request, MAX_POLL_RESPONSE_BYTES, timeout)
+            .exchange(&url, request, successor, MAX_POLL_RESPONSE_BYTES, timeout)
             .await?;
         serde_json::from_slice(&body).map_err(|e| ClientError::Decode {
             url,
@@ -303,23 +309,26 @@ impl ServerClient {
         timeout: Duration,
     ) -> Result<Bytes, ClientError> {
         let url = format!("{}{path}", self.base);
+        let (token, successor) = self.token()?;
         let request = hyper::Request::get(&url)
-            .header(AUTHORIZATION, self.token()?)
+            .header(AUTHORIZATION, token)
             .body(Full::new(Bytes::new()))
             .map_err(|e| ClientError::Transport {
                 url: url.clone(),
                 reason: e.to_string(),
                 kind: TransportKind::Other,
             })?;
-        self.exchange(&url, request, limit, timeout).await
+        self.exchange(&url, request, successor, limit, timeout)
+            .await
     }
 
-    /// Sends `request` and returns a 2xx body of at most `limit` bytes; any other status is an error carrying
+    /// Sends `request` (`successor`: its token is the successor not yet confirmed) and returns a 2xx body of at most `limit` bytes; any other status is an error carrying
     /// the server's message.
     async fn exchange(
         &self,
         url: &str,
         request: hyper::Request<Full<Bytes>>,
+        successor: bool,
         limit: usize,
         timeout: Duration,
     ) -> Result<Bytes, ClientError> {
@@ -347,6 +356,7 @@ impl ServerClient {
         let (status, body) = tokio::time::timeout(timeout, exchange)
             .await
             .map_err(|_| ClientError::Timeout(url.to_owned()))??;
+        self.tokens.answered(successor, Some(status.as_u16()));
         if !status.is_success() {
             let message = match serde_json::from_slice::<ErrorResponse>(&body) {
                 Ok(error) => truncate_tail(&error.message, ERROR_BODY_KEPT).to_owned(),

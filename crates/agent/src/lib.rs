@@ -33,6 +33,7 @@ mod sequence_undo;
 mod shutdown;
 mod state;
 mod template;
+mod token_file;
 mod undo_record;
 mod unfinished;
 mod upkeep;

@@ -12,6 +12,8 @@ mod refused;
 mod report;
 mod scope;
 mod seen;
+pub mod token_rule;
+mod tokens;
 mod upgrade;
 pub mod upgrade_decide;
 
@@ -28,6 +30,7 @@ pub use refused::{
 };
 pub use scope::AgentScope;
 pub use seen::SEEN_WRITES_IN_FLIGHT;
+pub use tokens::{MAX_CACHED_AGENT_TOKENS, Minted, MintedToken, SuccessorUse};
 pub use upgrade::{ROLLOUT_VIEW_TTL, is_idle};
 
 use super::fleet::Fleet;
@@ -53,6 +56,8 @@ pub struct Agents {
     release: RwLock<Option<Arc<upgrade_decide::AgentRelease>>>,
     /// The fleet's rollout counts, as last listed.
     rollout: Mutex<upgrade::RolloutView>,
+    /// Minted agent tokens and used successors, as read from the store.
+    tokens: Mutex<tokens::TokenCache>,
 }
 
 impl Agents {
@@ -69,6 +74,7 @@ impl Agents {
             book: Mutex::default(),
             release: RwLock::default(),
             rollout: Mutex::default(),
+            tokens: Mutex::default(),
         })
     }
 

@@ -45,7 +45,7 @@ impl Window {
 struct Tracked {
     last: AgentRefusalRecord,
     /// When each reason was last logged (index: position in `AgentRefusalReason::ALL`; 0 = never).
-    logged_ms: [u64; 5],
+    logged_ms: [u64; AgentRefusalReason::ALL.len()],
     persisted_ms: u64,
     persisted_reason: Option<AgentRefusalReason>,
 }
@@ -88,7 +88,7 @@ impl RefusalBook {
         {
             let tracked = self.claims.entry(claim.clone()).or_insert(Tracked {
                 last: record.clone(),
-                logged_ms: [0; 5],
+                logged_ms: [0; AgentRefusalReason::ALL.len()],
                 persisted_ms: 0,
                 persisted_reason: None,
             });
@@ -141,7 +141,7 @@ impl RefusalBook {
                 claim,
                 Tracked {
                     last: record,
-                    logged_ms: [0; 5],
+                    logged_ms: [0; AgentRefusalReason::ALL.len()],
                     persisted_ms: 0,
                     persisted_reason: None,
                 },

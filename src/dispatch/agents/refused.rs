@@ -34,16 +34,20 @@ pub enum AgentRefusalReason {
     ExpiredToken,
     /// The token does not cover the Machine the agent claims.
     OutOfScope,
+    /// The token was rotated: its successor is in use and the grace period passed (or it is an unused
+    /// sibling of the successor in use).
+    SupersededToken,
 }
 
 impl AgentRefusalReason {
     /// Every reason.
-    pub const ALL: [AgentRefusalReason; 5] = [
+    pub const ALL: [AgentRefusalReason; 6] = [
         Self::MissingToken,
         Self::UnknownToken,
         Self::RevokedToken,
         Self::ExpiredToken,
         Self::OutOfScope,
+        Self::SupersededToken,
     ];
 
     /// The label value.
@@ -54,6 +58,7 @@ impl AgentRefusalReason {
             Self::RevokedToken => "revoked-token",
             Self::ExpiredToken => "expired-token",
             Self::OutOfScope => "out-of-scope",
+            Self::SupersededToken => "superseded-token",
         }
     }
 
@@ -65,6 +70,7 @@ impl AgentRefusalReason {
             Self::RevokedToken => "token revoked",
             Self::ExpiredToken => "token expired",
             Self::OutOfScope => "token does not cover this Machine",
+            Self::SupersededToken => "token superseded by its rotated successor",
         }
     }
 
@@ -78,7 +84,10 @@ impl AgentRefusalReason {
                 "create a token with `inplace-updater token create`, add its line to the server's --agent-tokens file and put the token in the agent's --token-file"
             }
             Self::ExpiredToken => {
-                "create a new token with `inplace-updater token create` (--ttl sets its lifetime), replace the expired line in --agent-tokens and the agent's --token-file"
+                "re-enrol the node: create a new token with `inplace-updater token create` (--ttl sets its lifetime), replace the expired line in --agent-tokens and the agent's --token-file (/etc/inplace-updater/token); docs/install.md, \"Agent tokens: expiry, rotation, revocation, re-enrolment\""
+            }
+            Self::SupersededToken => {
+                "nothing, if the agent runs with its successor (<token-file>.next, renamed over the token file); else something else still uses the old token: give it a token of its own"
             }
             Self::OutOfScope => {
                 "give this node a token of its own cluster (or Machine), or correct the agent's --machine / --provider-id"
@@ -158,7 +167,8 @@ mod tests {
                 "unknown-token",
                 "revoked-token",
                 "expired-token",
-                "out-of-scope"
+                "out-of-scope",
+                "superseded-token"
             ]
         );
         for reason in AgentRefusalReason::ALL {

@@ -5,7 +5,8 @@ use inplace_agent_api::MachineRef;
 use crate::dispatch::floor::DispatchError;
 
 /// What a verified agent token allows.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub enum AgentScope {
     /// Every Machine of one cluster.
     Cluster {

@@ -16,6 +16,9 @@ pub const MIN_RETRY_AFTER_SECONDS: i32 = 1;
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Default time a verdict is kept: longer than CAPI's 24 h cache of CanUpdateMachineSet answers.
 pub const DEFAULT_VERDICT_RETENTION: Duration = Duration::from_secs(72 * 3600);
+/// Default `--agent-token-grace`: how long a rotated agent token keeps working after its successor was first
+/// used (a request already under way with the old token, an agent restarted between its two files).
+pub const DEFAULT_AGENT_TOKEN_GRACE: Duration = Duration::from_secs(3600);
 /// How often an agent's last-seen time is persisted at most (each replica keeps the exact time in memory).
 pub const LAST_SEEN_PERSIST_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -42,6 +45,8 @@ pub struct DispatchConfig {
     pub retention: Duration,
     /// How long CanUpdate verdicts (and UpdateMachine refusals) are kept.
     pub verdict_retention: Duration,
+    /// How long a rotated agent token keeps working after its successor was first used.
+    pub agent_token_grace: Duration,
 }
 
 impl Default for DispatchConfig {
@@ -52,6 +57,7 @@ impl Default for DispatchConfig {
             retry_after_max_seconds: DEFAULT_RETRY_AFTER_MAX_SECONDS,
             retention: DEFAULT_RETENTION,
             verdict_retention: DEFAULT_VERDICT_RETENTION,
+            agent_token_grace: DEFAULT_AGENT_TOKEN_GRACE,
         }
     }
 }

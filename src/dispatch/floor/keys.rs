@@ -22,6 +22,9 @@ pub const AGENT_REFUSALS_PREFIX: &str = "agent-refusals/";
 pub const AGENT_UPGRADES_PREFIX: &str = "agent-upgrades/";
 /// Prefix of the provider-id index.
 pub const PROVIDERS_PREFIX: &str = "providers/";
+/// Prefix of agent tokens the server minted (rotation successors, by hash) and of token rotations (by the
+/// rotated token's hash and the agent that asked).
+pub const AGENT_TOKENS_PREFIX: &str = "agent-tokens/";
 /// The key holding the stored format's version ([`super::format`]).
 pub const FORMAT_KEY: &str = "meta/format";
 
@@ -76,6 +79,22 @@ pub fn provider_key(provider_id: &str) -> String {
 /// Key of the claim "this Machine runs `kubeadm upgrade apply <version>` for its cluster".
 pub fn apply_claim_key(namespace: &str, cluster: &str, version: &str) -> String {
     format!("clusters/{namespace}/{cluster}/kubeadm-apply/{version}")
+}
+
+/// Key of a token the server minted, by the hex of its SHA-256.
+pub fn agent_token_key(hash_hex: &str) -> String {
+    format!("{AGENT_TOKENS_PREFIX}{hash_hex}")
+}
+
+/// Key of the rotation of one token for one agent: the hex of the token's SHA-256, then a digest of the
+/// agent's identity (a shared cluster token is rotated per agent, so every node gets a successor of its own).
+pub fn token_rotation_key(hash_hex: &str, agent: &inplace_agent_api::AgentIdentity) -> String {
+    let who = serde_json::to_vec(agent).unwrap_or_default();
+    let digest = Sha256::digest(&who);
+    format!(
+        "{AGENT_TOKENS_PREFIX}{hash_hex}/rotation/{}",
+        hex(&digest[..16])
+    )
 }
 
 /// Key of a CanUpdateMachine verdict.
