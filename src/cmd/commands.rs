@@ -314,8 +314,8 @@ fn render_agents(rows: &[AgentRow], now: u64) -> String {
         return "no agent seen\n".into();
     }
     let mut out = format!(
-        "{:<40} {:<24} {:<10} {:<13} {:<12} {}\n",
-        "MACHINE", "NODE", "VERSION", "STATE", "LAST SEEN", "LAST REFUSAL"
+        "{:<40} {:<24} {:<10} {:<13} {:<12} {:<18} {}\n",
+        "MACHINE", "NODE", "VERSION", "STATE", "LAST SEEN", "CA", "LAST REFUSAL"
     );
     for row in rows {
         let refusal = row
@@ -332,7 +332,7 @@ fn render_agents(rows: &[AgentRow], now: u64) -> String {
             })
             .unwrap_or_else(|| "-".into());
         out.push_str(&format!(
-            "{:<40} {:<24} {:<10} {:<13} {:<12} {}\n",
+            "{:<40} {:<24} {:<10} {:<13} {:<12} {:<18} {}\n",
             row.machine,
             row.node.as_deref().unwrap_or("-"),
             row.agent_version.as_deref().unwrap_or("-"),
@@ -343,10 +343,27 @@ fn render_agents(rows: &[AgentRow], now: u64) -> String {
             },
             row.last_seen_ms
                 .map_or_else(|| "never".into(), |at| ago(now, at)),
+            ca_column(row),
             refusal
         ));
     }
     out
+}
+
+/// Digest characters `status --agents` shows of the CA bundle an agent trusts.
+pub const CA_DIGEST_SHOWN: usize = 8;
+
+/// The CA column: the start of the digest of the bundle the agent trusts, and whether the server serves it.
+fn ca_column(row: &AgentRow) -> String {
+    let Some(digest) = &row.ca_sha256 else {
+        return "-".into();
+    };
+    let short: String = digest.chars().take(CA_DIGEST_SHOWN).collect();
+    match row.ca_served {
+        Some(true) => format!("{short} served"),
+        Some(false) => format!("{short} OLD"),
+        None => short,
+    }
 }
 
 fn render_status(rows: &[StatusRow]) -> String {

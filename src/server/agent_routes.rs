@@ -13,9 +13,9 @@ use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use inplace_agent_api::{
-    AckResponse, AgentIdentity, INVENTORY_PATH, InventoryReport, MAX_REQUEST_BODY_BYTES,
+    AckResponse, AgentIdentity, CA_PATH, INVENTORY_PATH, InventoryReport, MAX_REQUEST_BODY_BYTES,
     MAX_WAIT_SECONDS, POLL_GRACE_SECONDS, POLL_PATH, PollRequest, REPORT_PATH, StepReport,
 };
 use serde::de::DeserializeOwned;
@@ -41,6 +41,7 @@ pub fn agent_router(state: AppState) -> Router {
         .route(POLL_PATH, post(poll))
         .route(REPORT_PATH, post(report))
         .route(INVENTORY_PATH, post(inventory))
+        .route(CA_PATH, get(ca_bundle))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::GATEWAY_TIMEOUT,
             MAX_AGENT_REQUEST_TIME,
@@ -120,6 +121,34 @@ async fn claimed_agent(request: Request) -> Option<AgentIdentity> {
         .map(|claimed| claimed.agent)
 }
 
+/// The scope of the request's bearer token, or the 401 (recorded as a refusal, with the Machine its body
+/// claims).
+async fn authenticate(
+    state: &AppState,
+    request: Request,
+) -> Result<(AgentScope, Request), HttpError> {
+    let peer = request.extensions().get::<ConnInfo>().map(|info| info.peer);
+    let header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok());
+    match state.tokens.authenticate(header) {
+        Ok(scope) => Ok((scope, request)),
+        Err(err) => {
+            let claimed = claimed_agent(request).await;
+            let message = err.to_string();
+            state
+                .engine
+                .dispatcher
+                .agents
+                .refused(claimed.as_ref(), err.refusal_reason(), &message, peer)
+                .await;
+            Err(HttpError::new(StatusCode::UNAUTHORIZED, message)
+                .with_header(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")))
+        }
+    }
+}
+
 /// Authenticates, reads and decodes an agent request.
 async fn accept<T: DeserializeOwned>(
     state: &AppState,
@@ -127,23 +156,7 @@ async fn accept<T: DeserializeOwned>(
 ) -> Result<Accepted<T>, HttpError> {
     let dispatcher = state.engine.dispatcher.clone();
     let peer = request.extensions().get::<ConnInfo>().map(|info| info.peer);
-    let header = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|h| h.to_str().ok());
-    let scope = match state.tokens.authenticate(header) {
-        Ok(scope) => scope,
-        Err(err) => {
-            let claimed = claimed_agent(request).await;
-            let message = err.to_string();
-            dispatcher
-                .agents
-                .refused(claimed.as_ref(), err.refusal_reason(), &message, peer)
-                .await;
-            return Err(HttpError::new(StatusCode::UNAUTHORIZED, message)
-                .with_header(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
-        }
-    };
+    let (scope, request) = authenticate(state, request).await?;
     let too_large = || {
         HttpError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -249,4 +262,24 @@ async fn inventory(State(state): State<AppState>, request: Request) -> Result<Re
         return Err(accepted.refusal(&body.agent, err).await);
     }
     Ok(json(&AckResponse::default()))
+}
+
+/// `GET /agent/v1/ca`: the CA bundle agents should trust, to any authenticated agent (a CA certificate is
+/// no secret; the token keeps strangers from probing). 404 when none is configured or none passed the checks.
+async fn ca_bundle(State(state): State<AppState>, request: Request) -> Result<Response, HttpError> {
+    authenticate(&state, request).await?;
+    let Some(bundle) = state.agent_ca.as_ref().and_then(|b| b.current()) else {
+        return Err(HttpError::new(
+            StatusCode::NOT_FOUND,
+            "this server hands out no CA bundle (serve --agent-ca-bundle)",
+        ));
+    };
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/x-pem-file".to_owned()),
+            (header::ETAG, format!("\"{}\"", bundle.sha256)),
+        ],
+        bundle.pem,
+    )
+        .into_response())
 }

@@ -5,6 +5,7 @@ mod admin;
 mod agent_routes;
 mod app;
 pub mod auth;
+pub mod ca_bundle;
 mod error;
 mod listener;
 pub mod metrics;
@@ -32,6 +33,7 @@ pub use app::{
     AnswerFuture, Compute, DEADLINE_FRACTION, DEFAULT_CAPI_TIMEOUT, INLINE_COMPUTE_MAX_BODY_BYTES,
     MAX_BODY_BYTES, MAX_HOOK_TIME, MIN_BODY_READ_TIME, app, hook_route,
 };
+use ca_bundle::{AgentCaBundle, Refreshed};
 pub use error::HttpError;
 pub use listener::{ConnInfo, ConnLimits};
 pub use metrics::Metrics;
@@ -60,8 +62,10 @@ pub struct ServeConfig {
     pub tls: TlsFiles,
     /// CA that client certificates must chain to; `Some` makes hook calls require one.
     pub client_ca: Option<PathBuf>,
-    /// How often the certificate files are re-read.
+    /// How often the certificate files (and the agent CA bundle) are re-read.
     pub tls_reload_interval: Duration,
+    /// The CA bundle agents should trust (`--agent-ca-bundle`), served at `GET /agent/v1/ca`.
+    pub agent_ca_bundle: Option<PathBuf>,
     /// Connection bounds of the hook port.
     pub limits: ConnLimits,
 }
@@ -157,11 +161,19 @@ pub async fn run(
     if let Ok((hooks, health, metrics)) = listeners.local_addrs() {
         tracing::info!(%hooks, %health, %metrics, "listening");
     }
+    let agent_ca = config
+        .agent_ca_bundle
+        .clone()
+        .map(|path| Arc::new(AgentCaBundle::new(path)));
+    if let Some(bundle) = &agent_ca {
+        refresh_agent_ca(bundle, &cert, &services.engine.dispatcher);
+    }
     let state = AppState {
         metrics: metrics.clone(),
         require_client_cert: config.client_ca.is_some(),
         engine: services.engine.clone(),
         tokens: services.tokens.clone(),
+        agent_ca: agent_ca.clone(),
     };
 
     let mut tasks: JoinSet<&'static str> = JoinSet::new();
@@ -205,10 +217,19 @@ pub async fn run(
     }
     let stop = shutdown.clone();
     let interval = config.tls_reload_interval;
+    let watched = cert.clone();
     tasks.spawn(async move {
-        watch_certificate(cert, interval, metrics, stop).await;
+        watch_certificate(watched, interval, metrics, stop).await;
         "certificate watcher"
     });
+    if let Some(bundle) = agent_ca {
+        let stop = shutdown.clone();
+        let dispatcher = services.engine.dispatcher.clone();
+        tasks.spawn(async move {
+            watch_agent_ca(bundle, cert, dispatcher, interval, stop).await;
+            "agent CA bundle watcher"
+        });
+    }
 
     let stop = shutdown.clone();
     let tokens = services.tokens.clone();
@@ -344,6 +365,50 @@ async fn watch_certificate(
                 tracing::error!(error = %err, "certificate check panicked");
                 return;
             }
+        }
+    }
+}
+
+/// Checks the agent CA bundle against the serving certificate now, and tells dispatch the digest it hands out.
+fn refresh_agent_ca(bundle: &AgentCaBundle, cert: &ReloadingCert, dispatcher: &Dispatcher) {
+    match bundle.refresh(&cert.chain(), &tls::provider()) {
+        Ok(Refreshed::Unchanged | Refreshed::StillGood) => {}
+        Ok(Refreshed::Served) => {
+            let digest = bundle.current().map(|b| b.sha256).unwrap_or_default();
+            tracing::info!(bundle = %bundle.path().display(), sha256 = %digest, "agent CA bundle served");
+        }
+        Err(err) => {
+            let kept = bundle.current().map(|b| b.sha256);
+            tracing::error!(error = %err, bundle = %bundle.path().display(), kept_sha256 = kept.as_deref().unwrap_or("none"), "agent CA bundle refused; agents keep being offered the last good one");
+        }
+    }
+    dispatcher
+        .agents
+        .set_served_ca_sha256(bundle.current().map(|b| b.sha256));
+}
+
+async fn watch_agent_ca(
+    bundle: Arc<AgentCaBundle>,
+    cert: Arc<ReloadingCert>,
+    dispatcher: Arc<Dispatcher>,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        let (check, serving, dispatch) = (bundle.clone(), cert.clone(), dispatcher.clone());
+        let checked =
+            tokio::task::spawn_blocking(move || refresh_agent_ca(&check, &serving, &dispatch))
+                .await;
+        if let Err(err) = checked {
+            tracing::error!(error = %err, "agent CA bundle check panicked");
+            return;
         }
     }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::metrics::Metrics;
 use crate::hooks::Engine;
 use crate::server::auth::AgentTokens;
+use crate::server::ca_bundle::AgentCaBundle;
 
 /// What every handler shares.
 #[derive(Debug, Clone)]
@@ -18,6 +19,8 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     /// Agent tokens (agent API).
     pub tokens: Arc<AgentTokens>,
+    /// The CA bundle agents should trust (`--agent-ca-bundle`), when configured.
+    pub agent_ca: Option<Arc<AgentCaBundle>>,
 }
 
 impl AppState {
@@ -29,6 +32,7 @@ impl AppState {
             require_client_cert: false,
             engine,
             tokens,
+            agent_ca: None,
         }
     }
 }

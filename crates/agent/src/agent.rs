@@ -70,6 +70,8 @@ pub(crate) struct Agent {
     /// Whether the server said "no hold" on the current plan since the last step started or ended (and since
     /// this process started): a step that has not begun starts only then (see [`Agent::may_start`]).
     pub go_ahead: bool,
+    /// When the server's CA bundle may next be tried after a failed update.
+    pub ca_follower: crate::ca_update::CaFollower,
 }
 
 impl Agent {
@@ -118,6 +120,7 @@ impl Agent {
             next_flush_at: Instant::now(),
             connected: None,
             go_ahead: false,
+            ca_follower: Default::default(),
         })
     }
 
@@ -221,7 +224,9 @@ impl Agent {
             () = &mut *shutdown => return Ok(Round::Stop),
         }
         if self.inventory_due {
-            let report = inventory::gather(&self.env, self.identity.clone(), self.progress()).await;
+            let mut report =
+                inventory::gather(&self.env, self.identity.clone(), self.progress()).await;
+            report.facts = self.facts();
             tokio::select! {
                 result = self.client.post::<_, AckResponse>(INVENTORY_PATH, &report, REQUEST_TIMEOUT) => { result?; }
                 () = &mut *shutdown => return Ok(Round::Stop),
@@ -240,7 +245,7 @@ impl Agent {
             agent: self.identity.clone(),
             current: self.progress(),
             wait_seconds: self.poll_wait_seconds,
-            facts: None,
+            facts: self.facts(),
         };
         let timeout = Duration::from_secs(u64::from(self.poll_wait_seconds + POLL_GRACE_SECONDS));
         let started = Instant::now();
@@ -250,6 +255,7 @@ impl Agent {
         };
         self.backoff.reset();
         self.mark_connected();
+        crate::ca_update::follow(self, &answer).await;
         let offered = answer.plan.is_some();
         let carries_setting = offered || answer.hold.is_some();
         let on_failure = answer.on_failure;
@@ -293,6 +299,14 @@ impl Agent {
             tracing::info!(agent = %self.identity, server = %self.client.base(), "connected to the server");
             self.connected = Some(true);
         }
+    }
+
+    /// What the agent says about itself in polls and inventories.
+    fn facts(&self) -> Option<inplace_agent_api::AgentFacts> {
+        Some(inplace_agent_api::AgentFacts {
+            ca_sha256: Some(self.client.ca_sha256().to_owned()),
+            ..Default::default()
+        })
     }
 
     fn progress(&self) -> Option<inplace_agent_api::PlanProgress> {

@@ -160,6 +160,10 @@ pub(crate) fn transport_kind(error: &(dyn std::error::Error + 'static)) -> Trans
 pub(crate) struct ServerClient {
     base: String,
     token_file: PathBuf,
+    ca_file: PathBuf,
+    server_name: Option<String>,
+    /// SHA-256 of the CA bundle this client verifies the server with.
+    ca_sha256: String,
     http: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
@@ -179,6 +183,40 @@ impl ServerClient {
         token_file: &Path,
         server_name: Option<&str>,
     ) -> Result<Self, ClientError> {
+        let pem = inplace_bounded_read::read(ca_file, MAX_CA_FILE_BYTES)
+            .map_err(|e| ClientError::Setup(format!("--ca-file: {e}")))?;
+        Self::with_ca(server, ca_file, &pem, token_file, server_name)
+    }
+
+    /// The same client, verifying the server with the CA bundle `pem` instead (kept for `--ca-file`).
+    pub fn trusting(&self, pem: &[u8]) -> Result<Self, ClientError> {
+        Self::with_ca(
+            &self.base,
+            &self.ca_file,
+            pem,
+            &self.token_file,
+            self.server_name.as_deref(),
+        )
+    }
+
+    /// SHA-256 (64 lower-case hex digits) of the CA bundle this client verifies the server with: what the
+    /// agent reports as `facts.caSha256`.
+    pub fn ca_sha256(&self) -> &str {
+        &self.ca_sha256
+    }
+
+    /// The `--ca-file` this client's CA bundle belongs in.
+    pub fn ca_file(&self) -> &Path {
+        &self.ca_file
+    }
+
+    fn with_ca(
+        server: &str,
+        ca_file: &Path,
+        pem: &[u8],
+        token_file: &Path,
+        server_name: Option<&str>,
+    ) -> Result<Self, ClientError> {
         let uri: hyper::Uri = server
             .parse()
             .map_err(|e| ClientError::Setup(format!("--server {server:?} is not a URL: {e}")))?;
@@ -194,9 +232,7 @@ impl ServerClient {
         }
         let base = server.trim_end_matches('/').to_owned();
 
-        let pem = inplace_bounded_read::read(ca_file, MAX_CA_FILE_BYTES)
-            .map_err(|e| ClientError::Setup(format!("--ca-file: {e}")))?;
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| ClientError::Setup(format!("--ca-file {}: {e}", ca_file.display())))?;
         let mut roots = rustls::RootCertStore::empty();
@@ -236,6 +272,9 @@ impl ServerClient {
         Ok(Self {
             base,
             token_file: token_file.to_path_buf(),
+            ca_file: ca_file.to_path_buf(),
+            server_name: server_name.map(str::to_owned),
+            ca_sha256: sha256_hex(pem),
             http,
         })
     }
@@ -270,36 +309,66 @@ impl ServerClient {
         timeout: Duration,
     ) -> Result<R, ClientError> {
         let url = format!("{}{path}", self.base);
-        let token = self.token()?;
         let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Decode {
             url: url.clone(),
             reason: e.to_string(),
         })?;
         let request = hyper::Request::post(&url)
             .header(CONTENT_TYPE, "application/json")
-            .header(AUTHORIZATION, token)
-            .body(Full::new(Bytes::from(bytes)))
-            .map_err(|e| ClientError::Transport {
-                url: url.clone(),
-                reason: e.to_string(),
-                kind: TransportKind::Other,
-            })?;
+            .header(AUTHORIZATION, self.token()?)
+            .body(Full::new(Bytes::from(bytes)));
+        let body = self
+            .exchange(&url, request, MAX_POLL_RESPONSE_BYTES, timeout)
+            .await?;
+        serde_json::from_slice(&body).map_err(|e| ClientError::Decode {
+            url,
+            reason: e.to_string(),
+        })
+    }
+
+    /// `GET`s `path` and returns a 2xx answer's body, at most `limit` bytes.
+    pub async fn get(
+        &self,
+        path: &str,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Bytes, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let request = hyper::Request::get(&url)
+            .header(AUTHORIZATION, self.token()?)
+            .body(Full::new(Bytes::new()));
+        self.exchange(&url, request, limit, timeout).await
+    }
+
+    /// Sends `request` and returns a 2xx answer's body (at most `limit` bytes) within `timeout`.
+    async fn exchange(
+        &self,
+        url: &str,
+        request: Result<hyper::Request<Full<Bytes>>, hyper::http::Error>,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Bytes, ClientError> {
+        let request = request.map_err(|e| ClientError::Transport {
+            url: url.to_owned(),
+            reason: e.to_string(),
+            kind: TransportKind::Other,
+        })?;
         let exchange = async {
             let response =
                 self.http
                     .request(request)
                     .await
                     .map_err(|e| ClientError::Transport {
-                        url: url.clone(),
+                        url: url.to_owned(),
                         reason: error_chain(&e),
                         kind: transport_kind(&e),
                     })?;
             let status = response.status();
-            let body = Limited::new(response.into_body(), MAX_POLL_RESPONSE_BYTES)
+            let body = Limited::new(response.into_body(), limit)
                 .collect()
                 .await
                 .map_err(|e| ClientError::Decode {
-                    url: url.clone(),
+                    url: url.to_owned(),
                     reason: e.to_string(),
                 })?
                 .to_bytes();
@@ -307,7 +376,7 @@ impl ServerClient {
         };
         let (status, body) = tokio::time::timeout(timeout, exchange)
             .await
-            .map_err(|_| ClientError::Timeout(url.clone()))??;
+            .map_err(|_| ClientError::Timeout(url.to_owned()))??;
         if !status.is_success() {
             let message = match serde_json::from_slice::<ErrorResponse>(&body) {
                 Ok(error) => truncate_tail(&error.message, ERROR_BODY_KEPT).to_owned(),
@@ -317,15 +386,12 @@ impl ServerClient {
                 }
             };
             return Err(ClientError::Status {
-                url,
+                url: url.to_owned(),
                 status: status.as_u16(),
                 message,
             });
         }
-        serde_json::from_slice(&body).map_err(|e| ClientError::Decode {
-            url,
-            reason: e.to_string(),
-        })
+        Ok(body)
     }
 }
 
@@ -338,4 +404,10 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = inner.source();
     }
     text
+}
+
+/// SHA-256 of `bytes` as the wire carries it (64 lower-case hex digits).
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    crate::drivers::hex(&sha2::Sha256::digest(bytes))
 }

@@ -8,6 +8,7 @@
 mod agent;
 mod backoff;
 mod backup;
+mod ca_update;
 pub mod cli;
 mod client;
 mod clock;

@@ -46,6 +46,8 @@ pub struct Agents {
     this: Weak<Agents>,
     /// Refused agents, as this replica saw them.
     book: Mutex<refusal_book::RefusalBook>,
+    /// SHA-256 of the CA bundle this server hands agents (`serve --agent-ca-bundle`), set by the server.
+    served_ca: Mutex<Option<String>>,
 }
 
 impl Agents {
@@ -60,7 +62,25 @@ impl Agents {
             seen_due: Arc::default(),
             this: this.clone(),
             book: Mutex::default(),
+            served_ca: Mutex::default(),
         })
+    }
+
+    /// Sets the digest of the CA bundle agents are offered (the server reads and checks the file; `None`:
+    /// no bundle is served).
+    pub fn set_served_ca_sha256(&self, digest: Option<String>) {
+        *self
+            .served_ca
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = digest;
+    }
+
+    /// The digest of the CA bundle agents are offered, if any.
+    pub fn served_ca_sha256(&self) -> Option<String> {
+        self.served_ca
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Follows the store's change feed and wakes the agents whose Machine record (or run) changed. Runs until
