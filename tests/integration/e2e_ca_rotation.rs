@@ -3,6 +3,7 @@
 //! the serving certificate switches to one from CA-new (the agent keeps connecting, also after a restart
 //! that reads its file afresh); the bundle becomes new only (the agent's file follows). A bundle that would
 //! not verify the server is refused by the server and never reaches the agent.
+#![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
 use std::path::Path;
 use std::time::Instant;
