@@ -278,14 +278,8 @@ pub async fn run(
 }
 
 async fn watch_tokens(tokens: Arc<AgentTokens>, interval: Duration, shutdown: CancellationToken) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            () = shutdown.cancelled() => return,
-        }
+    let mut ticker = watch_ticker(interval).await;
+    while next_check(&mut ticker, &shutdown).await {
         let check = tokens.clone();
         match tokio::task::spawn_blocking(move || check.reload_if_changed()).await {
             Ok(Ok(true)) => tracing::info!(tokens = tokens.len(), "agent token file reloaded"),
@@ -335,14 +329,8 @@ async fn watch_certificate(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            () = shutdown.cancelled() => return,
-        }
+    let mut ticker = watch_ticker(interval).await;
+    while next_check(&mut ticker, &shutdown).await {
         let check = cert.clone();
         let result = tokio::task::spawn_blocking(move || check.reload_if_changed()).await;
         match result {
@@ -394,14 +382,8 @@ async fn watch_agent_ca(
     interval: Duration,
     shutdown: CancellationToken,
 ) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            () = shutdown.cancelled() => return,
-        }
+    let mut ticker = watch_ticker(interval).await;
+    while next_check(&mut ticker, &shutdown).await {
         let (check, serving, dispatch) = (bundle.clone(), cert.clone(), dispatcher.clone());
         let checked =
             tokio::task::spawn_blocking(move || refresh_agent_ca(&check, &serving, &dispatch))
@@ -410,5 +392,22 @@ async fn watch_agent_ca(
             tracing::error!(error = %err, "agent CA bundle check panicked");
             return;
         }
+    }
+}
+
+/// The ticker of a file watcher: its first check one `interval` after start (start-up has just read the
+/// files), late ticks delayed rather than bunched.
+async fn watch_ticker(interval: Duration) -> tokio::time::Interval {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    ticker
+}
+
+/// Waits for a watcher's next check; false once the server shuts down.
+async fn next_check(ticker: &mut tokio::time::Interval, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = ticker.tick() => true,
+        () = shutdown.cancelled() => false,
     }
 }
