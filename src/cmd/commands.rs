@@ -460,3 +460,30 @@ pub async fn demo(args: &crate::cmd::cli::DemoArgs) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(ca_sha256: Option<&str>, ca_served: Option<bool>) -> AgentRow {
+        serde_json::from_value(serde_json::json!({
+            "machine": "default/m", "connected": true, "caSha256": ca_sha256, "caServed": ca_served,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_ca_column_shows_the_short_digest_and_whether_it_is_served() {
+        let digest = "0123456789abcdef".repeat(4);
+        assert_eq!(
+            ca_column(&row(Some(&digest), Some(true))),
+            "01234567 served"
+        );
+        assert_eq!(ca_column(&row(Some(&digest), Some(false))), "01234567 OLD");
+        assert_eq!(ca_column(&row(Some(&digest), None)), "01234567");
+        assert_eq!(ca_column(&row(None, None)), "-");
+        let table = render_agents(&[row(Some(&digest), Some(false))], 0);
+        assert!(table.lines().next().unwrap().contains(" CA "), "{table}");
+        assert!(table.contains("01234567 OLD"), "{table}");
+    }
+}
