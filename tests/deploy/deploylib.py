@@ -327,6 +327,7 @@ SERVE_ENV = {
         "tls-reload-interval", "handshake-timeout", "header-read-timeout", "max-connections", "shutdown-grace",
         "policy", "agent-tokens", "store", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user", "etcd-prefix",
         "retry-after-seconds", "retry-after", "retry-after-max-seconds", "retention", "verdict-retention",
+        "agent-ca-bundle",
     )
 }
 SERVE_ENV_ONLY = {"INPLACE_UPDATER_ETCD_PASSWORD"}
