@@ -3,6 +3,13 @@
 #   docker build -t inplace-updater:v0.1.0 .                              # server (default, last stage)
 #   docker build --target node-agent -t inplace-updater-node:v0.1.0 .     # deploy/node DaemonSet image
 #   docker build --target binary --output type=local,dest=dist .          # the node agent binary, for nodes
+# Every architecture (amd64 and arm64; the images as one multi-platform manifest, the binaries in
+# dist/linux_amd64/ and dist/linux_arm64/):
+#   docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/inplace-updater:v0.1.0 --push .
+#   docker buildx build --platform linux/amd64,linux/arm64 --target binary --output type=local,dest=dist .
+# Each platform is compiled natively for its own architecture (under QEMU emulation unless the builder has a
+# node of that architecture: `docker buildx create --append` an arm64 node to build fast), so ring's C and
+# assembly need no cross toolchain and the binaries are the same as on a machine of that architecture.
 # The binaries are static (musl), so the very same files run in the distroless image and on any node
 # distribution, whatever its glibc. Nodes get inplace-agent (the agent alone, no server code) stripped, its
 # symbols and line tables split off into inplace-agent.debug: keep that file with the release for crash reports
@@ -11,6 +18,8 @@
 ARG RUST_VERSION=1.95
 
 FROM rust:${RUST_VERSION}-bookworm AS build
+# Set by BuildKit for the platform being built (amd64, arm64); empty with the legacy builder (then uname -m).
+ARG TARGETARCH
 # musl-tools: the musl C toolchain for ring's C and assembly parts; protobuf-compiler and libprotobuf-dev: protoc for etcd-client and
 # the well-known .proto files it imports (a Recommends of protobuf-compiler, so --no-install-recommends needs it named).
 RUN apt-get update \
@@ -21,7 +30,13 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     set -eux; \
-    target="$(uname -m)-unknown-linux-musl"; \
+    case "${TARGETARCH:-$(uname -m)}" in \
+      amd64 | x86_64) arch=x86_64 ;; \
+      arm64 | aarch64) arch=aarch64 ;; \
+      *) echo "unsupported architecture ${TARGETARCH:-$(uname -m)}: amd64 and arm64 are built" >&2; exit 1 ;; \
+    esac; \
+    [ "$(uname -m)" = "$arch" ] || { echo "building for $arch on $(uname -m): this stage compiles natively; build with --platform linux/${TARGETARCH}" >&2; exit 1; }; \
+    target="$arch-unknown-linux-musl"; \
     rustup target add "$target"; \
     export "CC_$(echo "$target" | tr - _)=musl-gcc"; \
     cargo build --release --locked --target "$target" --bin inplace-updater --bin inplace-agent; \
@@ -33,7 +48,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 # The node agent binary, for `--output`: inplace-agent is what nodes download (deploy/node/install-agent.sh
 # verifies it); inplace-agent.debug (its symbols and line tables, linked by .gnu_debuglink) stays with you for
-# crash reports: `gdb inplace-agent core` or `addr2line -e inplace-agent.debug` find it.
+# crash reports: `gdb inplace-agent core` or `addr2line -e inplace-agent.debug` find it. A multi-platform build
+# writes one directory per platform (dist/linux_amd64/, dist/linux_arm64/).
 FROM scratch AS binary
 COPY --from=build /out/inplace-agent /inplace-agent
 COPY --from=build /out/inplace-agent.debug /inplace-agent.debug

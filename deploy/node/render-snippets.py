@@ -30,9 +30,10 @@ EMBEDDED = [
     ("/usr/local/lib/inplace-updater/install-agent.sh", "0755", "install-agent.sh"),
 ]
 SECRET = "my-cluster-inplace-updater-agent"
-AGENT_URL = "https://downloads.example.com/inplace-updater/v0.1.0/inplace-agent-linux-amd64"
-# Deliberately not a real digest: install-agent.sh refuses the download until you put yours here.
-AGENT_SHA256 = "0" * 64
+# install-agent.sh puts the node's architecture (amd64, arm64) where the URL says {arch}.
+AGENT_URL = "https://downloads.example.com/inplace-updater/v0.1.0/inplace-agent-linux-{arch}"
+# Deliberately not real digests: install-agent.sh refuses the download until you put yours here.
+AGENT_SHA256 = {"amd64": "0" * 64, "arm64": "0" * 64}
 # What starts a Jinja expression, statement or comment (Jinja's default delimiters).
 JINJA_DELIMITERS = ("{{", "{%", "{#")
 # Cluster API's maxLength of a bootstrap file's `content` (bootstrap.cluster.x-k8s.io KubeadmConfig files[]).
@@ -107,10 +108,11 @@ def files_section(ind: int) -> str:
 
 def commands(ind: int) -> str:
     i = " " * ind
+    digests = " ".join(f"{arch}={digest}" for arch, digest in AGENT_SHA256.items())
     return f"""{i}preKubeadmCommands:
-{i}  # Installs the agent binary before kubeadm runs; refuses a download whose sha256 differs.
-{i}  # Replace URL and digest with your release (or mirror) and its sha256sum.
-{i}  - /usr/local/lib/inplace-updater/install-agent.sh {AGENT_URL} {AGENT_SHA256}
+{i}  # Installs the agent binary for the node's architecture before kubeadm runs; refuses a download whose
+{i}  # sha256 differs. Replace URL and digests with your release (or mirror) and each binary's sha256sum.
+{i}  - /usr/local/lib/inplace-updater/install-agent.sh {AGENT_URL} {digests}
 {i}postKubeadmCommands:
 {i}  # Started after kubeadm: the agent finds its Machine through the Node that kubeadm just registered.
 {i}  - systemctl daemon-reload

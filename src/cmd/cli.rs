@@ -255,6 +255,11 @@ pub struct ServeArgs {
     /// CA bundle for client certificates: when given, every hook call must present one signed by it (mTLS).
     #[arg(long, env = "INPLACE_UPDATER_CLIENT_CA")]
     pub client_ca: Option<PathBuf>,
+    /// CA bundle (PEM, one or more certificates) agents should trust, served to them at `/agent/v1/ca`;
+    /// re-read when it changes, and handed out only while it verifies this server's serving certificate.
+    /// Agents replace their `--ca-file` with it (the CA rotation procedure in docs/install.md).
+    #[arg(long, env = "INPLACE_UPDATER_AGENT_CA_BUNDLE")]
+    pub agent_ca_bundle: Option<PathBuf>,
     /// Health port (HTTP: /healthz, /readyz, /status) [default: 0.0.0.0:9440; dev: 127.0.0.1:9440].
     #[arg(long, env = "INPLACE_UPDATER_HEALTH_LISTEN")]
     pub health_listen: Option<SocketAddr>,
@@ -391,6 +396,7 @@ impl ServeArgs {
                 key: self.tls_key.clone().unwrap_or(key),
             },
             client_ca: self.client_ca.clone(),
+            agent_ca_bundle: self.agent_ca_bundle.clone(),
             tls_reload_interval: self.tls_reload_interval,
             limits: ConnLimits {
                 handshake_timeout: self.handshake_timeout,

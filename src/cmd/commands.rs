@@ -356,8 +356,8 @@ fn render_agents(rows: &[AgentRow], now: u64) -> String {
         return "no agent seen\n".into();
     }
     let mut out = format!(
-        "{:<40} {:<24} {:<28} {:<13} {:<12} {:<40} {}\n",
-        "MACHINE", "NODE", "VERSION", "STATE", "LAST SEEN", "UPGRADE", "LAST REFUSAL"
+        "{:<40} {:<24} {:<28} {:<13} {:<12} {:<18} {:<40} {}\n",
+        "MACHINE", "NODE", "VERSION", "STATE", "LAST SEEN", "CA", "UPGRADE", "LAST REFUSAL"
     );
     for row in rows {
         let refusal = row
@@ -381,7 +381,7 @@ fn render_agents(rows: &[AgentRow], now: u64) -> String {
             (None, _, _) => "-".into(),
         };
         out.push_str(&format!(
-            "{:<40} {:<24} {:<28} {:<13} {:<12} {:<40} {}\n",
+            "{:<40} {:<24} {:<28} {:<13} {:<12} {:<18} {:<40} {}\n",
             row.machine,
             row.node.as_deref().unwrap_or("-"),
             version,
@@ -392,11 +392,28 @@ fn render_agents(rows: &[AgentRow], now: u64) -> String {
             },
             row.last_seen_ms
                 .map_or_else(|| "never".into(), |at| ago(now, at)),
+            ca_column(row),
             row.upgrade.as_deref().unwrap_or("-"),
             refusal
         ));
     }
     out
+}
+
+/// Digest characters `status --agents` shows of the CA bundle an agent trusts.
+pub const CA_DIGEST_SHOWN: usize = 8;
+
+/// The CA column: the start of the digest of the bundle the agent trusts, and whether the server serves it.
+fn ca_column(row: &AgentRow) -> String {
+    let Some(digest) = &row.ca_sha256 else {
+        return "-".into();
+    };
+    let short: String = digest.chars().take(CA_DIGEST_SHOWN).collect();
+    match row.ca_served {
+        Some(true) => format!("{short} served"),
+        Some(false) => format!("{short} OLD"),
+        None => short,
+    }
 }
 
 fn render_status(rows: &[StatusRow]) -> String {
@@ -492,4 +509,31 @@ pub async fn demo(args: &crate::cmd::cli::DemoArgs) -> anyhow::Result<()> {
         "some Machines did not end as expected"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(ca_sha256: Option<&str>, ca_served: Option<bool>) -> AgentRow {
+        serde_json::from_value(serde_json::json!({
+            "machine": "default/m", "connected": true, "caSha256": ca_sha256, "caServed": ca_served,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_ca_column_shows_the_short_digest_and_whether_it_is_served() {
+        let digest = "0123456789abcdef".repeat(4);
+        assert_eq!(
+            ca_column(&row(Some(&digest), Some(true))),
+            "01234567 served"
+        );
+        assert_eq!(ca_column(&row(Some(&digest), Some(false))), "01234567 OLD");
+        assert_eq!(ca_column(&row(Some(&digest), None)), "01234567");
+        assert_eq!(ca_column(&row(None, None)), "-");
+        let table = render_agents(&[row(Some(&digest), Some(false))], 0);
+        assert!(table.lines().next().unwrap().contains(" CA "), "{table}");
+        assert!(table.contains("01234567 OLD"), "{table}");
+    }
 }

@@ -15,7 +15,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use inplace_agent_api::{
-    AckResponse, AgentIdentity, BINARY_PATH, INVENTORY_PATH, InventoryReport,
+    AckResponse, AgentIdentity, BINARY_PATH, CA_PATH, INVENTORY_PATH, InventoryReport,
     MAX_REQUEST_BODY_BYTES, MAX_WAIT_SECONDS, POLL_GRACE_SECONDS, POLL_PATH, PollRequest,
     REPORT_PATH, StepReport,
 };
@@ -44,6 +44,7 @@ pub fn agent_router(state: AppState) -> Router {
         .route(REPORT_PATH, post(report))
         .route(INVENTORY_PATH, post(inventory))
         .route(BINARY_PATH, get(binary))
+        .route(CA_PATH, get(ca_bundle))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::GATEWAY_TIMEOUT,
             MAX_AGENT_REQUEST_TIME,
@@ -162,6 +163,27 @@ async fn unauthorized(
         .with_header(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))
 }
 
+/// The request's verified bearer token, or the 401 (recorded as a refusal, with the Machine its body claims).
+async fn authenticate(
+    state: &AppState,
+    request: Request,
+) -> Result<(Verified, Request), HttpError> {
+    let dispatcher = &state.engine.dispatcher;
+    let peer = request.extensions().get::<ConnInfo>().map(|info| info.peer);
+    let header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok());
+    match verify(&state.tokens, &dispatcher.agents, header).await {
+        Ok(token) => Ok((token, request)),
+        Err(TokenRefusal::Refused(err)) => {
+            let claimed = claimed_agent(request).await;
+            Err(unauthorized(dispatcher, claimed.as_ref(), &err, peer).await)
+        }
+        Err(TokenRefusal::Store(err)) => Err(HttpError::from(err)),
+    }
+}
+
 /// Authenticates, reads and decodes an agent request.
 async fn accept<T: DeserializeOwned + Claimant>(
     state: &AppState,
@@ -169,18 +191,7 @@ async fn accept<T: DeserializeOwned + Claimant>(
 ) -> Result<Accepted<T>, HttpError> {
     let dispatcher = state.engine.dispatcher.clone();
     let peer = request.extensions().get::<ConnInfo>().map(|info| info.peer);
-    let header = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|h| h.to_str().ok());
-    let token = match verify(&state.tokens, &dispatcher.agents, header).await {
-        Ok(token) => token,
-        Err(TokenRefusal::Refused(err)) => {
-            let claimed = claimed_agent(request).await;
-            return Err(unauthorized(&dispatcher, claimed.as_ref(), &err, peer).await);
-        }
-        Err(TokenRefusal::Store(err)) => return Err(HttpError::from(err)),
-    };
+    let (token, request) = authenticate(state, request).await?;
     let too_large = || {
         HttpError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -323,40 +334,12 @@ async fn inventory(State(state): State<AppState>, request: Request) -> Result<Re
     Ok(json(&AckResponse::default()))
 }
 
-/// Authenticates a request without a body (a download): any valid token may fetch what every agent gets.
-async fn authenticated(
-    state: &AppState,
-    request: Request,
-) -> Result<crate::dispatch::AgentScope, HttpError> {
-    let peer = request.extensions().get::<ConnInfo>().map(|info| info.peer);
-    let header = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|h| h.to_str().ok())
-        .map(str::to_owned);
-    drop(request);
-    match state.tokens.authenticate(header.as_deref()) {
-        Ok(scope) => Ok(scope),
-        Err(err) => {
-            let message = err.to_string();
-            state
-                .engine
-                .dispatcher
-                .agents
-                .refused(None, err.refusal_reason(), &message, peer)
-                .await;
-            Err(HttpError::new(StatusCode::UNAUTHORIZED, message)
-                .with_header(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")))
-        }
-    }
-}
-
 /// Header carrying the SHA-256 of the agent executable served at [`BINARY_PATH`].
 pub const SHA256_HEADER: &str = "x-inplace-sha256";
 
 /// `GET /agent/v1/binary`: the agent executable this server hands out (404 without one).
 async fn binary(State(state): State<AppState>, request: Request) -> Result<Response, HttpError> {
-    authenticated(&state, request).await?;
+    authenticate(&state, request).await?;
     let Some(image) = state.agent_image.clone() else {
         return Err(HttpError::new(
             StatusCode::NOT_FOUND,
@@ -374,6 +357,26 @@ async fn binary(State(state): State<AppState>, request: Request) -> Result<Respo
             (header::HeaderName::from_static(SHA256_HEADER), sha),
         ],
         image.bytes.clone(),
+    )
+        .into_response())
+}
+
+/// `GET /agent/v1/ca`: the CA bundle agents should trust, to any authenticated agent (a CA certificate is
+/// no secret; the token keeps strangers from probing). 404 when none is configured or none passed the checks.
+async fn ca_bundle(State(state): State<AppState>, request: Request) -> Result<Response, HttpError> {
+    authenticate(&state, request).await?;
+    let Some(bundle) = state.agent_ca.as_ref().and_then(|b| b.current()) else {
+        return Err(HttpError::new(
+            StatusCode::NOT_FOUND,
+            "this server hands out no CA bundle (serve --agent-ca-bundle)",
+        ));
+    };
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/x-pem-file".to_owned()),
+            (header::ETAG, format!("\"{}\"", bundle.sha256)),
+        ],
+        bundle.pem,
     )
         .into_response())
 }

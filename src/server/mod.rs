@@ -6,6 +6,7 @@ pub mod agent_release;
 mod agent_routes;
 mod app;
 pub mod auth;
+pub mod ca_bundle;
 mod error;
 mod listener;
 pub mod metrics;
@@ -34,6 +35,7 @@ pub use app::{
     AnswerFuture, Compute, DEADLINE_FRACTION, DEFAULT_CAPI_TIMEOUT, INLINE_COMPUTE_MAX_BODY_BYTES,
     MAX_BODY_BYTES, MAX_HOOK_TIME, MIN_BODY_READ_TIME, app, hook_route,
 };
+use ca_bundle::{AgentCaBundle, Refreshed};
 pub use error::HttpError;
 pub use listener::{ConnInfo, ConnLimits};
 pub use metrics::Metrics;
@@ -62,8 +64,10 @@ pub struct ServeConfig {
     pub tls: TlsFiles,
     /// CA that client certificates must chain to; `Some` makes hook calls require one.
     pub client_ca: Option<PathBuf>,
-    /// How often the certificate files are re-read.
+    /// How often the certificate files (and the agent CA bundle) are re-read.
     pub tls_reload_interval: Duration,
+    /// The CA bundle agents should trust (`--agent-ca-bundle`), served at `GET /agent/v1/ca`.
+    pub agent_ca_bundle: Option<PathBuf>,
     /// Connection bounds of the hook port.
     pub limits: ConnLimits,
 }
@@ -161,12 +165,20 @@ pub async fn run(
     if let Ok((hooks, health, metrics)) = listeners.local_addrs() {
         tracing::info!(%hooks, %health, %metrics, "listening");
     }
+    let agent_ca = config
+        .agent_ca_bundle
+        .clone()
+        .map(|path| Arc::new(AgentCaBundle::new(path)));
+    if let Some(bundle) = &agent_ca {
+        refresh_agent_ca(bundle, &cert, &services.engine.dispatcher);
+    }
     let state = AppState {
         metrics: metrics.clone(),
         require_client_cert: config.client_ca.is_some(),
         engine: services.engine.clone(),
         tokens: services.tokens.clone(),
         agent_image: services.agent_image.clone(),
+        agent_ca: agent_ca.clone(),
     };
 
     let mut tasks: JoinSet<&'static str> = JoinSet::new();
@@ -210,10 +222,19 @@ pub async fn run(
     }
     let stop = shutdown.clone();
     let interval = config.tls_reload_interval;
+    let watched = cert.clone();
     tasks.spawn(async move {
-        watch_certificate(cert, interval, metrics, stop).await;
+        watch_certificate(watched, interval, metrics, stop).await;
         "certificate watcher"
     });
+    if let Some(bundle) = agent_ca {
+        let stop = shutdown.clone();
+        let dispatcher = services.engine.dispatcher.clone();
+        tasks.spawn(async move {
+            watch_agent_ca(bundle, cert, dispatcher, interval, stop).await;
+            "agent CA bundle watcher"
+        });
+    }
 
     let stop = shutdown.clone();
     let tokens = services.tokens.clone();
@@ -262,14 +283,8 @@ pub async fn run(
 }
 
 async fn watch_tokens(tokens: Arc<AgentTokens>, interval: Duration, shutdown: CancellationToken) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            () = shutdown.cancelled() => return,
-        }
+    let mut ticker = watch_ticker(interval).await;
+    while next_check(&mut ticker, &shutdown).await {
         let check = tokens.clone();
         match tokio::task::spawn_blocking(move || check.reload_if_changed()).await {
             Ok(Ok(true)) => tracing::info!(tokens = tokens.len(), "agent token file reloaded"),
@@ -319,14 +334,8 @@ async fn watch_certificate(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            () = shutdown.cancelled() => return,
-        }
+    let mut ticker = watch_ticker(interval).await;
+    while next_check(&mut ticker, &shutdown).await {
         let check = cert.clone();
         let result = tokio::task::spawn_blocking(move || check.reload_if_changed()).await;
         match result {
@@ -350,5 +359,60 @@ async fn watch_certificate(
                 return;
             }
         }
+    }
+}
+
+/// Checks the agent CA bundle against the serving certificate now, and tells dispatch the digest it hands out.
+fn refresh_agent_ca(bundle: &AgentCaBundle, cert: &ReloadingCert, dispatcher: &Dispatcher) {
+    match bundle.refresh(&cert.chain(), &tls::provider()) {
+        Ok(Refreshed::Unchanged | Refreshed::StillGood) => {}
+        Ok(Refreshed::Served) => {
+            let digest = bundle.current().map(|b| b.sha256).unwrap_or_default();
+            tracing::info!(bundle = %bundle.path().display(), sha256 = %digest, "agent CA bundle served");
+        }
+        Err(err) => {
+            let kept = bundle.current().map(|b| b.sha256);
+            tracing::error!(error = %err, bundle = %bundle.path().display(), kept_sha256 = kept.as_deref().unwrap_or("none"), "agent CA bundle refused; agents keep being offered the last good one");
+        }
+    }
+    dispatcher
+        .agents
+        .set_served_ca_sha256(bundle.current().map(|b| b.sha256));
+}
+
+async fn watch_agent_ca(
+    bundle: Arc<AgentCaBundle>,
+    cert: Arc<ReloadingCert>,
+    dispatcher: Arc<Dispatcher>,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut ticker = watch_ticker(interval).await;
+    while next_check(&mut ticker, &shutdown).await {
+        let (check, serving, dispatch) = (bundle.clone(), cert.clone(), dispatcher.clone());
+        let checked =
+            tokio::task::spawn_blocking(move || refresh_agent_ca(&check, &serving, &dispatch))
+                .await;
+        if let Err(err) = checked {
+            tracing::error!(error = %err, "agent CA bundle check panicked");
+            return;
+        }
+    }
+}
+
+/// The ticker of a file watcher: its first check one `interval` after start (start-up has just read the
+/// files), late ticks delayed rather than bunched.
+async fn watch_ticker(interval: Duration) -> tokio::time::Interval {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    ticker
+}
+
+/// Waits for a watcher's next check; false once the server shuts down.
+async fn next_check(ticker: &mut tokio::time::Interval, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = ticker.tick() => true,
+        () = shutdown.cancelled() => false,
     }
 }

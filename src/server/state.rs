@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::metrics::Metrics;
 use crate::hooks::Engine;
 use crate::server::auth::AgentTokens;
+use crate::server::ca_bundle::AgentCaBundle;
 
 /// What every handler shares.
 #[derive(Debug, Clone)]
@@ -20,6 +21,8 @@ pub struct AppState {
     pub tokens: Arc<AgentTokens>,
     /// The agent executable handed out at `GET /agent/v1/binary` (none: 404).
     pub agent_image: super::agent_release::SharedImage,
+    /// The CA bundle agents should trust (`--agent-ca-bundle`), when configured.
+    pub agent_ca: Option<Arc<AgentCaBundle>>,
 }
 
 impl AppState {
@@ -32,6 +35,7 @@ impl AppState {
             engine,
             tokens,
             agent_image: None,
+            agent_ca: None,
         }
     }
 }

@@ -181,6 +181,16 @@ impl ReloadingCert {
         Ok(true)
     }
 
+    /// The certificate chain served now (leaf first).
+    pub fn chain(&self) -> Vec<CertificateDer<'static>> {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .key
+            .cert
+            .clone()
+    }
+
     /// The files being watched.
     pub fn files(&self) -> &TlsFiles {
         &self.files

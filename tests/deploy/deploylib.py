@@ -328,6 +328,9 @@ SERVE_ENV = {
         "policy", "agent-tokens", "store", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user", "etcd-prefix",
         "retry-after-seconds", "retry-after", "retry-after-max-seconds", "retention", "verdict-retention",
         "agent-token-grace",
+        "agent-ca-bundle",
+        "agent-binary", "agent-release", "agent-upgrade-concurrency", "agent-upgrade-max-failures",
+        "no-agent-upgrades",
     )
 }
 SERVE_ENV_ONLY = {"INPLACE_UPDATER_ETCD_PASSWORD"}
@@ -336,7 +339,7 @@ AGENT_ENV = {"INPLACE_UPDATER_LOG_FORMAT"} | {
     "INPLACE_UPDATER_AGENT_" + flag.upper().replace("-", "_")
     for flag in (
         "server", "ca-file", "token-file", "machine", "provider-id", "config", "no-kubernetes-steps", "state-dir",
-        "root", "tls-server-name", "poll-wait",
+        "root", "tls-server-name", "poll-wait", "binary",
     )
 }
 # ExtensionConfig `spec.settings` keys the server knows (crates/core/src/settings.rs); any other key is

@@ -71,8 +71,10 @@ def test_snippet_installs_agent_config_and_token(name):
     pre = spec["preKubeadmCommands"]
     install = [shlex.split(c) for c in pre if "install-agent.sh" in c]
     assert len(install) == 1 and install[0][0] in files, "the installer must be a bootstrap file"
-    url, digest = install[0][1:]
-    assert url.startswith("https://") and len(digest) == 64
+    url, *digests = install[0][1:]
+    assert url.startswith("https://") and "{arch}" in url, "one URL for every architecture"
+    assert {pair.split("=")[0] for pair in digests} == {"amd64", "arm64"}
+    assert all(len(pair.split("=")[1]) == 64 for pair in digests)
     post = spec["postKubeadmCommands"]
     assert "systemctl enable --now inplace-updater-agent.service" in post
     assert post.index("systemctl daemon-reload") < post.index("systemctl enable --now inplace-updater-agent.service")
@@ -273,12 +275,22 @@ def test_agent_start_refuses_without_a_token(node):
 # ---------------------------------------------------------------- install-agent.sh, run for real
 
 
-def install(tmp_path, payload: bytes, digest: str, dest: pathlib.Path):
-    src = tmp_path / "download"
+def uname_shim(tmp_path, machine: str) -> str:
+    """A PATH whose `uname -m` says `machine` (the rest of PATH as it is)."""
+    shim = tmp_path / "shim"
+    shim.mkdir(exist_ok=True)
+    (shim / "uname").write_text(f'#!/bin/sh\necho "{machine}"\n')
+    (shim / "uname").chmod(0o755)
+    return f"{shim}:{os.environ['PATH']}"
+
+
+def install(tmp_path, payload: bytes, digest: str, dest: pathlib.Path, *, machine: str = "x86_64",
+            args: list[str] | None = None, name: str = "download"):
+    src = tmp_path / name
     src.write_bytes(payload)
     return subprocess.run(
-        ["sh", str(NODE / "install-agent.sh"), f"file://{src}", digest],
-        env={"PATH": os.environ["PATH"], "INSTALL_AGENT_DEST": str(dest)},
+        ["sh", str(NODE / "install-agent.sh"), f"file://{src}", *(args if args is not None else [digest])],
+        env={"PATH": uname_shim(tmp_path, machine), "INSTALL_AGENT_DEST": str(dest)},
         capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S,
     )
 
@@ -307,6 +319,57 @@ def test_installer_refuses_a_malformed_digest(tmp_path, digest):
     dest = tmp_path / "inplace-updater"
     proc = install(tmp_path, b"x", digest, dest)
     assert proc.returncode != 0 and not dest.exists()
+
+
+def per_arch_install(tmp_path, machine: str, digests: dict[str, bytes]):
+    """install-agent.sh URL-with-{arch} ARCH=SHA256..., with a download per architecture."""
+    dest = tmp_path / "inplace-agent"
+    for arch in ("amd64", "arm64"):
+        (tmp_path / f"agent-{arch}").write_bytes(f"binary for {arch}".encode())
+    args = [f"{arch}={hashlib.sha256(content).hexdigest()}" for arch, content in digests.items()]
+    proc = subprocess.run(
+        ["sh", str(NODE / "install-agent.sh"), f"file://{tmp_path}/agent-{{arch}}", *args],
+        env={"PATH": uname_shim(tmp_path, machine), "INSTALL_AGENT_DEST": str(dest)},
+        capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S,
+    )
+    return proc, dest
+
+
+BOTH = {"amd64": b"binary for amd64", "arm64": b"binary for arm64"}
+
+
+@pytest.mark.parametrize("machine,arch", [("x86_64", "amd64"), ("aarch64", "arm64")])
+def test_installer_picks_the_binary_of_the_nodes_architecture(tmp_path, machine, arch):
+    proc, dest = per_arch_install(tmp_path, machine, BOTH)
+    assert proc.returncode == 0, proc.stderr
+    assert dest.read_bytes() == BOTH[arch]
+    assert f"agent-{arch}" in proc.stdout
+
+
+@pytest.mark.parametrize("machine", ["armv7l", "riscv64", "ppc64le"])
+def test_installer_refuses_an_architecture_without_a_build(tmp_path, machine):
+    proc, dest = per_arch_install(tmp_path, machine, BOTH)
+    assert proc.returncode == 3 and machine in proc.stderr and "aarch64 (arm64)" in proc.stderr
+    assert not dest.exists()
+
+
+def test_installer_refuses_a_node_whose_architecture_has_no_digest(tmp_path):
+    proc, dest = per_arch_install(tmp_path, "aarch64", {"amd64": BOTH["amd64"]})
+    assert proc.returncode == 3 and "arm64=" in proc.stderr
+    assert not dest.exists()
+
+
+def test_installer_checks_the_digest_of_the_architecture_it_downloads(tmp_path):
+    # The arm64 digest is the amd64 binary's: the arm64 node must refuse, not install the other build.
+    proc, dest = per_arch_install(tmp_path, "aarch64", {"amd64": BOTH["amd64"], "arm64": BOTH["amd64"]})
+    assert proc.returncode == 1 and "sha256 mismatch" in proc.stderr and "arm64" in proc.stderr
+    assert not dest.exists()
+
+
+def test_installer_refuses_an_unknown_architecture_name(tmp_path):
+    dest = tmp_path / "inplace-agent"
+    proc = install(tmp_path, b"x", "", dest, args=[f"sparc={hashlib.sha256(b'x').hexdigest()}"])
+    assert proc.returncode == 2 and "sparc=" in proc.stderr and not dest.exists()
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed (apt-get install shellcheck)")

@@ -8,6 +8,7 @@ mod agent_tokens;
 mod bounded_inputs;
 mod common;
 mod deploy_configs;
+mod e2e_ca_rotation;
 mod e2e_drain;
 mod e2e_durability;
 mod e2e_ha;

@@ -117,6 +117,7 @@ fn served_operations() -> BTreeSet<(String, String)> {
         "/metrics",
         "/status",
         "/status/agents",
+        inplace_agent_api::CA_PATH,
     ] {
         operations.insert(("GET".to_string(), path.to_string()));
     }

@@ -74,6 +74,8 @@ pub(crate) struct Agent {
     pub me: crate::self_upgrade::SelfBinary,
     /// An upgrade that failed to download or install is not tried again before this instant.
     pub upgrade_not_before: Option<Instant>,
+    /// When the server's CA bundle may next be tried after a failed update.
+    pub ca_follower: crate::ca_update::CaFollower,
 }
 
 impl Agent {
@@ -125,6 +127,7 @@ impl Agent {
             go_ahead: false,
             me,
             upgrade_not_before: None,
+            ca_follower: Default::default(),
         })
     }
 
@@ -291,6 +294,7 @@ impl Agent {
         {
             return Ok(Round::Restart);
         }
+        crate::ca_update::follow(self, &answer).await;
         let offered = answer.plan.is_some();
         let carries_setting = offered || answer.hold.is_some();
         let on_failure = answer.on_failure;

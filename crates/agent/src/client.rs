@@ -3,7 +3,7 @@
 //! request so a rotated token (a Secret's `..data` swap) takes effect at once; a successor token the server
 //! offers is kept and promoted by [`crate::token_file`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -162,6 +162,10 @@ pub(crate) fn transport_kind(error: &(dyn std::error::Error + 'static)) -> Trans
 pub(crate) struct ServerClient {
     base: String,
     tokens: Arc<TokenFiles>,
+    ca_file: PathBuf,
+    server_name: Option<String>,
+    /// SHA-256 of the CA bundle this client verifies the server with.
+    ca_sha256: String,
     http: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
@@ -181,6 +185,41 @@ impl ServerClient {
         token_file: &Path,
         server_name: Option<&str>,
     ) -> Result<Self, ClientError> {
+        let pem = inplace_bounded_read::read(ca_file, MAX_CA_FILE_BYTES)
+            .map_err(|e| ClientError::Setup(format!("--ca-file: {e}")))?;
+        let tokens = Arc::new(TokenFiles::new(token_file));
+        Self::with_ca(server, ca_file, &pem, tokens, server_name)
+    }
+
+    /// The same client, verifying the server with the CA bundle `pem` instead (kept for `--ca-file`).
+    pub fn trusting(&self, pem: &[u8]) -> Result<Self, ClientError> {
+        Self::with_ca(
+            &self.base,
+            &self.ca_file,
+            pem,
+            self.tokens.clone(),
+            self.server_name.as_deref(),
+        )
+    }
+
+    /// SHA-256 (64 lower-case hex digits) of the CA bundle this client verifies the server with: what the
+    /// agent reports as `facts.caSha256`.
+    pub fn ca_sha256(&self) -> &str {
+        &self.ca_sha256
+    }
+
+    /// The `--ca-file` this client's CA bundle belongs in.
+    pub fn ca_file(&self) -> &Path {
+        &self.ca_file
+    }
+
+    fn with_ca(
+        server: &str,
+        ca_file: &Path,
+        pem: &[u8],
+        tokens: Arc<TokenFiles>,
+        server_name: Option<&str>,
+    ) -> Result<Self, ClientError> {
         let uri: hyper::Uri = server
             .parse()
             .map_err(|e| ClientError::Setup(format!("--server {server:?} is not a URL: {e}")))?;
@@ -196,9 +235,7 @@ impl ServerClient {
         }
         let base = server.trim_end_matches('/').to_owned();
 
-        let pem = inplace_bounded_read::read(ca_file, MAX_CA_FILE_BYTES)
-            .map_err(|e| ClientError::Setup(format!("--ca-file: {e}")))?;
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| ClientError::Setup(format!("--ca-file {}: {e}", ca_file.display())))?;
         let mut roots = rustls::RootCertStore::empty();
@@ -237,7 +274,10 @@ impl ServerClient {
             .build(connector);
         Ok(Self {
             base,
-            tokens: Arc::new(TokenFiles::new(token_file)),
+            tokens,
+            ca_file: ca_file.to_path_buf(),
+            server_name: server_name.map(str::to_owned),
+            ca_sha256: sha256_hex(pem),
             http,
         })
     }
@@ -384,4 +424,10 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = inner.source();
     }
     text
+}
+
+/// SHA-256 of `bytes` as the wire carries it (64 lower-case hex digits).
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    crate::drivers::hex(&sha2::Sha256::digest(bytes))
 }

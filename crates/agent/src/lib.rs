@@ -8,6 +8,7 @@
 mod agent;
 mod backoff;
 mod backup;
+mod ca_update;
 pub mod cli;
 mod client;
 mod clock;
@@ -43,6 +44,7 @@ use std::future::Future;
 pub use agent::{AgentError, MIN_POLL_INTERVAL, REQUEST_TIMEOUT, STATE_LOCK_WAIT};
 pub use backoff::{BACKOFF_INITIAL, BACKOFF_MAX};
 pub use backup::MAX_BACKUP_PLANS;
+pub use ca_update::{CA_FETCH_TIMEOUT, CA_FILE_MODE, CA_RETRY_BACKOFF};
 pub use client::{CONNECT_TIMEOUT, ClientError, POOL_IDLE_TIMEOUT, TransportKind};
 pub use command::{
     KILL_GRACE, OUTPUT_DRAIN_TIMEOUT, SPAWN_BUSY_DELAY, SPAWN_BUSY_RETRIES, STDOUT_TAIL_MAX_BYTES,

@@ -10,9 +10,9 @@ use crate::download::download;
 use crate::self_upgrade::UPGRADE_RETRY_DELAY;
 
 impl Agent {
-    /// What the agent says about itself now.
+    /// What the agent says about itself now (in every poll and inventory).
     pub(crate) fn facts(&self) -> AgentFacts {
-        self.me.facts(None)
+        self.me.facts(Some(self.client.ca_sha256().to_owned()))
     }
 
     /// Whether nothing of a plan is under way: no step to run or running, no report to deliver, no rollback.

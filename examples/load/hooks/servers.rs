@@ -69,6 +69,7 @@ pub fn start_ours(
             key: certs.server_key.clone(),
         },
         client_ca: None,
+        agent_ca_bundle: None,
         tls_reload_interval: DEFAULT_TLS_RELOAD_INTERVAL,
         limits: ConnLimits {
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,

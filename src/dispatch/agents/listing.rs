@@ -58,6 +58,13 @@ pub struct AgentRow {
     /// Its last refused request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_refusal: Option<AgentRefusalRecord>,
+    /// SHA-256 of the CA bundle it trusts, from its last inventory (agents before 0.2 do not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_sha256: Option<String>,
+    /// Whether that is the bundle the server serves (`--agent-ca-bundle`); absent when the server serves
+    /// none, the agent did not say, or the list was read straight from the store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_served: Option<bool>,
 }
 
 impl AgentRow {
@@ -73,6 +80,8 @@ impl AgentRow {
             last_seen_ms: None,
             connected: false,
             last_refusal: None,
+            ca_sha256: None,
+            ca_served: None,
         }
     }
 }
@@ -140,6 +149,7 @@ impl Agents {
                         )
                     });
                 }
+                row.ca_sha256 = inventory.facts.as_ref().and_then(|f| f.ca_sha256.clone());
             }
             row.last_seen_ms = Some(record.last_seen_ms);
             persisted_seen.insert(key, record.last_seen_ms);
@@ -192,6 +202,11 @@ impl Agents {
                 .entry(key.clone())
                 .or_insert_with(|| AgentRow::named(key));
             row.last_refusal = newer(row.last_refusal.take(), Some(record));
+        }
+        if let Some(served) = self.served_ca_sha256() {
+            for row in rows.values_mut() {
+                row.ca_served = row.ca_sha256.as_ref().map(|ca| *ca == served);
+            }
         }
         Ok(rows.into_values().collect())
     }

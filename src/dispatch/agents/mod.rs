@@ -58,6 +58,8 @@ pub struct Agents {
     rollout: Mutex<upgrade::RolloutView>,
     /// Minted agent tokens and used successors, as read from the store.
     tokens: Mutex<tokens::TokenCache>,
+    /// SHA-256 of the CA bundle this server hands agents (`serve --agent-ca-bundle`), set by the server.
+    served_ca: Mutex<Option<String>>,
 }
 
 impl Agents {
@@ -75,7 +77,25 @@ impl Agents {
             release: RwLock::default(),
             rollout: Mutex::default(),
             tokens: Mutex::default(),
+            served_ca: Mutex::default(),
         })
+    }
+
+    /// Sets the digest of the CA bundle agents are offered (the server reads and checks the file; `None`:
+    /// no bundle is served).
+    pub fn set_served_ca_sha256(&self, digest: Option<String>) {
+        *self
+            .served_ca
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = digest;
+    }
+
+    /// The digest of the CA bundle agents are offered, if any.
+    pub fn served_ca_sha256(&self) -> Option<String> {
+        self.served_ca
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Follows the store's change feed and wakes the agents whose Machine record (or run) changed. Runs until

@@ -244,7 +244,11 @@ impl Agents {
             }
         };
         self.release_waiter(&machine, notify);
-        answer
+        // Only agents that say what they trust are offered a CA bundle (0.1 agents send no facts).
+        answer.map(|answer| PollResponse {
+            ca_bundle_sha256: request.facts.as_ref().and_then(|_| self.served_ca_sha256()),
+            ..answer
+        })
     }
 }
 

@@ -29,7 +29,19 @@ impl AgentProcess {
         name: &str,
         sandbox: Sandbox,
     ) -> Self {
-        let args = vec![
+        Self::start_with(server, ca, token, name, sandbox, &[])
+    }
+
+    /// [`AgentProcess::start`] with `extra` agent arguments.
+    pub fn start_with(
+        server: &ServerProcess,
+        ca: &Path,
+        token: &Path,
+        name: &str,
+        sandbox: Sandbox,
+        extra: &[&str],
+    ) -> Self {
+        let mut args = vec![
             "agent".to_string(),
             "--server".into(),
             format!("https://127.0.0.1:{}", server.hooks.port()),
@@ -46,6 +58,7 @@ impl AgentProcess {
             "--root".into(),
             sandbox.root.display().to_string(),
         ];
+        args.extend(extra.iter().map(|arg| arg.to_string()));
         let log = sandbox
             .root
             .parent()

@@ -131,6 +131,16 @@ impl Client {
         self.send(addr, "POST", path, body, headers).await
     }
 
+    /// A `GET` with `headers`.
+    pub async fn get_with(
+        &self,
+        addr: SocketAddr,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> std::io::Result<Reply> {
+        self.send(addr, "GET", path, Vec::new(), headers).await
+    }
+
     async fn send(
         &self,
         addr: SocketAddr,

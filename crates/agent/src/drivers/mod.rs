@@ -18,6 +18,7 @@ mod kubernetes_undo;
 mod node;
 mod ntp;
 mod prepared;
+pub(crate) use prepared::hex;
 mod restart;
 mod sequence_run;
 mod ssh;

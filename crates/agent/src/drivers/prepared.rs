@@ -87,7 +87,8 @@ pub(super) fn fingerprint(key: &str, commands: &[Prepared]) -> String {
     hex(&Sha256::digest(&bytes))
 }
 
-pub(super) fn hex(bytes: &[u8]) -> String {
+/// Lower-case hex of `bytes` (digests).
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
