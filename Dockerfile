@@ -65,6 +65,9 @@ CMD ["--help"]
 # nonroot user (65532), matching deploy/base's securityContext.
 FROM gcr.io/distroless/static-debian12:nonroot AS server
 COPY --from=build /out/inplace-updater /usr/local/bin/inplace-updater
+# The agent of this release, beside the server: `serve` hands it to agents of its architecture
+# (GET /agent/v1/binary) when they run another one (agent self-upgrade, docs/install.md).
+COPY --from=build /out/inplace-agent /usr/local/bin/inplace-agent
 USER 65532:65532
 # 9443 hooks + agent API (TLS), 9440 health, 8080 metrics.
 EXPOSE 9443 9440 8080

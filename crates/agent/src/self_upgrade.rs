@@ -22,6 +22,9 @@ use crate::inventory::AGENT_VERSION;
 /// How long a new binary has to reach the server before `agent-start` restores the previous one (it also
 /// exits by itself at that point, so that the unit runs `agent-start` again).
 pub const UPGRADE_TRIAL: Duration = Duration::from_secs(120);
+/// Starts of a new binary under trial before `agent-start` (deploy/node) restores the previous one: the script's
+/// default for `AGENT_START_TRIAL_STARTS` (a test keeps the two equal).
+pub const AGENT_START_TRIAL_STARTS: u32 = 3;
 /// Exit code of an agent that swapped in its new binary: the unit starts it again (`Restart=always`).
 pub const EXIT_RESTART: i32 = 75;
 /// Pause before an upgrade that failed to download or verify is tried again.

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use super::Agents;
 use super::refusal_book::newer;
 use super::refused::{AgentRefusalRecord, Claim};
-use super::upgrade::is_idle;
-use super::upgrade_decide::{UpgradeRecord, upgrade_status};
+
+use super::upgrade_decide::{UpgradeRecord, is_idle, upgrade_status};
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::config::LAST_SEEN_PERSIST_INTERVAL;
 use crate::dispatch::floor::keys::{AGENT_REFUSALS_PREFIX, AGENTS_PREFIX, parse_machine};

@@ -31,7 +31,7 @@ pub use refused::{
 pub use scope::AgentScope;
 pub use seen::SEEN_WRITES_IN_FLIGHT;
 pub use tokens::{MAX_CACHED_AGENT_TOKENS, Minted, MintedToken, SuccessorUse};
-pub use upgrade::{ROLLOUT_VIEW_TTL, is_idle};
+pub use upgrade_decide::{ROLLOUT_VIEW_TTL, is_idle};
 
 use super::fleet::Fleet;
 use super::floor::Floor;
@@ -55,7 +55,7 @@ pub struct Agents {
     /// The agent release the fleet should run (`None`: no agent is offered an upgrade).
     release: RwLock<Option<Arc<upgrade_decide::AgentRelease>>>,
     /// The fleet's rollout counts, as last listed.
-    rollout: Mutex<upgrade::RolloutView>,
+    rollout: Mutex<upgrade_decide::RolloutView>,
     /// Minted agent tokens and used successors, as read from the store.
     tokens: Mutex<tokens::TokenCache>,
     /// SHA-256 of the CA bundle this server hands agents (`serve --agent-ca-bundle`), set by the server.

@@ -4,39 +4,16 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError};
-use std::time::Duration;
 
-use inplace_agent_api::{
-    AgentFacts, AgentUpgrade, MachineRef, PlanProgress, PlanStatus, RollbackState,
-};
+use inplace_agent_api::{AgentFacts, AgentUpgrade, MachineRef, PlanProgress};
 
 use super::Agents;
 use super::upgrade_decide::{
-    AgentRelease, RolloutCounts, UpgradeDecision, UpgradeRecord, UpgradeState, decide,
+    AgentRelease, ROLLOUT_VIEW_TTL, RolloutCounts, RolloutView, UpgradeDecision, UpgradeRecord,
+    UpgradeState, decide, is_idle,
 };
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::keys::{AGENT_UPGRADES_PREFIX, agent_upgrade_key, parse_machine};
-
-/// How long the fleet's rollout counts are reused before the store is listed again: with 30 000 outdated agents
-/// polling every 25 s, a listing per poll would be 1 200 listings a second.
-pub const ROLLOUT_VIEW_TTL: Duration = Duration::from_secs(2);
-
-/// The rollout counts per target digest, and when they were listed (Unix ms).
-#[derive(Default)]
-pub(super) struct RolloutView {
-    listed_ms: Option<u64>,
-    counts: BTreeMap<String, RolloutCounts>,
-}
-
-/// Whether the agent runs no step and has nothing left to report or undo, as its poll says.
-pub fn is_idle(current: Option<&PlanProgress>) -> bool {
-    current.is_none_or(|c| {
-        c.status != PlanStatus::Running
-            && c.rollback
-                .as_ref()
-                .is_none_or(|r| r.state != RollbackState::RollingBack)
-    })
-}
 
 impl Agents {
     /// Sets the release the fleet should run (`None`: agents are never offered an upgrade).

@@ -3,8 +3,9 @@
 //! wing loads before ([`super::upgrade`]) and records after.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use inplace_agent_api::{AgentFacts, AgentUpgrade};
+use inplace_agent_api::{AgentFacts, AgentUpgrade, PlanProgress, PlanStatus, RollbackState};
 use serde::{Deserialize, Serialize};
 
 /// Default of `--agent-upgrade-concurrency`: agents that may be upgrading at once across the fleet.
@@ -122,6 +123,29 @@ pub enum UpgradeDecision {
     Later(String),
     /// Never for this release (the reason is shown).
     Never(String),
+}
+
+/// How long the fleet's rollout counts are reused before the store is listed again: with 30 000 outdated agents
+/// polling every 25 s, a listing per poll would be 1 200 listings a second.
+pub const ROLLOUT_VIEW_TTL: Duration = Duration::from_secs(2);
+
+/// The rollout counts per target digest, and when they were listed (Unix ms).
+#[derive(Default)]
+pub struct RolloutView {
+    /// When it was listed (Unix ms); `None`: to be listed again.
+    pub listed_ms: Option<u64>,
+    /// The counts per target digest.
+    pub counts: BTreeMap<String, RolloutCounts>,
+}
+
+/// Whether the agent runs no step and has nothing left to report or undo, as its poll says.
+pub fn is_idle(current: Option<&PlanProgress>) -> bool {
+    current.is_none_or(|c| {
+        c.status != PlanStatus::Running
+            && c.rollback
+                .as_ref()
+                .is_none_or(|r| r.state != RollbackState::RollingBack)
+    })
 }
 
 /// The first 12 hex digits of a digest, as `status --agents` shows it.

@@ -223,6 +223,23 @@ fn a_new_binary_that_does_not_reach_the_server_in_time_is_replaced() {
 }
 
 #[test]
+fn agent_start_counts_the_starts_the_agent_documents() {
+    let script = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/node/agent-start"
+    ))
+    .unwrap();
+    assert!(script.contains(&format!(
+        "AGENT_START_TRIAL_STARTS:-{AGENT_START_TRIAL_STARTS}"
+    )));
+    assert!(
+        script.contains(TRIAL_FILE)
+            && script.contains(OUTCOME_FILE)
+            && script.contains(PREVIOUS_SUFFIX)
+    );
+}
+
+#[test]
 fn without_a_binary_path_the_agent_never_replaces_itself() {
     let node = node();
     let me = SelfBinary::load(None, &node.state);
