@@ -118,6 +118,7 @@ fn served_operations() -> BTreeSet<(String, String)> {
         "/status",
         "/status/agents",
         inplace_agent_api::CA_PATH,
+        inplace_agent_api::BINARY_PATH,
     ] {
         operations.insert(("GET".to_string(), path.to_string()));
     }
