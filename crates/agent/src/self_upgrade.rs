@@ -14,8 +14,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use inplace_agent_api::{
     AgentFacts, AgentUpgrade, MAX_AGENT_BINARY_BYTES, UpgradeOutcome, go_arch,
 };
-use sha2::{Digest as _, Sha256};
 
+use crate::client::sha256_hex;
 use crate::fsutil::{FileMeta, FsError, atomic_write, read_optional, remove_file, sync_dir};
 use crate::inventory::AGENT_VERSION;
 
@@ -96,11 +96,7 @@ fn unix_now() -> u64 {
 /// SHA-256 hex of the file at `path` (bounded by [`MAX_AGENT_BINARY_BYTES`]).
 fn file_sha256(path: &Path) -> Option<String> {
     let bytes = inplace_bounded_read::read(path, MAX_AGENT_BINARY_BYTES).ok()?;
-    Some(hex(&Sha256::digest(&bytes)))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    Some(sha256_hex(&bytes))
 }
 
 /// Parses `key=value` lines.
@@ -261,7 +257,7 @@ impl SelfBinary {
         let Some(path) = &self.path else {
             return Ok(());
         };
-        let found = hex(&Sha256::digest(bytes));
+        let found = sha256_hex(bytes);
         if found != upgrade.sha256 {
             return Err(UpgradeError::Digest {
                 version: upgrade.version.clone(),

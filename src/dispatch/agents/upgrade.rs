@@ -31,7 +31,7 @@ impl Agents {
 
     /// Takes what an agent says about itself in a poll: confirms or fails its upgrade in flight. Returns its
     /// upgrade record as it stands (`None` also when nothing needed reading: an agent on the release with no
-    /// outcome to tell costs no store read).
+    /// outcome to tell, or one that cannot replace itself, costs no store read).
     pub(super) async fn note_upgrade(
         &self,
         machine: &MachineRef,
@@ -44,7 +44,8 @@ impl Agents {
             .binaries
             .get(&facts.arch)
             .is_some_and(|b| facts.sha256.as_deref() == Some(b.sha256.as_str()));
-        if on_release && facts.upgrade.is_none() {
+        // Nothing to confirm and nothing to offer: no store read on the hot path of every poll.
+        if (on_release || !facts.self_upgrade) && facts.upgrade.is_none() {
             return Ok(None);
         }
         let key = agent_upgrade_key(machine);

@@ -20,7 +20,7 @@ struct Node {
 }
 
 fn sha(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
+    sha256_hex(bytes)
 }
 
 fn node() -> Node {
