@@ -9,8 +9,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use inplace_agent_api::{
-    FileEncoding, FileSpec, KubeadmUpgradeMode, KubeletArg, SecretString, SshUser, StepAction,
-    StepKind, validate_action,
+    FileEncoding, FileSpec, KubeadmUpgradeMode, KubeletArg, RebootWhen, SecretString, SshUser,
+    StepAction, StepKind, validate_action,
 };
 use inplace_updater::dispatch::fleet::pace::{RunPace, StepDurations, remaining};
 use serde_json::Value;
@@ -67,6 +67,12 @@ fn valid_step(kind: StepKind) -> StepAction {
             kubelet_version: Some(version()),
         },
         StepKind::UncordonNode => StepAction::UncordonNode,
+        StepKind::Reboot => StepAction::Reboot {
+            when: RebootWhen::IfRequired,
+        },
+        StepKind::OsImage => StepAction::OsImage {
+            image: "quay.io/fedora/fedora-bootc@sha256:0123".into(),
+        },
         StepKind::Unsupported => StepAction::Unsupported,
     }
 }

@@ -33,7 +33,7 @@ pub enum Undo {
 pub const UNSUPPORTED_GUESS_SECONDS: u32 = 10;
 
 macro_rules! step_kinds {
-    ($( $(#[$doc:meta])* $kind:ident = $wire:literal, guess_seconds: $guess:literal, undo: $undo:ident; )+) => {
+    ($( $(#[$doc:meta])* $kind:ident = $wire:literal, guess_seconds: $guess:literal, undo: $undo:ident, preflight: $preflight:literal; )+) => {
         /// A kind of step: the `kind` tag of a [`StepAction`], as a small `Copy` value.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
         pub enum StepKind {
@@ -67,6 +67,17 @@ macro_rules! step_kinds {
                 }
             }
 
+            /// Whether a step of this kind disturbs the control plane when run on a control-plane node
+            /// (it reboots, restarts kubelet or changes a static pod): the agent then runs the
+            /// control-plane preflight first (etcd healthy with quorum without this member, every other
+            /// control-plane Node Ready).
+            pub const fn preflight(self) -> bool {
+                match self {
+                    $( StepKind::$kind => $preflight, )+
+                    StepKind::Unsupported => false,
+                }
+            }
+
             /// What a step of this kind typically takes on a node, in seconds: the server's adaptive
             /// `retryAfterSeconds` starts from it before it has seen steps of the kind finish.
             pub const fn guess_seconds(self) -> u32 {
@@ -91,27 +102,31 @@ macro_rules! step_kinds {
 
 step_kinds! {
     /// `files`: the full set of files the updater manages.
-    Files = "files", guess_seconds: 1, undo: Restores;
+    Files = "files", guess_seconds: 1, undo: Restores, preflight: false;
     /// `sshKeys`: each listed user's `authorized_keys`.
-    SshKeys = "sshKeys", guess_seconds: 1, undo: Restores;
+    SshKeys = "sshKeys", guess_seconds: 1, undo: Restores, preflight: false;
     /// `ntp`: the time service's drop-in, then its restart.
-    Ntp = "ntp", guess_seconds: 3, undo: Restores;
+    Ntp = "ntp", guess_seconds: 3, undo: Restores, preflight: false;
     /// `etcdImage`: the etcd static pod's image.
-    EtcdImage = "etcdImage", guess_seconds: 20, undo: Restores;
+    EtcdImage = "etcdImage", guess_seconds: 20, undo: Restores, preflight: true;
     /// `kubeletArgs`: the managed kubelet flags, then a kubelet restart.
-    KubeletArgs = "kubeletArgs", guess_seconds: 20, undo: Restores;
+    KubeletArgs = "kubeletArgs", guess_seconds: 20, undo: Restores, preflight: true;
     /// `installKubeadm`: the node's configured sequence installing kubeadm.
-    InstallKubeadm = "installKubeadm", guess_seconds: 30, undo: Restores;
+    InstallKubeadm = "installKubeadm", guess_seconds: 30, undo: Restores, preflight: false;
     /// `kubeadmUpgrade`: `kubeadm upgrade apply` or `node`, as configured.
-    KubeadmUpgrade = "kubeadmUpgrade", guess_seconds: 90, undo: NoReturn;
+    KubeadmUpgrade = "kubeadmUpgrade", guess_seconds: 90, undo: NoReturn, preflight: true;
     /// `installKubelet`: the node's configured sequence installing kubelet and kubectl.
-    InstallKubelet = "installKubelet", guess_seconds: 30, undo: Restores;
+    InstallKubelet = "installKubelet", guess_seconds: 30, undo: Restores, preflight: true;
     /// `drainNode`: cordon and evict through the Kubernetes API.
-    DrainNode = "drainNode", guess_seconds: 60, undo: Nothing;
+    DrainNode = "drainNode", guess_seconds: 60, undo: Nothing, preflight: false;
     /// `waitNodeReady`: the Node Ready (at a kubelet version).
-    WaitNodeReady = "waitNodeReady", guess_seconds: 20, undo: Nothing;
+    WaitNodeReady = "waitNodeReady", guess_seconds: 20, undo: Nothing, preflight: false;
     /// `uncordonNode`: undo this plan's cordon.
-    UncordonNode = "uncordonNode", guess_seconds: 1, undo: Nothing;
+    UncordonNode = "uncordonNode", guess_seconds: 1, undo: Nothing, preflight: false;
+    /// `reboot`: reboot the node (always, or only when it says one is required), confirmed by a new boot id.
+    Reboot = "reboot", guess_seconds: 180, undo: Nothing, preflight: true;
+    /// `osImage`: switch to an OS image, reboot into it, verify it.
+    OsImage = "osImage", guess_seconds: 600, undo: Restores, preflight: true;
 }
 
 impl StepKind {

@@ -19,8 +19,8 @@ pub use messages::{
     StepReport, StepStatus,
 };
 pub use plan::{
-    FileEncoding, FileSpec, KubeadmUpgradeMode, KubeletArg, MachineRef, Plan, SshUser, Step,
-    StepAction,
+    FileEncoding, FileSpec, KubeadmUpgradeMode, KubeletArg, MachineRef, Plan, RebootWhen, SshUser,
+    Step, StepAction,
 };
 pub use secret::SecretString;
 pub use upkeep::{
@@ -67,5 +67,8 @@ pub const MAX_STEP_TIMEOUT_SECONDS: u32 = 3600;
 pub const MIN_STEP_TIMEOUT_SECONDS: u32 = 1;
 /// Timeout a server should give a step when it has no better idea, in seconds.
 pub const DEFAULT_STEP_TIMEOUT_SECONDS: u32 = 600;
+/// Longest OS image name in an `osImage` step, in bytes (an image URL with its query, a registry reference
+/// with its digest).
+pub const MAX_OS_IMAGE_BYTES: usize = 2048;
 /// Longest plan id accepted, in bytes (ids are hashes, e.g. 64 hex digits).
 pub const MAX_PLAN_ID_BYTES: usize = 128;

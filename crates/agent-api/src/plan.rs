@@ -55,6 +55,12 @@ pub struct Plan {
     pub cluster: String,
     /// Steps in execution order; `steps[i].index == i`.
     pub steps: Vec<Step>,
+    /// Whether the Machine is a control-plane Machine: the agent then checks etcd and the other
+    /// control-plane Nodes before every step whose kind disturbs the control plane
+    /// ([`crate::StepKind::preflight`]). Absent (false) from servers before issue 30. Not part of the id (the
+    /// id's Machine already says it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub control_plane: bool,
 }
 
 /// One step of a plan.
@@ -157,6 +163,23 @@ pub enum StepAction {
     /// Uncordon the node, only when a drainNode step of this plan cordoned it (a node an operator
     /// cordoned stays cordoned).
     UncordonNode,
+    /// Reboot the node with its configured reboot command (`systemctl reboot` by default) and confirm the
+    /// new boot by its boot id, then wait for the Node to be Ready. The agent records the boot id before
+    /// the command: after its restart, the same boot id is not a reboot. A plan drains before it.
+    Reboot {
+        /// `always`, or `ifRequired`: only when the node says a reboot is required (Debian's
+        /// `/var/run/reboot-required`, dnf's `needs-restarting -r`); otherwise the step succeeds saying so.
+        when: RebootWhen,
+    },
+    /// Switch the node to an OS image with its configured image sequence (`osImage.apply`, the image as
+    /// the `{{image}}` template value), reboot into it, and verify it with the configured OS-version
+    /// command (`osImage.current`). A node whose OS already reports the image is left alone. A node that
+    /// comes back on its previous image (an A/B fallback) fails the step: "booted the previous image".
+    OsImage {
+        /// The image, as the infrastructure machine's mapped field names it (a URL, an image
+        /// reference, a template name), at most [`crate::MAX_OS_IMAGE_BYTES`] bytes, no control characters.
+        image: String,
+    },
     /// Any kind this build does not know (decoded from a newer server). The agent fails such a
     /// step with a clear message instead of refusing the whole plan.
     #[serde(other)]
@@ -178,6 +201,16 @@ pub enum KubeadmUpgradeMode {
     Apply,
     /// `kubeadm upgrade node`.
     Node,
+}
+
+/// When a [`StepAction::Reboot`] reboots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RebootWhen {
+    /// Always.
+    Always,
+    /// Only when the node says it needs one (after package steps).
+    IfRequired,
 }
 
 /// One desired file, the same fields as a KubeadmConfig `files[]` entry (content resolved).

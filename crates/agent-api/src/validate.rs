@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use crate::{
-    MAX_PLAN_ID_BYTES, MAX_STEP_TIMEOUT_SECONDS, MAX_STEPS, MESSAGE_MAX_BYTES,
+    MAX_OS_IMAGE_BYTES, MAX_PLAN_ID_BYTES, MAX_STEP_TIMEOUT_SECONDS, MAX_STEPS, MESSAGE_MAX_BYTES,
     MIN_STEP_TIMEOUT_SECONDS, Plan, STDERR_TAIL_MAX_BYTES, StepAction, StepReport,
 };
 
@@ -295,9 +295,27 @@ pub fn validate_action(action: &StepAction) -> Result<(), String> {
         } if !is_valid_kubernetes_version(version) => Err(format!(
             "kubelet version {version:?} is not of the form v1.2.3"
         )),
+        StepAction::OsImage { image } => {
+            if image.trim().is_empty() {
+                Err("image is empty".to_owned())
+            } else if image.len() > MAX_OS_IMAGE_BYTES {
+                Err(format!(
+                    "image is {} bytes, over the limit of {MAX_OS_IMAGE_BYTES}",
+                    image.len()
+                ))
+            } else if image.chars().any(char::is_control) || image.trim() != image {
+                Err(format!(
+                    "image {:?} has control characters or surrounding whitespace",
+                    truncate_tail(image, 64)
+                ))
+            } else {
+                Ok(())
+            }
+        }
         StepAction::DrainNode { .. }
         | StepAction::WaitNodeReady { .. }
-        | StepAction::UncordonNode => Ok(()),
+        | StepAction::UncordonNode
+        | StepAction::Reboot { .. } => Ok(()),
         StepAction::Unsupported => Err("step kind not supported by this agent".to_owned()),
     }
 }

@@ -35,6 +35,7 @@ fn sample_plan() -> Plan {
                 },
             },
         ],
+        control_plane: false,
     }
 }
 

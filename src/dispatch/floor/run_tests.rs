@@ -19,6 +19,7 @@ fn plan(steps: usize) -> Plan {
                 },
             })
             .collect(),
+        control_plane: false,
     }
 }
 

@@ -82,6 +82,7 @@ fn state_json_past_its_bound_is_an_error_and_a_plan_file_past_it_is_fetched_agai
         machine: MachineRef::new("default", "m"),
         cluster: "c".into(),
         steps: Vec::new(),
+        control_plane: false,
     };
     store.adopt(plan).unwrap();
     drop(store);

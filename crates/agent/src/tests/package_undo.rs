@@ -62,6 +62,7 @@ pub(super) fn plan(kinds: &[usize], fail_at_end: bool) -> Plan {
         machine: MachineRef::new("default", "m"),
         cluster: "c".into(),
         steps,
+        control_plane: false,
     }
 }
 

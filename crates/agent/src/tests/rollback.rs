@@ -127,6 +127,7 @@ fn plan() -> Plan {
                 ],
             ),
         ],
+        control_plane: false,
     }
 }
 

@@ -75,6 +75,7 @@ fn plan() -> Plan {
                 2,
             ),
         ],
+        control_plane: false,
     }
 }
 

@@ -235,6 +235,7 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         machine: input.facts.machine.clone(),
         cluster: input.facts.cluster.clone(),
         steps,
+        control_plane: input.facts.control_plane,
     };
     plan.id = plan_id(&plan);
     Ok(plan)

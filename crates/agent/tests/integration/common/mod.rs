@@ -398,5 +398,6 @@ pub fn plan(id: &str, steps: Vec<Step>) -> Plan {
         machine: MachineRef::new("default", "cp-0"),
         cluster: "prod".into(),
         steps,
+        control_plane: false,
     }
 }
