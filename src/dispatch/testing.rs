@@ -87,6 +87,8 @@ fn blank() -> UpdateRequest {
         machine,
         bootstrap: None,
         infra: None,
+        os_image: None,
+        reboot_when_required: false,
         actions: BTreeSet::new(),
         window: None,
         paused_setting: None,

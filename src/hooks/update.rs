@@ -76,12 +76,15 @@ pub fn update_request(
         infra: infra.as_ref(),
     };
     let actions = policy.actions_for(Scope::Object, &heads, &settings);
+    let os_image = policy.os_image_field(&heads, &settings).cloned();
     Ok(UpdateRequest {
         desired: view,
         machine,
         machine_text: desired.machine,
         bootstrap: desired.bootstrap_config,
         infra: desired.infrastructure_machine,
+        os_image,
+        reboot_when_required: settings.reboot_when_required,
         actions,
         window,
         drain_rules: policy.drain_for(&settings),

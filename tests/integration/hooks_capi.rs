@@ -270,3 +270,69 @@ async fn secret_values_never_appear_in_answers() {
         .unwrap();
     assert!(!message.contains(key), "{message}");
 }
+
+/// The unknown-infrastructure fixture as a Metal3 machine whose only change is its OS image (`spec.image`).
+fn metal3_image_change(settings: &[(&str, &str)]) -> Value {
+    let mut asked = request("can-update-machine-unknown-infra.json", settings);
+    for side in ["current", "desired"] {
+        let infra = &mut asked[side]["infrastructureMachine"];
+        infra["apiVersion"] = json!("infrastructure.cluster.x-k8s.io/v1beta2");
+        infra["kind"] = json!("Metal3Machine");
+        let machine = &mut asked[side]["machine"]["spec"]["infrastructureRef"];
+        machine["kind"] = json!("Metal3Machine");
+        machine["apiGroup"] = json!("infrastructure.cluster.x-k8s.io");
+    }
+    let firmware = asked["current"]["infrastructureMachine"]["spec"]["firmware"].clone();
+    let desired = &mut asked["desired"]["infrastructureMachine"]["spec"];
+    desired["firmware"] = firmware;
+    desired["image"] = json!({
+        "url": "https://images.acme.example/ubuntu-2404-kube-v1.33.4-2026-12.raw",
+        "checksum": "sha256:9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b",
+        "checksumType": "sha256",
+        "diskFormat": "raw"
+    });
+    asked
+}
+
+#[tokio::test]
+async fn an_os_image_change_goes_in_place_only_where_the_registration_turns_os_image_on() {
+    // Off by default: a rollout, and the answer says which setting would turn it on.
+    let asked = metal3_image_change(&[]);
+    let (answer, _) = ask(Hook::CanUpdateMachine, &asked).await;
+    let reasons = rollout_reasons(capi_decides_on(&asked).await);
+    assert!(
+        !reasons.is_empty()
+            && reasons
+                .iter()
+                .all(|r| r.starts_with("Metal3Machine spec.image.")),
+        "only the image remains: {reasons:?}"
+    );
+    assert!(
+        answer["message"]
+            .as_str()
+            .unwrap()
+            .contains("enableActions: os-image"),
+        "{answer}"
+    );
+    for settings in BOTH {
+        let mut on = settings.to_vec();
+        on.push(("enableActions", "os-image"));
+        let asked = metal3_image_change(&on);
+        let (answer, _) = ask(Hook::CanUpdateMachine, &asked).await;
+        assert_eq!(
+            capi_decides_on(&asked).await,
+            CapiDecision::InPlace,
+            "{answer}"
+        );
+        let message = answer["message"].as_str().unwrap();
+        assert!(
+            message.contains("os-image")
+                && message.contains("drains the node (OS image change: the node reboots)"),
+            "{message}"
+        );
+        assert!(
+            capi_reads_affects_availability(&asked).await,
+            "a reboot disturbs workloads"
+        );
+    }
+}

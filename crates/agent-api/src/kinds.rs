@@ -130,6 +130,11 @@ step_kinds! {
 }
 
 impl StepKind {
+    /// Whether a step of this kind reboots the node (its agent goes silent while the machine restarts).
+    pub const fn reboots(self) -> bool {
+        matches!(self, StepKind::Reboot | StepKind::OsImage)
+    }
+
     /// How many slots a table with one entry per kind, [`StepKind::Unsupported`] included, needs.
     pub const SLOTS: usize = KNOWN + 1;
 

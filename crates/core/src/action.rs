@@ -21,18 +21,27 @@ pub enum Action {
     EtcdImage,
     /// Change kubelet flags (`nodeRegistration.kubeletExtraArgs`) and restart kubelet.
     KubeletArgs,
+    /// Switch the node to the infrastructure machine's OS image (the field an `os-image` policy rule names
+    /// with `image:`) with the agent's image sequence, reboot into it, verify it. Off unless a registration
+    /// turns it on (`enableActions`): it needs nodes whose agent config says how to apply an image.
+    OsImage,
 }
 
 impl Action {
     /// Every action, in a fixed order.
-    pub const ALL: [Action; 6] = [
+    pub const ALL: [Action; 7] = [
         Action::KubernetesVersion,
         Action::Files,
         Action::SshKeys,
         Action::Ntp,
         Action::EtcdImage,
         Action::KubeletArgs,
+        Action::OsImage,
     ];
+
+    /// The actions a registration must turn on with the `enableActions` setting before the policy's rules
+    /// for them apply: their steps need node configuration no node has by default.
+    pub const OFF_BY_DEFAULT: [Action; 1] = [Action::OsImage];
 
     /// The name used in policy files, settings and messages.
     pub fn as_str(self) -> &'static str {
@@ -43,11 +52,12 @@ impl Action {
             Action::Ntp => "ntp",
             Action::EtcdImage => "etcd-image",
             Action::KubeletArgs => "kubelet-args",
+            Action::OsImage => "os-image",
         }
     }
 
     /// Whether performing it can disturb workloads on the node (restarts kubelet, etcd or the
-    /// control plane). Files, SSH keys and NTP do not; CAPI may then skip the surge machine.
+    /// control plane, or reboots). Files, SSH keys and NTP do not; CAPI may then skip the surge machine.
     pub fn disturbs_workloads(self) -> bool {
         !matches!(self, Action::Files | Action::SshKeys | Action::Ntp)
     }
@@ -62,7 +72,7 @@ impl fmt::Display for Action {
 /// A name that is not an [`Action`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown action {0:?} (known: kubernetes-version, files, ssh-keys, ntp, etcd-image, kubelet-args)"
+    "unknown action {0:?} (known: kubernetes-version, files, ssh-keys, ntp, etcd-image, kubelet-args, os-image)"
 )]
 pub struct UnknownAction(pub String);
 

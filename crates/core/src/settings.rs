@@ -19,8 +19,20 @@ pub const SETTINGS_DOC: &[(&str, &str)] = &[
     ),
     (
         "disableActions",
-        "Comma-separated action names (kubernetes-version, files, ssh-keys, ntp, etcd-image, kubelet-args) \
-         that this registration must not perform; changes needing them need a rollout. Default: none.",
+        "Comma-separated action names (kubernetes-version, files, ssh-keys, ntp, etcd-image, kubelet-args, \
+         os-image) that this registration must not perform; changes needing them need a rollout. Default: none.",
+    ),
+    (
+        ENABLE_ACTIONS_SETTING,
+        "Comma-separated actions that are off unless turned on (os-image): the policy's rules for them apply to \
+         this registration. Turn os-image on once the nodes' agent configs have an osImage section (how an image \
+         is applied there). Default: none (an OS image change needs a rollout).",
+    ),
+    (
+        REBOOT_WHEN_REQUIRED_SETTING,
+        "\"true\" or \"false\": whether a plan with package steps (a Kubernetes version change) ends with a reboot \
+         when the node says one is required (Debian's /var/run/reboot-required, dnf's needs-restarting -r); such a \
+         plan always drains (except under machine.cluster.x-k8s.io/exclude-node-draining). Default: false.",
     ),
     (
         "mode",
@@ -74,6 +86,10 @@ pub const SETTINGS_DOC: &[(&str, &str)] = &[
     ),
 ];
 
+/// Setting: actions that are off by default ([`Action::OFF_BY_DEFAULT`]) turned on.
+pub const ENABLE_ACTIONS_SETTING: &str = "enableActions";
+/// Setting: whether package steps end with a reboot when the node requires one.
+pub const REBOOT_WHEN_REQUIRED_SETTING: &str = "rebootWhenRequired";
 /// Setting: `rollback` or `hold` when a step fails.
 pub const ON_FAILURE_SETTING: &str = "onFailure";
 /// Setting: whether a patch version change drains.
@@ -109,6 +125,10 @@ pub struct Settings {
     pub in_place: bool,
     /// `disableActions`: actions this registration must not perform.
     pub disabled_actions: BTreeSet<Action>,
+    /// `enableActions`: actions off by default ([`Action::OFF_BY_DEFAULT`]) this registration turns on.
+    pub enabled_actions: BTreeSet<Action>,
+    /// `rebootWhenRequired`: package steps end with a reboot when the node requires one.
+    pub reboot_when_required: bool,
     /// `mode`.
     pub mode: Mode,
     /// `patchType`: the patch format of answers.
@@ -131,6 +151,8 @@ impl Default for Settings {
         Settings {
             in_place: true,
             disabled_actions: BTreeSet::new(),
+            enabled_actions: BTreeSet::new(),
+            reboot_when_required: false,
             mode: Mode::InPlaceOrRollout,
             patch_type: PatchType::JsonPatch,
             paused: None,
@@ -146,8 +168,9 @@ impl Default for Settings {
 pub enum SettingsError {
     /// A key this updater does not know (a typo would otherwise silently widen what goes in place).
     #[error(
-        "unknown setting {key:?} (known: inPlace, disableActions, mode, patchType, paused, maintenanceWindow, \
-         onFailure, drainPatchVersion, drainKubeletArgs, drainDeleteEmptyDirData, drainForceUnmanaged)"
+        "unknown setting {key:?} (known: inPlace, disableActions, enableActions, rebootWhenRequired, mode, patchType, \
+         paused, maintenanceWindow, onFailure, drainPatchVersion, drainKubeletArgs, drainDeleteEmptyDirData, \
+         drainForceUnmanaged)"
     )]
     UnknownKey {
         /// The key as given.
@@ -202,10 +225,29 @@ impl Settings {
                 "disableActions" => {
                     for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
                         let action = name.parse::<Action>().map_err(|_| {
-                            invalid("disableActions", value, "comma-separated kubernetes-version, files, ssh-keys, ntp, etcd-image, kubelet-args")
+                            invalid("disableActions", value, "comma-separated kubernetes-version, files, ssh-keys, ntp, etcd-image, kubelet-args, os-image")
                         })?;
                         s.disabled_actions.insert(action);
                     }
+                }
+                ENABLE_ACTIONS_SETTING => {
+                    for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                        let action = name
+                            .parse::<Action>()
+                            .ok()
+                            .filter(|a| Action::OFF_BY_DEFAULT.contains(a))
+                            .ok_or_else(|| {
+                                invalid(
+                                    ENABLE_ACTIONS_SETTING,
+                                    value,
+                                    "comma-separated actions that are off by default: os-image",
+                                )
+                            })?;
+                        s.enabled_actions.insert(action);
+                    }
+                }
+                REBOOT_WHEN_REQUIRED_SETTING => {
+                    s.reboot_when_required = boolean(REBOOT_WHEN_REQUIRED_SETTING, value)?
                 }
                 "mode" => {
                     s.mode = match v {
@@ -290,7 +332,9 @@ impl Settings {
 
     /// Whether `action` may be performed under these settings.
     pub fn allows(&self, action: Action) -> bool {
-        self.in_place && !self.disabled_actions.contains(&action)
+        self.in_place
+            && !self.disabled_actions.contains(&action)
+            && (!Action::OFF_BY_DEFAULT.contains(&action) || self.enabled_actions.contains(&action))
     }
 }
 

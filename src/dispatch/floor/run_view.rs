@@ -44,6 +44,9 @@ pub struct StepView {
     /// The step's kind, for the run's pace (its other fields are not decoded).
     #[serde(default)]
     pub action: ActionView,
+    /// The step's timeout: past it from the attempt's start, a silent rebooting node "has not returned".
+    #[serde(default, rename = "timeoutSeconds")]
+    pub timeout_seconds: u32,
 }
 
 /// The part of a step's action a [`RunView`] keeps: its kind.
@@ -69,6 +72,7 @@ impl RunView {
                         action: ActionView {
                             kind: step.action.step_kind(),
                         },
+                        timeout_seconds: step.timeout_seconds,
                     })
                     .collect(),
             },

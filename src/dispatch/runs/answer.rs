@@ -47,7 +47,7 @@ pub struct Inputs<'a> {
     /// Its current run.
     pub run: &'a RunView,
     /// When its agent was last heard from (this replica's memory or the store, whichever is later); only
-    /// needed while the run waits for it.
+    /// needed while the run waits for it or runs a step that reboots the node.
     pub last_seen: Option<u64>,
     /// The agent's last refusal, likewise.
     pub refusal: Option<&'a AgentRefusalRecord>,
@@ -214,12 +214,46 @@ fn answer_run(inputs: &Inputs<'_>) -> UpdateAnswer {
             {
                 message.push_str(&format!(" ({text})"));
             }
+            if let Some(absence) = reboot_absence(inputs, index) {
+                message.push_str(&format!("; {absence}"));
+            }
             UpdateAnswer::InProgress {
                 message,
                 retry_after_seconds: retry_after(inputs, index),
             }
         }
     }
+}
+
+/// What a running step that reboots the node says while its agent is silent: the node is rebooting, or, past
+/// the step's deadline (its timeout from the attempt's start), that it has not returned. `None` while the agent
+/// is connected or the step is not such a step.
+fn reboot_absence(inputs: &Inputs<'_>, index: usize) -> Option<String> {
+    let (run, now) = (inputs.run, inputs.now_ms);
+    let step = run.plan.steps.get(index)?;
+    let record = run.steps.get(index)?;
+    if !step.action.kind.reboots() || record.state != StepState::Running {
+        return None;
+    }
+    let connected_since = now.saturating_sub(CONNECTED_WITHIN.as_millis() as u64);
+    let seen = match inputs.last_seen {
+        Some(at) if at >= connected_since => return None,
+        Some(at) => ago(now, at),
+        None => "never".to_owned(),
+    };
+    let deadline = record
+        .started_ms
+        .map(|started| started.saturating_add(u64::from(step.timeout_seconds) * 1000));
+    Some(match deadline {
+        Some(deadline) if now > deadline => format!(
+            "the node has not returned: its agent was last seen {seen}, and the step's deadline ({} s from its \
+             start {}) passed {}; check the machine's console or BMC",
+            step.timeout_seconds,
+            ago(now, record.started_ms.unwrap_or(deadline)),
+            ago(now, deadline)
+        ),
+        _ => format!("the node is rebooting: its agent was last seen {seen}"),
+    })
 }
 
 /// `step 7/11: install kubelet v1.34.1 failed (exit 100): <agent message>; stderr: <excerpt>`.

@@ -168,10 +168,18 @@ impl Runs {
     }
 
     /// The answer for `record`'s current `run`; the agent's last contact and refusal are read only while the
-    /// run waits for it.
+    /// run waits for it or runs a step that reboots the node.
     async fn answer(&self, record: &MachineRecord, run: &RunView) -> UpdateAnswer {
         let machine = &run.plan.machine;
-        let (last_seen, refusal) = if run.outcome() == RunOutcome::Waiting {
+        let rebooting = match run.outcome() {
+            RunOutcome::InProgress { index } => run
+                .plan
+                .steps
+                .get(index)
+                .is_some_and(|step| step.action.kind.reboots()),
+            _ => false,
+        };
+        let (last_seen, refusal) = if run.outcome() == RunOutcome::Waiting || rebooting {
             // Best effort: the answer stands without them.
             let stored = self
                 .floor

@@ -18,13 +18,21 @@ pub fn plan_for(
     change: &NodeChange,
 ) -> Result<Plan, DispatchError> {
     let facts = &request.desired.facts;
-    let verdict = drain::decide(change, &request.drain_rules, &facts.drain);
+    let verdict = drain::decide(
+        change,
+        &request.drain_rules,
+        &facts.drain,
+        request.reboot_when_required,
+    );
     let plan = plan::build(&PlanInput {
         facts,
         bootstrap: request.bootstrap.as_deref().map(RawValue::get),
         actions: &request.actions,
         upgrade_mode: mode,
         drain: verdict.drain().copied(),
+        infra: request.infra.as_deref().map(RawValue::get),
+        os_image: request.os_image.as_ref(),
+        reboot_when_required: request.reboot_when_required,
     })
     .map_err(|err| DispatchError::BadRequest(err.to_string()))?;
     validate_plan(&plan)

@@ -31,8 +31,14 @@ pub struct UpdateRequest {
     pub machine_text: Box<RawValue>,
     /// The desired bootstrap config's JSON text; parsed only when the plan has to be built.
     pub bootstrap: Option<Box<RawValue>>,
-    /// The desired infrastructure machine's JSON text; parsed only to check it against a CanUpdate verdict.
+    /// The desired infrastructure machine's JSON text; parsed to check it against a CanUpdate verdict, and
+    /// for its OS image when `os_image` names the field.
     pub infra: Option<Box<RawValue>>,
+    /// The infrastructure machine's field naming its OS image, when the policy maps one and the settings allow
+    /// `os-image`.
+    pub os_image: Option<inplace_core::policy::ImageField>,
+    /// The setting `rebootWhenRequired`: package steps end with a reboot when the node requires one.
+    pub reboot_when_required: bool,
     /// Actions the policy and settings allow.
     pub actions: BTreeSet<Action>,
     /// The maintenance window in force for this Machine (its annotation, else the ExtensionConfig setting).
@@ -79,8 +85,13 @@ impl UpdateRequest {
             rules.kubelet_args,
             rules.delete_empty_dir_data,
             rules.force_unmanaged,
+            self.reboot_when_required,
         ] {
             hash.update(if on { b"1" } else { b"0" });
+        }
+        hash.update(b"\n");
+        if let Some(field) = &self.os_image {
+            hash.update(field.as_str().as_bytes());
         }
         hash.update(b"\n");
         hash.update(self.machine_text.get().as_bytes());
@@ -88,7 +99,8 @@ impl UpdateRequest {
         if let Some(bootstrap) = &self.bootstrap {
             hash.update(bootstrap.get().as_bytes());
         }
-        // Not read by the plan, but checked against the CanUpdate verdict: a repeat must be the same text too.
+        // Read by the plan for its OS image, and checked against the CanUpdate verdict: a repeat must be the
+        // same text too.
         hash.update(b"\n");
         if let Some(infra) = &self.infra {
             hash.update(infra.get().as_bytes());

@@ -5,6 +5,7 @@ mod drain;
 mod fault;
 mod hold;
 mod observe;
+mod reboot;
 mod retry;
 mod retry_after;
 mod rollback;

@@ -175,6 +175,12 @@ impl Judge<'_> {
         {
             return Judged::reject(format!("action {a} is disabled (setting disableActions)"));
         }
+        if let Some(a) = actions.iter().find(|a| !self.settings.allows(**a)) {
+            return Judged::reject(format!(
+                "action {a} is off unless the registration turns it on (setting enableActions: {a}), once its \
+                 nodes' agents are configured for it"
+            ));
+        }
         if actions.is_empty() {
             let reason = accept_reason.unwrap_or_default();
             return Judged {

@@ -7,6 +7,8 @@
 //! | minor Kubernetes version (or a version change nobody judged) | always (no knob turns it off) |
 //! | patch Kubernetes version | by default (`drain.patchVersion`, setting `drainPatchVersion`) |
 //! | kubelet flags | not by default (`drain.kubeletArgs`, setting `drainKubeletArgs`) |
+//! | OS image (`os-image`: the node reboots) | always (no knob turns it off) |
+//! | a version change under the setting `rebootWhenRequired` (the plan may reboot) | always |
 //! | files, SSH keys, NTP, etcd image | never |
 //!
 //! The Machine annotation `machine.cluster.x-k8s.io/exclude-node-draining` turns every drain off (CAPI's
@@ -216,6 +218,10 @@ pub enum Why {
     PatchVersion,
     /// A kubelet flags change, `kubeletArgs` on.
     KubeletArgs,
+    /// An OS image change: the node reboots into the new image.
+    OsImage,
+    /// Package steps with `rebootWhenRequired`: the node may reboot after them.
+    Reboot,
 }
 
 impl fmt::Display for Why {
@@ -225,6 +231,8 @@ impl fmt::Display for Why {
             Why::UnknownVersion => "Kubernetes version change",
             Why::PatchVersion => "patch Kubernetes version change",
             Why::KubeletArgs => "kubelet flags change",
+            Why::OsImage => "OS image change: the node reboots",
+            Why::Reboot => "the node may reboot after its package steps",
         })
     }
 }
@@ -277,9 +285,21 @@ impl DrainVerdict {
     }
 }
 
-/// Whether the plan for `change` drains, under `rules` (policy and settings merged) and the Machine's knobs.
-pub fn decide(change: &NodeChange, rules: &DrainRules, machine: &MachineDrain) -> DrainVerdict {
+/// Whether the plan for `change` drains, under `rules` (policy and settings merged), the Machine's knobs and
+/// whether package steps end with a reboot when the node requires one (`reboot_when_required`, the setting).
+/// A reboot is never done undrained (except under the exclude annotation, CAPI's knob).
+pub fn decide(
+    change: &NodeChange,
+    rules: &DrainRules,
+    machine: &MachineDrain,
+    reboot_when_required: bool,
+) -> DrainVerdict {
     let version_changes = change.version != VersionChange::None;
+    let by_image = change
+        .actions
+        .contains(&Action::OsImage)
+        .then_some(Why::OsImage);
+    let by_reboot = (reboot_when_required && version_changes).then_some(Why::Reboot);
     let by_version = match change.version {
         VersionChange::None => None,
         VersionChange::Minor => Some(Why::MinorVersion),
@@ -288,7 +308,7 @@ pub fn decide(change: &NodeChange, rules: &DrainRules, machine: &MachineDrain) -
     };
     let by_flags = (rules.kubelet_args && change.actions.contains(&Action::KubeletArgs))
         .then_some(Why::KubeletArgs);
-    let Some(why) = by_version.or(by_flags) else {
+    let Some(why) = by_image.or(by_version).or(by_reboot).or(by_flags) else {
         return DrainVerdict::NotNeeded;
     };
     if machine.excluded {

@@ -33,7 +33,7 @@ fn when_a_plan_drains_by_change_and_rules() {
         ..defaults
     };
     // (change, actions, rules, expected reason or None)
-    let table: [(VersionChange, &[Action], DrainRules, Option<Why>); 14] = [
+    let table: [(VersionChange, &[Action], DrainRules, Option<Why>); 16] = [
         (
             Minor,
             &[KubernetesVersion],
@@ -82,9 +82,25 @@ fn when_a_plan_drains_by_change_and_rules() {
             Option::None,
         ),
         (None, &[], defaults, Option::None),
+        (None, &[OsImage], defaults, Some(Why::OsImage)),
+        (
+            Patch,
+            &[OsImage, KubernetesVersion],
+            no_patch,
+            Some(Why::OsImage),
+        ),
     ];
     for (version, actions, rules, expected) in table {
-        let got = decide(&change(version, actions), &rules, &OPEN);
+        let got = decide(&change(version, actions), &rules, &OPEN, false);
+        // A plan that may reboot after its package steps always drains; without a version change it has none.
+        let rebooting = decide(&change(version, actions), &rules, &OPEN, true);
+        if expected.is_none() {
+            assert_eq!(
+                rebooting.drain().map(|d| d.why),
+                (version != None).then_some(Why::Reboot),
+                "rebootWhenRequired {version:?} {actions:?}"
+            );
+        }
         match expected {
             Some(why) => {
                 let drain = got.drain().copied();
@@ -113,8 +129,19 @@ fn the_exclude_annotation_turns_every_drain_off_and_says_why() {
         &change(VersionChange::Minor, &[Action::KubernetesVersion]),
         &DrainRules::default(),
         &excluded,
+        true,
     );
     assert_eq!(verdict, DrainVerdict::Excluded(Why::MinorVersion));
+    // CAPI's knob skips the drain of an OS image change too (the node still reboots).
+    assert_eq!(
+        decide(
+            &change(VersionChange::None, &[Action::OsImage]),
+            &DrainRules::default(),
+            &excluded,
+            false
+        ),
+        DrainVerdict::Excluded(Why::OsImage)
+    );
     let summary = verdict.summary().unwrap();
     assert!(
         summary.contains(EXCLUDE_NODE_DRAINING_ANNOTATION),
@@ -124,7 +151,8 @@ fn the_exclude_annotation_turns_every_drain_off_and_says_why() {
         decide(
             &change(VersionChange::None, &[Action::Files]),
             &DrainRules::default(),
-            &excluded
+            &excluded,
+            true
         ),
         DrainVerdict::NotNeeded
     );
@@ -137,7 +165,7 @@ fn drain_flags_come_from_the_rules() {
         force_unmanaged: true,
         ..DrainRules::default()
     };
-    let drain = *decide(&change(VersionChange::Patch, &[]), &rules, &OPEN)
+    let drain = *decide(&change(VersionChange::Patch, &[]), &rules, &OPEN, false)
         .drain()
         .unwrap();
     assert!(drain.delete_empty_dir_data && drain.force_unmanaged);

@@ -44,13 +44,21 @@ fn plan(
     actions: &BTreeSet<Action>,
 ) -> Plan {
     let facts = MachineFacts::of(machine).unwrap();
-    let verdict = drain::decide(change, rules, &MachineDrain::of(Scope::Object, machine));
+    let verdict = drain::decide(
+        change,
+        rules,
+        &MachineDrain::of(Scope::Object, machine),
+        false,
+    );
     let plan = build(&PlanInput {
         facts: &facts,
         bootstrap: Some(&config().to_string()),
         actions,
         upgrade_mode: KubeadmUpgradeMode::Node,
         drain: verdict.drain().copied(),
+        infra: None,
+        os_image: None,
+        reboot_when_required: false,
     })
     .unwrap();
     validate_plan(&plan).unwrap();
@@ -176,6 +184,9 @@ fn no_drain_leaves_the_plan_as_it_was() {
         actions: &all(),
         upgrade_mode: KubeadmUpgradeMode::Node,
         drain: None,
+        infra: None,
+        os_image: None,
+        reboot_when_required: false,
     })
     .unwrap();
     assert_eq!(without, before);
@@ -251,7 +262,8 @@ fn the_drain_flags_and_default_timeout_reach_the_step() {
         drain::decide(
             &change(VersionChange::Patch, &[]),
             &rules,
-            &MachineDrain::of(Scope::Object, &m)
+            &MachineDrain::of(Scope::Object, &m),
+            false
         )
         .drain()
         .map(|d| d.why),

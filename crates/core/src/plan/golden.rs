@@ -70,6 +70,9 @@ fn ids_and_kinds_drained(
         actions: &actions,
         upgrade_mode: mode,
         drain,
+        infra: None,
+        os_image: None,
+        reboot_when_required: false,
     })
     .unwrap();
     let kinds = plan.steps.iter().map(|s| s.action.kind()).collect();

@@ -18,14 +18,15 @@ pub mod view;
 use std::collections::BTreeSet;
 
 use inplace_agent_api::{
-    FileEncoding, FileSpec, KubeadmUpgradeMode, KubeletArg, Plan, SecretString, SshUser, Step,
-    StepAction, Undo,
+    FileEncoding, FileSpec, KubeadmUpgradeMode, KubeletArg, Plan, RebootWhen, SecretString,
+    SshUser, Step, StepAction, Undo,
 };
 use sha2::{Digest as _, Sha256};
 
 use crate::Action;
 use crate::drain::{Drain, UNCORDON_TIMEOUT_SECONDS, WAIT_NODE_READY_TIMEOUT_SECONDS};
 use crate::objects::CLUSTER_NAME_LABEL;
+use crate::policy::ImageField;
 pub use facts::MachineFacts;
 use view::KubeadmConfigSpec;
 pub use view::KubeadmConfigView;
@@ -49,6 +50,11 @@ pub const INSTALL_KUBELET_TIMEOUT_SECONDS: u32 = 600;
 pub const ETCD_IMAGE_TIMEOUT_SECONDS: u32 = 120;
 /// Timeout of a kubelet flags change (kubelet restart included).
 pub const KUBELET_ARGS_TIMEOUT_SECONDS: u32 = 120;
+/// Timeout of an OS image step: the image sequence (an image download included), the reboot (a bare-metal
+/// server's firmware alone can take 10 minutes) and the verification. The longest a step may ask for.
+pub const OS_IMAGE_TIMEOUT_SECONDS: u32 = inplace_agent_api::MAX_STEP_TIMEOUT_SECONDS;
+/// Timeout of a reboot step: the reboot-required check, the reboot and the node's return.
+pub const REBOOT_TIMEOUT_SECONDS: u32 = 1800;
 
 /// Why no plan could be built from the desired objects.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -90,6 +96,13 @@ pub struct PlanInput<'a> {
     pub upgrade_mode: KubeadmUpgradeMode,
     /// The drain [`crate::drain::decide`] found, if any: the plan then drains, waits and uncordons.
     pub drain: Option<Drain>,
+    /// The desired infrastructure machine's JSON text, when there is one: read only for its OS image.
+    pub infra: Option<&'a str>,
+    /// The field of the infrastructure machine naming its OS image, when the policy maps one and the
+    /// settings allow `os-image` ([`crate::Policy::os_image_field`]).
+    pub os_image: Option<&'a ImageField>,
+    /// The setting `rebootWhenRequired`: package steps end with a reboot when the node requires one.
+    pub reboot_when_required: bool,
 }
 
 /// Whether a step restarts kubelet or a control-plane static pod: the steps a drain goes before.
@@ -99,6 +112,8 @@ fn disturbs_kubelet(action: &StepAction) -> bool {
         StepAction::InstallKubelet { .. }
             | StepAction::EtcdImage { .. }
             | StepAction::KubeletArgs { .. }
+            | StepAction::OsImage { .. }
+            | StepAction::Reboot { .. }
     )
 }
 
@@ -145,6 +160,14 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
             StepAction::Ntp { servers, enabled },
         ));
     }
+    // The OS first: a Kubernetes upgrade then lands on the new image (an image may carry its own packages).
+    if let Some(image) = os_image(input)? {
+        actions.push((
+            format!("OS image {image}, reboot into it, verify it"),
+            OS_IMAGE_TIMEOUT_SECONDS,
+            StepAction::OsImage { image },
+        ));
+    }
     if let (true, Some(version)) = (enabled(Action::KubernetesVersion), &input.facts.version) {
         let mode = if input.facts.control_plane {
             input.upgrade_mode
@@ -177,6 +200,16 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
                 version: version.clone(),
             },
         ));
+        if input.reboot_when_required {
+            actions.push((
+                "reboot if the node requires it after its package updates (reboot-required, needs-restarting)"
+                    .to_owned(),
+                REBOOT_TIMEOUT_SECONDS,
+                StepAction::Reboot {
+                    when: RebootWhen::IfRequired,
+                },
+            ));
+        }
     }
     if let (true, true, Some(spec)) = (enabled(Action::EtcdImage), input.facts.control_plane, spec)
     {
@@ -299,6 +332,25 @@ fn add_node_steps(
     ));
 }
 
+/// The image the infrastructure machine names at the policy's field, when `os-image` is allowed and the field
+/// is set.
+fn os_image(input: &PlanInput<'_>) -> Result<Option<String>, PlanError> {
+    let (true, Some(field), Some(text)) = (
+        input.actions.contains(&Action::OsImage),
+        input.os_image,
+        input.infra,
+    ) else {
+        return Ok(None);
+    };
+    let problem = |problem: String| PlanError::Field {
+        path: format!("infrastructureMachine.{}", field.as_str()),
+        problem,
+    };
+    let object: serde_json::Value = crate::decode::decode_json(text.as_bytes())
+        .map_err(|e| problem(format!("the object is not JSON: {e}")))?;
+    field.read(&object).map_err(problem)
+}
+
 fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
@@ -375,5 +427,7 @@ fn kubelet_args(spec: &KubeadmConfigSpec) -> Option<Vec<KubeletArg>> {
 mod drain_tests;
 #[cfg(test)]
 mod golden;
+#[cfg(test)]
+mod reboot_tests;
 #[cfg(test)]
 mod tests;

@@ -53,6 +53,9 @@ fn plan_for(
         actions,
         upgrade_mode: mode,
         drain: None,
+        infra: None,
+        os_image: None,
+        reboot_when_required: false,
     })
     .unwrap()
 }
@@ -209,6 +212,9 @@ fn malformed_fields_are_named() {
         actions: &all_actions(),
         upgrade_mode: KubeadmUpgradeMode::Node,
         drain: None,
+        infra: None,
+        os_image: None,
+        reboot_when_required: false,
     })
     .unwrap_err();
     assert!(
@@ -233,6 +239,9 @@ fn try_build(bootstrap: &str, actions: &BTreeSet<Action>) -> Result<Plan, PlanEr
         actions,
         upgrade_mode: KubeadmUpgradeMode::Node,
         drain: None,
+        infra: None,
+        os_image: None,
+        reboot_when_required: false,
     })
 }
 

@@ -46,6 +46,58 @@ pub struct Rule {
     pub check: Option<Check>,
     /// A restriction to control-plane or worker machines.
     pub when: Option<When>,
+    /// For an `os-image` rule: the field whose value is the image the node runs (`spec.image.url`).
+    pub image: Option<ImageField>,
+}
+
+/// The field an `os-image` rule reads the image from (its `image:`): a dotted path of plain field names from
+/// the object's `spec`, e.g. `spec.image.url`. A string there is the image; a number (Proxmox's `templateID`)
+/// its decimal text; an object (Nutanix's `spec.image`) its compact JSON with sorted keys.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ImageField(String);
+
+impl ImageField {
+    /// Parses `spec.a.b`: starts at `spec`, at least one field below it, each of `[A-Za-z0-9_-]`.
+    pub fn parse(text: &str) -> Result<ImageField, String> {
+        let mut segments = text.split('.');
+        let plain = |s: &str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        };
+        if segments.next() != Some("spec") {
+            return Err(format!("image {text:?} does not start at `spec.`"));
+        }
+        let below: Vec<&str> = segments.collect();
+        if below.is_empty() || !below.iter().all(|s| plain(s)) {
+            return Err(format!(
+                "image {text:?} is not a dotted path of plain field names (no lists, no wildcards)"
+            ));
+        }
+        Ok(ImageField(text.to_owned()))
+    }
+
+    /// The path as written (`spec.image.url`).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The image in `object` at this field: `Ok(None)` when absent or null, `Err` naming the field when it
+    /// is neither text nor an object.
+    pub fn read(&self, object: &Value) -> Result<Option<String>, String> {
+        let pointer: String = self.0.split('.').map(|s| format!("/{s}")).collect();
+        match object.pointer(&pointer) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(text)) if text.trim().is_empty() => Ok(None),
+            Some(Value::String(text)) => Ok(Some(text.clone())),
+            // serde_json's map is ordered by key here (no `preserve_order`): the text is canonical.
+            Some(value @ (Value::Object(_) | Value::Number(_))) => Ok(Some(value.to_string())),
+            Some(other) => Err(format!(
+                "{} is {other}, not an image name, number or object",
+                self.0
+            )),
+        }
+    }
 }
 
 /// `{kind, apiGroup}` of a rule.
@@ -178,6 +230,7 @@ struct RuleFile {
     reject: Option<String>,
     check: Option<Check>,
     when: Option<When>,
+    image: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -246,6 +299,21 @@ impl Policy {
             if r.check.is_some() && !matches!(verdict, Verdict::Action(_)) {
                 return Err(fail("`check` only applies to `action` rules".into()));
             }
+            let image = match (&verdict, r.image) {
+                (Verdict::Action(Action::OsImage), Some(text)) => {
+                    Some(ImageField::parse(&text).map_err(fail)?)
+                }
+                (Verdict::Action(Action::OsImage), None) => {
+                    return Err(fail(
+                        "an os-image rule needs `image:`, the field whose value is the image (e.g. spec.image.url)"
+                            .into(),
+                    ));
+                }
+                (_, Some(_)) => {
+                    return Err(fail("`image` only applies to os-image rules".into()));
+                }
+                (_, None) => None,
+            };
             let objects = r
                 .objects
                 .into_iter()
@@ -261,6 +329,7 @@ impl Policy {
                 verdict,
                 check: r.check,
                 when: r.when,
+                image,
             });
         }
         let drain = match file.drain {
@@ -356,6 +425,24 @@ impl Policy {
             }
         }
         out
+    }
+}
+
+impl Policy {
+    /// The field of the desired infrastructure machine that names its OS image: the `image:` of the first
+    /// `os-image` rule that applies to it, when these settings allow the action (`None` otherwise: an
+    /// UpdateMachine plan then has no OS image step).
+    pub fn os_image_field(&self, desired: &Objects, settings: &Settings) -> Option<&ImageField> {
+        if !settings.allows(Action::OsImage) {
+            return None;
+        }
+        let control_plane = objects::is_control_plane(Scope::Object, desired, desired);
+        let infra = desired.get(ObjectRole::Infra)?;
+        let subject = Subject::of(Scope::Object, infra, control_plane);
+        self.rules
+            .iter()
+            .filter(|r| r.verdict == Verdict::Action(Action::OsImage) && r.applies_to(&subject))
+            .find_map(|r| r.image.as_ref())
     }
 }
 

@@ -184,7 +184,11 @@ fn actions_for_desired_objects() {
         bootstrap: Some(&kc),
         infra: None,
     };
-    let all: BTreeSet<Action> = Action::ALL.into_iter().collect();
+    // os-image is off by default, and no Metal3Machine is among these objects anyway.
+    let all: BTreeSet<Action> = Action::ALL
+        .into_iter()
+        .filter(|a| *a != Action::OsImage)
+        .collect();
     assert_eq!(
         p.actions_for(Scope::Object, &desired, &Settings::default()),
         all
@@ -303,4 +307,111 @@ fn the_drain_section_sets_defaults_and_refuses_turning_off_minor_drains() {
     let err = Policy::from_yaml(&format!("{rules}drain: {{patchversion: false}}\n")).unwrap_err();
     assert!(err.to_string().contains("patchversion"), "{err}");
     assert!(Policy::from_yaml(&format!("{rules}drain: {{kubeletArgs: maybe}}\n")).is_err());
+}
+
+fn metal3(url: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "Metal3Machine",
+        "spec": {"image": {"url": url, "checksum": "sha256:00", "checksumType": "sha256", "diskFormat": "raw"}}
+    })
+}
+
+fn os_image_on() -> Settings {
+    let map = [("enableActions".to_owned(), "os-image".to_owned())].into();
+    Settings::from_map(&map).unwrap()
+}
+
+#[test]
+fn os_image_rules_name_the_field_only_when_the_registration_turns_the_action_on() {
+    let p = Policy::builtin();
+    let machine = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine"});
+    let infra = metal3("https://images.example/ubuntu-24.04.raw");
+    let desired = Objects {
+        machine: Some(&machine),
+        bootstrap: None,
+        infra: Some(&infra),
+    };
+    assert_eq!(p.os_image_field(&desired, &Settings::default()), None);
+    assert!(
+        !p.actions_for(Scope::Object, &desired, &Settings::default())
+            .contains(&Action::OsImage)
+    );
+    let field = p.os_image_field(&desired, &os_image_on()).unwrap();
+    assert_eq!(field.as_str(), "spec.image.url");
+    assert_eq!(
+        field.read(&infra).unwrap().as_deref(),
+        Some("https://images.example/ubuntu-24.04.raw")
+    );
+    assert!(
+        p.actions_for(Scope::Object, &desired, &os_image_on())
+            .contains(&Action::OsImage)
+    );
+    // A kind no rule maps (vSphere's webhook forbids changing spec.template): no field, a rollout.
+    let vsphere =
+        json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "VSphereMachine"});
+    let other = Objects {
+        infra: Some(&vsphere),
+        ..desired
+    };
+    assert_eq!(p.os_image_field(&other, &os_image_on()), None);
+    // A template of a mapped kind is judged by the same rule (CanUpdateMachineSet).
+    let template = subject(
+        "Metal3MachineTemplate",
+        "infrastructure.cluster.x-k8s.io",
+        Scope::Template,
+        false,
+    );
+    assert_eq!(
+        p.judge(&template, &path(&["image", "url"]), None, None),
+        PathVerdict::Action(Action::OsImage)
+    );
+}
+
+#[test]
+fn image_fields_read_strings_numbers_and_objects_and_refuse_the_rest() {
+    let field = |t: &str| ImageField::parse(t).unwrap();
+    let object = json!({"spec": {"templateID": 104, "image": {"type": "name", "name": "rocky-9"}, "bad": [1], "empty": ""}});
+    assert_eq!(
+        field("spec.templateID").read(&object).unwrap().as_deref(),
+        Some("104")
+    );
+    assert_eq!(
+        field("spec.image").read(&object).unwrap().as_deref(),
+        Some(r#"{"name":"rocky-9","type":"name"}"#)
+    );
+    assert_eq!(field("spec.missing").read(&object).unwrap(), None);
+    assert_eq!(field("spec.empty").read(&object).unwrap(), None);
+    let err = field("spec.bad").read(&object).unwrap_err();
+    assert!(err.contains("spec.bad is [1]"), "{err}");
+    for bad in ["image.url", "spec", "spec.", "spec.files[0]", "spec.*.url"] {
+        assert!(ImageField::parse(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn os_image_rules_need_an_image_field_and_only_they_take_one() {
+    let rule = |extra: &str| {
+        format!(
+            "rules:\n  - name: r\n    objects: [{{kind: FooMachine}}]\n    paths: [spec.image]\n{extra}"
+        )
+    };
+    let err = Policy::from_yaml(&rule("    action: os-image\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("policy rule r: an os-image rule needs `image:`"),
+        "{err}"
+    );
+    let err = Policy::from_yaml(&rule("    action: files\n    image: spec.image\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`image` only applies to os-image rules"),
+        "{err}"
+    );
+    let err = Policy::from_yaml(&rule("    action: os-image\n    image: spec.images[0]\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not a dotted path"), "{err}");
+    assert!(Policy::from_yaml(&rule("    action: os-image\n    image: spec.image.ref\n")).is_ok());
 }
