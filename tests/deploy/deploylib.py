@@ -347,8 +347,10 @@ AGENT_ENV = {"INPLACE_UPDATER_LOG_FORMAT"} | {
 SETTINGS = {
     "inPlace": re.compile(r"(?i)true|false"),
     "disableActions": re.compile(
-        r"\s*((kubernetes-version|files|ssh-keys|ntp|etcd-image|kubelet-args)\s*(,\s*|$))*"
+        r"\s*((kubernetes-version|files|ssh-keys|ntp|etcd-image|kubelet-args|os-image)\s*(,\s*|$))*"
     ),
+    "enableActions": re.compile(r"\s*((os-image)\s*(,\s*|$))*"),
+    "rebootWhenRequired": re.compile(r"(?i)\s*(true|false)\s*"),
     "mode": re.compile(r"in-place-or-rollout|in-place-only"),
     "patchType": re.compile(r"(?i)JSONPatch|JSONMergePatch"),
     "paused": re.compile(r".{0,256}"),
