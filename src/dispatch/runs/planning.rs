@@ -2,6 +2,7 @@
 //! change calls for, then checked as the agent will check it. Pure: no store, no clock.
 
 use inplace_agent_api::{KubeadmUpgradeMode, Plan, validate_plan};
+use inplace_core::Action;
 use inplace_core::drain::{self, NodeChange};
 use inplace_core::plan::{self, PlanInput};
 use serde_json::value::RawValue;
@@ -41,9 +42,14 @@ pub fn plan_for(
 }
 
 /// What the request's plan drains for: the change a judgement of this desired state found (the licence's, or
-/// the Machine record's for a repeat of its state), else [`NodeChange::unknown`].
+/// the Machine record's for a repeat of its state), else [`NodeChange::unknown`] — with an OS image change when
+/// the request's plan may switch the image (unjudged, it may differ: the plan then drains before the reboot).
 pub fn node_change_of(request: &UpdateRequest, known: Option<&NodeChange>) -> NodeChange {
-    known
-        .cloned()
-        .unwrap_or_else(|| NodeChange::unknown(request.desired.facts.version.is_some()))
+    known.cloned().unwrap_or_else(|| {
+        let unknown = NodeChange::unknown(request.desired.facts.version.is_some());
+        match request.os_image {
+            Some(_) if request.actions.contains(&Action::OsImage) => unknown.with(Action::OsImage),
+            _ => unknown,
+        }
+    })
 }

@@ -139,8 +139,9 @@ pub struct NodeChange {
 
 impl NodeChange {
     /// What is assumed when no judgement says what changed (a state an operator accepted, a run recorded
-    /// before verdicts kept it): every action, and a version change of unknown size when the Machine has a
-    /// version — so such a plan drains whenever it upgrades Kubernetes.
+    /// before verdicts kept it): every action on by default, and a version change of unknown size when the
+    /// Machine has a version — so such a plan drains whenever it upgrades Kubernetes. An action off by default
+    /// (`os-image`) is assumed only where the request turns it on ([`NodeChange::with`]).
     pub fn unknown(has_version: bool) -> NodeChange {
         NodeChange {
             version: if has_version {
@@ -148,8 +149,17 @@ impl NodeChange {
             } else {
                 VersionChange::None
             },
-            actions: Action::ALL.into_iter().collect(),
+            actions: Action::ALL
+                .into_iter()
+                .filter(|a| !Action::OFF_BY_DEFAULT.contains(a))
+                .collect(),
         }
+    }
+
+    /// This change, also doing `action`.
+    pub fn with(mut self, action: Action) -> NodeChange {
+        self.actions.insert(action);
+        self
     }
 }
 
@@ -308,7 +318,7 @@ pub fn decide(
     };
     let by_flags = (rules.kubelet_args && change.actions.contains(&Action::KubeletArgs))
         .then_some(Why::KubeletArgs);
-    let Some(why) = by_image.or(by_version).or(by_reboot).or(by_flags) else {
+    let Some(why) = by_version.or(by_image).or(by_reboot).or(by_flags) else {
         return DrainVerdict::NotNeeded;
     };
     if machine.excluded {
