@@ -186,7 +186,7 @@ mod tests {
         undo: false,
     };
     const TIMEOUT: u64 = 600_000;
-    const T0: u64 = 1_000_000;
+    const T0: u64 = 1_800_000_000_000;
 
     fn intent(boot: &str, issued: Option<u64>) -> RebootIntent {
         RebootIntent {
