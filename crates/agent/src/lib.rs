@@ -72,8 +72,8 @@ pub use node_config::{
     MAX_NODE_INTERVAL_MILLIS, MIN_NODE_INTERVAL_MILLIS, NodeConfig,
 };
 pub use reboot_config::{
-    DEFAULT_BOOT_ID_FILE, DEFAULT_REBOOT_COMMAND, DEFAULT_REBOOT_REQUIRED_FILE, OsImageConfig, RebootConfig,
-    RebootRequired, RequiredCheck,
+    DEFAULT_BOOT_ID_FILE, DEFAULT_REBOOT_COMMAND, DEFAULT_REBOOT_REQUIRED_FILE, OsImageConfig,
+    RebootConfig, RebootRequired, RequiredCheck,
 };
 pub use retry::{MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY_SECONDS, RetryPolicy};
 pub use rollback_verify::{

@@ -102,9 +102,8 @@ impl RebootConfig {
             RequiredCheck::File(file) => {
                 check_node_path(&file).map_err(|e| format!("reboot.required.file: {e}"))
             }
-            RequiredCheck::Command(argv) => {
-                check_argv_in(&argv, Scope::Root).map_err(|e| format!("reboot.required.command: {e}"))
-            }
+            RequiredCheck::Command(argv) => check_argv_in(&argv, Scope::Root)
+                .map_err(|e| format!("reboot.required.command: {e}")),
         }
     }
 }
@@ -129,7 +128,8 @@ pub struct OsImageConfig {
 impl OsImageConfig {
     /// Checks the values (names the key).
     pub fn validate(&self) -> Result<(), String> {
-        check_argv_in(&self.current, Scope::OsImage).map_err(|e| format!("osImage.current: {e}"))?;
+        check_argv_in(&self.current, Scope::OsImage)
+            .map_err(|e| format!("osImage.current: {e}"))?;
         if let Some(pointer) = &self.current_json_pointer
             && !pointer.starts_with('/')
         {

@@ -72,7 +72,9 @@ pub(crate) struct RebootOwner<'a> {
 impl RebootIntent {
     /// Whether this intent is `owner`'s (otherwise it is stale).
     pub(crate) fn is_for(&self, owner: RebootOwner<'_>) -> bool {
-        self.plan_id == owner.plan_id && self.step_index == owner.step_index && self.undo == owner.undo
+        self.plan_id == owner.plan_id
+            && self.step_index == owner.step_index
+            && self.undo == owner.undo
     }
 }
 
@@ -239,20 +241,78 @@ mod tests {
             until_unix_ms: T0 + TIMEOUT,
         };
         let cases: Vec<(&str, Situation<'_>, Next)> = vec![
-            ("fresh, always", situation(None, "boot-a", Always, None, T0), Next::Reboot),
-            ("fresh, ifRequired: ask", situation(None, "boot-a", IfRequired, None, T0), Next::AskRequired),
-            ("fresh, required", situation(None, "boot-a", IfRequired, Some(true), T0), Next::Reboot),
-            ("fresh, not required", situation(None, "boot-a", IfRequired, Some(false), T0), Next::NotRequired),
-            ("intent, same boot: run the command", situation(Some(&not_issued), "boot-a", Always, None, T0 + 10), Next::Reboot),
-            ("intent, new boot: it happened", situation(Some(&not_issued), "boot-b", Always, None, T0 + 10), rebooted.clone()),
-            ("issued, new boot", situation(Some(&issued), "boot-b", Always, None, T0 + 10), rebooted.clone()),
-            ("issued, new boot, ifRequired: never asks", situation(Some(&issued), "boot-b", IfRequired, None, T0 + 10), rebooted.clone()),
-            ("issued, same boot: wait", situation(Some(&issued), "boot-a", Always, None, T0 + 100), waiting.clone()),
-            ("issued, same boot, ifRequired no longer required: still wait", situation(Some(&issued), "boot-a", IfRequired, Some(false), T0 + 100), waiting),
-            ("issued, same boot, past the bound", situation(Some(&issued), "boot-a", Always, None, T0 + TIMEOUT), Next::NeverWentDown { issued_at_unix_ms: T0 + 50 }),
-            ("stale: another step", situation(Some(&other_step), "boot-b", Always, None, T0), Next::Reboot),
-            ("stale: another plan", situation(Some(&other_plan), "boot-b", IfRequired, None, T0), Next::AskRequired),
-            ("stale: the step's undo", situation(Some(&undo), "boot-b", IfRequired, Some(false), T0), Next::NotRequired),
+            (
+                "fresh, always",
+                situation(None, "boot-a", Always, None, T0),
+                Next::Reboot,
+            ),
+            (
+                "fresh, ifRequired: ask",
+                situation(None, "boot-a", IfRequired, None, T0),
+                Next::AskRequired,
+            ),
+            (
+                "fresh, required",
+                situation(None, "boot-a", IfRequired, Some(true), T0),
+                Next::Reboot,
+            ),
+            (
+                "fresh, not required",
+                situation(None, "boot-a", IfRequired, Some(false), T0),
+                Next::NotRequired,
+            ),
+            (
+                "intent, same boot: run the command",
+                situation(Some(&not_issued), "boot-a", Always, None, T0 + 10),
+                Next::Reboot,
+            ),
+            (
+                "intent, new boot: it happened",
+                situation(Some(&not_issued), "boot-b", Always, None, T0 + 10),
+                rebooted.clone(),
+            ),
+            (
+                "issued, new boot",
+                situation(Some(&issued), "boot-b", Always, None, T0 + 10),
+                rebooted.clone(),
+            ),
+            (
+                "issued, new boot, ifRequired: never asks",
+                situation(Some(&issued), "boot-b", IfRequired, None, T0 + 10),
+                rebooted.clone(),
+            ),
+            (
+                "issued, same boot: wait",
+                situation(Some(&issued), "boot-a", Always, None, T0 + 100),
+                waiting.clone(),
+            ),
+            (
+                "issued, same boot, ifRequired no longer required: still wait",
+                situation(Some(&issued), "boot-a", IfRequired, Some(false), T0 + 100),
+                waiting,
+            ),
+            (
+                "issued, same boot, past the bound",
+                situation(Some(&issued), "boot-a", Always, None, T0 + TIMEOUT),
+                Next::NeverWentDown {
+                    issued_at_unix_ms: T0 + 50,
+                },
+            ),
+            (
+                "stale: another step",
+                situation(Some(&other_step), "boot-b", Always, None, T0),
+                Next::Reboot,
+            ),
+            (
+                "stale: another plan",
+                situation(Some(&other_plan), "boot-b", IfRequired, None, T0),
+                Next::AskRequired,
+            ),
+            (
+                "stale: the step's undo",
+                situation(Some(&undo), "boot-b", IfRequired, Some(false), T0),
+                Next::NotRequired,
+            ),
         ];
         for (name, s, want) in cases {
             assert_eq!(decide(&s), want, "{name}");
@@ -263,7 +323,10 @@ mod tests {
     fn the_wait_is_counted_from_the_intent_not_from_the_agent_start() {
         let issued = intent("boot-a", Some(T0 + 50));
         // An agent restarted late in the wait gets only the rest of it.
-        assert_eq!(wait_down_until(&issued, T0 + TIMEOUT - 5, TIMEOUT), T0 + TIMEOUT);
+        assert_eq!(
+            wait_down_until(&issued, T0 + TIMEOUT - 5, TIMEOUT),
+            T0 + TIMEOUT
+        );
         // A clock set back by a day never makes the wait longer than one timeout from now.
         let back = T0 - 86_400_000;
         assert_eq!(wait_down_until(&issued, back, 1000), back + 1000);

@@ -269,12 +269,19 @@ mod tests {
 
     #[test]
     fn image_only_in_os_image_commands() {
-        assert!(check("bootc switch {{image}}").unwrap_err().contains("image"));
+        assert!(
+            check("bootc switch {{image}}")
+                .unwrap_err()
+                .contains("image")
+        );
         assert!(check_in("{{root}}/bin/bootc switch {{image}}", Scope::OsImage).is_ok());
         let err = check_in("{{version}}", Scope::OsImage).unwrap_err();
         assert!(err.contains("image, root"), "{err}");
         assert!(check_in("{{image}}", Scope::Root).is_err());
         let vars = Vars::for_image("quay.io/os:41", "/r");
-        assert_eq!(expand("{{image}}@{{root}}", &vars).unwrap(), "quay.io/os:41@/r");
+        assert_eq!(
+            expand("{{image}}@{{root}}", &vars).unwrap(),
+            "quay.io/os:41@/r"
+        );
     }
 }

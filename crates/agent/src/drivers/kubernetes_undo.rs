@@ -94,8 +94,20 @@ pub(super) fn undo(env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
         }
         let undo_key = format!("{key}.undo");
         let (commands, on_resume) = match (
-            prepare(&env, &format!("kubernetes.{undo_key}"), "commands", &undo.commands, &vars),
-            prepare(&env, &format!("kubernetes.{undo_key}"), "onResume", &undo.on_resume, &vars),
+            prepare(
+                &env,
+                &format!("kubernetes.{undo_key}"),
+                "commands",
+                &undo.commands,
+                &vars,
+            ),
+            prepare(
+                &env,
+                &format!("kubernetes.{undo_key}"),
+                "onResume",
+                &undo.on_resume,
+                &vars,
+            ),
         ) {
             (Ok(commands), Ok(on_resume)) => (commands, on_resume),
             (Err(e), _) | (_, Err(e)) => return StepResult::failed(e),

@@ -111,7 +111,10 @@ pub(super) async fn reboot_once(
     let boot_id = current_boot_id(env)?;
     let mut intent = load_intent(ctx, env).await?;
     if intent.as_ref().is_some_and(|i| !i.is_for(owner)) {
-        tracing::info!(journal = REBOOT_JOURNAL, "clearing the reboot journal of another step");
+        tracing::info!(
+            journal = REBOOT_JOURNAL,
+            "clearing the reboot journal of another step"
+        );
         save_intent(ctx, env, None).await?;
         intent = None;
     }
@@ -224,9 +227,12 @@ async fn save_intent(
 ) -> Result<(), StepResult> {
     let path = env.state_dir.join(REBOOT_JOURNAL);
     blocking_value(ctx, move || match intent {
-        Some(intent) => write_journal(&path, &RebootJournal {
-            intent: Some(intent),
-        }),
+        Some(intent) => write_journal(
+            &path,
+            &RebootJournal {
+                intent: Some(intent),
+            },
+        ),
         None => remove_file(&path).map(|_| ()).map_err(|e| e.to_string()),
     })
     .await
@@ -293,8 +299,12 @@ async fn ask_required(
                         ))
                     })
                 }
-                _ => Err(StepResult::from_command(&argv, &output, ctx.step.timeout_seconds)
-                    .unwrap_or_else(|| StepResult::failed("reboot.required.command: no result"))),
+                _ => Err(
+                    StepResult::from_command(&argv, &output, ctx.step.timeout_seconds)
+                        .unwrap_or_else(|| {
+                            StepResult::failed("reboot.required.command: no result")
+                        }),
+                ),
             }
         }
     }

@@ -61,7 +61,11 @@ fn switches(sb: &Sandbox) -> Vec<String> {
 }
 
 /// The first attempt applies and reboots; the agent is stopped while the machine goes down.
-async fn apply_and_reboot(sb: &Sandbox, env: &std::sync::Arc<crate::drivers::DriverEnv>, image: &str) {
+async fn apply_and_reboot(
+    sb: &Sandbox,
+    env: &std::sync::Arc<crate::drivers::DriverEnv>,
+    image: &str,
+) {
     let (result, _) = attempt(env, os_image(image), 30, OnWait::Stop).await;
     assert_eq!(
         result.outcome,
@@ -96,9 +100,9 @@ async fn the_node_switches_reboots_once_and_verifies_the_new_image() {
         result.message
     );
     assert!(
-        result
-            .message
-            .starts_with(&format!("now on {NEW}: always: rebooted (boot id boot-aaa… → boot-bbb…)")),
+        result.message.starts_with(&format!(
+            "now on {NEW}: always: rebooted (boot id boot-aaa… → boot-bbb…)"
+        )),
         "{}",
         result.message
     );
@@ -240,7 +244,11 @@ async fn the_undo_switches_back_to_the_recorded_previous_image() {
         "{}",
         result.message
     );
-    assert!(result.message.starts_with(&format!("now on {OLD}")), "{}", result.message);
+    assert!(
+        result.message.starts_with(&format!("now on {OLD}")),
+        "{}",
+        result.message
+    );
     assert_eq!(reboots(&sb), 2);
     assert_eq!(
         switches(&sb),
@@ -270,7 +278,51 @@ async fn current_may_print_json_read_at_a_pointer() {
     let (result, _) = attempt(&env, os_image(OLD), 30, OnWait::Keep).await;
     assert_eq!(result.outcome, DriverOutcome::Failed);
     assert!(
-        result.message.contains("no string at osImage.currentJsonPointer /status/staged"),
+        result
+            .message
+            .contains("no string at osImage.currentJsonPointer /status/staged"),
+        "{}",
+        result.message
+    );
+}
+
+#[tokio::test]
+async fn the_shipped_bootc_example_switches_and_verifies_with_bootc_json() {
+    // The shipped example with `bootc` and `systemctl` stood in for: bootc's JSON shape, the pointer, the
+    // switch argv and the default reboot command as shipped.
+    let sb = sandbox();
+    sb.fake(
+        "bootc",
+        "case \"$1\" in\n  switch) for i; do :; done; echo \"$i\" > \"$INPLACE_ROOT/staged\" ;;\n  status) printf '{\"apiVersion\":\"org.containers.bootc/v1\",\"kind\":\"BootcHost\",\"status\":{\"staged\":null,\"booted\":{\"image\":{\"image\":{\"image\":\"%s\",\"transport\":\"registry\"},\"imageDigest\":\"sha256:00\"}}}}\\n' \"$(cat \"$INPLACE_ROOT/booted\")\" ;;\nesac",
+    );
+    sb.fake("systemctl", "exit 0");
+    let example = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config-examples/bootc.yaml"),
+    )
+    .unwrap();
+    // Without its `node:` section (no API server here): the Node Ready wait is then skipped.
+    let example: Vec<&str> = example
+        .split("\n\n")
+        .filter(|block| !block.contains("\nnode:\n"))
+        .collect();
+    let env = sb.env(&example.join("\n\n"));
+    let (result, _) = attempt(&env, os_image(NEW), 30, OnWait::Stop).await;
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Interrupted,
+        "{}",
+        result.message
+    );
+    assert!(
+        sb.calls()
+            .contains(&format!("bootc switch --transport registry {NEW}"))
+    );
+    assert!(sb.calls().contains(&"systemctl reboot".to_owned()));
+    boot_staged(&sb, "boot-bbbbbbbbbbbb", false);
+    let (result, _) = attempt(&env, os_image(NEW), 30, OnWait::Keep).await;
+    assert_eq!(
+        result.outcome,
+        DriverOutcome::Succeeded,
         "{}",
         result.message
     );

@@ -13,7 +13,9 @@ use tokio::time::Instant;
 
 use super::Sandbox;
 use crate::clock::now_unix_ms;
-use crate::drivers::{DriverEnv, DriverOutcome, ProgressRecorder, StepContext, StepResult, execute};
+use crate::drivers::{
+    DriverEnv, DriverOutcome, ProgressRecorder, StepContext, StepResult, execute,
+};
 use crate::reboot_decide::{REBOOT_JOURNAL, RebootIntent, RebootJournal};
 
 /// The node path of the boot id.
@@ -91,7 +93,9 @@ pub(super) fn reboots(sb: &Sandbox) -> usize {
 
 pub(super) fn journal(sb: &Sandbox) -> Option<RebootIntent> {
     let bytes = std::fs::read(sb.state.join(REBOOT_JOURNAL)).ok()?;
-    serde_json::from_slice::<RebootJournal>(&bytes).unwrap().intent
+    serde_json::from_slice::<RebootJournal>(&bytes)
+        .unwrap()
+        .intent
 }
 
 fn write_journal(sb: &Sandbox, intent: RebootIntent) {
@@ -176,7 +180,10 @@ async fn if_required_reboots_only_when_the_reboot_required_file_is_there() {
     assert_eq!(reboots(&sb), 0);
     assert!(journal(&sb).is_none());
 
-    sb.write_node("/var/run/reboot-required", "*** System restart required ***\n");
+    sb.write_node(
+        "/var/run/reboot-required",
+        "*** System restart required ***\n",
+    );
     let result = reboot_through(&sb, &env, if_required()).await;
     assert_eq!(
         result.message,
@@ -189,9 +196,13 @@ async fn if_required_reboots_only_when_the_reboot_required_file_is_there() {
 #[tokio::test]
 async fn needs_restarting_exit_1_reboots_0_does_not_and_anything_else_fails() {
     let sb = reboot_sandbox();
-    let config = "reboot:\n  command: [fake-reboot]\n  required: {command: [needs-restarting, -r]}\n";
+    let config =
+        "reboot:\n  command: [fake-reboot]\n  required: {command: [needs-restarting, -r]}\n";
     let env = sb.env(config);
-    sb.fake("needs-restarting", "exit \"$(cat \"$INPLACE_ROOT/answer\")\"");
+    sb.fake(
+        "needs-restarting",
+        "exit \"$(cat \"$INPLACE_ROOT/answer\")\"",
+    );
 
     sb.write_node("/answer", "0");
     let (result, _) = attempt(&env, if_required(), 30, OnWait::Keep).await;
@@ -205,7 +216,9 @@ async fn needs_restarting_exit_1_reboots_0_does_not_and_anything_else_fails() {
     let (result, _) = attempt(&env, if_required(), 30, OnWait::Keep).await;
     assert_eq!(result.outcome, DriverOutcome::Failed);
     assert!(
-        result.message.contains("`needs-restarting -r` exited with 3"),
+        result
+            .message
+            .contains("`needs-restarting -r` exited with 3"),
         "{}",
         result.message
     );
@@ -259,11 +272,16 @@ async fn a_kill_at_every_point_around_the_reboot_reboots_exactly_once() {
     assert!(started.elapsed() >= Duration::from_millis(900));
     assert!(
         result.message.starts_with("the reboot command ran at 20")
-            && result.message.contains("the boot id is unchanged (boot-aaa…)"),
+            && result
+                .message
+                .contains("the boot id is unchanged (boot-aaa…)"),
         "{}",
         result.message
     );
-    assert!(messages[0].contains("waiting for the node to go down"), "{messages:?}");
+    assert!(
+        messages[0].contains("waiting for the node to go down"),
+        "{messages:?}"
+    );
     assert_eq!(reboots(&sb), 0);
     // …counted from the recorded intent, not from this start: a long-gone intent fails at once.
     write_journal(&sb, intent(Some(now - 120_000), now - 120_000));
@@ -302,7 +320,10 @@ async fn a_failing_reboot_command_fails_the_step_and_a_stale_journal_is_ignored(
     );
     assert_eq!(reboots(&sb), 1);
     let recorded = journal(&sb).unwrap();
-    assert_eq!((recorded.plan_id.as_str(), recorded.issued_at_unix_ms), (PLAN, None));
+    assert_eq!(
+        (recorded.plan_id.as_str(), recorded.issued_at_unix_ms),
+        (PLAN, None)
+    );
 }
 
 #[tokio::test]
@@ -313,7 +334,9 @@ async fn without_a_boot_id_the_step_fails_before_rebooting() {
     let (result, _) = attempt(&env, always(), 30, OnWait::Keep).await;
     assert_eq!(result.outcome, DriverOutcome::Failed);
     assert!(
-        result.message.starts_with("cannot read the boot id from /proc/sys/kernel/random/boot_id"),
+        result
+            .message
+            .starts_with("cannot read the boot id from /proc/sys/kernel/random/boot_id"),
         "{}",
         result.message
     );
@@ -333,8 +356,14 @@ fn the_reboot_and_os_image_sections_are_checked_at_load() {
             "set exactly one of `file`",
         ),
         ("reboot: {bootIdFile: boot_id}", "reboot.bootIdFile"),
-        ("reboot: {command: []}", "reboot.command: argv needs a program"),
-        ("reboot: {command: [\"{{version}}\"]}", "this command knows: root"),
+        (
+            "reboot: {command: []}",
+            "reboot.command: argv needs a program",
+        ),
+        (
+            "reboot: {command: [\"{{version}}\"]}",
+            "this command knows: root",
+        ),
         ("reboot: {commnd: [x]}", "unknown field `commnd`"),
         ("osImage: {current: [x]}", "missing field `apply`"),
         (
