@@ -12,6 +12,7 @@
 #[path = "../../crates/agent/tests/integration/common/mod.rs"]
 mod agent_server;
 
+use std::path::Path;
 use std::time::Duration;
 
 use inplace_agent_api::{Plan, RebootWhen, StepAction, StepReport, StepStatus};
@@ -80,13 +81,12 @@ fn waiting_to_go_down(report: &StepReport, attempt: u32) -> bool {
             .is_some_and(|m| m.contains("waiting for the node to go down"))
 }
 
-/// Runs `disruption` through the kill / same-boot restart / new-boot restart sequence; returns the step's
-/// success message and the sandbox.
-async fn reboot_for_real(plan_id: &str, disruption: StepAction) -> (String, Sandbox) {
+/// Runs `disruption` through the kill / same-boot restart / new-boot restart sequence in `dir`; returns the
+/// step's success message and the sandbox.
+async fn reboot_for_real(dir: &Path, plan_id: &str, disruption: StepAction) -> (String, Sandbox) {
     let server = TestServer::start(TOKEN).await;
-    let dir = tempfile::tempdir().unwrap();
-    let sandbox = Sandbox::create(&dir.path().join(NAME), "v1.33.4", false).unwrap();
-    let (ca, token) = (dir.path().join("ca.pem"), dir.path().join("token"));
+    let sandbox = Sandbox::create(&dir.join(NAME), "v1.33.4", false).unwrap();
+    let (ca, token) = (dir.join("ca.pem"), dir.join("token"));
     std::fs::write(&ca, &server.ca_pem).unwrap();
     std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
     server.offer(plan(plan_id, disruption));
@@ -157,7 +157,9 @@ async fn reboot_for_real(plan_id: &str, disruption: StepAction) -> (String, Sand
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reboot_step_reboots_once_across_agent_kills_and_a_same_boot_restart_does_not_pass() {
     let started = std::time::Instant::now();
+    let dir = tempfile::tempdir().unwrap();
     let (message, _sandbox) = reboot_for_real(
+        dir.path(),
         "plan-reboot",
         StepAction::Reboot {
             when: RebootWhen::Always,
@@ -177,7 +179,9 @@ async fn a_reboot_step_reboots_once_across_agent_kills_and_a_same_boot_restart_d
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_os_image_step_boots_the_new_image_once() {
+    let dir = tempfile::tempdir().unwrap();
     let (message, sandbox) = reboot_for_real(
+        dir.path(),
         "plan-os-image",
         StepAction::OsImage {
             image: NEXT_IMAGE.into(),
