@@ -8,7 +8,8 @@
 //! The plans come from the agent crate's own protocol test server (its `tests/integration/common`): the
 //! server's planner learns the osImage action separately; this test is about the agent's side.
 
-#[allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+#![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
+
 #[path = "../../crates/agent/tests/integration/common/mod.rs"]
 mod agent_server;
 
