@@ -88,15 +88,7 @@ impl Driver for OsImage {
                     "nothing was recorded before the step began: the previous image is unknown",
                 );
             };
-            let mut step_ctx = StepContext {
-                plan_id: ctx.plan_id,
-                step: ctx.step,
-                deadline: ctx.deadline,
-                resumed: ctx.resumed,
-                progress: ctx.progress,
-                recorder: ctx.recorder,
-                cancel: ctx.cancel,
-            };
+            let mut step_ctx = ctx.into_step_context();
             switch_to(&env, &mut step_ctx, &previous_image, true).await
         })
     }

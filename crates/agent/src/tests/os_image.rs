@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::Sandbox;
-use super::reboot::{OnWait, attempt, reboot_node, reboot_sandbox, reboots};
+use super::reboot::{OnWait, assert_ok, attempt, reboot_node, reboot_sandbox, reboots};
 use crate::drivers::{
     DriverOutcome, ProgressRecorder, RecordContext, StepResult, UndoContext, UndoRecord,
     execute_undo, record_undo,
@@ -93,12 +93,7 @@ async fn the_node_switches_reboots_once_and_verifies_the_new_image() {
     apply_and_reboot(&sb, &env, NEW).await;
     boot_staged(&sb, "boot-bbbbbbbbbbbb", false);
     let (result, _) = attempt(&env, os_image(NEW), 30, OnWait::Keep).await;
-    assert_eq!(
-        result.outcome,
-        DriverOutcome::Succeeded,
-        "{}",
-        result.message
-    );
+    assert_ok(&result);
     assert!(
         result.message.starts_with(&format!(
             "now on {NEW}: always: rebooted (boot id boot-aaa… → boot-bbb…)"
@@ -238,12 +233,7 @@ async fn the_undo_switches_back_to_the_recorded_previous_image() {
     );
     boot_staged(&sb, "boot-cccccccccccc", false);
     let result = undo_attempt(&sb, &record, false).await;
-    assert_eq!(
-        result.outcome,
-        DriverOutcome::Succeeded,
-        "{}",
-        result.message
-    );
+    assert_ok(&result);
     assert!(
         result.message.starts_with(&format!("now on {OLD}")),
         "{}",
@@ -320,10 +310,5 @@ async fn the_shipped_bootc_example_switches_and_verifies_with_bootc_json() {
     assert!(sb.calls().contains(&"systemctl reboot".to_owned()));
     boot_staged(&sb, "boot-bbbbbbbbbbbb", false);
     let (result, _) = attempt(&env, os_image(NEW), 30, OnWait::Keep).await;
-    assert_eq!(
-        result.outcome,
-        DriverOutcome::Succeeded,
-        "{}",
-        result.message
-    );
+    assert_ok(&result);
 }

@@ -7,11 +7,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use inplace_agent_api::{RebootWhen, Step, StepAction};
+use inplace_agent_api::{RebootWhen, StepAction};
 use tokio::sync::watch;
-use tokio::time::Instant;
 
-use super::Sandbox;
+use super::{Sandbox, step_context};
 use crate::clock::now_unix_ms;
 use crate::drivers::{
     DriverEnv, DriverOutcome, ProgressRecorder, StepContext, StepResult, execute,
@@ -50,18 +49,14 @@ pub(super) async fn attempt(
     let (cancel_tx, cancel) = watch::channel(false);
     let (sender, mut receiver) = tokio::sync::mpsc::channel(1);
     let ctx = StepContext {
-        plan_id: PLAN.to_owned(),
-        step: Step {
-            index: 0,
-            description: "test".into(),
-            timeout_seconds,
-            action,
-        },
-        deadline: Instant::now() + Duration::from_secs(u64::from(timeout_seconds)),
         resumed: true,
-        progress: None,
-        recorder: ProgressRecorder::new(sender),
-        cancel,
+        ..step_context(
+            PLAN,
+            action,
+            timeout_seconds,
+            ProgressRecorder::new(sender),
+            cancel,
+        )
     };
     let collector = tokio::spawn(async move {
         let mut seen = Vec::new();
@@ -136,7 +131,7 @@ fn if_required() -> StepAction {
     }
 }
 
-fn assert_ok(result: &StepResult) {
+pub(super) fn assert_ok(result: &StepResult) {
     assert_eq!(
         result.outcome,
         DriverOutcome::Succeeded,
