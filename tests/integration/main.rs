@@ -14,6 +14,7 @@ mod e2e_durability;
 mod e2e_ha;
 mod e2e_hold;
 mod e2e_observe;
+mod e2e_reboot;
 mod e2e_resume;
 mod e2e_retry;
 mod e2e_rollback;

@@ -174,16 +174,26 @@ fn every_step_kind_is_wired() {
         ));
     }
 
-    // The shipped agent configs hold what every driver needs (e.g. the commands of the Kubernetes
-    // version steps, the node steps' `node:` section).
+    // The shipped agent configs hold what every driver of a kind every node runs needs (e.g. the commands of
+    // the Kubernetes version steps, the node steps' `node:` section). An optional kind (osImage: only an
+    // image-based OS can switch images) is set up by at least one of them, its example.
     let configs = shipped_configs();
     assert!(configs.len() >= 4, "{configs:?}");
+    let mut optional_unconfigured: Option<BTreeSet<StepKind>> = None;
     for file in configs {
         let config = inplace_agent::DriverConfig::load(&file)
             .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         for (kind, missing) in inplace_agent::unconfigured_kinds(&config) {
             gaps.push(format!("{kind}: {} lacks {missing}", file.display()));
         }
+        let here: BTreeSet<StepKind> = inplace_agent::unconfigured_optional_kinds(&config)
+            .into_iter()
+            .map(|(kind, _)| kind)
+            .collect();
+        optional_unconfigured = Some(match optional_unconfigured {
+            None => here,
+            Some(before) => before.intersection(&here).copied().collect(),
+        });
         // A kind that is undone (issue 28) needs its sequence's `undo:`, or a rollback reaching it fails.
         for missing in inplace_agent::missing_undos(&config) {
             gaps.push(format!(
@@ -191,6 +201,12 @@ fn every_step_kind_is_wired() {
                 file.display()
             ));
         }
+    }
+
+    for kind in optional_unconfigured.unwrap_or_default() {
+        gaps.push(format!(
+            "{kind}: optional, but no shipped config sets it up"
+        ));
     }
 
     assert!(

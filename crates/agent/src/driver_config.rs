@@ -9,6 +9,7 @@ use inplace_agent_api::is_valid_kubernetes_version;
 use serde::Deserialize;
 
 pub use crate::node_config::NodeConfig;
+pub use crate::reboot_config::{OsImageConfig, RebootConfig, RequiredCheck};
 use crate::retry::RetryPolicy;
 pub use crate::sequence_command::{CommandSpec, RecordCondition, SequenceCommand};
 use crate::sequence_command::{check_argv, check_node_path};
@@ -63,6 +64,12 @@ pub struct DriverConfig {
     /// The node steps' API access (drainNode, waitNodeReady, uncordonNode); they fail without it.
     #[serde(default)]
     pub node: Option<NodeConfig>,
+    /// The reboot driver (and the reboot of osImage steps): every key has a default.
+    #[serde(default)]
+    pub reboot: RebootConfig,
+    /// The osImage driver; without it this node refuses osImage steps.
+    #[serde(default)]
+    pub os_image: Option<OsImageConfig>,
 }
 
 impl Default for DriverConfig {
@@ -77,6 +84,8 @@ impl Default for DriverConfig {
             etcd: EtcdConfig::default(),
             inventory: InventoryConfig::default(),
             node: None,
+            reboot: RebootConfig::default(),
+            os_image: None,
         }
     }
 }
@@ -413,6 +422,10 @@ impl DriverConfig {
         if let Some(node) = &self.node {
             node.validate().map_err(invalid)?;
         }
+        self.reboot.validate().map_err(invalid)?;
+        if let Some(os_image) = &self.os_image {
+            os_image.validate().map_err(invalid)?;
+        }
         Ok(())
     }
 
@@ -429,6 +442,16 @@ impl DriverConfig {
 
 impl CommandSequence {
     fn validate(&self, undone: bool) -> Result<(), String> {
+        self.validate_commands(template::Scope::Forward)?;
+        crate::sequence_undo::validate(&self.record, self.undo.as_ref(), undone)
+    }
+
+    /// Checks `osImage.apply`: its commands may use `{{image}}` (and `{{root}}`) only.
+    pub(crate) fn validate_with_image(&self) -> Result<(), String> {
+        self.validate_commands(template::Scope::OsImage)
+    }
+
+    fn validate_commands(&self, scope: template::Scope<'_>) -> Result<(), String> {
         if let Some(check) = &self.skip_if {
             check_argv(&check.run).map_err(|e| format!("skipIf.run: {e}"))?;
             for text in [&check.stdout_equals, &check.stdout_contains]
@@ -445,7 +468,7 @@ impl CommandSequence {
             for (i, command) in commands.iter().enumerate() {
                 command
                     .spec
-                    .validate(None)
+                    .validate(scope)
                     .map_err(|e| format!("{list}[{i}]: {e}"))?;
                 if command.when.is_some() {
                     return Err(format!(
@@ -459,6 +482,6 @@ impl CommandSequence {
                 }
             }
         }
-        crate::sequence_undo::validate(&self.record, self.undo.as_ref(), undone)
+        Ok(())
     }
 }

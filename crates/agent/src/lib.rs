@@ -24,6 +24,8 @@ mod fsutil;
 mod inventory;
 mod limits;
 mod node_config;
+mod reboot_config;
+mod reboot_decide;
 mod retry;
 mod rollback;
 mod rollback_record;
@@ -57,7 +59,10 @@ pub use driver_config::{
     KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES, NtpConfig, NtpFlavor, RecordCommand,
     RecordCondition, SequenceCommand, UndoSequence,
 };
-pub use drivers::{NODE_STEP_DEADLINE_GRACE, driver_kinds, missing_undos, unconfigured_kinds};
+pub use drivers::{
+    NODE_STEP_DEADLINE_GRACE, driver_kinds, missing_undos, unconfigured_kinds,
+    unconfigured_optional_kinds,
+};
 pub use executor::MAX_STEP_ATTEMPTS;
 pub use inplace_agent_api as api;
 pub use inventory::{AGENT_VERSION, INVENTORY_COMMAND_TIMEOUT};
@@ -65,6 +70,10 @@ pub use limits::*;
 pub use node_config::{
     DEFAULT_EVICTION_RETRY_MILLIS, DEFAULT_NODE_KUBECONFIG, DEFAULT_NODE_POLL_MILLIS,
     MAX_NODE_INTERVAL_MILLIS, MIN_NODE_INTERVAL_MILLIS, NodeConfig,
+};
+pub use reboot_config::{
+    DEFAULT_BOOT_ID_FILE, DEFAULT_REBOOT_COMMAND, DEFAULT_REBOOT_REQUIRED_FILE, OsImageConfig,
+    RebootConfig, RebootRequired, RequiredCheck,
 };
 pub use retry::{MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY_SECONDS, RetryPolicy};
 pub use rollback_verify::{

@@ -147,13 +147,9 @@ pub enum CommandSpec {
 }
 
 impl CommandSpec {
-    /// Checks argv, paths and templates; `records` are the record names an undo command may use (`None`:
-    /// a forward command, which may use none).
-    pub(crate) fn validate(&self, records: Option<&[&str]>) -> Result<(), String> {
-        let check = |text: &str| match records {
-            None => template::check(text),
-            Some(records) => template::check_undo(text, records),
-        };
+    /// Checks argv, paths and templates; `scope` says which template variables the command may use.
+    pub(crate) fn validate(&self, scope: template::Scope<'_>) -> Result<(), String> {
+        let check = |text: &str| template::check_in(text, scope);
         match self {
             CommandSpec::Run(argv) => check_argv_with(argv, check),
             CommandSpec::WriteFile {
@@ -179,6 +175,11 @@ impl CommandSpec {
 /// Checks an argv: a program, templates that expand, no NUL byte.
 pub(crate) fn check_argv(argv: &[String]) -> Result<(), String> {
     check_argv_with(argv, template::check)
+}
+
+/// [`check_argv`] for a command whose templates know what `scope` says.
+pub(crate) fn check_argv_in(argv: &[String], scope: template::Scope<'_>) -> Result<(), String> {
+    check_argv_with(argv, |text| template::check_in(text, scope))
 }
 
 fn check_argv_with(

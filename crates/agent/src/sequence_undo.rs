@@ -10,6 +10,7 @@ use serde::Deserialize;
 use crate::command::{CommandEnd, STDOUT_TAIL_MAX_BYTES};
 use crate::retry::RetryPolicy;
 use crate::sequence_command::{SequenceCommand, check_argv};
+use crate::template;
 
 /// Longest value a record keeps (its command's trimmed stdout), in bytes.
 pub const MAX_RECORD_VALUE_BYTES: usize = 128;
@@ -116,7 +117,7 @@ pub(crate) fn validate(
             let key = format!("undo.{list}[{i}]");
             command
                 .spec
-                .validate(Some(&names))
+                .validate(template::Scope::Undo(&names))
                 .map_err(|e| format!("{key}: {e}"))?;
             if command.retryable && undo.retry.is_none() {
                 return Err(format!(

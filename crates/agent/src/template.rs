@@ -3,7 +3,7 @@
 //! the config is loaded so a typo fails at start, not mid-upgrade. `{{record.<name>}}` (a value a
 //! sequence's `record:` command printed before the step began, bounded and restricted by
 //! `crate::sequence_undo`) and `{{record.<name>.minor}}` (`v1.33` of a recorded `1.33.4-1.1`) exist only in
-//! `undo:` commands.
+//! `undo:` commands. `{{image}}` (a validated OS image) exists only in `osImage.apply` commands.
 
 use std::collections::BTreeMap;
 
@@ -45,6 +45,13 @@ impl Vars {
         }
     }
 
+    /// Variables of an `osImage.apply` command: `image` and `root`.
+    pub fn for_image(image: &str, root: &str) -> Self {
+        let mut vars = Self::root_only(root);
+        vars.plain.insert("image", image.to_owned());
+        vars
+    }
+
     /// Variables with only `root`.
     pub fn root_only(root: &str) -> Self {
         let mut plain = BTreeMap::new();
@@ -71,27 +78,49 @@ pub(crate) fn variables(template: &str) -> Result<Vec<&str>, String> {
     Ok(names)
 }
 
+/// Variables an `osImage.apply` command may use (no Kubernetes version, so no pins either).
+pub(crate) const OS_IMAGE_VARIABLES: [&str; 2] = ["image", "root"];
+
+/// Which variables a configured text may use.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Scope<'a> {
+    /// A Kubernetes version step's forward command: [`KNOWN_VARIABLES`] and `pin.<name>`.
+    Forward,
+    /// An `undo:` command: also `record.<name>` for these declared record names.
+    Undo(&'a [&'a str]),
+    /// An `osImage` command: [`OS_IMAGE_VARIABLES`] only.
+    OsImage,
+    /// A command that knows only `root` (the reboot commands).
+    Root,
+}
+
 /// Checks a template's variables against [`KNOWN_VARIABLES`] and `pin.<name>`.
 pub(crate) fn check(template: &str) -> Result<(), String> {
-    check_with_records(template, None)
+    check_in(template, Scope::Forward)
 }
 
-/// [`check`] for an undo command: `record.<name>` is also known when `name` is in `records`.
-pub(crate) fn check_undo(template: &str, records: &[&str]) -> Result<(), String> {
-    check_with_records(template, Some(records))
-}
-
-fn check_with_records(template: &str, records: Option<&[&str]>) -> Result<(), String> {
+/// Checks a template's variables against what `scope` knows.
+pub(crate) fn check_in(template: &str, scope: Scope<'_>) -> Result<(), String> {
     for name in variables(template)? {
+        let only: Option<&[&str]> = match scope {
+            Scope::OsImage => Some(&OS_IMAGE_VARIABLES),
+            Scope::Root => Some(&["root"]),
+            Scope::Forward | Scope::Undo(_) => None,
+        };
+        if let Some(only) = only {
+            if !only.contains(&name) {
+                return Err(format!(
+                    "unknown variable {{{{{name}}}}} in {template:?} (this command knows: {})",
+                    only.join(", ")
+                ));
+            }
+            continue;
+        }
         if let Some(record) = name.strip_prefix("record.") {
             let record = record.strip_suffix(".minor").unwrap_or(record);
-            match records {
-                None => {
-                    return Err(format!(
-                        "{{{{{name}}}}} in {template:?}: `record.` values exist only in `undo:` commands"
-                    ));
-                }
-                Some(declared) if !declared.contains(&record) => {
+            match scope {
+                Scope::Undo(declared) if declared.contains(&record) => continue,
+                Scope::Undo(declared) => {
                     return Err(format!(
                         "{{{{{name}}}}} in {template:?} names no record of this sequence (declared: {})",
                         if declared.is_empty() {
@@ -101,7 +130,11 @@ fn check_with_records(template: &str, records: Option<&[&str]>) -> Result<(), St
                         }
                     ));
                 }
-                Some(_) => continue,
+                _ => {
+                    return Err(format!(
+                        "{{{{{name}}}}} in {template:?}: `record.` values exist only in `undo:` commands"
+                    ));
+                }
             }
         }
         let known = KNOWN_VARIABLES.contains(&name)
@@ -208,8 +241,8 @@ mod tests {
                 .unwrap_err()
                 .contains("only in `undo:`")
         );
-        assert!(check_undo("kubelet={{record.kubelet}}", &["kubelet"]).is_ok());
-        let err = check_undo("{{record.kubectl}}", &["kubelet"]).unwrap_err();
+        assert!(check_in("kubelet={{record.kubelet}}", Scope::Undo(&["kubelet"])).is_ok());
+        let err = check_in("{{record.kubectl}}", Scope::Undo(&["kubelet"])).unwrap_err();
         assert!(
             err.contains("record.kubectl") && err.contains("declared: kubelet"),
             "{err}"
@@ -220,7 +253,7 @@ mod tests {
             expand("kubelet={{record.kubelet}}", &vars).unwrap(),
             "kubelet=1.33.4-1.1"
         );
-        assert!(check_undo("{{record.kubelet.minor}}", &["kubelet"]).is_ok());
+        assert!(check_in("{{record.kubelet.minor}}", Scope::Undo(&["kubelet"])).is_ok());
         assert_eq!(
             expand("/stable:/{{record.kubelet.minor}}/deb/", &vars).unwrap(),
             "/stable:/v1.33/deb/"
@@ -232,5 +265,23 @@ mod tests {
                 .contains("not a version")
         );
         assert_eq!(minor_of("1:1.34.1-150500.1.1").as_deref(), Some("v1.34"));
+    }
+
+    #[test]
+    fn image_only_in_os_image_commands() {
+        assert!(
+            check("bootc switch {{image}}")
+                .unwrap_err()
+                .contains("image")
+        );
+        assert!(check_in("{{root}}/bin/bootc switch {{image}}", Scope::OsImage).is_ok());
+        let err = check_in("{{version}}", Scope::OsImage).unwrap_err();
+        assert!(err.contains("image, root"), "{err}");
+        assert!(check_in("{{image}}", Scope::Root).is_err());
+        let vars = Vars::for_image("quay.io/os:41", "/r");
+        assert_eq!(
+            expand("{{image}}@{{root}}", &vars).unwrap(),
+            "quay.io/os:41@/r"
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! What a rollback needs to undo one step (issue 28), as the step's record in `state.json` keeps it: the places
 //! (files) a step may change as they were before its first effect, and the values a Kubernetes version step's
-//! `record:` commands printed. Data only: the drivers take and use these records (`drivers/undo.rs`), the
+//! `record:` commands printed, the image an osImage step found. Data only: the drivers take and use these records (`drivers/undo.rs`), the
 //! state keeps them.
 
 use serde::{Deserialize, Serialize};
@@ -73,6 +73,12 @@ pub(crate) enum UndoRecord {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         places: Vec<PlaceBefore>,
     },
+    /// An osImage step: the image the node booted before it (its undo switches back to it).
+    #[serde(rename_all = "camelCase")]
+    OsImage {
+        /// What `osImage.current` printed before the step.
+        previous_image: String,
+    },
 }
 
 impl UndoRecord {
@@ -80,6 +86,7 @@ impl UndoRecord {
     pub(crate) fn places(&self) -> &[PlaceBefore] {
         match self {
             UndoRecord::Files { places } | UndoRecord::Commands { places, .. } => places,
+            UndoRecord::OsImage { .. } => &[],
         }
     }
 }

@@ -1,7 +1,9 @@
 //! A node in a directory: the `--root` sandbox the demo and the end-to-end tests give each agent. Its `bin/`
 //! holds stand-ins for `kubeadm`, `kubelet`, `apt-get` and `systemctl` that record their arguments in
 //! `calls.log` and keep the "installed" versions in files, so an upgrade really changes what the next
-//! `kubeadm version` prints. Each sandbox also gets the node's Kubernetes API as an in-process fake
+//! `kubeadm version` prints. A reboot is faked too: the node has a boot id, `systemctl reboot` only records the
+//! request, and [`Sandbox::boot`] is the machine coming back (a new boot id, the staged `bootc` image booted)
+//! while its owner restarts the agent — a restart without it is not a reboot. Each sandbox also gets the node's Kubernetes API as an in-process fake
 //! (`inplace_drain::fake`, real TLS), so the agent's drain, readiness wait and uncordon steps run for real
 //! against documented API answers. Nothing here touches the real machine.
 
@@ -62,12 +64,28 @@ printf '%s-1.1\n' "${version#v}"
 
 const SYSTEMCTL: &str = r#"#!/bin/sh
 echo "systemctl $*" >> "$INPLACE_ROOT/calls.log"
+# A reboot only asks: the sandbox's machine goes down when its owner calls `Sandbox::boot`.
+if [ "$1" = reboot ]; then : > "$INPLACE_ROOT/var/lib/fake/reboot-requested"; fi
 if [ "$1 $2" = "restart kubelet" ] && [ -e "$INPLACE_ROOT/fail-kubelet-restart" ]; then
   rm -f "$INPLACE_ROOT/fail-kubelet-restart"
   echo "Job for kubelet.service failed because the control process exited with error code." >&2
   exit 1
 fi
 "#;
+
+/// `bootc`: `switch --transport registry IMAGE` stages the image, `status --booted --format json` prints the
+/// booted one where bootc does (`/status/booted/image/image/image`); [`Sandbox::boot`] boots the staged one.
+const BOOTC: &str = r#"#!/bin/sh
+echo "bootc $*" >> "$INPLACE_ROOT/calls.log"
+case "$1" in
+  switch) for image; do :; done; echo "$image" > "$INPLACE_ROOT/var/lib/fake/os-image-staged" ;;
+  status) printf '{"apiVersion":"org.containers.bootc/v1","kind":"BootcHost","status":{"booted":{"image":{"image":{"image":"%s","transport":"registry"}}}}}\n' "$(cat "$INPLACE_ROOT/var/lib/fake/os-image")" ;;
+  *) echo "bootc: unknown command $1" >&2; exit 2 ;;
+esac
+"#;
+
+/// The OS image a sandbox boots first.
+pub const SANDBOX_OS_IMAGE: &str = "registry.example/node-os:1.0";
 
 /// Agent driver config of a sandbox: package-manager style commands, all resolved in `{{root}}/bin` first; the
 /// package installs record the version found before and undo by reinstalling it (as the shipped apt config).
@@ -102,7 +120,21 @@ kubernetes:
 inventory:
   kubeletVersion: [kubelet, --version]
   kubeadmVersion: [kubeadm, version, -o, short]
+osImage:
+  apply:
+    commands:
+      - run: [bootc, switch, --transport, registry, "{{image}}"]
+  current: [bootc, status, --booted, --format, json]
+  currentJsonPointer: /status/booted/image/image/image
 "#;
+
+/// The node path of the boot id (the agent's default `reboot.bootIdFile`).
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+/// The `n`th boot id of a sandbox (its first 8 characters tell boots apart in the agent's messages).
+fn boot_id(n: u32) -> String {
+    format!("{n:08x}-5a4d-4b00-8000-00000000b007\n")
+}
 
 const ETCD_MANIFEST: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: etcd\n  namespace: kube-system\nspec:\n  containers:\n  - name: etcd\n    image: registry.k8s.io/etcd:3.5.16-0\n    command:\n    - etcd\n";
 
@@ -153,6 +185,7 @@ impl Sandbox {
             ("apt-get", APT_GET),
             ("dpkg-query", DPKG_QUERY),
             ("systemctl", SYSTEMCTL),
+            ("bootc", BOOTC),
         ] {
             write(&root.join("bin").join(name), script, 0o755)?;
         }
@@ -183,6 +216,16 @@ impl Sandbox {
                 0o600,
             )?;
         }
+        write(
+            &root.join("var/lib/fake/os-image"),
+            &format!("{SANDBOX_OS_IMAGE}\n"),
+            0o644,
+        )?;
+        write(
+            &root.join(BOOT_ID.trim_start_matches('/')),
+            &boot_id(1),
+            0o644,
+        )?;
         write(&root.join("calls.log"), "", 0o644)?;
         let node = dir
             .file_name()
@@ -281,6 +324,81 @@ impl Sandbox {
     /// The kubelet version the node now runs.
     pub fn kubelet_version(&self) -> String {
         std::fs::read_to_string(self.path("/var/lib/fake/kubelet-version"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+
+    /// How many times the node was asked to reboot (`systemctl reboot`, the agent's default reboot command).
+    pub fn reboots(&self) -> usize {
+        self.calls()
+            .iter()
+            .filter(|call| call.as_str() == "systemctl reboot")
+            .count()
+    }
+
+    /// Whether a reboot was asked for since the last [`Sandbox::boot`].
+    pub fn reboot_requested(&self) -> bool {
+        self.path("/var/lib/fake/reboot-requested").exists()
+    }
+
+    /// The node's boot id now.
+    pub fn boot_id(&self) -> String {
+        std::fs::read_to_string(self.path(BOOT_ID))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+
+    /// The machine comes back from a reboot: a new boot id, the reboot request and Debian's
+    /// `/var/run/reboot-required` gone (a tmpfs), and the staged OS image booted (unless
+    /// [`Sandbox::fall_back_next_boot`]). The caller stops the agent first and starts it again after, as the
+    /// machine would. Returns the new boot id.
+    pub fn boot(&self) -> std::io::Result<String> {
+        let current = self.boot_id();
+        let n = current
+            .get(..8)
+            .and_then(|head| u32::from_str_radix(head, 16).ok())
+            .unwrap_or(0);
+        let staged = self.path("/var/lib/fake/os-image-staged");
+        if staged.exists() {
+            if !self.path("/var/lib/fake/os-fallback").exists() {
+                std::fs::copy(&staged, self.path("/var/lib/fake/os-image"))?;
+            }
+            std::fs::remove_file(staged)?;
+        }
+        for flag in ["/var/lib/fake/reboot-requested", "/var/run/reboot-required"] {
+            std::fs::remove_file(self.path(flag)).or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })?;
+        }
+        write(&self.path(BOOT_ID), &boot_id(n + 1), 0o644)?;
+        Ok(self.boot_id())
+    }
+
+    /// Makes the node say a reboot is required (Debian's `/var/run/reboot-required`), as a package upgrade does.
+    pub fn require_reboot(&self) -> std::io::Result<()> {
+        write(
+            &self.path("/var/run/reboot-required"),
+            "*** System restart required ***\n",
+            0o644,
+        )
+    }
+
+    /// Makes the next boots come back on the image booted before (an A/B fallback), or stops doing so.
+    pub fn fall_back_next_boot(&self, fall_back: bool) -> std::io::Result<()> {
+        let marker = self.path("/var/lib/fake/os-fallback");
+        if fall_back {
+            std::fs::write(marker, "")
+        } else {
+            std::fs::remove_file(marker).or(Ok(()))
+        }
+    }
+
+    /// The OS image the node booted.
+    pub fn os_image(&self) -> String {
+        std::fs::read_to_string(self.path("/var/lib/fake/os-image"))
             .unwrap_or_default()
             .trim()
             .to_string()

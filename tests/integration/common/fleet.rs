@@ -41,10 +41,23 @@ impl AgentProcess {
         sandbox: Sandbox,
         extra: &[&str],
     ) -> Self {
+        let url = format!("https://127.0.0.1:{}", server.hooks.port());
+        Self::start_at(&url, ca, token, name, sandbox, extra)
+    }
+
+    /// [`AgentProcess::start_with`] against the agent API at `url` (another server than a [`ServerProcess`]).
+    pub fn start_at(
+        url: &str,
+        ca: &Path,
+        token: &Path,
+        name: &str,
+        sandbox: Sandbox,
+        extra: &[&str],
+    ) -> Self {
         let mut args = vec![
             "agent".to_string(),
             "--server".into(),
-            format!("https://127.0.0.1:{}", server.hooks.port()),
+            url.to_string(),
             "--ca-file".into(),
             ca.display().to_string(),
             "--token-file".into(),

@@ -41,6 +41,13 @@ pub(crate) trait Driver: Sync {
         None
     }
 
+    /// Whether only some nodes can run this kind (osImage: only an image-based OS can switch images). A
+    /// config without what [`Driver::unconfigured`] names refuses its steps, and a shipped config need not
+    /// hold it; the kinds every node must run are not optional.
+    fn optional(&self) -> bool {
+        false
+    }
+
     /// Runs a step of this kind (`ctx.step.action` is of [`Driver::kind`]: the registry looked it up by
     /// its kind, and the executor validated it).
     fn run(&self, env: Arc<DriverEnv>, ctx: StepContext) -> StepFuture;

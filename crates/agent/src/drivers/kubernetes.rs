@@ -132,8 +132,20 @@ async fn run_sequence(
     version: &str,
 ) -> StepResult {
     let (commands, on_resume) = match (
-        prepare(env, key, "commands", &sequence.commands, vars),
-        prepare(env, key, "onResume", &sequence.on_resume, vars),
+        prepare(
+            env,
+            &format!("kubernetes.{key}"),
+            "commands",
+            &sequence.commands,
+            vars,
+        ),
+        prepare(
+            env,
+            &format!("kubernetes.{key}"),
+            "onResume",
+            &sequence.on_resume,
+            vars,
+        ),
     ) {
         (Ok(commands), Ok(on_resume)) => (commands, on_resume),
         (Err(e), _) | (_, Err(e)) => return StepResult::failed(e),

@@ -16,7 +16,7 @@ use super::driver::{RecordFuture, StepFuture, blocking_value};
 use super::kubernetes::{sequence_of, vars_for};
 use super::prepared::{Prepared, fingerprint, prepare};
 use super::sequence_run::{SequenceList, run_list};
-use super::step::{StepContext, StepResult};
+use super::step::StepResult;
 use super::undo::{Place, RecordContext, UndoContext, UndoRecord, restore, snapshot};
 use crate::command::{display_argv, run_command};
 use crate::driver_env::DriverEnv;
@@ -74,7 +74,8 @@ pub(super) fn record(env: Arc<DriverEnv>, ctx: RecordContext) -> RecordFuture {
 /// Restores the snapshotted files, then runs `undo:` from its first unfinished command.
 pub(super) fn undo(env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
     Box::pin(async move {
-        let Some(record @ UndoRecord::Commands { .. }) = ctx.record else {
+        let mut ctx = ctx;
+        let Some(record @ UndoRecord::Commands { .. }) = ctx.record.take() else {
             return StepResult::failed("nothing was recorded before the step began");
         };
         let action = ctx.step.action.clone();
@@ -94,8 +95,20 @@ pub(super) fn undo(env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
         }
         let undo_key = format!("{key}.undo");
         let (commands, on_resume) = match (
-            prepare(&env, &undo_key, "commands", &undo.commands, &vars),
-            prepare(&env, &undo_key, "onResume", &undo.on_resume, &vars),
+            prepare(
+                &env,
+                &format!("kubernetes.{undo_key}"),
+                "commands",
+                &undo.commands,
+                &vars,
+            ),
+            prepare(
+                &env,
+                &format!("kubernetes.{undo_key}"),
+                "onResume",
+                &undo.on_resume,
+                &vars,
+            ),
         ) {
             (Ok(commands), Ok(on_resume)) => (commands, on_resume),
             (Err(e), _) | (_, Err(e)) => return StepResult::failed(e),
@@ -110,19 +123,12 @@ pub(super) fn undo(env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
             retry: undo.retry,
             id: &id,
         };
-        let mut step_ctx = StepContext {
-            plan_id: ctx.plan_id,
-            step: ctx.step,
-            deadline: ctx.deadline,
-            resumed: ctx.resumed,
-            progress: ctx.progress,
-            recorder: ctx.recorder,
-            cancel: ctx.cancel,
-        };
+        let index = ctx.index;
+        let mut step_ctx = ctx.into_step_context();
         let restored = if record.places().is_empty() {
             0
         } else {
-            let (blocking_env, plan_id, index) = (env.clone(), step_ctx.plan_id.clone(), ctx.index);
+            let (blocking_env, plan_id) = (env.clone(), step_ctx.plan_id.clone());
             let work = move || restore(&blocking_env, &plan_id, index, &record);
             match blocking_value(&step_ctx, work).await {
                 Ok(changed) => changed,

@@ -17,8 +17,10 @@ mod kubernetes;
 mod kubernetes_undo;
 mod node;
 mod ntp;
+mod os_image;
 mod prepared;
 pub(crate) use prepared::hex;
+mod reboot;
 mod restart;
 mod sequence_run;
 mod ssh;
@@ -52,6 +54,8 @@ const DRIVERS: &[&dyn Driver] = &[
     &drain_node::DrainNode,
     &wait_node_ready::WaitNodeReady,
     &uncordon_node::UncordonNode,
+    &reboot::Reboot,
+    &os_image::OsImage,
 ];
 
 /// The driver of `kind`; `None` for a kind this agent has no driver for.
@@ -128,10 +132,22 @@ pub fn driver_kinds() -> Vec<StepKind> {
     DRIVERS.iter().map(|driver| driver.kind()).collect()
 }
 
-/// The kinds whose driver cannot run with `config`, each with the missing `--config` key(s).
+/// The kinds every node must run whose driver cannot run with `config`, each with the missing `--config`
+/// key(s). The optional kinds (osImage) are not among them: see [`unconfigured_optional_kinds`].
 pub fn unconfigured_kinds(config: &DriverConfig) -> Vec<(StepKind, String)> {
+    unconfigured(config, false)
+}
+
+/// The optional kinds (only some nodes can run them: osImage) that `config` does not set up, each with the
+/// missing key(s): such a node refuses their steps before any effect.
+pub fn unconfigured_optional_kinds(config: &DriverConfig) -> Vec<(StepKind, String)> {
+    unconfigured(config, true)
+}
+
+fn unconfigured(config: &DriverConfig, optional: bool) -> Vec<(StepKind, String)> {
     DRIVERS
         .iter()
+        .filter(|driver| driver.optional() == optional)
         .filter_map(|driver| Some((driver.kind(), driver.unconfigured(config)?)))
         .collect()
 }

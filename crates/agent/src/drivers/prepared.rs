@@ -26,7 +26,8 @@ pub(super) enum Prepared {
     Skip,
 }
 
-/// Expands every command before the first one runs, so a template that cannot be filled (a
+/// Expands every command of `list` (`commands`, `onResume`) of the sequence at config key `key` (e.g.
+/// `kubernetes.installKubelet`) before the first one runs, so a template that cannot be filled (a
 /// version without pins) fails the step before it changes anything.
 pub(super) fn prepare(
     env: &DriverEnv,
@@ -40,7 +41,7 @@ pub(super) fn prepare(
         if let Some(when) = &command.when {
             let value = vars.records.get(when.record()).ok_or_else(|| {
                 format!(
-                    "kubernetes.{key}.{list}[{i}]: no value for record {:?} (the agent config changed since \
+                    "{key}.{list}[{i}]: no value for record {:?} (the agent config changed since \
                      the step began?)",
                     when.record()
                 )
@@ -76,7 +77,7 @@ pub(super) fn prepare(
                 Ok(Prepared::VerifySha256(node_path, expected))
             })(),
         };
-        prepared.push(one.map_err(|e| format!("kubernetes.{key}.{list}[{i}]: {e}"))?);
+        prepared.push(one.map_err(|e| format!("{key}.{list}[{i}]: {e}"))?);
     }
     Ok(prepared)
 }

@@ -254,6 +254,21 @@ pub(crate) struct UndoContext {
     pub cancel: tokio::sync::watch::Receiver<bool>,
 }
 
+impl UndoContext {
+    /// The undo as a step context, for the drivers whose undo runs like a step (a command sequence, a reboot).
+    pub(crate) fn into_step_context(self) -> super::step::StepContext {
+        super::step::StepContext {
+            plan_id: self.plan_id,
+            step: self.step,
+            deadline: self.deadline,
+            resumed: self.resumed,
+            progress: self.progress,
+            recorder: self.recorder,
+            cancel: self.cancel,
+        }
+    }
+}
+
 /// The undo of a file-family step: restore its places, then (ntp, kubeletArgs) restart the service that
 /// reads them — journaled under its key in `unfinished.json` like the forward restart, so a restart
 /// owed by the forward step or an interrupted undo is not lost.

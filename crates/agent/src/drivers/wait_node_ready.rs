@@ -28,20 +28,24 @@ impl Driver for WaitNodeReady {
         let StepAction::WaitNodeReady { kubelet_version } = ctx.step.action.clone() else {
             return wrong_kind(self.kind(), &ctx.step.action);
         };
-        Box::pin(async move { wait_ready(&env, &mut ctx, kubelet_version).await })
+        Box::pin(async move {
+            match wait_ready(&env, &mut ctx, kubelet_version, "waitNodeReady").await {
+                Ok(message) => StepResult::ok(message),
+                Err(end) => end,
+            }
+        })
     }
 }
 
-/// waitNodeReady: Ready=True and, when given, the kubelet version, within the step timeout.
-async fn wait_ready(
+/// Waits for Ready=True and, when given, the kubelet version, within the step timeout; `kind` names the step
+/// in failures (waitNodeReady, or the reboot steps after the new boot).
+pub(super) async fn wait_ready(
     env: &DriverEnv,
     ctx: &mut StepContext,
     kubelet_version: Option<String>,
-) -> StepResult {
-    let drainer = match drainer(env, "waitNodeReady").await {
-        Ok(d) => d,
-        Err(failure) => return failure,
-    };
+    kind: &str,
+) -> Result<String, StepResult> {
+    let drainer = drainer(env, kind).await?;
     let (tx, rx) = watch::channel(String::new());
     let deadline = ctx.deadline;
     let mut report = move |text: String| {
@@ -49,8 +53,8 @@ async fn wait_ready(
     };
     let work = drainer.wait_node_ready(kubelet_version.as_deref(), deadline, &mut report);
     match drive(ctx, rx, work).await {
-        Ok(Ok(message)) => StepResult::ok(message),
-        Ok(Err(e)) => StepResult::failed(format!("waitNodeReady: {e}")),
-        Err(stop) => stop,
+        Ok(Ok(message)) => Ok(message),
+        Ok(Err(e)) => Err(StepResult::failed(format!("{kind}: {e}"))),
+        Err(stop) => Err(stop),
     }
 }

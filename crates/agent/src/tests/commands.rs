@@ -376,7 +376,15 @@ fn shipped_config_examples_load() {
         names.push(path.file_name().unwrap().to_string_lossy().into_owned());
     }
     names.sort();
-    assert_eq!(names, ["apt.yaml", "dnf.yaml", "release-binaries.yaml"]);
+    assert_eq!(
+        names,
+        [
+            "apt.yaml",
+            "bootc.yaml",
+            "dnf.yaml",
+            "release-binaries.yaml"
+        ]
+    );
 }
 
 #[tokio::test]

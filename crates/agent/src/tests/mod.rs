@@ -5,9 +5,11 @@ mod bounded_reads;
 mod commands;
 mod files;
 mod node_config;
+mod os_image;
 mod package_cases;
 mod package_undo;
 mod package_world;
+mod reboot;
 mod resume;
 mod retries;
 mod rollback;
@@ -112,7 +114,25 @@ pub(crate) async fn run_action(
     timeout_seconds: u32,
 ) -> StepResult {
     let (_tx, cancel) = watch::channel(false);
-    let ctx = StepContext {
+    let ctx = step_context(
+        plan_id,
+        action,
+        timeout_seconds,
+        ProgressRecorder::discard(),
+        cancel,
+    );
+    execute(env.clone(), ctx).await
+}
+
+/// Step 0 of plan `plan_id`, fresh (not resumed, no progress), due `timeout_seconds` from now.
+pub(crate) fn step_context(
+    plan_id: &str,
+    action: StepAction,
+    timeout_seconds: u32,
+    recorder: ProgressRecorder,
+    cancel: watch::Receiver<bool>,
+) -> StepContext {
+    StepContext {
         plan_id: plan_id.to_owned(),
         step: Step {
             index: 0,
@@ -123,10 +143,9 @@ pub(crate) async fn run_action(
         deadline: Instant::now() + Duration::from_secs(u64::from(timeout_seconds)),
         resumed: false,
         progress: None,
-        recorder: ProgressRecorder::discard(),
+        recorder,
         cancel,
-    };
-    execute(env.clone(), ctx).await
+    }
 }
 
 /// Runs one action as a resumed (or fresh) attempt with the given recorded progress; returns the
@@ -151,18 +170,9 @@ pub(crate) async fn run_recorded(
     let (_tx, cancel) = watch::channel(false);
     let (sender, mut receiver) = tokio::sync::mpsc::channel(1);
     let ctx = StepContext {
-        plan_id: "p".to_owned(),
-        step: Step {
-            index: 0,
-            description: "test".into(),
-            timeout_seconds: 30,
-            action,
-        },
-        deadline: Instant::now() + Duration::from_secs(30),
         resumed,
         progress,
-        recorder: ProgressRecorder::new(sender),
-        cancel,
+        ..step_context("p", action, 30, ProgressRecorder::new(sender), cancel)
     };
     let collector = tokio::spawn(async move {
         let mut seen = Vec::new();

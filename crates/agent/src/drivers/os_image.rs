@@ -1,0 +1,253 @@
+//! The `osImage` driver: switches an image-based node (bootc, rpm-ostree, an A/B image) to the step's
+//! image with the node's own `osImage.apply` sequence (`{{image}}` templated in), reboots into it with the
+//! reboot machinery of `super::reboot` (unconditionally), and checks with `osImage.current` that the node
+//! booted it. A node whose `current` already prints the image is left alone ("already on <image>").
+//!
+//! Crash safety: the reboot journal (`crate::reboot_decide`, `<state-dir>/reboot.json`) is written only after
+//! `apply` completed, with the image the node booted before. A (re)started step that finds its own intent
+//! there goes straight to the reboot decision (never applies again, never reboots twice); one that finds none
+//! asks `current` and continues `apply` at its first unfinished command (recorded per command, as for the
+//! Kubernetes version steps). After the new boot, `current` printing the previous image means the boot fell
+//! back (A/B): the step fails saying so.
+//!
+//! Undo (the kind is `undo: Restores`): before the step's first effect the image the node booted is recorded
+//! ([`UndoRecord::OsImage`]); the undo is the same switch to that image — `apply` with the previous image, the
+//! reboot (its own journal entry, marked undo), and `current` verified against it.
+//!
+//! osImage is optional ([`Driver::optional`]): only an image-based OS can switch images, so a node without an
+//! `osImage:` section refuses the step before any effect.
+
+use std::sync::Arc;
+
+use inplace_agent_api::{RebootWhen, StepAction, StepKind};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::driver::{Driver, RecordFuture, StepFuture, wrong_kind};
+use super::prepared::{fingerprint, prepare};
+use super::reboot::{Rebooting, load_intent, reboot_once};
+use super::sequence_run::{SequenceList, run_list};
+use super::step::{StepContext, StepResult};
+use super::undo::{RecordContext, UndoContext, UndoRecord};
+use crate::command::{display_argv, run_command};
+use crate::driver_config::{DriverConfig, OsImageConfig};
+use crate::driver_env::DriverEnv;
+use crate::reboot_decide::RebootOwner;
+use crate::state::SequenceProgress;
+use crate::template::{Vars, expand};
+
+/// The refusal of a node whose config has no `osImage:` section.
+pub(crate) const NO_OS_IMAGE_SECTION: &str = "this node's agent config has no osImage section: it cannot apply OS images \
+     (add osImage.apply and osImage.current)";
+
+/// The `osImage` driver.
+pub(crate) struct OsImage;
+
+impl Driver for OsImage {
+    fn kind(&self) -> StepKind {
+        StepKind::OsImage
+    }
+
+    fn unconfigured(&self, config: &DriverConfig) -> Option<String> {
+        config.os_image.is_none().then(|| "osImage".to_owned())
+    }
+
+    fn optional(&self) -> bool {
+        true
+    }
+
+    fn run(&self, env: Arc<DriverEnv>, mut ctx: StepContext) -> StepFuture {
+        let StepAction::OsImage { image } = ctx.step.action.clone() else {
+            return wrong_kind(self.kind(), &ctx.step.action);
+        };
+        Box::pin(async move { switch_to(&env, &mut ctx, &image, false).await })
+    }
+
+    fn record(&self, env: Arc<DriverEnv>, ctx: RecordContext) -> Option<RecordFuture> {
+        Some(Box::pin(async move {
+            let (StepAction::OsImage { image }, Some(config)) =
+                (&ctx.step.action, env.config.os_image.as_ref())
+            else {
+                // No section: the step fails before any effect, saying so.
+                return Ok(None);
+            };
+            let mut cancel = ctx.cancel.clone();
+            let previous = current_image(&env, config, image, ctx.deadline, &mut cancel)
+                .await
+                .map_err(|end| end.message)?;
+            Ok(Some(UndoRecord::OsImage {
+                previous_image: previous,
+            }))
+        }))
+    }
+
+    fn undo(&self, env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
+        Box::pin(async move {
+            let Some(UndoRecord::OsImage { previous_image }) = ctx.record.clone() else {
+                return StepResult::failed(
+                    "nothing was recorded before the step began: the previous image is unknown",
+                );
+            };
+            let mut step_ctx = ctx.into_step_context();
+            switch_to(&env, &mut step_ctx, &previous_image, true).await
+        })
+    }
+}
+
+/// Brings the node onto `target` (the step's image, or for an undo the previous one).
+async fn switch_to(env: &DriverEnv, ctx: &mut StepContext, target: &str, undo: bool) -> StepResult {
+    let Some(config) = env.config.os_image.as_ref() else {
+        return StepResult::failed(NO_OS_IMAGE_SECTION);
+    };
+    match switch(env, ctx, config, target, undo).await {
+        Ok(message) => StepResult::ok(message),
+        Err(end) => end,
+    }
+}
+
+async fn switch(
+    env: &DriverEnv,
+    ctx: &mut StepContext,
+    config: &OsImageConfig,
+    target: &str,
+    undo: bool,
+) -> Result<String, StepResult> {
+    let plan_id = ctx.plan_id.clone();
+    let owner = RebootOwner {
+        plan_id: &plan_id,
+        step_index: ctx.step.index,
+        undo,
+    };
+    let rebooting = load_intent(ctx, env)
+        .await?
+        .is_some_and(|intent| intent.is_for(owner));
+    let mut previous = None;
+    if !rebooting {
+        let booted = current_image(env, config, target, ctx.deadline, &mut ctx.cancel).await?;
+        if booted == target {
+            return Ok(format!("already on {target}"));
+        }
+        apply(env, ctx, config, target).await?;
+        previous = Some(booted);
+    }
+    let done = match reboot_once(env, ctx, owner, RebootWhen::Always, previous).await? {
+        Rebooting::Done(done) => done,
+        Rebooting::NotRequired(_) => {
+            return Err(StepResult::failed("osImage: the reboot was skipped"));
+        }
+    };
+    let booted = current_image(env, config, target, ctx.deadline, &mut ctx.cancel).await?;
+    if booted == target {
+        return Ok(format!("now on {target}: {}", done.summary()));
+    }
+    if done.previous_image.as_deref() == Some(booted.as_str()) {
+        return Err(StepResult::failed(format!(
+            "booted the previous image {booted} instead of {target} (the boot fell back)"
+        )));
+    }
+    Err(StepResult::failed(format!(
+        "after the reboot osImage.current printed {booted:?}, not {target}"
+    )))
+}
+
+/// Runs `osImage.apply` for `target` from its first unfinished command.
+async fn apply(
+    env: &DriverEnv,
+    ctx: &mut StepContext,
+    config: &OsImageConfig,
+    target: &str,
+) -> Result<(), StepResult> {
+    let key = "osImage.apply";
+    let vars = image_vars(env, target);
+    let sequence = &config.apply;
+    let (commands, on_resume) = match (
+        prepare(env, key, "commands", &sequence.commands, &vars),
+        prepare(env, key, "onResume", &sequence.on_resume, &vars),
+    ) {
+        (Ok(commands), Ok(on_resume)) => (commands, on_resume),
+        (Err(e), _) | (_, Err(e)) => return Err(StepResult::failed(e)),
+    };
+    let id = fingerprint(key, &commands);
+    let list = SequenceList {
+        label: key,
+        commands: &commands,
+        specs: &sequence.commands,
+        on_resume: &on_resume,
+        retry: sequence.retry,
+        id: &id,
+    };
+    run_list(env, ctx, &list).await?;
+    // What the running step's later messages carry along: the whole sequence done.
+    ctx.progress = Some(SequenceProgress {
+        sequence: id,
+        done: commands.len() as u32,
+        ..SequenceProgress::default()
+    });
+    Ok(())
+}
+
+fn image_vars(env: &DriverEnv, image: &str) -> Vars {
+    Vars::for_image(image, &env.fs.root().display().to_string())
+}
+
+/// What `osImage.current` says the node booted: its trimmed first stdout line, or the string at
+/// `currentJsonPointer` of its JSON stdout.
+async fn current_image(
+    env: &DriverEnv,
+    config: &OsImageConfig,
+    target: &str,
+    deadline: Instant,
+    cancel: &mut watch::Receiver<bool>,
+) -> Result<String, StepResult> {
+    let vars = image_vars(env, target);
+    let argv = config
+        .current
+        .iter()
+        .map(|arg| expand(arg, &vars))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| StepResult::failed(format!("osImage.current: {e}")))?;
+    let timeout_seconds = deadline
+        .saturating_duration_since(Instant::now())
+        .as_secs()
+        .try_into()
+        .unwrap_or(u32::MAX);
+    let output = run_command(&argv, &env.command_env, deadline, cancel).await;
+    if let Some(mut failure) = StepResult::from_command(&argv, &output, timeout_seconds) {
+        failure.message = format!("osImage.current: {}", failure.message);
+        return Err(failure);
+    }
+    let shown = display_argv(&argv);
+    let printed = match &config.current_json_pointer {
+        None => output
+            .stdout_tail
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_owned(),
+        Some(pointer) => {
+            let json: serde_json::Value =
+                serde_json::from_str(&output.stdout_tail).map_err(|e| {
+                    StepResult::failed(format!(
+                        "osImage.current `{shown}` did not print JSON ({e}; only the last {} bytes of stdout are read)",
+                        crate::command::STDOUT_TAIL_MAX_BYTES
+                    ))
+                })?;
+            match json.pointer(pointer) {
+                Some(serde_json::Value::String(image)) => image.trim().to_owned(),
+                other => {
+                    return Err(StepResult::failed(format!(
+                        "osImage.current `{shown}`: no string at osImage.currentJsonPointer {pointer} (found {})",
+                        other.map_or("nothing".to_owned(), |v| v.to_string())
+                    )));
+                }
+            }
+        }
+    };
+    if printed.is_empty() {
+        return Err(StepResult::failed(format!(
+            "osImage.current `{shown}` printed no image"
+        )));
+    }
+    Ok(printed)
+}
