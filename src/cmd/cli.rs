@@ -83,6 +83,11 @@ pub struct DemoArgs {
     /// rollout stop there, as CAPI stops when a Machine's update fails.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=50))]
     pub fail_machine: Option<u16>,
+    /// Roll out this OS image instead of a Kubernetes upgrade (the DevMachines' customImage, with the setting
+    /// enableActions: os-image): each node is drained, switched to the image, rebooted (its agent killed and
+    /// started again on a new boot id), verified on the new image and uncordoned.
+    #[arg(long, value_name = "IMAGE")]
+    pub os_image: Option<String>,
 }
 
 /// `inplace-updater diff`.

@@ -494,7 +494,12 @@ pub async fn demo(args: &crate::cmd::cli::DemoArgs) -> anyhow::Result<()> {
             args.machines
         );
     }
-    let results = crate::cmd::demo::run::run(usize::from(args.machines), &dir, fail).await?;
+    let scenario = match &args.os_image {
+        Some(image) => crate::cmd::demo::scenario::Scenario::OsImage(image.clone()),
+        None => crate::cmd::demo::scenario::Scenario::Upgrade,
+    };
+    let results =
+        crate::cmd::demo::run::run(usize::from(args.machines), &dir, fail, &scenario).await?;
     print!("{}", crate::cmd::demo::run::summary(&results));
     let expected = |i: usize| match fail {
         Some(n) if i + 1 == n => crate::cmd::demo::run::ROLLED_BACK,

@@ -3,5 +3,6 @@
 
 pub mod run;
 pub mod sandbox;
+pub mod scenario;
 
 pub use sandbox::Sandbox;

@@ -14,6 +14,7 @@ use inplace_drain::fake::{FakeApiServer, FakePdb, FakePod, PdbBlock};
 use serde_json::{Value, json};
 
 use super::Sandbox;
+use super::scenario::Scenario;
 use crate::api::Hook;
 use crate::cmd::certs::{DevCertsSpec, write_dev_certs};
 use crate::dispatch::AgentScope;
@@ -210,12 +211,83 @@ fn start_server(exe: &Path, dir: &Path, tokens: &Path) -> Result<(Child, SocketA
     Ok((child, addr))
 }
 
+/// What an agent of the demo needs to start: this binary, the server, its CA and the token.
+struct AgentLaunch {
+    exe: PathBuf,
+    server: String,
+    ca_file: PathBuf,
+    token_file: PathBuf,
+}
+
+impl AgentLaunch {
+    /// Starts the agent of Machine `default/<name>` on `sandbox`, its output appended to `<node dir>/agent.log`.
+    fn spawn(&self, name: &str, sandbox: &Sandbox, node_dir: &Path) -> Result<Child, DemoError> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(node_dir.join("agent.log"))
+            .map_err(setup("agent log"))?;
+        Command::new(&self.exe)
+            .args([
+                "agent",
+                "--server",
+                &self.server,
+                "--tls-server-name",
+                "localhost",
+            ])
+            .arg("--ca-file")
+            .arg(&self.ca_file)
+            .arg("--token-file")
+            .arg(&self.token_file)
+            .args(["--machine", &format!("default/{name}")])
+            .arg("--config")
+            .arg(&sandbox.config)
+            .arg("--state-dir")
+            .arg(&sandbox.state_dir)
+            .arg("--root")
+            .arg(&sandbox.root)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(setup("agent log"))?)
+            .stderr(log)
+            .spawn()
+            .map_err(setup("starting an agent"))
+    }
+}
+
+/// The machine under `agent` reboots when its agent asked (the sandbox's `systemctl reboot`): the agent is
+/// killed as a power cycle would, the sandbox boots (a new boot id, the staged OS image), and the agent starts
+/// again. Returns the line to print, when it rebooted.
+fn reboot_if_asked(
+    launch: &AgentLaunch,
+    name: &str,
+    sandbox: &Sandbox,
+    agent: &mut Child,
+) -> Result<Option<String>, DemoError> {
+    if !sandbox.reboot_requested() {
+        return Ok(None);
+    }
+    let _ = agent.kill();
+    let _ = agent.wait();
+    let before = sandbox.boot_id();
+    let after = sandbox.boot().map_err(setup("rebooting a sandbox"))?;
+    let node_dir = sandbox.root.parent().unwrap_or(&sandbox.root);
+    *agent = launch.spawn(name, sandbox, node_dir)?;
+    Ok(Some(format!(
+        "the machine reboots (boot id {} → {}), booted {}; its agent starts again",
+        before.get(..8).unwrap_or(&before),
+        after.get(..8).unwrap_or(&after),
+        sandbox.os_image()
+    )))
+}
+
 /// Runs the demo with `machines` Machines in `dir`, printing progress to stdout; the kubelet restart of Machine
 /// `fail` (1-based) fails.
 pub async fn run(
     machines: usize,
     dir: &Path,
     fail: Option<usize>,
+    scenario: &Scenario,
 ) -> Result<Vec<MachineResult>, DemoError> {
     let exe: PathBuf = std::env::current_exe().map_err(setup("locating this binary"))?;
     let certs_dir = dir.join("certs");
@@ -245,6 +317,12 @@ pub async fn run(
 
     let (server, addr) = start_server(&exe, dir, &tokens)?;
     let mut children = Children(vec![server]);
+    let launch = AgentLaunch {
+        exe: exe.clone(),
+        server: format!("https://{addr}"),
+        ca_file: certs_dir.join("ca.crt"),
+        token_file: token_file.clone(),
+    };
     println!(
         "server   https://{addr}  (store, logs and sandboxes in {})",
         dir.display()
@@ -265,49 +343,25 @@ pub async fn run(
             .set_pace(DEMO_PACE_SECONDS)
             .map_err(setup("sandbox"))?;
         if fail == Some(i + 1) {
-            sandbox
-                .fail_kubelet_restart(true)
-                .map_err(setup("sandbox"))?;
+            match scenario {
+                Scenario::Upgrade => sandbox.fail_kubelet_restart(true),
+                // The node comes back on its previous image, as an A/B boot falls back.
+                Scenario::OsImage(_) => sandbox.fall_back_next_boot(true),
+            }
+            .map_err(setup("sandbox"))?;
         }
         add_workloads(&sandbox.kube, i, PdbBlock::Attempts(DEMO_PDB_REFUSALS));
-        let log = std::fs::File::create(node_dir.join("agent.log")).map_err(setup("agent log"))?;
-        let child = Command::new(&exe)
-            .args([
-                "agent",
-                "--server",
-                &format!("https://{addr}"),
-                "--tls-server-name",
-                "localhost",
-            ])
-            .arg("--ca-file")
-            .arg(certs_dir.join("ca.crt"))
-            .arg("--token-file")
-            .arg(&token_file)
-            .args(["--machine", &format!("default/{name}")])
-            .arg("--config")
-            .arg(&sandbox.config)
-            .arg("--state-dir")
-            .arg(&sandbox.state_dir)
-            .arg("--root")
-            .arg(&sandbox.root)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(setup("agent log"))?)
-            .stderr(log)
-            .spawn()
-            .map_err(setup("starting an agent"))?;
+        let child = launch.spawn(&name, &sandbox, &node_dir)?;
         children.0.push(child);
         println!("agent    default/{name}  (root {})", sandbox.root.display());
         names.push((name, control_plane, sandbox));
     }
-    println!(
-        "\nCAPI: upgrade v1.33.4 → v1.34.1 in place (control plane one by one, then workers)\n"
-    );
+    println!("\n{}\n", scenario.headline());
 
     let started = Instant::now();
     let mut results = Vec::new();
     let mut workers_judged = false;
-    for (name, control_plane, sandbox) in &names {
+    for (i, (name, control_plane, sandbox)) in names.iter().enumerate() {
         // CAPI does not go on to the next Machine while one failed: KCP and a MachineDeployment with
         // maxUnavailable 1 wait for it.
         if results.iter().any(|r: &MachineResult| r.result != "done") {
@@ -321,14 +375,15 @@ pub async fn run(
             continue;
         }
         let template = if *control_plane {
-            let question = request_for(CONTROL_PLANE_QUESTION, name)?;
+            let question = scenario.request(request_for(CONTROL_PLANE_QUESTION, name)?);
             let what = format!("default/{name}");
             ask(addr, &ca, Hook::CanUpdateMachine, &question, started, &what).await?;
             CONTROL_PLANE_REQUEST
         } else {
             if !workers_judged {
-                let question: Value =
-                    serde_json::from_str(WORKER_QUESTION).map_err(setup("built-in request"))?;
+                let question: Value = scenario.request(
+                    serde_json::from_str(WORKER_QUESTION).map_err(setup("built-in request"))?,
+                );
                 let set = &question["desired"]["machineSet"]["metadata"]["name"];
                 let what = format!("MachineSet default/{}", set.as_str().unwrap_or_default());
                 ask(
@@ -344,7 +399,7 @@ pub async fn run(
             }
             WORKER_REQUEST
         };
-        let request = request_for(template, name)?;
+        let request = scenario.request(request_for(template, name)?);
         let begun = Instant::now();
         let mut last = String::new();
         let result = loop {
@@ -373,6 +428,12 @@ pub async fn run(
                 (200, Some("Success"), _) => {}
                 _ if message.contains("; rolled back step") => break ROLLED_BACK.to_owned(),
                 _ => break format!("failed: {message}"),
+            }
+            if let Some(line) = reboot_if_asked(&launch, name, sandbox, &mut children.0[i + 1])? {
+                println!(
+                    "[{:6.1}s] default/{name}: {line}",
+                    started.elapsed().as_secs_f64()
+                );
             }
             if begun.elapsed() > MACHINE_DEADLINE {
                 break format!("not done after {}s", MACHINE_DEADLINE.as_secs());
@@ -441,8 +502,11 @@ fn node_report(sandbox: &Sandbox) -> String {
         .map(|e| e.pod.clone())
         .collect();
     format!(
-        "kubelet {}; {}; evicted {} ({refused} refused by a budget)",
+        "kubelet {}; OS {} ({} reboot{}); {}; evicted {} ({refused} refused by a budget)",
         sandbox.kubelet_version(),
+        sandbox.os_image(),
+        sandbox.reboots(),
+        if sandbox.reboots() == 1 { "" } else { "s" },
         if patches.is_empty() {
             "never cordoned".to_owned()
         } else {
