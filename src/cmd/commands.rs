@@ -513,6 +513,19 @@ pub async fn demo(args: &crate::cmd::cli::DemoArgs) -> anyhow::Result<()> {
             .all(|(i, r)| r.result == expected(i)),
         "some Machines did not end as expected"
     );
+    if let crate::cmd::demo::scenario::Scenario::OsImage(image) = &scenario {
+        // Every node updated booted the image, after exactly one reboot.
+        let wrong: Vec<&str> = results
+            .iter()
+            .filter(|r| r.result == "done" && r.os != (image.clone(), 1))
+            .map(|r| r.name.as_str())
+            .collect();
+        anyhow::ensure!(
+            wrong.is_empty(),
+            "not on {image} after one reboot: {}",
+            wrong.join(", ")
+        );
+    }
     Ok(())
 }
 

@@ -83,6 +83,8 @@ pub struct MachineResult {
     pub kubeadm: Vec<String>,
     /// What the node's API saw: `spec.unschedulable` patches and evictions answered.
     pub node: String,
+    /// The OS image the node booted last, and how many times it was asked to reboot.
+    pub os: (String, usize),
 }
 
 fn request_for(template: &str, name: &str) -> Result<Value, DemoError> {
@@ -371,6 +373,7 @@ pub async fn run(
                 took: Duration::ZERO,
                 kubeadm: Vec::new(),
                 node: node_report(sandbox),
+                os: (sandbox.os_image(), sandbox.reboots()),
             });
             continue;
         }
@@ -451,6 +454,7 @@ pub async fn run(
             took: begun.elapsed(),
             kubeadm,
             node: node_report(sandbox),
+            os: (sandbox.os_image(), sandbox.reboots()),
         });
     }
     drop(children);
