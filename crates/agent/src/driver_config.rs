@@ -9,6 +9,7 @@ use inplace_agent_api::is_valid_kubernetes_version;
 use serde::Deserialize;
 
 pub use crate::node_config::NodeConfig;
+pub use crate::preflight::ControlPlaneConfig;
 use crate::retry::RetryPolicy;
 pub use crate::sequence_command::{CommandSpec, RecordCondition, SequenceCommand};
 use crate::sequence_command::{check_argv, check_node_path};
@@ -63,6 +64,9 @@ pub struct DriverConfig {
     /// The node steps' API access (drainNode, waitNodeReady, uncordonNode); they fail without it.
     #[serde(default)]
     pub node: Option<NodeConfig>,
+    /// The control-plane preflight's access to this node's etcd member (kubeadm's defaults).
+    #[serde(default)]
+    pub control_plane: ControlPlaneConfig,
 }
 
 impl Default for DriverConfig {
@@ -77,6 +81,7 @@ impl Default for DriverConfig {
             etcd: EtcdConfig::default(),
             inventory: InventoryConfig::default(),
             node: None,
+            control_plane: ControlPlaneConfig::default(),
         }
     }
 }
@@ -413,6 +418,7 @@ impl DriverConfig {
         if let Some(node) = &self.node {
             node.validate().map_err(invalid)?;
         }
+        self.control_plane.validate().map_err(invalid)?;
         Ok(())
     }
 

@@ -104,6 +104,18 @@ pub(crate) async fn run_step<H: StepHost + Send>(
     let undo = if began {
         None
     } else {
+        // A control-plane Machine's disruptive step waits for a control plane that can afford it; a step
+        // that began is never held back (it may have made its effect: see `preflight`).
+        if crate::preflight::needed(&plan, &step) {
+            match crate::preflight::gate(host, &plan.id, index, &step, shutdown).await {
+                ControlFlow::Break(()) => return ControlFlow::Break(()),
+                ControlFlow::Continue(Err(failed)) => {
+                    finish(host, &identity, index, failed);
+                    return ControlFlow::Continue(());
+                }
+                ControlFlow::Continue(Ok(())) => {}
+            }
+        }
         crate::rollback_verify::note_kubelet_before(host).await;
         let (_cancel_tx, cancel) = watch::channel(false);
         let ctx = RecordContext {
@@ -267,18 +279,19 @@ fn record_progress(
 ) -> bool {
     write_progress(
         store,
-        progress,
+        Some(progress),
         message,
         |record| record.steps.get_mut(index),
         |plan_id, step| report_for(identity, plan_id, index, step),
     )
 }
 
-/// Writes a sequence's progress into the record `entry` finds in the current plan's (a step's, or an undo's);
-/// a new message replaces its message and queues `report` of it (`running`). True once it is on disk.
+/// Writes a sequence's progress (when given) into the record `entry` finds in the current plan's (a step's,
+/// or an undo's); a new message replaces its message and queues `report` of it (`running`). True once it is
+/// on disk.
 pub(crate) fn write_progress(
     store: &mut StateStore,
-    progress: SequenceProgress,
+    progress: Option<SequenceProgress>,
     message: Option<String>,
     entry: impl FnOnce(&mut PlanRecord) -> Option<&mut LocalStepRecord>,
     report: impl FnOnce(&str, &LocalStepRecord) -> StepReport,
@@ -290,7 +303,9 @@ pub(crate) fn write_progress(
     let Some(step) = entry(record) else {
         return false;
     };
-    step.progress = Some(progress);
+    if progress.is_some() {
+        step.progress = progress;
+    }
     if let Some(message) = message {
         step.message = Some(truncate_head(&message, MESSAGE_MAX_BYTES).to_owned());
         let report = report(&plan_id, step);
