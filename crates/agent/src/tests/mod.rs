@@ -8,6 +8,7 @@ mod node_config;
 mod package_cases;
 mod package_undo;
 mod package_world;
+mod preflight;
 mod resume;
 mod retries;
 mod rollback;
