@@ -18,6 +18,10 @@ pub const DEFAULT_ETCD_KEY_FILE: &str = "/etc/kubernetes/pki/etcd/healthcheck-cl
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ControlPlaneConfig {
+    /// Ask etcd when `etcd.manifest` exists (default). `false` only where that manifest runs no member (a
+    /// sandbox, the demo): the other control-plane Nodes are still checked.
+    #[serde(default = "default_check_etcd")]
+    pub check_etcd: bool,
     /// The local etcd member's client URL (`https://` with the certificate below, or `http://`).
     #[serde(default = "default_endpoint")]
     pub etcd_endpoint: String,
@@ -35,12 +39,17 @@ pub struct ControlPlaneConfig {
 impl Default for ControlPlaneConfig {
     fn default() -> Self {
         Self {
+            check_etcd: default_check_etcd(),
             etcd_endpoint: default_endpoint(),
             etcd_ca_file: default_ca(),
             etcd_cert_file: default_cert(),
             etcd_key_file: default_key(),
         }
     }
+}
+
+fn default_check_etcd() -> bool {
+    true
 }
 
 fn default_endpoint() -> String {
@@ -101,6 +110,7 @@ mod tests {
         let config = DriverConfig::from_yaml("").unwrap().control_plane;
         assert_eq!(config.etcd_endpoint, super::DEFAULT_ETCD_ENDPOINT);
         assert_eq!(config.etcd_key_file, super::DEFAULT_ETCD_KEY_FILE);
+        assert!(config.check_etcd);
         let config =
             DriverConfig::from_yaml("controlPlane: {etcdEndpoint: 'http://10.0.0.1:2379'}")
                 .unwrap()

@@ -36,6 +36,8 @@ pub(crate) struct Member {
 pub(crate) enum Etcd {
     /// No etcd static pod manifest: this node runs no etcd member, etcd is not checked.
     NoLocalMember,
+    /// `controlPlane.checkEtcd: false`: etcd is not checked.
+    NotChecked,
     /// The members could not be listed (why).
     Unreachable(String),
     /// The members and how each answered; `local_id` is the member id the local endpoint reported.
@@ -109,6 +111,9 @@ fn shown(member: &Member) -> String {
 fn decide_etcd(etcd: &Etcd, node: Option<&str>) -> Result<String, String> {
     let (members, local_id) = match etcd {
         Etcd::NoLocalMember => return Ok("no local etcd member (no etcd manifest)".to_owned()),
+        Etcd::NotChecked => {
+            return Ok("etcd not checked (controlPlane.checkEtcd: false)".to_owned());
+        }
         Etcd::Unreachable(why) => return Err(format!("etcd: {why}")),
         Etcd::Members { members, local_id } => (members, *local_id),
     };

@@ -156,6 +156,8 @@ fn no_local_etcd_checks_only_the_nodes() {
     let mut seen = seen(&[]);
     seen.etcd = Etcd::NoLocalMember;
     assert!(passes(decide(&seen)).contains("no local etcd member"));
+    seen.etcd = Etcd::NotChecked;
+    assert!(passes(decide(&seen)).contains("etcd not checked (controlPlane.checkEtcd: false)"));
     seen.nodes = Nodes::NotReady(vec![(
         "cp-2".into(),
         "Ready is False (KubeletNotReady)".into(),

@@ -72,10 +72,26 @@ pub(crate) enum EtcdError {
     },
 }
 
+impl EtcdError {
+    /// What went wrong, without the URL (when the message names the member already).
+    fn reason(&self) -> String {
+        match self {
+            Self::Transport { reason, .. } | Self::Answer { reason, .. } => reason.clone(),
+            Self::Timeout { .. } => {
+                format!("no answer within {} s", ETCD_REQUEST_TIMEOUT.as_secs())
+            }
+            other => other.to_string(),
+        }
+    }
+}
+
 type Http = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Sees etcd: `Etcd::NoLocalMember` when `manifest` (node path) does not exist.
 pub(crate) async fn observe(config: &ControlPlaneConfig, fs: &RootFs, manifest: &str) -> Etcd {
+    if !config.check_etcd {
+        return Etcd::NotChecked;
+    }
     let manifest = match fs.path(manifest) {
         Ok(path) => path,
         Err(e) => return Etcd::Unreachable(format!("etcd.manifest: {e}")),
@@ -143,7 +159,7 @@ async fn member_health(http: &Http, url: &str) -> Result<(), String> {
         .map_err(|e| format!("{health_url}: {e}"))?;
     let (status, body) = exchange(http, &health_url, request)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.reason())?;
     let answer: Health = serde_json::from_slice(&body).unwrap_or_default();
     if status.is_success() && answer.health == "true" {
         return Ok(());

@@ -9,9 +9,9 @@
 //!
 //! Not OK: the agent waits — at most [`PREFLIGHT_WAIT`], never past the step's timeout — looking again every
 //! [`PREFLIGHT_RECHECK`], the running step's message saying why ("waiting for the control plane: …"); then
-//! the step fails, naming what was unhealthy. The preflight runs before the step's undo record, before it is
-//! recorded running and before its first effect: a step that fails its preflight changed nothing, and a
-//! rollback passes it over.
+//! the step fails, naming what was unhealthy. The executor runs it (`executor.rs`, `preflight`) before the
+//! step's undo record, before it is recorded running and before its first effect: a step that fails its
+//! preflight changed nothing, and a rollback passes it over.
 //!
 //! Resumes: the preflight gates a step's first attempt only — the attempts that have made no effect yet. A
 //! preflight stopped by a shutdown or a crash leaves the step never begun, so the next start checks again.
@@ -23,7 +23,6 @@
 mod config;
 mod decide;
 mod etcd;
-mod gate;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -39,7 +38,6 @@ pub use config::{
 };
 use decide::{Nodes, Seen, Verdict, decide};
 pub use etcd::{ETCD_REQUEST_TIMEOUT, MAX_ETCD_ANSWER_BYTES};
-pub(crate) use gate::gate;
 
 use crate::driver_config::DriverConfig;
 use crate::driver_env::DriverEnv;
