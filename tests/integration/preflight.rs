@@ -4,6 +4,7 @@
 //! another member's preflight waits, then fails naming the killed member and the lost quorum; a node without
 //! an etcd manifest does not look at etcd. (The other control-plane Nodes' side is tested in the agent crate
 //! against the fake API server.)
+#![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
 use std::path::Path;
 use std::time::{Duration, Instant};
