@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::ControlPlaneConfig;
 use super::decide::{Etcd, Member};
-use crate::client::error_chain;
+use crate::client::{HttpsClient, Unanswered, error_chain, send_bounded};
 use crate::fsutil::RootFs;
 use crate::limits::MAX_ETCD_PKI_FILE_BYTES;
 
@@ -84,8 +84,6 @@ impl EtcdError {
         }
     }
 }
-
-type Http = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Sees etcd: `Etcd::NoLocalMember` when `manifest` (node path) does not exist.
 pub(crate) async fn observe(config: &ControlPlaneConfig, fs: &RootFs, manifest: &str) -> Etcd {
@@ -152,7 +150,7 @@ async fn ask(config: &ControlPlaneConfig, fs: &RootFs) -> Result<Etcd, EtcdError
 }
 
 /// `GET {url}/health`: `{"health":"true"}` is healthy; anything else says why not.
-async fn member_health(http: &Http, url: &str) -> Result<(), String> {
+async fn member_health(http: &HttpsClient, url: &str) -> Result<(), String> {
     let health_url = format!("{}/health", url.trim_end_matches('/'));
     let request = hyper::Request::get(&health_url)
         .body(Full::new(Bytes::new()))
@@ -173,7 +171,7 @@ async fn member_health(http: &Http, url: &str) -> Result<(), String> {
 }
 
 /// POSTs `{}` to `url` and returns a 2xx body.
-async fn post(http: &Http, url: &str) -> Result<Bytes, EtcdError> {
+async fn post(http: &HttpsClient, url: &str) -> Result<Bytes, EtcdError> {
     let request = hyper::Request::post(url)
         .header(hyper::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from_static(b"{}")))
@@ -193,34 +191,26 @@ async fn post(http: &Http, url: &str) -> Result<Bytes, EtcdError> {
 }
 
 async fn exchange(
-    http: &Http,
+    http: &HttpsClient,
     url: &str,
     request: hyper::Request<Full<Bytes>>,
 ) -> Result<(hyper::StatusCode, Bytes), EtcdError> {
-    let exchange = async {
-        let response = http
-            .request(request)
-            .await
-            .map_err(|e| EtcdError::Transport {
-                url: url.to_owned(),
-                reason: error_chain(&e),
-            })?;
-        let status = response.status();
-        let body = Limited::new(response.into_body(), MAX_ETCD_ANSWER_BYTES)
-            .collect()
-            .await
-            .map_err(|e| EtcdError::Answer {
-                url: url.to_owned(),
-                reason: e.to_string(),
-            })?
-            .to_bytes();
-        Ok((status, body))
-    };
+    let exchange = send_bounded(http, request, MAX_ETCD_ANSWER_BYTES);
     tokio::time::timeout(ETCD_REQUEST_TIMEOUT, exchange)
         .await
         .map_err(|_| EtcdError::Timeout {
             url: url.to_owned(),
         })?
+        .map_err(|e| match e {
+            Unanswered::Send(e) => EtcdError::Transport {
+                url: url.to_owned(),
+                reason: error_chain(&e),
+            },
+            Unanswered::Body(reason) => EtcdError::Answer {
+                url: url.to_owned(),
+                reason,
+            },
+        })
 }
 
 fn decode<T: serde::de::DeserializeOwned>(url: &str, body: &[u8]) -> Result<T, EtcdError> {
@@ -239,7 +229,7 @@ fn id(value: &Value) -> Option<u64> {
 }
 
 /// An HTTP(S) client presenting the configured client certificate, trusting the configured CA only.
-fn client(config: &ControlPlaneConfig, fs: &RootFs) -> Result<Http, EtcdError> {
+fn client(config: &ControlPlaneConfig, fs: &RootFs) -> Result<HttpsClient, EtcdError> {
     let read = |key: &'static str, node_path: &str| {
         let path = fs
             .path(node_path)
