@@ -100,7 +100,8 @@ async fn rollout_upgrades_control_plane_then_workers_for_real() {
         let log = agent.sandbox.root.parent().unwrap().join("agent.log");
         let log = std::fs::read_to_string(log).unwrap();
         assert_eq!(
-            log.contains("control-plane preflight passed"),
+            log.contains("control-plane preflight passed")
+                && log.contains("etcd not checked (controlPlane.checkEtcd: false)"),
             i < 3,
             "{}: {log}",
             agent.name

@@ -159,3 +159,20 @@ async fn a_step_that_began_and_a_worker_are_never_held_back() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_node_with_an_etcd_manifest_but_no_health_check_certificate_is_held_back() {
+    let sb = Sandbox::new();
+    let (_api, mut host) = cluster(&sb);
+    sb.write_node("/etc/kubernetes/manifests/etcd.yaml", "kind: Pod\n");
+    host.store.adopt(plan(true, 2)).unwrap();
+    run_first_step(&mut host).await;
+    let step = step_record(&host);
+    let message = step.message.unwrap_or_default();
+    assert_eq!(step.status, LocalStepStatus::Failed, "{message}");
+    assert!(
+        message.contains("etcd: controlPlane.etcdCaFile: ") && message.contains("ca.crt"),
+        "{message}"
+    );
+    assert!(!sb.node(FLAGS).exists());
+}
