@@ -94,6 +94,19 @@ async fn rollout_upgrades_control_plane_then_workers_for_real() {
         // Idempotent after completion: the same desired spec, the same answer.
         assert_eq!(capi.update_machine(&request).await, UpdateOutcome::Done);
     }
+    // Each control-plane step that disturbs a control plane waited for the preflight (the sandboxes' etcd
+    // manifests run no member: the Nodes were checked); the workers' steps ran none.
+    for (i, agent) in agents.iter().enumerate() {
+        let log = agent.sandbox.root.parent().unwrap().join("agent.log");
+        let log = std::fs::read_to_string(log).unwrap();
+        assert_eq!(
+            log.contains("control-plane preflight passed")
+                && log.contains("etcd not checked (controlPlane.checkEtcd: false)"),
+            i < 3,
+            "{}: {log}",
+            agent.name
+        );
+    }
     let applies: Vec<(&str, usize)> = agents[..3]
         .iter()
         .map(|a| {

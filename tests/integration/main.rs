@@ -32,6 +32,7 @@ mod hostile;
 mod layers;
 mod load_harness;
 mod openapi;
+mod preflight;
 mod readme;
 mod resume_node;
 mod server_tls;

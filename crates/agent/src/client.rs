@@ -166,7 +166,7 @@ pub(crate) struct ServerClient {
     server_name: Option<String>,
     /// SHA-256 of the CA bundle this client verifies the server with.
     ca_sha256: String,
-    http: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    http: HttpsClient,
 }
 
 impl std::fmt::Debug for ServerClient {
@@ -372,30 +372,21 @@ impl ServerClient {
         limit: usize,
         timeout: Duration,
     ) -> Result<Bytes, ClientError> {
-        let exchange = async {
-            let response =
-                self.http
-                    .request(request)
-                    .await
-                    .map_err(|e| ClientError::Transport {
-                        url: url.to_owned(),
-                        reason: error_chain(&e),
-                        kind: transport_kind(&e),
-                    })?;
-            let status = response.status();
-            let body = Limited::new(response.into_body(), limit)
-                .collect()
-                .await
-                .map_err(|e| ClientError::Decode {
-                    url: url.to_owned(),
-                    reason: e.to_string(),
-                })?
-                .to_bytes();
-            Ok::<_, ClientError>((status, body))
-        };
+        let exchange = send_bounded(&self.http, request, limit);
         let (status, body) = tokio::time::timeout(timeout, exchange)
             .await
-            .map_err(|_| ClientError::Timeout(url.to_owned()))??;
+            .map_err(|_| ClientError::Timeout(url.to_owned()))?
+            .map_err(|e| match e {
+                Unanswered::Send(e) => ClientError::Transport {
+                    url: url.to_owned(),
+                    reason: error_chain(&e),
+                    kind: transport_kind(&e),
+                },
+                Unanswered::Body(reason) => ClientError::Decode {
+                    url: url.to_owned(),
+                    reason,
+                },
+            })?;
         self.tokens.answered(successor, Some(status.as_u16()));
         if !status.is_success() {
             let message = match serde_json::from_slice::<ErrorResponse>(&body) {
@@ -415,7 +406,37 @@ impl ServerClient {
     }
 }
 
-fn error_chain(error: &dyn std::error::Error) -> String {
+/// The agent's HTTP(S) client: hyper's pooled client over rustls (the server's, and etcd's in the preflight).
+pub(crate) type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Why a request got no whole answer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Unanswered {
+    /// The request failed: no connection, the TLS handshake, or the connection dropped.
+    #[error("{0}")]
+    Send(#[source] hyper_util::client::legacy::Error),
+    /// The answer's body could not be read, or is over the limit.
+    #[error("{0}")]
+    Body(String),
+}
+
+/// Sends `request` and reads its answer's body, at most `limit` bytes (the caller bounds the time).
+pub(crate) async fn send_bounded(
+    http: &HttpsClient,
+    request: hyper::Request<Full<Bytes>>,
+    limit: usize,
+) -> Result<(hyper::StatusCode, Bytes), Unanswered> {
+    let response = http.request(request).await.map_err(Unanswered::Send)?;
+    let status = response.status();
+    let body = Limited::new(response.into_body(), limit)
+        .collect()
+        .await
+        .map_err(|e| Unanswered::Body(e.to_string()))?
+        .to_bytes();
+    Ok((status, body))
+}
+
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(inner) = source {

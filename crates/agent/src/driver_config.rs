@@ -9,6 +9,7 @@ use inplace_agent_api::is_valid_kubernetes_version;
 use serde::Deserialize;
 
 pub use crate::node_config::NodeConfig;
+pub use crate::preflight::ControlPlaneConfig;
 pub use crate::reboot_config::{OsImageConfig, RebootConfig, RequiredCheck};
 use crate::retry::RetryPolicy;
 pub use crate::sequence_command::{CommandSpec, RecordCondition, SequenceCommand};
@@ -70,6 +71,9 @@ pub struct DriverConfig {
     /// The osImage driver; without it this node refuses osImage steps.
     #[serde(default)]
     pub os_image: Option<OsImageConfig>,
+    /// The control-plane preflight's access to this node's etcd member (kubeadm's defaults).
+    #[serde(default)]
+    pub control_plane: ControlPlaneConfig,
 }
 
 impl Default for DriverConfig {
@@ -86,6 +90,7 @@ impl Default for DriverConfig {
             node: None,
             reboot: RebootConfig::default(),
             os_image: None,
+            control_plane: ControlPlaneConfig::default(),
         }
     }
 }
@@ -426,6 +431,7 @@ impl DriverConfig {
         if let Some(os_image) = &self.os_image {
             os_image.validate().map_err(invalid)?;
         }
+        self.control_plane.validate().map_err(invalid)?;
         Ok(())
     }
 

@@ -10,6 +10,9 @@
 //! (service restarts). Failing instead would leave the node half-changed for an operator to
 //! repair by hand. A step interrupted [`MAX_STEP_ATTEMPTS`] times (e.g. one that keeps crashing
 //! the node) fails instead. An attempt stopped by a clean shutdown is not counted.
+//!
+//! On a control-plane Machine, a step whose kind disturbs a control plane first waits for the control-plane
+//! preflight (`crate::preflight`), before its first attempt only: a failed preflight fails the step unbegun.
 
 //!
 //! The executor knows the agent only through [`StepHost`] (the pull loop implements it): it depends on the
@@ -20,7 +23,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use inplace_agent_api::{AgentIdentity, MESSAGE_MAX_BYTES, PlanStatus, StepReport};
+use inplace_agent_api::{AgentIdentity, MESSAGE_MAX_BYTES, PlanStatus, Step, StepReport};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -30,6 +33,7 @@ use crate::drivers::{
     DriverOutcome, ProgressRecorder, ProgressUpdate, RecordContext, StepContext, StepResult,
     execute, record_undo,
 };
+use crate::preflight::PREFLIGHT_WAIT;
 use crate::shutdown::{Shutdown, pause};
 use crate::state::{
     LocalStepRecord, LocalStepStatus, PlanRecord, SequenceProgress, StateStore, report_for,
@@ -104,6 +108,18 @@ pub(crate) async fn run_step<H: StepHost + Send>(
     let undo = if began {
         None
     } else {
+        // A control-plane Machine's disruptive step waits for a control plane that can afford it; a step
+        // that began is never held back (it may have made its effect: see `preflight`).
+        if crate::preflight::needed(&plan, &step) {
+            match preflight(host, &plan.id, index, &step, shutdown).await {
+                ControlFlow::Break(()) => return ControlFlow::Break(()),
+                ControlFlow::Continue(Err(failed)) => {
+                    finish(host, &identity, index, failed);
+                    return ControlFlow::Continue(());
+                }
+                ControlFlow::Continue(Ok(())) => {}
+            }
+        }
         crate::rollback_verify::note_kubelet_before(host).await;
         let (_cancel_tx, cancel) = watch::channel(false);
         let ctx = RecordContext {
@@ -202,6 +218,57 @@ pub(crate) async fn run_step<H: StepHost + Send>(
     }
 }
 
+/// Runs the control-plane preflight of step `index` (`step`) of plan `plan_id`: `Continue(Ok)` when the step may start,
+/// `Continue(Err)` with the step's failure, `Break` when the agent shuts down (the step stays never begun).
+/// A task of its own driven like a step (reports delivered, its waiting message written to the step's record
+/// and reported as running), before the step's undo record: the step has not begun.
+async fn preflight<H: StepHost + Send>(
+    host: &mut H,
+    plan_id: &str,
+    index: usize,
+    step: &Step,
+    shutdown: &mut Shutdown,
+) -> ControlFlow<(), Result<(), StepResult>> {
+    let identity = host.identity().clone();
+    let now = Instant::now();
+    let deadline =
+        (now + PREFLIGHT_WAIT).min(now + Duration::from_secs(u64::from(step.timeout_seconds)));
+    let (cancel_tx, cancel) = watch::channel(false);
+    let (progress_tx, progress_rx) = mpsc::channel(1);
+    let ctx = StepContext {
+        plan_id: plan_id.to_owned(),
+        step: step.clone(),
+        deadline,
+        resumed: false,
+        progress: None,
+        recorder: ProgressRecorder::new(progress_tx),
+        cancel,
+    };
+    tracing::info!(plan = %plan_id, step = index, "control-plane preflight");
+    let task = tokio::spawn(crate::preflight::run(host.env(), ctx));
+    // Only the message: the step keeps no progress of its preflight.
+    let record = |store: &mut StateStore, _progress, message| {
+        write_progress(
+            store,
+            None,
+            message,
+            |record| record.steps.get_mut(index),
+            |plan_id, step| report_for(&identity, plan_id, index, step),
+        )
+    };
+    let (result, stopping) = drive(host, task, cancel_tx, progress_rx, shutdown, record).await;
+    if stopping || result.outcome == DriverOutcome::Interrupted {
+        return ControlFlow::Break(());
+    }
+    match result.outcome {
+        DriverOutcome::Succeeded => {
+            tracing::info!(plan = %plan_id, step = index, message = %result.message, "control-plane preflight passed");
+            ControlFlow::Continue(Ok(()))
+        }
+        _ => ControlFlow::Continue(Err(result)),
+    }
+}
+
 /// Awaits a step's (or an undo's) task while delivering reports and writing its progress with `record`. On
 /// shutdown the task is cancelled (the driver kills its process group: TERM, then KILL after
 /// `KILL_GRACE`) and awaited up to three grace periods; a command that completed meanwhile still gets its
@@ -267,18 +334,19 @@ fn record_progress(
 ) -> bool {
     write_progress(
         store,
-        progress,
+        Some(progress),
         message,
         |record| record.steps.get_mut(index),
         |plan_id, step| report_for(identity, plan_id, index, step),
     )
 }
 
-/// Writes a sequence's progress into the record `entry` finds in the current plan's (a step's, or an undo's);
-/// a new message replaces its message and queues `report` of it (`running`). True once it is on disk.
+/// Writes a sequence's progress (when given) into the record `entry` finds in the current plan's (a step's,
+/// or an undo's); a new message replaces its message and queues `report` of it (`running`). True once it is
+/// on disk.
 pub(crate) fn write_progress(
     store: &mut StateStore,
-    progress: SequenceProgress,
+    progress: Option<SequenceProgress>,
     message: Option<String>,
     entry: impl FnOnce(&mut PlanRecord) -> Option<&mut LocalStepRecord>,
     report: impl FnOnce(&str, &LocalStepRecord) -> StepReport,
@@ -290,7 +358,9 @@ pub(crate) fn write_progress(
     let Some(step) = entry(record) else {
         return false;
     };
-    step.progress = Some(progress);
+    if progress.is_some() {
+        step.progress = progress;
+    }
     if let Some(message) = message {
         step.message = Some(truncate_head(&message, MESSAGE_MAX_BYTES).to_owned());
         let report = report(&plan_id, step);

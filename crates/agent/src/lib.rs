@@ -24,6 +24,7 @@ mod fsutil;
 mod inventory;
 mod limits;
 mod node_config;
+mod preflight;
 mod reboot_config;
 mod reboot_decide;
 mod retry;
@@ -55,9 +56,9 @@ pub use config::{AgentConfig, DEFAULT_STATE_DIR};
 pub use diagnose::PROBE_TIMEOUT;
 pub use download::DOWNLOAD_TIMEOUT;
 pub use driver_config::{
-    Check, CommandSequence, CommandSpec, ConfigError, DriverConfig, EtcdConfig, InventoryConfig,
-    KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES, NtpConfig, NtpFlavor, RecordCommand,
-    RecordCondition, SequenceCommand, UndoSequence,
+    Check, CommandSequence, CommandSpec, ConfigError, ControlPlaneConfig, DriverConfig, EtcdConfig,
+    InventoryConfig, KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES, NtpConfig, NtpFlavor,
+    RecordCommand, RecordCondition, SequenceCommand, UndoSequence,
 };
 pub use drivers::{
     NODE_STEP_DEADLINE_GRACE, driver_kinds, missing_undos, unconfigured_kinds,
@@ -70,6 +71,11 @@ pub use limits::*;
 pub use node_config::{
     DEFAULT_EVICTION_RETRY_MILLIS, DEFAULT_NODE_KUBECONFIG, DEFAULT_NODE_POLL_MILLIS,
     MAX_NODE_INTERVAL_MILLIS, MIN_NODE_INTERVAL_MILLIS, NodeConfig,
+};
+pub use preflight::{
+    DEFAULT_ETCD_CA_FILE, DEFAULT_ETCD_CERT_FILE, DEFAULT_ETCD_ENDPOINT, DEFAULT_ETCD_KEY_FILE,
+    ETCD_REQUEST_TIMEOUT, MAX_ETCD_ANSWER_BYTES, NODE_LIST_TIMEOUT, PREFLIGHT_RECHECK,
+    PREFLIGHT_WAIT, control_plane_preflight,
 };
 pub use reboot_config::{
     DEFAULT_BOOT_ID_FILE, DEFAULT_REBOOT_COMMAND, DEFAULT_REBOOT_REQUIRED_FILE, OsImageConfig,

@@ -24,3 +24,5 @@ pub const MAX_USER_DB_BYTES: u64 = 16 * 1024 * 1024;
 pub const MAX_MANAGED_FILE_BYTES: u64 = 64 * 1024 * 1024;
 /// A node file backed up before the agent replaces it.
 pub const MAX_BACKUP_BYTES: u64 = 64 * 1024 * 1024;
+/// Each of the etcd CA, health-check client certificate and key the control-plane preflight reads.
+pub const MAX_ETCD_PKI_FILE_BYTES: u64 = 64 * 1024;

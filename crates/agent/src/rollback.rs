@@ -211,7 +211,7 @@ fn record_undo_progress(
         |plan_id: &str, undo: &LocalStepRecord| undo_report(identity, plan_id, index, undo);
     write_progress(
         store,
-        progress,
+        Some(progress),
         message,
         |record| record.rollback.as_mut()?.undos.get_mut(pos),
         report,

@@ -188,7 +188,7 @@ impl Drainer {
         &self.node
     }
 
-    fn nodes(&self) -> Api<Node> {
+    pub(crate) fn nodes(&self) -> Api<Node> {
         Api::all(self.client.clone())
     }
 

@@ -1,10 +1,17 @@
-//! Waiting for the node to be Ready again, at the kubelet version a Kubernetes upgrade installed.
+//! Waiting for the node to be Ready again, at the kubelet version a Kubernetes upgrade installed; and the
+//! readiness of the other control-plane Nodes (the agent's control-plane preflight).
 
 use k8s_openapi::api::core::v1::Node;
+use kube::api::ListParams;
 use tokio::time::Instant;
 
 use crate::decide::bound;
-use crate::drainer::{DrainError, Drainer};
+use crate::drainer::{DrainError, Drainer, api_error};
+
+/// The label kubeadm puts on every control-plane Node (its value is empty).
+pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+/// Most control-plane Nodes read in one list (a control plane has a handful; more are not looked at).
+pub const MAX_CONTROL_PLANE_NODES: u32 = 100;
 
 impl Drainer {
     /// Waits until the node's `Ready` condition is `True` and, when `kubelet_version` is given,
@@ -46,6 +53,31 @@ impl Drainer {
     /// The node's `status.nodeInfo.kubeletVersion` now (`None` when the Node does not report one).
     pub async fn kubelet_version(&self) -> Result<Option<String>, DrainError> {
         Ok(node_kubelet_version(&self.get_node().await?).filter(|v| !v.is_empty()))
+    }
+}
+
+impl Drainer {
+    /// The control-plane Nodes (label [`CONTROL_PLANE_LABEL`]) other than this one that are not Ready, each
+    /// with what keeps it from Ready (`Ready is False (KubeletNotReady)`), in the API's order.
+    pub async fn control_plane_not_ready(&self) -> Result<Vec<(String, String)>, DrainError> {
+        let params = ListParams::default()
+            .labels(CONTROL_PLANE_LABEL)
+            .limit(MAX_CONTROL_PLANE_NODES);
+        let list = self.nodes().list(&params).await.map_err(api_error(format!(
+            "list Nodes labelled {CONTROL_PLANE_LABEL}"
+        )))?;
+        Ok(list
+            .items
+            .iter()
+            .filter_map(|node| {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                if name == self.node {
+                    return None;
+                }
+                let gaps = ready_gaps(node, None);
+                (!gaps.is_empty()).then(|| (name, gaps.join(", ")))
+            })
+            .collect())
     }
 }
 

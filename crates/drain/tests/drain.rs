@@ -1,7 +1,7 @@
 //! The drainer against the fake API server over real TLS: PDB refusals then success, a pod under
 //! two budgets, a pod gone before its eviction, pods blocked without the step's options and
 //! evicted with them, DaemonSet and mirror pods left alone, a timeout naming the pods, and the
-//! Ready + kubelet version wait.
+//! Ready + kubelet version wait, and the other control-plane Nodes' readiness.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
@@ -297,6 +297,28 @@ async fn wait_node_ready_wants_ready_and_the_version() {
         .await
         .unwrap();
     assert!(done.contains("v1.34.1"), "{done}");
+}
+
+#[tokio::test]
+async fn control_plane_peers_not_ready_are_named_and_the_node_itself_and_workers_are_not() {
+    let server = FakeApiServer::start(FakeNode::new("node-a").control_plane()).unwrap();
+    server.add_node(FakeNode::new("cp-b").control_plane());
+    server.add_node(FakeNode::new("cp-c").control_plane());
+    server.add_node(FakeNode::new("worker-1"));
+    let d = drainer(&server).await;
+    assert_eq!(d.control_plane_not_ready().await.unwrap(), []);
+    assert!(server.set_node_ready("cp-c", false));
+    assert!(server.set_node_ready("worker-1", false));
+    server.set_ready(false);
+    assert_eq!(
+        d.control_plane_not_ready().await.unwrap(),
+        [(
+            "cp-c".to_owned(),
+            "Ready is False (KubeletNotReady)".to_owned()
+        )],
+        "this node and the workers are not the peers checked"
+    );
+    assert!(!server.set_node_ready("cp-z", true), "no such Node");
 }
 
 #[tokio::test]

@@ -1,5 +1,6 @@
 //! Test support (feature `test-support`): starts a real etcd (Debian's `etcd-server`) on free
-//! loopback ports with a temporary data dir, waits until it is healthy and kills it when dropped.
+//! loopback ports with a temporary data dir, waits until it is healthy and kills it when dropped; or a
+//! cluster of several such members ([`EtcdCluster`]).
 //!
 //! ```no_run
 //! # fn main() -> std::io::Result<()> {
@@ -48,6 +49,10 @@ pub struct Etcd {
     pub endpoints: Vec<String>,
     /// The data dir (inside a temp dir removed on drop).
     pub data_dir: PathBuf,
+    /// The member's name (`test` for a single etcd).
+    pub name: String,
+    /// `--initial-cluster` of a cluster's member (`None`: a cluster of this member alone).
+    initial_cluster: Option<String>,
     tls: Option<ServerTls>,
     ports: Ports,
     child: Option<Child>,
@@ -70,17 +75,7 @@ impl Etcd {
 
     /// Starts an etcd that serves clients over TLS with client-certificate auth when `tls` is set.
     pub fn start_with(tls: Option<ServerTls>) -> io::Result<Etcd> {
-        let dir = tempfile::Builder::new().prefix("inplace-etcd-").tempdir()?;
-        let ports = free_ports()?;
-        let mut etcd = Etcd {
-            endpoints: Vec::new(),
-            data_dir: dir.path().join("data"),
-            tls,
-            ports,
-            child: None,
-            log: dir.path().join("etcd.log"),
-            _dir: dir,
-        };
+        let mut etcd = Etcd::unstarted("test", tls)?;
         let mut attempt = 1;
         loop {
             etcd.endpoints = vec![format!("127.0.0.1:{}", etcd.ports.client)];
@@ -96,6 +91,33 @@ impl Etcd {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// A member named `name` on fresh free ports, not started.
+    fn unstarted(name: &str, tls: Option<ServerTls>) -> io::Result<Etcd> {
+        let dir = tempfile::Builder::new().prefix("inplace-etcd-").tempdir()?;
+        let ports = free_ports()?;
+        Ok(Etcd {
+            endpoints: vec![format!("127.0.0.1:{}", ports.client)],
+            data_dir: dir.path().join("data"),
+            name: name.to_owned(),
+            initial_cluster: None,
+            tls,
+            ports,
+            child: None,
+            log: dir.path().join("etcd.log"),
+            _dir: dir,
+        })
+    }
+
+    /// The client URL: `https://127.0.0.1:PORT` with TLS, else `http://…`.
+    pub fn client_url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.ports.client)
+    }
+
+    fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ports.peer)
     }
 
     /// `etcd://127.0.0.1:PORT`, for `--store`.
@@ -147,14 +169,18 @@ impl Etcd {
     }
 
     fn launch(&mut self) -> io::Result<()> {
-        let Ports {
-            client,
-            peer,
-            metrics,
-        } = self.ports;
-        let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let client_url = format!("{scheme}://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
+        self.spawn()?;
+        self.wait_healthy()
+    }
+
+    fn spawn(&mut self) -> io::Result<()> {
+        let metrics = self.ports.metrics;
+        let client_url = self.client_url();
+        let peer_url = self.peer_url();
+        let initial_cluster = self
+            .initial_cluster
+            .clone()
+            .unwrap_or_else(|| format!("{}={peer_url}", self.name));
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -162,13 +188,13 @@ impl Etcd {
         let bin = std::env::var_os(ETCD_BIN_ENV).unwrap_or_else(|| "etcd".into());
         let mut command = Command::new(&bin);
         command
-            .arg("--name=test")
+            .arg(format!("--name={}", self.name))
             .arg(format!("--data-dir={}", self.data_dir.display()))
             .arg(format!("--listen-client-urls={client_url}"))
             .arg(format!("--advertise-client-urls={client_url}"))
             .arg(format!("--listen-peer-urls={peer_url}"))
             .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-            .arg(format!("--initial-cluster=test={peer_url}"))
+            .arg(format!("--initial-cluster={initial_cluster}"))
             // Plain-HTTP /health even when the client port is TLS.
             .arg(format!("--listen-metrics-urls=http://127.0.0.1:{metrics}"))
             .arg("--logger=zap")
@@ -198,7 +224,7 @@ impl Etcd {
             }
         })?;
         self.child = Some(child);
-        self.wait_healthy()
+        Ok(())
     }
 
     fn wait_healthy(&mut self) -> io::Result<()> {
@@ -232,6 +258,45 @@ impl Etcd {
                 ));
             }
             std::thread::sleep(POLL_INTERVAL);
+        }
+    }
+}
+
+/// A running test etcd cluster: one [`Etcd`] per member on loopback (client URLs with the same TLS, peers
+/// over plain HTTP), started together and each waited on until healthy. Killed on drop.
+pub struct EtcdCluster {
+    /// The members, in the order their names were given.
+    pub members: Vec<Etcd>,
+}
+
+impl EtcdCluster {
+    /// Starts a cluster of members named `names`, serving clients over TLS with client-certificate auth when
+    /// `tls` is set.
+    pub fn start(names: &[&str], tls: Option<ServerTls>) -> io::Result<EtcdCluster> {
+        let mut attempt = 1;
+        loop {
+            let mut members = names
+                .iter()
+                .map(|name| Etcd::unstarted(name, tls.clone()))
+                .collect::<io::Result<Vec<_>>>()?;
+            let initial_cluster = members
+                .iter()
+                .map(|m| format!("{}={}", m.name, m.peer_url()))
+                .collect::<Vec<_>>()
+                .join(",");
+            // Every member is started before any is waited on: none is healthy before a quorum runs.
+            let started = members.iter_mut().try_for_each(|member| {
+                member.initial_cluster = Some(initial_cluster.clone());
+                member.spawn()
+            });
+            match started.and_then(|()| members.iter_mut().try_for_each(Etcd::wait_healthy)) {
+                Ok(()) => return Ok(EtcdCluster { members }),
+                // Another process took a port between our probe and a member's bind: all anew.
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse && attempt < PORT_ATTEMPTS => {
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
 }

@@ -126,6 +126,9 @@ osImage:
       - run: [bootc, switch, --transport, registry, "{{image}}"]
   current: [bootc, status, --booted, --format, json]
   currentJsonPointer: /status/booted/image/image/image
+# The sandbox's etcd manifest runs no member: the control-plane preflight checks the other Nodes only.
+controlPlane:
+  checkEtcd: false
 "#;
 
 /// The node path of the boot id (the agent's default `reboot.bootIdFile`).

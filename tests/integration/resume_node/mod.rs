@@ -55,7 +55,8 @@ impl Shipped {
     }
 
     /// The config text for a sandbox: every `path:` directory moved under `{{root}}`, pins replaced by the
-    /// digests of the stand-in downloads. Nothing else changes.
+    /// digests of the stand-in downloads, and `controlPlane.checkEtcd: false` (the sandbox's etcd manifest runs
+    /// no member). Nothing else changes.
     pub fn for_sandbox(&self) -> String {
         let dirs: Vec<String> = self
             .config
@@ -77,6 +78,11 @@ impl Shipped {
             })
             .collect();
         assert_eq!(replaced, 1, "{}: one top-level path: line", self.file);
+        let control_plane = lines
+            .iter()
+            .position(|line| line == "controlPlane:")
+            .unwrap_or_else(|| panic!("{}: a top-level controlPlane: section", self.file));
+        lines.insert(control_plane + 1, "  checkEtcd: false".to_owned());
         for tool in ["kubeadm", "kubelet", "kubectl"] {
             let key = format!("{tool}Sha256:");
             let digest = hex(&sha2::Sha256::digest(standins::release_binary(tool, TO)));

@@ -37,7 +37,7 @@ use crate::driver_config::DriverConfig;
 pub(crate) use crate::driver_env::DriverEnv;
 use driver::Driver;
 pub use node::NODE_STEP_DEADLINE_GRACE;
-pub(crate) use node::node_kubelet_version;
+pub(crate) use node::{drainer, drive as drive_node, node_kubelet_version, node_name};
 pub(crate) use step::{DriverOutcome, ProgressRecorder, ProgressUpdate, StepContext, StepResult};
 pub(crate) use undo::{RecordContext, UndoContext, UndoRecord, prune as prune_undo_snapshots};
 

@@ -73,24 +73,29 @@ pub(super) fn unconfigured(config: &DriverConfig) -> Option<String> {
     config.node.is_none().then(|| "node".to_owned())
 }
 
+/// This node's name: `node.name`, else the host name under `--root`.
+pub(crate) fn node_name(env: &DriverEnv) -> Option<String> {
+    env.config
+        .node
+        .as_ref()
+        .and_then(|node| node.name.clone())
+        .or_else(|| read_fact(env, "/proc/sys/kernel/hostname"))
+        .or_else(|| read_fact(env, "/etc/hostname"))
+}
+
 /// The drainer of this node, or the failure naming the missing setting.
-pub(super) async fn drainer(env: &DriverEnv, kind: &str) -> Result<Drainer, StepResult> {
+pub(crate) async fn drainer(env: &DriverEnv, kind: &str) -> Result<Drainer, StepResult> {
     let Some(node) = &env.config.node else {
         return Err(StepResult::failed(format!(
             "{kind} needs the `node:` section of the agent config (node.kubeconfig, node.name)"
         )));
     };
     let path = env.fs.path(&node.kubeconfig).map_err(StepResult::failed)?;
-    let name = node
-        .name
-        .clone()
-        .or_else(|| read_fact(env, "/proc/sys/kernel/hostname"))
-        .or_else(|| read_fact(env, "/etc/hostname"))
-        .ok_or_else(|| {
-            StepResult::failed(format!(
-                "{kind}: node.name is not set and no host name is readable under --root"
-            ))
-        })?;
+    let name = node_name(env).ok_or_else(|| {
+        StepResult::failed(format!(
+            "{kind}: node.name is not set and no host name is readable under --root"
+        ))
+    })?;
     let client = client_from_kubeconfig(&path)
         .await
         .map_err(|e| StepResult::failed(format!("{kind}: node.kubeconfig: {e}")))?;
@@ -109,7 +114,7 @@ fn interrupted() -> StepResult {
 
 /// Runs `work`, forwarding each text from `texts` as the running step's message, until it ends,
 /// the agent shuts down (`None`), or the deadline's grace passed.
-pub(super) async fn drive<T>(
+pub(crate) async fn drive<T>(
     ctx: &mut StepContext,
     mut texts: watch::Receiver<String>,
     work: impl Future<Output = T>,

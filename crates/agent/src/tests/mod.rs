@@ -9,6 +9,7 @@ mod os_image;
 mod package_cases;
 mod package_undo;
 mod package_world;
+mod preflight;
 mod reboot;
 mod resume;
 mod retries;

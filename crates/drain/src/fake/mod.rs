@@ -1,5 +1,5 @@
 //! `FakeApiServer`: a small HTTPS fake of exactly the Kubernetes API calls the drainer makes —
-//! Node get and merge-patch, Pod list by `fieldSelector=spec.nodeName=…` (paged), Pod get, and
+//! Node get and merge-patch, Node list by the control-plane `labelSelector`, Pod list by `fieldSelector=spec.nodeName=…` (paged), Pod get, and
 //! Eviction create — with a real TLS certificate (rcgen CA, rustls) and a kubeconfig (CA data and
 //! a bearer token) that kube-rs connects with, as it would to a real API server.
 //!
@@ -140,6 +140,19 @@ impl FakeApiServer {
         lock(&self.model).node.ready = ready;
     }
 
+    /// Adds another Node (listed, e.g. a control-plane peer with [`FakeNode::control_plane`]; never drained),
+    /// replacing one of the same name.
+    pub fn add_node(&self, node: FakeNode) {
+        let mut model = lock(&self.model);
+        model.others.retain(|other| other.name != node.name);
+        model.others.push(node);
+    }
+
+    /// Sets the Ready condition of the Node named `name`, the agent's or another; false when there is none.
+    pub fn set_node_ready(&self, name: &str, ready: bool) -> bool {
+        lock(&self.model).set_ready(name, ready)
+    }
+
     /// Sets the kubelet version (a readable `kubelet_version_file` still wins).
     pub fn set_kubelet_version(&self, version: &str) {
         lock(&self.model).node.kubelet_version = version.into();
@@ -248,6 +261,7 @@ async fn serve(
 
 fn router(model: Shared) -> Router {
     Router::new()
+        .route("/api/v1/nodes", get(list_nodes))
         .route("/api/v1/nodes/{name}", get(get_node).patch(patch_node))
         .route("/api/v1/pods", get(list_pods))
         .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
@@ -309,6 +323,17 @@ async fn get_node(State(model): State<Shared>, UrlPath(name): UrlPath<String>) -
         ));
     }
     answer((200, model.node_json()))
+}
+
+async fn list_nodes(
+    State(model): State<Shared>,
+    Query(query): Query<std::collections::BTreeMap<String, String>>,
+) -> Response {
+    let items = lock(&model).list_nodes(query.get("labelSelector").map(String::as_str));
+    answer((
+        200,
+        json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": "1"}, "items": items}),
+    ))
 }
 
 async fn patch_node(

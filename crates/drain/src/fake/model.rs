@@ -9,11 +9,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-/// The one Node the fake serves.
+/// A Node the fake serves: the agent's own (the one the drainer works on), or another one listed with it.
 #[derive(Clone, Debug)]
 pub struct FakeNode {
     /// `metadata.name`.
     pub name: String,
+    /// Labelled `node-role.kubernetes.io/control-plane` (listed by that label selector).
+    pub control_plane: bool,
     /// `Ready` condition `True` (else `False`, reason `KubeletNotReady`).
     pub ready: bool,
     /// `status.nodeInfo.kubeletVersion` (unless `kubelet_version_file` says otherwise).
@@ -32,12 +34,19 @@ impl FakeNode {
     pub fn new(name: impl Into<String>) -> Self {
         Self {
             name: name.into(),
+            control_plane: false,
             ready: true,
             kubelet_version: "v1.33.0".into(),
             kubelet_version_file: None,
             unschedulable: false,
             eviction_delay: Duration::ZERO,
         }
+    }
+
+    /// The same Node labelled `node-role.kubernetes.io/control-plane`.
+    pub fn control_plane(mut self) -> Self {
+        self.control_plane = true;
+        self
     }
 }
 
@@ -159,6 +168,8 @@ pub(super) struct StoredPod {
 /// Everything the fake knows.
 pub(super) struct Model {
     pub node: FakeNode,
+    /// The other Nodes (listed, never drained).
+    pub others: Vec<FakeNode>,
     pub pods: Vec<StoredPod>,
     pub pdbs: Vec<(FakePdb, bool)>,
     pub patches: Vec<Option<bool>>,
@@ -172,6 +183,7 @@ impl Model {
     pub fn new(node: FakeNode) -> Self {
         Self {
             node,
+            others: Vec::new(),
             pods: Vec::new(),
             pdbs: Vec::new(),
             patches: Vec::new(),
@@ -198,39 +210,32 @@ impl Model {
         });
     }
 
-    fn kubelet_version(&self) -> String {
-        self.node
-            .kubelet_version_file
-            .as_ref()
-            .and_then(|f| std::fs::read_to_string(f).ok())
-            .map(|t| t.trim().to_owned())
-            .filter(|t| !t.is_empty())
-            .unwrap_or_else(|| self.node.kubelet_version.clone())
+    /// The agent's own Node.
+    pub fn node_json(&self) -> Value {
+        node_json(&self.node)
     }
 
-    pub fn node_json(&self) -> Value {
-        let (status, reason) = if self.node.ready {
-            ("True", "KubeletReady")
-        } else {
-            ("False", "KubeletNotReady")
+    /// Every Node (the agent's first) that `label_selector` selects: only the control-plane label (or none)
+    /// is understood.
+    pub fn list_nodes(&self, label_selector: Option<&str>) -> Vec<Value> {
+        let control_plane = match label_selector {
+            None | Some("") => false,
+            Some(crate::CONTROL_PLANE_LABEL) => true,
+            Some(_) => return Vec::new(),
         };
-        let mut spec = json!({});
-        if self.node.unschedulable {
-            spec["unschedulable"] = json!(true);
-        }
-        json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": self.node.name, "uid": "node-uid", "resourceVersion": "1"},
-            "spec": spec,
-            "status": {
-                "conditions": [{"type": "Ready", "status": status, "reason": reason}],
-                "nodeInfo": {
-                    "architecture": "amd64", "bootID": "b", "containerRuntimeVersion": "fake://1",
-                    "kernelVersion": "6", "kubeProxyVersion": "", "kubeletVersion": self.kubelet_version(),
-                    "machineID": "m", "operatingSystem": "linux", "osImage": "fake", "systemUUID": "s"
-                }
-            }
-        })
+        std::iter::once(&self.node)
+            .chain(&self.others)
+            .filter(|node| node.control_plane || !control_plane)
+            .map(node_json)
+            .collect()
+    }
+
+    /// Sets the Ready condition of the Node named `name` (the agent's or another); false when there is none.
+    pub fn set_ready(&mut self, name: &str, ready: bool) -> bool {
+        let node = std::iter::once(&mut self.node)
+            .chain(&mut self.others)
+            .find(|node| node.name == name);
+        node.map(|node| node.ready = ready).is_some()
     }
 
     /// Applies a merge patch's `spec.unschedulable` (recorded: true, false, or null = None).
@@ -356,6 +361,44 @@ impl Model {
             json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}),
         )
     }
+}
+
+fn kubelet_version(node: &FakeNode) -> String {
+    node.kubelet_version_file
+        .as_ref()
+        .and_then(|f| std::fs::read_to_string(f).ok())
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| node.kubelet_version.clone())
+}
+
+fn node_json(node: &FakeNode) -> Value {
+    let (status, reason) = if node.ready {
+        ("True", "KubeletReady")
+    } else {
+        ("False", "KubeletNotReady")
+    };
+    let mut spec = json!({});
+    if node.unschedulable {
+        spec["unschedulable"] = json!(true);
+    }
+    let mut labels = json!({});
+    if node.control_plane {
+        labels[crate::CONTROL_PLANE_LABEL] = json!("");
+    }
+    json!({
+    "apiVersion": "v1", "kind": "Node",
+    "metadata": {"name": node.name, "uid": format!("uid-{}", node.name), "resourceVersion": "1", "labels": labels},
+    "spec": spec,
+        "status": {
+            "conditions": [{"type": "Ready", "status": status, "reason": reason}],
+            "nodeInfo": {
+                "architecture": "amd64", "bootID": "b", "containerRuntimeVersion": "fake://1",
+                "kernelVersion": "6", "kubeProxyVersion": "", "kubeletVersion": kubelet_version(node),
+                "machineID": "m", "operatingSystem": "linux", "osImage": "fake", "systemUUID": "s"
+            }
+        }
+    })
 }
 
 /// A `Status` object as the API server sends with errors.

@@ -1,0 +1,157 @@
+//! The control-plane preflight (issue 30): before a step that disturbs a control plane (its kind's
+//! `preflight()`: etcdImage, kubeletArgs, kubeadmUpgrade, installKubelet, reboot, osImage) starts on a
+//! control-plane Machine (`Plan.control_plane`), the agent checks that the control plane can afford it:
+//! - etcd, when this node runs a member (the etcd static pod manifest, `etcd.manifest`, exists): every other
+//!   member healthy and a quorum of them without this one (`decide.rs` has the rule), asked with kubeadm's
+//!   health-check client certificate (`controlPlane:` in the agent config, `etcd.rs`);
+//! - every other control-plane Node Ready, through the node steps' API access (`node:`); without that section
+//!   the agent has no credentials for it, so this part is skipped and the step's message says so.
+//!
+//! Not OK: the agent waits — at most [`PREFLIGHT_WAIT`], never past the step's timeout — looking again every
+//! [`PREFLIGHT_RECHECK`], the running step's message saying why ("waiting for the control plane: …"); then
+//! the step fails, naming what was unhealthy. The executor runs it (`executor.rs`, `preflight`) before the
+//! step's undo record, before it is recorded running and before its first effect: a step that fails its
+//! preflight changed nothing, and a rollback passes it over.
+//!
+//! Resumes: the preflight gates a step's first attempt only — the attempts that have made no effect yet. A
+//! preflight stopped by a shutdown or a crash leaves the step never begun, so the next start checks again.
+//! A step that was recorded running may have made its effect (a command in flight at a crash leaves no
+//! trace of whether it ran: the reboot that rebooted the node is exactly that case), and finishing it is
+//! what the control plane needs most: a resumed step is never blocked by the preflight — the reboot step
+//! confirms the reboot that happened even while this node's etcd member is still rejoining.
+
+mod config;
+mod decide;
+mod etcd;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use inplace_agent_api::{MESSAGE_MAX_BYTES, Plan, Step};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+pub use config::{
+    ControlPlaneConfig, DEFAULT_ETCD_CA_FILE, DEFAULT_ETCD_CERT_FILE, DEFAULT_ETCD_ENDPOINT,
+    DEFAULT_ETCD_KEY_FILE,
+};
+use decide::{Nodes, Seen, Verdict, decide};
+pub use etcd::{ETCD_REQUEST_TIMEOUT, MAX_ETCD_ANSWER_BYTES};
+
+use crate::driver_config::DriverConfig;
+use crate::driver_env::DriverEnv;
+use crate::drivers::{StepContext, StepResult, drainer, drive_node, node_name};
+use crate::state::truncate_head;
+
+/// Longest the preflight waits for the control plane to become able to afford the step (the step's own
+/// timeout caps it too), before the step fails.
+pub const PREFLIGHT_WAIT: Duration = Duration::from_secs(300);
+/// Time between two looks at etcd and the Nodes while the preflight waits.
+pub const PREFLIGHT_RECHECK: Duration = Duration::from_secs(3);
+/// Longest listing the control-plane Nodes may take.
+pub const NODE_LIST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Whether `step` of `plan` runs the preflight first.
+pub(crate) fn needed(plan: &Plan, step: &Step) -> bool {
+    plan.control_plane && step.action.step_kind().preflight()
+}
+
+/// The preflight as the executor runs it for a step (`ctx.deadline`: when it gives up), its message sent
+/// as the step's while it waits. Succeeds with what it checked; fails naming what was unhealthy.
+pub(crate) async fn run(env: Arc<DriverEnv>, mut ctx: StepContext) -> StepResult {
+    let (texts, seen) = watch::channel(String::new());
+    let deadline = ctx.deadline;
+    match drive_node(&mut ctx, seen, wait_until_safe(&env, deadline, &texts)).await {
+        Ok(Ok(summary)) => StepResult::ok(summary),
+        Ok(Err(reason)) => StepResult::failed(reason),
+        Err(ended) => ended,
+    }
+}
+
+/// One control-plane preflight outside a step, as the agent runs it before a disruptive step on a
+/// control-plane node: with the agent config `config` on the node at `root`, waiting at most `within`.
+/// Succeeds with what it checked; fails naming what was unhealthy. (It writes nothing.)
+pub async fn control_plane_preflight(
+    config: DriverConfig,
+    root: PathBuf,
+    within: Duration,
+) -> Result<String, String> {
+    let env = DriverEnv::new(root.clone(), config, root);
+    let (texts, _seen) = watch::channel(String::new());
+    wait_until_safe(&env, Instant::now() + within, &texts).await
+}
+
+/// Looks until the control plane can afford the step, or `deadline`; each wait's reason goes to `texts`.
+async fn wait_until_safe(
+    env: &DriverEnv,
+    deadline: Instant,
+    texts: &watch::Sender<String>,
+) -> Result<String, String> {
+    let started = Instant::now();
+    loop {
+        let verdict = match tokio::time::timeout_at(deadline, look(env)).await {
+            Ok(verdict) => verdict,
+            Err(_) => {
+                Verdict::Wait("the last look at etcd and the Nodes did not finish in time".into())
+            }
+        };
+        let reason = match verdict {
+            Verdict::Pass(summary) => {
+                return Ok(bounded(format!("control plane OK: {summary}")));
+            }
+            Verdict::Wait(reason) => reason,
+        };
+        let now = Instant::now();
+        if now + PREFLIGHT_RECHECK > deadline {
+            let waited = now.duration_since(started).as_secs();
+            return Err(bounded(format!(
+                "control-plane preflight failed after {waited} s (nothing was changed): {reason}"
+            )));
+        }
+        let text = bounded(format!("waiting for the control plane: {reason}"));
+        texts.send_if_modified(|current| {
+            let changed = *current != text;
+            if changed {
+                current.clone_from(&text);
+            }
+            changed
+        });
+        tracing::info!(%reason, "control-plane preflight: waiting");
+        tokio::time::sleep(PREFLIGHT_RECHECK).await;
+    }
+}
+
+fn bounded(text: String) -> String {
+    truncate_head(&text, MESSAGE_MAX_BYTES).to_owned()
+}
+
+/// One look at etcd and the other control-plane Nodes, at once.
+async fn look(env: &DriverEnv) -> Verdict {
+    let config = &env.config;
+    let etcd = etcd::observe(&config.control_plane, &env.fs, &config.etcd.manifest);
+    let (etcd, nodes) = tokio::join!(etcd, nodes(env));
+    decide(&Seen {
+        node: node_name(env),
+        etcd,
+        nodes,
+    })
+}
+
+async fn nodes(env: &DriverEnv) -> Nodes {
+    if env.config.node.is_none() {
+        return Nodes::NotConfigured;
+    }
+    let drainer = match drainer(env, "control-plane preflight").await {
+        Ok(drainer) => drainer,
+        Err(failed) => return Nodes::Unreachable(failed.message),
+    };
+    match tokio::time::timeout(NODE_LIST_TIMEOUT, drainer.control_plane_not_ready()).await {
+        Ok(Ok(not_ready)) => Nodes::NotReady(not_ready),
+        Ok(Err(e)) => Nodes::Unreachable(e.to_string()),
+        Err(_) => Nodes::Unreachable(format!(
+            "no answer within {} s",
+            NODE_LIST_TIMEOUT.as_secs()
+        )),
+    }
+}
