@@ -441,6 +441,11 @@ DRIVER_CONFIG = {
     "inventory": {"kubeletVersion", "kubeadmVersion"},
     # crates/agent/src/node_config.rs: the node's kubeconfig and name for drainNode/waitNodeReady/uncordonNode.
     "node": {"kubeconfig", "name", "pollIntervalMillis", "evictionRetryMillis"},
+    # crates/agent/src/reboot_config.rs: reboot and osImage steps (issue 30).
+    "reboot": {"command", "bootIdFile", "required"},
+    "osImage": {"apply", "current", "currentJsonPointer"},
+    # crates/agent/src/preflight/config.rs: the control-plane preflight (issue 30).
+    "controlPlane": {"checkEtcd", "etcdEndpoint", "etcdCaFile", "etcdCertFile", "etcdKeyFile"},
 }
 SEQUENCE_KEYS = {"skipIf", "onResume", "commands", "retry", "record", "undo"}
 RETRY_KEYS = {"attempts", "initialDelaySeconds", "maxDelaySeconds"}
