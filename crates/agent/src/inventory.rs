@@ -19,9 +19,10 @@ const MAX_FACT_BYTES: usize = 256;
 /// The version of this agent build.
 pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// Reads `<root>/proc/sys/kernel/random/boot_id` (changes on every boot).
+/// Reads the boot id (`reboot.bootIdFile` under the root, `/proc/sys/kernel/random/boot_id` by default: it
+/// changes on every boot), the one the reboot steps compare.
 pub(crate) fn boot_id(env: &DriverEnv) -> Option<String> {
-    read_fact(env, "/proc/sys/kernel/random/boot_id")
+    read_fact(env, &env.config.reboot.boot_id_file)
 }
 
 pub(crate) fn read_fact(env: &DriverEnv, node_path: &str) -> Option<String> {

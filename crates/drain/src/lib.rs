@@ -12,6 +12,6 @@ mod ready;
 pub use decide::DrainOptions;
 pub use drainer::{DrainError, DrainSummary, Drainer, Timing, client_from_kubeconfig};
 pub use evict::keys;
-pub use ready::{CONTROL_PLANE_LABEL, MAX_CONTROL_PLANE_NODES, ready_gaps};
+pub use ready::{CONTROL_PLANE_LABEL, MAX_CONTROL_PLANE_NODES, boot_gap, ready_gaps};
 #[cfg(feature = "test-support")]
 pub mod fake;

@@ -15,18 +15,21 @@ pub const MAX_CONTROL_PLANE_NODES: u32 = 100;
 
 impl Drainer {
     /// Waits until the node's `Ready` condition is `True` and, when `kubelet_version` is given,
-    /// `status.nodeInfo.kubeletVersion` equals it; until `deadline`. `progress` gets what is
-    /// missing whenever that changes.
+    /// `status.nodeInfo.kubeletVersion` equals it, and when `boot_id` is given, `status.nodeInfo.bootID` does
+    /// (after a reboot: a `Ready` the kubelet reported before it is stale until the node controller's grace
+    /// runs out); until `deadline`. `progress` gets what is missing whenever that changes.
     pub async fn wait_node_ready(
         &self,
         kubelet_version: Option<&str>,
+        boot_id: Option<&str>,
         deadline: Instant,
         progress: &mut (dyn FnMut(String) + Send),
     ) -> Result<String, DrainError> {
         let mut last_text = String::new();
         loop {
             let node = self.get_node().await?;
-            let missing = ready_gaps(&node, kubelet_version);
+            let mut missing = ready_gaps(&node, kubelet_version);
+            missing.extend(boot_id.and_then(|want| boot_gap(&node, want)));
             if missing.is_empty() {
                 let version = node_kubelet_version(&node).unwrap_or_default();
                 return Ok(format!("node {} is Ready (kubelet {version})", self.node));
@@ -86,6 +89,24 @@ fn node_kubelet_version(node: &Node) -> Option<String> {
         .as_ref()
         .and_then(|s| s.node_info.as_ref())
         .map(|i| i.kubelet_version.clone())
+}
+
+/// Why the Node does not yet speak of boot `want` (its kubelet has not reported since that boot), if it does not.
+pub fn boot_gap(node: &Node, want: &str) -> Option<String> {
+    let have = node
+        .status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.boot_id.as_str())
+        .unwrap_or_default();
+    (have != want).then(|| {
+        let short = |id: &str| id.chars().take(8).collect::<String>();
+        format!(
+            "the kubelet has not reported since this boot ({}; the Node says boot {:?})",
+            short(want),
+            short(have)
+        )
+    })
 }
 
 /// What keeps `node` from counting as ready (empty when nothing does).

@@ -276,6 +276,7 @@ async fn wait_node_ready_wants_ready_and_the_version() {
     let err = d
         .wait_node_ready(
             Some("v1.34.1"),
+            None,
             Instant::now() + Duration::from_millis(200),
             &mut |_| {},
         )
@@ -293,10 +294,44 @@ async fn wait_node_ready_wants_ready_and_the_version() {
     server.set_ready(true);
     std::fs::write(&version_file, "v1.34.1\n").unwrap();
     let done = d
-        .wait_node_ready(Some("v1.34.1"), soon(10), &mut |_| {})
+        .wait_node_ready(Some("v1.34.1"), None, soon(10), &mut |_| {})
         .await
         .unwrap();
     assert!(done.contains("v1.34.1"), "{done}");
+}
+
+#[tokio::test]
+async fn after_a_reboot_a_ready_the_kubelet_reported_before_it_does_not_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let boot_file = dir.path().join("boot_id");
+    std::fs::write(&boot_file, "0000000a-old\n").unwrap();
+    let node = FakeNode {
+        boot_id_file: Some(boot_file.clone()),
+        ..FakeNode::new("node-a")
+    };
+    let server = FakeApiServer::start(node).unwrap();
+    let d = drainer(&server).await;
+    // Ready=True, but still the boot before: the stale Ready of a node that rebooted faster than the grace.
+    let err = d
+        .wait_node_ready(
+            None,
+            Some("0000000b-new"),
+            Instant::now() + Duration::from_millis(200),
+            &mut |_| {},
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("the kubelet has not reported since this boot (0000000b; the Node says boot \"0000000a\")"),
+        "{err}"
+    );
+    std::fs::write(&boot_file, "0000000b-new\n").unwrap();
+    let done = d
+        .wait_node_ready(None, Some("0000000b-new"), soon(10), &mut |_| {})
+        .await
+        .unwrap();
+    assert!(done.contains("is Ready"), "{done}");
 }
 
 #[tokio::test]

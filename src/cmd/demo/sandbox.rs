@@ -236,6 +236,7 @@ impl Sandbox {
         let kube = FakeApiServer::start(FakeNode {
             kubelet_version: version.to_owned(),
             kubelet_version_file: Some(root.join("var/lib/fake/kubelet-version")),
+            boot_id_file: Some(root.join(BOOT_ID.trim_start_matches('/'))),
             ..FakeNode::new(node.clone())
         })?;
         kube.write_kubeconfig(&root.join("etc/kubernetes/kubelet.conf"))?;

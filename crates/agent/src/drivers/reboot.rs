@@ -175,7 +175,8 @@ pub(super) async fn reboot_once(
             Next::Rebooted { before, after } => {
                 let kind = ctx.step.action.kind();
                 let node_ready = if env.config.node.is_some() {
-                    wait_ready(env, ctx, None, kind).await?;
+                    // The Node's Ready must be this boot's: a fast reboot can leave the old one standing.
+                    wait_ready(env, ctx, None, Some(&boot_id), kind).await?;
                     true
                 } else {
                     false

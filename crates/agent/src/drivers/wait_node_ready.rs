@@ -29,7 +29,7 @@ impl Driver for WaitNodeReady {
             return wrong_kind(self.kind(), &ctx.step.action);
         };
         Box::pin(async move {
-            match wait_ready(&env, &mut ctx, kubelet_version, "waitNodeReady").await {
+            match wait_ready(&env, &mut ctx, kubelet_version, None, "waitNodeReady").await {
                 Ok(message) => StepResult::ok(message),
                 Err(end) => end,
             }
@@ -37,12 +37,14 @@ impl Driver for WaitNodeReady {
     }
 }
 
-/// Waits for Ready=True and, when given, the kubelet version, within the step timeout; `kind` names the step
-/// in failures (waitNodeReady, or the reboot steps after the new boot).
+/// Waits for Ready=True and, when given, the kubelet version and the boot the Node reports (after a reboot: the
+/// boot id now), within the step timeout; `kind` names the step in failures (waitNodeReady, or the reboot
+/// steps after the new boot).
 pub(super) async fn wait_ready(
     env: &DriverEnv,
     ctx: &mut StepContext,
     kubelet_version: Option<String>,
+    boot_id: Option<&str>,
     kind: &str,
 ) -> Result<String, StepResult> {
     let drainer = drainer(env, kind).await?;
@@ -51,7 +53,7 @@ pub(super) async fn wait_ready(
     let mut report = move |text: String| {
         let _ = tx.send(text);
     };
-    let work = drainer.wait_node_ready(kubelet_version.as_deref(), deadline, &mut report);
+    let work = drainer.wait_node_ready(kubelet_version.as_deref(), boot_id, deadline, &mut report);
     match drive(ctx, rx, work).await {
         Ok(Ok(message)) => Ok(message),
         Ok(Err(e)) => Err(StepResult::failed(format!("{kind}: {e}"))),

@@ -23,6 +23,9 @@ pub struct FakeNode {
     /// When set and readable, its trimmed content is the kubelet version at every Node read: a
     /// sandbox's fake `install kubelet` command writes it.
     pub kubelet_version_file: Option<PathBuf>,
+    /// When set and readable, its trimmed content is `status.nodeInfo.bootID` at every Node read (a
+    /// sandbox's boot id: a kubelet reports the boot it runs in); `b` otherwise.
+    pub boot_id_file: Option<PathBuf>,
     /// `spec.unschedulable` at start (an operator's cordon).
     pub unschedulable: bool,
     /// How long an evicted pod stays (terminating) before it is gone.
@@ -38,6 +41,7 @@ impl FakeNode {
             ready: true,
             kubelet_version: "v1.33.0".into(),
             kubelet_version_file: None,
+            boot_id_file: None,
             unschedulable: false,
             eviction_delay: Duration::ZERO,
         }
@@ -372,6 +376,15 @@ fn kubelet_version(node: &FakeNode) -> String {
         .unwrap_or_else(|| node.kubelet_version.clone())
 }
 
+fn boot_id(node: &FakeNode) -> String {
+    node.boot_id_file
+        .as_ref()
+        .and_then(|f| std::fs::read_to_string(f).ok())
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| "b".to_owned())
+}
+
 fn node_json(node: &FakeNode) -> Value {
     let (status, reason) = if node.ready {
         ("True", "KubeletReady")
@@ -393,7 +406,7 @@ fn node_json(node: &FakeNode) -> Value {
         "status": {
             "conditions": [{"type": "Ready", "status": status, "reason": reason}],
             "nodeInfo": {
-                "architecture": "amd64", "bootID": "b", "containerRuntimeVersion": "fake://1",
+                "architecture": "amd64", "bootID": boot_id(node), "containerRuntimeVersion": "fake://1",
                 "kernelVersion": "6", "kubeProxyVersion": "", "kubeletVersion": kubelet_version(node),
                 "machineID": "m", "operatingSystem": "linux", "osImage": "fake", "systemUUID": "s"
             }
