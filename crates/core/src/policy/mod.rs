@@ -50,7 +50,7 @@ pub struct Rule {
     pub image: Option<ImageField>,
 }
 
-/// The field an `os-image` rule reads the image from (its `image:`): a dotted path of plain field names from
+/// The field an `os-image` rule reads the image from (its `imageField:`): a dotted path of plain field names from
 /// the object's `spec`, e.g. `spec.image.url`. A string there is the image; a number (Proxmox's `templateID`)
 /// its decimal text; an object (Nutanix's `spec.image`) its compact JSON with sorted keys.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -230,6 +230,7 @@ struct RuleFile {
     reject: Option<String>,
     check: Option<Check>,
     when: Option<When>,
+    #[serde(rename = "imageField")]
     image: Option<String>,
 }
 
@@ -305,12 +306,12 @@ impl Policy {
                 }
                 (Verdict::Action(Action::OsImage), None) => {
                     return Err(fail(
-                        "an os-image rule needs `image:`, the field whose value is the image (e.g. spec.image.url)"
+                        "an os-image rule needs `imageField:`, the field whose value is the image (e.g. spec.image.url)"
                             .into(),
                     ));
                 }
                 (_, Some(_)) => {
-                    return Err(fail("`image` only applies to os-image rules".into()));
+                    return Err(fail("`imageField` only applies to os-image rules".into()));
                 }
                 (_, None) => None,
             };
@@ -429,7 +430,7 @@ impl Policy {
 }
 
 impl Policy {
-    /// The field of the desired infrastructure machine that names its OS image: the `image:` of the first
+    /// The field of the desired infrastructure machine that names its OS image: the `imageField:` of the first
     /// `os-image` rule that applies to it, when these settings allow the action (`None` otherwise: an
     /// UpdateMachine plan then has no OS image step).
     pub fn os_image_field(&self, desired: &Objects, settings: &Settings) -> Option<&ImageField> {

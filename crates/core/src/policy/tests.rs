@@ -399,19 +399,19 @@ fn os_image_rules_need_an_image_field_and_only_they_take_one() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("policy rule r: an os-image rule needs `image:`"),
+        err.contains("policy rule r: an os-image rule needs `imageField:`"),
         "{err}"
     );
-    let err = Policy::from_yaml(&rule("    action: files\n    image: spec.image\n"))
+    let err = Policy::from_yaml(&rule("    action: files\n    imageField: spec.image\n"))
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("`image` only applies to os-image rules"),
+        err.contains("`imageField` only applies to os-image rules"),
         "{err}"
     );
-    let err = Policy::from_yaml(&rule("    action: os-image\n    image: spec.images[0]\n"))
+    let err = Policy::from_yaml(&rule("    action: os-image\n    imageField: spec.images[0]\n"))
         .unwrap_err()
         .to_string();
     assert!(err.contains("not a dotted path"), "{err}");
-    assert!(Policy::from_yaml(&rule("    action: os-image\n    image: spec.image.ref\n")).is_ok());
+    assert!(Policy::from_yaml(&rule("    action: os-image\n    imageField: spec.image.ref\n")).is_ok());
 }
