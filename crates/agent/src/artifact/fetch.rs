@@ -49,7 +49,13 @@ impl Fetcher {
             match source {
                 ArtifactSource::Oci(reference) => self.fetch_oci(reference).await,
                 ArtifactSource::Https { url, sha256 } => {
-                    let session = Session::new(&self.http, None, String::new());
+                    // Credentials apply by host to https:// sources too.
+                    let host = url["https://".len()..]
+                        .split('/')
+                        .next()
+                        .unwrap_or_default();
+                    let credential = self.options.credentials.for_registry(host);
+                    let session = Session::new(&self.http, credential, host.to_owned());
                     let blob = Blob {
                         url: url.clone(),
                         sha256,
