@@ -5,17 +5,14 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use base64::Engine as _;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use rustls_pki_types::CertificateDer;
-use rustls_pki_types::pem::PemObject;
 
 use super::{MAX_ARTIFACT_BYTES, MAX_CREDENTIALS_FILE_BYTES};
-use crate::client::{CONNECT_TIMEOUT, HttpsClient, POOL_IDLE_TIMEOUT};
+use crate::client::{CONNECT_TIMEOUT, HttpsClient, POOL_IDLE_TIMEOUT, tls_trusting};
 use crate::limits::MAX_CA_FILE_BYTES;
 
 /// One mirror rewrite: a reference whose `registry/repository` starts with `prefix` (at a `/` boundary) is
@@ -245,20 +242,7 @@ pub(crate) fn https_client(ca_file: Option<&Path>) -> Result<HttpsClient, Option
                     source,
                 }
             })?;
-            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| ca_err(path, e.to_string()))?;
-            let mut roots = rustls::RootCertStore::empty();
-            let (added, _ignored) = roots.add_parsable_certificates(certs);
-            if added == 0 {
-                return Err(ca_err(path, "no usable CA certificate".into()));
-            }
-            let provider = Arc::new(rustls::crypto::ring::default_provider());
-            let tls = rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .map_err(|e| ca_err(path, format!("TLS setup: {e}")))?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
+            let tls = tls_trusting(&pem).map_err(|e| ca_err(path, e))?;
             hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls)
         }
         None => hyper_rustls::HttpsConnectorBuilder::new()

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use sha2::Digest as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+use crate::common::{TestPki, test_pki};
+
 /// How long the registry may take to answer `/v2/`.
 const READY_DEADLINE: Duration = Duration::from_secs(10);
 pub const USER: &str = "agent";
@@ -56,20 +58,11 @@ impl Registry {
         }
         let dir = tempfile::tempdir().unwrap();
         let r = dir.path();
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "registry test CA");
-        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-        let issuer = rcgen::Issuer::new(ca_params, ca_key);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
-        params
-            .subject_alt_names
-            .push(rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()));
-        let cert = params.signed_by(&key, &issuer).unwrap();
+        let TestPki {
+            ca: ca_cert,
+            cert,
+            key,
+        } = test_pki("registry test CA");
         std::fs::write(r.join("ca.crt"), ca_cert.pem()).unwrap();
         std::fs::create_dir(r.join("certs.d")).unwrap();
         std::fs::write(r.join("certs.d/ca.crt"), ca_cert.pem()).unwrap();
