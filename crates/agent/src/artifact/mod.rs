@@ -12,6 +12,7 @@ mod options;
 mod session;
 mod source;
 mod store;
+mod url_text;
 
 use std::time::Duration;
 
