@@ -155,6 +155,23 @@ impl Registry {
         std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
     }
 
+    /// Waits until the registry's log (its access log is written after the answer is sent) has at least
+    /// `count` occurrences of `needle`; answers how many it has.
+    pub async fn wait_log(&self, needle: &str, count: usize) -> usize {
+        let start = Instant::now();
+        loop {
+            let seen = self.log().matches(needle).count();
+            if seen >= count {
+                return seen;
+            }
+            assert!(
+                start.elapsed() < READY_DEADLINE,
+                "the registry log has {seen} of {count} {needle:?} after {READY_DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The stored blob's data file.
     pub fn blob_data(&self, hex: &str) -> PathBuf {
         self.dir.path().join(format!(
