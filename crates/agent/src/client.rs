@@ -235,23 +235,8 @@ impl ServerClient {
         }
         let base = server.trim_end_matches('/').to_owned();
 
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
-            .collect::<Result<Vec<_>, _>>()
+        let tls = tls_trusting(pem)
             .map_err(|e| ClientError::Setup(format!("--ca-file {}: {e}", ca_file.display())))?;
-        let mut roots = rustls::RootCertStore::empty();
-        let (added, _ignored) = roots.add_parsable_certificates(certs);
-        if added == 0 {
-            return Err(ClientError::Setup(format!(
-                "--ca-file {}: no usable CA certificate",
-                ca_file.display()
-            )));
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let tls = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| ClientError::Setup(format!("TLS setup: {e}")))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
 
         let mut http = HttpConnector::new();
         http.enforce_http(false);
@@ -445,6 +430,24 @@ pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
         source = inner.source();
     }
     text
+}
+
+/// A TLS client configuration (ring) that trusts only the CA certificates in the PEM bundle `pem`.
+pub(crate) fn tls_trusting(pem: &[u8]) -> Result<rustls::ClientConfig, String> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _ignored) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err("no usable CA certificate".into());
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS setup: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
 }
 
 /// SHA-256 of `bytes` as the wire carries it (64 lower-case hex digits).

@@ -6,6 +6,7 @@
 //! desired state, and the only commands the agent runs are those of its own `--config` file.
 
 mod agent;
+pub mod artifact;
 mod backoff;
 mod backup;
 mod ca_update;

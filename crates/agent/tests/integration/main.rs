@@ -1,8 +1,10 @@
 //! Every integration test of this crate in one test binary: each module was a binary of its own, and
 //! each binary linked the whole crate again (one binary builds and links once).
 
+mod artifacts;
 mod common;
 mod holds;
 mod node_steps;
 mod pull_loop;
+mod registry;
 mod restarts;

@@ -38,6 +38,32 @@ pub struct ServerState {
     pub on_failure: Option<inplace_agent::api::OnFailure>,
 }
 
+/// A test CA and the server certificate (and key) it signed for `localhost` and 127.0.0.1.
+pub struct TestPki {
+    pub ca: rcgen::Certificate,
+    pub cert: rcgen::Certificate,
+    pub key: rcgen::KeyPair,
+}
+
+/// A fresh [`TestPki`] whose CA is called `ca_name`.
+pub fn test_pki(ca_name: &str) -> TestPki {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, ca_name);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    params
+        .subject_alt_names
+        .push(rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()));
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    TestPki { ca, cert, key }
+}
+
 pub struct TestServer {
     pub addr: SocketAddr,
     pub state: Arc<Mutex<ServerState>>,
@@ -47,20 +73,11 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start(token: &str) -> Self {
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "agent test CA");
-        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-        let issuer = rcgen::Issuer::new(ca_params, ca_key);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
-        params
-            .subject_alt_names
-            .push(rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()));
-        let cert = params.signed_by(&key, &issuer).unwrap();
+        let TestPki {
+            ca: ca_cert,
+            cert,
+            key,
+        } = test_pki("agent test CA");
 
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ServerConfig::builder_with_provider(provider)
