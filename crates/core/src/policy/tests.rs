@@ -409,9 +409,16 @@ fn os_image_rules_need_an_image_field_and_only_they_take_one() {
         err.contains("`imageField` only applies to os-image rules"),
         "{err}"
     );
-    let err = Policy::from_yaml(&rule("    action: os-image\n    imageField: spec.images[0]\n"))
-        .unwrap_err()
-        .to_string();
+    let err = Policy::from_yaml(&rule(
+        "    action: os-image\n    imageField: spec.images[0]\n",
+    ))
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("not a dotted path"), "{err}");
-    assert!(Policy::from_yaml(&rule("    action: os-image\n    imageField: spec.image.ref\n")).is_ok());
+    assert!(
+        Policy::from_yaml(&rule(
+            "    action: os-image\n    imageField: spec.image.ref\n"
+        ))
+        .is_ok()
+    );
 }
