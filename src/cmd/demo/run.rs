@@ -14,6 +14,7 @@ use inplace_drain::fake::{FakeApiServer, FakePdb, FakePod, PdbBlock};
 use serde_json::{Value, json};
 
 use super::Sandbox;
+use super::agents::{AgentLaunch, reboot_if_asked};
 use super::scenario::Scenario;
 use crate::api::Hook;
 use crate::cmd::certs::{DevCertsSpec, write_dev_certs};
@@ -211,76 +212,6 @@ fn start_server(exe: &Path, dir: &Path, tokens: &Path) -> Result<(Child, SocketA
     }
     let addr = addr.ok_or_else(|| DemoError::Setup("the server reported no address".into()))?;
     Ok((child, addr))
-}
-
-/// What an agent of the demo needs to start: this binary, the server, its CA and the token.
-struct AgentLaunch {
-    exe: PathBuf,
-    server: String,
-    ca_file: PathBuf,
-    token_file: PathBuf,
-}
-
-impl AgentLaunch {
-    /// Starts the agent of Machine `default/<name>` on `sandbox`, its output appended to `<node dir>/agent.log`.
-    fn spawn(&self, name: &str, sandbox: &Sandbox, node_dir: &Path) -> Result<Child, DemoError> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(node_dir.join("agent.log"))
-            .map_err(setup("agent log"))?;
-        Command::new(&self.exe)
-            .args([
-                "agent",
-                "--server",
-                &self.server,
-                "--tls-server-name",
-                "localhost",
-            ])
-            .arg("--ca-file")
-            .arg(&self.ca_file)
-            .arg("--token-file")
-            .arg(&self.token_file)
-            .args(["--machine", &format!("default/{name}")])
-            .arg("--config")
-            .arg(&sandbox.config)
-            .arg("--state-dir")
-            .arg(&sandbox.state_dir)
-            .arg("--root")
-            .arg(&sandbox.root)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(setup("agent log"))?)
-            .stderr(log)
-            .spawn()
-            .map_err(setup("starting an agent"))
-    }
-}
-
-/// The machine under `agent` reboots when its agent asked (the sandbox's `systemctl reboot`): the agent is
-/// killed as a power cycle would, the sandbox boots (a new boot id, the staged OS image), and the agent starts
-/// again. Returns the line to print, when it rebooted.
-fn reboot_if_asked(
-    launch: &AgentLaunch,
-    name: &str,
-    sandbox: &Sandbox,
-    agent: &mut Child,
-) -> Result<Option<String>, DemoError> {
-    if !sandbox.reboot_requested() {
-        return Ok(None);
-    }
-    let _ = agent.kill();
-    let _ = agent.wait();
-    let before = sandbox.boot_id();
-    let after = sandbox.boot().map_err(setup("rebooting a sandbox"))?;
-    let node_dir = sandbox.root.parent().unwrap_or(&sandbox.root);
-    *agent = launch.spawn(name, sandbox, node_dir)?;
-    Ok(Some(format!(
-        "the machine reboots (boot id {} → {}), booted {}; its agent starts again",
-        before.get(..8).unwrap_or(&before),
-        after.get(..8).unwrap_or(&after),
-        sandbox.os_image()
-    )))
 }
 
 /// Runs the demo with `machines` Machines in `dir`, printing progress to stdout; the kubelet restart of Machine
