@@ -223,28 +223,20 @@ impl Settings {
                     }
                 }
                 "disableActions" => {
-                    for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                        let action = name.parse::<Action>().map_err(|_| {
-                            invalid("disableActions", value, "comma-separated kubernetes-version, files, ssh-keys, ntp, etcd-image, kubelet-args, os-image")
-                        })?;
-                        s.disabled_actions.insert(action);
-                    }
+                    s.disabled_actions = actions(
+                        "disableActions",
+                        value,
+                        &Action::ALL,
+                        "comma-separated kubernetes-version, files, ssh-keys, ntp, etcd-image, kubelet-args, os-image",
+                    )?
                 }
                 ENABLE_ACTIONS_SETTING => {
-                    for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                        let action = name
-                            .parse::<Action>()
-                            .ok()
-                            .filter(|a| Action::OFF_BY_DEFAULT.contains(a))
-                            .ok_or_else(|| {
-                                invalid(
-                                    ENABLE_ACTIONS_SETTING,
-                                    value,
-                                    "comma-separated actions that are off by default: os-image",
-                                )
-                            })?;
-                        s.enabled_actions.insert(action);
-                    }
+                    s.enabled_actions = actions(
+                        ENABLE_ACTIONS_SETTING,
+                        value,
+                        &Action::OFF_BY_DEFAULT,
+                        "comma-separated actions that are off by default: os-image",
+                    )?
                 }
                 REBOOT_WHEN_REQUIRED_SETTING => {
                     s.reboot_when_required = boolean(REBOOT_WHEN_REQUIRED_SETTING, value)?
@@ -344,6 +336,26 @@ pub const MINOR_DRAIN_IS_REQUIRED: &str = "a minor Kubernetes version change alw
      machine.cluster.x-k8s.io/exclude-node-draining to skip its drain";
 
 /// `"true"` or `"false"`, any case.
+/// A comma-separated list of action names, each one of `allowed` (blank items skipped).
+fn actions(
+    key: &'static str,
+    value: &str,
+    allowed: &[Action],
+    expected: &'static str,
+) -> Result<BTreeSet<Action>, SettingsError> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(|name| {
+            name.parse::<Action>()
+                .ok()
+                .filter(|a| allowed.contains(a))
+                .ok_or_else(|| invalid(key, value, expected))
+        })
+        .collect()
+}
+
 fn boolean(key: &'static str, value: &str) -> Result<bool, SettingsError> {
     match value.trim().to_ascii_lowercase().as_str() {
         "true" => Ok(true),
