@@ -26,21 +26,25 @@ pub(super) struct Host {
     pub identity: AgentIdentity,
 }
 
+/// Opens `state` again in this process. Another test's child between its fork and its exec holds a copy of the
+/// lock's descriptor for a moment (the tests share this process): it waits for the lock like a restarted agent
+/// does (at most 5 s).
+pub(super) fn reopen_store(state: &std::path::Path) -> StateStore {
+    let mut tries = 0;
+    loop {
+        match StateStore::open(state) {
+            Ok(store) => return store,
+            Err(e) => assert!(tries < 500, "{e}"),
+        }
+        tries += 1;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 impl Host {
-    /// An agent (re)starting on `state` with `env`. Another test's child between its fork and its exec holds a
-    /// copy of the lock's descriptor for a moment (the tests share this process): it waits for the lock like a
-    /// restarted agent does (at most 5 s).
+    /// An agent (re)starting on `state` with `env`.
     pub(super) fn open(state: &std::path::Path, env: Arc<DriverEnv>) -> Self {
-        let mut tries = 0;
-        let store = loop {
-            match StateStore::open(state) {
-                Ok(store) => break store,
-                Err(e) => assert!(tries < 500, "{e}"),
-            }
-            tries += 1;
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        Self::with_store(store, env)
+        Self::with_store(reopen_store(state), env)
     }
 
     /// An agent on an opened state dir.
