@@ -88,7 +88,7 @@ fn blank() -> UpdateRequest {
         bootstrap: None,
         infra: None,
         os_image: None,
-        reboot_when_required: false,
+        version_steps: inplace_core::VersionSteps::default(),
         actions: BTreeSet::new(),
         window: None,
         paused_setting: None,

@@ -84,7 +84,7 @@ pub fn update_request(
         bootstrap: desired.bootstrap_config,
         infra: desired.infrastructure_machine,
         os_image,
-        reboot_when_required: settings.reboot_when_required,
+        version_steps: settings.version_steps,
         actions,
         window,
         drain_rules: policy.drain_for(&settings),

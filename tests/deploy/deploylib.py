@@ -351,6 +351,7 @@ SETTINGS = {
     ),
     "enableActions": re.compile(r"\s*((os-image)\s*(,\s*|$))*"),
     "rebootWhenRequired": re.compile(r"(?i)\s*(true|false)\s*"),
+    "upgradeContainerRuntime": re.compile(r"(?i)\s*(true|false)\s*"),
     "mode": re.compile(r"in-place-or-rollout|in-place-only"),
     "patchType": re.compile(r"(?i)JSONPatch|JSONMergePatch"),
     "paused": re.compile(r".{0,256}"),

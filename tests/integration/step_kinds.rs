@@ -59,6 +59,9 @@ fn valid_step(kind: StepKind) -> StepAction {
             mode: KubeadmUpgradeMode::Node,
         },
         StepKind::InstallKubelet => StepAction::InstallKubelet { version: version() },
+        StepKind::ContainerRuntime => StepAction::ContainerRuntime {
+            kubernetes_version: version(),
+        },
         StepKind::DrainNode => StepAction::DrainNode {
             delete_empty_dir_data: false,
             force_unmanaged: false,

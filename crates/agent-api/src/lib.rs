@@ -16,7 +16,7 @@ pub use kinds::{StepKind, UNSUPPORTED_GUESS_SECONDS, Undo};
 pub use messages::{
     AckResponse, AgentIdentity, ErrorResponse, Hold, HoldReason, InventoryReport, OnFailure,
     PlanProgress, PlanStatus, PollRequest, PollResponse, RollbackProgress, RollbackState,
-    StepReport, StepStatus,
+    RuntimeVersions, StepReport, StepStatus,
 };
 pub use plan::{
     FileEncoding, FileSpec, KubeadmUpgradeMode, KubeletArg, MachineRef, Plan, RebootWhen, SshUser,

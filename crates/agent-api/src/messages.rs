@@ -329,6 +329,26 @@ pub struct InventoryReport {
     /// What the agent says about itself (absent from agents before 0.2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub facts: Option<AgentFacts>,
+    /// What the node's container runtime reports (its agent config's `runtime.versions` commands; absent from
+    /// agents that do not know the containerRuntime step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<RuntimeVersions>,
+}
+
+/// The container runtime's versions as the node's version commands print them (their first line), each absent
+/// when its command failed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeVersions {
+    /// `containerd --version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containerd: Option<String>,
+    /// `runc --version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runc: Option<String>,
+    /// The CNI plugins' version command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cni_plugins: Option<String>,
 }
 
 /// Answer of `report` and `inventory` on success (HTTP 200, `{}`).

@@ -137,6 +137,15 @@ pub enum StepAction {
         /// Kubernetes version, `v1.2.3`.
         version: String,
     },
+    /// Bring containerd, runc and the CNI plugins to the bundle the node's runtime matrix (agent config
+    /// `runtime.matrix`) names for this Kubernetes version, with the node's configured install sequence; the
+    /// versions are verified after. A node already on the bundle, or without a matrix, is left alone. The
+    /// agent restarts containerd only when this plan drained the node before the step.
+    #[serde(rename_all = "camelCase")]
+    ContainerRuntime {
+        /// The Kubernetes version the node is upgraded to, `v1.2.3`: its minor picks the bundle.
+        kubernetes_version: String,
+    },
     /// Cordon the node (the agent records first that this plan cordoned it) and evict its pods through
     /// the Eviction API (policy/v1), honouring PodDisruptionBudgets; DaemonSet and mirror pods stay. A
     /// drain that does not finish within the step's timeout fails naming the pods that blocked it, and

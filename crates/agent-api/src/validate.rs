@@ -290,6 +290,15 @@ pub fn validate_action(action: &StepAction) -> Result<(), String> {
                 Err(format!("version {version:?} is not of the form v1.2.3"))
             }
         }
+        StepAction::ContainerRuntime { kubernetes_version } => {
+            if is_valid_kubernetes_version(kubernetes_version) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "kubernetesVersion {kubernetes_version:?} is not of the form v1.2.3"
+                ))
+            }
+        }
         StepAction::WaitNodeReady {
             kubelet_version: Some(version),
         } if !is_valid_kubernetes_version(version) => Err(format!(

@@ -74,6 +74,9 @@ pub struct DriverConfig {
     /// The control-plane preflight's access to this node's etcd member (kubeadm's defaults).
     #[serde(default)]
     pub control_plane: ControlPlaneConfig,
+    /// The runtime matrix of the containerRuntime step; without it the step leaves the runtime alone.
+    #[serde(default)]
+    pub runtime: Option<crate::runtime_config::RuntimeConfig>,
 }
 
 impl Default for DriverConfig {
@@ -91,6 +94,7 @@ impl Default for DriverConfig {
             reboot: RebootConfig::default(),
             os_image: None,
             control_plane: ControlPlaneConfig::default(),
+            runtime: None,
         }
     }
 }
@@ -432,6 +436,9 @@ impl DriverConfig {
             os_image.validate().map_err(invalid)?;
         }
         self.control_plane.validate().map_err(invalid)?;
+        if let Some(runtime) = &self.runtime {
+            runtime.validate().map_err(invalid)?;
+        }
         Ok(())
     }
 
@@ -447,7 +454,7 @@ impl DriverConfig {
 }
 
 impl CommandSequence {
-    fn validate(&self, undone: bool) -> Result<(), String> {
+    pub(crate) fn validate(&self, undone: bool) -> Result<(), String> {
         self.validate_commands(template::Scope::Forward)?;
         crate::sequence_undo::validate(&self.record, self.undo.as_ref(), undone)
     }

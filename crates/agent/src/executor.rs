@@ -23,7 +23,9 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use inplace_agent_api::{AgentIdentity, MESSAGE_MAX_BYTES, PlanStatus, Step, StepReport};
+use inplace_agent_api::{
+    AgentIdentity, MESSAGE_MAX_BYTES, PlanStatus, Step, StepAction, StepReport,
+};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -192,6 +194,11 @@ pub(crate) async fn run_step<H: StepHost + Send>(
 
     let (cancel_tx, cancel_rx) = watch::channel(false);
     let (progress_tx, progress_rx) = mpsc::channel::<ProgressUpdate>(1);
+    let drained = plan
+        .steps
+        .iter()
+        .take(index)
+        .any(|s| matches!(s.action, StepAction::DrainNode { .. }));
     let ctx = StepContext {
         plan_id: plan.id.clone(),
         deadline: Instant::now() + Duration::from_secs(u64::from(step.timeout_seconds)),
@@ -200,6 +207,7 @@ pub(crate) async fn run_step<H: StepHost + Send>(
         progress,
         recorder: ProgressRecorder::new(progress_tx),
         cancel: cancel_rx,
+        drained,
     };
     let task = tokio::spawn(execute(env, ctx));
     let record = |store: &mut StateStore, progress, message| {
@@ -243,6 +251,7 @@ async fn preflight<H: StepHost + Send>(
         progress: None,
         recorder: ProgressRecorder::new(progress_tx),
         cancel,
+        drained: false,
     };
     tracing::info!(plan = %plan_id, step = index, "control-plane preflight");
     let task = tokio::spawn(crate::preflight::run(host.env(), ctx));

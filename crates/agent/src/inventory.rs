@@ -1,15 +1,19 @@
-//! The inventory report: agent version, kubelet/kubeadm versions (through the configured
-//! commands), boot id and hostname, all read under `--root`.
+//! The inventory report: agent version, kubelet/kubeadm versions and the container runtime's (through the
+//! configured commands), boot id and hostname, all read under `--root`.
 
 use std::time::Duration;
 
-use inplace_agent_api::{AgentIdentity, InventoryReport, PlanProgress, truncate_tail};
+use inplace_agent_api::{
+    AgentIdentity, InventoryReport, PlanProgress, RuntimeVersions, truncate_tail,
+};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::command::run_command;
 use crate::driver_env::DriverEnv;
 use crate::fsutil::read_optional;
+use crate::runtime_config::{COMPONENTS, VersionCommands};
+use crate::template::{Vars, expand};
 
 /// Each inventory command gets this long.
 pub const INVENTORY_COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -68,5 +72,34 @@ pub(crate) async fn gather(
             .or_else(|| read_fact(env, "/etc/hostname")),
         current,
         facts: Some(facts),
+        runtime: Some(runtime_versions(env).await),
+    }
+}
+
+/// The container runtime's versions, through `runtime.versions` (their defaults without a `runtime:` section).
+async fn runtime_versions(env: &DriverEnv) -> RuntimeVersions {
+    let defaults = VersionCommands::default();
+    let commands = env
+        .config
+        .runtime
+        .as_ref()
+        .map_or(&defaults, |r| &r.versions);
+    let vars = Vars::root_only(&env.fs.root().display().to_string());
+    let mut versions = [None, None, None];
+    for (slot, name) in versions.iter_mut().zip(COMPONENTS) {
+        let argv: Option<Vec<String>> = commands
+            .of(name)
+            .iter()
+            .map(|a| expand(a, &vars).ok())
+            .collect();
+        if let Some(argv) = argv {
+            *slot = command_fact(env, &argv).await;
+        }
+    }
+    let [containerd, runc, cni_plugins] = versions;
+    RuntimeVersions {
+        containerd,
+        runc,
+        cni_plugins,
     }
 }

@@ -32,6 +32,7 @@ mod retry;
 mod rollback;
 mod rollback_record;
 mod rollback_verify;
+mod runtime_config;
 mod self_upgrade;
 mod sequence_command;
 mod sequence_undo;

@@ -178,6 +178,7 @@ pub(crate) async fn run_finish<H: StepHost + Send>(
         progress: None,
         recorder: ProgressRecorder::new(progress_tx),
         cancel,
+        drained: false,
     };
     let task = tokio::spawn(execute(env, ctx));
     let (result, stopping) = drive(

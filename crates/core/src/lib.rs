@@ -30,6 +30,7 @@ pub mod policy;
 pub mod redact;
 pub mod settings;
 pub mod verdict;
+pub mod version_steps;
 pub mod window;
 
 pub use action::Action;
@@ -43,6 +44,7 @@ pub use patch::{Patch, PatchType};
 pub use path::{Path, Seg};
 pub use policy::{DEFAULT_POLICY_YAML, Policy, PolicyError};
 pub use settings::{MAX_PAUSED_BYTES, Mode, Settings, SettingsError};
+pub use version_steps::VersionSteps;
 pub use window::{Gate, Window, WindowError};
 
 /// Lower-case hex of `bytes` (digests in ids, fingerprints, store keys and token lines).

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::action::Action;
 use crate::drain::DrainOverrides;
 use crate::patch::PatchType;
+use crate::version_steps::VersionSteps;
 use crate::window::{self, WINDOW_SETTING, Window, WindowError};
 
 /// Every setting key with its values and meaning, for `--help`, README and error messages.
@@ -33,6 +34,15 @@ pub const SETTINGS_DOC: &[(&str, &str)] = &[
         "\"true\" or \"false\": whether a plan with package steps (a Kubernetes version change) ends with a reboot \
          when the node says one is required (Debian's /var/run/reboot-required, dnf's needs-restarting -r); such a \
          plan always drains (except under machine.cluster.x-k8s.io/exclude-node-draining). Default: false.",
+    ),
+    (
+        UPGRADE_CONTAINER_RUNTIME_SETTING,
+        "\"true\" or \"false\": whether a Kubernetes version plan has a containerRuntime step bringing containerd, \
+         runc and the CNI plugins to the bundle each node's runtime matrix (agent config runtime.matrix) names for the \
+         target version (a node already on it, or without a matrix, is left alone); such a plan always drains \
+         (except under machine.cluster.x-k8s.io/exclude-node-draining, where a node whose runtime differs fails the \
+         step before any change). An agent older than this release fails the step as a kind it does not know. \
+         Default: false.",
     ),
     (
         "mode",
@@ -90,6 +100,8 @@ pub const SETTINGS_DOC: &[(&str, &str)] = &[
 pub const ENABLE_ACTIONS_SETTING: &str = "enableActions";
 /// Setting: whether package steps end with a reboot when the node requires one.
 pub const REBOOT_WHEN_REQUIRED_SETTING: &str = "rebootWhenRequired";
+/// Setting: whether Kubernetes version plans bring containerd, runc and the CNI plugins to the node's matrix.
+pub const UPGRADE_CONTAINER_RUNTIME_SETTING: &str = "upgradeContainerRuntime";
 /// Setting: `rollback` or `hold` when a step fails.
 pub const ON_FAILURE_SETTING: &str = "onFailure";
 /// Setting: whether a patch version change drains.
@@ -127,8 +139,10 @@ pub struct Settings {
     pub disabled_actions: BTreeSet<Action>,
     /// `enableActions`: actions off by default ([`Action::OFF_BY_DEFAULT`]) this registration turns on.
     pub enabled_actions: BTreeSet<Action>,
-    /// `rebootWhenRequired`: package steps end with a reboot when the node requires one.
-    pub reboot_when_required: bool,
+    /// `rebootWhenRequired` and `upgradeContainerRuntime`: what a Kubernetes version plan brings besides its
+    /// packages.
+    #[serde(flatten)]
+    pub version_steps: VersionSteps,
     /// `mode`.
     pub mode: Mode,
     /// `patchType`: the patch format of answers.
@@ -152,7 +166,7 @@ impl Default for Settings {
             in_place: true,
             disabled_actions: BTreeSet::new(),
             enabled_actions: BTreeSet::new(),
-            reboot_when_required: false,
+            version_steps: VersionSteps::default(),
             mode: Mode::InPlaceOrRollout,
             patch_type: PatchType::JsonPatch,
             paused: None,
@@ -168,7 +182,7 @@ impl Default for Settings {
 pub enum SettingsError {
     /// A key this updater does not know (a typo would otherwise silently widen what goes in place).
     #[error(
-        "unknown setting {key:?} (known: inPlace, disableActions, enableActions, rebootWhenRequired, mode, patchType, \
+        "unknown setting {key:?} (known: inPlace, disableActions, enableActions, rebootWhenRequired, upgradeContainerRuntime, mode, patchType, \
          paused, maintenanceWindow, onFailure, drainPatchVersion, drainKubeletArgs, drainDeleteEmptyDirData, \
          drainForceUnmanaged)"
     )]
@@ -239,7 +253,12 @@ impl Settings {
                     )?
                 }
                 REBOOT_WHEN_REQUIRED_SETTING => {
-                    s.reboot_when_required = boolean(REBOOT_WHEN_REQUIRED_SETTING, value)?
+                    s.version_steps.reboot_when_required =
+                        boolean(REBOOT_WHEN_REQUIRED_SETTING, value)?
+                }
+                UPGRADE_CONTAINER_RUNTIME_SETTING => {
+                    s.version_steps.container_runtime =
+                        boolean(UPGRADE_CONTAINER_RUNTIME_SETTING, value)?
                 }
                 "mode" => {
                     s.mode = match v {

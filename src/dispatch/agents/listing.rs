@@ -49,6 +49,9 @@ pub struct AgentRow {
     /// The node's kubelet version, from the agent's last inventory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubelet_version: Option<String>,
+    /// The node's container runtime versions, from the agent's last inventory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<inplace_agent_api::RuntimeVersions>,
     /// Its last accepted request (Unix ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_seen_ms: Option<u64>,
@@ -77,6 +80,7 @@ impl AgentRow {
             agent_sha256: None,
             upgrade: None,
             kubelet_version: None,
+            runtime: None,
             last_seen_ms: None,
             connected: false,
             last_refusal: None,
@@ -136,6 +140,7 @@ impl Agents {
                 row.node = inventory.hostname.clone();
                 row.agent_version = Some(inventory.agent_version.clone());
                 row.kubelet_version = inventory.kubelet_version.clone();
+                row.runtime = inventory.runtime.clone();
                 if let Some(facts) = &inventory.facts {
                     row.arch = Some(facts.arch.clone());
                     row.agent_sha256 = facts.sha256.clone();

@@ -23,7 +23,7 @@ pub fn plan_for(
         change,
         &request.drain_rules,
         &facts.drain,
-        request.reboot_when_required,
+        request.version_steps,
     );
     let plan = plan::build(&PlanInput {
         facts,
@@ -33,7 +33,7 @@ pub fn plan_for(
         drain: verdict.drain().copied(),
         infra: request.infra.as_deref().map(RawValue::get),
         os_image: request.os_image.as_ref(),
-        reboot_when_required: request.reboot_when_required,
+        version_steps: request.version_steps,
     })
     .map_err(|err| DispatchError::BadRequest(err.to_string()))?;
     validate_plan(&plan)

@@ -37,8 +37,9 @@ pub struct UpdateRequest {
     /// The infrastructure machine's field naming its OS image, when the policy maps one and the settings allow
     /// `os-image`.
     pub os_image: Option<inplace_core::policy::ImageField>,
-    /// The setting `rebootWhenRequired`: package steps end with a reboot when the node requires one.
-    pub reboot_when_required: bool,
+    /// The settings `rebootWhenRequired` and `upgradeContainerRuntime`: what a version plan brings besides its
+    /// packages.
+    pub version_steps: inplace_core::VersionSteps,
     /// Actions the policy and settings allow.
     pub actions: BTreeSet<Action>,
     /// The maintenance window in force for this Machine (its annotation, else the ExtensionConfig setting).
@@ -85,8 +86,10 @@ impl UpdateRequest {
             rules.kubelet_args,
             rules.delete_empty_dir_data,
             rules.force_unmanaged,
-            self.reboot_when_required,
-        ] {
+        ]
+        .into_iter()
+        .chain(self.version_steps.flags())
+        {
             hash.update(if on { b"1" } else { b"0" });
         }
         hash.update(b"\n");

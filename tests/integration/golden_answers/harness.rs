@@ -324,6 +324,7 @@ impl Golden {
             hostname: Some(hostname),
             current: agent.progress(),
             facts: None,
+            runtime: None,
         };
         let answer = self
             .dispatcher

@@ -8,6 +8,7 @@
 //! at the first command not recorded complete; each command's completion is recorded durably in
 //! the step's record (through the executor) right after it exits.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use inplace_agent_api::{KubeadmUpgradeMode, StepAction, StepKind, is_valid_kubernetes_version};
@@ -68,27 +69,81 @@ impl Driver for KubernetesVersion {
     }
 }
 
-/// The configured sequence of `action` (its YAML key under `kubernetes`, the sequence when configured, the
-/// version), or the step's failure.
+/// The configured sequence of a step: where it lives in the agent config (`kubernetes.installKubelet`,
+/// `runtime.install`), the sequence when configured, the Kubernetes version and the pins its templates see.
+pub(super) struct Configured<'a> {
+    /// The config section: `kubernetes` or `runtime`.
+    pub section: &'static str,
+    /// The key in it (also what the sequence's recorded progress is fingerprinted with).
+    pub key: &'static str,
+    /// The sequence, when the node configures one.
+    pub sequence: Option<&'a CommandSequence>,
+    /// The Kubernetes version, `v1.2.3`.
+    pub version: &'a str,
+    /// `{{pin.<name>}}` values: the version's `pins:`, or the runtime bundle.
+    pub pins: BTreeMap<String, String>,
+}
+
+impl Configured<'_> {
+    /// `kubernetes.installKubelet`.
+    pub fn label(&self) -> String {
+        format!("{}.{}", self.section, self.key)
+    }
+
+    /// The template values (`version`, `root`, the pins).
+    pub fn vars(&self, env: &DriverEnv) -> Vars {
+        let root = env.fs.root().display().to_string();
+        Vars::for_version(self.version, &root, self.pins.clone())
+    }
+}
+
+/// The configured sequence of `action`, or the step's failure (a bad version; a runtime step whose matrix has
+/// no bundle for the version).
 pub(super) fn sequence_of<'a>(
     config: &'a DriverConfig,
     action: &'a StepAction,
-) -> Result<(&'static str, Option<&'a CommandSequence>, &'a str), StepResult> {
+) -> Result<Configured<'a>, StepResult> {
     let k = &config.kubernetes;
-    let (key, sequence, version) = match action {
-        StepAction::InstallKubeadm { version } => ("installKubeadm", &k.install_kubeadm, version),
+    let (section, key, sequence, version) = match action {
+        StepAction::InstallKubeadm { version } => (
+            "kubernetes",
+            "installKubeadm",
+            k.install_kubeadm.as_ref(),
+            version,
+        ),
         StepAction::KubeadmUpgrade {
             version,
             mode: KubeadmUpgradeMode::Apply,
-        } => ("kubeadmUpgradeApply", &k.kubeadm_upgrade_apply, version),
+        } => (
+            "kubernetes",
+            "kubeadmUpgradeApply",
+            k.kubeadm_upgrade_apply.as_ref(),
+            version,
+        ),
         StepAction::KubeadmUpgrade {
             version,
             mode: KubeadmUpgradeMode::Node,
-        } => ("kubeadmUpgradeNode", &k.kubeadm_upgrade_node, version),
-        StepAction::InstallKubelet { version } => ("installKubelet", &k.install_kubelet, version),
+        } => (
+            "kubernetes",
+            "kubeadmUpgradeNode",
+            k.kubeadm_upgrade_node.as_ref(),
+            version,
+        ),
+        StepAction::InstallKubelet { version } => (
+            "kubernetes",
+            "installKubelet",
+            k.install_kubelet.as_ref(),
+            version,
+        ),
+        StepAction::ContainerRuntime { kubernetes_version } => (
+            "runtime",
+            "install",
+            config.runtime.as_ref().map(|r| &r.install),
+            kubernetes_version,
+        ),
         other => {
             return Err(StepResult::failed(format!(
-                "{} is not a Kubernetes version step",
+                "{} is not a step run by a configured sequence",
                 other.kind()
             )));
         }
@@ -98,61 +153,62 @@ pub(super) fn sequence_of<'a>(
             "version {version:?} is not of the form v1.2.3"
         )));
     }
-    Ok((key, sequence.as_ref(), version))
-}
-
-/// The template values of a step at `version` on this node (`version`, `root`, the version's pins).
-pub(super) fn vars_for(env: &DriverEnv, version: &str) -> Vars {
-    let root = env.fs.root().display().to_string();
-    let pins = env.config.pins.get(version).cloned().unwrap_or_default();
-    Vars::for_version(version, &root, pins)
+    let pins = match (section, &config.runtime) {
+        ("runtime", Some(runtime)) => match runtime.bundle_for(version) {
+            Some(bundle) => bundle.pins(),
+            None => {
+                return Err(StepResult::failed(format!(
+                    "runtime.matrix has no bundle for Kubernetes {version} (it has {}): add one for its minor, \
+                     or turn the setting upgradeContainerRuntime off",
+                    runtime.minors()
+                )));
+            }
+        },
+        _ => config.pins.get(version).cloned().unwrap_or_default(),
+    };
+    Ok(Configured {
+        section,
+        key,
+        sequence,
+        version,
+        pins,
+    })
 }
 
 /// Runs the configured sequence for `action`.
 async fn run(env: &DriverEnv, ctx: &mut StepContext, action: &StepAction) -> StepResult {
-    let (key, sequence, version) = match sequence_of(&env.config, action) {
+    let configured = match sequence_of(&env.config, action) {
         Ok(found) => found,
         Err(end) => return end,
     };
-    let Some(sequence) = sequence else {
-        return StepResult::failed(format!(
-            "the agent config has no kubernetes.{key}: this node does not know how to run it"
-        ));
-    };
-    let vars = vars_for(env, version);
-    run_sequence(env, ctx, key, sequence, &vars, version).await
+    run_sequence(env, ctx, &configured).await
 }
 
-async fn run_sequence(
+/// Runs a configured sequence: `skipIf` (for a step that never began), then its commands from the first
+/// unfinished one.
+pub(super) async fn run_sequence(
     env: &DriverEnv,
     ctx: &mut StepContext,
-    key: &str,
-    sequence: &CommandSequence,
-    vars: &Vars,
-    version: &str,
+    configured: &Configured<'_>,
 ) -> StepResult {
+    let (key, version) = (configured.key, configured.version);
+    let label = configured.label();
+    let Some(sequence) = configured.sequence else {
+        return StepResult::failed(format!(
+            "the agent config has no {label}: this node does not know how to run it"
+        ));
+    };
+    let vars = &configured.vars(env);
     let (commands, on_resume) = match (
-        prepare(
-            env,
-            &format!("kubernetes.{key}"),
-            "commands",
-            &sequence.commands,
-            vars,
-        ),
-        prepare(
-            env,
-            &format!("kubernetes.{key}"),
-            "onResume",
-            &sequence.on_resume,
-            vars,
-        ),
+        prepare(env, &label, "commands", &sequence.commands, vars),
+        prepare(env, &label, "onResume", &sequence.on_resume, vars),
     ) {
         (Ok(commands), Ok(on_resume)) => (commands, on_resume),
         (Err(e), _) | (_, Err(e)) => return StepResult::failed(e),
     };
     let sequence_id = fingerprint(key, &commands);
-    let unfinished_key = format!("kubernetes.{key}");
-    let left_unfinished = match unfinished::contains(&env.state_dir, &unfinished_key) {
+    let unfinished_key = &label;
+    let left_unfinished = match unfinished::contains(&env.state_dir, unfinished_key) {
         Ok(found) => found,
         Err(e) => return StepResult::failed(e),
     };
@@ -178,12 +234,12 @@ async fn run_sequence(
             }
         }
     }
-    if let Err(e) = unfinished::mark(&env.state_dir, &unfinished_key) {
+    if let Err(e) = unfinished::mark(&env.state_dir, unfinished_key) {
         return StepResult::failed(e);
     }
     let total = commands.len();
     let list = SequenceList {
-        label: &format!("kubernetes.{key}"),
+        label: &label,
         commands: &commands,
         specs: &sequence.commands,
         on_resume: &on_resume,
@@ -194,7 +250,7 @@ async fn run_sequence(
         Ok(done) => done,
         Err(end) => return end,
     };
-    if let Err(e) = unfinished::clear(&env.state_dir, &unfinished_key) {
+    if let Err(e) = unfinished::clear(&env.state_dir, unfinished_key) {
         // Only means the next step of this kind is not skipped by skipIf.
         tracing::warn!(error = %e, step = key, "cannot record the sequence as finished");
     }

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::driver::{RecordFuture, StepFuture, blocking_value};
-use super::kubernetes::{sequence_of, vars_for};
+use super::kubernetes::sequence_of;
 use super::prepared::{Prepared, fingerprint, prepare};
 use super::sequence_run::{SequenceList, run_list};
 use super::step::StepResult;
@@ -28,13 +28,17 @@ use crate::template::expand;
 /// configured sequence (it then fails before any effect).
 pub(super) fn record(env: Arc<DriverEnv>, ctx: RecordContext) -> RecordFuture {
     Box::pin(async move {
-        let Ok((key, Some(sequence), version)) = sequence_of(&env.config, &ctx.step.action) else {
+        let Ok(configured) = sequence_of(&env.config, &ctx.step.action) else {
             return Ok(None);
         };
-        let vars = vars_for(&env, version);
+        let Some(sequence) = configured.sequence else {
+            return Ok(None);
+        };
+        let label = configured.label();
+        let vars = configured.vars(&env);
         let mut values = BTreeMap::new();
         for (i, entry) in sequence.record.iter().enumerate() {
-            let at = format!("kubernetes.{key}.record[{i}] ({})", entry.name);
+            let at = format!("{label}.record[{i}] ({})", entry.name);
             let argv = entry
                 .run
                 .iter()
@@ -62,7 +66,7 @@ pub(super) fn record(env: Arc<DriverEnv>, ctx: RecordContext) -> RecordFuture {
                 _ => None,
             })
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("kubernetes.{key}: {e}"))?;
+            .map_err(|e| format!("{label}: {e}"))?;
         let (plan_id, index) = (ctx.plan_id.clone(), ctx.index);
         let places = tokio::task::spawn_blocking(move || snapshot(&env, &plan_id, index, places))
             .await
@@ -79,17 +83,18 @@ pub(super) fn undo(env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
             return StepResult::failed("nothing was recorded before the step began");
         };
         let action = ctx.step.action.clone();
-        let (key, sequence, version) = match sequence_of(&env.config, &action) {
+        let configured = match sequence_of(&env.config, &action) {
             Ok(found) => found,
             Err(end) => return end,
         };
-        let Some(undo) = sequence.and_then(|s| s.undo.as_ref()) else {
+        let (key, label) = (configured.key, configured.label());
+        let Some(undo) = configured.sequence.and_then(|s| s.undo.as_ref()) else {
             return StepResult::failed(format!(
-                "the agent config has no kubernetes.{key}.undo: this {} step cannot be undone",
+                "the agent config has no {label}.undo: this {} step cannot be undone",
                 ctx.step.action.kind()
             ));
         };
-        let mut vars = vars_for(&env, version);
+        let mut vars = configured.vars(&env);
         if let UndoRecord::Commands { values, .. } = &record {
             vars.records = values.clone();
         }
@@ -97,14 +102,14 @@ pub(super) fn undo(env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
         let (commands, on_resume) = match (
             prepare(
                 &env,
-                &format!("kubernetes.{undo_key}"),
+                &format!("{label}.undo"),
                 "commands",
                 &undo.commands,
                 &vars,
             ),
             prepare(
                 &env,
-                &format!("kubernetes.{undo_key}"),
+                &format!("{label}.undo"),
                 "onResume",
                 &undo.on_resume,
                 &vars,
@@ -114,7 +119,7 @@ pub(super) fn undo(env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
             (Err(e), _) | (_, Err(e)) => return StepResult::failed(e),
         };
         let id = fingerprint(&undo_key, &commands);
-        let label = format!("kubernetes.{undo_key}");
+        let label = format!("{label}.undo");
         let list = SequenceList {
             label: &label,
             commands: &commands,
@@ -145,11 +150,12 @@ pub(super) fn undo(env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
                 .iter()
                 .filter(|c| !matches!(c, Prepared::Skip))
                 .count();
-            format!("{ran} undo commands ran: back from {version}")
+            format!("{ran} undo commands ran: back from {}", configured.version)
         } else {
             format!(
-                "undo resumed at command {} of {total}: back from {version}",
-                first + 1
+                "undo resumed at command {} of {total}: back from {}",
+                first + 1,
+                configured.version
             )
         };
         if restored > 0 {

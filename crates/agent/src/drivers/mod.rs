@@ -8,6 +8,7 @@
 //! (`restart.rs`).
 
 mod attempts;
+mod container_runtime;
 mod drain_node;
 mod driver;
 mod etcd;
@@ -51,6 +52,7 @@ const DRIVERS: &[&dyn Driver] = &[
     &kubernetes::KubernetesVersion(StepKind::InstallKubeadm),
     &kubernetes::KubernetesVersion(StepKind::KubeadmUpgrade),
     &kubernetes::KubernetesVersion(StepKind::InstallKubelet),
+    &container_runtime::ContainerRuntime,
     &drain_node::DrainNode,
     &wait_node_ready::WaitNodeReady,
     &uncordon_node::UncordonNode,
@@ -118,12 +120,16 @@ pub(crate) async fn execute_undo(
 pub fn missing_undos(config: &DriverConfig) -> Vec<String> {
     let k = &config.kubernetes;
     [
-        ("installKubeadm", &k.install_kubeadm),
-        ("installKubelet", &k.install_kubelet),
+        ("kubernetes.installKubeadm", k.install_kubeadm.as_ref()),
+        ("kubernetes.installKubelet", k.install_kubelet.as_ref()),
+        (
+            "runtime.install",
+            config.runtime.as_ref().map(|r| &r.install),
+        ),
     ]
     .into_iter()
-    .filter(|(_, sequence)| sequence.as_ref().is_some_and(|s| s.undo.is_none()))
-    .map(|(key, _)| format!("kubernetes.{key}.undo"))
+    .filter(|(_, sequence)| sequence.is_some_and(|s| s.undo.is_none()))
+    .map(|(key, _)| format!("{key}.undo"))
     .collect()
 }
 

@@ -128,6 +128,9 @@ pub(crate) struct StepContext {
     pub recorder: ProgressRecorder,
     /// Turns true when the agent shuts down.
     pub cancel: watch::Receiver<bool>,
+    /// Whether a drainNode step of the plan comes before this one (steps run in order: it drained the
+    /// node). A containerRuntime step restarts containerd only then.
+    pub drained: bool,
 }
 
 /// A progress record on its way to `state.json`, with the answer "it is on disk".

@@ -265,6 +265,8 @@ impl UndoContext {
             progress: self.progress,
             recorder: self.recorder,
             cancel: self.cancel,
+            // An undo runs inside the rollback, while the plan's cordon holds.
+            drained: true,
         }
     }
 }

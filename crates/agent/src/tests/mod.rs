@@ -3,6 +3,7 @@
 
 mod bounded_reads;
 mod commands;
+mod container_runtime;
 mod files;
 mod node_config;
 mod os_image;
@@ -146,6 +147,7 @@ pub(crate) fn step_context(
         progress: None,
         recorder,
         cancel,
+        drained: true,
     }
 }
 

@@ -237,7 +237,7 @@ pub fn decide(
             &node_change,
             &policy.drain_for(settings),
             &MachineDrain::of(scope, machine),
-            settings.reboot_when_required,
+            settings.version_steps,
         ),
         _ => DrainVerdict::NotNeeded,
     };

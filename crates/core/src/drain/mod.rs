@@ -9,6 +9,7 @@
 //! | kubelet flags | not by default (`drain.kubeletArgs`, setting `drainKubeletArgs`) |
 //! | OS image (`os-image`: the node reboots) | always (no knob turns it off) |
 //! | a version change under the setting `rebootWhenRequired` (the plan may reboot) | always |
+//! | a version change under the setting `upgradeContainerRuntime` (containerd may restart) | always |
 //! | files, SSH keys, NTP, etcd image | never |
 //!
 //! The Machine annotation `machine.cluster.x-k8s.io/exclude-node-draining` turns every drain off (CAPI's
@@ -24,6 +25,7 @@ use serde_json::Value;
 use crate::action::Action;
 use crate::objects::Scope;
 use crate::policy::version::KubeVersion;
+use crate::version_steps::VersionSteps;
 
 /// Drain timeout of a Machine that sets none.
 pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u32 = 600;
@@ -232,6 +234,8 @@ pub enum Why {
     OsImage,
     /// Package steps with `rebootWhenRequired`: the node may reboot after them.
     Reboot,
+    /// A version change with `upgradeContainerRuntime`: containerd may restart.
+    ContainerRuntime,
 }
 
 impl fmt::Display for Why {
@@ -243,6 +247,7 @@ impl fmt::Display for Why {
             Why::KubeletArgs => "kubelet flags change",
             Why::OsImage => "OS image change: the node reboots",
             Why::Reboot => "the node may reboot after its package steps",
+            Why::ContainerRuntime => "containerd may be upgraded and restarted",
         })
     }
 }
@@ -296,20 +301,22 @@ impl DrainVerdict {
 }
 
 /// Whether the plan for `change` drains, under `rules` (policy and settings merged), the Machine's knobs and
-/// whether package steps end with a reboot when the node requires one (`reboot_when_required`, the setting).
-/// A reboot is never done undrained (except under the exclude annotation, CAPI's knob).
+/// the extra steps a version change brings ([`VersionSteps`]: a reboot when the node requires one, the container
+/// runtime). A reboot or a containerd restart is never done undrained (except under the exclude annotation, CAPI's
+/// knob).
 pub fn decide(
     change: &NodeChange,
     rules: &DrainRules,
     machine: &MachineDrain,
-    reboot_when_required: bool,
+    steps: VersionSteps,
 ) -> DrainVerdict {
     let version_changes = change.version != VersionChange::None;
     let by_image = change
         .actions
         .contains(&Action::OsImage)
         .then_some(Why::OsImage);
-    let by_reboot = (reboot_when_required && version_changes).then_some(Why::Reboot);
+    let by_reboot = (steps.reboot_when_required && version_changes).then_some(Why::Reboot);
+    let by_runtime = (steps.container_runtime && version_changes).then_some(Why::ContainerRuntime);
     let by_version = match change.version {
         VersionChange::None => None,
         VersionChange::Minor => Some(Why::MinorVersion),
@@ -318,7 +325,12 @@ pub fn decide(
     };
     let by_flags = (rules.kubelet_args && change.actions.contains(&Action::KubeletArgs))
         .then_some(Why::KubeletArgs);
-    let Some(why) = by_version.or(by_image).or(by_reboot).or(by_flags) else {
+    let Some(why) = by_version
+        .or(by_image)
+        .or(by_reboot)
+        .or(by_runtime)
+        .or(by_flags)
+    else {
         return DrainVerdict::NotNeeded;
     };
     if machine.excluded {

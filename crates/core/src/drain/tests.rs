@@ -9,6 +9,15 @@ fn change(version: VersionChange, actions: &[Action]) -> NodeChange {
     }
 }
 
+const NONE: VersionSteps = VersionSteps {
+    reboot_when_required: false,
+    container_runtime: false,
+};
+const REBOOT: VersionSteps = VersionSteps {
+    reboot_when_required: true,
+    container_runtime: false,
+};
+
 const OPEN: MachineDrain = MachineDrain {
     excluded: false,
     asked_timeout_seconds: None,
@@ -91,14 +100,25 @@ fn when_a_plan_drains_by_change_and_rules() {
         ),
     ];
     for (version, actions, rules, expected) in table {
-        let got = decide(&change(version, actions), &rules, &OPEN, false);
+        let got = decide(&change(version, actions), &rules, &OPEN, NONE);
         // A plan that may reboot after its package steps always drains; without a version change it has none.
-        let rebooting = decide(&change(version, actions), &rules, &OPEN, true);
+        let rebooting = decide(&change(version, actions), &rules, &OPEN, REBOOT);
+        // So does a plan that may restart containerd.
+        let runtime = VersionSteps {
+            container_runtime: true,
+            ..NONE
+        };
+        let restarting = decide(&change(version, actions), &rules, &OPEN, runtime);
         if expected.is_none() {
             assert_eq!(
                 rebooting.drain().map(|d| d.why),
                 (version != None).then_some(Why::Reboot),
                 "rebootWhenRequired {version:?} {actions:?}"
+            );
+            assert_eq!(
+                restarting.drain().map(|d| d.why),
+                (version != None).then_some(Why::ContainerRuntime),
+                "upgradeContainerRuntime {version:?} {actions:?}"
             );
         }
         match expected {
@@ -129,7 +149,7 @@ fn the_exclude_annotation_turns_every_drain_off_and_says_why() {
         &change(VersionChange::Minor, &[Action::KubernetesVersion]),
         &DrainRules::default(),
         &excluded,
-        true,
+        REBOOT,
     );
     assert_eq!(verdict, DrainVerdict::Excluded(Why::MinorVersion));
     // CAPI's knob skips the drain of an OS image change too (the node still reboots).
@@ -138,7 +158,7 @@ fn the_exclude_annotation_turns_every_drain_off_and_says_why() {
             &change(VersionChange::None, &[Action::OsImage]),
             &DrainRules::default(),
             &excluded,
-            false
+            NONE
         ),
         DrainVerdict::Excluded(Why::OsImage)
     );
@@ -152,7 +172,7 @@ fn the_exclude_annotation_turns_every_drain_off_and_says_why() {
             &change(VersionChange::None, &[Action::Files]),
             &DrainRules::default(),
             &excluded,
-            true
+            REBOOT
         ),
         DrainVerdict::NotNeeded
     );
@@ -165,7 +185,7 @@ fn drain_flags_come_from_the_rules() {
         force_unmanaged: true,
         ..DrainRules::default()
     };
-    let drain = *decide(&change(VersionChange::Patch, &[]), &rules, &OPEN, false)
+    let drain = *decide(&change(VersionChange::Patch, &[]), &rules, &OPEN, NONE)
         .drain()
         .unwrap();
     assert!(drain.delete_empty_dir_data && drain.force_unmanaged);

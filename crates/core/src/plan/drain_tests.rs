@@ -48,7 +48,7 @@ fn plan(
         change,
         rules,
         &MachineDrain::of(Scope::Object, machine),
-        false,
+        crate::VersionSteps::default(),
     );
     let plan = build(&PlanInput {
         facts: &facts,
@@ -58,7 +58,7 @@ fn plan(
         drain: verdict.drain().copied(),
         infra: None,
         os_image: None,
-        reboot_when_required: false,
+        version_steps: crate::VersionSteps::default(),
     })
     .unwrap();
     validate_plan(&plan).unwrap();
@@ -186,7 +186,7 @@ fn no_drain_leaves_the_plan_as_it_was() {
         drain: None,
         infra: None,
         os_image: None,
-        reboot_when_required: false,
+        version_steps: crate::VersionSteps::default(),
     })
     .unwrap();
     assert_eq!(without, before);
@@ -263,7 +263,7 @@ fn the_drain_flags_and_default_timeout_reach_the_step() {
             &change(VersionChange::Patch, &[]),
             &rules,
             &MachineDrain::of(Scope::Object, &m),
-            false
+            crate::VersionSteps::default()
         )
         .drain()
         .map(|d| d.why),

@@ -72,7 +72,7 @@ fn ids_and_kinds_drained(
         drain,
         infra: None,
         os_image: None,
-        reboot_when_required: false,
+        version_steps: crate::VersionSteps::default(),
     })
     .unwrap();
     let kinds = plan.steps.iter().map(|s| s.action.kind()).collect();

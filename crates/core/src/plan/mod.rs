@@ -27,6 +27,7 @@ use crate::Action;
 use crate::drain::{Drain, UNCORDON_TIMEOUT_SECONDS, WAIT_NODE_READY_TIMEOUT_SECONDS};
 use crate::objects::CLUSTER_NAME_LABEL;
 use crate::policy::ImageField;
+use crate::version_steps::VersionSteps;
 pub use facts::MachineFacts;
 use view::KubeadmConfigSpec;
 pub use view::KubeadmConfigView;
@@ -46,6 +47,9 @@ pub const INSTALL_KUBEADM_TIMEOUT_SECONDS: u32 = 600;
 pub const KUBEADM_UPGRADE_TIMEOUT_SECONDS: u32 = 1800;
 /// Timeout of installing kubelet and kubectl and restarting kubelet.
 pub const INSTALL_KUBELET_TIMEOUT_SECONDS: u32 = 600;
+/// Timeout of a containerRuntime step: three artifact downloads (containerd's is about 40 MB), the installs,
+/// the containerd restart and the version checks.
+pub const CONTAINER_RUNTIME_TIMEOUT_SECONDS: u32 = 900;
 /// Timeout of an etcd image change.
 pub const ETCD_IMAGE_TIMEOUT_SECONDS: u32 = 120;
 /// Timeout of a kubelet flags change (kubelet restart included).
@@ -101,8 +105,9 @@ pub struct PlanInput<'a> {
     /// The field of the infrastructure machine naming its OS image, when the policy maps one and the
     /// settings allow `os-image` ([`crate::Policy::os_image_field`]).
     pub os_image: Option<&'a ImageField>,
-    /// The setting `rebootWhenRequired`: package steps end with a reboot when the node requires one.
-    pub reboot_when_required: bool,
+    /// The settings `rebootWhenRequired` and `upgradeContainerRuntime`: what a version change brings besides
+    /// its packages.
+    pub version_steps: VersionSteps,
 }
 
 /// Whether a step restarts kubelet or a control-plane static pod: the steps a drain goes before.
@@ -110,6 +115,7 @@ fn disturbs_kubelet(action: &StepAction) -> bool {
     matches!(
         action,
         StepAction::InstallKubelet { .. }
+            | StepAction::ContainerRuntime { .. }
             | StepAction::EtcdImage { .. }
             | StepAction::KubeletArgs { .. }
             | StepAction::OsImage { .. }
@@ -193,6 +199,19 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
                 mode,
             },
         ));
+        // containerd before the kubelet that needs its floor (EKS Anywhere's upgrader's order too).
+        if input.version_steps.container_runtime {
+            actions.push((
+                format!(
+                    "containerd, runc and CNI plugins of the node's runtime matrix for {version}, \
+                     restart containerd, verify"
+                ),
+                CONTAINER_RUNTIME_TIMEOUT_SECONDS,
+                StepAction::ContainerRuntime {
+                    kubernetes_version: version.clone(),
+                },
+            ));
+        }
         actions.push((
             format!("install kubelet and kubectl {version}, restart kubelet"),
             INSTALL_KUBELET_TIMEOUT_SECONDS,
@@ -200,7 +219,7 @@ pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
                 version: version.clone(),
             },
         ));
-        if input.reboot_when_required {
+        if input.version_steps.reboot_when_required {
             actions.push((
                 "reboot if the node requires it after its package updates (reboot-required, needs-restarting)"
                     .to_owned(),

@@ -1,5 +1,6 @@
 //! Plans that reboot the node: an OS image change (the `os-image` action, the image read from the
-//! infrastructure machine's field the policy names) and package steps under `rebootWhenRequired`.
+//! infrastructure machine's field the policy names) and package steps under `rebootWhenRequired`; and the
+//! container runtime step under `upgradeContainerRuntime`, which drains like them.
 
 use std::collections::BTreeSet;
 
@@ -38,13 +39,28 @@ fn plan(
     infra: Option<&str>,
     reboot_when_required: bool,
 ) -> Result<Plan, PlanError> {
+    let steps = crate::VersionSteps {
+        reboot_when_required,
+        container_runtime: false,
+    };
+    plan_with(machine, change, actions, infra, steps)
+}
+
+/// [`plan`] with any extra version steps.
+fn plan_with(
+    machine: &serde_json::Value,
+    change: &NodeChange,
+    actions: &[Action],
+    infra: Option<&str>,
+    steps: crate::VersionSteps,
+) -> Result<Plan, PlanError> {
     let facts = MachineFacts::of(machine).unwrap();
     let field = ImageField::parse("spec.image.url").unwrap();
     let verdict = drain::decide(
         change,
         &DrainRules::default(),
         &MachineDrain::of(Scope::Object, machine),
-        reboot_when_required,
+        steps,
     );
     let actions: BTreeSet<Action> = actions.iter().copied().collect();
     let plan = build(&PlanInput {
@@ -55,7 +71,7 @@ fn plan(
         drain: verdict.drain().copied(),
         infra,
         os_image: Some(&field),
-        reboot_when_required,
+        version_steps: steps,
     })?;
     validate_plan(&plan).unwrap();
     Ok(plan)
@@ -192,4 +208,54 @@ fn reboot_when_required_ends_the_package_steps_and_always_drains() {
     let p = plan(&excluded, &patch, &[Action::KubernetesVersion], None, true).unwrap();
     assert!(!kinds(&p).contains(&StepKind::DrainNode));
     assert!(kinds(&p).contains(&StepKind::Reboot));
+}
+
+#[test]
+fn upgrade_container_runtime_puts_the_runtime_before_the_kubelet_on_a_drained_node() {
+    let m = machine("v1.34.2", json!({}));
+    // A patch change under drainPatchVersion off would not drain: the runtime step makes it drain.
+    let patch = change(VersionChange::Patch, &[Action::KubernetesVersion]);
+    let steps = crate::VersionSteps {
+        reboot_when_required: false,
+        container_runtime: true,
+    };
+    let rules = DrainRules {
+        patch_version: false,
+        ..DrainRules::default()
+    };
+    let verdict = drain::decide(&patch, &rules, &MachineDrain::of(Scope::Object, &m), steps);
+    assert_eq!(verdict.drain().map(|d| d.why), Some(Why::ContainerRuntime));
+    let p = plan_with(&m, &patch, &[Action::KubernetesVersion], None, steps).unwrap();
+    assert_eq!(
+        kinds(&p),
+        [
+            StepKind::InstallKubeadm,
+            StepKind::KubeadmUpgrade,
+            StepKind::DrainNode,
+            StepKind::ContainerRuntime,
+            StepKind::InstallKubelet,
+            StepKind::WaitNodeReady,
+            StepKind::UncordonNode
+        ]
+    );
+    assert_eq!(
+        p.steps[3].action,
+        StepAction::ContainerRuntime {
+            kubernetes_version: "v1.34.2".into()
+        }
+    );
+    assert_eq!(
+        p.steps[3].timeout_seconds,
+        CONTAINER_RUNTIME_TIMEOUT_SECONDS
+    );
+    // Without the setting the plan is what it was, id included.
+    let off = plan(&m, &patch, &[Action::KubernetesVersion], None, false).unwrap();
+    assert!(!kinds(&off).contains(&StepKind::ContainerRuntime));
+    let again = plan(&m, &patch, &[Action::KubernetesVersion], None, false).unwrap();
+    assert_eq!(off.id, again.id);
+    assert_ne!(off.id, p.id);
+    // No version change, no runtime step.
+    let files = change(VersionChange::None, &[Action::Files]);
+    let p = plan_with(&m, &files, &[Action::Files], None, steps).unwrap();
+    assert!(!kinds(&p).contains(&StepKind::ContainerRuntime));
 }

@@ -55,7 +55,7 @@ fn plan_for(
         drain: None,
         infra: None,
         os_image: None,
-        reboot_when_required: false,
+        version_steps: crate::VersionSteps::default(),
     })
     .unwrap()
 }
@@ -214,7 +214,7 @@ fn malformed_fields_are_named() {
         drain: None,
         infra: None,
         os_image: None,
-        reboot_when_required: false,
+        version_steps: crate::VersionSteps::default(),
     })
     .unwrap_err();
     assert!(
@@ -241,7 +241,7 @@ fn try_build(bootstrap: &str, actions: &BTreeSet<Action>) -> Result<Plan, PlanEr
         drain: None,
         infra: None,
         os_image: None,
-        reboot_when_required: false,
+        version_steps: crate::VersionSteps::default(),
     })
 }
 
