@@ -19,6 +19,7 @@ mod e2e_resume;
 mod e2e_retry;
 mod e2e_rollback;
 mod e2e_rollout;
+mod e2e_runtime;
 mod e2e_self_upgrade;
 mod e2e_tokens;
 mod e2e_verdicts;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use sha2::Digest as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::common::{TestPki, test_pki};
+use super::common::{TestPki, test_pki};
 
 /// How long the registry may take to answer `/v2/`.
 const READY_DEADLINE: Duration = Duration::from_secs(10);

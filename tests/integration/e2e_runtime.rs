@@ -1,0 +1,271 @@
+//! A Kubernetes minor upgrade that also moves containerd and the CNI plugins, end to end: the real server
+//! (file store) under the registration setting `upgradeContainerRuntime: "true"`, CAPI's calls as
+//! capi-sim makes them, a real agent process on a demo sandbox (its node API the drain's fake API server), and
+//! the runtime artifacts pulled by digest from a real registry (Debian's docker-registry, TLS + htpasswd) through
+//! the agent config's mirror rewrite, with its credentials file and CA file. The "binaries" are shell scripts
+//! that print their version, packed as the upstream releases are (containerd and the CNI plugins as tarballs,
+//! runc as one file), extracted by the node's own `tar`.
+//!
+//! What it does not prove: no real containerd runs or restarts (the sandbox's `systemctl` records the call),
+//! and the Kubernetes API is the drain's fake.
+
+#![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
+
+#[path = "../../crates/agent/tests/integration/common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+#[path = "../../crates/agent/tests/integration/registry.rs"]
+#[allow(dead_code)]
+mod registry;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use capi_sim::UpdateOutcome;
+use serde_json::json;
+
+use crate::common::fleet::{Setup, update_request};
+use registry::Registry;
+
+/// How long the update may take (artifact downloads included).
+const SETTLE: Duration = Duration::from_secs(90);
+
+/// A shell script printing `line` (what the component's `--version` prints).
+fn script(line: &str) -> String {
+    format!("#!/bin/sh\necho \"{line}\"\n")
+}
+
+/// A gzipped tarball of `files` (name, content, mode), built with the system's tar.
+fn tarball(files: &[(&str, String)]) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("tree");
+    for (name, content) in files {
+        let path = tree.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, content).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+    }
+    let out = dir.path().join("out.tgz");
+    let status = Command::new("tar")
+        .arg("-C")
+        .arg(&tree)
+        .arg("-czf")
+        .arg(&out)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::read(out).unwrap()
+}
+
+fn install(root: &Path, path: &str, content: &str) {
+    let path = root.join(path.trim_start_matches('/'));
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, content).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+}
+
+fn first_line(root: &Path, argv0: &str) -> String {
+    let out = Command::new(root.join(argv0.trim_start_matches('/')))
+        .arg("--version")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The agent config's runtime and artifact sections for a matrix whose v1.34 bundle comes from `oci://` sources
+/// (upstream names: the mirror rewrite sends them to the local registry).
+fn runtime_config(registry: &Registry, creds: &Path, digests: &[String; 3]) -> String {
+    let [containerd, runc, cni] = digests;
+    let zero = "0".repeat(64);
+    format!(
+        r#"
+artifacts:
+  mirrors:
+    - {{prefix: registry.example.com/k8s, replacement: "{host}/k8s"}}
+  credentialsFile: "{creds}"
+  caFile: "{ca}"
+runtime:
+  matrix:
+    - kubernetes: v1.33
+      containerd: {{version: "1.7.28", source: "oci://registry.example.com/k8s/containerd@sha256:{zero}"}}
+      runc: {{version: "1.3.3", source: "oci://registry.example.com/k8s/runc@sha256:{zero}"}}
+      cniPlugins: {{version: "1.7.1", source: "oci://registry.example.com/k8s/cni-plugins@sha256:{zero}"}}
+    - kubernetes: v1.34
+      containerd: {{version: "2.1.4", source: "oci://registry.example.com/k8s/containerd@sha256:{containerd}"}}
+      runc: {{version: "1.3.3", source: "oci://registry.example.com/k8s/runc@sha256:{runc}"}}
+      cniPlugins: {{version: "1.8.0", source: "oci://registry.example.com/k8s/cni-plugins@sha256:{cni}"}}
+  versions:
+    containerd: ["{{{{root}}}}/usr/local/bin/containerd", --version]
+    runc: ["{{{{root}}}}/usr/local/sbin/runc", --version]
+    cniPlugins: ["{{{{root}}}}/opt/cni/bin/loopback", --version]
+  install:
+    record:
+      - {{name: keptContainerd, run: [cp, -p, --remove-destination, "{{{{root}}}}/usr/local/bin/containerd", "{{{{root}}}}/usr/local/bin/containerd.inplace-prev"]}}
+      - {{name: keptRunc, run: [cp, -p, --remove-destination, "{{{{root}}}}/usr/local/sbin/runc", "{{{{root}}}}/usr/local/sbin/runc.inplace-prev"]}}
+      - {{name: keptCni, run: [cp, -a, -T, "{{{{root}}}}/opt/cni/bin", "{{{{root}}}}/opt/cni/bin.inplace-prev"]}}
+    commands:
+      - run: [mkdir, -p, "{{{{root}}}}/var/lib/inplace-runtime"]
+      - fetch: {{source: "{{{{pin.containerdSource}}}}", to: /var/lib/inplace-runtime/containerd.tar.gz}}
+      - run: [tar, -C, "{{{{root}}}}/usr/local", -xzf, "{{{{root}}}}/var/lib/inplace-runtime/containerd.tar.gz"]
+      - fetch: {{source: "{{{{pin.runcSource}}}}", to: /usr/local/sbin/runc, mode: "0755"}}
+      - fetch: {{source: "{{{{pin.cniPluginsSource}}}}", to: /var/lib/inplace-runtime/cni-plugins.tgz}}
+      - run: [tar, -C, "{{{{root}}}}/opt/cni/bin", -xzf, "{{{{root}}}}/var/lib/inplace-runtime/cni-plugins.tgz"]
+      - run: [systemctl, restart, containerd]
+    undo:
+      commands:
+        - run: [cp, -p, --remove-destination, "{{{{root}}}}/usr/local/bin/containerd.inplace-prev", "{{{{root}}}}/usr/local/bin/containerd"]
+        - run: [cp, -p, --remove-destination, "{{{{root}}}}/usr/local/sbin/runc.inplace-prev", "{{{{root}}}}/usr/local/sbin/runc"]
+        - run: [cp, -a, -T, "{{{{root}}}}/opt/cni/bin.inplace-prev", "{{{{root}}}}/opt/cni/bin"]
+        - run: [systemctl, restart, containerd]
+"#,
+        host = registry.host(),
+        creds = creds.display(),
+        ca = registry.ca_file().display(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minor_upgrade_moves_containerd_and_the_cni_plugins_from_the_mirror() {
+    let registry = Registry::start().await;
+    let arch = inplace_agent_api::go_arch(std::env::consts::ARCH);
+    let containerd_line = "containerd github.com/containerd/containerd/v2 v2.1.4 75cb2b7";
+    let digests = [
+        registry.push(
+            "k8s/containerd",
+            &[(
+                arch,
+                &tarball(&[("bin/containerd", script(containerd_line))]),
+            )],
+        ),
+        registry.push(
+            "k8s/runc",
+            &[(arch, script("runc version 1.3.3").as_bytes())],
+        ),
+        registry.push(
+            "k8s/cni-plugins",
+            &[(
+                arch,
+                &tarball(&[("loopback", script("CNI loopback plugin v1.8.0"))]),
+            )],
+        ),
+    ];
+
+    let setup = Setup::new();
+    let (server, capi) = setup.serve_on_file_store();
+    let creds = setup.dir.path().join("registry.json");
+    let auth = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        format!("{}:{}", registry::USER, registry::PASSWORD),
+    );
+    std::fs::write(
+        &creds,
+        json!({"auths": {registry.host(): {"auth": auth}}}).to_string(),
+    )
+    .unwrap();
+
+    let name = "edge-01-md-0";
+    let sandbox =
+        inplace_updater::cmd::demo::Sandbox::create(&setup.dir.path().join(name), "v1.33.4", false)
+            .unwrap();
+    install(
+        &sandbox.root,
+        "/usr/local/bin/containerd",
+        &script("containerd github.com/containerd/containerd v1.7.28 05044ec"),
+    );
+    install(
+        &sandbox.root,
+        "/usr/local/sbin/runc",
+        &script("runc version 1.3.3"),
+    );
+    install(
+        &sandbox.root,
+        "/opt/cni/bin/loopback",
+        &script("CNI loopback plugin v1.7.1"),
+    );
+    let mut config = std::fs::read_to_string(&sandbox.config).unwrap();
+    config.push_str(&runtime_config(&registry, &creds, &digests));
+    std::fs::write(&sandbox.config, config).unwrap();
+    let root = sandbox.root.clone();
+    let agent = crate::common::fleet::AgentProcess::start(
+        &server,
+        &setup.certs.paths.ca_cert,
+        &setup.token_file,
+        name,
+        sandbox,
+    );
+
+    let mut request = update_request("update-machine-worker.json", name);
+    request["settings"] = json!({"upgradeContainerRuntime": "true"});
+    let mut judged = crate::common::fleet::can_update_before(&request, "v1.33.4");
+    judged["settings"] = request["settings"].clone();
+    assert_eq!(
+        capi.can_update_machine(&judged).await,
+        capi_sim::CapiDecision::InPlace
+    );
+    let (outcome, messages) = capi.update_until_settled(&request, SETTLE).await;
+    assert_eq!(
+        outcome,
+        UpdateOutcome::Done,
+        "{messages:?}\nagent log:\n{}",
+        agent.log()
+    );
+    let runtime_step = messages
+        .iter()
+        .find(|m| m.contains("containerd, runc and CNI plugins of the node's runtime matrix"));
+    assert!(runtime_step.is_some(), "{messages:?}");
+
+    assert_eq!(
+        first_line(&root, "/usr/local/bin/containerd"),
+        containerd_line
+    );
+    assert_eq!(
+        first_line(&root, "/usr/local/sbin/runc"),
+        "runc version 1.3.3"
+    );
+    assert_eq!(
+        first_line(&root, "/opt/cni/bin/loopback"),
+        "CNI loopback plugin v1.8.0"
+    );
+    let calls = agent.sandbox.calls();
+    let restart = calls
+        .iter()
+        .position(|c| c == "systemctl restart containerd")
+        .unwrap_or_else(|| panic!("{calls:?}"));
+    assert_eq!(
+        calls
+            .iter()
+            .filter(|c| *c == "systemctl restart containerd")
+            .count(),
+        1,
+        "{calls:?}"
+    );
+    // containerd restarted after the kubeadm upgrade and before the new kubelet.
+    let upgrade = calls
+        .iter()
+        .position(|c| c.starts_with("kubeadm upgrade node"))
+        .unwrap();
+    let kubelet = calls
+        .iter()
+        .position(|c| c.starts_with("apt-get") && c.contains("kubelet="))
+        .unwrap();
+    assert!(upgrade < restart && restart < kubelet, "{calls:?}");
+    // Every blob came through the mirror (the upstream name was never asked for), with credentials.
+    let log = registry.log();
+    for (repository, digest) in ["containerd", "runc", "cni-plugins"].iter().zip(&digests) {
+        assert!(
+            log.contains(&format!("/v2/k8s/{repository}/manifests/sha256:{digest}")),
+            "the registry never served k8s/{repository}@sha256:{digest}:\n{log}"
+        );
+    }
+    assert!(
+        !agent.log().contains(registry::PASSWORD),
+        "a credential reached the log"
+    );
+}
