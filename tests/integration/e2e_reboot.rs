@@ -10,8 +10,7 @@
 
 #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
-#[path = "../../crates/agent/tests/integration/common/mod.rs"]
-mod agent_server;
+use crate::agent_side::common as agent_server;
 
 use std::path::Path;
 use std::time::Duration;

@@ -11,12 +11,7 @@
 
 #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
-#[path = "../../crates/agent/tests/integration/common/mod.rs"]
-#[allow(dead_code)]
-mod common;
-#[path = "../../crates/agent/tests/integration/registry.rs"]
-#[allow(dead_code)]
-mod registry;
+use crate::agent_side::registry;
 
 use std::path::Path;
 use std::process::Command;
@@ -26,7 +21,7 @@ use capi_sim::UpdateOutcome;
 use serde_json::json;
 
 use crate::common::fleet::{Setup, update_request};
-use registry::Registry;
+use crate::agent_side::registry::Registry;
 
 /// How long the update may take (artifact downloads included).
 const SETTLE: Duration = Duration::from_secs(90);

@@ -4,6 +4,7 @@
 mod agent_api;
 mod agent_diagnostics;
 mod agent_skew;
+mod agent_side;
 mod agent_tokens;
 mod bounded_inputs;
 mod common;
