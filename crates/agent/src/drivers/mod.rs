@@ -11,6 +11,7 @@ mod attempts;
 mod drain_node;
 mod driver;
 mod etcd;
+mod fetch_command;
 mod files;
 mod kubelet;
 mod kubernetes;
