@@ -272,10 +272,7 @@ mod tests {
         )
         .unwrap();
         let options = config.fetch_options(Path::new("/var/lib/agent")).unwrap();
-        assert_eq!(
-            options.download_dir,
-            Path::new("/var/lib/agent/artifacts")
-        );
+        assert_eq!(options.download_dir, Path::new("/var/lib/agent/artifacts"));
         assert_eq!(options.mirrors, config.rewrites());
         assert_eq!(options.max_bytes, 1000);
         assert_eq!(
@@ -287,6 +284,61 @@ mod tests {
             .unwrap();
         assert_eq!(defaults.max_bytes, MAX_ARTIFACT_BYTES);
         assert!(defaults.ca_file.is_none() && defaults.mirrors.is_empty());
+    }
+
+    #[test]
+    fn a_fetch_command_is_checked_at_load_naming_the_key() {
+        let hex = "ab".repeat(32);
+        let load = |fetch: &str| {
+            let yaml =
+                format!("kubernetes:\n  installKubelet:\n    commands:\n      - fetch: {fetch}\n");
+            crate::driver_config::DriverConfig::from_yaml(&yaml).map(|_| ())
+        };
+        load(&format!(
+            "{{source: \"oci://r.example/k8s/kubelet@sha256:{hex}\", to: /usr/bin/kubelet, mode: \"0755\"}}"
+        ))
+        .unwrap();
+        // Templated: checked when the step prepares.
+        load("{source: \"{{pin.kubeletSource}}\", sha256: \"{{pin.kubeletSha256}}\", to: /usr/bin/kubelet}")
+            .unwrap();
+        load("{source: \"https://dl.example/kubelet\", sha256: \"{{pin.kubeletSha256}}\", to: /usr/bin/kubelet}")
+            .unwrap();
+        for (fetch, wanted) in [
+            (
+                "{source: \"oci://r.example/k8s/kubelet:v1.34.1\", to: /usr/bin/kubelet}"
+                    .to_owned(),
+                "kubernetes.installKubelet: commands[0]: fetch.source: \"oci://r.example/k8s/kubelet:v1.34.1\" names a tag",
+            ),
+            (
+                "{source: \"https://dl.example/kubelet\", to: /usr/bin/kubelet}".to_owned(),
+                "commands[0]: fetch.source: \"https://dl.example/kubelet\": needs its sha256",
+            ),
+            (
+                format!(
+                    "{{source: \"oci://r.example/k8s/kubelet@sha256:{hex}\", sha256: \"{hex}\", to: /usr/bin/kubelet}}"
+                ),
+                "`sha256` is for https:// and file:// sources",
+            ),
+            (
+                format!(
+                    "{{source: \"oci://r.example/k8s/kubelet@sha256:{hex}\", to: usr/bin/kubelet}}"
+                ),
+                "commands[0]: fetch.to: \"usr/bin/kubelet\" is not an absolute node path",
+            ),
+            (
+                format!(
+                    "{{source: \"oci://r.example/k8s/kubelet@sha256:{hex}\", to: /k, mode: \"rwx\"}}"
+                ),
+                "commands[0]: fetch.mode: mode \"rwx\" is not octal",
+            ),
+            (
+                format!("{{source: \"oci://r.example/k8s/kubelet@sha256:{hex}\", path: /k}}"),
+                "unknown field `path`",
+            ),
+        ] {
+            let err = load(&fetch).unwrap_err().to_string();
+            assert!(err.contains(wanted), "{fetch}: {err}");
+        }
     }
 
     #[test]

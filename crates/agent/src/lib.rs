@@ -59,9 +59,10 @@ pub use config::{AgentConfig, DEFAULT_STATE_DIR};
 pub use diagnose::PROBE_TIMEOUT;
 pub use download::DOWNLOAD_TIMEOUT;
 pub use driver_config::{
-    ArtifactsConfig, Check, CommandSequence, CommandSpec, ConfigError, ControlPlaneConfig, DriverConfig, EtcdConfig,
-    InventoryConfig, KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES, MirrorConfig, NtpConfig, NtpFlavor,
-    RecordCommand, RecordCondition, SequenceCommand, UndoSequence,
+    ArtifactsConfig, Check, CommandSequence, CommandSpec, ConfigError, ControlPlaneConfig,
+    DriverConfig, EtcdConfig, InventoryConfig, KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES,
+    MirrorConfig, NtpConfig, NtpFlavor, RecordCommand, RecordCondition, SequenceCommand,
+    UndoSequence,
 };
 pub use drivers::{
     NODE_STEP_DEADLINE_GRACE, driver_kinds, missing_undos, unconfigured_kinds,

@@ -212,9 +212,13 @@ impl CommandSpec {
                 check_mode(mode.as_deref()).map_err(|e| format!("fetch.mode: {e}"))?;
                 if !source.contains("{{") {
                     // A templated sha256 is checked when it is expanded (prepare): stand in a valid one.
-                    let sha256 = sha256
-                        .as_deref()
-                        .map(|s| if s.contains("{{") { LITERAL_STAND_IN } else { s });
+                    let sha256 = sha256.as_deref().map(|s| {
+                        if s.contains("{{") {
+                            LITERAL_STAND_IN
+                        } else {
+                            s
+                        }
+                    });
                     check_fetch_source(source, sha256).map_err(|e| format!("fetch.source: {e}"))?;
                 }
                 Ok(())

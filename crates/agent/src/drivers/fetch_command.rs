@@ -66,8 +66,7 @@ impl Fetch {
             ArtifactSource::Oci(r) => rewrite(
                 &env.config.artifacts.rewrites(),
                 &format!("{}/{}", r.registry, r.repository),
-            )
-            .map(|name| format!("oci://{name}@sha256:{}", r.digest)),
+            ),
             _ => None,
         };
         match mirrored {

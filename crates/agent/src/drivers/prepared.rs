@@ -84,15 +84,8 @@ pub(super) fn prepare(
                 sha256,
                 to,
                 mode,
-            } => fetch_command::prepare(
-                env,
-                source,
-                sha256.as_deref(),
-                to,
-                mode.as_deref(),
-                vars,
-            )
-            .map(Prepared::Fetch),
+            } => fetch_command::prepare(env, source, sha256.as_deref(), to, mode.as_deref(), vars)
+                .map(Prepared::Fetch),
         };
         prepared.push(one.map_err(|e| format!("{key}.{list}[{i}]: {e}"))?);
     }

@@ -3,6 +3,7 @@
 
 mod artifacts;
 mod common;
+mod fetch_command;
 mod holds;
 mod node_steps;
 mod pull_loop;

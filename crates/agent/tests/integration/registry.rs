@@ -260,3 +260,101 @@ pub fn content(seed: &str, len: usize) -> Vec<u8> {
     out.truncate(len);
     out
 }
+
+/// A loopback TCP proxy in front of the registry (TLS passes through untouched: the registry's certificate
+/// names 127.0.0.1) that forwards at most `budget` bytes of answers in all and then stalls every answer,
+/// holding the connections open, until [`StallingProxy::release`]. Counts the connections it accepted.
+pub struct StallingProxy {
+    pub port: u16,
+    state: Arc<ProxyState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct ProxyState {
+    budget: std::sync::atomic::AtomicU64,
+    released: tokio::sync::watch::Sender<bool>,
+}
+
+impl Drop for StallingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl StallingProxy {
+    pub async fn start(target_port: u16, budget: u64) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new(ProxyState {
+            budget: budget.into(),
+            released: tokio::sync::watch::channel(false).0,
+        });
+        let shared = state.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let state = shared.clone();
+                tokio::spawn(async move {
+                    let server = tokio::net::TcpStream::connect(("127.0.0.1", target_port))
+                        .await
+                        .unwrap();
+                    let (mut client_read, mut client_write) = client.into_split();
+                    let (mut server_read, mut server_write) = server.into_split();
+                    let up = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+                    });
+                    let mut buffer = vec![0u8; 16 * 1024];
+                    loop {
+                        let Ok(n) = server_read.read(&mut buffer).await else {
+                            break;
+                        };
+                        if n == 0 {
+                            break;
+                        }
+                        let mut sent = 0;
+                        while sent < n {
+                            let allowed = take(&state.budget, (n - sent) as u64) as usize;
+                            if allowed == 0 {
+                                // Stalled: wait for the release (or forever).
+                                let mut released = state.released.subscribe();
+                                if released.wait_for(|r| *r).await.is_err() {
+                                    return;
+                                }
+                                continue;
+                            }
+                            if client_write
+                                .write_all(&buffer[sent..sent + allowed])
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                            sent += allowed;
+                        }
+                    }
+                    let _ = client_write.shutdown().await;
+                    up.abort();
+                });
+            }
+        });
+        Self { port, state, task }
+    }
+
+    /// Forwards everything from now on.
+    pub fn release(&self) {
+        self.state
+            .budget
+            .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+        self.state.released.send_replace(true);
+    }
+}
+
+/// Takes up to `wanted` from `budget`; answers how much was taken.
+fn take(budget: &std::sync::atomic::AtomicU64, wanted: u64) -> u64 {
+    use std::sync::atomic::Ordering::SeqCst;
+    let mut taken = 0;
+    let _ = budget.fetch_update(SeqCst, SeqCst, |left| {
+        taken = left.min(wanted);
+        Some(left - taken)
+    });
+    taken
+}
