@@ -47,6 +47,9 @@ async fn setup(
         .iter()
         .map(|h| format!("\"{h}\": {{\"auth\": \"{auth}\"}}"))
         .collect();
+    // The node's copy of the registry's CA (a case replaces it with another CA).
+    let ca = node.dir.path().join("registry-ca.pem");
+    std::fs::copy(registry.ca_file(), &ca).unwrap();
     let credentials = node.dir.path().join("registry-auth.json");
     std::fs::write(
         &credentials,
@@ -61,7 +64,7 @@ async fn setup(
          - run: [systemctl, restart, kubelet]\n",
         hosts[0],
         credentials.display(),
-        registry.ca_file().display(),
+        ca.display(),
     );
     let config = node.agent_config(&server, TOKEN, &yaml);
     Run {
@@ -196,6 +199,8 @@ struct Bad {
     source: String,
     password: &'static str,
     artifacts_extra: &'static str,
+    /// The node trusts another CA than the registry's.
+    other_ca: bool,
     wanted: Vec<String>,
 }
 
@@ -243,6 +248,7 @@ async fn every_bad_input_fails_the_step_naming_the_artifact_and_keeps_the_previo
         source: oci_source(repository, hex),
         password: PASSWORD,
         artifacts_extra: "",
+        other_ca: false,
         wanted,
     };
     let mirror = |repository: &str| format!("{}/k8s/{repository}", registry.host());
@@ -263,6 +269,7 @@ async fn every_bad_input_fails_the_step_naming_the_artifact_and_keeps_the_previo
             source: blob_url.clone(),
             password: PASSWORD,
             artifacts_extra: "",
+            other_ca: false,
             wanted: vec![
                 format!("artifact {blob_url}: digest mismatch: expected sha256:{other_hex}, got sha256:{}", sha256(&good)),
             ],
@@ -311,6 +318,15 @@ async fn every_bad_input_fails_the_step_naming_the_artifact_and_keeps_the_previo
             vec!["truncated: got 5000 of 20000 bytes".into()],
         ),
         Bad {
+            other_ca: true,
+            ..oci(
+                "the registry's certificate is not signed by caFile",
+                "good",
+                &good_index,
+                vec!["failed: ".into(), "UnknownIssuer".into()],
+            )
+        },
+        Bad {
             artifacts_extra: "  maxBytes: 10000\n",
             ..oci(
                 "over maxBytes (20000-byte layer, maxBytes 10000)",
@@ -338,6 +354,10 @@ async fn every_bad_input_fails_the_step_naming_the_artifact_and_keeps_the_previo
             case.artifacts_extra,
         )
         .await;
+        if case.other_ca {
+            let other = crate::common::test_pki("another CA").ca.pem();
+            std::fs::write(run.node.dir.path().join("registry-ca.pem"), other).unwrap();
+        }
         let report = run.final_report(&format!("bad-{i}"), "v1.34.1").await;
         let message = report.message.clone().unwrap_or_default();
         assert_eq!(
