@@ -303,10 +303,7 @@ impl StallingProxy {
                         let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
                     });
                     let mut buffer = vec![0u8; 16 * 1024];
-                    loop {
-                        let Ok(n) = server_read.read(&mut buffer).await else {
-                            break;
-                        };
+                    while let Ok(n) = server_read.read(&mut buffer).await {
                         if n == 0 {
                             break;
                         }
