@@ -8,4 +8,5 @@ mod holds;
 mod node_steps;
 mod pull_loop;
 mod registry;
+mod registry_token;
 mod restarts;

@@ -80,25 +80,31 @@ impl Registry {
             .local_addr()
             .unwrap()
             .port();
-        let d = r.display();
-        let config = format!(
-            "version: 0.1\nlog: {{level: info, accesslog: {{disabled: false}}}}\n\
-             storage:\n  filesystem: {{rootdirectory: {d}/data}}\n  delete: {{enabled: true}}\n\
-             http:\n  addr: 127.0.0.1:{port}\n  secret: artifact-test\n  tls: {{certificate: {d}/server.crt, key: {d}/server.key}}\n\
-             auth:\n  htpasswd: {{realm: test-registry, path: {d}/htpasswd}}\n"
+        let auth = format!(
+            "  htpasswd: {{realm: test-registry, path: {}/htpasswd}}\n",
+            r.display()
         );
-        std::fs::write(r.join("config.yml"), config).unwrap();
-        let log = std::fs::File::create(r.join("registry.log")).unwrap();
-        let child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(r.join("config.yml"))
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
+        let child = serve(r, port, &auth);
         let registry = Self { dir, port, child };
         registry.wait_ready().await;
         registry
+    }
+
+    /// Stops the registry and serves the same storage again with `auth` (the YAML under `auth:`).
+    pub async fn restart_with_auth(&mut self, auth: &str) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = serve(self.dir.path(), self.port, auth);
+        self.wait_ready().await;
+    }
+
+    /// The registry's TLS certificate and key (PEM), for another server on 127.0.0.1 the same CA vouches for.
+    pub fn server_cert(&self) -> (Vec<u8>, Vec<u8>) {
+        let r = self.dir.path();
+        (
+            std::fs::read(r.join("server.crt")).unwrap(),
+            std::fs::read(r.join("server.key")).unwrap(),
+        )
     }
 
     /// Polls `GET /v2/` over TLS until it answers 401 (up, asking for credentials).
@@ -247,6 +253,31 @@ impl Registry {
         );
         index_hex
     }
+}
+
+/// Writes the config (storage in `dir/data`, TLS, `auth`) and starts `docker-registry serve`, its output
+/// appended to `dir/registry.log`.
+fn serve(dir: &std::path::Path, port: u16, auth: &str) -> Child {
+    let d = dir.display();
+    let config = format!(
+        "version: 0.1\nlog: {{level: info, accesslog: {{disabled: false}}}}\n\
+         storage:\n  filesystem: {{rootdirectory: {d}/data}}\n  delete: {{enabled: true}}\n\
+         http:\n  addr: 127.0.0.1:{port}\n  secret: artifact-test\n  tls: {{certificate: {d}/server.crt, key: {d}/server.key}}\n\
+         auth:\n{auth}"
+    );
+    std::fs::write(dir.join("config.yml"), config).unwrap();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("registry.log"))
+        .unwrap();
+    Command::new("docker-registry")
+        .arg("serve")
+        .arg(dir.join("config.yml"))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap()
 }
 
 /// `len` bytes that differ for every `seed` (blobs are stored once per digest across repositories).
