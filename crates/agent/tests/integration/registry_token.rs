@@ -17,6 +17,7 @@ use hyper_util::rt::TokioIo;
 use inplace_agent::artifact::*;
 use rcgen::SigningKey as _;
 
+use crate::artifacts::options;
 use crate::registry::{PASSWORD, Registry, USER, content, sha256};
 
 const SERVICE: &str = "test-registry";
@@ -213,8 +214,7 @@ async fn bearer_tokens_from_a_token_server_open_a_token_auth_registry() {
         .await;
 
     let options = |password: &str, dir: &std::path::Path| {
-        let mut options = FetchOptions::new(dir);
-        options.ca_file = Some(registry.ca_file());
+        let mut options = options(&registry, dir);
         options
             .credentials
             .insert(registry.host(), Credential::new(USER, password));
