@@ -1,8 +1,9 @@
 //! The `fetch` sequence command run by the real agent (pull loop, installKubelet step, fake server) against
 //! the real registry (Debian's `docker-registry`, TLS + htpasswd): through a mirror rewrite with the
 //! credentials file and the CA it installs the verified file at its node path; every bad input fails the
-//! step with a message naming the artifact and the cause and leaves the previous file byte-unchanged; an
-//! agent killed inside a download leaves a `.partial` that the next agent resumes with a `Range` request.
+//! step with a message naming the artifact and the cause and leaves the previous file byte-unchanged; the
+//! real `inplace-agent` process SIGKILLed inside a download (a loopback proxy stalls the blob) leaves a
+//! `.partial` that the next process resumes with a `Range` request.
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
@@ -436,6 +437,52 @@ async fn every_bad_input_fails_the_step_naming_the_artifact_and_keeps_the_previo
     eprintln!("bad inputs: {:?}", started.elapsed());
 }
 
+/// The real `inplace-agent` binary on the run's sandbox; SIGKILLed on drop.
+struct AgentProcess(std::process::Child);
+
+impl AgentProcess {
+    fn spawn(run: &Run) -> Self {
+        let c = &run.config;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(run.node.dir.path().join("agent.log"))
+            .unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_inplace-agent"))
+            .arg("--server")
+            .arg(&c.server)
+            .arg("--ca-file")
+            .arg(&c.ca_file)
+            .arg("--token-file")
+            .arg(&c.token_file)
+            .args(["--machine", "default/cp-0", "--no-kubernetes-steps"])
+            .arg("--config")
+            .arg(c.driver_config.as_ref().unwrap())
+            .arg("--state-dir")
+            .arg(&c.state_dir)
+            .arg("--root")
+            .arg(&c.root)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Self(child)
+    }
+
+    /// SIGKILL, and the process reaped.
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_killed_inside_a_download_resumes_it_with_a_range_request() {
     let started = Instant::now();
@@ -459,9 +506,9 @@ async fn an_agent_killed_inside_a_download_resumes_it_with_a_range_request() {
     run.server.offer(install_plan("kill", "v1.34.1"));
     let partial = run.artifacts().join(format!("sha256-{hex}.partial"));
     let len = || std::fs::metadata(&partial).map_or(0, |m| m.len());
-    let first = spawn_agent(run.config.clone());
+    let mut first = AgentProcess::spawn(&run);
     wait_until("a .partial with bytes in it", LIMIT, || len() > 0).await;
-    first.crash().await;
+    first.kill();
     let kept = len();
     assert!(kept > 0 && kept < big.len() as u64, "{kept}");
     assert!(!run.artifacts().join(format!("sha256-{hex}")).exists());
@@ -474,9 +521,9 @@ async fn an_agent_killed_inside_a_download_resumes_it_with_a_range_request() {
     // The next agent (the same state dir) resumes the step; the download resumes at the .partial's end.
     let ranges_before = registry.log().matches("\" 206 ").count();
     proxy.release();
-    let second = spawn_agent(run.config.clone());
+    let mut second = AgentProcess::spawn(&run);
     let report = run.wait_final("kill").await;
-    second.shutdown().await;
+    second.kill();
     assert_eq!(report.status, StepStatus::Succeeded, "{:?}", report.message);
     assert_eq!(run.installed(), big);
     assert!(!partial.exists());
