@@ -1,9 +1,8 @@
 //! The `fetch` sequence command run by the real agent (pull loop, installKubelet step, fake server) against
 //! the real registry (Debian's `docker-registry`, TLS + htpasswd): through a mirror rewrite with the
 //! credentials file and the CA it installs the verified file at its node path; every bad input fails the
-//! step with a message naming the artifact and the cause and leaves the previous file byte-unchanged; the
-//! real `inplace-agent` process SIGKILLed inside a download (a loopback proxy stalls the blob) leaves a
-//! `.partial` that the next process resumes with a `Range` request.
+//! step with a message naming the artifact and the cause and leaves the previous file byte-unchanged.
+//! Interrupted downloads: `fetch_interrupted.rs`.
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
@@ -14,23 +13,23 @@ use inplace_agent::api::*;
 
 use crate::common::fixtures::{LIMIT, TOKEN};
 use crate::common::*;
-use crate::registry::{PASSWORD, Registry, StallingProxy, USER, content, sha256};
+use crate::registry::{PASSWORD, Registry, USER, content, sha256};
 
 /// The node path every case installs to, with a previous binary there.
-const TO: &str = "/usr/local/bin/kubelet";
-const PREVIOUS: &str = "previous kubelet binary\n";
+pub(crate) const TO: &str = "/usr/local/bin/kubelet";
+pub(crate) const PREVIOUS: &str = "previous kubelet binary\n";
 /// The registry the sources name; the mirror rewrite sends it to the test registry.
 const CONFIGURED: &str = "registry.example.com/k8s";
 
 /// One agent run of a one-step plan (installKubelet `version`) whose sequence is `fetch` + a restart.
-struct Run {
-    node: Node,
-    server: TestServer,
-    config: inplace_agent::AgentConfig,
+pub(crate) struct Run {
+    pub node: Node,
+    pub server: TestServer,
+    pub config: inplace_agent::AgentConfig,
 }
 
 /// Writes the credentials file (a Docker config.json for `hosts`), the sandbox and the agent config.
-async fn setup(
+pub(crate) async fn setup(
     registry: &Registry,
     hosts: &[String],
     password: &str,
@@ -75,7 +74,7 @@ async fn setup(
     }
 }
 
-fn install_plan(id: &str, version: &str) -> Plan {
+pub(crate) fn install_plan(id: &str, version: &str) -> Plan {
     plan(
         id,
         vec![step(
@@ -98,7 +97,7 @@ impl Run {
         report
     }
 
-    async fn wait_final(&self, id: &str) -> StepReport {
+    pub async fn wait_final(&self, id: &str) -> StepReport {
         let done = |r: &StepReport| {
             r.plan_id == id && matches!(r.status, StepStatus::Succeeded | StepStatus::Failed)
         };
@@ -109,24 +108,24 @@ impl Run {
         self.server.reports_for(0).into_iter().find(done).unwrap()
     }
 
-    fn installed(&self) -> Vec<u8> {
+    pub fn installed(&self) -> Vec<u8> {
         std::fs::read(self.node.path(TO)).unwrap()
     }
 
-    fn artifacts(&self) -> PathBuf {
+    pub fn artifacts(&self) -> PathBuf {
         self.node.state.join(inplace_agent::ARTIFACT_DIR)
     }
 }
 
-fn oci_source(repository: &str, hex: &str) -> String {
+pub(crate) fn oci_source(repository: &str, hex: &str) -> String {
     format!("oci://{CONFIGURED}/{repository}@sha256:{hex}")
 }
 
-fn oci_fetch() -> &'static str {
+pub(crate) fn oci_fetch() -> &'static str {
     "{source: \"{{pin.kubeletSource}}\", to: /usr/local/bin/kubelet, mode: \"0755\"}"
 }
 
-fn pin(version: &str, source: &str) -> String {
+pub(crate) fn pin(version: &str, source: &str) -> String {
     format!("pins:\n  {version}: {{kubeletSource: \"{source}\"}}\n")
 }
 
@@ -435,104 +434,4 @@ async fn every_bad_input_fails_the_step_naming_the_artifact_and_keeps_the_previo
     ));
     eprintln!("{}", table.join("\n"));
     eprintln!("bad inputs: {:?}", started.elapsed());
-}
-
-/// The real `inplace-agent` binary on the run's sandbox; SIGKILLed on drop.
-struct AgentProcess(std::process::Child);
-
-impl AgentProcess {
-    fn spawn(run: &Run) -> Self {
-        let c = &run.config;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(run.node.dir.path().join("agent.log"))
-            .unwrap();
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_inplace-agent"))
-            .arg("--server")
-            .arg(&c.server)
-            .arg("--ca-file")
-            .arg(&c.ca_file)
-            .arg("--token-file")
-            .arg(&c.token_file)
-            .args(["--machine", "default/cp-0", "--no-kubernetes-steps"])
-            .arg("--config")
-            .arg(c.driver_config.as_ref().unwrap())
-            .arg("--state-dir")
-            .arg(&c.state_dir)
-            .arg("--root")
-            .arg(&c.root)
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        Self(child)
-    }
-
-    /// SIGKILL, and the process reaped.
-    fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for AgentProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_killed_inside_a_download_resumes_it_with_a_range_request() {
-    let started = Instant::now();
-    let registry = Registry::start().await;
-    let arch = inplace_agent::api::go_arch(std::env::consts::ARCH);
-    let big = content("big kubelet", 8 * 1024 * 1024);
-    let index = registry.push("k8s/kubelet", &[(arch, &big)]);
-    let hex = sha256(&big);
-    // Answers pass until 2 MiB have gone through, then stall (the connection stays open).
-    let proxy = StallingProxy::start(registry.port, 2 * 1024 * 1024).await;
-    let proxied = format!("127.0.0.1:{}", proxy.port);
-    let run = setup(
-        &registry,
-        &[proxied, registry.host()],
-        PASSWORD,
-        oci_fetch(),
-        &pin("v1.34.1", &oci_source("kubelet", &index)),
-        "",
-    )
-    .await;
-    run.server.offer(install_plan("kill", "v1.34.1"));
-    let partial = run.artifacts().join(format!("sha256-{hex}.partial"));
-    let len = || std::fs::metadata(&partial).map_or(0, |m| m.len());
-    let mut first = AgentProcess::spawn(&run);
-    wait_until("a .partial with bytes in it", LIMIT, || len() > 0).await;
-    first.kill();
-    let kept = len();
-    assert!(kept > 0 && kept < big.len() as u64, "{kept}");
-    assert!(!run.artifacts().join(format!("sha256-{hex}")).exists());
-    assert_eq!(
-        std::fs::read_to_string(run.node.path(TO)).unwrap(),
-        PREVIOUS
-    );
-    eprintln!("killed with {kept} of {} bytes in the .partial", big.len());
-
-    // The next agent (the same state dir) resumes the step; the download resumes at the .partial's end.
-    let ranges_before = registry.log().matches("\" 206 ").count();
-    proxy.release();
-    let mut second = AgentProcess::spawn(&run);
-    let report = run.wait_final("kill").await;
-    second.kill();
-    assert_eq!(report.status, StepStatus::Succeeded, "{:?}", report.message);
-    assert_eq!(run.installed(), big);
-    assert!(!partial.exists());
-    registry.wait_log("\" 206 ", ranges_before + 1).await;
-    let resumed = registry
-        .log()
-        .lines()
-        .filter(|l| l.contains(&format!("/blobs/sha256:{hex}")) && l.contains("\" 206 "))
-        .count();
-    assert_eq!(resumed, 1, "one Range request for the blob");
-    eprintln!("kill and resume: {:?}", started.elapsed());
 }

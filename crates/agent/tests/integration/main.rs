@@ -4,6 +4,7 @@
 mod artifacts;
 mod common;
 mod fetch_command;
+mod fetch_interrupted;
 mod holds;
 mod node_steps;
 mod pull_loop;
