@@ -23,6 +23,7 @@ mod driver_env;
 mod drivers;
 mod executor;
 mod fsutil;
+mod hex;
 mod inventory;
 mod limits;
 mod node_config;

@@ -195,7 +195,7 @@ async fn hash_file(path: &Path) -> Result<(String, u64), FetchErrorKind> {
             size += n as u64;
             hasher.update(&buffer[..n]);
         }
-        Ok((crate::drivers::hex(&hasher.finalize()), size))
+        Ok((crate::hex::hex(&hasher.finalize()), size))
     })
     .await
 }

@@ -20,7 +20,6 @@ mod node;
 mod ntp;
 mod os_image;
 mod prepared;
-pub(crate) use prepared::hex;
 mod reboot;
 mod restart;
 mod sequence_run;

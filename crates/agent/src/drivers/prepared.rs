@@ -11,6 +11,7 @@ use super::step::{StepContext, StepResult};
 use crate::command::run_command;
 use crate::driver_env::DriverEnv;
 use crate::fsutil::{FileMeta, atomic_write};
+use crate::hex::hex;
 use crate::sequence_command::{CommandSpec, SequenceCommand};
 use crate::template::{Vars, expand};
 
@@ -96,11 +97,6 @@ pub(super) fn prepare(
 pub(super) fn fingerprint(key: &str, commands: &[Prepared]) -> String {
     let bytes = serde_json::to_vec(&(key, commands)).unwrap_or_default();
     hex(&Sha256::digest(&bytes))
-}
-
-/// Lower-case hex of `bytes` (digests).
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Runs one prepared command; `Some` is the step's end (a failure or an interruption).
