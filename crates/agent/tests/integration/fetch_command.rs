@@ -88,13 +88,18 @@ pub(crate) fn install_plan(id: &str, version: &str) -> Plan {
 }
 
 impl Run {
-    /// Offers the plan, waits for the step's final report, and stops the agent.
+    /// Starts an agent, offers the plan, waits for the step's final report, and stops the agent.
     async fn final_report(&self, id: &str, version: &str) -> StepReport {
-        self.server.offer(install_plan(id, version));
         let agent = spawn_agent(self.config.clone());
-        let report = self.wait_final(id).await;
+        let report = self.plan_report(id, version).await;
         agent.shutdown().await;
         report
+    }
+
+    /// Offers the plan (to the agent running) and waits for the step's final report.
+    async fn plan_report(&self, id: &str, version: &str) -> StepReport {
+        self.server.offer(install_plan(id, version));
+        self.wait_final(id).await
     }
 
     pub async fn wait_final(&self, id: &str) -> StepReport {
@@ -130,7 +135,7 @@ pub(crate) fn pin(version: &str, source: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fetch_installs_through_a_mirror_and_reuses_the_verified_download() {
+async fn fetch_installs_through_a_mirror_reuses_the_download_and_rereads_the_credentials() {
     let started = Instant::now();
     let registry = Registry::start().await;
     let arch = inplace_agent::api::go_arch(std::env::consts::ARCH);
@@ -141,8 +146,11 @@ async fn fetch_installs_through_a_mirror_and_reuses_the_verified_download() {
         &[(other, &content("other arch", 1000)), (arch, &kubelet)],
     );
     let source = oci_source("kubelet", &index);
+    let next = content("kubelet v1.34.3", 2000);
+    let next_source = oci_source("kubelet", &registry.push("k8s/kubelet", &[(arch, &next)]));
     let pins = format!(
-        "pins:\n  v1.34.1: {{kubeletSource: \"{source}\"}}\n  v1.34.2: {{kubeletSource: \"{source}\"}}\n"
+        "pins:\n  v1.34.1: {{kubeletSource: \"{source}\"}}\n  v1.34.2: {{kubeletSource: \"{source}\"}}\n  \
+         v1.34.3: {{kubeletSource: \"{next_source}\"}}\n  v1.34.4: {{kubeletSource: \"{next_source}\"}}\n"
     );
     let run = setup(
         &registry,
@@ -163,7 +171,9 @@ async fn fetch_installs_through_a_mirror_and_reuses_the_verified_download() {
         std::time::SystemTime::now() - inplace_agent::ARTIFACT_RETENTION - Duration::from_secs(60),
     )
     .unwrap();
-    let report = run.final_report("fetch-1", "v1.34.1").await;
+    // One agent runs every plan of this test.
+    let agent = spawn_agent(run.config.clone());
+    let report = run.plan_report("fetch-1", "v1.34.1").await;
     assert!(!stale.exists(), "an expired .partial was kept");
     assert_eq!(report.status, StepStatus::Succeeded, "{:?}", report.message);
     assert_eq!(run.installed(), kubelet);
@@ -177,10 +187,33 @@ async fn fetch_installs_through_a_mirror_and_reuses_the_verified_download() {
 
     // Another plan with the same artifact: the verified download is reused, nothing is downloaded again.
     std::fs::write(&path, PREVIOUS).unwrap();
-    let report = run.final_report("fetch-2", "v1.34.2").await;
+    let report = run.plan_report("fetch-2", "v1.34.2").await;
     assert_eq!(report.status, StepStatus::Succeeded, "{:?}", report.message);
     assert_eq!(run.installed(), kubelet);
     assert_eq!(registry.log().matches(&blob_get).count(), gets);
+
+    // The credentials file is read at each fetch: a rotated (here: wrong) password shows at once, and so
+    // does the right one again — the same running agent.
+    let credentials = run.node.dir.path().join("registry-auth.json");
+    let right = std::fs::read_to_string(&credentials).unwrap();
+    let auth = |password: &str| {
+        base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{password}"))
+    };
+    std::fs::write(
+        &credentials,
+        right.replace(&auth(PASSWORD), &auth("rotated-away")),
+    )
+    .unwrap();
+    let report = run.plan_report("fetch-3", "v1.34.3").await;
+    let message = report.message.unwrap_or_default();
+    assert_eq!(report.status, StepStatus::Failed, "{message}");
+    assert!(message.contains("401 Unauthorized"), "{message}");
+    assert_eq!(run.installed(), kubelet);
+    std::fs::write(&credentials, right).unwrap();
+    let report = run.plan_report("fetch-4", "v1.34.4").await;
+    assert_eq!(report.status, StepStatus::Succeeded, "{:?}", report.message);
+    assert_eq!(run.installed(), next);
+    agent.shutdown().await;
     eprintln!(
         "fetch through a mirror, then reuse: {:?}",
         started.elapsed()
