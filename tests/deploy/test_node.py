@@ -446,11 +446,14 @@ DRIVER_CONFIG = {
     "osImage": {"apply", "current", "currentJsonPointer"},
     # crates/agent/src/preflight/config.rs: the control-plane preflight (issue 30).
     "controlPlane": {"checkEtcd", "etcdEndpoint", "etcdCaFile", "etcdCertFile", "etcdKeyFile"},
+    # crates/agent/src/artifact_config.rs: how `fetch` commands reach registries (issue 31).
+    "artifacts": {"mirrors", "credentialsFile", "caFile", "maxBytes", "layerMediaType"},
 }
 SEQUENCE_KEYS = {"skipIf", "onResume", "commands", "retry", "record", "undo"}
 RETRY_KEYS = {"attempts", "initialDelaySeconds", "maxDelaySeconds"}
 CHECK_KEYS = {"run", "stdoutEquals", "stdoutContains"}
-COMMAND_KEYS = {"run": None, "writeFile": {"path", "content", "mode"}, "verifySha256": {"path", "sha256"}}
+COMMAND_KEYS = {"run": None, "writeFile": {"path", "content", "mode"}, "verifySha256": {"path", "sha256"},
+                "fetch": {"source", "sha256", "to", "mode"}}
 # crates/agent/src/sequence_undo.rs: `record:` entries and `undo:` (rollback, issue 28).
 RECORD_KEYS = {"name", "run", "map", "absentOnExit"}
 UNDO_KEYS = {"onResume", "retry", "commands"}

@@ -108,6 +108,7 @@ impl Agent {
             &config.token_file,
             config.tls_server_name.as_deref(),
         )?;
+        crate::artifact_config::prune_now(&config.state_dir);
         let me = crate::self_upgrade::SelfBinary::load(config.binary.clone(), &config.state_dir);
         let env = Arc::new(DriverEnv::new(
             config.root.clone(),
@@ -507,6 +508,7 @@ impl StepHost for Agent {
 
     fn plan_ended(&mut self) {
         self.inventory_due = true;
+        crate::artifact_config::prune_now(&self.env.state_dir);
     }
 
     fn next_delay(&mut self) -> Duration {

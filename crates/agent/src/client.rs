@@ -453,5 +453,5 @@ pub(crate) fn tls_trusting(pem: &[u8]) -> Result<rustls::ClientConfig, String> {
 /// SHA-256 of `bytes` as the wire carries it (64 lower-case hex digits).
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest as _;
-    crate::drivers::hex(&sha2::Sha256::digest(bytes))
+    crate::hex::hex(&sha2::Sha256::digest(bytes))
 }

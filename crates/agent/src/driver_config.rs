@@ -8,6 +8,7 @@ use std::path::Path;
 use inplace_agent_api::is_valid_kubernetes_version;
 use serde::Deserialize;
 
+pub use crate::artifact_config::{ArtifactsConfig, MirrorConfig};
 pub use crate::node_config::NodeConfig;
 pub use crate::preflight::ControlPlaneConfig;
 pub use crate::reboot_config::{OsImageConfig, RebootConfig, RequiredCheck};
@@ -74,6 +75,9 @@ pub struct DriverConfig {
     /// The control-plane preflight's access to this node's etcd member (kubeadm's defaults).
     #[serde(default)]
     pub control_plane: ControlPlaneConfig,
+    /// How `fetch` commands reach registries and `https://` servers.
+    #[serde(default)]
+    pub artifacts: ArtifactsConfig,
     /// The runtime matrix of the containerRuntime step; without it the step leaves the runtime alone.
     #[serde(default)]
     pub runtime: Option<crate::runtime_config::RuntimeConfig>,
@@ -94,6 +98,7 @@ impl Default for DriverConfig {
             reboot: RebootConfig::default(),
             os_image: None,
             control_plane: ControlPlaneConfig::default(),
+            artifacts: ArtifactsConfig::default(),
             runtime: None,
         }
     }
@@ -436,6 +441,7 @@ impl DriverConfig {
             os_image.validate().map_err(invalid)?;
         }
         self.control_plane.validate().map_err(invalid)?;
+        self.artifacts.validate().map_err(invalid)?;
         if let Some(runtime) = &self.runtime {
             runtime.validate().map_err(invalid)?;
         }

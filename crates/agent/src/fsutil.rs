@@ -115,6 +115,26 @@ pub(crate) fn matches(path: &Path, content: &[u8], meta: FileMeta) -> Result<boo
 /// Writes `content` to `path` atomically: temp file in the same directory, mode and owner set,
 /// fsync, rename over the target, fsync of the directory. Creates missing parent directories.
 pub(crate) fn atomic_write(path: &Path, content: &[u8], meta: FileMeta) -> Result<(), FsError> {
+    atomic_replace(path, meta, |file, temp| {
+        file.write_all(content).map_err(fs_err("write", temp))
+    })
+}
+
+/// [`atomic_write`] with the content of the file `from`, streamed (never read into memory whole).
+pub(crate) fn atomic_copy(from: &Path, path: &Path, meta: FileMeta) -> Result<(), FsError> {
+    atomic_replace(path, meta, |file, temp| {
+        let mut source = File::open(from).map_err(fs_err("open", from))?;
+        io::copy(&mut source, file).map_err(fs_err("copy into", temp))?;
+        Ok(())
+    })
+}
+
+/// The atomic replacement both share: `fill` writes the temp file's content.
+fn atomic_replace(
+    path: &Path,
+    meta: FileMeta,
+    fill: impl FnOnce(&mut File, &Path) -> Result<(), FsError>,
+) -> Result<(), FsError> {
     if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
         return Err(FsError {
             action: "write",
@@ -130,7 +150,7 @@ pub(crate) fn atomic_write(path: &Path, content: &[u8], meta: FileMeta) -> Resul
             .mode(0o600)
             .open(&temp)
             .map_err(fs_err("create", &temp))?;
-        file.write_all(content).map_err(fs_err("write", &temp))?;
+        fill(&mut file, &temp)?;
         if let Some((uid, gid)) = meta.owner {
             std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
                 .map_err(fs_err("chown", &temp))?;

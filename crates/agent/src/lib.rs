@@ -7,6 +7,7 @@
 
 mod agent;
 pub mod artifact;
+mod artifact_config;
 mod backoff;
 mod backup;
 mod ca_update;
@@ -22,6 +23,7 @@ mod driver_env;
 mod drivers;
 mod executor;
 mod fsutil;
+mod hex;
 mod inventory;
 mod limits;
 mod node_config;
@@ -47,6 +49,7 @@ mod upkeep;
 use std::future::Future;
 
 pub use agent::{AgentError, MIN_POLL_INTERVAL, REQUEST_TIMEOUT, STATE_LOCK_WAIT};
+pub use artifact_config::{ARTIFACT_DIR, ARTIFACT_RETENTION};
 pub use backoff::{BACKOFF_INITIAL, BACKOFF_MAX};
 pub use backup::MAX_BACKUP_PLANS;
 pub use ca_update::{CA_FETCH_TIMEOUT, CA_FILE_MODE, CA_RETRY_BACKOFF};
@@ -58,9 +61,10 @@ pub use config::{AgentConfig, DEFAULT_STATE_DIR};
 pub use diagnose::PROBE_TIMEOUT;
 pub use download::DOWNLOAD_TIMEOUT;
 pub use driver_config::{
-    Check, CommandSequence, CommandSpec, ConfigError, ControlPlaneConfig, DriverConfig, EtcdConfig,
-    InventoryConfig, KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES, NtpConfig, NtpFlavor,
-    RecordCommand, RecordCondition, SequenceCommand, UndoSequence,
+    ArtifactsConfig, Check, CommandSequence, CommandSpec, ConfigError, ControlPlaneConfig,
+    DriverConfig, EtcdConfig, InventoryConfig, KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES,
+    MirrorConfig, NtpConfig, NtpFlavor, RecordCommand, RecordCondition, SequenceCommand,
+    UndoSequence,
 };
 pub use drivers::{
     NODE_STEP_DEADLINE_GRACE, driver_kinds, missing_undos, unconfigured_kinds,

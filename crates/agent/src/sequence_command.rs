@@ -1,5 +1,5 @@
 //! One entry of a command sequence as the agent config spells it: exactly one of `run`, `writeFile`,
-//! `verifySha256`, beside a `run` an optional `retryable: true`, and in `undo:` lists an optional
+//! `verifySha256`, `fetch`, beside a `run` an optional `retryable: true`, and in `undo:` lists an optional
 //! `ifRecorded`/`ifNotRecorded` condition. Unknown keys are errors. What the
 //! entry does ([`CommandSpec`]) and its checks (argv, node paths) live here too.
 
@@ -58,6 +58,8 @@ struct RawCommand {
     #[serde(default)]
     verify_sha256: Option<VerifySpec>,
     #[serde(default)]
+    fetch: Option<FetchSpec>,
+    #[serde(default)]
     retryable: bool,
     #[serde(default)]
     if_recorded: Option<String>,
@@ -81,24 +83,42 @@ struct VerifySpec {
     sha256: String,
 }
 
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FetchSpec {
+    source: String,
+    #[serde(default)]
+    sha256: Option<String>,
+    to: String,
+    #[serde(default)]
+    mode: Option<String>,
+}
+
 impl TryFrom<RawCommand> for SequenceCommand {
     type Error = String;
 
     fn try_from(raw: RawCommand) -> Result<Self, String> {
-        let spec = match (raw.run, raw.write_file, raw.verify_sha256) {
-            (Some(argv), None, None) => CommandSpec::Run(argv),
-            (None, Some(w), None) => CommandSpec::WriteFile {
+        let spec = match (raw.run, raw.write_file, raw.verify_sha256, raw.fetch) {
+            (Some(argv), None, None, None) => CommandSpec::Run(argv),
+            (None, Some(w), None, None) => CommandSpec::WriteFile {
                 path: w.path,
                 content: w.content,
                 mode: w.mode,
             },
-            (None, None, Some(v)) => CommandSpec::VerifySha256 {
+            (None, None, Some(v), None) => CommandSpec::VerifySha256 {
                 path: v.path,
                 sha256: v.sha256,
             },
+            (None, None, None, Some(f)) => CommandSpec::Fetch {
+                source: f.source,
+                sha256: f.sha256,
+                to: f.to,
+                mode: f.mode,
+            },
             _ => {
                 return Err(
-                    "a command needs exactly one of `run`, `writeFile`, `verifySha256`".into(),
+                    "a command needs exactly one of `run`, `writeFile`, `verifySha256`, `fetch`"
+                        .into(),
                 );
             }
         };
@@ -122,7 +142,7 @@ impl TryFrom<RawCommand> for SequenceCommand {
 }
 
 /// What one entry of a sequence does. YAML: `- run: [argv…]` (optionally with `retryable: true`),
-/// `- writeFile: {path, content, mode}` or `- verifySha256: {path, sha256}`. `run` arguments are literal (use `{{root}}` for node
+/// `- writeFile: {path, content, mode}`, `- verifySha256: {path, sha256}` or `- fetch: {source, sha256, to, mode}`. `run` arguments are literal (use `{{root}}` for node
 /// paths); the `path` of the built-ins is a node path, joined under `--root` by the agent.
 #[derive(Clone, Debug)]
 pub enum CommandSpec {
@@ -144,6 +164,19 @@ pub enum CommandSpec {
         /// Expected digest, 64 hex digits.
         sha256: String,
     },
+    /// Fetch an artifact by digest (into `<state-dir>/artifacts`, verified) and install it at `to`
+    /// atomically: `source` is `oci://registry/repo@sha256:…` (a tag is refused), or `https://…` /
+    /// `file:///…` with `sha256` beside it. `source`, `sha256` and `to` are templated.
+    Fetch {
+        /// The artifact source (templated, e.g. `{{pin.containerdSource}}`).
+        source: String,
+        /// SHA-256 of an `https://` or `file://` source (templated).
+        sha256: Option<String>,
+        /// Node path to install it at.
+        to: String,
+        /// Octal mode, default `0644`.
+        mode: Option<String>,
+    },
 }
 
 impl CommandSpec {
@@ -159,17 +192,66 @@ impl CommandSpec {
             } => check_node_path(path)
                 .and_then(|()| check(path))
                 .and_then(|()| check(content))
-                .and_then(|()| match mode {
-                    Some(m) if inplace_agent_api::parse_mode(m).is_none() => {
-                        Err(format!("mode {m:?} is not octal"))
-                    }
-                    _ => Ok(()),
-                }),
+                .and_then(|()| check_mode(mode.as_deref())),
             CommandSpec::VerifySha256 { path, sha256 } => check_node_path(path)
                 .and_then(|()| check(path))
                 .and_then(|()| check(sha256)),
+            CommandSpec::Fetch {
+                source,
+                sha256,
+                to,
+                mode,
+            } => {
+                check_node_path(to).map_err(|e| format!("fetch.to: {e}"))?;
+                for (key, text) in [("source", Some(source)), ("sha256", sha256.as_ref())] {
+                    if let Some(text) = text {
+                        check(text).map_err(|e| format!("fetch.{key}: {e}"))?;
+                    }
+                }
+                check(to).map_err(|e| format!("fetch.to: {e}"))?;
+                check_mode(mode.as_deref()).map_err(|e| format!("fetch.mode: {e}"))?;
+                if !source.contains("{{") {
+                    // A templated sha256 is checked when it is expanded (prepare): stand in a valid one.
+                    let sha256 = sha256.as_deref().map(|s| {
+                        if s.contains("{{") {
+                            LITERAL_STAND_IN
+                        } else {
+                            s
+                        }
+                    });
+                    check_fetch_source(source, sha256).map_err(|e| format!("fetch.source: {e}"))?;
+                }
+                Ok(())
+            }
         }
     }
+}
+
+/// A valid SHA-256 standing in for a templated one while a literal source is checked.
+const LITERAL_STAND_IN: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+fn check_mode(mode: Option<&str>) -> Result<(), String> {
+    match mode {
+        Some(m) if inplace_agent_api::parse_mode(m).is_none() => {
+            Err(format!("mode {m:?} is not octal"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Parses a `fetch` source (a tag refused); `sha256` belongs to `https://` and `file://` sources only.
+pub(crate) fn check_fetch_source(
+    source: &str,
+    sha256: Option<&str>,
+) -> Result<crate::artifact::ArtifactSource, String> {
+    let parsed =
+        crate::artifact::ArtifactSource::parse(source, sha256).map_err(|e| e.to_string())?;
+    if matches!(parsed, crate::artifact::ArtifactSource::Oci(_)) && sha256.is_some() {
+        return Err(format!(
+            "{source:?}: `sha256` is for https:// and file:// sources (an oci:// source carries its digest)"
+        ));
+    }
+    Ok(parsed)
 }
 
 /// Checks an argv: a program, templates that expand, no NUL byte.

@@ -1,4 +1,4 @@
-//! Artifacts by digest (issue 31; not yet used by any step): an `oci://` artifact or image from a registry
+//! Artifacts by digest (issue 31; the `fetch` sequence command uses them): an `oci://` artifact or image from a registry
 //! (the platform picked from an index), an `https://` or `file://` file with its SHA-256. Every download is
 //! bounded ([`MAX_ARTIFACT_BYTES`], [`MAX_MANIFEST_BYTES`], the timeouts below), streamed into
 //! `<dir>/sha256-<hex>.partial`, verified (size and SHA-256), fsynced and only then renamed to
@@ -19,7 +19,9 @@ use std::time::Duration;
 pub use error::{FetchError, FetchErrorKind};
 pub use fetch::Fetcher;
 pub use manifest::{Descriptor, Platform};
-pub use options::{Credential, Credentials, FetchOptions, MirrorRewrite, OptionsError, rewrite};
+pub use options::{
+    Credential, Credentials, FetchOptions, MirrorRewrite, OptionsError, check_ca_file, rewrite,
+};
 pub use source::{ArtifactSource, OciReference, SourceError};
 
 /// Default largest artifact (blob or file) a fetch accepts ([`FetchOptions::max_bytes`]).

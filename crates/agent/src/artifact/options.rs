@@ -224,6 +224,11 @@ impl FetchOptions {
     }
 }
 
+/// Checks that `path` is a PEM CA bundle the fetcher can trust (read bounded, at least one certificate).
+pub fn check_ca_file(path: &Path) -> Result<(), OptionsError> {
+    https_client(Some(path)).map(|_| ())
+}
+
 /// The HTTPS client for fetches: only `ca_file` is trusted when given, else the system's CA store.
 pub(crate) fn https_client(ca_file: Option<&Path>) -> Result<HttpsClient, OptionsError> {
     let ca_err = |path: &Path, reason: String| OptionsError::Ca {

@@ -44,6 +44,12 @@ impl Store {
         }
         let (actual, _) = hash_file(&self.path).await?;
         if actual == self.sha256 {
+            // Used now: the pruning's age counts from here.
+            let touched = std::fs::File::options()
+                .write(true)
+                .open(&self.path)
+                .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+            touched.map_err(fs_err("touch", &self.path))?;
             return Ok(Some(self.path.clone()));
         }
         remove_file(&self.path)?;
@@ -189,7 +195,7 @@ async fn hash_file(path: &Path) -> Result<(String, u64), FetchErrorKind> {
             size += n as u64;
             hasher.update(&buffer[..n]);
         }
-        Ok((crate::drivers::hex(&hasher.finalize()), size))
+        Ok((crate::hex::hex(&hasher.finalize()), size))
     })
     .await
 }

@@ -1,15 +1,17 @@
 //! A sequence's commands with their templates expanded ([`Prepared`]), their fingerprint (what recorded
-//! progress refers to), and how one of them runs: a program, or the built-in `writeFile` and
-//! `verifySha256`.
+//! progress refers to), and how one of them runs: a program, or the built-in `writeFile`,
+//! `verifySha256` and `fetch` (`fetch_command.rs`).
 
 use inplace_agent_api::parse_mode;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use super::fetch_command::{self, Fetch};
 use super::step::{StepContext, StepResult};
 use crate::command::run_command;
 use crate::driver_env::DriverEnv;
 use crate::fsutil::{FileMeta, atomic_write};
+use crate::hex::hex;
 use crate::sequence_command::{CommandSpec, SequenceCommand};
 use crate::template::{Vars, expand};
 
@@ -22,6 +24,8 @@ pub(super) enum Prepared {
     WriteFile(String, String, u32),
     /// Node path, expected digest (lowercase hex).
     VerifySha256(String, String),
+    /// An artifact to fetch and install.
+    Fetch(Fetch),
     /// An undo command whose `ifRecorded`/`ifNotRecorded` condition does not hold: it does nothing.
     Skip,
 }
@@ -76,6 +80,13 @@ pub(super) fn prepare(
                 }
                 Ok(Prepared::VerifySha256(node_path, expected))
             })(),
+            CommandSpec::Fetch {
+                source,
+                sha256,
+                to,
+                mode,
+            } => fetch_command::prepare(env, source, sha256.as_deref(), to, mode.as_deref(), vars)
+                .map(Prepared::Fetch),
         };
         prepared.push(one.map_err(|e| format!("{key}.{list}[{i}]: {e}"))?);
     }
@@ -86,11 +97,6 @@ pub(super) fn prepare(
 pub(super) fn fingerprint(key: &str, commands: &[Prepared]) -> String {
     let bytes = serde_json::to_vec(&(key, commands)).unwrap_or_default();
     hex(&Sha256::digest(&bytes))
-}
-
-/// Lower-case hex of `bytes` (digests).
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Runs one prepared command; `Some` is the step's end (a failure or an interruption).
@@ -112,6 +118,7 @@ pub(super) async fn run_one(
             .await
             .err()
             .map(|e| StepResult::failed(context(e))),
+        Prepared::Fetch(fetch) => fetch.run(env, ctx, context).await.err(),
         Prepared::Skip => None,
     }
 }

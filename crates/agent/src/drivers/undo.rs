@@ -19,13 +19,13 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use super::driver::StepFuture;
-use super::prepared::hex;
 use super::step::StepResult;
 use crate::command::{display_argv, run_command};
 use crate::driver_env::DriverEnv;
 use crate::fsutil::{
     FileMeta, FsError, atomic_write, create_dirs, fs_err, matches, read_bounded, remove_file,
 };
+use crate::hex::hex;
 use crate::limits::MAX_BACKUP_BYTES;
 pub(crate) use crate::undo_record::{Before, Place, PlaceBefore, UndoRecord};
 use crate::unfinished;

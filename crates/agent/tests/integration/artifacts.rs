@@ -11,7 +11,8 @@ use inplace_agent::artifact::*;
 
 use crate::registry::{PASSWORD, Registry, USER, content, sha256};
 
-fn options(registry: &Registry, dir: &Path) -> FetchOptions {
+/// Fetch options for `registry`: its CA, its credential, downloads into `dir`.
+pub(crate) fn options(registry: &Registry, dir: &Path) -> FetchOptions {
     let mut options = FetchOptions::new(dir);
     options.ca_file = Some(registry.ca_file());
     options

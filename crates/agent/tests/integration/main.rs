@@ -3,8 +3,11 @@
 
 mod artifacts;
 mod common;
+mod fetch_command;
+mod fetch_interrupted;
 mod holds;
 mod node_steps;
 mod pull_loop;
 mod registry;
+mod registry_token;
 mod restarts;

@@ -80,25 +80,31 @@ impl Registry {
             .local_addr()
             .unwrap()
             .port();
-        let d = r.display();
-        let config = format!(
-            "version: 0.1\nlog: {{level: info, accesslog: {{disabled: false}}}}\n\
-             storage:\n  filesystem: {{rootdirectory: {d}/data}}\n  delete: {{enabled: true}}\n\
-             http:\n  addr: 127.0.0.1:{port}\n  secret: artifact-test\n  tls: {{certificate: {d}/server.crt, key: {d}/server.key}}\n\
-             auth:\n  htpasswd: {{realm: test-registry, path: {d}/htpasswd}}\n"
+        let auth = format!(
+            "  htpasswd: {{realm: test-registry, path: {}/htpasswd}}\n",
+            r.display()
         );
-        std::fs::write(r.join("config.yml"), config).unwrap();
-        let log = std::fs::File::create(r.join("registry.log")).unwrap();
-        let child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(r.join("config.yml"))
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
+        let child = serve(r, port, &auth);
         let registry = Self { dir, port, child };
         registry.wait_ready().await;
         registry
+    }
+
+    /// Stops the registry and serves the same storage again with `auth` (the YAML under `auth:`).
+    pub async fn restart_with_auth(&mut self, auth: &str) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = serve(self.dir.path(), self.port, auth);
+        self.wait_ready().await;
+    }
+
+    /// The registry's TLS certificate and key (PEM), for another server on 127.0.0.1 the same CA vouches for.
+    pub fn server_cert(&self) -> (Vec<u8>, Vec<u8>) {
+        let r = self.dir.path();
+        (
+            std::fs::read(r.join("server.crt")).unwrap(),
+            std::fs::read(r.join("server.key")).unwrap(),
+        )
     }
 
     /// Polls `GET /v2/` over TLS until it answers 401 (up, asking for credentials).
@@ -249,6 +255,31 @@ impl Registry {
     }
 }
 
+/// Writes the config (storage in `dir/data`, TLS, `auth`) and starts `docker-registry serve`, its output
+/// appended to `dir/registry.log`.
+fn serve(dir: &std::path::Path, port: u16, auth: &str) -> Child {
+    let d = dir.display();
+    let config = format!(
+        "version: 0.1\nlog: {{level: info, accesslog: {{disabled: false}}}}\n\
+         storage:\n  filesystem: {{rootdirectory: {d}/data}}\n  delete: {{enabled: true}}\n\
+         http:\n  addr: 127.0.0.1:{port}\n  secret: artifact-test\n  tls: {{certificate: {d}/server.crt, key: {d}/server.key}}\n\
+         auth:\n{auth}"
+    );
+    std::fs::write(dir.join("config.yml"), config).unwrap();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("registry.log"))
+        .unwrap();
+    Command::new("docker-registry")
+        .arg("serve")
+        .arg(dir.join("config.yml"))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
 /// `len` bytes that differ for every `seed` (blobs are stored once per digest across repositories).
 pub fn content(seed: &str, len: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(len + 32);
@@ -259,4 +290,99 @@ pub fn content(seed: &str, len: usize) -> Vec<u8> {
     }
     out.truncate(len);
     out
+}
+
+/// A loopback TCP proxy in front of the registry (TLS passes through untouched: the registry's certificate
+/// names 127.0.0.1) that forwards at most `budget` bytes of answers in all and then stalls every answer,
+/// holding the connections open, until [`StallingProxy::release`]. Counts the connections it accepted.
+pub struct StallingProxy {
+    pub port: u16,
+    state: Arc<ProxyState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct ProxyState {
+    budget: std::sync::atomic::AtomicU64,
+    released: tokio::sync::watch::Sender<bool>,
+}
+
+impl Drop for StallingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl StallingProxy {
+    pub async fn start(target_port: u16, budget: u64) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new(ProxyState {
+            budget: budget.into(),
+            released: tokio::sync::watch::channel(false).0,
+        });
+        let shared = state.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let state = shared.clone();
+                tokio::spawn(async move {
+                    let server = tokio::net::TcpStream::connect(("127.0.0.1", target_port))
+                        .await
+                        .unwrap();
+                    let (mut client_read, mut client_write) = client.into_split();
+                    let (mut server_read, mut server_write) = server.into_split();
+                    let up = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+                    });
+                    let mut buffer = vec![0u8; 16 * 1024];
+                    while let Ok(n) = server_read.read(&mut buffer).await {
+                        if n == 0 {
+                            break;
+                        }
+                        let mut sent = 0;
+                        while sent < n {
+                            let allowed = take(&state.budget, (n - sent) as u64) as usize;
+                            if allowed == 0 {
+                                // Stalled: wait for the release (or forever).
+                                let mut released = state.released.subscribe();
+                                if released.wait_for(|r| *r).await.is_err() {
+                                    return;
+                                }
+                                continue;
+                            }
+                            if client_write
+                                .write_all(&buffer[sent..sent + allowed])
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                            sent += allowed;
+                        }
+                    }
+                    let _ = client_write.shutdown().await;
+                    up.abort();
+                });
+            }
+        });
+        Self { port, state, task }
+    }
+
+    /// Forwards everything from now on.
+    pub fn release(&self) {
+        self.state
+            .budget
+            .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+        self.state.released.send_replace(true);
+    }
+}
+
+/// Takes up to `wanted` from `budget`; answers how much was taken.
+fn take(budget: &std::sync::atomic::AtomicU64, wanted: u64) -> u64 {
+    use std::sync::atomic::Ordering::SeqCst;
+    let mut taken = 0;
+    let _ = budget.fetch_update(SeqCst, SeqCst, |left| {
+        taken = left.min(wanted);
+        Some(left - taken)
+    });
+    taken
 }
