@@ -15,6 +15,7 @@ use crate::retry::RetryPolicy;
 pub use crate::sequence_command::{CommandSpec, RecordCondition, SequenceCommand};
 use crate::sequence_command::{check_argv, check_node_path};
 pub use crate::sequence_undo::{RecordCommand, UndoSequence};
+pub use crate::sysext::SysextConfig;
 use crate::template;
 
 /// Largest `--config` file accepted.
@@ -74,6 +75,9 @@ pub struct DriverConfig {
     /// The control-plane preflight's access to this node's etcd member (kubeadm's defaults).
     #[serde(default)]
     pub control_plane: ControlPlaneConfig,
+    /// How `sysextSwitch` commands reach systemd-sysext (every key has a default).
+    #[serde(default)]
+    pub sysext: SysextConfig,
 }
 
 impl Default for DriverConfig {
@@ -91,6 +95,7 @@ impl Default for DriverConfig {
             reboot: RebootConfig::default(),
             os_image: None,
             control_plane: ControlPlaneConfig::default(),
+            sysext: SysextConfig::default(),
         }
     }
 }
@@ -432,6 +437,7 @@ impl DriverConfig {
             os_image.validate().map_err(invalid)?;
         }
         self.control_plane.validate().map_err(invalid)?;
+        self.sysext.validate().map_err(invalid)?;
         Ok(())
     }
 

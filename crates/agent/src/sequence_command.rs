@@ -1,5 +1,5 @@
 //! One entry of a command sequence as the agent config spells it: exactly one of `run`, `writeFile`,
-//! `verifySha256`, beside a `run` an optional `retryable: true`, and in `undo:` lists an optional
+//! `verifySha256`, `sysextSwitch`, beside a `run` an optional `retryable: true`, and in `undo:` lists an optional
 //! `ifRecorded`/`ifNotRecorded` condition. Unknown keys are errors. What the
 //! entry does ([`CommandSpec`]) and its checks (argv, node paths) live here too.
 
@@ -58,6 +58,8 @@ struct RawCommand {
     #[serde(default)]
     verify_sha256: Option<VerifySpec>,
     #[serde(default)]
+    sysext_switch: Option<SysextSwitchSpec>,
+    #[serde(default)]
     retryable: bool,
     #[serde(default)]
     if_recorded: Option<String>,
@@ -81,25 +83,42 @@ struct VerifySpec {
     sha256: String,
 }
 
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SysextSwitchSpec {
+    name: String,
+    image: String,
+}
+
+/// The error of an entry with none or several of the command keys.
+const ONE_COMMAND: &str =
+    "a command needs exactly one of `run`, `writeFile`, `verifySha256`, `sysextSwitch`";
+
 impl TryFrom<RawCommand> for SequenceCommand {
     type Error = String;
 
     fn try_from(raw: RawCommand) -> Result<Self, String> {
-        let spec = match (raw.run, raw.write_file, raw.verify_sha256) {
-            (Some(argv), None, None) => CommandSpec::Run(argv),
-            (None, Some(w), None) => CommandSpec::WriteFile {
-                path: w.path,
-                content: w.content,
-                mode: w.mode,
-            },
-            (None, None, Some(v)) => CommandSpec::VerifySha256 {
-                path: v.path,
-                sha256: v.sha256,
-            },
-            _ => {
-                return Err(
-                    "a command needs exactly one of `run`, `writeFile`, `verifySha256`".into(),
-                );
+        let spec = if let Some(switch) = raw.sysext_switch {
+            if raw.run.is_some() || raw.write_file.is_some() || raw.verify_sha256.is_some() {
+                return Err(ONE_COMMAND.into());
+            }
+            CommandSpec::SysextSwitch {
+                name: switch.name,
+                image: switch.image,
+            }
+        } else {
+            match (raw.run, raw.write_file, raw.verify_sha256) {
+                (Some(argv), None, None) => CommandSpec::Run(argv),
+                (None, Some(w), None) => CommandSpec::WriteFile {
+                    path: w.path,
+                    content: w.content,
+                    mode: w.mode,
+                },
+                (None, None, Some(v)) => CommandSpec::VerifySha256 {
+                    path: v.path,
+                    sha256: v.sha256,
+                },
+                _ => return Err(ONE_COMMAND.into()),
             }
         };
         if raw.retryable && !matches!(spec, CommandSpec::Run(_)) {
@@ -144,6 +163,14 @@ pub enum CommandSpec {
         /// Expected digest, 64 hex digits.
         sha256: String,
     },
+    /// Point `<sysext.extensionsDir>/<name>.raw` at `image` and merge it (`crate::sysext`); an empty
+    /// image removes the link.
+    SysextSwitch {
+        /// The extension's name (its `extension-release.<name>`).
+        name: String,
+        /// Node path of the `.raw` image (templated), or empty.
+        image: String,
+    },
 }
 
 impl CommandSpec {
@@ -168,6 +195,12 @@ impl CommandSpec {
             CommandSpec::VerifySha256 { path, sha256 } => check_node_path(path)
                 .and_then(|()| check(path))
                 .and_then(|()| check(sha256)),
+            CommandSpec::SysextSwitch { name, image } => crate::sysext::check_name(name)
+                .and_then(|()| match image.is_empty() {
+                    true => Ok(()),
+                    false => check_node_path(image),
+                })
+                .and_then(|()| check(image)),
         }
     }
 }

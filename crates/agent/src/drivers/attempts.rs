@@ -132,6 +132,7 @@ fn shown(command: &Prepared) -> String {
         Prepared::Run(argv) => display_argv(argv),
         Prepared::WriteFile(path, ..) => format!("writeFile {path}"),
         Prepared::VerifySha256(path, _) => format!("verifySha256 {path}"),
+        Prepared::SysextSwitch(name, image) => format!("sysextSwitch {name} {image}"),
         Prepared::Skip => "a skipped command".to_owned(),
     }
 }

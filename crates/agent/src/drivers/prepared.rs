@@ -1,6 +1,6 @@
 //! A sequence's commands with their templates expanded ([`Prepared`]), their fingerprint (what recorded
-//! progress refers to), and how one of them runs: a program, or the built-in `writeFile` and
-//! `verifySha256`.
+//! progress refers to), and how one of them runs: a program, or the built-in `writeFile`,
+//! `verifySha256` and `sysextSwitch`.
 
 use inplace_agent_api::parse_mode;
 use serde::Serialize;
@@ -22,6 +22,8 @@ pub(super) enum Prepared {
     WriteFile(String, String, u32),
     /// Node path, expected digest (lowercase hex).
     VerifySha256(String, String),
+    /// Extension name, image node path (empty: remove the link).
+    SysextSwitch(String, String),
     /// An undo command whose `ifRecorded`/`ifNotRecorded` condition does not hold: it does nothing.
     Skip,
 }
@@ -76,6 +78,13 @@ pub(super) fn prepare(
                 }
                 Ok(Prepared::VerifySha256(node_path, expected))
             })(),
+            CommandSpec::SysextSwitch { name, image } => (|| {
+                let image = expand(image, vars)?;
+                if !image.is_empty() {
+                    env.fs.path(&image)?;
+                }
+                Ok(Prepared::SysextSwitch(name.clone(), image))
+            })(),
         };
         prepared.push(one.map_err(|e| format!("{key}.{list}[{i}]: {e}"))?);
     }
@@ -112,6 +121,23 @@ pub(super) async fn run_one(
             .await
             .err()
             .map(|e| StepResult::failed(context(e))),
+        Prepared::SysextSwitch(name, image) => {
+            let mut run = crate::sysext::Run {
+                env,
+                deadline: ctx.deadline,
+                cancel: &mut ctx.cancel,
+            };
+            match run.switch(name, image).await {
+                Ok(done) => {
+                    tracing::info!(extension = %name, "{done}");
+                    None
+                }
+                Err(crate::sysext::SysextError::ShuttingDown) => Some(StepResult::shutting_down()),
+                Err(e) => Some(StepResult::failed(context(format!(
+                    "sysextSwitch {name}: {e}"
+                )))),
+            }
+        }
         Prepared::Skip => None,
     }
 }
