@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use inplace_agent_api::{Plan, RollbackState, Step, StepAction};
+use inplace_agent_api::{OnFailure, Plan, RollbackState, Step, StepAction};
 use tokio::time::Instant;
 
 use super::rollback::{Host, file, files_step, run};
@@ -184,11 +184,12 @@ fn link() -> Option<String> {
         .map(|t| t.display().to_string())
 }
 
-fn config(command: &str) -> String {
+fn config(command: &str, extensions_dir: &str) -> String {
     format!(
         r#"
 sysext:
   command: [{command}]
+  extensionsDir: {extensions_dir}
 kubernetes:
   installKubeadm:
     record:
@@ -206,7 +207,11 @@ kubernetes:
 }
 
 fn env(dir: &Path, state: &str, command: &str) -> Arc<DriverEnv> {
-    let config = DriverConfig::from_yaml(&config(command)).unwrap();
+    env_in(dir, state, command, "/etc/extensions")
+}
+
+fn env_in(dir: &Path, state: &str, command: &str, extensions_dir: &str) -> Arc<DriverEnv> {
+    let config = DriverConfig::from_yaml(&config(command, extensions_dir)).unwrap();
     Arc::new(DriverEnv::new(PathBuf::from("/"), config, dir.join(state)))
 }
 
@@ -394,5 +399,45 @@ async fn inside_a_mount_namespace() {
     assert_eq!(record.attempt, 2, "the step resumed");
     assert_eq!(merged_kubelet().as_deref(), Some("Kubernetes v1.34.1"));
     assert_eq!(link(), Some(image("v1.34.1")));
+
+    // 6. A link that systemd-sysext does not use (an extension of the same name in /etc/extensions, which
+    // it prefers to /run/extensions) fails the verification: the new link is removed again.
+    let mut host = Host::open(
+        &dir.join("s6"),
+        env_in(&dir, "s6", sysext, "/run/extensions"),
+    );
+    host.store.adopt(plan("p6", "v1.33.4", false)).unwrap();
+    host.store.state.current.as_mut().unwrap().on_failure = Some(OnFailure::Hold);
+    first_step(&mut host).await;
+    let (status, message) = step_status(&host, 0);
+    assert_eq!(status, LocalStepStatus::Failed, "{message}");
+    assert!(
+        message.contains(
+            "kubernetes is merged from /etc/extensions/kubernetes.raw, not from /run/extensions/kubernetes.raw"
+        ) && message.contains("/run/extensions/kubernetes.raw removed again, refreshed"),
+        "{message}"
+    );
+    assert!(!Path::new("/run/extensions/kubernetes.raw").exists());
+    assert_eq!(merged_kubelet().as_deref(), Some("Kubernetes v1.34.1"));
+
+    // 7. A regular file where the link goes is the operator's: refused, left alone, nothing refreshed.
+    std::fs::remove_file(LINK).unwrap();
+    std::fs::copy(dir.join(image("v1.33.4").trim_start_matches('/')), LINK).unwrap();
+    let mut host = Host::open(&dir.join("s7"), env(&dir, "s7", sysext));
+    host.store.adopt(plan("p7", "v1.34.1", false)).unwrap();
+    host.store.state.current.as_mut().unwrap().on_failure = Some(OnFailure::Hold);
+    first_step(&mut host).await;
+    let (status, message) = step_status(&host, 0);
+    assert_eq!(status, LocalStepStatus::Failed, "{message}");
+    assert!(
+        message.contains("/etc/extensions/kubernetes.raw is not a symlink"),
+        "{message}"
+    );
+    assert!(std::fs::symlink_metadata(LINK).unwrap().is_file());
+    assert_eq!(
+        merged_kubelet().as_deref(),
+        Some("Kubernetes v1.34.1"),
+        "no refresh ran (it would have merged the file's v1.33.4)"
+    );
     println!("sysext scenarios passed");
 }
