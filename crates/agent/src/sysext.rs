@@ -46,9 +46,15 @@ const LINK_TEMP_SUFFIX: &str = ".inplace-tmp";
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SysextConfig {
-    /// `systemd-sysext` (argv; `refresh`, `status --json=short`, `list --json=short` are appended).
+    /// `systemd-sysext` (argv; `status --json=short`, `list --json=short` and, unless `refresh` is set,
+    /// `refresh` are appended).
     #[serde(default = "default_command")]
     pub command: Vec<String>,
+    /// The refresh (argv). Default: `<command> refresh`. Flatcar's systemd 252 wants
+    /// `[systemctl, restart, systemd-sysext, ensure-sysext]` (the service runs the refresh, then
+    /// ensure-sysext reloads systemd and starts the units the images ship).
+    #[serde(default)]
+    pub refresh: Option<Vec<String>>,
     /// `unsquashfs` (argv; `-cat <image> <path>` is appended): reads an image's extension-release.
     #[serde(default = "default_unsquashfs")]
     pub unsquashfs: Vec<String>,
@@ -61,6 +67,7 @@ impl Default for SysextConfig {
     fn default() -> Self {
         Self {
             command: default_command(),
+            refresh: None,
             unsquashfs: default_unsquashfs(),
             extensions_dir: default_extensions_dir(),
         }
@@ -83,9 +90,11 @@ impl SysextConfig {
     /// Checks both argvs (they may use `{{root}}` only) and the directory.
     pub(crate) fn validate(&self) -> Result<(), String> {
         for (key, argv) in [
-            ("sysext.command", &self.command),
-            ("sysext.unsquashfs", &self.unsquashfs),
+            ("sysext.command", Some(&self.command)),
+            ("sysext.refresh", self.refresh.as_ref()),
+            ("sysext.unsquashfs", Some(&self.unsquashfs)),
         ] {
+            let Some(argv) = argv else { continue };
             check_argv_in(argv, template::Scope::Root).map_err(|e| format!("{key}: {e}"))?;
         }
         check_node_path(&self.extensions_dir).map_err(|e| format!("sysext.extensionsDir: {e}"))?;
@@ -330,7 +339,10 @@ impl Run<'_> {
     }
 
     async fn refresh(&mut self) -> Result<(), SysextError> {
-        let argv = self.sysext_argv(&["refresh"])?;
+        let argv = match &self.env.config.sysext.refresh {
+            Some(configured) => self.argv(configured)?,
+            None => self.sysext_argv(&["refresh"])?,
+        };
         self.output(&argv).await.map(drop)
     }
 

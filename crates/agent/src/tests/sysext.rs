@@ -441,3 +441,85 @@ async fn inside_a_mount_namespace() {
     );
     println!("sysext scenarios passed");
 }
+
+/// The Flatcar example (crates/agent/pending/sysext.yaml, waiting for the `fetch` command) is a valid
+/// config once its `fetch` entries are taken out, and its sequences use `sysextSwitch` as documented.
+#[test]
+fn the_pending_flatcar_example_is_valid_but_for_fetch() {
+    fn without_fetch(value: &mut serde_yaml_ng::Value, removed: &mut usize) {
+        match value {
+            serde_yaml_ng::Value::Sequence(items) => {
+                let before = items.len();
+                items.retain(|i| i.get("fetch").is_none());
+                *removed += before - items.len();
+                items.iter_mut().for_each(|i| without_fetch(i, removed));
+            }
+            serde_yaml_ng::Value::Mapping(map) => {
+                map.values_mut().for_each(|v| without_fetch(v, removed));
+            }
+            _ => {}
+        }
+    }
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/pending/sysext.yaml");
+    let mut value: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut removed = 0;
+    without_fetch(&mut value, &mut removed);
+    assert_eq!(removed, 1, "the one fetch of installKubeadm");
+    let config = DriverConfig::from_yaml(&serde_yaml_ng::to_string(&value).unwrap()).unwrap();
+    let install = config.kubernetes.install_kubeadm.unwrap();
+    assert!(matches!(
+        &install.commands[0].spec,
+        crate::driver_config::CommandSpec::SysextSwitch { name, .. } if name == "kubernetes"
+    ));
+    assert_eq!(
+        config.sysext.refresh.unwrap(),
+        ["systemctl", "restart", "systemd-sysext", "ensure-sysext"]
+    );
+}
+
+/// What loading a config says about a bad `sysextSwitch` or `sysext:` entry.
+#[test]
+fn bad_sysext_entries_fail_at_load_naming_the_key() {
+    let cases = [
+        (
+            "kubernetes:\n  installKubeadm:\n    commands: [{sysextSwitch: {name: ../k, image: /opt/k.raw}}]\n",
+            "kubernetes.installKubeadm: commands[0]: sysextSwitch name \"../k\" is not an extension name",
+        ),
+        (
+            "kubernetes:\n  installKubeadm:\n    commands: [{sysextSwitch: {name: k, image: opt/k.raw}}]\n",
+            "kubernetes.installKubeadm: commands[0]: \"opt/k.raw\" is not an absolute node path",
+        ),
+        (
+            "kubernetes:\n  installKubeadm:\n    commands: [{sysextSwitch: {name: k, image: \"/opt/{{record.x}}\"}}]\n",
+            "`record.` values exist only in `undo:` commands",
+        ),
+        (
+            "kubernetes:\n  installKubeadm:\n    commands: [{sysextSwitch: {name: k, image: /k.raw}, run: [x]}]\n",
+            "a command needs exactly one of `run`, `writeFile`, `verifySha256`, `sysextSwitch`",
+        ),
+        (
+            "kubernetes:\n  installKubeadm:\n    commands: [{sysextSwitch: {name: k}}]\n",
+            "missing field `image`",
+        ),
+        (
+            "sysext: {command: []}\n",
+            "sysext.command: argv needs a program",
+        ),
+        (
+            "sysext: {refresh: [systemctl, \"{{version}}\"]}\n",
+            "sysext.refresh: unknown variable {{version}}",
+        ),
+        (
+            "sysext: {extensionsDir: etc/extensions}\n",
+            "sysext.extensionsDir: \"etc/extensions\" is not an absolute node path",
+        ),
+    ];
+    for (yaml, expected) in cases {
+        let error = DriverConfig::from_yaml(yaml).unwrap_err().to_string();
+        assert!(error.contains(expected), "{yaml}\n{error}");
+    }
+    // An empty image is the undo of "there was no extension": it removes the link.
+    let ok = "kubernetes:\n  installKubeadm:\n    commands: [{sysextSwitch: {name: kubernetes, image: \"\"}}]\n";
+    assert!(DriverConfig::from_yaml(ok).is_ok());
+}
