@@ -15,7 +15,7 @@ use crate::retry::RetryPolicy;
 pub use crate::sequence_command::{CommandSpec, RecordCondition, SequenceCommand};
 use crate::sequence_command::{check_argv, check_node_path};
 pub use crate::sequence_undo::{RecordCommand, UndoSequence};
-pub use crate::sysext::SysextConfig;
+pub use crate::sysext_config::SysextConfig;
 use crate::template;
 
 /// Largest `--config` file accepted.

@@ -38,6 +38,7 @@ mod sequence_undo;
 mod shutdown;
 mod state;
 mod sysext;
+mod sysext_config;
 mod sysext_release;
 mod template;
 mod token_file;

@@ -195,7 +195,7 @@ impl CommandSpec {
             CommandSpec::VerifySha256 { path, sha256 } => check_node_path(path)
                 .and_then(|()| check(path))
                 .and_then(|()| check(sha256)),
-            CommandSpec::SysextSwitch { name, image } => crate::sysext::check_name(name)
+            CommandSpec::SysextSwitch { name, image } => crate::sysext_release::check_name(name)
                 .and_then(|()| match image.is_empty() {
                     true => Ok(()),
                     false => check_node_path(image),

@@ -14,18 +14,16 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::command::{CommandEnd, CommandOutput, STDOUT_TAIL_MAX_BYTES, display_argv, run_command};
 use crate::driver_env::DriverEnv;
-use crate::fsutil::{FsError, create_dirs, fs_err, read_optional, sync_dir};
-use crate::sequence_command::{check_argv_in, check_node_path};
+use crate::fsutil::{FsError, fs_err, read_optional, remove_file, sync_dir, temp_beside};
 use crate::sysext_release::{
     Mismatch, compatibility, listed_path, merged_names, node_architecture, parse_release,
 };
-use crate::template::{self, Vars, expand};
+use crate::template::{Vars, expand};
 
 /// Longest time one `systemd-sysext` or `unsquashfs` run may take (within the step's own timeout): a
 /// refresh mounts every image over a loop device, which takes well under a second per image.
@@ -37,88 +35,6 @@ pub const MAX_SYSEXT_OUTPUT_BYTES: usize = STDOUT_TAIL_MAX_BYTES;
 
 /// Largest node os-release file read (`/etc/os-release`, else `/usr/lib/os-release`).
 pub const MAX_OS_RELEASE_BYTES: u64 = 64 * 1024;
-
-/// Suffix of the temporary symlink renamed over `<name>.raw` (a dot in front too: systemd-sysext only
-/// looks at `*.raw` and directories, and skips hidden names).
-const LINK_TEMP_SUFFIX: &str = ".inplace-tmp";
-
-/// The `sysext:` section of the agent config: how `sysextSwitch` commands reach systemd-sysext.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct SysextConfig {
-    /// `systemd-sysext` (argv; `status --json=short`, `list --json=short` and, unless `refresh` is set,
-    /// `refresh` are appended).
-    #[serde(default = "default_command")]
-    pub command: Vec<String>,
-    /// The refresh (argv). Default: `<command> refresh`. Flatcar's systemd 252 wants
-    /// `[systemctl, restart, systemd-sysext, ensure-sysext]` (the service runs the refresh, then
-    /// ensure-sysext reloads systemd and starts the units the images ship).
-    #[serde(default)]
-    pub refresh: Option<Vec<String>>,
-    /// `unsquashfs` (argv; `-cat <image> <path>` is appended): reads an image's extension-release.
-    #[serde(default = "default_unsquashfs")]
-    pub unsquashfs: Vec<String>,
-    /// Node path of the directory holding the `<name>.raw` links (Flatcar: `/etc/extensions`).
-    #[serde(default = "default_extensions_dir")]
-    pub extensions_dir: String,
-}
-
-impl Default for SysextConfig {
-    fn default() -> Self {
-        Self {
-            command: default_command(),
-            refresh: None,
-            unsquashfs: default_unsquashfs(),
-            extensions_dir: default_extensions_dir(),
-        }
-    }
-}
-
-fn default_command() -> Vec<String> {
-    vec!["systemd-sysext".to_owned()]
-}
-
-fn default_unsquashfs() -> Vec<String> {
-    vec!["unsquashfs".to_owned()]
-}
-
-fn default_extensions_dir() -> String {
-    "/etc/extensions".to_owned()
-}
-
-impl SysextConfig {
-    /// Checks both argvs (they may use `{{root}}` only) and the directory.
-    pub(crate) fn validate(&self) -> Result<(), String> {
-        for (key, argv) in [
-            ("sysext.command", Some(&self.command)),
-            ("sysext.refresh", self.refresh.as_ref()),
-            ("sysext.unsquashfs", Some(&self.unsquashfs)),
-        ] {
-            let Some(argv) = argv else { continue };
-            check_argv_in(argv, template::Scope::Root).map_err(|e| format!("{key}: {e}"))?;
-        }
-        check_node_path(&self.extensions_dir).map_err(|e| format!("sysext.extensionsDir: {e}"))?;
-        template::check_in(&self.extensions_dir, template::Scope::Root)
-            .map_err(|e| format!("sysext.extensionsDir: {e}"))
-    }
-}
-
-/// Checks a `sysextSwitch` extension name: what systemd-sysext takes from `<name>.raw` (letters,
-/// digits, `-`, `_`, `.`, not starting with a dot).
-pub(crate) fn check_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "sysextSwitch name {name:?} is not an extension name (letters, digits, `-_.`)"
-        ))
-    }
-}
 
 /// Why a `sysextSwitch` did not converge.
 #[derive(Debug, thiserror::Error)]
@@ -195,7 +111,7 @@ impl Run<'_> {
         let before = read_link(&link, &link_node)?;
         if image.is_empty() {
             if before.is_some() {
-                remove_link(&link)?;
+                remove_file(&link)?;
             }
             self.refresh().await?;
             let merged = self.merged().await?;
@@ -220,7 +136,7 @@ impl Run<'_> {
                     Some(target) => {
                         set_link(&link, target).map(|()| format!("{link_node} → {target} again"))
                     }
-                    None => remove_link(&link).map(|_| format!("{link_node} removed again")),
+                    None => remove_file(&link).map(|_| format!("{link_node} removed again")),
                 };
                 let restored = match restored {
                     Ok(done) => match self.refresh().await {
@@ -413,26 +329,12 @@ fn read_link(link: &Path, link_node: &str) -> Result<Option<String>, SysextError
     }
 }
 
-/// Points `link` at `target` in one step: a symlink at a temp name beside it, renamed over it, the
-/// directory fsync'd. Creates the directory when missing.
+/// Points `link` at `target` in one step: a symlink at the temp name beside it (`.<name>.raw.inplace-tmp`:
+/// systemd-sysext skips hidden names), renamed over it, the directory fsync'd. Creates the directory when
+/// missing.
 fn set_link(link: &Path, target: &str) -> Result<(), FsError> {
-    let dir = link.parent().unwrap_or(Path::new("/"));
-    create_dirs(dir)?;
-    let file_name = link
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let temp = dir.join(format!(".{file_name}{LINK_TEMP_SUFFIX}"));
-    match std::fs::remove_file(&temp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(fs_err("remove stale", &temp)(e)),
-    }
+    let (dir, temp) = temp_beside(link, "create symlink", |p| std::fs::remove_file(p))?;
     std::os::unix::fs::symlink(target, &temp).map_err(fs_err("create symlink", &temp))?;
     std::fs::rename(&temp, link).map_err(fs_err("rename onto", link))?;
     sync_dir(dir)
-}
-
-fn remove_link(link: &Path) -> Result<bool, FsError> {
-    crate::fsutil::remove_file(link)
 }

@@ -1,4 +1,4 @@
-//! The pure half of `sysextSwitch`: reading os-release style files (the node's `/etc/os-release`, an
+//! The pure half of `sysextSwitch`: its extension names ([`check_name`]), reading os-release style files (the node's `/etc/os-release`, an
 //! image's `extension-release.<name>`), systemd-sysext's rule for whether an extension may be merged on
 //! this node ([`compatibility`]), and what `systemd-sysext list`/`status --json=short` say is merged
 //! ([`merged_names`], [`listed_path`]). Functions over text, tested synchronously.
@@ -7,6 +7,23 @@ use std::collections::BTreeMap;
 
 /// The scope `systemd-sysext` merges in (it runs as a system tool, not for portable services).
 const HOST_SCOPE: &str = "system";
+
+/// Checks a `sysextSwitch` extension name: what systemd-sysext takes from `<name>.raw` (letters,
+/// digits, `-`, `_`, `.`, not starting with a dot).
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "sysextSwitch name {name:?} is not an extension name (letters, digits, `-_.`)"
+        ))
+    }
+}
 
 /// Parses an os-release style file: `KEY=value` lines, values optionally in single or double quotes
 /// (`\` escapes in double quotes), `#` comments and blank lines ignored. A line without `=` is ignored,

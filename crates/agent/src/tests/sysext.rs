@@ -12,10 +12,10 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use inplace_agent_api::{OnFailure, Plan, RollbackState, Step, StepAction};
+use inplace_agent_api::{OnFailure, Plan, Step, StepAction};
 use tokio::time::Instant;
 
-use super::rollback::{Host, file, files_step, run};
+use super::rollback::{Host, file, files_step, rolled_back, run};
 use crate::driver_config::DriverConfig;
 use crate::driver_env::DriverEnv;
 use crate::shutdown::Shutdown;
@@ -246,27 +246,12 @@ async fn first_step(host: &mut Host) {
     assert_eq!(flow, ControlFlow::Continue(()));
 }
 
-fn step_status(host: &Host, index: usize) -> (LocalStepStatus, String) {
-    let step = &host.store.state.current.as_ref().unwrap().steps[index];
-    (step.status, step.message.clone().unwrap_or_default())
-}
-
-fn assert_rolled_back(host: &Host) {
-    let rollback = host
-        .store
-        .state
-        .current
-        .as_ref()
-        .unwrap()
-        .progress()
-        .rollback
-        .unwrap();
-    assert_eq!(
-        rollback.state,
-        RollbackState::RolledBack,
-        "{}",
-        rollback.message
-    );
+/// Step 0's message, once it ended `status`.
+fn assert_step(host: &Host, status: LocalStepStatus) -> String {
+    let step = &host.store.state.current.as_ref().unwrap().steps[0];
+    let message = step.message.clone().unwrap_or_default();
+    assert_eq!(step.status, status, "{message}");
+    message
 }
 
 /// The scenarios, in one namespace, each starting where the one before ended.
@@ -291,16 +276,11 @@ async fn inside_a_mount_namespace() {
     let t = Instant::now();
     first_step(&mut host).await;
     eprintln!("fresh switch + refresh + verify: {:?}", t.elapsed());
-    assert_eq!(
-        step_status(&host, 0).0,
-        LocalStepStatus::Succeeded,
-        "{:?}",
-        step_status(&host, 0)
-    );
+    assert_step(&host, LocalStepStatus::Succeeded);
     assert_eq!(merged_kubelet().as_deref(), Some("Kubernetes v1.33.4"));
     assert_eq!(link(), Some(image("v1.33.4")));
     run(&mut host, None).await;
-    assert_rolled_back(&host);
+    rolled_back(&host);
     assert_eq!(link(), None, "the undo of an empty record removes the link");
     assert_eq!(merged_kubelet(), None, "and unmerges the extension");
 
@@ -308,12 +288,7 @@ async fn inside_a_mount_namespace() {
     let mut host = Host::open(&dir.join("s2"), env(&dir, "s2", sysext));
     host.store.adopt(plan("p2", "v1.33.4", false)).unwrap();
     run(&mut host, None).await;
-    assert_eq!(
-        step_status(&host, 0).0,
-        LocalStepStatus::Succeeded,
-        "{:?}",
-        step_status(&host, 0)
-    );
+    assert_step(&host, LocalStepStatus::Succeeded);
     assert_eq!(merged_kubelet().as_deref(), Some("Kubernetes v1.33.4"));
 
     // 3. v1.33.4 → v1.34.1, then a later step fails: the undo switches back to the recorded link.
@@ -325,7 +300,7 @@ async fn inside_a_mount_namespace() {
     assert_eq!(merged_kubelet().as_deref(), Some("Kubernetes v1.34.1"));
     assert_eq!(link(), Some(image("v1.34.1")));
     run(&mut host, None).await;
-    assert_rolled_back(&host);
+    rolled_back(&host);
     assert_eq!(link(), Some(image("v1.33.4")));
     assert_eq!(merged_kubelet().as_deref(), Some("Kubernetes v1.33.4"));
 
@@ -333,8 +308,7 @@ async fn inside_a_mount_namespace() {
     let mut host = Host::open(&dir.join("s4"), env(&dir, "s4", sysext));
     host.store.adopt(plan("p4", INCOMPATIBLE, false)).unwrap();
     first_step(&mut host).await;
-    let (status, message) = step_status(&host, 0);
-    assert_eq!(status, LocalStepStatus::Failed, "{message}");
+    let message = assert_step(&host, LocalStepStatus::Failed);
     let expected = format!(
         "image {} is not compatible with this node (ID is \"not-this-os\" in the extension, {:?} on this node)",
         image(INCOMPATIBLE),
@@ -344,7 +318,7 @@ async fn inside_a_mount_namespace() {
     assert_eq!(link(), Some(image("v1.33.4")), "the link never moved");
     assert_eq!(merged_kubelet().as_deref(), Some("Kubernetes v1.33.4"));
     run(&mut host, None).await;
-    assert_rolled_back(&host);
+    rolled_back(&host);
     assert_eq!(merged_kubelet().as_deref(), Some("Kubernetes v1.33.4"));
 
     // 5. Killed between the link switch and the refresh: the resumed step converges to v1.34.1 merged.
@@ -374,11 +348,7 @@ async fn inside_a_mount_namespace() {
             }
         } => true,
     };
-    assert!(
-        killed,
-        "the step ended before its refresh: {:?}",
-        step_status(&host, 0)
-    );
+    assert!(killed, "the step ended before its refresh");
     // The agent dies here: the step's future (and the blocked refresh's process group) is dropped.
     drop(host);
     assert_eq!(link(), Some(image("v1.34.1")), "the link was switched");
@@ -409,8 +379,7 @@ async fn inside_a_mount_namespace() {
     host.store.adopt(plan("p6", "v1.33.4", false)).unwrap();
     host.store.state.current.as_mut().unwrap().on_failure = Some(OnFailure::Hold);
     first_step(&mut host).await;
-    let (status, message) = step_status(&host, 0);
-    assert_eq!(status, LocalStepStatus::Failed, "{message}");
+    let message = assert_step(&host, LocalStepStatus::Failed);
     assert!(
         message.contains(
             "kubernetes is merged from /etc/extensions/kubernetes.raw, not from /run/extensions/kubernetes.raw"
@@ -427,8 +396,7 @@ async fn inside_a_mount_namespace() {
     host.store.adopt(plan("p7", "v1.34.1", false)).unwrap();
     host.store.state.current.as_mut().unwrap().on_failure = Some(OnFailure::Hold);
     first_step(&mut host).await;
-    let (status, message) = step_status(&host, 0);
-    assert_eq!(status, LocalStepStatus::Failed, "{message}");
+    let message = assert_step(&host, LocalStepStatus::Failed);
     assert!(
         message.contains("/etc/extensions/kubernetes.raw is not a symlink"),
         "{message}"
