@@ -85,6 +85,9 @@ pub(crate) enum SysextError {
         /// What happened to the link afterwards.
         restored: String,
     },
+    /// What the verification after the refresh found instead of the extension merged from the link.
+    #[error("{0}")]
+    Found(String),
     /// A configured template or a node path is unusable, or the node lacks an os-release file.
     #[error("{0}")]
     Node(String),
@@ -129,9 +132,14 @@ impl Run<'_> {
             set_link(&link, image)?;
         }
         self.refresh().await?;
-        match self.verify(name, &link_node).await {
-            Ok(()) => Ok(format!("{link_node} → {image}; {name} merged")),
-            Err(what) if switched => {
+        let what = match self.verify(name, &link_node).await {
+            Ok(()) => return Ok(format!("{link_node} → {image}; {name} merged")),
+            // Resumed, the run finds the link switched: refreshed and verified again.
+            Err(SysextError::ShuttingDown) => return Err(SysextError::ShuttingDown),
+            Err(e) => e.to_string(),
+        };
+        match what {
+            what if switched => {
                 let restored = match &before {
                     Some(target) => {
                         set_link(&link, target).map(|()| format!("{link_node} → {target} again"))
@@ -141,13 +149,15 @@ impl Run<'_> {
                 let restored = match restored {
                     Ok(done) => match self.refresh().await {
                         Ok(()) => format!("{done}, refreshed"),
+                        // Resumed, the run switches, fails and puts back again.
+                        Err(SysextError::ShuttingDown) => return Err(SysextError::ShuttingDown),
                         Err(e) => format!("{done}, but the refresh failed: {e}"),
                     },
                     Err(e) => format!("putting the link back failed: {e}"),
                 };
                 Err(SysextError::NotMerged { what, restored })
             }
-            Err(what) => Err(SysextError::NotMerged {
+            what => Err(SysextError::NotMerged {
                 what,
                 restored: format!(
                     "{link_node} already pointed at {image} when this run began (an interrupted earlier \
@@ -189,10 +199,11 @@ impl Run<'_> {
             real.display().to_string(),
             inside.clone(),
         ]);
-        let text = self.output(&argv).await.map_err(|e| {
-            image_err(format!(
+        let text = self.output(&argv).await.map_err(|e| match e {
+            SysextError::ShuttingDown => e,
+            e => image_err(format!(
                 "cannot read {inside} (is it an extension named {name}?): {e}"
-            ))
+            )),
         })?;
         let node = self.node_release()?;
         compatibility(&parse_release(&text), &node, node_architecture()).map_err(|mismatch| {
@@ -217,32 +228,37 @@ impl Run<'_> {
         ))
     }
 
-    /// (d): `status` lists `name` merged, and `list` says its image is the link.
-    async fn verify(&mut self, name: &str, link_node: &str) -> Result<(), String> {
-        let merged = self.merged().await.map_err(|e| e.to_string())?;
+    /// (d): `status` lists `name` merged, and `list` says its image is the link. A command that fails
+    /// fails the verification too (`ShuttingDown` aside): nothing then says the image is merged.
+    async fn verify(&mut self, name: &str, link_node: &str) -> Result<(), SysextError> {
+        let merged = self.merged().await?;
         if !merged.iter().any(|n| n == name) {
-            return Err(format!(
-                "{name} is not merged after `refresh` (merged: {})",
+            return Err(SysextError::Found(format!(
+                "{name} is not merged after the refresh (merged: {})",
                 if merged.is_empty() {
                     "none".to_owned()
                 } else {
                     merged.join(", ")
                 }
-            ));
+            )));
         }
-        let argv = self
-            .sysext_argv(&["list", "--json=short"])
-            .map_err(|e| e.to_string())?;
-        let listed = self.output(&argv).await.map_err(|e| e.to_string())?;
-        match listed_path(&listed, name) {
-            Ok(Some(path)) if path == link_node => Ok(()),
-            Ok(Some(path)) => Err(format!(
+        let argv = self.sysext_argv(&["list", "--json=short"])?;
+        let listed = self.output(&argv).await?;
+        let found = match listed_path(&listed, name) {
+            Ok(Some(path)) if path == link_node => return Ok(()),
+            Ok(Some(path)) => format!(
                 "{name} is merged from {path}, not from {link_node} (an extension of the same name in a \
                  directory systemd-sysext prefers)"
-            )),
-            Ok(None) => Err(format!("`list` does not show {name}")),
-            Err(e) => Err(e),
-        }
+            ),
+            Ok(None) => format!("`list` does not show {name}"),
+            Err(detail) => {
+                return Err(SysextError::Command {
+                    command: display_argv(&argv),
+                    detail,
+                });
+            }
+        };
+        Err(SysextError::Found(found))
     }
 
     async fn merged(&mut self) -> Result<Vec<String>, SysextError> {
