@@ -172,6 +172,15 @@ exec "$0" --exact tests::sysext::inside_a_mount_namespace --ignored --nocapture 
     );
 }
 
+/// Completes once the blocking refresh stand-in has started (a failure bound of 30 s).
+async fn blocked(marker: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !marker.exists() {
+        assert!(Instant::now() < deadline, "the refresh never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// What `/usr/bin/inplace-sysext-test-kubelet` prints (`None`: nothing merged provides it).
 fn merged_kubelet() -> Option<String> {
     let out = Command::new(KUBELET).output().ok()?;
@@ -340,13 +349,7 @@ async fn inside_a_mount_namespace() {
     host.store.adopt(plan("p5", "v1.34.1", false)).unwrap();
     let killed = tokio::select! {
         () = first_step(&mut host) => false,
-        () = async {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while !marker.exists() {
-                assert!(Instant::now() < deadline, "the refresh never started");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        } => true,
+        () = blocked(&marker) => true,
     };
     assert!(killed, "the step ended before its refresh");
     // The agent dies here: the step's future (and the blocked refresh's process group) is dropped.
@@ -370,13 +373,35 @@ async fn inside_a_mount_namespace() {
     assert_eq!(merged_kubelet().as_deref(), Some("Kubernetes v1.34.1"));
     assert_eq!(link(), Some(image("v1.34.1")));
 
+    // 5b. A clean shutdown (SIGTERM) during the refresh of v1.34.1 → v1.33.4: the refresh's process group is
+    // stopped, the step goes back to pending (not failed, the link not put back), and runs again at the next
+    // start to v1.33.4 merged.
+    std::fs::remove_file(&marker).unwrap();
+    let mut host = Host::open(
+        &dir.join("s5b"),
+        env(&dir, "s5b", &blocking.display().to_string()),
+    );
+    host.store.adopt(plan("p5b", "v1.33.4", false)).unwrap();
+    let marker_seen = marker.clone();
+    let mut shutdown: Shutdown = Box::pin(async move { blocked(&marker_seen).await });
+    let flow = crate::executor::run_step(&mut host, 0, &mut shutdown).await;
+    assert_eq!(flow, ControlFlow::Break(()));
+    assert_step(&host, LocalStepStatus::Pending);
+    assert_eq!(link(), Some(image("v1.33.4")), "the link stays switched");
+    assert_eq!(merged_kubelet().as_deref(), Some("Kubernetes v1.34.1"));
+    drop(host);
+    let mut host = Host::open(&dir.join("s5b"), env(&dir, "s5b", sysext));
+    run(&mut host, None).await;
+    assert_step(&host, LocalStepStatus::Succeeded);
+    assert_eq!(merged_kubelet().as_deref(), Some("Kubernetes v1.33.4"));
+
     // 6. A link that systemd-sysext does not use (an extension of the same name in /etc/extensions, which
     // it prefers to /run/extensions) fails the verification: the new link is removed again.
     let mut host = Host::open(
         &dir.join("s6"),
         env_in(&dir, "s6", sysext, "/run/extensions"),
     );
-    host.store.adopt(plan("p6", "v1.33.4", false)).unwrap();
+    host.store.adopt(plan("p6", "v1.34.1", false)).unwrap();
     host.store.state.current.as_mut().unwrap().on_failure = Some(OnFailure::Hold);
     first_step(&mut host).await;
     let message = assert_step(&host, LocalStepStatus::Failed);
@@ -387,11 +412,11 @@ async fn inside_a_mount_namespace() {
         "{message}"
     );
     assert!(!Path::new("/run/extensions/kubernetes.raw").exists());
-    assert_eq!(merged_kubelet().as_deref(), Some("Kubernetes v1.34.1"));
+    assert_eq!(merged_kubelet().as_deref(), Some("Kubernetes v1.33.4"));
 
     // 7. A regular file where the link goes is the operator's: refused, left alone, nothing refreshed.
     std::fs::remove_file(LINK).unwrap();
-    std::fs::copy(dir.join(image("v1.33.4").trim_start_matches('/')), LINK).unwrap();
+    std::fs::copy(dir.join(image("v1.34.1").trim_start_matches('/')), LINK).unwrap();
     let mut host = Host::open(&dir.join("s7"), env(&dir, "s7", sysext));
     host.store.adopt(plan("p7", "v1.34.1", false)).unwrap();
     host.store.state.current.as_mut().unwrap().on_failure = Some(OnFailure::Hold);
@@ -404,8 +429,8 @@ async fn inside_a_mount_namespace() {
     assert!(std::fs::symlink_metadata(LINK).unwrap().is_file());
     assert_eq!(
         merged_kubelet().as_deref(),
-        Some("Kubernetes v1.34.1"),
-        "no refresh ran (it would have merged the file's v1.33.4)"
+        Some("Kubernetes v1.33.4"),
+        "no refresh ran (it would have merged the file's v1.34.1)"
     );
     println!("sysext scenarios passed");
 }
