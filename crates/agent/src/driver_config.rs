@@ -16,6 +16,7 @@ use crate::retry::RetryPolicy;
 pub use crate::sequence_command::{CommandSpec, RecordCondition, SequenceCommand};
 use crate::sequence_command::{check_argv, check_node_path};
 pub use crate::sequence_undo::{RecordCommand, UndoSequence};
+pub use crate::sysext_config::SysextConfig;
 use crate::template;
 
 /// Largest `--config` file accepted.
@@ -81,6 +82,9 @@ pub struct DriverConfig {
     /// The runtime matrix of the containerRuntime step; without it the step leaves the runtime alone.
     #[serde(default)]
     pub runtime: Option<crate::runtime_config::RuntimeConfig>,
+    /// How `sysextSwitch` commands reach systemd-sysext (every key has a default).
+    #[serde(default)]
+    pub sysext: SysextConfig,
 }
 
 impl Default for DriverConfig {
@@ -100,6 +104,7 @@ impl Default for DriverConfig {
             control_plane: ControlPlaneConfig::default(),
             artifacts: ArtifactsConfig::default(),
             runtime: None,
+            sysext: SysextConfig::default(),
         }
     }
 }
@@ -445,6 +450,7 @@ impl DriverConfig {
         if let Some(runtime) = &self.runtime {
             runtime.validate().map_err(invalid)?;
         }
+        self.sysext.validate().map_err(invalid)?;
         Ok(())
     }
 

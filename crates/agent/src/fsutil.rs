@@ -170,7 +170,7 @@ fn atomic_replace(
 
 /// The parent of `path` (created when missing) and the temp name beside it, `.<name>.inplace-tmp`,
 /// cleared with `remove` of what an interrupted earlier attempt left there (it is ours).
-fn temp_beside<'a>(
+pub(crate) fn temp_beside<'a>(
     path: &'a Path,
     action: &'static str,
     remove: fn(&Path) -> io::Result<()>,

@@ -40,6 +40,9 @@ mod sequence_command;
 mod sequence_undo;
 mod shutdown;
 mod state;
+mod sysext;
+mod sysext_config;
+mod sysext_release;
 mod template;
 mod token_file;
 mod undo_record;
@@ -64,7 +67,7 @@ pub use driver_config::{
     ArtifactsConfig, Check, CommandSequence, CommandSpec, ConfigError, ControlPlaneConfig,
     DriverConfig, EtcdConfig, InventoryConfig, KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES,
     MirrorConfig, NtpConfig, NtpFlavor, RecordCommand, RecordCondition, SequenceCommand,
-    UndoSequence,
+    SysextConfig, UndoSequence,
 };
 pub use drivers::{
     NODE_STEP_DEADLINE_GRACE, driver_kinds, missing_undos, unconfigured_kinds,
@@ -97,6 +100,7 @@ pub use self_upgrade::{
 };
 pub use sequence_undo::{MAX_RECORD_VALUE_BYTES, MAX_RECORDS};
 pub use state::{MAX_OUTBOX, StateError};
+pub use sysext::{MAX_OS_RELEASE_BYTES, MAX_SYSEXT_OUTPUT_BYTES, SYSEXT_COMMAND_TIMEOUT};
 
 /// How a running agent stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

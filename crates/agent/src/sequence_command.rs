@@ -1,5 +1,5 @@
 //! One entry of a command sequence as the agent config spells it: exactly one of `run`, `writeFile`,
-//! `verifySha256`, `fetch`, beside a `run` an optional `retryable: true`, and in `undo:` lists an optional
+//! `verifySha256`, `fetch`, `sysextSwitch`, beside a `run` an optional `retryable: true`, and in `undo:` lists an optional
 //! `ifRecorded`/`ifNotRecorded` condition. Unknown keys are errors. What the
 //! entry does ([`CommandSpec`]) and its checks (argv, node paths) live here too.
 
@@ -60,6 +60,8 @@ struct RawCommand {
     #[serde(default)]
     fetch: Option<FetchSpec>,
     #[serde(default)]
+    sysext_switch: Option<SysextSwitchSpec>,
+    #[serde(default)]
     retryable: bool,
     #[serde(default)]
     if_recorded: Option<String>,
@@ -94,32 +96,52 @@ struct FetchSpec {
     mode: Option<String>,
 }
 
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SysextSwitchSpec {
+    name: String,
+    image: String,
+}
+
+/// The error of an entry with none or several of the command keys.
+const ONE_COMMAND: &str =
+    "a command needs exactly one of `run`, `writeFile`, `verifySha256`, `fetch`, `sysextSwitch`";
+
 impl TryFrom<RawCommand> for SequenceCommand {
     type Error = String;
 
     fn try_from(raw: RawCommand) -> Result<Self, String> {
-        let spec = match (raw.run, raw.write_file, raw.verify_sha256, raw.fetch) {
-            (Some(argv), None, None, None) => CommandSpec::Run(argv),
-            (None, Some(w), None, None) => CommandSpec::WriteFile {
-                path: w.path,
-                content: w.content,
-                mode: w.mode,
-            },
-            (None, None, Some(v), None) => CommandSpec::VerifySha256 {
-                path: v.path,
-                sha256: v.sha256,
-            },
-            (None, None, None, Some(f)) => CommandSpec::Fetch {
-                source: f.source,
-                sha256: f.sha256,
-                to: f.to,
-                mode: f.mode,
-            },
-            _ => {
-                return Err(
-                    "a command needs exactly one of `run`, `writeFile`, `verifySha256`, `fetch`"
-                        .into(),
-                );
+        let spec = if let Some(switch) = raw.sysext_switch {
+            if raw.run.is_some()
+                || raw.write_file.is_some()
+                || raw.verify_sha256.is_some()
+                || raw.fetch.is_some()
+            {
+                return Err(ONE_COMMAND.into());
+            }
+            CommandSpec::SysextSwitch {
+                name: switch.name,
+                image: switch.image,
+            }
+        } else {
+            match (raw.run, raw.write_file, raw.verify_sha256, raw.fetch) {
+                (Some(argv), None, None, None) => CommandSpec::Run(argv),
+                (None, Some(w), None, None) => CommandSpec::WriteFile {
+                    path: w.path,
+                    content: w.content,
+                    mode: w.mode,
+                },
+                (None, None, Some(v), None) => CommandSpec::VerifySha256 {
+                    path: v.path,
+                    sha256: v.sha256,
+                },
+                (None, None, None, Some(f)) => CommandSpec::Fetch {
+                    source: f.source,
+                    sha256: f.sha256,
+                    to: f.to,
+                    mode: f.mode,
+                },
+                _ => return Err(ONE_COMMAND.into()),
             }
         };
         if raw.retryable && !matches!(spec, CommandSpec::Run(_)) {
@@ -177,6 +199,14 @@ pub enum CommandSpec {
         /// Octal mode, default `0644`.
         mode: Option<String>,
     },
+    /// Point `<sysext.extensionsDir>/<name>.raw` at `image` and merge it (`crate::sysext`); an empty
+    /// image removes the link.
+    SysextSwitch {
+        /// The extension's name (its `extension-release.<name>`).
+        name: String,
+        /// Node path of the `.raw` image (templated), or empty.
+        image: String,
+    },
 }
 
 impl CommandSpec {
@@ -223,6 +253,12 @@ impl CommandSpec {
                 }
                 Ok(())
             }
+            CommandSpec::SysextSwitch { name, image } => crate::sysext_release::check_name(name)
+                .and_then(|()| match image.is_empty() {
+                    true => Ok(()),
+                    false => check_node_path(image),
+                })
+                .and_then(|()| check(image)),
         }
     }
 }

@@ -138,7 +138,8 @@ pub(crate) fn validate(
 }
 
 /// A value a record may keep: at most [`MAX_RECORD_VALUE_BYTES`], of the characters of Debian and RPM
-/// versions (letters, digits, `.+-:~_`); empty allowed ("not installed").
+/// versions and of node paths (letters, digits, `.+-:~_/`: a `readlink` of a sysext link); empty allowed
+/// ("not installed"). Values reach argv only, never a shell.
 pub(crate) fn check_value(value: &str) -> Result<(), String> {
     if value.len() > MAX_RECORD_VALUE_BYTES {
         return Err(format!(
@@ -148,10 +149,10 @@ pub(crate) fn check_value(value: &str) -> Result<(), String> {
     }
     if let Some(c) = value
         .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || ".+-:~_".contains(*c)))
+        .find(|c| !(c.is_ascii_alphanumeric() || ".+-:~_/".contains(*c)))
     {
         return Err(format!(
-            "{c:?} is outside the allowed characters (letters, digits, `.+-:~_`)"
+            "{c:?} is outside the allowed characters (letters, digits, `.+-:~_/`)"
         ));
     }
     Ok(())

@@ -133,6 +133,7 @@ fn shown(command: &Prepared) -> String {
         Prepared::WriteFile(path, ..) => format!("writeFile {path}"),
         Prepared::VerifySha256(path, _) => format!("verifySha256 {path}"),
         Prepared::Fetch(fetch) => fetch.shown(),
+        Prepared::SysextSwitch(name, image) => format!("sysextSwitch {name} {image}"),
         Prepared::Skip => "a skipped command".to_owned(),
     }
 }

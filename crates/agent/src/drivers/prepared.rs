@@ -1,6 +1,6 @@
 //! A sequence's commands with their templates expanded ([`Prepared`]), their fingerprint (what recorded
 //! progress refers to), and how one of them runs: a program, or the built-in `writeFile`,
-//! `verifySha256` and `fetch` (`fetch_command.rs`).
+//! `verifySha256`, `fetch` (`fetch_command.rs`) and `sysextSwitch`.
 
 use inplace_agent_api::parse_mode;
 use serde::Serialize;
@@ -26,6 +26,8 @@ pub(super) enum Prepared {
     VerifySha256(String, String),
     /// An artifact to fetch and install.
     Fetch(Fetch),
+    /// Extension name, image node path (empty: remove the link).
+    SysextSwitch(String, String),
     /// An undo command whose `ifRecorded`/`ifNotRecorded` condition does not hold: it does nothing.
     Skip,
 }
@@ -87,6 +89,13 @@ pub(super) fn prepare(
                 mode,
             } => fetch_command::prepare(env, source, sha256.as_deref(), to, mode.as_deref(), vars)
                 .map(Prepared::Fetch),
+            CommandSpec::SysextSwitch { name, image } => (|| {
+                let image = expand(image, vars)?;
+                if !image.is_empty() {
+                    env.fs.path(&image)?;
+                }
+                Ok(Prepared::SysextSwitch(name.clone(), image))
+            })(),
         };
         prepared.push(one.map_err(|e| format!("{key}.{list}[{i}]: {e}"))?);
     }
@@ -119,6 +128,23 @@ pub(super) async fn run_one(
             .err()
             .map(|e| StepResult::failed(context(e))),
         Prepared::Fetch(fetch) => fetch.run(env, ctx, context).await.err(),
+        Prepared::SysextSwitch(name, image) => {
+            let mut run = crate::sysext::Run {
+                env,
+                deadline: ctx.deadline,
+                cancel: &mut ctx.cancel,
+            };
+            match run.switch(name, image).await {
+                Ok(done) => {
+                    tracing::info!(extension = %name, "{done}");
+                    None
+                }
+                Err(crate::sysext::SysextError::ShuttingDown) => Some(StepResult::shutting_down()),
+                Err(e) => Some(StepResult::failed(context(format!(
+                    "sysextSwitch {name}: {e}"
+                )))),
+            }
+        }
         Prepared::Skip => None,
     }
 }

@@ -16,6 +16,7 @@ mod resume;
 mod retries;
 mod rollback;
 mod rollback_node;
+mod sysext;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

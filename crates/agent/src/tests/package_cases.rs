@@ -121,6 +121,7 @@ fn dnf_record_and_undo_expand_to_the_exact_old_versions() {
             }
             CommandSpec::VerifySha256 { path, .. } => format!("verify {path}"),
             CommandSpec::Fetch { to, .. } => format!("fetch {to}"),
+            CommandSpec::SysextSwitch { name, image } => format!("sysext {name} {image}"),
         })
         .collect();
     assert_eq!(

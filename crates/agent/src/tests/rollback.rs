@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inplace_agent_api::{
-    AgentIdentity, FileEncoding, FileSpec, MachineRef, OnFailure, Plan, PlanStatus, RollbackState,
-    Step, StepAction,
+    AgentIdentity, FileEncoding, FileSpec, MachineRef, OnFailure, Plan, PlanStatus,
+    RollbackProgress, RollbackState, Step, StepAction,
 };
 use tokio::time::Instant;
 
@@ -355,6 +355,11 @@ async fn undoing_kubelet_flags_restores_the_file_and_restarts_kubelet_again() {
         "kubelet restarted by the step, then again by its undo"
     );
     assert!(!sb.state.join("managed-kubelet-args.json").exists());
+    assert_eq!(rolled_back(&host).undone, 2);
+}
+
+/// The current plan's rollback, which must have ended rolled back.
+pub(super) fn rolled_back(host: &Host) -> RollbackProgress {
     let rollback = host
         .store
         .state
@@ -370,7 +375,7 @@ async fn undoing_kubelet_flags_restores_the_file_and_restarts_kubelet_again() {
         "{}",
         rollback.message
     );
-    assert_eq!(rollback.undone, 2);
+    rollback
 }
 
 #[tokio::test]
