@@ -20,8 +20,8 @@ use std::time::Duration;
 use capi_sim::UpdateOutcome;
 use serde_json::json;
 
-use crate::common::fleet::{Setup, update_request};
 use crate::agent_side::registry::Registry;
+use crate::common::fleet::{Setup, update_request};
 
 /// How long the update may take (artifact downloads included).
 const SETTLE: Duration = Duration::from_secs(90);
@@ -74,56 +74,43 @@ fn first_line(root: &Path, argv0: &str) -> String {
         .to_owned()
 }
 
-/// The agent config's runtime and artifact sections for a matrix whose v1.34 bundle comes from `oci://` sources
-/// (upstream names: the mirror rewrite sends them to the local registry).
+/// The agent config's artifact and runtime sections: the install sequence and version commands exactly as
+/// `crates/agent/config-examples/release-binaries.yaml` ships them, a matrix whose v1.34 bundle names the pushed
+/// artifacts by their upstream names, and the site's mirror, credentials and CA.
 fn runtime_config(registry: &Registry, creds: &Path, digests: &[String; 3]) -> String {
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/crates/agent/config-examples/release-binaries.yaml"
+    );
+    let example: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(example).unwrap()).unwrap();
     let [containerd, runc, cni] = digests;
     let zero = "0".repeat(64);
-    format!(
-        r#"
-artifacts:
-  mirrors:
-    - {{prefix: registry.example.com/k8s, replacement: "{host}/k8s"}}
-  credentialsFile: "{creds}"
-  caFile: "{ca}"
-runtime:
-  matrix:
-    - kubernetes: v1.33
-      containerd: {{version: "1.7.28", source: "oci://registry.example.com/k8s/containerd@sha256:{zero}"}}
-      runc: {{version: "1.3.3", source: "oci://registry.example.com/k8s/runc@sha256:{zero}"}}
-      cniPlugins: {{version: "1.7.1", source: "oci://registry.example.com/k8s/cni-plugins@sha256:{zero}"}}
-    - kubernetes: v1.34
-      containerd: {{version: "2.1.4", source: "oci://registry.example.com/k8s/containerd@sha256:{containerd}"}}
-      runc: {{version: "1.3.3", source: "oci://registry.example.com/k8s/runc@sha256:{runc}"}}
-      cniPlugins: {{version: "1.8.0", source: "oci://registry.example.com/k8s/cni-plugins@sha256:{cni}"}}
-  versions:
-    containerd: ["{{{{root}}}}/usr/local/bin/containerd", --version]
-    runc: ["{{{{root}}}}/usr/local/sbin/runc", --version]
-    cniPlugins: ["{{{{root}}}}/opt/cni/bin/loopback", --version]
-  install:
-    record:
-      - {{name: keptContainerd, run: [cp, -p, --remove-destination, "{{{{root}}}}/usr/local/bin/containerd", "{{{{root}}}}/usr/local/bin/containerd.inplace-prev"]}}
-      - {{name: keptRunc, run: [cp, -p, --remove-destination, "{{{{root}}}}/usr/local/sbin/runc", "{{{{root}}}}/usr/local/sbin/runc.inplace-prev"]}}
-      - {{name: keptCni, run: [cp, -a, -T, "{{{{root}}}}/opt/cni/bin", "{{{{root}}}}/opt/cni/bin.inplace-prev"]}}
-    commands:
-      - run: [mkdir, -p, "{{{{root}}}}/var/lib/inplace-runtime"]
-      - fetch: {{source: "{{{{pin.containerdSource}}}}", to: /var/lib/inplace-runtime/containerd.tar.gz}}
-      - run: [tar, -C, "{{{{root}}}}/usr/local", -xzf, "{{{{root}}}}/var/lib/inplace-runtime/containerd.tar.gz"]
-      - fetch: {{source: "{{{{pin.runcSource}}}}", to: /usr/local/sbin/runc, mode: "0755"}}
-      - fetch: {{source: "{{{{pin.cniPluginsSource}}}}", to: /var/lib/inplace-runtime/cni-plugins.tgz}}
-      - run: [tar, -C, "{{{{root}}}}/opt/cni/bin", -xzf, "{{{{root}}}}/var/lib/inplace-runtime/cni-plugins.tgz"]
-      - run: [systemctl, restart, containerd]
-    undo:
-      commands:
-        - run: [cp, -p, --remove-destination, "{{{{root}}}}/usr/local/bin/containerd.inplace-prev", "{{{{root}}}}/usr/local/bin/containerd"]
-        - run: [cp, -p, --remove-destination, "{{{{root}}}}/usr/local/sbin/runc.inplace-prev", "{{{{root}}}}/usr/local/sbin/runc"]
-        - run: [cp, -a, -T, "{{{{root}}}}/opt/cni/bin.inplace-prev", "{{{{root}}}}/opt/cni/bin"]
-        - run: [systemctl, restart, containerd]
-"#,
-        host = registry.host(),
-        creds = creds.display(),
-        ca = registry.ca_file().display(),
-    )
+    let source = |repository: &str, digest: &str| {
+        format!("oci://registry.example.com/k8s/{repository}@sha256:{digest}")
+    };
+    let config = json!({
+        "artifacts": {
+            "mirrors": [{"prefix": "registry.example.com/k8s", "replacement": format!("{}/k8s", registry.host())}],
+            "credentialsFile": creds.display().to_string(),
+            "caFile": registry.ca_file().display().to_string(),
+        },
+        "runtime": {
+            "matrix": [
+                {"kubernetes": "v1.33",
+                 "containerd": {"version": "1.7.28", "source": source("containerd", &zero)},
+                 "runc": {"version": "1.3.3", "source": source("runc", &zero)},
+                 "cniPlugins": {"version": "1.7.1", "source": source("cni-plugins", &zero)}},
+                {"kubernetes": "v1.34",
+                 "containerd": {"version": "2.1.4", "source": source("containerd", containerd)},
+                 "runc": {"version": "1.3.3", "source": source("runc", runc)},
+                 "cniPlugins": {"version": "1.8.0", "source": source("cni-plugins", cni)}},
+            ],
+            "versions": serde_json::to_value(&example["runtime"]["versions"]).unwrap(),
+            "install": serde_json::to_value(&example["runtime"]["install"]).unwrap(),
+        },
+    });
+    format!("\n{}", serde_yaml_ng::to_string(&config).unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,7 +123,13 @@ async fn a_minor_upgrade_moves_containerd_and_the_cni_plugins_from_the_mirror() 
             "k8s/containerd",
             &[(
                 arch,
-                &tarball(&[("bin/containerd", script(containerd_line))]),
+                &tarball(&[
+                    ("bin/containerd", script(containerd_line)),
+                    (
+                        "bin/containerd-shim-runc-v2",
+                        script("containerd-shim-runc-v2 v2.1.4"),
+                    ),
+                ]),
             )],
         ),
         registry.push(
@@ -173,6 +166,11 @@ async fn a_minor_upgrade_moves_containerd_and_the_cni_plugins_from_the_mirror() 
         &sandbox.root,
         "/usr/local/bin/containerd",
         &script("containerd github.com/containerd/containerd v1.7.28 05044ec"),
+    );
+    install(
+        &sandbox.root,
+        "/usr/local/bin/containerd-shim-runc-v2",
+        &script("containerd-shim-runc-v2 v1.7.28"),
     );
     install(
         &sandbox.root,

@@ -3,8 +3,8 @@
 
 mod agent_api;
 mod agent_diagnostics;
-mod agent_skew;
 mod agent_side;
+mod agent_skew;
 mod agent_tokens;
 mod bounded_inputs;
 mod common;

@@ -435,36 +435,24 @@ async fn inside_a_mount_namespace() {
     println!("sysext scenarios passed");
 }
 
-/// The Flatcar example (crates/agent/pending/sysext.yaml, waiting for the `fetch` command) is a valid
-/// config once its `fetch` entries are taken out, and its sequences use `sysextSwitch` as documented.
+/// The Flatcar example (crates/agent/config-examples/sysext.yaml) fetches the version's image by digest, then
+/// switches it with `sysextSwitch`, and refreshes the way Flatcar's systemd 252 wants it.
 #[test]
-fn the_pending_flatcar_example_is_valid_but_for_fetch() {
-    fn without_fetch(value: &mut serde_yaml_ng::Value, removed: &mut usize) {
-        match value {
-            serde_yaml_ng::Value::Sequence(items) => {
-                let before = items.len();
-                items.retain(|i| i.get("fetch").is_none());
-                *removed += before - items.len();
-                items.iter_mut().for_each(|i| without_fetch(i, removed));
-            }
-            serde_yaml_ng::Value::Mapping(map) => {
-                map.values_mut().for_each(|v| without_fetch(v, removed));
-            }
-            _ => {}
-        }
-    }
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/pending/sysext.yaml");
-    let mut value: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let mut removed = 0;
-    without_fetch(&mut value, &mut removed);
-    assert_eq!(removed, 1, "the one fetch of installKubeadm");
-    let config = DriverConfig::from_yaml(&serde_yaml_ng::to_string(&value).unwrap()).unwrap();
+fn the_flatcar_example_fetches_then_switches() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config-examples/sysext.yaml");
+    let config = DriverConfig::load(std::path::Path::new(path)).unwrap();
     let install = config.kubernetes.install_kubeadm.unwrap();
-    assert!(matches!(
-        &install.commands[0].spec,
-        crate::driver_config::CommandSpec::SysextSwitch { name, .. } if name == "kubernetes"
-    ));
+    let specs: Vec<&crate::driver_config::CommandSpec> =
+        install.commands.iter().map(|c| &c.spec).collect();
+    let fetch = specs
+        .iter()
+        .position(|s| matches!(s, crate::driver_config::CommandSpec::Fetch { source, .. } if source == "{{pin.kubernetesSysext}}"))
+        .unwrap();
+    let switch = specs
+        .iter()
+        .position(|s| matches!(s, crate::driver_config::CommandSpec::SysextSwitch { name, .. } if name == "kubernetes"))
+        .unwrap();
+    assert!(fetch < switch, "the image is fetched before the link moves");
     assert_eq!(
         config.sysext.refresh.unwrap(),
         ["systemctl", "restart", "systemd-sysext", "ensure-sysext"]
