@@ -47,7 +47,8 @@ impl RecordCondition {
     }
 }
 
-/// A sequence entry as written: exactly one of `run`, `writeFile`, `verifySha256`, and `retryable`.
+/// A sequence entry as written: exactly one of `run`, `writeFile`, `verifySha256`, `fetch`, `sysextSwitch`, and
+/// `retryable`.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct RawCommand {

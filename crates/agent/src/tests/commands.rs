@@ -382,7 +382,8 @@ fn shipped_config_examples_load() {
             "apt.yaml",
             "bootc.yaml",
             "dnf.yaml",
-            "release-binaries.yaml"
+            "release-binaries.yaml",
+            "sysext.yaml"
         ]
     );
 }

@@ -477,7 +477,7 @@ fn bad_sysext_entries_fail_at_load_naming_the_key() {
         ),
         (
             "kubernetes:\n  installKubeadm:\n    commands: [{sysextSwitch: {name: k, image: /k.raw}, run: [x]}]\n",
-            "a command needs exactly one of `run`, `writeFile`, `verifySha256`, `sysextSwitch`",
+            "a command needs exactly one of `run`, `writeFile`, `verifySha256`, `fetch`, `sysextSwitch`",
         ),
         (
             "kubernetes:\n  installKubeadm:\n    commands: [{sysextSwitch: {name: k}}]\n",
