@@ -6,14 +6,14 @@
 
 use std::time::Duration;
 
-use inplace_agent_api::{Step, StepAction, StepKind};
+use inplace_agent_api::{StepAction, StepKind};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{Sandbox, step_context};
+use super::{Sandbox, record_context, step_context, test_step};
 use crate::drivers::{
-    DriverOutcome, ProgressRecorder, RecordContext, StepResult, UndoContext, UndoRecord, execute,
-    execute_undo, record_undo,
+    DriverOutcome, ProgressRecorder, StepResult, UndoContext, UndoRecord, execute, execute_undo,
+    record_undo,
 };
 
 const DIGEST: &str = "1111111111111111111111111111111111111111111111111111111111111111";
@@ -157,7 +157,7 @@ async fn an_undrained_node_whose_runtime_differs_is_refused_before_any_change() 
 async fn a_drained_node_gets_its_bundle_verified_and_the_undo_puts_the_old_one_back() {
     let sb = sandbox("1.7.28", "1.3.3", "1.7.1");
     let env = sb.env(&config());
-    let record = record_undo(env.clone(), record_context(runtime("v1.34.2")))
+    let record = record_undo(env.clone(), record_context("p1", runtime("v1.34.2")))
         .await
         .unwrap()
         .unwrap();
@@ -225,33 +225,13 @@ async fn a_version_the_matrix_does_not_cover_fails_naming_the_minors() {
     assert!(installs(&sb).is_empty());
 }
 
-fn record_context(action: StepAction) -> RecordContext {
-    let (_tx, cancel) = watch::channel(false);
-    RecordContext {
-        plan_id: "p1".into(),
-        index: 0,
-        step: step(action),
-        deadline: Instant::now() + Duration::from_secs(30),
-        cancel,
-    }
-}
-
-fn step(action: StepAction) -> Step {
-    Step {
-        index: 0,
-        description: "test".into(),
-        timeout_seconds: 30,
-        action,
-    }
-}
-
 async fn undo(sb: &Sandbox, record: &UndoRecord) -> StepResult {
     let env = sb.env(&config());
     let (_tx, cancel) = watch::channel(false);
     let ctx = UndoContext {
         plan_id: "p1".into(),
         index: 0,
-        step: step(runtime("v1.34.2")),
+        step: test_step(runtime("v1.34.2")),
         progress: None,
         recorder: ProgressRecorder::discard(),
         record: Some(record.clone()),

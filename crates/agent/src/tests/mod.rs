@@ -127,6 +127,28 @@ pub(crate) async fn run_action(
     execute(env.clone(), ctx).await
 }
 
+/// Step 0 of a test plan, due in 30 s.
+pub(crate) fn test_step(action: StepAction) -> Step {
+    Step {
+        index: 0,
+        description: "test".into(),
+        timeout_seconds: 30,
+        action,
+    }
+}
+
+/// What recording the undo of step 0 of plan `plan_id` gets, due in 30 s.
+pub(crate) fn record_context(plan_id: &str, action: StepAction) -> crate::drivers::RecordContext {
+    let (_tx, cancel) = watch::channel(false);
+    crate::drivers::RecordContext {
+        plan_id: plan_id.into(),
+        index: 0,
+        step: test_step(action),
+        deadline: Instant::now() + Duration::from_secs(30),
+        cancel,
+    }
+}
+
 /// Step 0 of plan `plan_id`, fresh (not resumed, no progress), due `timeout_seconds` from now.
 pub(crate) fn step_context(
     plan_id: &str,

@@ -4,15 +4,14 @@
 
 use std::time::Duration;
 
-use inplace_agent_api::{Step, StepAction, StepKind};
+use inplace_agent_api::{StepAction, StepKind};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::Sandbox;
 use super::reboot::{OnWait, assert_ok, attempt, reboot_node, reboot_sandbox, reboots};
+use super::{Sandbox, record_context, test_step};
 use crate::drivers::{
-    DriverOutcome, ProgressRecorder, RecordContext, StepResult, UndoContext, UndoRecord,
-    execute_undo, record_undo,
+    DriverOutcome, ProgressRecorder, StepResult, UndoContext, UndoRecord, execute_undo, record_undo,
 };
 
 const CONFIG: &str = r#"
@@ -140,7 +139,11 @@ async fn a_boot_that_falls_back_to_the_previous_image_fails_the_step() {
 async fn a_node_without_an_os_image_section_refuses_the_step_before_any_effect() {
     let sb = sandbox();
     let env = sb.env("reboot:\n  command: [fake-reboot]\n");
-    let record = record_undo(env.clone(), record_context(os_image(NEW))).await;
+    let record = record_undo(
+        env.clone(),
+        record_context(super::reboot::PLAN, os_image(NEW)),
+    )
+    .await;
     assert!(record.unwrap().is_none());
     let (result, _) = attempt(&env, os_image(NEW), 30, OnWait::Keep).await;
     assert_eq!(result.outcome, DriverOutcome::Failed);
@@ -152,26 +155,6 @@ async fn a_node_without_an_os_image_section_refuses_the_step_before_any_effect()
     assert!(sb.calls().is_empty());
 }
 
-fn record_context(action: StepAction) -> RecordContext {
-    let (_tx, cancel) = watch::channel(false);
-    RecordContext {
-        plan_id: super::reboot::PLAN.into(),
-        index: 0,
-        step: step(action),
-        deadline: Instant::now() + Duration::from_secs(30),
-        cancel,
-    }
-}
-
-fn step(action: StepAction) -> Step {
-    Step {
-        index: 0,
-        description: "test".into(),
-        timeout_seconds: 30,
-        action,
-    }
-}
-
 /// One attempt of the undo of the osImage step, with `record`; the agent is stopped (like a reboot
 /// stops it) when `stop` is set, as soon as the reboot command ran.
 async fn undo_attempt(sb: &Sandbox, record: &UndoRecord, stop: bool) -> StepResult {
@@ -181,7 +164,7 @@ async fn undo_attempt(sb: &Sandbox, record: &UndoRecord, stop: bool) -> StepResu
     let ctx = UndoContext {
         plan_id: super::reboot::PLAN.into(),
         index: 0,
-        step: step(os_image(NEW)),
+        step: test_step(os_image(NEW)),
         progress: None,
         recorder: ProgressRecorder::new(sender),
         record: Some(record.clone()),
@@ -208,10 +191,13 @@ async fn the_undo_switches_back_to_the_recorded_previous_image() {
     let sb = sandbox();
     let env = sb.env(CONFIG);
     // Before the step's first effect: the image the node booted.
-    let record = record_undo(env.clone(), record_context(os_image(NEW)))
-        .await
-        .unwrap()
-        .unwrap();
+    let record = record_undo(
+        env.clone(),
+        record_context(super::reboot::PLAN, os_image(NEW)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert_eq!(
         record,
         UndoRecord::OsImage {
