@@ -140,7 +140,7 @@ def setting_keys() -> list[str]:
     src = d.REPO / "crates" / "core" / "src"
     text = "\n".join(p.read_text() for p in src.rglob("*.rs"))
     consts = dict(re.findall(r'pub const ([A-Z_]+): &str = "([^"]+)";', text))
-    table = (src / "settings.rs").read_text().split("pub const SETTINGS_DOC", 1)[1].split("];", 1)[0]
+    table = (src / "settings_doc.rs").read_text().split("pub const SETTINGS_DOC", 1)[1].split("];", 1)[0]
     return [key.strip('"') if key.startswith('"') else consts[key.split("::")[-1]]
             for key in re.findall(r"\(\n\s*(\"[^\"]+\"|[\w:]+),\n", table)]
 

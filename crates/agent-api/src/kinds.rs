@@ -117,9 +117,6 @@ step_kinds! {
     KubeadmUpgrade = "kubeadmUpgrade", guess_seconds: 90, undo: NoReturn, preflight: true;
     /// `installKubelet`: the node's configured sequence installing kubelet and kubectl.
     InstallKubelet = "installKubelet", guess_seconds: 30, undo: Restores, preflight: true;
-    /// `containerRuntime`: containerd, runc and the CNI plugins of the node's matrix bundle for a Kubernetes
-    /// version, containerd restarted, the versions verified.
-    ContainerRuntime = "containerRuntime", guess_seconds: 60, undo: Restores, preflight: true;
     /// `drainNode`: cordon and evict through the Kubernetes API.
     DrainNode = "drainNode", guess_seconds: 60, undo: Nothing, preflight: false;
     /// `waitNodeReady`: the Node Ready (at a kubelet version).
@@ -130,6 +127,9 @@ step_kinds! {
     Reboot = "reboot", guess_seconds: 180, undo: Nothing, preflight: true;
     /// `osImage`: switch to an OS image, reboot into it, verify it.
     OsImage = "osImage", guess_seconds: 600, undo: Restores, preflight: true;
+    /// `containerRuntime`: containerd, runc and the CNI plugins of the node's matrix bundle for a Kubernetes
+    /// version, containerd restarted, the versions verified.
+    ContainerRuntime = "containerRuntime", guess_seconds: 60, undo: Restores, preflight: true;
 }
 
 impl StepKind {

@@ -42,7 +42,12 @@ fn wire_names_map_to_their_kinds_and_unknown_ones_to_unsupported() {
         "drainNode",
         "waitNodeReady",
         "uncordonNode",
+        "reboot",
+        "osImage",
+        "containerRuntime",
     ];
+    // Table order is slot order: a new kind goes last, so every other kind keeps its slot.
+    assert_eq!(wire.len(), StepKind::ALL.len());
     for (name, kind) in wire.iter().zip(StepKind::ALL) {
         assert_eq!(StepKind::of_wire(name), kind, "{name}");
         let decoded: StepKind = serde_json::from_value(serde_json::json!(name)).unwrap();
