@@ -68,6 +68,14 @@ impl CommandOutput {
     pub fn success(&self) -> bool {
         self.end == CommandEnd::Exited(0)
     }
+
+    /// The first non-empty line of its stdout, trimmed (what a version command says).
+    pub fn first_line(&self) -> Option<&str> {
+        self.stdout_tail
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+    }
 }
 
 /// Runs `argv` until it exits, `deadline` passes, or `cancel` turns true.

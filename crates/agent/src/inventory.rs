@@ -46,11 +46,7 @@ async fn command_fact(env: &DriverEnv, argv: &[String]) -> Option<String> {
     if !output.success() {
         return None;
     }
-    let line = output
-        .stdout_tail
-        .lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty())?;
+    let line = output.first_line()?;
     Some(truncate_tail(line, MAX_FACT_BYTES).to_owned())
 }
 

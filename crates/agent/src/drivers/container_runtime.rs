@@ -53,14 +53,13 @@ async fn run(env: &DriverEnv, ctx: &mut StepContext) -> StepResult {
             "no runtime: section in the agent config: containerd, runc and the CNI plugins stay as they are",
         );
     };
+    // A version the matrix does not cover ends the step here, naming the minors it has.
     let configured = match sequence_of(&env.config, &action) {
         Ok(found) => found,
         Err(end) => return end,
     };
-    let Some(bundle) = runtime.bundle_for(kubernetes_version) else {
-        return StepResult::failed(format!(
-            "runtime.matrix has no bundle for Kubernetes {kubernetes_version}"
-        ));
+    let Some(bundle) = configured.bundle else {
+        return StepResult::failed("not a containerRuntime step");
     };
     let vars = configured.vars(env);
     let before = reported(env, ctx, runtime, &vars).await;
@@ -135,13 +134,7 @@ async fn version_of(
             output.end
         ));
     }
-    Ok(output
-        .stdout_tail
-        .lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or_default()
-        .to_owned())
+    Ok(output.first_line().unwrap_or_default().to_owned())
 }
 
 /// The components whose reported version is not the bundle's, each saying what was reported.

@@ -22,6 +22,7 @@ use super::undo::{RecordContext, UndoContext};
 use crate::command::{display_argv, run_command};
 use crate::driver_config::{Check, CommandSequence, DriverConfig};
 use crate::driver_env::DriverEnv;
+use crate::runtime_config::Bundle;
 use crate::template::{Vars, expand};
 use crate::unfinished;
 
@@ -82,6 +83,8 @@ pub(super) struct Configured<'a> {
     pub version: &'a str,
     /// `{{pin.<name>}}` values: the version's `pins:`, or the runtime bundle.
     pub pins: BTreeMap<String, String>,
+    /// The runtime matrix's bundle for the version (containerRuntime steps on a node with a matrix).
+    pub bundle: Option<&'a Bundle>,
 }
 
 impl Configured<'_> {
@@ -153,9 +156,9 @@ pub(super) fn sequence_of<'a>(
             "version {version:?} is not of the form v1.2.3"
         )));
     }
-    let pins = match (section, &config.runtime) {
+    let bundle = match (section, &config.runtime) {
         ("runtime", Some(runtime)) => match runtime.bundle_for(version) {
-            Some(bundle) => bundle.pins(),
+            Some(bundle) => Some(bundle),
             None => {
                 return Err(StepResult::failed(format!(
                     "runtime.matrix has no bundle for Kubernetes {version} (it has {}): add one for its minor, \
@@ -164,7 +167,11 @@ pub(super) fn sequence_of<'a>(
                 )));
             }
         },
-        _ => config.pins.get(version).cloned().unwrap_or_default(),
+        _ => None,
+    };
+    let pins = match bundle {
+        Some(bundle) => bundle.pins(),
+        None => config.pins.get(version).cloned().unwrap_or_default(),
     };
     Ok(Configured {
         section,
@@ -172,6 +179,7 @@ pub(super) fn sequence_of<'a>(
         sequence,
         version,
         pins,
+        bundle,
     })
 }
 
