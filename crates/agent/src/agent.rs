@@ -170,7 +170,7 @@ impl Agent {
                     self.inventory_due = true;
                     let delay = self.backoff.next_delay();
                     self.connected = Some(false);
-                    log_failure(&error, self.client.base(), delay).await;
+                    crate::diagnose::log_failure(&error, self.client.base(), delay).await;
                     if pause(delay, &mut shutdown).await {
                         break;
                     }
@@ -464,28 +464,6 @@ pub(crate) enum Round {
     Stop,
     /// The agent's binary was replaced: exit so that the unit starts the new one.
     Restart,
-}
-
-/// One line per failed attempt: what kind of failure, the error, the fix, and when the next try is.
-async fn log_failure(error: &ClientError, server: &str, delay: Duration) {
-    let diagnosis = crate::diagnose::diagnose(error, server).await;
-    let delay_ms = delay.as_millis() as u64;
-    macro_rules! line {
-        ($level:ident) => {
-            tracing::$level!(
-                class = diagnosis.class,
-                error = %error,
-                fix = diagnosis.fix,
-                retry_in_ms = delay_ms,
-                "{}",
-                diagnosis.summary
-            )
-        };
-    }
-    match diagnosis.severity {
-        crate::diagnose::Severity::Error => line!(error),
-        crate::diagnose::Severity::Warn => line!(warn),
-    }
 }
 
 /// The executor's view of the agent: the state, and the server's go-ahead and report delivery.

@@ -284,6 +284,28 @@ async fn probe(server: &str) -> Probe {
     }
 }
 
+/// One line per failed attempt: what kind of failure, the error, the fix, and when the next try is.
+pub(crate) async fn log_failure(error: &ClientError, server: &str, delay: Duration) {
+    let diagnosis = diagnose(error, server).await;
+    let delay_ms = delay.as_millis() as u64;
+    macro_rules! line {
+        ($level:ident) => {
+            tracing::$level!(
+                class = diagnosis.class,
+                error = %error,
+                fix = diagnosis.fix,
+                retry_in_ms = delay_ms,
+                "{}",
+                diagnosis.summary
+            )
+        };
+    }
+    match diagnosis.severity {
+        Severity::Error => line!(error),
+        Severity::Warn => line!(warn),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

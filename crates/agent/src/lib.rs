@@ -38,6 +38,7 @@ mod runtime_config;
 mod self_upgrade;
 mod sequence_command;
 mod sequence_undo;
+mod service_config;
 mod shutdown;
 mod state;
 mod sysext;
