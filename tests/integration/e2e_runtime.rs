@@ -209,10 +209,14 @@ async fn a_minor_upgrade_moves_containerd_and_the_cni_plugins_from_the_mirror() 
         "{messages:?}\nagent log:\n{}",
         agent.log()
     );
-    let runtime_step = messages
-        .iter()
-        .find(|m| m.contains("containerd, runc and CNI plugins of the node's runtime matrix"));
-    assert!(runtime_step.is_some(), "{messages:?}");
+    // The agent logs every step it starts; CAPI's messages are samples (a quick step may run between two
+    // calls and never be shown), so the plan's runtime step is looked for where every step is written.
+    let agent_log = agent.log();
+    assert!(
+        agent_log.lines().any(|l| l.contains("step started")
+            && l.contains("containerd, runc and CNI plugins of the node's runtime matrix")),
+        "{messages:?}\nagent log:\n{agent_log}"
+    );
 
     assert_eq!(
         first_line(&root, "/usr/local/bin/containerd"),
