@@ -27,24 +27,11 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
+# scripts/build-release is the whole build (the musl target, static linkage, the stripped agent and its .debug
+# file, the checks); `.ci/run` runs the same script without Docker, so CI builds and runs what this image ships.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    set -eux; \
-    case "${TARGETARCH:-$(uname -m)}" in \
-      amd64 | x86_64) arch=x86_64 ;; \
-      arm64 | aarch64) arch=aarch64 ;; \
-      *) echo "unsupported architecture ${TARGETARCH:-$(uname -m)}: amd64 and arm64 are built" >&2; exit 1 ;; \
-    esac; \
-    [ "$(uname -m)" = "$arch" ] || { echo "building for $arch on $(uname -m): this stage compiles natively; build with --platform linux/${TARGETARCH}" >&2; exit 1; }; \
-    target="$arch-unknown-linux-musl"; \
-    rustup target add "$target"; \
-    export "CC_$(echo "$target" | tr - _)=musl-gcc"; \
-    cargo build --release --locked --target "$target" --bin inplace-updater --bin inplace-agent; \
-    mkdir -p /out; \
-    cp "target/$target/release/inplace-updater" /out/inplace-updater; \
-    objcopy --only-keep-debug "target/$target/release/inplace-agent" /out/inplace-agent.debug; \
-    cd /out; \
-    objcopy --strip-all --add-gnu-debuglink=inplace-agent.debug "/src/target/$target/release/inplace-agent" inplace-agent
+    TARGETARCH="${TARGETARCH:-}" scripts/build-release /out
 
 # The node agent binary, for `--output`: inplace-agent is what nodes download (deploy/node/install-agent.sh
 # verifies it); inplace-agent.debug (its symbols and line tables, linked by .gnu_debuglink) stays with you for

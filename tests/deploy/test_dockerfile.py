@@ -4,6 +4,8 @@ Rules, hadolint-like: multi-stage; every base image pinned by tag or digest and 
 ADD (and certainly no ADD of URLs); `COPY --from` names an earlier stage; `cargo build --locked`;
 the final (default) stage is distroless or scratch, runs as a numeric non-root USER and has an
 exec-form ENTRYPOINT on the binary it copied in. Each rule is shown to fire on a broken Dockerfile.
+The build stage runs scripts/build-release (which `.ci/run` also runs, without Docker): the script's
+`cargo build` is held to the same rules as one written in a RUN line.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 import deploylib as d
 
 DOCKERFILE = d.REPO / "Dockerfile"
+BUILD_SCRIPT = d.REPO / "scripts" / "build-release"
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
@@ -47,8 +50,15 @@ def stages(text: str) -> list[dict]:
     return result
 
 
-def lint(text: str) -> list[str]:
-    """Every rule the Dockerfile breaks, as readable sentences; empty when clean."""
+def script_builds(script: str) -> list[str]:
+    """The `cargo build` command lines of the build script (comments left out)."""
+    return [line.strip() for line in script.splitlines() if line.strip().startswith("cargo build")]
+
+
+def lint(text: str, script: str | None = None) -> list[str]:
+    """Every rule the Dockerfile breaks, as readable sentences; empty when clean. `script`: the text of
+    scripts/build-release, which a RUN line may call instead of running cargo itself."""
+    script = BUILD_SCRIPT.read_text() if script is None else script
     problems: list[str] = []
     all_stages = stages(text)
     if len(all_stages) < 2:
@@ -74,6 +84,13 @@ def lint(text: str) -> list[str]:
                     problems.append(f"COPY --from={m.group(1)}: no earlier stage of that name")
             if ins == "RUN" and "cargo build" in rest and "--locked" not in rest:
                 problems.append("cargo build without --locked: the image would not build from Cargo.lock")
+            if ins == "RUN" and "scripts/build-release" in rest:
+                builds = script_builds(script)
+                if not builds:
+                    problems.append("scripts/build-release runs no cargo build")
+                for build in builds:
+                    if "--locked" not in build:
+                        problems.append("cargo build without --locked in scripts/build-release: the image would not build from Cargo.lock")
         if stage["name"]:
             seen.append(stage["name"])
     if not all_stages:
@@ -118,7 +135,10 @@ def test_the_default_stage_is_the_server_and_the_agent_image_exists():
     assert f"USER {deployment_user}:{deployment_user}" in DOCKERFILE.read_text(), "deploy/base runs as 65532"
     build = next(s for s in all_stages if s["name"] == "build")
     run = " ".join(rest for ins, rest in build["body"] if ins == "RUN")
-    assert "unknown-linux-musl" in run, "the binary must be static so that it runs on any node"
+    assert "scripts/build-release" in run, "the image must ship what scripts/build-release builds and checks (CI runs it)"
+    script = BUILD_SCRIPT.read_text()
+    assert 'target="$arch-unknown-linux-musl"' in script, "the binary must be static so that it runs on any node"
+    assert any("--target \"$target\"" in b for b in script_builds(script))
 
 
 BROKEN = {
@@ -129,7 +149,7 @@ BROKEN = {
     "would run as root": ("USER 65532:65532\n", ""),
     "not exec form": ('ENTRYPOINT ["/usr/local/bin/inplace-updater"]\nCMD ["serve"]', "ENTRYPOINT /usr/local/bin/inplace-updater serve"),
     "no earlier stage": ("COPY --from=build /out/inplace-agent /inplace-agent", "COPY --from=builder /out/inplace-agent /inplace-agent"),
-    "without --locked": ("cargo build --release --locked", "cargo build --release"),
+    "cargo build without --locked in scripts/build-release": ("cargo build --release --locked", "cargo build --release"),
     "not distroless or scratch": ("FROM gcr.io/distroless/static-debian12:nonroot AS server", "FROM debian:bookworm-slim AS server"),
     "not multi-stage": (None, "FROM gcr.io/distroless/static-debian12:nonroot\nCOPY inplace-updater /usr/local/bin/inplace-updater\nUSER 65532\nENTRYPOINT [\"/usr/local/bin/inplace-updater\"]\n"),
 }
@@ -139,12 +159,16 @@ BROKEN = {
 def test_each_rule_fires_on_a_broken_dockerfile(rule):
     old, new = BROKEN[rule]
     text = DOCKERFILE.read_text()
+    script = BUILD_SCRIPT.read_text()
     if old is None:
         broken = new
-    else:
-        assert old in text, f"test fixture out of date: {old!r} not in Dockerfile"
+    elif old in text:
         broken = text.replace(old, new, 1)
-    problems = lint(broken)
+    else:
+        # A rule about the build the Dockerfile delegates: break the script instead.
+        assert old in script, f"test fixture out of date: {old!r} in neither the Dockerfile nor the build script"
+        broken, script = text, script.replace(old, new, 1)
+    problems = lint(broken, script)
     assert any(rule in p for p in problems), problems
 
 

@@ -10,7 +10,7 @@ use inplace_updater::api::Hook;
 use inplace_updater::cmd::demo::Sandbox;
 use serde_json::{Value, json};
 
-use super::{Client, ServerProcess, WAIT, binary};
+use super::{AGENT_BIN_VAR, Client, ServerProcess, WAIT, binary, chosen_binary};
 
 /// One agent process.
 pub struct AgentProcess {
@@ -94,8 +94,13 @@ impl AgentProcess {
             .append(true)
             .open(&self.log)
             .expect("agent log");
-        let child = Command::new(binary())
-            .args(&self.args)
+        // `inplace-agent` takes the flags of `inplace-updater agent` without the subcommand.
+        let (program, args) = match chosen_binary(AGENT_BIN_VAR) {
+            Some(agent) => (agent, &self.args[1..]),
+            None => (binary(), &self.args[..]),
+        };
+        let child = Command::new(program)
+            .args(args)
             .env(
                 "RUST_LOG",
                 std::env::var("AGENT_LOG").unwrap_or("info".into()),

@@ -213,8 +213,24 @@ pub struct ServerProcess {
     logs: Arc<Mutex<Vec<String>>>,
 }
 
+/// The `inplace-updater` the tests run: the one cargo built, or [`SERVER_BIN_VAR`]'s (`.ci/run` points it at the
+/// static release binary of `scripts/build-release` for one end-to-end rollout).
 pub fn binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_inplace-updater"))
+    chosen_binary(SERVER_BIN_VAR)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_inplace-updater")))
+}
+
+/// Names another `inplace-updater` for the tests to run (the release binary, in `.ci/run`).
+pub const SERVER_BIN_VAR: &str = "INPLACE_TEST_SERVER_BIN";
+/// Names an `inplace-agent` for the tests' agent processes to run instead of `inplace-updater agent`.
+pub const AGENT_BIN_VAR: &str = "INPLACE_TEST_AGENT_BIN";
+
+/// The binary the variable `name` names, when it is set; a name that is no file fails the test at once (a
+/// misspelled path must not quietly test the cargo-built binary instead).
+pub fn chosen_binary(name: &str) -> Option<PathBuf> {
+    let path = PathBuf::from(std::env::var_os(name)?);
+    assert!(path.is_file(), "{name}={} is no file", path.display());
+    Some(path)
 }
 
 /// `inplace-updater --log-format json serve` with its hook port on `listen` and its health and metrics ports on
