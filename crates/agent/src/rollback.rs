@@ -35,7 +35,7 @@ pub(crate) fn start(plan: &Plan, record: &mut PlanRecord, failed: usize) {
         return;
     }
     let order = undo_order(plan, &record.steps, failed);
-    tracing::warn!(plan = %plan.id, step = failed, undo = ?order, "step failed: rolling back");
+    tracing::warn!(plan = %plan.id, step = failed, undo = ?order.order, stopped_at = ?order.stopped_at, "step failed: rolling back");
     let drained = plan
         .steps
         .iter()

@@ -17,6 +17,7 @@ mod retries;
 mod rollback;
 mod rollback_node;
 mod sysext;
+mod sysext_no_return;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
