@@ -7,6 +7,7 @@ mod container_runtime;
 mod files;
 mod node_config;
 mod os_image;
+mod os_image_bootc;
 mod package_cases;
 mod package_undo;
 mod package_world;

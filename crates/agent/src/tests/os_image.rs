@@ -24,8 +24,8 @@ osImage:
   current: [fake-bootc, status]
 "#;
 
-const OLD: &str = "registry.example/os:41";
-const NEW: &str = "registry.example/os:42";
+pub(super) const OLD: &str = "registry.example/os:41";
+pub(super) const NEW: &str = "registry.example/os:42";
 
 fn sandbox() -> Sandbox {
     let sb = reboot_sandbox();
@@ -37,7 +37,7 @@ fn sandbox() -> Sandbox {
     sb
 }
 
-fn os_image(image: &str) -> StepAction {
+pub(super) fn os_image(image: &str) -> StepAction {
     StepAction::OsImage {
         image: image.into(),
     }
@@ -157,8 +157,11 @@ async fn a_node_without_an_os_image_section_refuses_the_step_before_any_effect()
 
 /// One attempt of the undo of the osImage step, with `record`; the agent is stopped (like a reboot
 /// stops it) when `stop` is set, as soon as the reboot command ran.
-async fn undo_attempt(sb: &Sandbox, record: &UndoRecord, stop: bool) -> StepResult {
-    let env = sb.env(CONFIG);
+pub(super) async fn undo_attempt(
+    env: std::sync::Arc<crate::drivers::DriverEnv>,
+    record: &UndoRecord,
+    stop: bool,
+) -> StepResult {
     let (cancel_tx, cancel) = watch::channel(false);
     let (sender, mut receiver) = tokio::sync::mpsc::channel(1);
     let ctx = UndoContext {
@@ -210,7 +213,7 @@ async fn the_undo_switches_back_to_the_recorded_previous_image() {
     assert_eq!(result.outcome, DriverOutcome::Succeeded);
 
     // A rollback: the previous image is applied, the node reboots into it, and it is verified.
-    let stopped = undo_attempt(&sb, &record, true).await;
+    let stopped = undo_attempt(env.clone(), &record, true).await;
     assert_eq!(
         stopped.outcome,
         DriverOutcome::Interrupted,
@@ -218,7 +221,7 @@ async fn the_undo_switches_back_to_the_recorded_previous_image() {
         stopped.message
     );
     boot_staged(&sb, "boot-cccccccccccc", false);
-    let result = undo_attempt(&sb, &record, false).await;
+    let result = undo_attempt(env.clone(), &record, false).await;
     assert_ok(&result);
     assert!(
         result.message.starts_with(&format!("now on {OLD}")),
@@ -260,41 +263,4 @@ async fn current_may_print_json_read_at_a_pointer() {
         "{}",
         result.message
     );
-}
-
-#[tokio::test]
-async fn the_shipped_bootc_example_switches_and_verifies_with_bootc_json() {
-    // The shipped example with `bootc` and `systemctl` stood in for: bootc's JSON shape, the pointer, the
-    // switch argv and the default reboot command as shipped.
-    let sb = sandbox();
-    sb.fake(
-        "bootc",
-        "case \"$1\" in\n  switch) for i; do :; done; echo \"$i\" > \"$INPLACE_ROOT/staged\" ;;\n  status) printf '{\"apiVersion\":\"org.containers.bootc/v1\",\"kind\":\"BootcHost\",\"status\":{\"staged\":null,\"booted\":{\"image\":{\"image\":{\"image\":\"%s\",\"transport\":\"registry\"},\"imageDigest\":\"sha256:00\"}}}}\\n' \"$(cat \"$INPLACE_ROOT/booted\")\" ;;\nesac",
-    );
-    sb.fake("systemctl", "exit 0");
-    let example = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config-examples/bootc.yaml"),
-    )
-    .unwrap();
-    // Without its `node:` section (no API server here): the Node Ready wait is then skipped.
-    let example: Vec<&str> = example
-        .split("\n\n")
-        .filter(|block| !block.contains("\nnode:\n"))
-        .collect();
-    let env = sb.env(&example.join("\n\n"));
-    let (result, _) = attempt(&env, os_image(NEW), 30, OnWait::Stop).await;
-    assert_eq!(
-        result.outcome,
-        DriverOutcome::Interrupted,
-        "{}",
-        result.message
-    );
-    assert!(
-        sb.calls()
-            .contains(&format!("bootc switch --transport registry {NEW}"))
-    );
-    assert!(sb.calls().contains(&"systemctl reboot".to_owned()));
-    boot_staged(&sb, "boot-bbbbbbbbbbbb", false);
-    let (result, _) = attempt(&env, os_image(NEW), 30, OnWait::Keep).await;
-    assert_ok(&result);
 }
