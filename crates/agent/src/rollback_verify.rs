@@ -7,7 +7,7 @@
 //! (`RollbackRecord::stopped_at`) restored the node to right after that step, not to before the plan: the
 //! steps up to it stay done (a Kubernetes image switched before `kubeadm upgrade` stays merged, so the
 //! kubelet the undos restart may be the new one), so it verifies the Node Ready without expecting the old
-//! kubelet version, and says so with the version it found. The verification is a `waitNodeReady` and the
+//! kubelet version; the message says whether the old version is back, or why it is not expected. The verification is a `waitNodeReady` and the
 //! uncordon an `uncordonNode`, run through their drivers (so the uncordon is the journaled one: it lifts a
 //! cordon only when this plan's drainNode made it, and a cordon an operator set stays). Both are safe to run
 //! again, so a crash in either runs it again at the next start; [`MAX_STEP_ATTEMPTS`] interrupted tries end
@@ -210,8 +210,14 @@ pub(crate) async fn run_finish<H: StepHost + Send>(
             return ControlFlow::Break(());
         }
         (DriverOutcome::Succeeded, Remaining::Verify) => {
+            // Stopped at a point of no return, the old kubelet may be back all the same (a package undo
+            // reinstalls it): then it is said as for a whole rollback.
+            let back = match (stopped_at, &kubelet_before) {
+                (Some(_), Some(before)) => kubelet_now(&host.env()).await.as_ref() == Some(before),
+                _ => false,
+            };
             let verified = match (stopped_at, &kubelet_before) {
-                (Some(point), before) => format!(
+                (Some(point), before) if !back => format!(
                     "{} (the rollback stopped at step {} ({}), a point of no return: the steps up to it stay \
                      done, so the kubelet version before the plan{} is not expected back)",
                     result.message,
@@ -222,8 +228,8 @@ pub(crate) async fn run_finish<H: StepHost + Send>(
                         .map(|v| format!(", {v},"))
                         .unwrap_or_default()
                 ),
-                (None, Some(_)) => format!("{}, the kubelet version it had before", result.message),
-                (None, None) => format!(
+                (_, Some(_)) => format!("{}, the kubelet version it had before", result.message),
+                (_, None) => format!(
                     "{} (its kubelet version before the plan was not known: not compared)",
                     result.message
                 ),
@@ -252,6 +258,18 @@ pub(crate) async fn run_finish<H: StepHost + Send>(
         ControlFlow::Break(())
     } else {
         ControlFlow::Continue(())
+    }
+}
+
+/// The Node's kubelet version now, when it can be read within [`KUBELET_BEFORE_TIMEOUT`].
+async fn kubelet_now(env: &crate::driver_env::DriverEnv) -> Option<String> {
+    match tokio::time::timeout(KUBELET_BEFORE_TIMEOUT, node_kubelet_version(env)).await {
+        Ok(Ok(version)) => version,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot read the Node's kubelet version after the rollback");
+            None
+        }
+        Err(_) => None,
     }
 }
 
