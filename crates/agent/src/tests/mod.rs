@@ -12,6 +12,7 @@ mod package_cases;
 mod package_undo;
 mod package_world;
 mod preflight;
+mod preflight_undo;
 mod reboot;
 mod resume;
 mod retries;
