@@ -10,6 +10,7 @@ pub mod artifact;
 mod artifact_config;
 mod backoff;
 mod backup;
+pub mod bootc_stand_in;
 mod ca_update;
 pub mod cli;
 mod client;

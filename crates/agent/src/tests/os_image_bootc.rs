@@ -1,110 +1,28 @@
-//! The shipped bootc example (`config-examples/bootc.yaml`) against a stand-in `bootc` that keeps what bootc
-//! keeps on an ostree system, so the test can see which image the next boot starts:
-//!
-//! - `booted`: the deployment running now; `entries`: the boot entries in order, the first the bootloader's
-//!   default; `staged`: a deployment queued for the next boot (ostree finalizes it at shutdown into the first
-//!   entry, beside the booted one: the previous rollback is pruned).
-//! - the host spec, as bootc's `status.rs` computes it: the image is the staged deployment's, else the
-//!   booted one's; `bootOrder` is `rollback` when the first entry is not the booted deployment
-//!   (`rollbackQueued`), else `default`.
-//! - `switch IMAGE` changes the spec's image only: the same image is "Image specification is unchanged." and
-//!   nothing happens (bootc's `switch_ostree`); another is staged.
-//! - `edit --filename FILE` takes the spec from a BootcHost file: unchanged does nothing; another `bootOrder`
-//!   flips the entries (bootc's `deploy::rollback`, which `edit` calls for it; a staged deployment is
-//!   dropped); another image is staged; both at once is refused, as bootc refuses it.
-//! - `status --booted --format json`: the booted image where bootc prints it.
-//!
-//! The machine's boot ([`boot`]) finalizes a staged deployment, then boots the first entry, or on a fall back
-//! (a boot counter run out, a menu choice) the other one once, leaving the order as it is: that is the A/B
-//! fallback of issue 43.2, where the image the step switched to stays the default boot entry.
+//! The shipped bootc example (`config-examples/bootc.yaml`) against the stand-in `bootc` of
+//! `crate::bootc_stand_in`, which keeps the boot entries, the booted and the staged deployment as bootc
+//! computes its host spec, so the test sees which image the next boot starts. Its [`boot`] with a fall back
+//! is the A/B fallback of issue 43.2: the image the step switched to stays the default boot entry.
 
 use std::path::Path;
 
 use super::os_image::{NEW, OLD, os_image, undo_attempt};
 use super::reboot::{OnWait, assert_ok, attempt, reboot_node, reboot_sandbox};
 use super::{Sandbox, record_context};
+use crate::bootc_stand_in::{BOOTC_STAND_IN, booted, entries, next_boot};
 use crate::drivers::{DriverOutcome, UndoRecord, record_undo};
-
-const BOOTC: &str = r#"d="$INPLACE_ROOT/bootc"
-booted=$(cat "$d/booted")
-staged=$(cat "$d/staged" 2>/dev/null)
-first=$(head -n 1 "$d/entries")
-spec=${staged:-$booted}
-if [ "$first" = "$booted" ]; then order=default; else order=rollback; fi
-stage() { echo "$1" > "$d/staged"; echo "Queued for next boot: $1"; }
-swap() {
-  other=$(grep -v -x -F "$booted" "$d/entries" | head -n 1)
-  if [ -z "$other" ]; then echo "error: No rollback available" >&2; exit 1; fi
-  rm -f "$d/staged"
-  if [ "$order" = rollback ]; then
-    echo "notice: Reverting queued rollback state"
-    printf '%s\n%s\n' "$booted" "$other" > "$d/entries"
-  else
-    printf '%s\n%s\n' "$other" "$booted" > "$d/entries"
-  fi
-}
-case "$1" in
-  status)
-    printf '{"apiVersion":"org.containers.bootc/v1","kind":"BootcHost","spec":{"image":{"image":"%s","transport":"registry"},"bootOrder":"%s"},"status":{"booted":{"image":{"image":{"image":"%s","transport":"registry"},"imageDigest":"sha256:00"}}}}\n' "$spec" "$order" "$booted" ;;
-  switch)
-    for image; do :; done
-    if [ "$image" = "$spec" ]; then echo "Image specification is unchanged."; else stage "$image"; fi ;;
-  edit)
-    for file; do :; done
-    image=$(sed -n 's/^ *image: *"\{0,1\}\([^" ][^" ]*\)"\{0,1\} *$/\1/p' "$file")
-    want=$(sed -n 's/^ *bootOrder: *//p' "$file")
-    want=${want:-default}
-    if [ "$image" = "$spec" ] && [ "$want" = "$order" ]; then
-      echo "Edit cancelled, no changes made."
-    elif [ "$want" != "$order" ]; then
-      if [ "$image" != "$spec" ]; then echo "error: Invalid state transition: rollback and image change" >&2; exit 1; fi
-      swap
-    else
-      stage "$image"
-    fi ;;
-  rollback) swap ;;
-  *) echo "bootc: unknown command $1" >&2; exit 2 ;;
-esac"#;
 
 /// A node booted from `OLD`, its only boot entry, with the stand-in `bootc` and `systemctl`.
 fn sandbox() -> Sandbox {
     let sb = reboot_sandbox();
-    sb.fake("bootc", BOOTC);
+    sb.fake("bootc", BOOTC_STAND_IN);
     sb.fake("systemctl", "exit 0");
-    sb.write_node("/bootc/booted", &format!("{OLD}\n"));
-    sb.write_node("/bootc/entries", &format!("{OLD}\n"));
+    crate::bootc_stand_in::install(&sb.root, OLD).unwrap();
     sb
 }
 
-fn read(sb: &Sandbox, file: &str) -> Option<String> {
-    let text = std::fs::read_to_string(sb.node(&format!("/bootc/{file}"))).ok()?;
-    Some(text.trim().to_owned())
-}
-
-fn entries(sb: &Sandbox) -> Vec<String> {
-    read(sb, "entries")
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
-/// The image the next boot starts (the bootloader's default), a fall back aside.
-fn next_boot(sb: &Sandbox) -> String {
-    read(sb, "staged").unwrap_or_else(|| entries(sb)[0].clone())
-}
-
-/// The machine restarts under `boot_id` (see the module doc).
+/// The machine restarts under `boot_id`, on a fall back into the other entry.
 fn boot(sb: &Sandbox, boot_id: &str, fall_back: bool) {
-    let booted = read(sb, "booted").unwrap();
-    let mut entries = entries(sb);
-    if let Some(staged) = read(sb, "staged") {
-        entries = vec![staged, booted];
-        std::fs::remove_file(sb.node("/bootc/staged")).unwrap();
-    }
-    let chosen = if fall_back { &entries[1] } else { &entries[0] };
-    sb.write_node("/bootc/booted", &format!("{chosen}\n"));
-    sb.write_node("/bootc/entries", &format!("{}\n", entries.join("\n")));
+    crate::bootc_stand_in::boot(&sb.root, fall_back).unwrap();
     reboot_node(sb, boot_id);
 }
 
@@ -163,12 +81,12 @@ async fn the_shipped_bootc_example_stages_the_image_reboots_into_it_and_verifies
             )),
     );
     assert_eq!(reboots(&sb), 1);
-    assert_eq!(next_boot(&sb), NEW);
+    assert_eq!(next_boot(&sb.root), NEW);
     boot(&sb, "boot-bbbbbbbbbbbb", false);
     let (result, _) = attempt(&env, os_image(NEW), 30, OnWait::Keep).await;
     assert_ok(&result);
     assert_eq!(
-        entries(&sb),
+        entries(&sb.root),
         [NEW, OLD],
         "the previous deployment is kept for rollback"
     );
@@ -207,9 +125,9 @@ async fn the_undo_of_a_fallen_back_boot_makes_the_previous_image_the_default_aga
         result.message,
         format!("booted the previous image {OLD} instead of {NEW} (the boot fell back)")
     );
-    assert_eq!(read(&sb, "booted").as_deref(), Some(OLD));
+    assert_eq!(booted(&sb.root), OLD);
     assert_eq!(
-        next_boot(&sb),
+        next_boot(&sb.root),
         NEW,
         "the failed image is still the default entry"
     );
@@ -224,7 +142,7 @@ async fn the_undo_of_a_fallen_back_boot_makes_the_previous_image_the_default_aga
         String::from_utf8_lossy(&switch.stdout),
         "Image specification is unchanged.\n"
     );
-    assert_eq!(next_boot(&sb), NEW);
+    assert_eq!(next_boot(&sb.root), NEW);
 
     // The rollback: apply with the previous image sets the default entry back; the node runs it: no reboot.
     let calls_before = apply_calls(&sb).len();
@@ -242,22 +160,22 @@ async fn the_undo_of_a_fallen_back_boot_makes_the_previous_image_the_default_aga
         "apply ran with the previous image"
     );
     assert_eq!(
-        next_boot(&sb),
+        next_boot(&sb.root),
         OLD,
         "the default boot entry is the previous image"
     );
-    assert_eq!(entries(&sb), [OLD, NEW]);
+    assert_eq!(entries(&sb.root), [OLD, NEW]);
     assert_eq!(reboots(&sb), 1, "no reboot for the undo");
 
     // Run again (a kill before the undo's end was recorded): it converges, it does not flip the entries back.
     let again = undo_attempt(env.clone(), &record, false).await;
     assert_ok(&again);
-    assert_eq!(next_boot(&sb), OLD);
+    assert_eq!(next_boot(&sb.root), OLD);
     assert_eq!(reboots(&sb), 1);
 
     // The node's next reboot stays on the previous image.
     boot(&sb, "boot-cccccccccccc", false);
-    assert_eq!(read(&sb, "booted").as_deref(), Some(OLD));
+    assert_eq!(booted(&sb.root), OLD);
 }
 
 #[tokio::test]
@@ -279,7 +197,7 @@ async fn the_undo_of_a_step_that_booted_its_image_switches_back_and_reboots() {
         "{}",
         stopped.message
     );
-    assert_eq!(next_boot(&sb), OLD);
+    assert_eq!(next_boot(&sb.root), OLD);
     boot(&sb, "boot-cccccccccccc", false);
     let undone = undo_attempt(env.clone(), &record, false).await;
     assert_ok(&undone);
