@@ -2,7 +2,8 @@
 //! etcd: on a control-plane Machine the undo of a disruptive step (kubeletArgs, osImage) waits while another
 //! control-plane Node is not Ready, saying so in the rollback's message, and runs once it is Ready; a control
 //! plane that stays unhealthy past the bound fails the undo unbegun — the osImage undo never switches or
-//! reboots the node — and the rollback ends `failed`.
+//! reboots the node — and the rollback ends `failed`; an agent stopped during the wait checks again at its
+//! next start, the undo never begun.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -169,6 +170,64 @@ async fn an_undo_waits_for_the_control_plane_saying_so_and_runs_once_it_can() {
         .unwrap()
         .undos[1];
     assert_eq!(undo.attempt, 1, "the wait was no attempt");
+}
+
+#[tokio::test]
+async fn an_agent_stopped_while_an_undo_waits_checks_again_at_its_next_start() {
+    let sb = Sandbox::new();
+    sb.write_node(FLAGS, FLAGS_BEFORE);
+    let (api, mut host) = cluster(&sb, "");
+    host.store.adopt(plan(kubelet_args(60))).unwrap();
+    forward(&mut host, 0).await;
+    forward(&mut host, 1).await;
+    api.set_node_ready("cp-2", false);
+    let mut shutdown: Shutdown = Box::pin(std::future::pending());
+    assert_eq!(
+        crate::rollback::run_undo(&mut host, &mut shutdown).await,
+        ControlFlow::Continue(()),
+        "the files step's undo runs: its kind has no preflight"
+    );
+    // SIGTERM while the kubeletArgs undo waits for the control plane.
+    let state = sb.state.clone();
+    let mut stopping: Shutdown = Box::pin(async move {
+        wait_until("the undo's waiting report", Duration::from_secs(20), || {
+            reported_waiting(
+                &state,
+                "undo of step 1 (kubelet args): waiting for the control plane: ",
+            )
+        })
+        .await;
+    });
+    assert_eq!(
+        crate::rollback::run_undo(&mut host, &mut stopping).await,
+        ControlFlow::Break(())
+    );
+    let record = host.store.state.current.as_ref().unwrap();
+    let undo = &record.rollback.as_ref().unwrap().undos[1];
+    assert!(!undo.began(), "the undo never began: {undo:?}");
+    assert!(
+        std::fs::read_to_string(sb.node(FLAGS))
+            .unwrap()
+            .contains("--max-pods=50")
+    );
+    assert_eq!(kubelet_restarts(&sb), 1);
+    drop(host);
+
+    // The next start checks again; the control plane is whole by then.
+    api.set_node_ready("cp-2", true);
+    let mut host = Host::open(&sb.state, host_env(&sb, ""));
+    run(&mut host, None).await;
+    let rollback = rollback_of(&host);
+    assert_eq!(
+        rollback.state,
+        RollbackState::RolledBack,
+        "{}",
+        rollback.message
+    );
+    assert_eq!(
+        std::fs::read_to_string(sb.node(FLAGS)).unwrap(),
+        FLAGS_BEFORE
+    );
 }
 
 #[tokio::test]
