@@ -59,12 +59,8 @@ fn switches(sb: &Sandbox) -> Vec<String> {
         .collect()
 }
 
-/// The first attempt applies and reboots; the agent is stopped while the machine goes down.
-async fn apply_and_reboot(
-    sb: &Sandbox,
-    env: &std::sync::Arc<crate::drivers::DriverEnv>,
-    image: &str,
-) {
+/// The first attempt applies and runs the reboot command; the agent is stopped while the machine goes down.
+pub(super) async fn until_the_reboot(env: &std::sync::Arc<crate::drivers::DriverEnv>, image: &str) {
     let (result, _) = attempt(env, os_image(image), 30, OnWait::Stop).await;
     assert_eq!(
         result.outcome,
@@ -72,7 +68,61 @@ async fn apply_and_reboot(
         "{}",
         result.message
     );
+}
+
+/// [`until_the_reboot`], the reboot command run once.
+async fn apply_and_reboot(
+    sb: &Sandbox,
+    env: &std::sync::Arc<crate::drivers::DriverEnv>,
+    image: &str,
+) {
+    until_the_reboot(env, image).await;
     assert_eq!(reboots(sb), 1);
+}
+
+/// The undo of an osImage step whose node booted `NEW`: its first attempt applies `OLD` and runs the reboot
+/// command (the agent stopped as the machine goes down), `boot` is the machine's restart, the second attempt
+/// verifies `OLD`.
+pub(super) async fn undo_reboots_into_the_previous_image(
+    env: &std::sync::Arc<crate::drivers::DriverEnv>,
+    record: &UndoRecord,
+    boot: impl FnOnce(),
+) {
+    let stopped = undo_attempt(env.clone(), record, true).await;
+    assert_eq!(
+        stopped.outcome,
+        DriverOutcome::Interrupted,
+        "{}",
+        stopped.message
+    );
+    boot();
+    let result = undo_attempt(env.clone(), record, false).await;
+    assert_ok(&result);
+    assert!(
+        result.message.starts_with(&format!("now on {OLD}")),
+        "{}",
+        result.message
+    );
+}
+
+/// What recording the undo of an osImage step to `NEW` takes, before its first effect: the image booted, `OLD`.
+pub(super) async fn recorded_previous(
+    env: &std::sync::Arc<crate::drivers::DriverEnv>,
+) -> UndoRecord {
+    let record = record_undo(
+        env.clone(),
+        record_context(super::reboot::PLAN, os_image(NEW)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        record,
+        UndoRecord::OsImage {
+            previous_image: OLD.into()
+        }
+    );
+    record
 }
 
 #[tokio::test]
@@ -193,41 +243,17 @@ pub(super) async fn undo_attempt(
 async fn the_undo_switches_back_to_the_recorded_previous_image() {
     let sb = sandbox();
     let env = sb.env(CONFIG);
-    // Before the step's first effect: the image the node booted.
-    let record = record_undo(
-        env.clone(),
-        record_context(super::reboot::PLAN, os_image(NEW)),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    assert_eq!(
-        record,
-        UndoRecord::OsImage {
-            previous_image: OLD.into()
-        }
-    );
+    let record = recorded_previous(&env).await;
     apply_and_reboot(&sb, &env, NEW).await;
     boot_staged(&sb, "boot-bbbbbbbbbbbb", false);
     let (result, _) = attempt(&env, os_image(NEW), 30, OnWait::Keep).await;
     assert_eq!(result.outcome, DriverOutcome::Succeeded);
 
     // A rollback: the previous image is applied, the node reboots into it, and it is verified.
-    let stopped = undo_attempt(env.clone(), &record, true).await;
-    assert_eq!(
-        stopped.outcome,
-        DriverOutcome::Interrupted,
-        "{}",
-        stopped.message
-    );
-    boot_staged(&sb, "boot-cccccccccccc", false);
-    let result = undo_attempt(env.clone(), &record, false).await;
-    assert_ok(&result);
-    assert!(
-        result.message.starts_with(&format!("now on {OLD}")),
-        "{}",
-        result.message
-    );
+    undo_reboots_into_the_previous_image(&env, &record, || {
+        boot_staged(&sb, "boot-cccccccccccc", false)
+    })
+    .await;
     assert_eq!(reboots(&sb), 2);
     assert_eq!(
         switches(&sb),

@@ -5,11 +5,14 @@
 
 use std::path::Path;
 
-use super::os_image::{NEW, OLD, os_image, undo_attempt};
+use super::Sandbox;
+use super::os_image::{
+    NEW, OLD, os_image, recorded_previous, undo_attempt, undo_reboots_into_the_previous_image,
+    until_the_reboot,
+};
 use super::reboot::{OnWait, assert_ok, attempt, reboot_node, reboot_sandbox};
-use super::{Sandbox, record_context};
 use crate::bootc_stand_in::{BOOTC_STAND_IN, booted, entries, next_boot};
-use crate::drivers::{DriverOutcome, UndoRecord, record_undo};
+use crate::drivers::{DriverOutcome, UndoRecord};
 
 /// A node booted from `OLD`, its only boot entry, with the stand-in `bootc` and `systemctl`.
 fn sandbox() -> Sandbox {
@@ -58,13 +61,7 @@ fn apply_calls(sb: &Sandbox) -> Vec<String> {
 async fn the_shipped_bootc_example_stages_the_image_reboots_into_it_and_verifies_it() {
     let sb = sandbox();
     let env = example_env(&sb);
-    let (result, _) = attempt(&env, os_image(NEW), 30, OnWait::Stop).await;
-    assert_eq!(
-        result.outcome,
-        DriverOutcome::Interrupted,
-        "{}",
-        result.message
-    );
+    until_the_reboot(&env, NEW).await;
     let host_file = sb.node("/var/lib/inplace-updater/bootc-host.yaml");
     assert_eq!(
         apply_calls(&sb),
@@ -97,26 +94,8 @@ async fn the_undo_of_a_fallen_back_boot_makes_the_previous_image_the_default_aga
  {
     let sb = sandbox();
     let env = example_env(&sb);
-    let record = record_undo(
-        env.clone(),
-        record_context(super::reboot::PLAN, os_image(NEW)),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    assert_eq!(
-        record,
-        UndoRecord::OsImage {
-            previous_image: OLD.into()
-        }
-    );
-    let (result, _) = attempt(&env, os_image(NEW), 30, OnWait::Stop).await;
-    assert_eq!(
-        result.outcome,
-        DriverOutcome::Interrupted,
-        "{}",
-        result.message
-    );
+    let record = recorded_previous(&env).await;
+    until_the_reboot(&env, NEW).await;
     // The new image's boot fails and the bootloader falls back to the previous entry, once.
     boot(&sb, "boot-bbbbbbbbbbbb", true);
     let (result, _) = attempt(&env, os_image(NEW), 30, OnWait::Keep).await;
@@ -185,26 +164,15 @@ async fn the_undo_of_a_step_that_booted_its_image_switches_back_and_reboots() {
     let record = UndoRecord::OsImage {
         previous_image: OLD.into(),
     };
-    let (_, _) = attempt(&env, os_image(NEW), 30, OnWait::Stop).await;
+    until_the_reboot(&env, NEW).await;
     boot(&sb, "boot-bbbbbbbbbbbb", false);
     let (result, _) = attempt(&env, os_image(NEW), 30, OnWait::Keep).await;
     assert_ok(&result);
     // A later step failed: the undo stages the previous image, reboots into it and verifies it.
-    let stopped = undo_attempt(env.clone(), &record, true).await;
-    assert_eq!(
-        stopped.outcome,
-        DriverOutcome::Interrupted,
-        "{}",
-        stopped.message
-    );
-    assert_eq!(next_boot(&sb.root), OLD);
-    boot(&sb, "boot-cccccccccccc", false);
-    let undone = undo_attempt(env.clone(), &record, false).await;
-    assert_ok(&undone);
-    assert!(
-        undone.message.starts_with(&format!("now on {OLD}")),
-        "{}",
-        undone.message
-    );
+    undo_reboots_into_the_previous_image(&env, &record, || {
+        assert_eq!(next_boot(&sb.root), OLD);
+        boot(&sb, "boot-cccccccccccc", false);
+    })
+    .await;
     assert_eq!(reboots(&sb), 2);
 }

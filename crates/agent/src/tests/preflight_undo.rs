@@ -9,13 +9,12 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use inplace_agent_api::{
-    KubeletArg, MachineRef, Plan, RollbackProgress, RollbackState, Step, StepAction,
-};
+use inplace_agent_api::{MachineRef, Plan, Step, StepAction};
 use inplace_drain::fake::{FakeApiServer, FakeNode};
 
+use super::preflight::kubelet_args;
 use super::reboot::{BOOT_ID, reboot_node};
-use super::rollback::{Host, file, files_step, run};
+use super::rollback::{Host, file, files_step, rollback_failed, rolled_back, run};
 use super::{Sandbox, wait_until};
 use crate::executor::run_step;
 use crate::shutdown::Shutdown;
@@ -54,20 +53,6 @@ fn plan(first: Step) -> Plan {
     }
 }
 
-fn kubelet_args(timeout_seconds: u32) -> Step {
-    Step {
-        index: 0,
-        description: "kubelet args".into(),
-        timeout_seconds,
-        action: StepAction::KubeletArgs {
-            args: vec![KubeletArg {
-                name: "max-pods".into(),
-                value: "50".into(),
-            }],
-        },
-    }
-}
-
 fn kubelet_restarts(sb: &Sandbox) -> usize {
     sb.calls()
         .iter()
@@ -75,9 +60,15 @@ fn kubelet_restarts(sb: &Sandbox) -> usize {
         .count()
 }
 
-fn rollback_of(host: &Host) -> RollbackProgress {
-    let record = host.store.state.current.as_ref().unwrap();
-    record.progress().rollback.expect("a rollback")
+/// The kubeletArgs plan run forward on a node whose flags file is `FLAGS_BEFORE`: step 1 failed, the rollback
+/// is under way.
+async fn kubelet_args_failed(sb: &Sandbox) -> (Arc<FakeApiServer>, Host) {
+    sb.write_node(FLAGS, FLAGS_BEFORE);
+    let (api, mut host) = cluster(sb, "");
+    host.store.adopt(plan(kubelet_args(60))).unwrap();
+    forward(&mut host, 0).await;
+    forward(&mut host, 1).await;
+    (api, host)
 }
 
 async fn forward(host: &mut Host, index: usize) {
@@ -110,11 +101,7 @@ fn reported_waiting(state: &std::path::Path, text: &str) -> bool {
 #[tokio::test]
 async fn an_undo_waits_for_the_control_plane_saying_so_and_runs_once_it_can() {
     let sb = Sandbox::new();
-    sb.write_node(FLAGS, FLAGS_BEFORE);
-    let (api, mut host) = cluster(&sb, "");
-    host.store.adopt(plan(kubelet_args(60))).unwrap();
-    forward(&mut host, 0).await;
-    forward(&mut host, 1).await;
+    let (api, mut host) = kubelet_args_failed(&sb).await;
     assert_eq!(kubelet_restarts(&sb), 1, "the step restarted kubelet");
     api.set_node_ready("cp-2", false);
 
@@ -146,13 +133,7 @@ async fn an_undo_waits_for_the_control_plane_saying_so_and_runs_once_it_can() {
         1
     );
 
-    let rollback = rollback_of(&host);
-    assert_eq!(
-        rollback.state,
-        RollbackState::RolledBack,
-        "{}",
-        rollback.message
-    );
+    let rollback = rolled_back(&host);
     assert_eq!(rollback.undone, 2);
     assert_eq!(
         std::fs::read_to_string(sb.node(FLAGS)).unwrap(),
@@ -175,11 +156,7 @@ async fn an_undo_waits_for_the_control_plane_saying_so_and_runs_once_it_can() {
 #[tokio::test]
 async fn an_agent_stopped_while_an_undo_waits_checks_again_at_its_next_start() {
     let sb = Sandbox::new();
-    sb.write_node(FLAGS, FLAGS_BEFORE);
-    let (api, mut host) = cluster(&sb, "");
-    host.store.adopt(plan(kubelet_args(60))).unwrap();
-    forward(&mut host, 0).await;
-    forward(&mut host, 1).await;
+    let (api, mut host) = kubelet_args_failed(&sb).await;
     api.set_node_ready("cp-2", false);
     let mut shutdown: Shutdown = Box::pin(std::future::pending());
     assert_eq!(
@@ -217,13 +194,7 @@ async fn an_agent_stopped_while_an_undo_waits_checks_again_at_its_next_start() {
     api.set_node_ready("cp-2", true);
     let mut host = Host::open(&sb.state, host_env(&sb, ""));
     run(&mut host, None).await;
-    let rollback = rollback_of(&host);
-    assert_eq!(
-        rollback.state,
-        RollbackState::RolledBack,
-        "{}",
-        rollback.message
-    );
+    rolled_back(&host);
     assert_eq!(
         std::fs::read_to_string(sb.node(FLAGS)).unwrap(),
         FLAGS_BEFORE
@@ -273,13 +244,7 @@ async fn an_os_image_undo_never_reboots_past_an_unhealthy_control_plane() {
     api.set_node_ready("cp-3", false);
     let started = tokio::time::Instant::now();
     run(&mut host, None).await;
-    let rollback = rollback_of(&host);
-    assert_eq!(
-        rollback.state,
-        RollbackState::Failed,
-        "{}",
-        rollback.message
-    );
+    let rollback = rollback_failed(&host);
     assert!(
         started.elapsed() >= Duration::from_secs(3),
         "it waited before failing"

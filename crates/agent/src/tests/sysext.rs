@@ -193,7 +193,8 @@ pub(super) fn link() -> Option<String> {
         .map(|t| t.display().to_string())
 }
 
-fn config(command: &str, extensions_dir: &str) -> String {
+/// The agent config of the scenarios; its `kubernetes:` map comes last, so a caller may append keys to it.
+pub(super) fn config(command: &str, extensions_dir: &str) -> String {
     format!(
         r#"
 sysext:

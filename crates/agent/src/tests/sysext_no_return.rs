@@ -23,7 +23,6 @@ use super::sysext::{LINK, image, link, merged_kubelet};
 use crate::driver_config::DriverConfig;
 use crate::driver_env::DriverEnv;
 use crate::state::LocalStepStatus;
-use crate::sysext_release::node_architecture;
 
 /// The verification borrows this timeout from the plan's waitNodeReady step: before the fix it waited it out.
 const WAIT_READY_SECONDS: u32 = 10;
@@ -33,25 +32,12 @@ fn stand_in(path: &Path, script: &str) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
-/// The shipped example's steps, with `kubeadm` and `systemctl` stood in for by scripts in `dir`.
+/// The namespace run's installKubeadm (the shipped example's, the image local), then `kubeadm upgrade node` and
+/// installKubelet as the example has them, with `kubeadm` and `systemctl` stood in for by scripts in `dir`.
 fn config(dir: &Path) -> String {
     let dir = dir.display();
-    let arch = node_architecture();
     format!(
-        r#"
-kubernetes:
-  installKubeadm:
-    record:
-      - name: previousKubernetes
-        run: [readlink, "{{{{root}}}}/etc/extensions/kubernetes.raw"]
-        absentOnExit: [1]
-    commands:
-      - sysextSwitch: {{name: kubernetes, image: "/opt/extensions/kubernetes/kubernetes-{{{{version}}}}-{arch}.raw"}}
-    undo:
-      commands:
-        - sysextSwitch: {{name: kubernetes, image: "{{{{record.previousKubernetes}}}}"}}
-        - run: [{dir}/systemctl, restart, kubelet]
-  kubeadmUpgradeNode:
+        r#"{}  kubeadmUpgradeNode:
     commands:
       - run: [{dir}/kubeadm, upgrade, node]
   installKubelet:
@@ -64,7 +50,8 @@ node:
   kubeconfig: /etc/kubernetes/kubelet.conf
   name: n1
   pollIntervalMillis: 50
-"#
+"#,
+        super::sysext::config("systemd-sysext", "/etc/extensions")
     )
 }
 
