@@ -15,7 +15,7 @@ use crate::agent_side::common as agent_server;
 use std::path::Path;
 use std::time::Duration;
 
-use inplace_agent_api::{Plan, RebootWhen, StepAction, StepReport, StepStatus};
+use inplace_agent_api::{Plan, RebootWhen, RollbackState, StepAction, StepReport, StepStatus};
 use inplace_updater::cmd::demo::Sandbox;
 
 use agent_server::TestServer;
@@ -193,13 +193,102 @@ async fn an_os_image_step_boots_the_new_image_once() {
         "{message}"
     );
     assert_eq!(sandbox.os_image(), NEXT_IMAGE);
-    let switches: Vec<String> = sandbox
-        .calls()
-        .into_iter()
-        .filter(|c| c.starts_with("bootc switch"))
-        .collect();
+    assert_eq!(applies(&sandbox), 1);
+}
+
+/// How many times the sandbox's `osImage.apply` ran (`bootc edit` of the host spec it wrote).
+fn applies(sandbox: &Sandbox) -> usize {
+    let edit = format!(
+        "bootc edit --quiet --filename {}",
+        sandbox
+            .path("/var/lib/inplace-updater/bootc-host.yaml")
+            .display()
+    );
+    sandbox.calls().iter().filter(|c| **c == edit).count()
+}
+
+/// Issue 43.2: the node comes back on its previous image (an A/B fallback) while the new image stays the default
+/// boot entry. The step fails, and the rollback makes the previous image the default again — without a second
+/// reboot — so the node's next reboot cannot land on the failed image; then the node is verified and uncordoned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_os_image_boot_that_falls_back_is_rolled_back_to_the_previous_image_as_the_default_entry()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let server = TestServer::start(TOKEN).await;
+    let sandbox = Sandbox::create(&dir.join(NAME), "v1.33.4", false).unwrap();
+    sandbox.fall_back_next_boot(true).unwrap();
+    let before = sandbox.os_image();
+    let (ca, token) = (dir.join("ca.pem"), dir.join("token"));
+    std::fs::write(&ca, &server.ca_pem).unwrap();
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let image = StepAction::OsImage {
+        image: NEXT_IMAGE.into(),
+    };
+    server.offer(plan("plan-os-fallback", image));
+    let mut agent = AgentProcess::start_at(&server.url(), &ca, &token, NAME, sandbox.clone(), &[]);
+    report_where(&server, 1, "the reboot issued", |r| {
+        waiting_to_go_down(r, 1)
+    })
+    .await;
+    agent.kill();
+    sandbox.boot().unwrap();
+    assert_eq!(sandbox.os_image(), before, "the boot fell back");
     assert_eq!(
-        switches,
-        [format!("bootc switch --transport registry {NEXT_IMAGE}")]
+        sandbox.next_os_image(),
+        NEXT_IMAGE,
+        "the new image is still the default entry"
+    );
+    agent.restart();
+
+    let failed = report_where(&server, 1, "the step's failure", |r| {
+        !r.undo && r.status == StepStatus::Failed
+    })
+    .await;
+    assert_eq!(
+        failed.message.as_deref(),
+        Some(
+            format!(
+                "booted the previous image {before} instead of {NEXT_IMAGE} (the boot fell back)"
+            )
+            .as_str()
+        )
+    );
+    let undone = report_where(&server, 1, "the undo", |r| {
+        r.undo && r.status == StepStatus::Succeeded
+    })
+    .await;
+    assert_eq!(
+        undone.message.as_deref(),
+        Some(format!("{before} is booted already; osImage.apply made it the next boot's image again (no reboot)").as_str())
+    );
+    agent_server::wait_until("the rollback's end", Duration::from_secs(20), || {
+        server.with(|s| {
+            s.polls.iter().any(|p| {
+                p.current
+                    .as_ref()
+                    .and_then(|c| c.rollback.as_ref())
+                    .is_some_and(|r| r.state == RollbackState::RolledBack)
+            })
+        })
+    })
+    .await;
+    agent.kill();
+    assert_eq!(
+        sandbox.next_os_image(),
+        before,
+        "the previous image is the default entry again"
+    );
+    assert_eq!(sandbox.os_image(), before);
+    assert_eq!(
+        sandbox.reboots(),
+        1,
+        "no reboot for the undo: {:?}",
+        sandbox.calls()
+    );
+    assert_eq!(
+        applies(&sandbox),
+        2,
+        "apply ran for the step and for its undo"
     );
 }

@@ -2,8 +2,9 @@
 //! clients over TLS with client-certificate auth, asked with a health-check client certificate from the
 //! node's `/etc/kubernetes/pki/etcd` as kubeadm lays it out: all healthy passes; with one member killed
 //! another member's preflight waits, then fails naming the killed member and the lost quorum; a node without
-//! an etcd manifest does not look at etcd. (The other control-plane Nodes' side is tested in the agent crate
-//! against the fake API server.)
+//! an etcd manifest does not look at etcd; a node whose own member is stopped passes while the other two keep
+//! the quorum, asking them for the member list (issue 43.4). (The other control-plane Nodes' side is tested
+//! in the agent crate against the fake API server.)
 #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
 use std::path::Path;
@@ -67,9 +68,16 @@ async fn the_preflight_sees_a_real_etcd_cluster_lose_a_member() {
     // This node runs cp-1; the local endpoint tells its member id.
     let config = agent_config(&cluster.members[0].client_url());
 
-    let ok = control_plane_preflight(config.clone(), root.clone(), Duration::from_secs(10))
-        .await
-        .unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let state = state.path().to_path_buf();
+    let ok = control_plane_preflight(
+        config.clone(),
+        root.clone(),
+        state.clone(),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
     assert!(
         ok.contains("etcd: the 2 other members are healthy, quorum 2 of 3 holds without cp-1"),
         "{ok}"
@@ -84,6 +92,7 @@ async fn the_preflight_sees_a_real_etcd_cluster_lose_a_member() {
     let ok = control_plane_preflight(
         agent_config("https://127.0.0.1:1"),
         etcdless.path().to_path_buf(),
+        etcdless.path().join("state"),
         Duration::from_secs(10),
     )
     .await
@@ -98,9 +107,14 @@ async fn the_preflight_sees_a_real_etcd_cluster_lose_a_member() {
     let asked = Instant::now();
     // Long enough for a look after the election a killed leader causes (meanwhile cp-2 answers unhealthy too):
     // the failure tells the last look.
-    let failed = control_plane_preflight(config.clone(), root.clone(), Duration::from_secs(8))
-        .await
-        .unwrap_err();
+    let failed = control_plane_preflight(
+        config.clone(),
+        root.clone(),
+        state.clone(),
+        Duration::from_secs(8),
+    )
+    .await
+    .unwrap_err();
     eprintln!("blocked after {:?}: {failed}", asked.elapsed());
     assert!(
         failed.starts_with("control-plane preflight failed after ")
@@ -115,11 +129,77 @@ async fn the_preflight_sees_a_real_etcd_cluster_lose_a_member() {
 
     // The health-check key is the node's: without it etcd is not asked, and the failure names the key.
     std::fs::remove_file(root.join("etc/kubernetes/pki/etcd/healthcheck-client.key")).unwrap();
-    let failed = control_plane_preflight(config, root, Duration::from_secs(1))
+    let failed = control_plane_preflight(config, root, state, Duration::from_secs(1))
         .await
         .unwrap_err();
     assert!(
         failed.contains("etcd: controlPlane.etcdKeyFile: "),
+        "{failed}"
+    );
+}
+
+#[tokio::test]
+async fn a_node_whose_own_member_is_stopped_passes_while_the_others_keep_the_quorum() {
+    let node = tempfile::tempdir().unwrap();
+    let root = node.path().join("root");
+    let tls = kubeadm_pki(&root);
+    let manifest = root.join("etc/kubernetes/manifests/etcd.yaml");
+    std::fs::create_dir_all(manifest.parent().unwrap()).unwrap();
+    std::fs::write(&manifest, "kind: Pod\n").unwrap();
+    let state = node.path().join("state");
+    let mut cluster = EtcdCluster::start(&["cp-1", "cp-2", "cp-3"], Some(tls)).unwrap();
+    let config = agent_config(&cluster.members[0].client_url());
+    let within = Duration::from_secs(15);
+
+    // A look while the local member answers: the agent learns the members (and which one is its own).
+    control_plane_preflight(config.clone(), root.clone(), state.clone(), within)
+        .await
+        .unwrap();
+    assert!(state.join("etcd-members.json").exists());
+
+    // This node's member is stopped (a crash, the reboot a step made): it is not needed while cp-2 and cp-3
+    // keep the quorum, and they are asked for the member list instead.
+    cluster.members[0].kill();
+    let asked = Instant::now();
+    let ok = control_plane_preflight(config.clone(), root.clone(), state.clone(), within)
+        .await
+        .unwrap();
+    eprintln!("passed after {:?}: {ok}", asked.elapsed());
+    let others = [
+        cluster.members[1].client_url(),
+        cluster.members[2].client_url(),
+    ];
+    assert!(
+        ok.contains("etcd: the 2 other members are healthy, quorum 2 of 3 holds without cp-1 (members listed by ")
+            && others.iter().any(|url| ok.contains(&format!("listed by {url}: the local endpoint did not answer)"))),
+        "{ok}"
+    );
+
+    // An agent that never saw the members cannot ask the others: it waits, then fails saying so.
+    let fresh = node.path().join("fresh-state");
+    let failed =
+        control_plane_preflight(config.clone(), root.clone(), fresh, Duration::from_secs(1))
+            .await
+            .unwrap_err();
+    assert!(
+        failed.contains(&format!(
+            "etcd: {}/v3/cluster/member/list: ",
+            cluster.members[0].client_url()
+        )) && failed
+            .contains("(no other member known to ask: the agent learns them from a listing)"),
+        "{failed}"
+    );
+
+    // One of the other two stopped too: the quorum is gone, the preflight blocks naming it.
+    cluster.members[2].kill();
+    let failed = control_plane_preflight(config, root, state, Duration::from_secs(4))
+        .await
+        .unwrap_err();
+    assert!(
+        failed.contains(&format!(
+            "etcd member cp-3 ({}) unhealthy: ",
+            cluster.members[2].client_url()
+        )) && failed.contains("quorum without this member needs 2 healthy, "),
         "{failed}"
     );
 }

@@ -13,6 +13,7 @@
 //!
 //! On a control-plane Machine, a step whose kind disturbs a control plane first waits for the control-plane
 //! preflight (`crate::preflight`), before its first attempt only: a failed preflight fails the step unbegun.
+//! The rollback runs the same preflight before such a step's undo ([`preflight`], from `rollback.rs`).
 
 //!
 //! The executor knows the agent only through [`StepHost`] (the pull loop implements it): it depends on the
@@ -113,7 +114,18 @@ pub(crate) async fn run_step<H: StepHost + Send>(
         // A control-plane Machine's disruptive step waits for a control plane that can afford it; a step
         // that began is never held back (it may have made its effect: see `preflight`).
         if crate::preflight::needed(&plan, &step) {
-            match preflight(host, &plan.id, index, &step, shutdown).await {
+            let wait = PREFLIGHT_WAIT.min(Duration::from_secs(u64::from(step.timeout_seconds)));
+            // Only the message: the step keeps no progress of its preflight.
+            let record = |store: &mut StateStore, _progress, message| {
+                write_progress(
+                    store,
+                    None,
+                    message,
+                    |record| record.steps.get_mut(index),
+                    |plan_id, step| report_for(&identity, plan_id, index, step),
+                )
+            };
+            match preflight(host, &plan.id, &step, wait, shutdown, record).await {
                 ControlFlow::Break(()) => return ControlFlow::Break(()),
                 ControlFlow::Continue(Err(failed)) => {
                     finish(host, &identity, index, failed);
@@ -226,21 +238,21 @@ pub(crate) async fn run_step<H: StepHost + Send>(
     }
 }
 
-/// Runs the control-plane preflight of step `index` (`step`) of plan `plan_id`: `Continue(Ok)` when the step may start,
-/// `Continue(Err)` with the step's failure, `Break` when the agent shuts down (the step stays never begun).
-/// A task of its own driven like a step (reports delivered, its waiting message written to the step's record
-/// and reported as running), before the step's undo record: the step has not begun.
-async fn preflight<H: StepHost + Send>(
+/// Runs the control-plane preflight of `step` of plan `plan_id`, waiting at most `wait`: `Continue(Ok)` when
+/// the step (or its undo) may start, `Continue(Err)` with its failure, `Break` when the agent shuts down (it
+/// stays never begun). A task of its own driven like a step (reports delivered), before the step's or the
+/// undo's first effect; `record` writes each waiting message where the step's or the undo's record keeps it,
+/// and queues its report.
+pub(crate) async fn preflight<H: StepHost + Send>(
     host: &mut H,
     plan_id: &str,
-    index: usize,
     step: &Step,
+    wait: Duration,
     shutdown: &mut Shutdown,
+    record: impl FnMut(&mut StateStore, SequenceProgress, Option<String>) -> bool,
 ) -> ControlFlow<(), Result<(), StepResult>> {
-    let identity = host.identity().clone();
-    let now = Instant::now();
-    let deadline =
-        (now + PREFLIGHT_WAIT).min(now + Duration::from_secs(u64::from(step.timeout_seconds)));
+    let index = step.index;
+    let deadline = Instant::now() + wait;
     let (cancel_tx, cancel) = watch::channel(false);
     let (progress_tx, progress_rx) = mpsc::channel(1);
     let ctx = StepContext {
@@ -255,16 +267,6 @@ async fn preflight<H: StepHost + Send>(
     };
     tracing::info!(plan = %plan_id, step = index, "control-plane preflight");
     let task = tokio::spawn(crate::preflight::run(host.env(), ctx));
-    // Only the message: the step keeps no progress of its preflight.
-    let record = |store: &mut StateStore, _progress, message| {
-        write_progress(
-            store,
-            None,
-            message,
-            |record| record.steps.get_mut(index),
-            |plan_id, step| report_for(&identity, plan_id, index, step),
-        )
-    };
     let (result, stopping) = drive(host, task, cancel_tx, progress_rx, shutdown, record).await;
     if stopping || result.outcome == DriverOutcome::Interrupted {
         return ControlFlow::Break(());

@@ -10,6 +10,7 @@ pub mod artifact;
 mod artifact_config;
 mod backoff;
 mod backup;
+pub mod bootc_stand_in;
 mod ca_update;
 pub mod cli;
 mod client;
@@ -85,7 +86,7 @@ pub use node_config::{
 pub use preflight::{
     DEFAULT_ETCD_CA_FILE, DEFAULT_ETCD_CERT_FILE, DEFAULT_ETCD_ENDPOINT, DEFAULT_ETCD_KEY_FILE,
     ETCD_REQUEST_TIMEOUT, MAX_ETCD_ANSWER_BYTES, NODE_LIST_TIMEOUT, PREFLIGHT_RECHECK,
-    PREFLIGHT_WAIT, control_plane_preflight,
+    PREFLIGHT_WAIT, UNDO_PREFLIGHT_WAIT, control_plane_preflight,
 };
 pub use reboot_config::{
     DEFAULT_BOOT_ID_FILE, DEFAULT_REBOOT_COMMAND, DEFAULT_REBOOT_REQUIRED_FILE, OsImageConfig,

@@ -9,20 +9,31 @@
 //! fails, or is interrupted [`MAX_STEP_ATTEMPTS`] times, ends the rollback `failed`. A step whose kind has no
 //! undo recorded ends it `failed` too, naming the step. After the last undo the rollback is not over: the
 //! node is verified and the plan's cordon lifted (`rollback_verify`), and only then is it `rolledBack`.
+//!
+//! On a control-plane Machine the undo of a step whose kind disturbs a control plane (the step-kind table's
+//! `preflight`: an osImage undo reboots the node) first waits for the same control-plane preflight as the
+//! step, before its first effect, at most [`UNDO_PREFLIGHT_WAIT`] and never past the step's timeout; the
+//! rollback's message says what it waits for. Meanwhile nothing of the undo runs; at the bound the undo
+//! fails unbegun and the rollback ends `failed`, the node left as it is (cordoned). An undo that began is never
+//! held back, like a step.
 
 use std::ops::ControlFlow;
 use std::time::Duration;
 
-use inplace_agent_api::{AgentIdentity, OnFailure, Plan, RollbackState, StepKind};
+use inplace_agent_api::{
+    AgentIdentity, MESSAGE_MAX_BYTES, OnFailure, Plan, RollbackState, StepKind,
+};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::drivers::{DriverOutcome, ProgressRecorder, StepResult, UndoContext, execute_undo};
 use crate::executor::{MAX_STEP_ATTEMPTS, StepHost, drive, write_progress};
+use crate::preflight::UNDO_PREFLIGHT_WAIT;
 use crate::rollback_record::{RollbackRecord, undo_order};
 use crate::shutdown::{Shutdown, pause};
 use crate::state::{
     LocalStepRecord, LocalStepStatus, PlanRecord, SequenceProgress, StateStore, report_for,
+    truncate_head,
 };
 
 /// Starts the rollback of `record` after step `failed` failed, unless `onFailure` is `hold` or one is
@@ -35,7 +46,7 @@ pub(crate) fn start(plan: &Plan, record: &mut PlanRecord, failed: usize) {
         return;
     }
     let order = undo_order(plan, &record.steps, failed);
-    tracing::warn!(plan = %plan.id, step = failed, undo = ?order, "step failed: rolling back");
+    tracing::warn!(plan = %plan.id, step = failed, undo = ?order.order, stopped_at = ?order.stopped_at, "step failed: rolling back");
     let drained = plan
         .steps
         .iter()
@@ -134,6 +145,22 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
         );
         return ControlFlow::Continue(());
     }
+    // On a control-plane Machine a disruptive step's undo waits for the same preflight as the step; an undo that
+    // began is never held back (it may have made its effect: the reboot that rebooted the node).
+    if !resumed && crate::preflight::needed(&plan, &step) {
+        match preflight(host, &identity, pos, &plan.id, &step, shutdown).await {
+            ControlFlow::Break(()) => return ControlFlow::Break(()),
+            ControlFlow::Continue(Err(failed)) => {
+                end_undo(host, &identity, pos, Some(&step), failed);
+                return ControlFlow::Continue(());
+            }
+            ControlFlow::Continue(Ok(())) => {}
+        }
+    }
+    let store = host.store();
+    let Some(record) = store.state.current.as_mut() else {
+        return ControlFlow::Continue(());
+    };
     let Some(entry) = record.rollback.as_mut().and_then(|r| r.undos.get_mut(pos)) else {
         return ControlFlow::Continue(());
     };
@@ -189,6 +216,73 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
         ControlFlow::Break(())
     } else {
         ControlFlow::Continue(())
+    }
+}
+
+/// The control-plane preflight of the undo at `pos` (of `step`, plan `plan_id`), before its first effect: it
+/// waits at most [`UNDO_PREFLIGHT_WAIT`] (never past the step's timeout), each waiting message the undo's and
+/// the rollback's ("undo of step 3 (…): waiting for the control plane: …"), reported with the rollback's
+/// summary. `Continue(Err)` is the undo's failure (nothing of it done); `Break` a shutdown (the undo stays
+/// never begun: the next start checks again).
+async fn preflight<H: StepHost + Send>(
+    host: &mut H,
+    identity: &AgentIdentity,
+    pos: usize,
+    plan_id: &str,
+    step: &inplace_agent_api::Step,
+    shutdown: &mut Shutdown,
+) -> ControlFlow<(), Result<(), StepResult>> {
+    let wait = UNDO_PREFLIGHT_WAIT.min(Duration::from_secs(u64::from(step.timeout_seconds)));
+    let index = step.index as usize;
+    let what = format!("undo of step {} ({})", index + 1, step.description);
+    let record = |store: &mut StateStore, _progress, message: Option<String>| {
+        let Some(message) = message else {
+            return true;
+        };
+        record_undo_wait(store, identity, pos, &format!("{what}: {message}"))
+    };
+    let flow = crate::executor::preflight(host, plan_id, step, wait, shutdown, record).await;
+    if let ControlFlow::Continue(Ok(())) = flow
+        && let Some(rollback) = host.store().rollback_mut()
+    {
+        // The waiting is over: the undo's start (reported next, with the summary) says the rest.
+        rollback.message.clear();
+    }
+    flow
+}
+
+/// Writes an undo's waiting message (`message`, about the control plane) as the rollback's and the undo's,
+/// and queues the undo's report carrying the rollback's summary; true once it is on disk.
+fn record_undo_wait(
+    store: &mut StateStore,
+    identity: &AgentIdentity,
+    pos: usize,
+    message: &str,
+) -> bool {
+    let Some(record) = store.state.current.as_mut() else {
+        return false;
+    };
+    let plan_id = record.plan_id.clone();
+    let Some(rollback) = record.rollback.as_mut() else {
+        return false;
+    };
+    let text = truncate_head(message, MESSAGE_MAX_BYTES).to_owned();
+    rollback.message.clone_from(&text);
+    let progress = rollback.progress();
+    let index = rollback.order.get(pos).copied().unwrap_or_default() as usize;
+    let Some(entry) = rollback.undos.get_mut(pos) else {
+        return false;
+    };
+    entry.message = Some(text);
+    let mut report = undo_report(identity, &plan_id, index, entry);
+    report.rollback = Some(progress);
+    store.enqueue(report);
+    match store.save() {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot record the undo's wait for the control plane");
+            false
+        }
     }
 }
 

@@ -32,6 +32,10 @@ pub struct RollbackRecord {
     /// A drainNode step of the plan began: a failed rollback leaves the node cordoned (by this plan).
     #[serde(default)]
     pub drained: bool,
+    /// The point of no return the undos stop at (its step index), when one succeeded before the failure: the
+    /// steps up to it stay done, so the verification does not expect the kubelet version before the plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_at: Option<u32>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -40,9 +44,10 @@ fn is_zero(n: &u32) -> bool {
 
 impl RollbackRecord {
     /// A rollback of the steps `order` after `failed_step` failed (with nothing to undo, it goes straight
-    /// to the verification and the uncordon); `drained`: a drainNode step of the plan began, so the node may
-    /// carry this plan's cordon.
-    pub fn new(failed_step: u32, order: Vec<u32>, drained: bool) -> Self {
+    /// to the verification and the uncordon), stopping at the point of no return `stopped_at`; `drained`: a
+    /// drainNode step of the plan began, so the node may carry this plan's cordon.
+    pub fn new(failed_step: u32, order: UndoOrder, drained: bool) -> Self {
+        let UndoOrder { order, stopped_at } = order;
         let undos = order.iter().map(|_| LocalStepRecord::pending()).collect();
         Self {
             failed_step,
@@ -53,6 +58,7 @@ impl RollbackRecord {
             verified: None,
             finish_attempts: 0,
             drained,
+            stopped_at,
         }
     }
 
@@ -111,12 +117,22 @@ impl RollbackRecord {
     }
 }
 
+/// What a failure undoes: the steps, in order, and the point of no return that stops them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct UndoOrder {
+    /// The steps to undo, in order.
+    pub order: Vec<u32>,
+    /// The succeeded point of no return the order stops at (its index), if any.
+    pub stopped_at: Option<u32>,
+}
+
 /// The steps a failure of step `failed` undoes, in order: the failed one when its kind is undone (it may
 /// have changed things), then the succeeded ones before it in reverse, stopping at the last point of no
 /// return. Kinds that leave nothing to undo (the drain's cordon, waits) are passed over.
-pub(crate) fn undo_order(plan: &Plan, steps: &[LocalStepRecord], failed: usize) -> Vec<u32> {
+pub(crate) fn undo_order(plan: &Plan, steps: &[LocalStepRecord], failed: usize) -> UndoOrder {
     let kind = |i: usize| plan.steps[i].action.step_kind().undo();
     let mut order = Vec::new();
+    let mut stopped_at = None;
     // A step that failed before it began (its record could not be taken) changed nothing.
     if kind(failed) == Undo::Restores && steps.get(failed).is_some_and(LocalStepRecord::began) {
         order.push(failed as u32);
@@ -126,10 +142,13 @@ pub(crate) fn undo_order(plan: &Plan, steps: &[LocalStepRecord], failed: usize) 
             continue;
         }
         match kind(i) {
-            Undo::NoReturn => break,
+            Undo::NoReturn => {
+                stopped_at = Some(i as u32);
+                break;
+            }
             Undo::Restores => order.push(i as u32),
             Undo::Nothing => {}
         }
     }
-    order
+    UndoOrder { order, stopped_at }
 }

@@ -3,7 +3,11 @@
 //! cordon lifted. Otherwise the rollback ends `failed` and the node stays cordoned.
 //!
 //! The kubelet version "before" is read from the Node when the plan's first step begins
-//! ([`note_kubelet_before`]) and kept in the plan's record. The verification is a `waitNodeReady` and the
+//! ([`note_kubelet_before`]) and kept in the plan's record. A rollback that stops at a point of no return
+//! (`RollbackRecord::stopped_at`) restored the node to right after that step, not to before the plan: the
+//! steps up to it stay done (a Kubernetes image switched before `kubeadm upgrade` stays merged, so the
+//! kubelet the undos restart may be the new one), so it verifies the Node Ready without expecting the old
+//! kubelet version; the message says whether the old version is back, or why it is not expected. The verification is a `waitNodeReady` and the
 //! uncordon an `uncordonNode`, run through their drivers (so the uncordon is the journaled one: it lifts a
 //! cordon only when this plan's drainNode made it, and a cordon an operator set stays). Both are safe to run
 //! again, so a crash in either runs it again at the next start; [`MAX_STEP_ATTEMPTS`] interrupted tries end
@@ -94,8 +98,8 @@ pub(crate) fn pending(store: &StateStore) -> bool {
     store.rollback().and_then(remaining).is_some()
 }
 
-/// The synthetic step of `what` for the plan `plan`.
-fn step_for(plan: &Plan, what: Remaining, kubelet_before: Option<String>) -> Step {
+/// The synthetic step of `what` for the plan `plan`; the verification expects the kubelet version `expected`.
+fn step_for(plan: &Plan, what: Remaining, expected: Option<String>) -> Step {
     let index = plan.steps.len() as u32;
     match what {
         Remaining::Verify => Step {
@@ -107,7 +111,7 @@ fn step_for(plan: &Plan, what: Remaining, kubelet_before: Option<String>) -> Ste
                 .find(|s| s.action.step_kind() == StepKind::WaitNodeReady)
                 .map_or(ROLLBACK_VERIFY_TIMEOUT_SECONDS, |s| s.timeout_seconds),
             action: StepAction::WaitNodeReady {
-                kubelet_version: kubelet_before,
+                kubelet_version: expected,
             },
         },
         Remaining::Uncordon => Step {
@@ -140,6 +144,11 @@ pub(crate) async fn run_finish<H: StepHost + Send>(
     let Some(rollback) = record.rollback.as_mut() else {
         return ControlFlow::Continue(());
     };
+    let stopped_at = rollback.stopped_at.and_then(|i| plan.steps.get(i as usize));
+    let expected = match stopped_at {
+        Some(_) => None,
+        None => kubelet_before.clone(),
+    };
     let Some(what) = remaining(rollback) else {
         return ControlFlow::Continue(());
     };
@@ -166,7 +175,7 @@ pub(crate) async fn run_finish<H: StepHost + Send>(
             ControlFlow::Continue(())
         };
     }
-    let step = step_for(&plan, what, kubelet_before.clone());
+    let step = step_for(&plan, what, expected);
     tracing::info!(plan = %plan.id, step = %step.description, "rollback: undos done");
     let (cancel_tx, cancel) = watch::channel(false);
     let (progress_tx, progress_rx) = mpsc::channel(1);
@@ -201,9 +210,26 @@ pub(crate) async fn run_finish<H: StepHost + Send>(
             return ControlFlow::Break(());
         }
         (DriverOutcome::Succeeded, Remaining::Verify) => {
-            let verified = match &kubelet_before {
-                Some(_) => format!("{}, the kubelet version it had before", result.message),
-                None => format!(
+            // Stopped at a point of no return, the old kubelet may be back all the same (a package undo
+            // reinstalls it): then it is said as for a whole rollback.
+            let back = match (stopped_at, &kubelet_before) {
+                (Some(_), Some(before)) => kubelet_now(&host.env()).await.as_ref() == Some(before),
+                _ => false,
+            };
+            let verified = match (stopped_at, &kubelet_before) {
+                (Some(point), before) if !back => format!(
+                    "{} (the rollback stopped at step {} ({}), a point of no return: the steps up to it stay \
+                     done, so the kubelet version before the plan{} is not expected back)",
+                    result.message,
+                    point.index + 1,
+                    point.description,
+                    before
+                        .as_deref()
+                        .map(|v| format!(", {v},"))
+                        .unwrap_or_default()
+                ),
+                (_, Some(_)) => format!("{}, the kubelet version it had before", result.message),
+                (_, None) => format!(
                     "{} (its kubelet version before the plan was not known: not compared)",
                     result.message
                 ),
@@ -232,6 +258,18 @@ pub(crate) async fn run_finish<H: StepHost + Send>(
         ControlFlow::Break(())
     } else {
         ControlFlow::Continue(())
+    }
+}
+
+/// The Node's kubelet version now, when it can be read within [`KUBELET_BEFORE_TIMEOUT`].
+async fn kubelet_now(env: &crate::driver_env::DriverEnv) -> Option<String> {
+    match tokio::time::timeout(KUBELET_BEFORE_TIMEOUT, node_kubelet_version(env)).await {
+        Ok(Ok(version)) => version,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot read the Node's kubelet version after the rollback");
+            None
+        }
+        Err(_) => None,
     }
 }
 

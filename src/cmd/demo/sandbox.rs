@@ -2,7 +2,7 @@
 //! holds stand-ins for `kubeadm`, `kubelet`, `apt-get` and `systemctl` that record their arguments in
 //! `calls.log` and keep the "installed" versions in files, so an upgrade really changes what the next
 //! `kubeadm version` prints. A reboot is faked too: the node has a boot id, `systemctl reboot` only records the
-//! request, and [`Sandbox::boot`] is the machine coming back (a new boot id, the staged `bootc` image booted)
+//! request, and [`Sandbox::boot`] is the machine coming back (a new boot id, the default `bootc` entry booted)
 //! while its owner restarts the agent — a restart without it is not a reboot. Each sandbox also gets the node's Kubernetes API as an in-process fake
 //! (`inplace_drain::fake`, real TLS), so the agent's drain, readiness wait and uncordon steps run for real
 //! against documented API answers. Nothing here touches the real machine.
@@ -73,16 +73,14 @@ if [ "$1 $2" = "restart kubelet" ] && [ -e "$INPLACE_ROOT/fail-kubelet-restart" 
 fi
 "#;
 
-/// `bootc`: `switch --transport registry IMAGE` stages the image, `status --booted --format json` prints the
-/// booted one where bootc does (`/status/booted/image/image/image`); [`Sandbox::boot`] boots the staged one.
-const BOOTC: &str = r#"#!/bin/sh
-echo "bootc $*" >> "$INPLACE_ROOT/calls.log"
-case "$1" in
-  switch) for image; do :; done; echo "$image" > "$INPLACE_ROOT/var/lib/fake/os-image-staged" ;;
-  status) printf '{"apiVersion":"org.containers.bootc/v1","kind":"BootcHost","status":{"booted":{"image":{"image":{"image":"%s","transport":"registry"}}}}}\n' "$(cat "$INPLACE_ROOT/var/lib/fake/os-image")" ;;
-  *) echo "bootc: unknown command $1" >&2; exit 2 ;;
-esac
-"#;
+/// `bootc`: the agent crate's stand-in, which keeps the booted image, the boot entries and a staged deployment
+/// as bootc does (`inplace_agent::bootc_stand_in`); [`Sandbox::boot`] is the machine restarting.
+fn bootc_script() -> String {
+    format!(
+        "#!/bin/sh\necho \"bootc $*\" >> \"$INPLACE_ROOT/calls.log\"\n{}\n",
+        inplace_agent::bootc_stand_in::BOOTC_STAND_IN
+    )
+}
 
 /// The OS image a sandbox boots first.
 pub const SANDBOX_OS_IMAGE: &str = "registry.example/node-os:1.0";
@@ -123,7 +121,17 @@ inventory:
 osImage:
   apply:
     commands:
-      - run: [bootc, switch, --transport, registry, "{{image}}"]
+      - writeFile:
+          path: /var/lib/inplace-updater/bootc-host.yaml
+          content: |
+            apiVersion: org.containers.bootc/v1
+            kind: BootcHost
+            spec:
+              image:
+                image: "{{image}}"
+                transport: registry
+              bootOrder: default
+      - run: [bootc, edit, --quiet, --filename, "{{root}}/var/lib/inplace-updater/bootc-host.yaml"]
   current: [bootc, status, --booted, --format, json]
   currentJsonPointer: /status/booted/image/image/image
 # The sandbox's etcd manifest runs no member: the control-plane preflight checks the other Nodes only.
@@ -188,10 +196,10 @@ impl Sandbox {
             ("apt-get", APT_GET),
             ("dpkg-query", DPKG_QUERY),
             ("systemctl", SYSTEMCTL),
-            ("bootc", BOOTC),
         ] {
             write(&root.join("bin").join(name), script, 0o755)?;
         }
+        write(&root.join("bin/bootc"), &bootc_script(), 0o755)?;
         write(
             &root.join("var/lib/fake/kubeadm-version"),
             &format!("{version}\n"),
@@ -219,11 +227,7 @@ impl Sandbox {
                 0o600,
             )?;
         }
-        write(
-            &root.join("var/lib/fake/os-image"),
-            &format!("{SANDBOX_OS_IMAGE}\n"),
-            0o644,
-        )?;
+        inplace_agent::bootc_stand_in::install(&root, SANDBOX_OS_IMAGE)?;
         write(
             &root.join(BOOT_ID.trim_start_matches('/')),
             &boot_id(1),
@@ -355,22 +359,17 @@ impl Sandbox {
     }
 
     /// The machine comes back from a reboot: a new boot id, the reboot request and Debian's
-    /// `/var/run/reboot-required` gone (a tmpfs), and the staged OS image booted (unless
-    /// [`Sandbox::fall_back_next_boot`]). The caller stops the agent first and starts it again after, as the
-    /// machine would. Returns the new boot id.
+    /// `/var/run/reboot-required` gone (a tmpfs), and the default boot entry booted (a staged OS image first
+    /// becomes it), or with [`Sandbox::fall_back_next_boot`] the other entry, the order left as it is. The
+    /// caller stops the agent first and starts it again after, as the machine would. Returns the new boot id.
     pub fn boot(&self) -> std::io::Result<String> {
         let current = self.boot_id();
         let n = current
             .get(..8)
             .and_then(|head| u32::from_str_radix(head, 16).ok())
             .unwrap_or(0);
-        let staged = self.path("/var/lib/fake/os-image-staged");
-        if staged.exists() {
-            if !self.path("/var/lib/fake/os-fallback").exists() {
-                std::fs::copy(&staged, self.path("/var/lib/fake/os-image"))?;
-            }
-            std::fs::remove_file(staged)?;
-        }
+        let fall_back = self.path("/var/lib/fake/os-fallback").exists();
+        inplace_agent::bootc_stand_in::boot(&self.root, fall_back)?;
         for flag in ["/var/lib/fake/reboot-requested", "/var/run/reboot-required"] {
             std::fs::remove_file(self.path(flag)).or_else(|e| match e.kind() {
                 std::io::ErrorKind::NotFound => Ok(()),
@@ -390,7 +389,8 @@ impl Sandbox {
         )
     }
 
-    /// Makes the next boots come back on the image booted before (an A/B fallback), or stops doing so.
+    /// Makes every boot into a newly staged OS image come back on the image booted before (an A/B fallback:
+    /// the new image stays the default boot entry), or stops doing so.
     pub fn fall_back_next_boot(&self, fall_back: bool) -> std::io::Result<()> {
         let marker = self.path("/var/lib/fake/os-fallback");
         if fall_back {
@@ -402,9 +402,11 @@ impl Sandbox {
 
     /// The OS image the node booted.
     pub fn os_image(&self) -> String {
-        std::fs::read_to_string(self.path("/var/lib/fake/os-image"))
-            .unwrap_or_default()
-            .trim()
-            .to_string()
+        inplace_agent::bootc_stand_in::booted(&self.root)
+    }
+
+    /// The OS image the node's next boot starts (its default boot entry, or the deployment staged for it).
+    pub fn next_os_image(&self) -> String {
+        inplace_agent::bootc_stand_in::next_boot(&self.root)
     }
 }

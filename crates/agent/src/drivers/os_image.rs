@@ -12,7 +12,13 @@
 //!
 //! Undo (the kind is `undo: Restores`): before the step's first effect the image the node booted is recorded
 //! ([`UndoRecord::OsImage`]); the undo is the same switch to that image — `apply` with the previous image, the
-//! reboot (its own journal entry, marked undo), and `current` verified against it.
+//! reboot (its own journal entry, marked undo), and `current` verified against it. An undo that finds the
+//! previous image booted already (the boot fell back, or the step never rebooted) still runs `apply` with it:
+//! the step's image may still be the next boot's default (an A/B fallback or a boot menu choice boots the
+//! other entry once, and bootc keeps the new deployment first until told otherwise), so without it the
+//! node's next reboot could land on the image the rollback undid. It does not reboot then: the node runs the
+//! image already. `apply` must therefore make `{{image}}` the next boot's image even when it is the booted
+//! one (the shipped bootc example uses `bootc edit`, which `bootc switch` would not do).
 //!
 //! osImage is optional ([`Driver::optional`]): only an image-based OS can switch images, so a node without an
 //! `osImage:` section refuses the step before any effect.
@@ -124,10 +130,15 @@ async fn switch(
     let mut previous = None;
     if !rebooting {
         let booted = current_image(env, config, target, ctx.deadline, &mut ctx.cancel).await?;
-        if booted == target {
+        if booted == target && !undo {
             return Ok(format!("already on {target}"));
         }
         apply(env, ctx, config, target).await?;
+        if booted == target {
+            return Ok(format!(
+                "{target} is booted already; osImage.apply made it the next boot's image again (no reboot)"
+            ));
+        }
         previous = Some(booted);
     }
     let done = match reboot_once(env, ctx, owner, RebootWhen::Always, previous).await? {

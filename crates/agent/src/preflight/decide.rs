@@ -44,8 +44,10 @@ pub(crate) enum Etcd {
     Members {
         /// Every member listed.
         members: Vec<Member>,
-        /// The local member's id, when the local endpoint told it.
+        /// The local member's id, when the local endpoint told it (now, or at an earlier look).
         local_id: Option<u64>,
+        /// The other member's client URL that listed the members, when the local endpoint did not.
+        listed_by: Option<String>,
     },
 }
 
@@ -109,13 +111,17 @@ fn shown(member: &Member) -> String {
 }
 
 fn decide_etcd(etcd: &Etcd, node: Option<&str>) -> Result<String, String> {
-    let (members, local_id) = match etcd {
+    let (members, local_id, listed_by) = match etcd {
         Etcd::NoLocalMember => return Ok("no local etcd member (no etcd manifest)".to_owned()),
         Etcd::NotChecked => {
             return Ok("etcd not checked (controlPlane.checkEtcd: false)".to_owned());
         }
         Etcd::Unreachable(why) => return Err(format!("etcd: {why}")),
-        Etcd::Members { members, local_id } => (members, *local_id),
+        Etcd::Members {
+            members,
+            local_id,
+            listed_by,
+        } => (members, *local_id, listed_by),
     };
     let local = members
         .iter()
@@ -161,8 +167,11 @@ fn decide_etcd(etcd: &Etcd, node: Option<&str>) -> Result<String, String> {
         ));
     }
     if reasons.is_empty() {
+        let by = listed_by.as_ref().map_or_else(String::new, |url| {
+            format!(" (members listed by {url}: the local endpoint did not answer)")
+        });
         Ok(format!(
-            "etcd: the {} other members are healthy, quorum {quorum} of {voters} holds without {}",
+            "etcd: the {} other members are healthy, quorum {quorum} of {voters} holds without {}{by}",
             others.len(),
             local.name
         ))

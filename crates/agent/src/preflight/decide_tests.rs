@@ -30,6 +30,7 @@ fn seen(health: &[bool]) -> Seen {
         etcd: Etcd::Members {
             members,
             local_id: Some(1),
+            listed_by: None,
         },
         nodes: Nodes::NotReady(Vec::new()),
     }
@@ -119,6 +120,7 @@ fn the_local_member_is_known_by_its_id_else_by_the_node_name() {
         Etcd::Members { members, .. } => Etcd::Members {
             members,
             local_id: None,
+            listed_by: None,
         },
         other => other,
     };
@@ -129,6 +131,7 @@ fn the_local_member_is_known_by_its_id_else_by_the_node_name() {
         Etcd::Members { members, .. } => Etcd::Members {
             members,
             local_id: Some(2),
+            listed_by: None,
         },
         other => other,
     };
@@ -139,6 +142,21 @@ fn the_local_member_is_known_by_its_id_else_by_the_node_name() {
     assert!(
         reason.contains("cannot tell which of the 3 members runs on this node (local member id unknown, node name cp-9)"),
         "{reason}"
+    );
+}
+
+#[test]
+fn a_member_list_from_another_member_passes_with_the_local_member_down_and_says_so() {
+    let mut seen = seen(&[false, true, true]);
+    if let Etcd::Members { listed_by, .. } = &mut seen.etcd {
+        *listed_by = Some("https://10.0.0.2:2379".into());
+    }
+    let text = passes(decide(&seen));
+    assert!(
+        text.contains(
+            "quorum 2 of 3 holds without cp-1 (members listed by https://10.0.0.2:2379: the local endpoint did not answer)"
+        ),
+        "{text}"
     );
 }
 

@@ -1,9 +1,13 @@
 //! What the control-plane preflight sees of etcd, over etcd's JSON gateway with the node's health-check client
 //! certificate: the members (`POST {endpoint}/v3/cluster/member/list`), the local member's id (`POST
 //! {endpoint}/v3/maintenance/status`), and each member's health (`GET {clientURL}/health`), all at once.
-//! Every request is bounded by [`ETCD_REQUEST_TIMEOUT`] and its answer by [`MAX_ETCD_ANSWER_BYTES`]; the
-//! certificate files are read again at every check (kubeadm renews them in place).
+//! When the local endpoint does not list the members (its member is down: disrupting it loses nothing when
+//! the others keep a quorum), the other members the last listing showed are asked instead, all at once, the
+//! first answer used (`members_seen.rs`). Every request is bounded by [`ETCD_REQUEST_TIMEOUT`] and its
+//! answer by [`MAX_ETCD_ANSWER_BYTES`]; the certificate files are read again at every check (kubeadm renews
+//! them in place).
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +23,7 @@ use serde_json::Value;
 
 use super::ControlPlaneConfig;
 use super::decide::{Etcd, Member};
+use super::members_seen::{self, MembersSeen};
 use crate::client::{HttpsClient, Unanswered, error_chain, send_bounded};
 use crate::fsutil::RootFs;
 use crate::limits::MAX_ETCD_PKI_FILE_BYTES;
@@ -70,6 +75,22 @@ pub(crate) enum EtcdError {
         /// What was wrong with it.
         reason: String,
     },
+    /// The local endpoint did not list the members, and no other member is known from an earlier listing.
+    #[error("{local} (no other member known to ask: the agent learns them from a listing)")]
+    NoOtherMember {
+        /// Why the local endpoint did not list them.
+        #[source]
+        local: Box<EtcdError>,
+    },
+    /// Neither the local endpoint nor any other member known from an earlier listing listed the members.
+    #[error("{local}; the other members asked instead: {others}")]
+    NoMemberList {
+        /// Why the local endpoint did not list them.
+        #[source]
+        local: Box<EtcdError>,
+        /// Why each other member did not (`url: reason`, `; `-separated).
+        others: String,
+    },
 }
 
 impl EtcdError {
@@ -85,8 +106,14 @@ impl EtcdError {
     }
 }
 
-/// Sees etcd: `Etcd::NoLocalMember` when `manifest` (node path) does not exist.
-pub(crate) async fn observe(config: &ControlPlaneConfig, fs: &RootFs, manifest: &str) -> Etcd {
+/// Sees etcd: `Etcd::NoLocalMember` when `manifest` (node path) does not exist. The members seen are kept in
+/// `state_dir`.
+pub(crate) async fn observe(
+    config: &ControlPlaneConfig,
+    fs: &RootFs,
+    manifest: &str,
+    state_dir: &Path,
+) -> Etcd {
     if !config.check_etcd {
         return Etcd::NotChecked;
     }
@@ -99,24 +126,48 @@ pub(crate) async fn observe(config: &ControlPlaneConfig, fs: &RootFs, manifest: 
         Ok(true) => {}
         Err(e) => return Etcd::Unreachable(format!("{}: {e}", manifest.display())),
     }
-    match ask(config, fs).await {
+    match ask(config, fs, state_dir).await {
         Ok(etcd) => etcd,
         Err(e) => Etcd::Unreachable(e.to_string()),
     }
 }
 
-async fn ask(config: &ControlPlaneConfig, fs: &RootFs) -> Result<Etcd, EtcdError> {
+async fn ask(
+    config: &ControlPlaneConfig,
+    fs: &RootFs,
+    state_dir: &Path,
+) -> Result<Etcd, EtcdError> {
     let http = client(config, fs)?;
     let endpoint = &config.etcd_endpoint;
-    let list_url = format!("{endpoint}/v3/cluster/member/list");
+    let seen = members_seen::load(state_dir).await;
+    let list_url = member_list_url(endpoint);
     let status_url = format!("{endpoint}/v3/maintenance/status");
     let (list, status) = tokio::join!(post(&http, &list_url), post(&http, &status_url));
-    let list: MemberList = decode(&list_url, &list?)?;
-    // Without the local id the member is looked for by the node's name.
-    let local_id = status
+    let told_id = status
         .and_then(|body| decode::<Status>(&status_url, &body))
         .ok()
         .and_then(|s| id(&s.header.member_id));
+    let (list, listed_by) = match list.and_then(|body| decode::<MemberList>(&list_url, &body)) {
+        Ok(list) => (list, None),
+        Err(local) => {
+            let others = seen.others(endpoint);
+            if others.is_empty() {
+                return Err(EtcdError::NoOtherMember {
+                    local: Box::new(local),
+                });
+            }
+            let (list, url) =
+                list_from_any(&http, others)
+                    .await
+                    .map_err(|others| EtcdError::NoMemberList {
+                        local: Box::new(local),
+                        others,
+                    })?;
+            (list, Some(url))
+        }
+    };
+    // Without the local id (told now, else before) the member is looked for by the node's name.
+    let local_id = told_id.or(seen.local_id);
     let mut health = tokio::task::JoinSet::new();
     for (i, member) in list.members.iter().enumerate() {
         let url = member.client_urls.first().cloned();
@@ -143,10 +194,58 @@ async fn ask(config: &ControlPlaneConfig, fs: &RootFs) -> Result<Etcd, EtcdError
             health,
         });
     }
+    let now_seen = MembersSeen {
+        local_id,
+        client_urls: list
+            .members
+            .iter()
+            .filter_map(|m| m.client_urls.first().cloned())
+            .collect(),
+    };
+    members_seen::save(state_dir, &seen, now_seen).await;
     Ok(Etcd::Members {
         members: members.into_iter().flatten().collect(),
         local_id,
+        listed_by,
     })
+}
+
+fn member_list_url(client_url: &str) -> String {
+    format!(
+        "{}/v3/cluster/member/list",
+        client_url.trim_end_matches('/')
+    )
+}
+
+/// The member list from the first of `urls` (other members' client URLs) to answer it, all asked at once, and
+/// that URL; else why each did not (`url: reason; …`).
+async fn list_from_any(
+    http: &HttpsClient,
+    urls: Vec<String>,
+) -> Result<(MemberList, String), String> {
+    let mut asked = tokio::task::JoinSet::new();
+    for url in urls {
+        let http = http.clone();
+        asked.spawn(async move {
+            let list_url = member_list_url(&url);
+            let list = post(&http, &list_url)
+                .await
+                .and_then(|body| decode::<MemberList>(&list_url, &body));
+            (url, list)
+        });
+    }
+    let mut failures = Vec::new();
+    while let Some(joined) = asked.join_next().await {
+        let Ok((url, list)) = joined else {
+            continue;
+        };
+        match list {
+            Ok(list) => return Ok((list, url)),
+            Err(e) => failures.push(format!("{url}: {}", e.reason())),
+        }
+    }
+    failures.sort();
+    Err(failures.join("; "))
 }
 
 /// `GET {url}/health`: `{"health":"true"}` is healthy; anything else says why not.

@@ -23,6 +23,7 @@
 mod config;
 mod decide;
 mod etcd;
+mod members_seen;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -47,6 +48,9 @@ use crate::state::truncate_head;
 /// Longest the preflight waits for the control plane to become able to afford the step (the step's own
 /// timeout caps it too), before the step fails.
 pub const PREFLIGHT_WAIT: Duration = Duration::from_secs(300);
+/// Longest an undo of a rollback waits for the control plane before it fails unbegun (the step's timeout
+/// caps it too): longer than a step's [`PREFLIGHT_WAIT`], since giving up leaves the node half changed.
+pub const UNDO_PREFLIGHT_WAIT: Duration = Duration::from_secs(1800);
 /// Time between two looks at etcd and the Nodes while the preflight waits.
 pub const PREFLIGHT_RECHECK: Duration = Duration::from_secs(3);
 /// Longest listing the control-plane Nodes may take.
@@ -70,14 +74,16 @@ pub(crate) async fn run(env: Arc<DriverEnv>, mut ctx: StepContext) -> StepResult
 }
 
 /// One control-plane preflight outside a step, as the agent runs it before a disruptive step on a
-/// control-plane node: with the agent config `config` on the node at `root`, waiting at most `within`.
-/// Succeeds with what it checked; fails naming what was unhealthy. (It writes nothing.)
+/// control-plane node: with the agent config `config` on the node at `root` and the agent's state dir
+/// `state_dir` (where the etcd members seen are kept), waiting at most `within`. Succeeds with what it
+/// checked; fails naming what was unhealthy.
 pub async fn control_plane_preflight(
     config: DriverConfig,
     root: PathBuf,
+    state_dir: PathBuf,
     within: Duration,
 ) -> Result<String, String> {
-    let env = DriverEnv::new(root.clone(), config, root);
+    let env = DriverEnv::new(root, config, state_dir);
     let (texts, _seen) = watch::channel(String::new());
     wait_until_safe(&env, Instant::now() + within, &texts).await
 }
@@ -129,7 +135,12 @@ fn bounded(text: String) -> String {
 /// One look at etcd and the other control-plane Nodes, at once.
 async fn look(env: &DriverEnv) -> Verdict {
     let config = &env.config;
-    let etcd = etcd::observe(&config.control_plane, &env.fs, &config.etcd.manifest);
+    let etcd = etcd::observe(
+        &config.control_plane,
+        &env.fs,
+        &config.etcd.manifest,
+        &env.state_dir,
+    );
     let (etcd, nodes) = tokio::join!(etcd, nodes(env));
     decide(&Seen {
         node: node_name(env),

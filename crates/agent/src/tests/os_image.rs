@@ -24,8 +24,8 @@ osImage:
   current: [fake-bootc, status]
 "#;
 
-const OLD: &str = "registry.example/os:41";
-const NEW: &str = "registry.example/os:42";
+pub(super) const OLD: &str = "registry.example/os:41";
+pub(super) const NEW: &str = "registry.example/os:42";
 
 fn sandbox() -> Sandbox {
     let sb = reboot_sandbox();
@@ -37,7 +37,7 @@ fn sandbox() -> Sandbox {
     sb
 }
 
-fn os_image(image: &str) -> StepAction {
+pub(super) fn os_image(image: &str) -> StepAction {
     StepAction::OsImage {
         image: image.into(),
     }
@@ -59,12 +59,8 @@ fn switches(sb: &Sandbox) -> Vec<String> {
         .collect()
 }
 
-/// The first attempt applies and reboots; the agent is stopped while the machine goes down.
-async fn apply_and_reboot(
-    sb: &Sandbox,
-    env: &std::sync::Arc<crate::drivers::DriverEnv>,
-    image: &str,
-) {
+/// The first attempt applies and runs the reboot command; the agent is stopped while the machine goes down.
+pub(super) async fn until_the_reboot(env: &std::sync::Arc<crate::drivers::DriverEnv>, image: &str) {
     let (result, _) = attempt(env, os_image(image), 30, OnWait::Stop).await;
     assert_eq!(
         result.outcome,
@@ -72,7 +68,61 @@ async fn apply_and_reboot(
         "{}",
         result.message
     );
+}
+
+/// [`until_the_reboot`], the reboot command run once.
+async fn apply_and_reboot(
+    sb: &Sandbox,
+    env: &std::sync::Arc<crate::drivers::DriverEnv>,
+    image: &str,
+) {
+    until_the_reboot(env, image).await;
     assert_eq!(reboots(sb), 1);
+}
+
+/// The undo of an osImage step whose node booted `NEW`: its first attempt applies `OLD` and runs the reboot
+/// command (the agent stopped as the machine goes down), `boot` is the machine's restart, the second attempt
+/// verifies `OLD`.
+pub(super) async fn undo_reboots_into_the_previous_image(
+    env: &std::sync::Arc<crate::drivers::DriverEnv>,
+    record: &UndoRecord,
+    boot: impl FnOnce(),
+) {
+    let stopped = undo_attempt(env.clone(), record, true).await;
+    assert_eq!(
+        stopped.outcome,
+        DriverOutcome::Interrupted,
+        "{}",
+        stopped.message
+    );
+    boot();
+    let result = undo_attempt(env.clone(), record, false).await;
+    assert_ok(&result);
+    assert!(
+        result.message.starts_with(&format!("now on {OLD}")),
+        "{}",
+        result.message
+    );
+}
+
+/// What recording the undo of an osImage step to `NEW` takes, before its first effect: the image booted, `OLD`.
+pub(super) async fn recorded_previous(
+    env: &std::sync::Arc<crate::drivers::DriverEnv>,
+) -> UndoRecord {
+    let record = record_undo(
+        env.clone(),
+        record_context(super::reboot::PLAN, os_image(NEW)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        record,
+        UndoRecord::OsImage {
+            previous_image: OLD.into()
+        }
+    );
+    record
 }
 
 #[tokio::test]
@@ -157,8 +207,11 @@ async fn a_node_without_an_os_image_section_refuses_the_step_before_any_effect()
 
 /// One attempt of the undo of the osImage step, with `record`; the agent is stopped (like a reboot
 /// stops it) when `stop` is set, as soon as the reboot command ran.
-async fn undo_attempt(sb: &Sandbox, record: &UndoRecord, stop: bool) -> StepResult {
-    let env = sb.env(CONFIG);
+pub(super) async fn undo_attempt(
+    env: std::sync::Arc<crate::drivers::DriverEnv>,
+    record: &UndoRecord,
+    stop: bool,
+) -> StepResult {
     let (cancel_tx, cancel) = watch::channel(false);
     let (sender, mut receiver) = tokio::sync::mpsc::channel(1);
     let ctx = UndoContext {
@@ -190,41 +243,17 @@ async fn undo_attempt(sb: &Sandbox, record: &UndoRecord, stop: bool) -> StepResu
 async fn the_undo_switches_back_to_the_recorded_previous_image() {
     let sb = sandbox();
     let env = sb.env(CONFIG);
-    // Before the step's first effect: the image the node booted.
-    let record = record_undo(
-        env.clone(),
-        record_context(super::reboot::PLAN, os_image(NEW)),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    assert_eq!(
-        record,
-        UndoRecord::OsImage {
-            previous_image: OLD.into()
-        }
-    );
+    let record = recorded_previous(&env).await;
     apply_and_reboot(&sb, &env, NEW).await;
     boot_staged(&sb, "boot-bbbbbbbbbbbb", false);
     let (result, _) = attempt(&env, os_image(NEW), 30, OnWait::Keep).await;
     assert_eq!(result.outcome, DriverOutcome::Succeeded);
 
     // A rollback: the previous image is applied, the node reboots into it, and it is verified.
-    let stopped = undo_attempt(&sb, &record, true).await;
-    assert_eq!(
-        stopped.outcome,
-        DriverOutcome::Interrupted,
-        "{}",
-        stopped.message
-    );
-    boot_staged(&sb, "boot-cccccccccccc", false);
-    let result = undo_attempt(&sb, &record, false).await;
-    assert_ok(&result);
-    assert!(
-        result.message.starts_with(&format!("now on {OLD}")),
-        "{}",
-        result.message
-    );
+    undo_reboots_into_the_previous_image(&env, &record, || {
+        boot_staged(&sb, "boot-cccccccccccc", false)
+    })
+    .await;
     assert_eq!(reboots(&sb), 2);
     assert_eq!(
         switches(&sb),
@@ -260,41 +289,4 @@ async fn current_may_print_json_read_at_a_pointer() {
         "{}",
         result.message
     );
-}
-
-#[tokio::test]
-async fn the_shipped_bootc_example_switches_and_verifies_with_bootc_json() {
-    // The shipped example with `bootc` and `systemctl` stood in for: bootc's JSON shape, the pointer, the
-    // switch argv and the default reboot command as shipped.
-    let sb = sandbox();
-    sb.fake(
-        "bootc",
-        "case \"$1\" in\n  switch) for i; do :; done; echo \"$i\" > \"$INPLACE_ROOT/staged\" ;;\n  status) printf '{\"apiVersion\":\"org.containers.bootc/v1\",\"kind\":\"BootcHost\",\"status\":{\"staged\":null,\"booted\":{\"image\":{\"image\":{\"image\":\"%s\",\"transport\":\"registry\"},\"imageDigest\":\"sha256:00\"}}}}\\n' \"$(cat \"$INPLACE_ROOT/booted\")\" ;;\nesac",
-    );
-    sb.fake("systemctl", "exit 0");
-    let example = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config-examples/bootc.yaml"),
-    )
-    .unwrap();
-    // Without its `node:` section (no API server here): the Node Ready wait is then skipped.
-    let example: Vec<&str> = example
-        .split("\n\n")
-        .filter(|block| !block.contains("\nnode:\n"))
-        .collect();
-    let env = sb.env(&example.join("\n\n"));
-    let (result, _) = attempt(&env, os_image(NEW), 30, OnWait::Stop).await;
-    assert_eq!(
-        result.outcome,
-        DriverOutcome::Interrupted,
-        "{}",
-        result.message
-    );
-    assert!(
-        sb.calls()
-            .contains(&format!("bootc switch --transport registry {NEW}"))
-    );
-    assert!(sb.calls().contains(&"systemctl reboot".to_owned()));
-    boot_staged(&sb, "boot-bbbbbbbbbbbb", false);
-    let (result, _) = attempt(&env, os_image(NEW), 30, OnWait::Keep).await;
-    assert_ok(&result);
 }

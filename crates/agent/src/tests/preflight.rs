@@ -34,22 +34,27 @@ fn cluster(sb: &Sandbox) -> (Arc<FakeApiServer>, Host) {
     (Arc::new(api), host_with(sb, config))
 }
 
+/// Step 0: kubelet args `--max-pods=50`.
+pub(super) fn kubelet_args(timeout_seconds: u32) -> Step {
+    Step {
+        index: 0,
+        description: "kubelet args".into(),
+        timeout_seconds,
+        action: StepAction::KubeletArgs {
+            args: vec![KubeletArg {
+                name: "max-pods".into(),
+                value: "50".into(),
+            }],
+        },
+    }
+}
+
 fn plan(control_plane: bool, timeout_seconds: u32) -> Plan {
     Plan {
         id: "plan-cp".into(),
         machine: MachineRef::new("default", "m"),
         cluster: "c".into(),
-        steps: vec![Step {
-            index: 0,
-            description: "kubelet args".into(),
-            timeout_seconds,
-            action: StepAction::KubeletArgs {
-                args: vec![KubeletArg {
-                    name: "max-pods".into(),
-                    value: "50".into(),
-                }],
-            },
-        }],
+        steps: vec![kubelet_args(timeout_seconds)],
         control_plane,
     }
 }

@@ -358,8 +358,8 @@ async fn undoing_kubelet_flags_restores_the_file_and_restarts_kubelet_again() {
     assert_eq!(rolled_back(&host).undone, 2);
 }
 
-/// The current plan's rollback, which must have ended rolled back.
-pub(super) fn rolled_back(host: &Host) -> RollbackProgress {
+/// The current plan's rollback, which must have ended in `state`.
+fn rollback_ended(host: &Host, state: RollbackState) -> RollbackProgress {
     let rollback = host
         .store
         .state
@@ -369,13 +369,18 @@ pub(super) fn rolled_back(host: &Host) -> RollbackProgress {
         .progress()
         .rollback
         .unwrap();
-    assert_eq!(
-        rollback.state,
-        RollbackState::RolledBack,
-        "{}",
-        rollback.message
-    );
+    assert_eq!(rollback.state, state, "{}", rollback.message);
     rollback
+}
+
+/// The current plan's rollback, which must have ended rolled back.
+pub(super) fn rolled_back(host: &Host) -> RollbackProgress {
+    rollback_ended(host, RollbackState::RolledBack)
+}
+
+/// The current plan's rollback, which must have ended `failed`.
+pub(super) fn rollback_failed(host: &Host) -> RollbackProgress {
+    rollback_ended(host, RollbackState::Failed)
 }
 
 #[tokio::test]

@@ -9,7 +9,9 @@ use inplace_agent_api::{MachineRef, Plan, RollbackProgress, RollbackState, Step,
 use inplace_drain::fake::{FakeApiServer, FakeNode};
 
 use super::Sandbox;
-use super::rollback::{Host, assert_node_as_before, file, files_step, host_with, run, sandbox};
+use super::rollback::{
+    Host, assert_node_as_before, file, files_step, host_with, rollback_failed, run, sandbox,
+};
 
 /// The kubelet version of the node before the plan.
 const BEFORE: &str = "v1.33.4";
@@ -153,13 +155,7 @@ async fn a_node_not_back_at_its_old_kubelet_fails_the_rollback_and_stays_cordone
     // The kubelet the plan installed keeps running: undoing files cannot bring the old one back.
     api.set_kubelet_version("v1.34.1");
     run(&mut host, None).await;
-    let rollback = rollback_of(&host);
-    assert_eq!(
-        rollback.state,
-        RollbackState::Failed,
-        "{}",
-        rollback.message
-    );
+    let rollback = rollback_failed(&host);
     assert_eq!(rollback.undone, 2, "the undos themselves succeeded");
     assert!(
         rollback

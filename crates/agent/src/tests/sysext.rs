@@ -25,14 +25,14 @@ use crate::sysext_release::{node_architecture, parse_release};
 /// The scenario directory, handed to the test binary inside the namespace.
 const DIR_ENV: &str = "INPLACE_SYSEXT_TEST_DIR";
 /// The merged program each image ships; it prints its version.
-const KUBELET: &str = "/usr/bin/inplace-sysext-test-kubelet";
-const LINK: &str = "/etc/extensions/kubernetes.raw";
+pub(super) const KUBELET: &str = "/usr/bin/inplace-sysext-test-kubelet";
+pub(super) const LINK: &str = "/etc/extensions/kubernetes.raw";
 /// The version whose image says `ID=not-this-os`.
 const INCOMPATIBLE: &str = "v1.35.0";
 /// Bound on the whole namespace run (a failure bound; it takes about two seconds).
 const NAMESPACE_LIMIT: Duration = Duration::from_secs(120);
 
-fn image(version: &str) -> String {
+pub(super) fn image(version: &str) -> String {
     format!(
         "/opt/extensions/kubernetes/kubernetes-{version}-{}.raw",
         node_architecture()
@@ -182,18 +182,19 @@ async fn blocked(marker: &Path) {
 }
 
 /// What `/usr/bin/inplace-sysext-test-kubelet` prints (`None`: nothing merged provides it).
-fn merged_kubelet() -> Option<String> {
+pub(super) fn merged_kubelet() -> Option<String> {
     let out = Command::new(KUBELET).output().ok()?;
     Some(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-fn link() -> Option<String> {
+pub(super) fn link() -> Option<String> {
     std::fs::read_link(LINK)
         .ok()
         .map(|t| t.display().to_string())
 }
 
-fn config(command: &str, extensions_dir: &str) -> String {
+/// The agent config of the scenarios; its `kubernetes:` map comes last, so a caller may append keys to it.
+pub(super) fn config(command: &str, extensions_dir: &str) -> String {
     format!(
         r#"
 sysext:
@@ -432,6 +433,9 @@ async fn inside_a_mount_namespace() {
         Some("Kubernetes v1.33.4"),
         "no refresh ran (it would have merged the file's v1.34.1)"
     );
+
+    // 8. A failure after `kubeadm upgrade node`: the rollback stops there (tests/sysext_no_return.rs).
+    super::sysext_no_return::a_rollback_stopped_at_the_point_of_no_return(&dir).await;
     println!("sysext scenarios passed");
 }
 
