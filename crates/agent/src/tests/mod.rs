@@ -10,6 +10,7 @@ mod os_image;
 mod package_cases;
 mod package_undo;
 mod package_world;
+mod passed_over;
 mod preflight;
 mod reboot;
 mod resume;
