@@ -36,7 +36,7 @@ pub use floor::config::{
 pub use floor::keys::valid_segment;
 pub use floor::{Clock, DispatchConfig, DispatchError, Floor};
 pub use licence::{Licences, RefusalReason, VerdictHook, VerdictRecord};
-pub use runs::{RetryOutcome, Runs, UpdateAnswer, UpdateRequest, ago, plan_for};
+pub use runs::{RetryOutcome, Runs, UpdateAnswer, UpdateRequest, ago, node_change_of, plan_for};
 
 /// The dispatcher: one per server process, over a store shared by every replica. It only composes the wings.
 pub struct Dispatcher {

@@ -72,8 +72,8 @@ pub use driver_config::{
     SysextConfig, UndoSequence,
 };
 pub use drivers::{
-    NODE_STEP_DEADLINE_GRACE, driver_kinds, missing_undos, unconfigured_kinds,
-    unconfigured_optional_kinds,
+    CONTROL_PLANE_COMPONENTS, NODE_STEP_DEADLINE_GRACE, RUNNING_CHECK_TIMEOUT, driver_kinds,
+    missing_undos, unconfigured_kinds, unconfigured_optional_kinds,
 };
 pub use executor::MAX_STEP_ATTEMPTS;
 pub use inplace_agent_api as api;
