@@ -40,6 +40,15 @@ impl Put {
             precondition,
         })
     }
+
+    /// The transaction op that writes it.
+    pub fn op(self) -> TxnOp {
+        TxnOp {
+            key: self.key,
+            precondition: self.precondition,
+            action: TxnAction::Put(self.value),
+        }
+    }
 }
 
 /// How a transaction ended.
@@ -119,17 +128,16 @@ impl Db {
 
     /// Writes every record of `puts` in one transaction, or none of them when a precondition fails.
     pub async fn commit(&self, puts: Vec<Put>) -> Result<Committed, DispatchError> {
-        if puts.is_empty() {
+        self.commit_ops(puts.into_iter().map(Put::op).collect())
+            .await
+    }
+
+    /// Applies every op of `ops` (puts and deletes) in one transaction, or none of them when a precondition
+    /// fails.
+    pub async fn commit_ops(&self, ops: Vec<TxnOp>) -> Result<Committed, DispatchError> {
+        if ops.is_empty() {
             return Ok(Committed::Done);
         }
-        let ops = puts
-            .into_iter()
-            .map(|put| TxnOp {
-                key: put.key,
-                precondition: put.precondition,
-                action: TxnAction::Put(put.value),
-            })
-            .collect();
         Ok(match self.store.commit(ops).await? {
             TxnOutcome::Done(_) => Committed::Done,
             TxnOutcome::Conflict { .. } => Committed::Conflict,

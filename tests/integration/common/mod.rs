@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 pub mod fleet;
+pub mod unit;
 
 use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
@@ -231,6 +232,17 @@ pub fn chosen_binary(name: &str) -> Option<PathBuf> {
     let path = PathBuf::from(std::env::var_os(name)?);
     assert!(path.is_file(), "{name}={} is no file", path.display());
     Some(path)
+}
+
+/// What `inplace-updater status ARGS --server http://HEALTH` prints, as an operator runs it.
+pub fn status_text(health: SocketAddr, args: &[&str]) -> String {
+    let out = Command::new(binary())
+        .arg("status")
+        .args(args)
+        .args(["--server", &format!("http://{health}")])
+        .output()
+        .expect("inplace-updater status");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// `inplace-updater --log-format json serve` with its hook port on `listen` and its health and metrics ports on
