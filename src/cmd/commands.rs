@@ -306,6 +306,13 @@ fn agent_upkeep(
     dispatcher: &Dispatcher,
 ) -> Result<crate::server::agent_release::SharedImage, Fatal> {
     use crate::server::agent_release::{find_image, release};
+    if std::env::var_os(inplace_agent::cli::DEPRECATED_BINARY_ENV).is_some_and(|v| !v.is_empty()) {
+        tracing::warn!(
+            "{} is set, but it is a node agent's own executable and serve ignores it; the agent executable this \
+             server hands out is --agent-binary (INPLACE_UPDATER_SERVED_AGENT_BINARY)",
+            inplace_agent::cli::DEPRECATED_BINARY_ENV
+        );
+    }
     let image = find_image(args.agent_binary.as_deref()).map_err(|err| {
         Fatal::new(
             Some("--agent-binary"),

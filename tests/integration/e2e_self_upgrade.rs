@@ -12,7 +12,8 @@ use crate::common;
 use std::time::Duration;
 
 use common::fleet::{Setup, wait_until};
-use common::unit::{NodeUnit, agent_builds, sha};
+use common::unit::{NodeUnit, SELF_BINARY_ENV, agent_build, agent_builds, sha};
+use inplace_agent::cli::DEPRECATED_BINARY_ENV;
 
 const NODES: [&str; 3] = [
     "edge-01-md-0-worker-1",
@@ -38,11 +39,17 @@ fn a_fleet_on_an_older_agent_is_upgraded_one_at_a_time_and_a_binary_that_cannot_
         ],
     );
     let url = format!("https://127.0.0.1:{}", server.hooks.port());
+    // The first node's agent.env is from before the rename: its own executable under the deprecated name.
     let nodes: Vec<NodeUnit> = NODES
         .iter()
         .map(|name| {
             let breaks = (*name == BROKEN).then(|| new_sha.clone());
-            NodeUnit::start(&setup, &url, name, &old, breaks)
+            let binary_env = if *name == NODES[0] {
+                DEPRECATED_BINARY_ENV
+            } else {
+                SELF_BINARY_ENV
+            };
+            NodeUnit::start_as(&setup, &url, name, &old, breaks, binary_env)
         })
         .collect();
 
@@ -94,6 +101,14 @@ fn a_fleet_on_an_older_agent_is_upgraded_one_at_a_time_and_a_binary_that_cannot_
     // The broken binary was started and failed before agent-start restored the previous one.
     let exits = nodes[2].exits.lock().unwrap().clone();
     assert!(exits.contains(&Some(126)), "{exits:?}");
+    // The deprecated name still works, and the agent says it is deprecated.
+    assert!(
+        nodes[0]
+            .log()
+            .contains("INPLACE_UPDATER_AGENT_BINARY is deprecated"),
+        "{}",
+        nodes[0].log()
+    );
     // Every upgraded agent restarted exactly once into its new binary (exit 75), then stayed.
     for node in &nodes[..2] {
         assert_eq!(node.exits_with(75), 1, "{}", node.name);
@@ -110,4 +125,45 @@ fn a_fleet_on_an_older_agent_is_upgraded_one_at_a_time_and_a_binary_that_cannot_
     // The failed agent is not offered the same binary again: it stays on the old one.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(sha(&nodes[2].bin), old_sha);
+}
+
+#[tokio::test]
+async fn a_server_started_with_a_nodes_environment_serves_its_own_agent_and_says_why() {
+    // A node's agent.env from before the rename sets the agent's own executable under the name `serve` read for
+    // --agent-binary: the server must not hand out that file.
+    let setup = Setup::new();
+    let node_binary = setup.dir.path().join("node-inplace-agent");
+    std::fs::write(
+        &node_binary,
+        b"#!/bin/sh\n# a node's agent, not this release's\n",
+    )
+    .unwrap();
+    let args = setup.server_args("memory:");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = common::ServerProcess::start_env(
+        &setup.certs.paths,
+        &args,
+        &[("INPLACE_UPDATER_AGENT_BINARY", &node_binary)],
+    );
+    let warning = server.wait_for_log("serve ignores it");
+    assert!(
+        warning.contains("INPLACE_UPDATER_SERVED_AGENT_BINARY"),
+        "{warning}"
+    );
+    let client = common::Client::new(&setup.certs.paths.ca_cert, None, false);
+    let token = format!("Bearer {}", setup.token.token);
+    let reply = client
+        .get_with(
+            server.hooks,
+            inplace_agent_api::BINARY_PATH,
+            &[("authorization", &token)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.headers["x-inplace-sha256"].to_str().unwrap(),
+        sha(&agent_build()),
+        "the inplace-agent beside the server, not the node's file"
+    );
 }

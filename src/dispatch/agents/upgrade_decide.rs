@@ -180,7 +180,7 @@ pub fn decide(
     }
     if !facts.self_upgrade {
         return UpgradeDecision::Never(
-            "self-upgrade is off on this node (no INPLACE_UPDATER_AGENT_BINARY)".into(),
+            "self-upgrade is off on this node (no INPLACE_UPDATER_AGENT_SELF_BINARY)".into(),
         );
     }
     let mine = record.filter(|r| r.target_sha256 == binary.sha256);

@@ -278,6 +278,13 @@ impl ServerProcess {
         Self::start_at(certs, "127.0.0.1:0", extra, cwd)
     }
 
+    /// [`ServerProcess::start`] with `env` set in the server's environment.
+    pub fn start_env(certs: &DevCertPaths, extra: &[&str], env: &[(&str, &Path)]) -> Self {
+        let mut command = Self::command_at(certs, "127.0.0.1:0", extra);
+        command.envs(env.iter().copied());
+        Self::spawn(command)
+    }
+
     /// Starts on a given hook address (a restarted server takes over its predecessor's port, so agents
     /// configured with that URL reconnect to it).
     pub fn start_at(
@@ -286,6 +293,14 @@ impl ServerProcess {
         extra: &[&str],
         cwd: Option<&Path>,
     ) -> Self {
+        let mut command = Self::command_at(certs, listen, extra);
+        if let Some(cwd) = cwd {
+            command.current_dir(cwd);
+        }
+        Self::spawn(command)
+    }
+
+    fn command_at(certs: &DevCertPaths, listen: &str, extra: &[&str]) -> Command {
         let mut command = serve_command(listen);
         command
             .arg("--tls-cert")
@@ -299,10 +314,7 @@ impl ServerProcess {
             } else {
                 &["--store", "memory:"][..]
             });
-        if let Some(cwd) = cwd {
-            command.current_dir(cwd);
-        }
-        Self::spawn(command)
+        command
     }
 
     /// Starts `inplace-updater serve --dev` in `cwd` as the README starts it (certificates generated in

@@ -26,7 +26,7 @@ pub fn sha(path: &Path) -> String {
 }
 
 /// The agent's own executable, as agent.env names it.
-pub const SELF_BINARY_ENV: &str = "INPLACE_UPDATER_AGENT_BINARY";
+pub const SELF_BINARY_ENV: &str = "INPLACE_UPDATER_AGENT_SELF_BINARY";
 
 /// The `inplace-agent` this build made: the one a server hands out by default.
 pub fn agent_build() -> PathBuf {
