@@ -173,5 +173,13 @@ async fn three_replicas_never_have_more_agents_upgrading_than_the_concurrency() 
     // The slots went back with the outcomes: none is held once every agent confirmed.
     let (_, held, _) = store_sample(store.as_ref(), inplace_updater::dispatch::now_ms()).await;
     assert_eq!(held, 0);
+    // Each replica swept the store when it started; `status` (any replica's) says what the last sweep did.
+    let status = common::status_text(replicas[1].health, &[]);
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("retention: last sweep") && l.contains("upgrade slots 0h")),
+        "{status}"
+    );
     drop(replicas);
 }

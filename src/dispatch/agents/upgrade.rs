@@ -7,14 +7,14 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError};
 
 use inplace_agent_api::{AgentFacts, AgentUpgrade, MachineRef, PlanProgress};
-use inplace_store::Precondition;
+use inplace_store::{Precondition, Write};
 
 use super::Agents;
 use super::upgrade_decide::{
     AgentRelease, ROLLOUT_VIEW_TTL, RolloutCounts, RolloutView, UpgradeDecision, UpgradeRecord,
     UpgradeState, decide, is_idle,
 };
-use super::upgrade_writes::{UPGRADE_POOL, end_ops, ended, offer_ops};
+use super::upgrade_writes::{UPGRADE_POOL, end_ops, ended, offer_ops, sweepable};
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::db::{CAS_ATTEMPTS, Committed};
 use crate::dispatch::floor::keys::{AGENT_UPGRADES_PREFIX, agent_upgrade_key, parse_machine};
@@ -215,6 +215,41 @@ impl Agents {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .listed_ms = None;
+    }
+
+    /// Deletes the upgrade records nothing needs any more ([`sweepable`], `--retention` after
+    /// they ended). Each delete is conditional on the record being as listed. Returns how many were deleted.
+    pub async fn sweep_upgrades(&self) -> Result<usize, DispatchError> {
+        let now = self.floor.now_ms();
+        let horizon = now.saturating_sub(self.floor.config.retention.as_millis() as u64);
+        let release = self.release();
+        let store = self.floor.db.store();
+        let mut deleted = 0;
+        for entry in store.list(AGENT_UPGRADES_PREFIX).await? {
+            let sweepable = serde_json::from_slice::<UpgradeRecord>(&entry.value)
+                .is_ok_and(|r| sweepable(&r, release.as_deref(), now, horizon));
+            if sweepable && self.floor.db.delete_as_listed(&entry).await? {
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Deletes the upgrade slots that are free (their hold expired), each only if it is as read. Returns how many.
+    pub async fn sweep_upgrade_slots(&self) -> Result<usize, DispatchError> {
+        let store = self.floor.db.store();
+        let view = slots::load(store.as_ref(), UPGRADE_POOL).await?;
+        let pool = Pool {
+            name: UPGRADE_POOL,
+            limit: self.release().map_or(0, |r| r.concurrency),
+        };
+        let mut freed = 0;
+        for op in slots::decide_sweep(&pool, &view, self.floor.now_ms()) {
+            if let Write::Done(_) = store.delete(&op.key, op.precondition).await? {
+                freed += 1;
+            }
+        }
+        Ok(freed)
     }
 
     /// Every agent's last upgrade record.

@@ -3,6 +3,8 @@
 //! semaphore of `--agent-upgrade-concurrency` slots), as the ops of one transaction. Pure: the agents wing loads
 //! the record and the pool before ([`super::upgrade`]) and commits after; a conflict on any key writes nothing.
 //!
+//! And when the retention sweep may delete the record ([`sweepable`]).
+//!
 //! So at every instant the store holds an upgrading record exactly for the agents holding a slot: the offer takes
 //! the slot with the record, the outcome gives it back with the record, and a holder that never reports loses it
 //! when its hold expires, which is when its record counts as failed ([`UPGRADE_REPORT_DEADLINE_MS`]).
@@ -10,7 +12,9 @@
 use inplace_agent_api::AgentFacts;
 use inplace_store::{Precondition, TxnOp};
 
-use super::upgrade_decide::{UPGRADE_REPORT_DEADLINE_MS, UpgradeRecord, UpgradeState};
+use super::upgrade_decide::{
+    AgentRelease, UPGRADE_REPORT_DEADLINE_MS, UpgradeRecord, UpgradeState,
+};
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::db::Put;
 use crate::dispatch::floor::slots::{Pool, PoolView, Take, decide_release, decide_take};
@@ -101,6 +105,34 @@ pub fn end_ops(
     let mut ops = vec![Put::of(record_key, next, condition)?.op()];
     ops.extend(decide_release(pool, view, holder));
     Ok(ops)
+}
+
+/// Whether the retention sweep may delete `record` at `now_ms`, once everything older than `horizon_ms` may go:
+/// never while in flight; a success once it ended before the horizon (without a record, an agent on the
+/// release is up to date all the same); a failure only once it ended before the horizon and its binary is
+/// not `release`'s any more (while it is, the failure stops the rollout and keeps the agent from the same
+/// binary).
+pub fn sweepable(
+    record: &UpgradeRecord,
+    release: Option<&AgentRelease>,
+    now_ms: u64,
+    horizon_ms: u64,
+) -> bool {
+    let ended = record
+        .ended_ms
+        .unwrap_or(record.started_ms + UPGRADE_REPORT_DEADLINE_MS);
+    match record.state_at(now_ms) {
+        UpgradeState::Upgrading => false,
+        UpgradeState::Succeeded => ended <= horizon_ms,
+        UpgradeState::Failed => {
+            ended <= horizon_ms
+                && release.is_some_and(|r| {
+                    !r.binaries
+                        .values()
+                        .any(|b| b.sha256 == record.target_sha256)
+                })
+        }
+    }
 }
 
 #[cfg(test)]

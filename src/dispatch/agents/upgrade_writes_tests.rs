@@ -205,3 +205,86 @@ fn an_outcome_ends_the_record_and_gives_the_slot_back_together() {
         ]
     );
 }
+
+#[test]
+fn upgrade_records_are_swept_once_ended_and_failures_once_their_binary_is_not_the_release() {
+    const DAY: u64 = 86_400_000;
+    let release = || AgentRelease {
+        version: "0.2.0".into(),
+        binaries: std::collections::BTreeMap::from([(
+            "amd64".to_string(),
+            crate::dispatch::upgrade_decide::ReleaseBinary {
+                sha256: NEW.into(),
+                url: None,
+            },
+        )]),
+        concurrency: 1,
+        max_failures: 1,
+    };
+    let record = |state, started_ms| record(NEW, state, started_ms);
+    let ended = |state, ended_ms: Option<u64>| UpgradeRecord {
+        ended_ms,
+        ..record(state, 0)
+    };
+    let mut other = release();
+    other.binaries.get_mut("amd64").unwrap().sha256 = OLDER.into();
+    // (what, record, the release now, now) → sweepable with a horizon one day before now
+    let cases = [
+        (
+            "in flight",
+            record(UpgradeState::Upgrading, 9 * DAY),
+            Some(release()),
+            9 * DAY,
+            false,
+        ),
+        (
+            "succeeded two days ago",
+            ended(UpgradeState::Succeeded, Some(DAY)),
+            Some(release()),
+            3 * DAY,
+            true,
+        ),
+        (
+            "succeeded an hour ago",
+            ended(UpgradeState::Succeeded, Some(3 * DAY)),
+            Some(release()),
+            3 * DAY + 3_600_000,
+            false,
+        ),
+        (
+            "failed to the release",
+            ended(UpgradeState::Failed, Some(DAY)),
+            Some(release()),
+            9 * DAY,
+            false,
+        ),
+        (
+            "failed to an older release",
+            ended(UpgradeState::Failed, Some(DAY)),
+            Some(other.clone()),
+            9 * DAY,
+            true,
+        ),
+        (
+            "failed, no release known here",
+            ended(UpgradeState::Failed, Some(DAY)),
+            None,
+            9 * DAY,
+            false,
+        ),
+        (
+            "never came back, older release",
+            record(UpgradeState::Upgrading, 0),
+            Some(other),
+            9 * DAY,
+            true,
+        ),
+    ];
+    for (what, record, release, now, want) in cases {
+        assert_eq!(
+            sweepable(&record, release.as_ref(), now, now - DAY),
+            want,
+            "{what}"
+        );
+    }
+}

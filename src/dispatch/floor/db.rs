@@ -126,6 +126,17 @@ impl Db {
         Ok(())
     }
 
+    /// Deletes `entry`'s key if it is still as listed (same revision): what the retention sweeps delete with, so
+    /// a record another writer changed meanwhile stays. Returns whether it was deleted.
+    pub async fn delete_as_listed(&self, entry: &Entry) -> Result<bool, DispatchError> {
+        Ok(matches!(
+            self.store
+                .delete(&entry.key, Precondition::Revision(entry.revision))
+                .await?,
+            Write::Done(_)
+        ))
+    }
+
     /// Writes every record of `puts` in one transaction, or none of them when a precondition fails.
     pub async fn commit(&self, puts: Vec<Put>) -> Result<Committed, DispatchError> {
         self.commit_ops(puts.into_iter().map(Put::op).collect())
