@@ -28,6 +28,7 @@ mod hex;
 mod inventory;
 mod limits;
 mod node_config;
+mod node_sweep;
 mod preflight;
 mod reboot_config;
 mod reboot_decide;
@@ -44,6 +45,7 @@ mod shutdown;
 mod state;
 mod sysext;
 mod sysext_config;
+mod sysext_images;
 mod sysext_release;
 mod template;
 mod token_file;
@@ -103,6 +105,7 @@ pub use self_upgrade::{
 pub use sequence_undo::{MAX_RECORD_VALUE_BYTES, MAX_RECORDS};
 pub use state::{MAX_OUTBOX, StateError};
 pub use sysext::{MAX_OS_RELEASE_BYTES, MAX_SYSEXT_OUTPUT_BYTES, SYSEXT_COMMAND_TIMEOUT};
+pub use sysext_images::SYSEXT_IMAGE_RETENTION;
 
 /// How a running agent stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
