@@ -6,6 +6,9 @@
 //! - `` No import circle is longer than N files``: the file graph of `crate::`/`super::` paths (test code left
 //!   out) of src/ and of every crate has no strongly connected component of more than N files, and none in
 //!   src/dispatch spans two of its wings (its sub-directories).
+//! - `` `src/dispatch/X` imports no part of `src/dispatch` but `a`, `b`. ``: in the same file graph, no file
+//!   of the part X (a sub-directory) uses an item defined in another part than a or b, nor in the dispatcher's
+//!   own files above the parts; every part has such a rule.
 #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -516,6 +519,126 @@ fn import_circles_are_short_and_stay_inside_a_wing() {
         broken.is_empty(),
         "import circles ({rule}):\n{}",
         broken.join("\n")
+    );
+}
+
+/// The part of `container` a file belongs to: its sub-directory, or `None` for the files directly in it (the
+/// dispatcher's own) and files outside it.
+fn part_of(container: &Path, file: &Path) -> Option<String> {
+    let rest = file.strip_prefix(container).ok()?;
+    let first = rest.components().next()?.as_os_str().to_string_lossy();
+    rest.components().nth(1).map(|_| first.into_owned())
+}
+
+/// The uses in `graph` that break "`subject` imports no part of `container` but `allowed`": from a file of
+/// part `subject` to a file of another part not allowed, or to a file directly in `container`.
+fn direction_breaks(
+    graph: &BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+    container: &Path,
+    subject: &str,
+    allowed: &[String],
+) -> Vec<String> {
+    let mut broken = Vec::new();
+    for (file, targets) in graph {
+        if part_of(container, file).as_deref() != Some(subject) {
+            continue;
+        }
+        for target in targets.iter().filter(|t| t.starts_with(container)) {
+            let ok = match part_of(container, target) {
+                Some(part) => part == subject || allowed.contains(&part),
+                None => false,
+            };
+            if !ok {
+                broken.push(format!("{} uses {}", relative(file), relative(target)));
+            }
+        }
+    }
+    broken
+}
+
+#[test]
+fn the_dispatch_parts_import_one_way() {
+    let rules: Vec<(String, Vec<String>)> = rules()
+        .iter()
+        .filter(|rule| rule.contains(" imports no part of "))
+        .map(|rule| {
+            let names = quoted(rule);
+            assert!(names.len() >= 2, "a subject and a container: {rule}");
+            (rule.clone(), names)
+        })
+        .collect();
+    let mut broken = Vec::new();
+    let mut graphs: BTreeMap<PathBuf, BTreeMap<PathBuf, BTreeSet<PathBuf>>> = BTreeMap::new();
+    let mut covered: BTreeMap<PathBuf, BTreeSet<String>> = BTreeMap::new();
+    for (rule, names) in &rules {
+        let container = root().join(&names[1]);
+        let subject = Path::new(&names[0])
+            .strip_prefix(&names[1])
+            .unwrap_or_else(|_| panic!("the subject is a part of the container: {rule}"))
+            .to_string_lossy()
+            .into_owned();
+        assert!(container.join(&subject).is_dir(), "no such part: {rule}");
+        covered
+            .entry(container.clone())
+            .or_default()
+            .insert(subject.clone());
+        let graph = graphs
+            .entry(container.clone())
+            .or_insert_with(|| file_graph(&root().join("src")));
+        for found in direction_breaks(graph, &container, &subject, &names[2..]) {
+            broken.push(format!("{found} ({rule})"));
+        }
+    }
+    let dispatch = root().join("src/dispatch");
+    let parts: BTreeSet<String> = std::fs::read_dir(&dispatch)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir() && p.file_name().is_some_and(|n| n != "tests"))
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        covered.get(&dispatch).cloned().unwrap_or_default(),
+        parts,
+        "every part of src/dispatch has a direction rule in docs/architecture.md"
+    );
+    assert!(
+        broken.is_empty(),
+        "dispatch parts import against their direction:\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn a_use_against_the_direction_is_reported() {
+    let container = root().join("src/dispatch");
+    let file = |part: &str, name: &str| container.join(part).join(name);
+    let mut graph = BTreeMap::new();
+    graph.insert(
+        file("fleet", "status.rs"),
+        BTreeSet::from([
+            file("floor", "records.rs"),
+            file("fleet", "mod.rs"),
+            file("licence", "verdicts.rs"),
+            container.join("mod.rs"),
+        ]),
+    );
+    let broken = direction_breaks(&graph, &container, "fleet", &["floor".to_string()]);
+    assert_eq!(
+        broken,
+        [
+            "src/dispatch/fleet/status.rs uses src/dispatch/licence/verdicts.rs",
+            "src/dispatch/fleet/status.rs uses src/dispatch/mod.rs",
+        ]
+    );
+    assert!(
+        direction_breaks(
+            &graph,
+            &container,
+            "fleet",
+            &["floor".into(), "licence".into()]
+        )
+        .len()
+            == 1
     );
 }
 
