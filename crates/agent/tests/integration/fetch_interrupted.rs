@@ -13,11 +13,11 @@ use crate::common::*;
 use crate::fetch_command::{PREVIOUS, Run, TO, install_plan, oci_fetch, oci_source, pin, setup};
 use crate::registry::{PASSWORD, Registry, StallingProxy, content, sha256};
 
-/// The real `inplace-agent` binary on the run's sandbox; SIGKILLed on drop.
-struct AgentProcess(std::process::Child);
+/// The real `inplace-agent` binary on the run's sandbox (its log in `<node dir>/agent.log`); SIGKILLed on drop.
+pub(crate) struct AgentProcess(std::process::Child);
 
 impl AgentProcess {
-    fn spawn(run: &Run) -> Self {
+    pub(crate) fn spawn(run: &Run) -> Self {
         let c = &run.config;
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -47,7 +47,7 @@ impl AgentProcess {
     }
 
     /// SIGKILL, and the process reaped.
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
