@@ -137,16 +137,10 @@ pub(crate) async fn run_step<H: StepHost + Send>(
                 },
                 Err(e) => e,
             };
-            let message =
-                format!("cannot record what undoing the step needs (nothing was changed): {cause}");
-            return finish_durably(
-                host,
-                shutdown,
-                &identity,
-                index,
-                StepResult::failed(message),
-            )
-            .await;
+            let failed = StepResult::failed(format!(
+                "cannot record what undoing the step needs (nothing was changed): {cause}"
+            ));
+            return finish_durably(host, shutdown, &identity, index, failed).await;
         }
     };
     let store = host.store();
@@ -160,18 +154,11 @@ pub(crate) async fn run_step<H: StepHost + Send>(
     let interrupted = step_record.status == LocalStepStatus::Running;
     let resumed = step_record.began();
     if interrupted && step_record.attempt >= MAX_STEP_ATTEMPTS {
-        let message = format!(
+        let failed = StepResult::failed(format!(
             "step interrupted {} times (agent restart or node reboot during the step); not trying again",
             step_record.attempt
-        );
-        return finish_durably(
-            host,
-            shutdown,
-            &identity,
-            index,
-            StepResult::failed(message),
-        )
-        .await;
+        ));
+        return finish_durably(host, shutdown, &identity, index, failed).await;
     }
     if interrupted {
         tracing::warn!(plan = %plan.id, step = index, attempt = step_record.attempt, "step was interrupted; resuming it");
@@ -428,19 +415,10 @@ async fn finish_durably<H: StepHost + Send>(
     index: usize,
     result: StepResult,
 ) -> ControlFlow<()> {
-    if let Err(StateError::Full { .. }) = finish(host, identity, index, result) {
-        let waiting =
-            |store: &StateStore, message: &str| waiting_report(identity, store, index, message);
-        match save_waiting(host, shutdown, "the step's end", &waiting).await {
-            Waited::Saved => {}
-            Waited::ShuttingDown => return ControlFlow::Break(()),
-            Waited::GaveUp(message) => {
-                tracing::error!(%message, "the step's end is not on disk; after a restart the step is resumed")
-            }
-            Waited::Failed(e) => tracing::error!(error = %e, "cannot save step result"),
-        }
-    }
-    ControlFlow::Continue(())
+    let saved = finish(host, identity, index, result);
+    let waiting =
+        |store: &StateStore, message: &str| waiting_report(identity, store, index, message);
+    state_full::end_on_disk(host, shutdown, "the step's end", &waiting, saved).await
 }
 
 /// Records a step's end, queues its report, and notes the plan's end; answers whether the record is on disk.

@@ -267,13 +267,8 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
             Waited::GaveUp(_) | Waited::Failed(_) => {}
         }
         if let Waited::GaveUp(message) = waited {
-            let _ = end_undo(
-                host,
-                &identity,
-                pos,
-                Some(&step),
-                StepResult::failed(message),
-            );
+            let failed = StepResult::failed(message);
+            let _ = end_undo(host, &identity, pos, Some(&step), failed);
             return ControlFlow::Continue(());
         }
     }
@@ -281,16 +276,7 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
     if stopping {
         return ControlFlow::Break(());
     }
-    // The undo's end goes on disk before anything else happens (its report is delivered only then).
-    if let Err(StateError::Full { .. }) = saved {
-        match save_waiting(host, shutdown, "the undo's end", &waiting).await {
-            Waited::ShuttingDown => return ControlFlow::Break(()),
-            Waited::GaveUp(message) => tracing::error!(%message, "the undo's end is not on disk"),
-            Waited::Failed(e) => tracing::error!(error = %e, "cannot save the undo's result"),
-            Waited::Saved => {}
-        }
-    }
-    ControlFlow::Continue(())
+    state_full::end_on_disk(host, shutdown, "the undo's end", &waiting, saved).await
 }
 
 /// The `running` report of undo `pos` saying `message` (a wait for room in the state dir) as the rollback's

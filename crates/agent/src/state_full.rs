@@ -169,6 +169,33 @@ where
     }
 }
 
+/// After a step's or undo's end (`what`) was recorded in memory, `saved` telling whether it reached the disk:
+/// when the state dir was full, waits for room to put it there before anything else happens (its report is
+/// delivered only then), telling the server with `report`. `Break` means shutdown was requested.
+pub(crate) async fn end_on_disk<H, R>(
+    host: &mut H,
+    shutdown: &mut Shutdown,
+    what: &str,
+    report: &R,
+    saved: Result<(), StateError>,
+) -> std::ops::ControlFlow<()>
+where
+    H: StepHost + Send,
+    R: Fn(&StateStore, &str) -> Option<StepReport> + Sync,
+{
+    if let Err(StateError::Full { .. }) = saved {
+        match save_waiting(host, shutdown, what, report).await {
+            Waited::Saved => {}
+            Waited::ShuttingDown => return std::ops::ControlFlow::Break(()),
+            Waited::GaveUp(message) => {
+                tracing::error!(%message, "{what} is not on disk; after a restart it runs again")
+            }
+            Waited::Failed(e) => tracing::error!(error = %e, "cannot save {what}"),
+        }
+    }
+    std::ops::ControlFlow::Continue(())
+}
+
 /// Finds a step's or an undo's record in the state by its position.
 pub(crate) type EntryOf = fn(&mut StateStore, usize) -> Option<&mut LocalStepRecord>;
 

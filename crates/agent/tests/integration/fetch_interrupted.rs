@@ -46,6 +46,27 @@ impl AgentProcess {
         Self(child)
     }
 
+    /// SIGTERM (a clean shutdown), and how long the process took to exit (failing past `limit`).
+    pub(crate) fn terminate(&mut self, limit: Duration) -> Duration {
+        let asked = Instant::now();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -TERM: {sent}");
+        loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                assert!(status.success(), "{status}");
+                return asked.elapsed();
+            }
+            assert!(
+                asked.elapsed() < limit,
+                "the agent did not stop within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// SIGKILL, and the process reaped.
     pub(crate) fn kill(&mut self) {
         let _ = self.0.kill();

@@ -244,19 +244,20 @@ async fn a_shutdown_during_the_backoff_stops_at_once_and_the_next_start_fetches(
     let outage = Outage::start(SLOW_RETRY).await;
     let Outage { proxy, run, .. } = &outage;
     proxy.fail_all(Some(Fault::Unavailable));
-    let agent = spawn_agent(run.config.clone());
     let mut plan = install_plan("backoff", "v1.34.1");
     // Room for the whole 30–60 s back-off inside the step's timeout.
     plan.steps[0].timeout_seconds = 600;
     run.server.offer(plan);
-    wait_until("the first attempt's 503", LIMIT, || {
-        !proxy.seen().is_empty()
+    let mut agent = AgentProcess::spawn(run);
+    let log = run.node.dir.path().join("agent.log");
+    wait_until("the agent's back-off after the first 503", LIMIT, || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("artifact fetch failed (transient); trying again")
     })
     .await;
-    // The attempt failed; the agent is in its 30–60 s back-off.
-    let asked = Instant::now();
-    agent.shutdown().await;
-    let took = asked.elapsed();
+    // The real process, SIGTERMed inside its 30–60 s back-off.
+    let took = agent.terminate(Duration::from_secs(10));
     assert!(took < Duration::from_secs(5), "{took:?}");
     let finished = run
         .server
@@ -271,9 +272,9 @@ async fn a_shutdown_during_the_backoff_stops_at_once_and_the_next_start_fetches(
 
     // The outage is over: the next start resumes the step and fetches.
     proxy.fail_all(None);
-    let agent = spawn_agent(run.config.clone());
+    let mut agent = AgentProcess::spawn(run);
     let report = run.wait_final("backoff").await;
-    agent.shutdown().await;
+    agent.kill();
     assert_eq!(report.status, StepStatus::Succeeded, "{:?}", report.message);
     assert_eq!(run.installed(), outage.artifact);
     eprintln!("shutdown in the back-off took {took:?}");
