@@ -18,7 +18,7 @@ use crate::api::{
 use crate::cmd::diff::{PackedInputs, render_json, render_text};
 use crate::dispatch::floor::keys::valid_segment;
 use crate::dispatch::floor::run::UpdateRecord;
-use crate::dispatch::plan_for;
+use crate::dispatch::{node_change_of, plan_for};
 use crate::hooks::{Engine, can_update_machine, can_update_machine_set, update_request};
 use crate::server::decode_agent_body;
 
@@ -54,8 +54,8 @@ pub fn hook_request(data: &[u8]) {
             valid_segment(&machine.namespace) && valid_segment(&machine.name),
             "validation let through a Machine no agent can be given: {machine}"
         );
-        let change =
-            inplace_core::drain::NodeChange::unknown(update.desired.facts.version.is_some());
+        // Unjudged: every allowed action is planned, so every field a plan reads is decoded.
+        let change = node_change_of(&update, None);
         let _ = plan_for(&update, KubeadmUpgradeMode::Node, &change);
         let _ = plan_for(&update, KubeadmUpgradeMode::Apply, &change);
     }

@@ -297,8 +297,9 @@ pub struct ServeArgs {
     #[arg(long, env = "INPLACE_UPDATER_AGENT_TOKENS")]
     pub agent_tokens: Option<PathBuf>,
     /// The agent executable this server hands out to agents of its architecture (`GET /agent/v1/binary`);
-    /// default: `inplace-agent` beside this executable, when there is one.
-    #[arg(long, env = "INPLACE_UPDATER_AGENT_BINARY")]
+    /// default: `inplace-agent` beside this executable, when there is one. (Not INPLACE_UPDATER_AGENT_BINARY:
+    /// that is a node agent's own executable, and serve ignores it.)
+    #[arg(long, env = "INPLACE_UPDATER_SERVED_AGENT_BINARY")]
     pub agent_binary: Option<PathBuf>,
     /// The agent release the fleet should run (YAML: version, and per architecture a sha256 and an https url);
     /// default: this build's version, for this server's architecture only.

@@ -15,7 +15,8 @@ use crate::cmd::cli::{
 };
 use crate::cmd::fatal::{Fatal, one_line, serve_fatal};
 use crate::dispatch::{
-    AgentRow, AgentScope, DispatchConfig, Dispatcher, RetryOutcome, StatusRow, ago, now_ms,
+    AgentRow, AgentScope, DispatchConfig, Dispatcher, RetentionRecord, RetryOutcome, StatusRow,
+    ago, now_ms,
 };
 use crate::hooks::Engine;
 use crate::observe::{InstrumentedStore, backend_name};
@@ -228,13 +229,13 @@ pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
     }
     // Only a running server knows whether CAPI has called it; a store read directly cannot say.
     let mut no_hook_calls = false;
-    let rows: Vec<StatusRow> = match &args.store {
+    let (rows, retention): (Vec<StatusRow>, Option<RetentionRecord>) = match &args.store {
         Some(url) => {
-            store_dispatcher(&args.etcd, url)
-                .await?
-                .fleet
-                .status()
-                .await?
+            let dispatcher = store_dispatcher(&args.etcd, url).await?;
+            (
+                dispatcher.fleet.status().await?,
+                dispatcher.retention().await?,
+            )
         }
         None => {
             let (rows, headers) = get_json(args, "/status").await?;
@@ -242,8 +243,12 @@ pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
                 .get(server::HOOK_CALLS_ANSWERED_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|v| v.trim() == "0");
-            rows
+            (rows, get_json(args, "/status/retention").await?.0)
         }
+    };
+    let retention = match &retention {
+        Some(record) => format!("{}\n", record.status_line(now_ms())),
+        None => "retention: no sweep has run against this store yet\n".to_string(),
     };
     Ok(match args.output {
         OutputFormat::Json => {
@@ -253,9 +258,12 @@ pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
             serde_json::to_string_pretty(&rows)? + "\n"
         }
         OutputFormat::Text if no_hook_calls => {
-            format!("{}\n{NO_HOOK_CALLS_HINT}\n", render_status(&rows))
+            format!(
+                "{}{retention}\n{NO_HOOK_CALLS_HINT}\n",
+                render_status(&rows)
+            )
         }
-        OutputFormat::Text => render_status(&rows),
+        OutputFormat::Text => format!("{}{retention}", render_status(&rows)),
     })
 }
 
@@ -306,6 +314,13 @@ fn agent_upkeep(
     dispatcher: &Dispatcher,
 ) -> Result<crate::server::agent_release::SharedImage, Fatal> {
     use crate::server::agent_release::{find_image, release};
+    if std::env::var_os(inplace_agent::cli::DEPRECATED_BINARY_ENV).is_some_and(|v| !v.is_empty()) {
+        tracing::warn!(
+            "{} is set, but it is a node agent's own executable and serve ignores it; the agent executable this \
+             server hands out is --agent-binary (INPLACE_UPDATER_SERVED_AGENT_BINARY)",
+            inplace_agent::cli::DEPRECATED_BINARY_ENV
+        );
+    }
     let image = find_image(args.agent_binary.as_deref()).map_err(|err| {
         Fatal::new(
             Some("--agent-binary"),

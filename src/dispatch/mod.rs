@@ -34,9 +34,10 @@ pub use floor::config::{
     MIN_RETRY_AFTER_SECONDS, RETRY_AFTER_MAX_SECONDS_LIMIT, RetryAfterMode,
 };
 pub use floor::keys::valid_segment;
+pub use floor::retention::{RETENTION_KEY, RetentionRecord, Swept};
 pub use floor::{Clock, DispatchConfig, DispatchError, Floor};
 pub use licence::{Licences, RefusalReason, VerdictHook, VerdictRecord};
-pub use runs::{RetryOutcome, Runs, UpdateAnswer, UpdateRequest, ago, plan_for};
+pub use runs::{RetryOutcome, Runs, UpdateAnswer, UpdateRequest, ago, node_change_of, plan_for};
 
 /// The dispatcher: one per server process, over a store shared by every replica. It only composes the wings.
 pub struct Dispatcher {
@@ -129,6 +130,41 @@ impl Dispatcher {
     /// The clock every wing judges by (tests pin it).
     pub fn clock(&self) -> &Clock {
         &self.floor.clock
+    }
+
+    /// The retention sweep: every kind of [`Swept`] record that nothing needs any more is deleted, each by its
+    /// wing, record by record (a failed kind does not stop the others); what it did is then stored for `status`.
+    /// An error only when that record could not be stored.
+    pub async fn sweep(&self) -> Result<RetentionRecord, DispatchError> {
+        let mut record = RetentionRecord::default();
+        for kind in Swept::ALL {
+            let swept = match kind {
+                Swept::Runs => self.fleet.sweep().await,
+                Swept::AgentRefusals => self.agents.sweep_refusals().await,
+                Swept::Verdicts => self.licences.sweep().await,
+                Swept::AgentTokens => self.agents.sweep_tokens().await,
+                Swept::AgentUpgrades => self.agents.sweep_upgrades().await,
+                Swept::UpgradeSlots => self.agents.sweep_upgrade_slots().await,
+            };
+            let name = kind.as_str().to_string();
+            match swept {
+                Ok(deleted) => {
+                    record.deleted.insert(name.clone(), deleted as u64);
+                }
+                Err(err) => {
+                    record.failed.insert(name.clone(), err.to_string());
+                }
+            }
+            record.kept.insert(name, kind.kept(&self.floor.config));
+        }
+        record.swept_ms = self.floor.now_ms();
+        self.floor.db.put_any(RETENTION_KEY, &record).await?;
+        Ok(record)
+    }
+
+    /// What the last retention sweep did, if one ran against this store.
+    pub async fn retention(&self) -> Result<Option<RetentionRecord>, DispatchError> {
+        self.floor.db.value(RETENTION_KEY).await
     }
 
     /// Checks the store's format at start-up (recording version 1 in a new store): a store written by another

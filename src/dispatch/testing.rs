@@ -149,10 +149,12 @@ pub(crate) fn verdict_for(request: &UpdateRequest, in_place: bool) -> VerdictRec
         },
         rejected_total: usize::from(!in_place),
         template_hash: None,
-        // What CanUpdateMachine finds for these requests: the files change (the motd) of one version.
+        // What these requests move: every action they allow (the version's packages and the motd, or the OS
+        // image). The size of a version change is left `None`, so these plans do not drain (tests/drain.rs
+        // judges its own changes).
         node_change: Some(inplace_core::drain::NodeChange {
             version: inplace_core::drain::VersionChange::None,
-            actions: [Action::Files].into(),
+            actions: request.actions.clone(),
         }),
         fingerprint: prints.fingerprint(),
         prints,

@@ -71,7 +71,8 @@ pub const HOOK_CALLS_ANSWERED_HEADER: &str = "inplace-updater-hook-calls-answere
 /// `GET /status` on the health port: every recorded update with its current step and message (what
 /// `inplace-updater status` prints). No secrets: runs are shown by machine, step description and message.
 /// `GET /status/agents`: every agent seen or refused (what `inplace-updater status --agents` prints); refusals
-/// show the reason, the answer and the peer address, never a token.
+/// show the reason, the answer and the peer address, never a token. `GET /status/retention`: what the last
+/// retention sweep deleted and the bounds (the last line of `inplace-updater status`).
 pub fn status_router(
     dispatcher: Arc<crate::dispatch::Dispatcher>,
     metrics: Arc<Metrics>,
@@ -93,6 +94,21 @@ pub fn status_router(
                             axum::Json(rows),
                         )
                             .into_response(),
+                        Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n"))
+                            .into_response(),
+                    }
+                },
+            ),
+        )
+        .route(
+            "/status/retention",
+            get(
+                |State((dispatcher, _)): State<(
+                    Arc<crate::dispatch::Dispatcher>,
+                    Arc<Metrics>,
+                )>| async move {
+                    match dispatcher.retention().await {
+                        Ok(record) => axum::Json(record).into_response(),
                         Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n"))
                             .into_response(),
                     }

@@ -308,21 +308,18 @@ async fn sweep_retention(dispatcher: Arc<Dispatcher>, shutdown: CancellationToke
             _ = ticker.tick() => {}
             () = shutdown.cancelled() => return,
         }
-        match dispatcher.fleet.sweep().await {
-            Ok(0) => {}
-            Ok(deleted) => tracing::info!(deleted, "retention: deleted finished updates"),
-            Err(err) => tracing::warn!(error = %err, "retention sweep failed; will try again"),
-        }
-        match dispatcher.agents.sweep_refusals().await {
-            Ok(0) => {}
-            Ok(deleted) => tracing::info!(deleted, "retention: deleted old agent refusals"),
-            Err(err) => tracing::warn!(error = %err, "refusal sweep failed; will try again"),
-        }
-        match dispatcher.licences.sweep().await {
-            Ok(0) => {}
-            Ok(deleted) => tracing::info!(deleted, "retention: deleted old verdicts and refusals"),
+        match dispatcher.sweep().await {
+            Ok(record) => {
+                let deleted: u64 = record.deleted.values().sum();
+                if deleted > 0 {
+                    tracing::info!(deleted, "{}", record.status_line(record.swept_ms));
+                }
+                for (kind, why) in &record.failed {
+                    tracing::warn!(kind = %kind, error = %why, "retention sweep of {kind} failed; will try again");
+                }
+            }
             Err(err) => {
-                tracing::warn!(error = %err, "verdict retention sweep failed; will try again")
+                tracing::warn!(error = %err, "retention sweep not recorded; will try again")
             }
         }
     }

@@ -329,9 +329,12 @@ SERVE_ENV = {
         "retry-after-seconds", "retry-after", "retry-after-max-seconds", "retention", "verdict-retention",
         "agent-token-grace",
         "agent-ca-bundle",
-        "agent-binary", "agent-release", "agent-upgrade-concurrency", "agent-upgrade-max-failures",
+        "agent-release", "agent-upgrade-concurrency", "agent-upgrade-max-failures",
         "no-agent-upgrades",
     )
+} | {
+    # `--agent-binary`'s twin: not INPLACE_UPDATER_AGENT_BINARY, the agent's own executable (issue 43.8).
+    "INPLACE_UPDATER_SERVED_AGENT_BINARY",
 }
 SERVE_ENV_ONLY = {"INPLACE_UPDATER_ETCD_PASSWORD"}
 # `inplace-updater agent` settings (`AgentArgs`): INPLACE_UPDATER_AGENT_<FLAG>, plus the global log format.
@@ -339,9 +342,11 @@ AGENT_ENV = {"INPLACE_UPDATER_LOG_FORMAT"} | {
     "INPLACE_UPDATER_AGENT_" + flag.upper().replace("-", "_")
     for flag in (
         "server", "ca-file", "token-file", "machine", "provider-id", "config", "no-kubernetes-steps", "state-dir",
-        "root", "tls-server-name", "poll-wait", "binary",
+        "root", "tls-server-name", "poll-wait", "self-binary",
     )
 }
+# Names the agent still reads, with a deprecation warning, when their successor is not set.
+AGENT_ENV_DEPRECATED = {"INPLACE_UPDATER_AGENT_BINARY"}
 # ExtensionConfig `spec.settings` keys the server knows (crates/core/src/settings.rs); any other key is
 # answered Failure.
 SETTINGS = {

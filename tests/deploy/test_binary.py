@@ -61,6 +61,18 @@ def test_the_offline_setting_lists_are_the_binarys():
     assert set(d.env_twins("serve")) == d.SERVE_ENV, "update deploylib.SERVE_ENV from src/cmd/cli.rs"
     assert d.env_only_settings("serve") == d.SERVE_ENV_ONLY
     assert set(d.env_twins("agent")) == d.AGENT_ENV, "update deploylib.AGENT_ENV from src/cmd/cli.rs"
+    agent_help = d.run_binary("agent", "--help").stdout
+    for name in d.AGENT_ENV_DEPRECATED:
+        assert name in agent_help, f"`agent --help` does not say it still reads {name}"
+
+
+def test_no_environment_variable_means_one_thing_to_serve_and_another_to_the_agent():
+    """A server started with a node's environment (agent.env) must not take the agent's settings for its own
+    (issue 43.8: both read INPLACE_UPDATER_AGENT_BINARY, the server handed out the node's path)."""
+    serve = set(d.env_twins("serve")) | d.env_only_settings("serve")
+    agent = set(d.env_twins("agent")) | d.AGENT_ENV_DEPRECATED
+    shared = (serve & agent) - {"INPLACE_UPDATER_LOG_FORMAT"}
+    assert not shared, f"read by both `serve` and `agent`: {sorted(shared)}"
 
 
 

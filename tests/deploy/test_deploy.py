@@ -252,7 +252,7 @@ def text_files() -> list[pathlib.Path]:
 
 @pytest.mark.parametrize("path", text_files(), ids=rel)
 def test_every_setting_name_in_deploy_and_docs_is_real(path):
-    known = d.SERVE_ENV | d.SERVE_ENV_ONLY | d.AGENT_ENV | set(d.clusterctl_variables())
+    known = d.SERVE_ENV | d.SERVE_ENV_ONLY | d.AGENT_ENV | d.AGENT_ENV_DEPRECATED | set(d.clusterctl_variables())
     unknown = sorted(set(SETTING_NAME.findall(path.read_text())) - known)
     assert not unknown, f"{rel(path)} names settings the binary does not have: {unknown}"
 

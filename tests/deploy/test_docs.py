@@ -159,7 +159,7 @@ def test_every_environment_variable_the_docs_name_exists():
     assert "INPLACE_UPDATER_LISTEN" in known and "INPLACE_UPDATER_AGENT_SERVER" in known, "help shows env names"
     # Besides the binary's: the password that has no flag, clusterctl's variables, and the tests' own
     # INPLACE_UPDATER_BIN (the binary tests/ runs, deploylib.binary()).
-    known |= d.SERVE_ENV_ONLY | set(d.clusterctl_variables()) | {"INPLACE_UPDATER_BIN"}
+    known |= d.SERVE_ENV_ONLY | d.AGENT_ENV_DEPRECATED | set(d.clusterctl_variables()) | {"INPLACE_UPDATER_BIN"}
     unknown = {f"{rel(p)}: {n}" for p in PAGES for n in ENV_NAME.findall(p.read_text()) if n not in known}
     assert not unknown, sorted(unknown)
 

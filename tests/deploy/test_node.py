@@ -117,11 +117,15 @@ def test_unit_start_script_env_file_and_installer_agree_on_paths():
     assert "multi-user.target" in unit["Install"]["WantedBy"]
     start = (NODE / "agent-start").read_text()
     installer = (NODE / "install-agent.sh").read_text()
-    assert "${AGENT_START_BIN:-${INPLACE_UPDATER_AGENT_BINARY:-/usr/local/bin/inplace-agent}}" in start
+    assert (
+        "${AGENT_START_BIN:-${INPLACE_UPDATER_AGENT_SELF_BINARY:-${INPLACE_UPDATER_AGENT_BINARY:-/usr/local/bin/inplace-agent}}}"
+        in start
+    )
     assert "${INSTALL_AGENT_DEST:-/usr/local/bin/inplace-agent}" in installer
     env, _ = d.read_env_file(NODE / "agent.env")
     # The binary the agent replaces when it upgrades itself is the one the installer installs and the unit runs.
-    assert env["INPLACE_UPDATER_AGENT_BINARY"] == "/usr/local/bin/inplace-agent"
+    assert env["INPLACE_UPDATER_AGENT_SELF_BINARY"] == "/usr/local/bin/inplace-agent"
+    assert "INPLACE_UPDATER_AGENT_BINARY" not in env, "the deprecated name (serve used to read it too)"
     # The files the agent reads are the ones the bootstrap snippets write.
     for key in ("INPLACE_UPDATER_AGENT_CA_FILE", "INPLACE_UPDATER_AGENT_TOKEN_FILE", "INPLACE_UPDATER_AGENT_CONFIG"):
         assert env[key] in files, f"{key}={env[key]} is written by no bootstrap file"

@@ -166,7 +166,7 @@ async fn stopped_inside_an_undo_command(stop: Stop) {
         panic!("{stop:?}: {outcome:?}")
     };
     assert!(
-        message.contains("; rolled back step 7: ")
+        message.contains("; rolled back step 4: ")
             && message.contains("is Ready (kubelet v1.33.4)"),
         "{stop:?}: {message}"
     );

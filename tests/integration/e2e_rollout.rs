@@ -31,6 +31,30 @@ fn mode(path: &std::path::Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
 
+/// What KubeadmControlPlane asks for each control-plane Machine: the version fixture with the KubeadmConfig the
+/// sandboxed node was made with as the current one (the etcd image 3.5.16-0 of its manifest, neither the audit
+/// policy nor the health-check script the new spec adds). The upgrade moves the version, the etcd image and
+/// those files, so the plan holds their steps (issue 43: a plan holds what the change moves).
+async fn kcp_judges_upgrade(capi: &Capi, name: &str) {
+    let mut question =
+        common::fleet::can_update_request("can-update-machine-kcp-version.json", name);
+    let current = &mut question["current"]["bootstrapConfig"]["spec"];
+    current["clusterConfiguration"]["etcd"]["local"]["imageTag"] = "3.5.16-0".into();
+    let added = [
+        "/etc/kubernetes/audit-policy.yaml",
+        "/usr/local/bin/edge-healthcheck.sh",
+    ];
+    current["files"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|file| !added.contains(&file["path"].as_str().unwrap_or_default()));
+    assert_eq!(
+        capi.can_update_machine(&question).await,
+        CapiDecision::InPlace,
+        "{name}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rollout_upgrades_control_plane_then_workers_for_real() {
     let certs = certs();
@@ -81,7 +105,7 @@ async fn rollout_upgrades_control_plane_then_workers_for_real() {
 
     // KubeadmControlPlane: asks CanUpdateMachine for each Machine, then drives its UpdateMachine.
     for name in CONTROL_PLANE {
-        capi.kcp_judges(name).await;
+        kcp_judges_upgrade(&capi, name).await;
         let request = update_request("update-machine-kcp.json", name);
         let (outcome, messages) = capi.update_until_settled(&request, SETTLE).await;
         assert_eq!(outcome, UpdateOutcome::Done, "{name}: {messages:?}");

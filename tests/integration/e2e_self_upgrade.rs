@@ -9,15 +9,11 @@
 
 use crate::common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fleet::{Setup, wait_until};
-use inplace_updater::cmd::demo::Sandbox;
-use sha2::{Digest as _, Sha256};
+use common::unit::{NodeUnit, SELF_BINARY_ENV, agent_build, agent_builds, sha};
+use inplace_agent::cli::DEPRECATED_BINARY_ENV;
 
 const NODES: [&str; 3] = [
     "edge-01-md-0-worker-1",
@@ -26,160 +22,12 @@ const NODES: [&str; 3] = [
 ];
 /// The node whose new binary cannot start.
 const BROKEN: &str = "edge-01-md-0-worker-3";
-/// Pause between two starts of a node's unit (systemd's RestartSec, shortened).
-const RESTART_SEC: Duration = Duration::from_millis(300);
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn sha(path: &Path) -> String {
-    hex(&Sha256::digest(std::fs::read(path).unwrap()))
-}
-
-/// One node: its sandbox, its agent binary, and the supervisor thread playing its systemd unit.
-struct Node {
-    bin: PathBuf,
-    stop: Arc<AtomicBool>,
-    child: Arc<Mutex<Option<Child>>>,
-    /// Exit codes of the unit's starts.
-    exits: Arc<Mutex<Vec<Option<i32>>>>,
-    _sandbox: Sandbox,
-}
-
-impl Node {
-    fn start(setup: &Setup, server_port: u16, name: &str, old: &[u8], new_sha: String) -> Node {
-        let dir = setup.dir.path().join(name);
-        let sandbox = Sandbox::create(&dir, "v1.33.4", false).unwrap();
-        let bin = dir.join("bin").join("inplace-agent");
-        std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
-        std::fs::write(&bin, old).unwrap();
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let log = dir.join("agent.log");
-        let envs: Vec<(String, String)> = [
-            (
-                "INPLACE_UPDATER_AGENT_SERVER",
-                format!("https://127.0.0.1:{server_port}"),
-            ),
-            (
-                "INPLACE_UPDATER_AGENT_CA_FILE",
-                setup.certs.paths.ca_cert.display().to_string(),
-            ),
-            (
-                "INPLACE_UPDATER_AGENT_TOKEN_FILE",
-                setup.token_file.display().to_string(),
-            ),
-            (
-                "INPLACE_UPDATER_AGENT_CONFIG",
-                sandbox.config.display().to_string(),
-            ),
-            (
-                "INPLACE_UPDATER_AGENT_STATE_DIR",
-                sandbox.state_dir.display().to_string(),
-            ),
-            (
-                "INPLACE_UPDATER_AGENT_ROOT",
-                sandbox.root.display().to_string(),
-            ),
-            ("INPLACE_UPDATER_AGENT_MACHINE", format!("default/{name}")),
-            ("INPLACE_UPDATER_AGENT_BINARY", bin.display().to_string()),
-            ("INPLACE_UPDATER_AGENT_POLL_WAIT", "2".into()),
-        ]
-        .map(|(k, v)| (k.to_string(), v))
-        .to_vec();
-        let node = Node {
-            bin: bin.clone(),
-            stop: Arc::default(),
-            child: Arc::default(),
-            exits: Arc::default(),
-            _sandbox: sandbox,
-        };
-        let (stop, child, exits) = (node.stop.clone(), node.child.clone(), node.exits.clone());
-        let breaks = name == BROKEN;
-        std::thread::spawn(move || {
-            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/node/agent-start");
-            while !stop.load(Ordering::SeqCst) {
-                let out = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .unwrap();
-                let spawned = Command::new("sh")
-                    .arg(script)
-                    .envs(envs.iter().map(|(k, v)| (k, v)))
-                    .stdin(Stdio::null())
-                    .stdout(out.try_clone().unwrap())
-                    .stderr(out)
-                    .spawn()
-                    .unwrap();
-                *child.lock().unwrap() = Some(spawned);
-                let code = loop {
-                    let mut guard = child.lock().unwrap();
-                    let Some(running) = guard.as_mut() else {
-                        return;
-                    };
-                    if let Some(status) = running.try_wait().unwrap() {
-                        break status.code();
-                    }
-                    drop(guard);
-                    std::thread::sleep(Duration::from_millis(50));
-                };
-                exits.lock().unwrap().push(code);
-                // On this node the new binary cannot start: break it the moment it is swapped in.
-                if breaks && sha(&bin) == new_sha {
-                    std::fs::write(
-                        &bin,
-                        b"#!/bin/sh\necho 'cannot execute binary file' >&2\nexit 126\n",
-                    )
-                    .unwrap();
-                }
-                std::thread::sleep(RESTART_SEC);
-            }
-        });
-        node
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(mut child) = self.child.lock().unwrap().take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn status_agents(health: std::net::SocketAddr) -> String {
-    let out = Command::new(common::binary())
-        .args([
-            "status",
-            "--agents",
-            "--server",
-            &format!("http://{health}"),
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8(out.stdout).unwrap()
-}
 
 #[test]
 fn a_fleet_on_an_older_agent_is_upgraded_one_at_a_time_and_a_binary_that_cannot_start_is_restored()
 {
     let setup = Setup::new();
-    let agent = common::binary().parent().unwrap().join("inplace-agent");
-    assert!(
-        agent.is_file(),
-        "{} (cargo build --release builds it)",
-        agent.display()
-    );
-    let new_sha = sha(&agent);
-    // The older build: the same program with other bytes (an ELF ignores what follows its sections).
-    let mut old = std::fs::read(&agent).unwrap();
-    old.extend_from_slice(&[0u8; 4096]);
-    let old_sha = hex(&Sha256::digest(&old));
-
+    let (agent, old, new_sha, old_sha) = agent_builds(setup.dir.path());
     let store = format!("file:{}", setup.dir.path().join("data").display());
     let (server, _capi) = setup.serve(
         &store,
@@ -190,9 +38,19 @@ fn a_fleet_on_an_older_agent_is_upgraded_one_at_a_time_and_a_binary_that_cannot_
             "1",
         ],
     );
-    let nodes: Vec<Node> = NODES
+    let url = format!("https://127.0.0.1:{}", server.hooks.port());
+    // The first node's agent.env is from before the rename: its own executable under the deprecated name.
+    let nodes: Vec<NodeUnit> = NODES
         .iter()
-        .map(|name| Node::start(&setup, server.hooks.port(), name, &old, new_sha.clone()))
+        .map(|name| {
+            let breaks = (*name == BROKEN).then(|| new_sha.clone());
+            let binary_env = if *name == NODES[0] {
+                DEPRECATED_BINARY_ENV
+            } else {
+                SELF_BINARY_ENV
+            };
+            NodeUnit::start_as(&setup, &url, name, &old, breaks, binary_env)
+        })
         .collect();
 
     let mut most_upgrading = 0;
@@ -200,7 +58,7 @@ fn a_fleet_on_an_older_agent_is_upgraded_one_at_a_time_and_a_binary_that_cannot_
     wait_until(
         "two agents on the new binary and the third restored",
         || {
-            let status = status_agents(server.health);
+            let status = common::status_text(server.health, &["--agents"]);
             let upgrading = status
                 .lines()
                 .filter(|l| l.contains("upgrading to"))
@@ -216,7 +74,7 @@ fn a_fleet_on_an_older_agent_is_upgraded_one_at_a_time_and_a_binary_that_cannot_
                     .any(|l| l.contains(BROKEN) && l.contains("failed"))
         },
     );
-    let status = status_agents(server.health);
+    let status = common::status_text(server.health, &["--agents"]);
     eprintln!(
         "status --agents during the rollout:\n{}\nafter it:\n{status}",
         during.unwrap_or_default()
@@ -243,17 +101,17 @@ fn a_fleet_on_an_older_agent_is_upgraded_one_at_a_time_and_a_binary_that_cannot_
     // The broken binary was started and failed before agent-start restored the previous one.
     let exits = nodes[2].exits.lock().unwrap().clone();
     assert!(exits.contains(&Some(126)), "{exits:?}");
+    // The deprecated name still works, and the agent says it is deprecated.
+    assert!(
+        nodes[0]
+            .log()
+            .contains("INPLACE_UPDATER_AGENT_BINARY is deprecated"),
+        "{}",
+        nodes[0].log()
+    );
     // Every upgraded agent restarted exactly once into its new binary (exit 75), then stayed.
     for node in &nodes[..2] {
-        assert_eq!(
-            node.exits
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|c| **c == Some(75))
-                .count(),
-            1
-        );
+        assert_eq!(node.exits_with(75), 1, "{}", node.name);
     }
     let metrics = common::plain_get(server.metrics, "/metrics").unwrap().1;
     assert!(
@@ -267,4 +125,45 @@ fn a_fleet_on_an_older_agent_is_upgraded_one_at_a_time_and_a_binary_that_cannot_
     // The failed agent is not offered the same binary again: it stays on the old one.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(sha(&nodes[2].bin), old_sha);
+}
+
+#[tokio::test]
+async fn a_server_started_with_a_nodes_environment_serves_its_own_agent_and_says_why() {
+    // A node's agent.env from before the rename sets the agent's own executable under the name `serve` read for
+    // --agent-binary: the server must not hand out that file.
+    let setup = Setup::new();
+    let node_binary = setup.dir.path().join("node-inplace-agent");
+    std::fs::write(
+        &node_binary,
+        b"#!/bin/sh\n# a node's agent, not this release's\n",
+    )
+    .unwrap();
+    let args = setup.server_args("memory:");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = common::ServerProcess::start_env(
+        &setup.certs.paths,
+        &args,
+        &[("INPLACE_UPDATER_AGENT_BINARY", &node_binary)],
+    );
+    let warning = server.wait_for_log("serve ignores it");
+    assert!(
+        warning.contains("INPLACE_UPDATER_SERVED_AGENT_BINARY"),
+        "{warning}"
+    );
+    let client = common::Client::new(&setup.certs.paths.ca_cert, None, false);
+    let token = format!("Bearer {}", setup.token.token);
+    let reply = client
+        .get_with(
+            server.hooks,
+            inplace_agent_api::BINARY_PATH,
+            &[("authorization", &token)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.headers["x-inplace-sha256"].to_str().unwrap(),
+        sha(&agent_build()),
+        "the inplace-agent beside the server, not the node's file"
+    );
 }

@@ -171,6 +171,79 @@ async fn an_unknown_infrastructure_kind_is_left_to_a_rollout() {
     );
 }
 
+/// The fixture's request with the bootstrap config the same on both sides: the version is all that changes.
+fn version_only(request: &Value) -> Value {
+    let mut asked = request.clone();
+    asked["desired"]["bootstrapConfig"] = request["current"]["bootstrapConfig"].clone();
+    asked
+}
+
+/// Control planes other than KubeadmControlPlane ask CanUpdateMachine too (RKE2, k3s, Talos). Their nodes are
+/// not made by kubeadm, so nothing of theirs goes in place, the Kubernetes version included: CAPI reads a
+/// `Success` without a patch (a rollout), whose message names the bootstrap kind.
+#[tokio::test]
+async fn other_bootstrap_providers_roll_out_naming_their_kind() {
+    let providers = [
+        (
+            "can-update-machine-rke2.json",
+            "RKE2Config",
+            "spec.agentConfig.ntp.servers[0]",
+        ),
+        (
+            "can-update-machine-k3s.json",
+            "KThreesConfig",
+            "spec.version",
+        ),
+        (
+            "can-update-machine-talos.json",
+            "TalosConfig",
+            "spec.strategicPatches[0]",
+        ),
+    ];
+    for (fixture, kind, field) in providers {
+        let request = request(fixture, &[]);
+        for (asked, changed) in [
+            (request.clone(), vec!["Machine spec.version", field]),
+            (version_only(&request), vec!["Machine spec.version"]),
+        ] {
+            let (answer, body) = ask(Hook::CanUpdateMachine, &asked).await;
+            assert_eq!(answer["status"], "Success", "{fixture}: {answer}");
+            for patch in [
+                "machinePatch",
+                "bootstrapConfigPatch",
+                "infrastructureMachinePatch",
+            ] {
+                assert_eq!(answer[patch], Value::Null, "{fixture}: {patch}");
+            }
+            let reasons = rollout_reasons(capi_sim::can_update_machine(&asked, &body)).join("; ");
+            for path in &changed {
+                assert!(reasons.contains(path), "{fixture}: {path} in {reasons}");
+            }
+            let message = answer["message"].as_str().unwrap();
+            assert!(
+                message.starts_with("needs rollout")
+                    && message.contains(&format!(
+                        "Machine spec.version {} (the Machine's bootstrap config, {kind} (bootstrap.cluster.x-k8s.io), \
+                         is not kubeadm's KubeadmConfig",
+                        version_change(&asked)
+                    )),
+                "{fixture}: {message}"
+            );
+        }
+    }
+}
+
+/// `v1.32.4+rke2r1→v1.32.5+rke2r1`, as a CanUpdate message shows the Machine's version change.
+fn version_change(request: &Value) -> String {
+    let version = |side: &str| {
+        request[side]["machine"]["spec"]["version"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    format!("{}→{}", version("current"), version("desired"))
+}
+
 #[tokio::test]
 async fn in_place_only_mode_stops_capi_instead_of_replacing() {
     let (decision, answer) = capi_decides(

@@ -38,9 +38,13 @@ fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
     }
 }
 
-/// A strict structural check: types, required, enums, no undocumented properties, `format: byte` is base64.
+/// A strict structural check: types, required, enums, no undocumented properties, `format: byte` is base64,
+/// `null` only where `nullable`.
 fn check(doc: &Value, schema: &Value, value: &Value, at: &str) -> Result<(), String> {
     let schema = resolve(doc, schema);
+    if value.is_null() && schema.get("nullable").and_then(Value::as_bool) == Some(true) {
+        return Ok(());
+    }
     if let Some(options) = schema.get("enum").and_then(Value::as_array)
         && !options.contains(value)
     {
@@ -117,6 +121,7 @@ fn served_operations() -> BTreeSet<(String, String)> {
         "/metrics",
         "/status",
         "/status/agents",
+        "/status/retention",
         inplace_agent_api::CA_PATH,
         inplace_agent_api::BINARY_PATH,
     ] {
@@ -141,6 +146,11 @@ async fn router_for(path: &str) -> Router {
         inplace_updater::dispatch::Dispatcher::new(store, Default::default(), Default::default());
     match path {
         "/status" | "/status/agents" => inplace_updater::server::status_router(dispatcher, metrics),
+        "/status/retention" => {
+            // A swept store, so the record's schema is checked (before any sweep the answer is null).
+            dispatcher.sweep().await.unwrap();
+            inplace_updater::server::status_router(dispatcher, metrics)
+        }
         "/healthz" | "/readyz" => {
             let readiness = Readiness::default();
             readiness.set(true);

@@ -22,7 +22,8 @@ pub enum Undo {
     Restores,
     /// A point of no return: a success of it is not undone, and a rollback stops at it (it changed the control
     /// plane, which Kubernetes does not downgrade). The steps after it are undone back to the state right
-    /// after it.
+    /// after it. A step of it the agent passed over (the node already ran its target) crossed nothing: the
+    /// rollback goes on past it.
     NoReturn,
     /// It leaves nothing to undo (waiting, or the drain's cordon, which the rollback lifts last and only
     /// after the node is verified).

@@ -111,13 +111,13 @@ impl Agent {
             &config.token_file,
             config.tls_server_name.as_deref(),
         )?;
-        crate::artifact_config::prune_now(&config.state_dir);
         let me = crate::self_upgrade::SelfBinary::load(config.binary.clone(), &config.state_dir);
         let env = Arc::new(DriverEnv::new(
             config.root.clone(),
             driver_config,
             config.state_dir.clone(),
         ));
+        crate::node_sweep::sweep_now(&env, &store.state);
         Ok(Self {
             identity: config.identity,
             env,
@@ -509,7 +509,7 @@ impl StepHost for Agent {
 
     fn plan_ended(&mut self) {
         self.inventory_due = true;
-        crate::artifact_config::prune_now(&self.env.state_dir);
+        crate::node_sweep::sweep_now(&self.env, &self.store.state);
     }
 
     fn next_delay(&mut self) -> Duration {

@@ -34,7 +34,7 @@ pub struct AgentConfig {
     /// Refuse to start unless `driver_config` is given and holds the Kubernetes version step commands every
     /// node may run (the binary sets it unless `--no-kubernetes-steps`; false in [`AgentConfig::new`]).
     pub require_kubernetes_steps: bool,
-    /// `--binary`: the agent's own executable, which it replaces when the server offers another release;
+    /// `--self-binary`: the agent's own executable, which it replaces when the server offers another release;
     /// `None`: it never replaces itself.
     pub binary: Option<PathBuf>,
 }

@@ -29,6 +29,7 @@ mod hex;
 mod inventory;
 mod limits;
 mod node_config;
+mod node_sweep;
 mod preflight;
 mod reboot_config;
 mod reboot_decide;
@@ -48,6 +49,7 @@ mod state_full;
 mod step_host;
 mod sysext;
 mod sysext_config;
+mod sysext_images;
 mod sysext_release;
 mod template;
 mod token_file;
@@ -76,8 +78,8 @@ pub use driver_config::{
     SysextConfig, UndoSequence,
 };
 pub use drivers::{
-    NODE_STEP_DEADLINE_GRACE, driver_kinds, missing_undos, unconfigured_kinds,
-    unconfigured_optional_kinds,
+    CONTROL_PLANE_COMPONENTS, NODE_STEP_DEADLINE_GRACE, RUNNING_CHECK_TIMEOUT, driver_kinds,
+    missing_undos, unconfigured_kinds, unconfigured_optional_kinds,
 };
 pub use executor::MAX_STEP_ATTEMPTS;
 pub use inplace_agent_api as api;
@@ -108,6 +110,7 @@ pub use sequence_undo::{MAX_RECORD_VALUE_BYTES, MAX_RECORDS};
 pub use state::{MAX_OUTBOX, StateError};
 pub use state_full::{STATE_FULL_RECHECK, STATE_FULL_WAIT};
 pub use sysext::{MAX_OS_RELEASE_BYTES, MAX_SYSEXT_OUTPUT_BYTES, SYSEXT_COMMAND_TIMEOUT};
+pub use sysext_images::SYSEXT_IMAGE_RETENTION;
 
 /// How a running agent stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,6 +15,9 @@ pub const MAX_JOURNAL_BYTES: u64 = 16 * 1024 * 1024;
 pub const MAX_NODE_FACT_BYTES: u64 = 64 * 1024;
 /// The etcd static-pod manifest the etcd-image driver edits.
 pub const MAX_ETCD_MANIFEST_BYTES: u64 = 1024 * 1024;
+/// Each control-plane static-pod manifest (kube-apiserver, …) read to see which version a node runs before a
+/// `kubeadmUpgrade` step.
+pub const MAX_CONTROL_PLANE_MANIFEST_BYTES: u64 = 1024 * 1024;
 /// The kubelet flags file (`kubeadm-flags.env`) the kubelet-args driver edits.
 pub const MAX_KUBELET_FLAGS_BYTES: u64 = 1024 * 1024;
 /// `<root>/etc/passwd` and `<root>/etc/group`, read to resolve file owners and SSH users.

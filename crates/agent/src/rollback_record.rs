@@ -128,7 +128,8 @@ pub(crate) struct UndoOrder {
 
 /// The steps a failure of step `failed` undoes, in order: the failed one when its kind is undone (it may
 /// have changed things), then the succeeded ones before it in reverse, stopping at the last point of no
-/// return. Kinds that leave nothing to undo (the drain's cordon, waits) are passed over.
+/// return crossed. Kinds that leave nothing to undo (the drain's cordon, waits) are passed over, and so is a
+/// point of no return the step itself passed over (its node already ran the target: it changed nothing).
 pub(crate) fn undo_order(plan: &Plan, steps: &[LocalStepRecord], failed: usize) -> UndoOrder {
     let kind = |i: usize| plan.steps[i].action.step_kind().undo();
     let mut order = Vec::new();
@@ -142,6 +143,7 @@ pub(crate) fn undo_order(plan: &Plan, steps: &[LocalStepRecord], failed: usize) 
             continue;
         }
         match kind(i) {
+            Undo::NoReturn if steps[i].passed_over => {}
             Undo::NoReturn => {
                 stopped_at = Some(i as u32);
                 break;

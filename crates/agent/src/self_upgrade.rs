@@ -76,7 +76,7 @@ pub(crate) enum UpgradeError {
 /// The agent's own executable and where its last upgrade stands.
 #[derive(Debug)]
 pub(crate) struct SelfBinary {
-    /// The executable it may replace (`--binary`); `None`: it never replaces itself.
+    /// The executable it may replace (`--self-binary`); `None`: it never replaces itself.
     path: Option<PathBuf>,
     /// SHA-256 of the running executable.
     sha256: Option<String>,

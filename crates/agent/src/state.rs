@@ -67,6 +67,10 @@ pub struct LocalStepRecord {
     /// the kind is not undone, has no undo in this agent, or an older agent ran the step).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub undo: Option<UndoRecord>,
+    /// It succeeded without an effect: its check found the target on the node before its first effect. A
+    /// point of no return passed over is not crossed, so a rollback goes on past it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub passed_over: bool,
 }
 
 /// The commands of a step's configured sequence known to have completed, written (fsynced) after
@@ -91,6 +95,10 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 impl LocalStepRecord {
     pub(crate) fn pending() -> Self {
         Self {
@@ -103,6 +111,7 @@ impl LocalStepRecord {
             message: None,
             progress: None,
             undo: None,
+            passed_over: false,
         }
     }
 
@@ -131,6 +140,7 @@ impl LocalStepRecord {
             .as_deref()
             .map(|t| truncate_tail(t, STDERR_TAIL_MAX_BYTES).to_owned());
         self.message = Some(truncate_head(&result.message, MESSAGE_MAX_BYTES).to_owned());
+        self.passed_over = result.passed_over;
     }
 
     /// Whether an attempt of this step ever started: it was recorded `running` (durably, before

@@ -9,7 +9,8 @@
 //! Idempotent, so a resumed step may run it again after a kill at any point: a link already at the image
 //! is left alone and only refreshed and verified. systemd-sysext runs without `--root`: v252 ignores a
 //! symlink that leaves the extensions directory under `--root`, so the agent's node paths must be the
-//! paths systemd-sysext sees (`--root /`, or a mount namespace arranged that way).
+//! paths systemd-sysext sees (`--root /`, or a mount namespace arranged that way). Each switch that ends merged
+//! is noted in the journal of linked images (`crate::sysext_images`), whose sweep removes old ones.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -20,6 +21,7 @@ use tokio::time::Instant;
 use crate::command::{CommandEnd, CommandOutput, STDOUT_TAIL_MAX_BYTES, display_argv, run_command};
 use crate::driver_env::DriverEnv;
 use crate::fsutil::{FsError, fs_err, read_optional, remove_file, sync_dir, temp_beside};
+use crate::sysext_images::note_linked;
 use crate::sysext_release::{
     Mismatch, compatibility, listed_path, merged_names, node_architecture, parse_release,
 };
@@ -124,6 +126,7 @@ impl Run<'_> {
                     restored: "the link stays removed".to_owned(),
                 });
             }
+            note_linked(&self.env.state_dir, name, image, before.as_deref());
             return Ok(format!("{link_node} removed; {name} is not merged"));
         }
         self.check_image(name, image).await?;
@@ -133,7 +136,10 @@ impl Run<'_> {
         }
         self.refresh().await?;
         let what = match self.verify(name, &link_node).await {
-            Ok(()) => return Ok(format!("{link_node} → {image}; {name} merged")),
+            Ok(()) => {
+                note_linked(&self.env.state_dir, name, image, before.as_deref());
+                return Ok(format!("{link_node} → {image}; {name} merged"));
+            }
             // Resumed, the run finds the link switched: refreshed and verified again.
             Err(SysextError::ShuttingDown) => return Err(SysextError::ShuttingDown),
             Err(e) => e.to_string(),
@@ -168,12 +174,7 @@ impl Run<'_> {
     }
 
     fn link_node(&self, name: &str) -> Result<String, SysextError> {
-        let dir = expand(
-            &self.env.config.sysext.extensions_dir,
-            &Vars::root_only(&self.env.command_env.root.display().to_string()),
-        )
-        .map_err(SysextError::Node)?;
-        Ok(format!("{}/{name}.raw", dir.trim_end_matches('/')))
+        link_node(self.env, name).map_err(SysextError::Node)
     }
 
     fn real(&self, node_path: &str) -> Result<PathBuf, SysextError> {
@@ -299,6 +300,15 @@ impl Run<'_> {
         let output = run_command(argv, &self.env.command_env, deadline, self.cancel).await;
         command_result(argv, output)
     }
+}
+
+/// The node path of extension `name`'s link: `<extensionsDir>/<name>.raw`.
+pub(crate) fn link_node(env: &DriverEnv, name: &str) -> Result<String, String> {
+    let dir = expand(
+        &env.config.sysext.extensions_dir,
+        &Vars::root_only(&env.command_env.root.display().to_string()),
+    )?;
+    Ok(format!("{}/{name}.raw", dir.trim_end_matches('/')))
 }
 
 /// The stdout of a command that exited 0 with output under [`MAX_SYSEXT_OUTPUT_BYTES`], else the error.

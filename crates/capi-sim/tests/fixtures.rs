@@ -102,6 +102,24 @@ const CAN_UPDATE_MACHINE: &[(&str, &[&str])] = &[
             "AcmeMetalMachine spec.firmware.bmcVersion",
         ],
     ),
+    (
+        "can-update-machine-rke2.json",
+        &[
+            "Machine spec.version",
+            "RKE2Config spec.agentConfig.ntp.servers[0]",
+        ],
+    ),
+    (
+        "can-update-machine-k3s.json",
+        &["Machine spec.version", "KThreesConfig spec.version"],
+    ),
+    (
+        "can-update-machine-talos.json",
+        &[
+            "Machine spec.version",
+            "TalosConfig spec.strategicPatches[0]",
+        ],
+    ),
 ];
 
 #[test]

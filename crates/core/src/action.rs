@@ -56,6 +56,25 @@ impl Action {
         }
     }
 
+    /// Why this action cannot be done on a Machine whose desired bootstrap config is of `bootstrap` (its
+    /// Machine-level kind and API group; `None`: the request has no bootstrap config), or `None` when it can.
+    /// The Kubernetes version is upgraded with kubeadm (`kubeadm upgrade`, the kubeadm and kubelet packages),
+    /// so only on a node CAPI's kubeadm bootstrap provider made: an RKE2, k3s or Talos node upgrades its own
+    /// way, and its version change rolls out. The other actions' rules name the objects they apply to.
+    pub fn refused_by_bootstrap(self, bootstrap: Option<(&str, &str)>) -> Option<String> {
+        match (self, bootstrap) {
+            (Action::KubernetesVersion, Some((kind, group)))
+                if !crate::objects::is_kubeadm_config(kind, group) =>
+            {
+                Some(format!(
+                    "the Machine's bootstrap config, {kind} ({group}), is not kubeadm's KubeadmConfig: the agent \
+                     upgrades Kubernetes with kubeadm only"
+                ))
+            }
+            _ => None,
+        }
+    }
+
     /// Whether performing it can disturb workloads on the node (restarts kubelet, etcd or the
     /// control plane, or reboots). Files, SSH keys and NTP do not; CAPI may then skip the surge machine.
     pub fn disturbs_workloads(self) -> bool {
@@ -100,5 +119,32 @@ mod tests {
             );
         }
         assert!("reboot".parse::<Action>().is_err());
+    }
+
+    #[test]
+    fn only_kubeadm_nodes_get_their_kubernetes_version_in_place() {
+        let kubeadm = Some(("KubeadmConfig", "bootstrap.cluster.x-k8s.io"));
+        let rke2 = Some(("RKE2Config", "bootstrap.cluster.x-k8s.io"));
+        let elsewhere = Some(("KubeadmConfig", "bootstrap.example.com"));
+        assert_eq!(
+            Action::KubernetesVersion.refused_by_bootstrap(kubeadm),
+            None
+        );
+        assert_eq!(Action::KubernetesVersion.refused_by_bootstrap(None), None);
+        assert_eq!(
+            Action::KubernetesVersion
+                .refused_by_bootstrap(rke2)
+                .as_deref(),
+            Some(
+                "the Machine's bootstrap config, RKE2Config (bootstrap.cluster.x-k8s.io), is not kubeadm's \
+                 KubeadmConfig: the agent upgrades Kubernetes with kubeadm only"
+            )
+        );
+        assert!(
+            Action::KubernetesVersion
+                .refused_by_bootstrap(elsewhere)
+                .is_some()
+        );
+        assert_eq!(Action::Files.refused_by_bootstrap(rke2), None);
     }
 }

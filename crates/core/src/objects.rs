@@ -97,6 +97,24 @@ pub const SET_NAME_LABEL: &str = "cluster.x-k8s.io/set-name";
 /// The label CAPI puts on a MachineSet and its Machines with the template hash.
 pub const TEMPLATE_HASH_LABEL: &str = "machine-template-hash";
 
+/// API group of CAPI's kubeadm bootstrap provider.
+pub const KUBEADM_BOOTSTRAP_GROUP: &str = "bootstrap.cluster.x-k8s.io";
+
+/// The kind whose rules apply to an object's compared part: the object's own kind for Machine-level
+/// objects, the templated kind for templates (`KubeadmConfigTemplate` → `KubeadmConfig`).
+pub fn machine_level_kind(scope: Scope, object: &Value) -> &str {
+    let kind = kind_of(object);
+    match scope {
+        Scope::Object => kind,
+        Scope::Template => templated_kind(kind).unwrap_or(kind),
+    }
+}
+
+/// Whether an object of this Machine-level kind and API group is a CABPK KubeadmConfig.
+pub fn is_kubeadm_config(kind: &str, api_group: &str) -> bool {
+    kind == "KubeadmConfig" && api_group == KUBEADM_BOOTSTRAP_GROUP
+}
+
 /// The object's `kind`, or `""`.
 pub fn kind_of(object: &Value) -> &str {
     object.get("kind").and_then(Value::as_str).unwrap_or("")

@@ -16,6 +16,7 @@ pub mod token_rule;
 mod tokens;
 mod upgrade;
 pub mod upgrade_decide;
+pub mod upgrade_writes;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};

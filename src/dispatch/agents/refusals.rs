@@ -140,17 +140,7 @@ impl Agents {
         for entry in store.list(AGENT_REFUSALS_PREFIX).await? {
             let old = serde_json::from_slice::<AgentRefusalRecord>(&entry.value)
                 .map_or(true, |record| record.at_ms < horizon);
-            if old
-                && matches!(
-                    store
-                        .delete(
-                            &entry.key,
-                            inplace_store::Precondition::Revision(entry.revision)
-                        )
-                        .await?,
-                    inplace_store::Write::Done(_)
-                )
-            {
+            if old && self.floor.db.delete_as_listed(&entry).await? {
                 deleted += 1;
             }
         }

@@ -46,6 +46,13 @@ impl Lifetime {
         })
     }
 
+    /// Whether the retention sweep may delete the record of a minted token with this lifetime once everything
+    /// is older than `horizon_ms`: it expired by then (an unused successor that has not expired is an agent's
+    /// next token, and stays).
+    pub fn sweepable(&self, horizon_ms: u64) -> bool {
+        self.expires_ms <= horizon_ms
+    }
+
     /// Whether it has expired at `now_ms`.
     pub fn expired(&self, now_ms: u64) -> bool {
         now_ms >= self.expires_ms
@@ -119,6 +126,22 @@ impl Rotation {
         self.used
             .as_ref()
             .is_some_and(|used| now_ms >= used.at_ms + grace.as_millis() as u64)
+    }
+
+    /// Whether the retention sweep may delete this rotation once everything is older than `horizon_ms`: every
+    /// successor minted in it expired by then (`successor_expiry` gives a successor's expiry, `None` when its
+    /// record is gone, which the sweep does only after it expired). Until then the rotation still refuses the
+    /// unused siblings and, the predecessor expiring before its successors, the retired predecessor.
+    pub fn sweepable(
+        &self,
+        successor_expiry: impl Fn(&str) -> Option<u64>,
+        horizon_ms: u64,
+    ) -> bool {
+        self.offered_ms <= horizon_ms
+            && self
+                .successors
+                .iter()
+                .all(|s| successor_expiry(s).is_none_or(|expires| expires <= horizon_ms))
     }
 
     /// What using `successor` at `now_ms` does: `Ok(Some(rotation))` to record it as the one used,
@@ -206,6 +229,40 @@ mod tests {
             ));
         }
         assert!(!Rotation::may_offer(many.as_ref(), u64::MAX / 2));
+    }
+
+    #[test]
+    fn token_records_are_swept_only_once_every_token_they_vouch_for_expired() {
+        let life = Lifetime {
+            issued_ms: 0,
+            expires_ms: 3 * HOUR,
+        };
+        assert!(!life.sweepable(3 * HOUR - 1), "an unused successor stays");
+        assert!(life.sweepable(3 * HOUR));
+        let rotation = Rotation::offered(
+            Some(&Rotation::offered(None, "a".into(), HOUR)),
+            "b".into(),
+            2 * HOUR,
+        );
+        let expiry = |s: &str| match s {
+            "a" => Some(4 * HOUR),
+            "b" => Some(5 * HOUR),
+            _ => None,
+        };
+        // (horizon, successors' expiries) → sweepable
+        for (horizon, swept_a, want) in [
+            (4 * HOUR, false, false),
+            (5 * HOUR - 1, true, false),
+            (5 * HOUR, false, true),
+            (5 * HOUR, true, true),
+        ] {
+            let lookup = |s: &str| if swept_a && s == "a" { None } else { expiry(s) };
+            assert_eq!(
+                rotation.sweepable(lookup, horizon),
+                want,
+                "{horizon} {swept_a}"
+            );
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use super::scope::AgentScope;
 use super::token_rule::{Lifetime, Rotation};
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::db::{Committed, Put};
-use crate::dispatch::floor::keys::{agent_token_key, token_rotation_key};
+use crate::dispatch::floor::keys::{AGENT_TOKENS_PREFIX, agent_token_key, token_rotation_key};
 
 /// Most minted tokens (and used successors) cached in memory; the cache starts over when full.
 pub const MAX_CACHED_AGENT_TOKENS: usize = 100_000;
@@ -178,6 +178,43 @@ impl Agents {
             Committed::Done => Some(Minted { expires_ms }),
             Committed::Conflict => None,
         })
+    }
+
+    /// Deletes the token records nothing needs any more, `--retention` after they stopped mattering: minted
+    /// tokens that expired, and rotations whose every successor expired. Each delete is conditional on the record
+    /// being as listed, so a record a replica changed meanwhile stays. Returns how many were deleted.
+    pub async fn sweep_tokens(&self) -> Result<usize, DispatchError> {
+        let horizon = self
+            .floor
+            .now_ms()
+            .saturating_sub(self.floor.config.retention.as_millis() as u64);
+        let store = self.floor.db.store();
+        let entries = store.list(AGENT_TOKENS_PREFIX).await?;
+        let lifetimes: HashMap<&str, Lifetime> = entries
+            .iter()
+            .filter_map(|e| {
+                let hash = e.key.strip_prefix(AGENT_TOKENS_PREFIX)?;
+                let minted = serde_json::from_slice::<MintedToken>(&e.value).ok()?;
+                (!hash.contains('/')).then_some((hash, minted.lifetime))
+            })
+            .collect();
+        let mut deleted = 0;
+        for entry in &entries {
+            let Some(rest) = entry.key.strip_prefix(AGENT_TOKENS_PREFIX) else {
+                continue;
+            };
+            // Unreadable records are left alone: what they vouch for cannot be told.
+            let sweepable = if rest.contains("/rotation/") {
+                serde_json::from_slice::<Rotation>(&entry.value)
+                    .is_ok_and(|r| r.sweepable(|s| lifetimes.get(s).map(|l| l.expires_ms), horizon))
+            } else {
+                lifetimes.get(rest).is_some_and(|l| l.sweepable(horizon))
+            };
+            if sweepable && self.floor.db.delete_as_listed(entry).await? {
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
     }
 
     fn token_cache(&self) -> std::sync::MutexGuard<'_, TokenCache> {

@@ -1,19 +1,24 @@
-//! Agent self-upgrades, the I/O around [`super::upgrade_decide`]: the release the fleet should run (set once at
-//! start), each agent's upgrade record in the store (so replicas agree on who is upgrading), the fleet's rollout
-//! counts (listed from the store, kept for [`ROLLOUT_VIEW_TTL`]), and the outcome an agent reports.
+//! Agent self-upgrades, the I/O around [`super::upgrade_decide`] and [`super::upgrade_writes`]: the release the
+//! fleet should run (set once at start), each agent's upgrade record and its slot of the fleet's upgrade pool in
+//! the store (so replicas agree on who is upgrading, and never offer more at once than there are slots), the
+//! failed counts (listed from the store, kept for [`ROLLOUT_VIEW_TTL`]), and the outcome an agent reports.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError};
 
 use inplace_agent_api::{AgentFacts, AgentUpgrade, MachineRef, PlanProgress};
+use inplace_store::{Precondition, Write};
 
 use super::Agents;
 use super::upgrade_decide::{
     AgentRelease, ROLLOUT_VIEW_TTL, RolloutCounts, RolloutView, UpgradeDecision, UpgradeRecord,
     UpgradeState, decide, is_idle,
 };
+use super::upgrade_writes::{UPGRADE_POOL, end_ops, ended, offer_ops, sweepable};
 use crate::dispatch::floor::DispatchError;
+use crate::dispatch::floor::db::{CAS_ATTEMPTS, Committed};
 use crate::dispatch::floor::keys::{AGENT_UPGRADES_PREFIX, agent_upgrade_key, parse_machine};
+use crate::dispatch::floor::slots::{self, Pool};
 
 impl Agents {
     /// Sets the release the fleet should run (`None`: agents are never offered an upgrade).
@@ -29,9 +34,10 @@ impl Agents {
             .clone()
     }
 
-    /// Takes what an agent says about itself in a poll: confirms or fails its upgrade in flight. Returns its
-    /// upgrade record as it stands (`None` also when nothing needed reading: an agent on the release with no
-    /// outcome to tell, or one that cannot replace itself, costs no store read).
+    /// Takes what an agent says about itself in a poll: confirms or fails its upgrade in flight, giving back its
+    /// upgrade slot in the same transaction. Returns its upgrade record as it stands (`None` also when nothing
+    /// needed reading: an agent on the release with no outcome to tell, or one that cannot replace itself, costs
+    /// no store read).
     pub(super) async fn note_upgrade(
         &self,
         machine: &MachineRef,
@@ -49,49 +55,42 @@ impl Agents {
             return Ok(None);
         }
         let key = agent_upgrade_key(machine);
-        let now = self.floor.now_ms();
-        let mut ended = None;
-        let record = self
-            .floor
-            .db
-            .update(&key, |record: Option<&UpgradeRecord>| {
-                ended = None;
-                let Some(record) = record.filter(|r| r.state == UpgradeState::Upgrading) else {
-                    return Ok(None);
-                };
-                let mut next = record.clone();
-                if facts.sha256.as_deref() == Some(record.target_sha256.as_str()) {
-                    next.state = UpgradeState::Succeeded;
-                } else if let Some(outcome) = facts
-                    .upgrade
-                    .as_ref()
-                    .filter(|o| !o.succeeded && o.target_sha256 == record.target_sha256)
-                {
-                    next.state = UpgradeState::Failed;
-                    next.message = Some(outcome.message.clone());
-                } else if let Some(message) = record.failure_at(now) {
-                    next.state = UpgradeState::Failed;
-                    next.message = Some(message);
-                } else {
-                    return Ok(None);
-                }
-                next.ended_ms = Some(now);
-                ended = Some(next.state);
-                Ok(Some(next))
-            })
-            .await?;
-        if let Some(state) = ended {
+        let holder = machine.to_string();
+        let pool = upgrade_pool(&release);
+        for _ in 0..CAS_ATTEMPTS {
+            let now = self.floor.now_ms();
+            let Some((record, entry)) = self.floor.db.read::<UpgradeRecord>(&key).await? else {
+                return Ok(None);
+            };
+            let Some(next) = ended(&record, facts, now) else {
+                return Ok(Some(record));
+            };
+            let view = slots::load(self.floor.db.store().as_ref(), UPGRADE_POOL).await?;
+            let ops = end_ops(
+                &pool,
+                &view,
+                &holder,
+                key.clone(),
+                &next,
+                Precondition::Revision(entry.revision),
+            )?;
+            if self.floor.db.commit_ops(ops).await? == Committed::Conflict {
+                continue;
+            }
             self.fleet
                 .metrics()
-                .agent_upgrade_ended(state == UpgradeState::Succeeded);
+                .agent_upgrade_ended(next.state == UpgradeState::Succeeded);
             self.forget_rollout();
-            tracing::info!(machine = %machine, outcome = ?state, message = record.as_ref().and_then(|r| r.message.as_deref()).unwrap_or(""), "agent upgrade ended");
+            tracing::info!(machine = %machine, outcome = ?next.state, message = next.message.as_deref().unwrap_or(""), "agent upgrade ended");
+            return Ok(Some(next));
         }
-        Ok(record)
+        Err(DispatchError::Contention(key))
     }
 
     /// The upgrade to offer the agent now, if any (`record`: what [`Agents::note_upgrade`] returned). Called
-    /// only when the Machine has no plan for the agent.
+    /// only when the Machine has no plan for the agent. The offer takes one of the fleet's
+    /// `--agent-upgrade-concurrency` slots in the store, in one transaction with the agent's upgrade record, so
+    /// replicas never offer more at once than there are slots.
     pub(super) async fn offer_upgrade(
         &self,
         machine: &MachineRef,
@@ -102,62 +101,77 @@ impl Agents {
         let Some(release) = self.release() else {
             return Ok(None);
         };
-        let now = self.floor.now_ms();
         let Some(binary) = release.binaries.get(&facts.arch) else {
             return Ok(None);
         };
-        let mut rollout = self.rollout(&binary.sha256).await?;
-        if record
-            .as_ref()
-            .is_some_and(|r| r.state == UpgradeState::Upgrading && r.target_sha256 == binary.sha256)
-        {
-            rollout.in_flight = rollout.in_flight.saturating_sub(1);
-        }
-        let decision = decide(
+        let holder = machine.to_string();
+        let idle = is_idle(current);
+        // First from the counts listed at most ROLLOUT_VIEW_TTL ago: most outdated agents are told "not now"
+        // without a store read. An offer is only made from the slots read afresh below.
+        let (failed, cached) = self.rollout(&binary.sha256).await?;
+        let counts = |pool: &slots::PoolView, now| RolloutCounts {
+            in_flight: pool.held_by_others(&holder, now),
+            failed,
+        };
+        let now = self.floor.now_ms();
+        let early = decide(
             &release,
             facts,
-            is_idle(current),
+            idle,
             record.as_ref(),
-            rollout,
+            counts(&cached, now),
             now,
         );
-        let UpgradeDecision::Offer(offer) = decision else {
+        if !matches!(early, UpgradeDecision::Offer(_)) {
             return Ok(None);
-        };
-        let fresh = UpgradeRecord {
-            target_sha256: offer.sha256.clone(),
-            target_version: offer.version.clone(),
-            from_sha256: facts.sha256.clone(),
-            from_version: facts.version.clone(),
-            started_ms: now,
-            state: UpgradeState::Upgrading,
-            ended_ms: None,
-            message: None,
-        };
-        self.floor
-            .db
-            .update(
-                &agent_upgrade_key(machine),
-                |record: Option<&UpgradeRecord>| {
-                    Ok(match record {
-                        Some(r)
-                            if r.state == UpgradeState::Upgrading
-                                && r.target_sha256 == offer.sha256 =>
-                        {
-                            None
-                        }
-                        _ => Some(fresh.clone()),
-                    })
-                },
-            )
-            .await?;
-        self.forget_rollout();
-        tracing::info!(machine = %machine, from = %facts.version, to = %offer.version, "offering the agent its upgrade");
-        Ok(Some(offer))
+        }
+        let key = agent_upgrade_key(machine);
+        let pool = upgrade_pool(&release);
+        for _ in 0..CAS_ATTEMPTS {
+            let now = self.floor.now_ms();
+            let stored = self.floor.db.read::<UpgradeRecord>(&key).await?;
+            let view = slots::load(self.floor.db.store().as_ref(), UPGRADE_POOL).await?;
+            self.remember_pool(&view);
+            let record = stored.as_ref().map(|(r, _)| r);
+            let UpgradeDecision::Offer(offer) =
+                decide(&release, facts, idle, record, counts(&view, now), now)
+            else {
+                return Ok(None);
+            };
+            let fresh = UpgradeRecord {
+                target_sha256: offer.sha256.clone(),
+                target_version: offer.version.clone(),
+                from_sha256: facts.sha256.clone(),
+                from_version: facts.version.clone(),
+                started_ms: now,
+                state: UpgradeState::Upgrading,
+                ended_ms: None,
+                message: None,
+            };
+            let stored = stored
+                .as_ref()
+                .map(|(r, entry)| (r, Precondition::Revision(entry.revision)));
+            let Some(ops) = offer_ops(&pool, &view, &holder, key.clone(), stored, &fresh)? else {
+                return Ok(None);
+            };
+            if ops.is_empty() {
+                return Ok(Some(offer));
+            }
+            if self.floor.db.commit_ops(ops).await? == Committed::Conflict {
+                continue;
+            }
+            self.forget_rollout();
+            tracing::info!(machine = %machine, from = %facts.version, to = %offer.version, "offering the agent its upgrade");
+            return Ok(Some(offer));
+        }
+        // Other replicas kept taking the slots first: not now, the agent's next poll asks again.
+        tracing::debug!(machine = %machine, "agent upgrade slots contended; no offer in this poll");
+        Ok(None)
     }
 
-    /// How the rollout of `target` stands across the fleet (at most [`ROLLOUT_VIEW_TTL`] old).
-    async fn rollout(&self, target: &str) -> Result<RolloutCounts, DispatchError> {
+    /// How the rollout of `target` stands across the fleet: its failed upgrades and the upgrade slots (at most
+    /// [`ROLLOUT_VIEW_TTL`] old).
+    async fn rollout(&self, target: &str) -> Result<(u32, slots::PoolView), DispatchError> {
         let now = self.floor.now_ms();
         {
             let view = self.rollout.lock().unwrap_or_else(PoisonError::into_inner);
@@ -165,24 +179,35 @@ impl Agents {
                 .listed_ms
                 .is_some_and(|at| now.saturating_sub(at) < ROLLOUT_VIEW_TTL.as_millis() as u64)
             {
-                return Ok(view.counts.get(target).copied().unwrap_or_default());
+                return Ok((
+                    view.failed.get(target).copied().unwrap_or_default(),
+                    view.pool.clone(),
+                ));
             }
         }
-        let mut counts: BTreeMap<String, RolloutCounts> = BTreeMap::new();
+        let mut failed: BTreeMap<String, u32> = BTreeMap::new();
         for (_, record) in self.upgrade_records().await? {
-            let entry = counts.entry(record.target_sha256.clone()).or_default();
-            match record.state_at(now) {
-                UpgradeState::Upgrading => entry.in_flight += 1,
-                UpgradeState::Failed => entry.failed += 1,
-                UpgradeState::Succeeded => {}
+            if record.state_at(now) == UpgradeState::Failed {
+                *failed.entry(record.target_sha256.clone()).or_default() += 1;
             }
         }
-        let mine = counts.get(target).copied().unwrap_or_default();
+        let pool = slots::load(self.floor.db.store().as_ref(), UPGRADE_POOL).await?;
+        let mine = failed.get(target).copied().unwrap_or_default();
         *self.rollout.lock().unwrap_or_else(PoisonError::into_inner) = RolloutView {
             listed_ms: Some(now),
-            counts,
+            failed,
+            pool: pool.clone(),
         };
-        Ok(mine)
+        Ok((mine, pool))
+    }
+
+    /// Keeps the upgrade slots just read for the next early look.
+    fn remember_pool(&self, pool: &slots::PoolView) {
+        self.rollout
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pool
+            .clone_from(pool);
     }
 
     fn forget_rollout(&self) {
@@ -190,6 +215,41 @@ impl Agents {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .listed_ms = None;
+    }
+
+    /// Deletes the upgrade records nothing needs any more ([`sweepable`], `--retention` after
+    /// they ended). Each delete is conditional on the record being as listed. Returns how many were deleted.
+    pub async fn sweep_upgrades(&self) -> Result<usize, DispatchError> {
+        let now = self.floor.now_ms();
+        let horizon = now.saturating_sub(self.floor.config.retention.as_millis() as u64);
+        let release = self.release();
+        let store = self.floor.db.store();
+        let mut deleted = 0;
+        for entry in store.list(AGENT_UPGRADES_PREFIX).await? {
+            let sweepable = serde_json::from_slice::<UpgradeRecord>(&entry.value)
+                .is_ok_and(|r| sweepable(&r, release.as_deref(), now, horizon));
+            if sweepable && self.floor.db.delete_as_listed(&entry).await? {
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Deletes the upgrade slots that are free (their hold expired), each only if it is as read. Returns how many.
+    pub async fn sweep_upgrade_slots(&self) -> Result<usize, DispatchError> {
+        let store = self.floor.db.store();
+        let view = slots::load(store.as_ref(), UPGRADE_POOL).await?;
+        let pool = Pool {
+            name: UPGRADE_POOL,
+            limit: self.release().map_or(0, |r| r.concurrency),
+        };
+        let mut freed = 0;
+        for op in slots::decide_sweep(&pool, &view, self.floor.now_ms()) {
+            if let Write::Done(_) = store.delete(&op.key, op.precondition).await? {
+                freed += 1;
+            }
+        }
+        Ok(freed)
     }
 
     /// Every agent's last upgrade record.
@@ -208,5 +268,13 @@ impl Agents {
             }
         }
         Ok(records)
+    }
+}
+
+/// The fleet's upgrade slots for `release`: `--agent-upgrade-concurrency` of them.
+fn upgrade_pool(release: &AgentRelease) -> Pool<'static> {
+    Pool {
+        name: UPGRADE_POOL,
+        limit: release.concurrency,
     }
 }

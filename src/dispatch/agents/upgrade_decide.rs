@@ -8,6 +8,8 @@ use std::time::Duration;
 use inplace_agent_api::{AgentFacts, AgentUpgrade, PlanProgress, PlanStatus, RollbackState};
 use serde::{Deserialize, Serialize};
 
+use crate::dispatch::floor::slots::PoolView;
+
 /// Default of `--agent-upgrade-concurrency`: agents that may be upgrading at once across the fleet.
 pub const DEFAULT_UPGRADE_CONCURRENCY: u32 = 10;
 /// Default of `--agent-upgrade-max-failures`: failed upgrades to the current release that stop the rollout.
@@ -106,7 +108,7 @@ impl UpgradeRecord {
 /// How the rollout of one binary stands across the fleet.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RolloutCounts {
-    /// Agents upgrading to it now.
+    /// Agents upgrading now (to any binary: they hold the fleet's upgrade slots).
     pub in_flight: u32,
     /// Agents whose upgrade to it failed.
     pub failed: u32,
@@ -126,16 +128,19 @@ pub enum UpgradeDecision {
 }
 
 /// How long the fleet's rollout counts are reused before the store is listed again: with 30 000 outdated agents
-/// polling every 25 s, a listing per poll would be 1 200 listings a second.
+/// polling every 25 s, a listing per poll would be 1 200 listings a second. They only tell an agent "not now"
+/// early: an offer is made after reading the upgrade slots afresh, and taken by compare-and-swap.
 pub const ROLLOUT_VIEW_TTL: Duration = Duration::from_secs(2);
 
-/// The rollout counts per target digest, and when they were listed (Unix ms).
+/// The failed upgrades per target digest and the upgrade slots, and when they were listed (Unix ms).
 #[derive(Default)]
 pub struct RolloutView {
     /// When it was listed (Unix ms); `None`: to be listed again.
     pub listed_ms: Option<u64>,
-    /// The counts per target digest.
-    pub counts: BTreeMap<String, RolloutCounts>,
+    /// Failed upgrades per target digest.
+    pub failed: BTreeMap<String, u32>,
+    /// The upgrade slots (`super::upgrade_writes::UPGRADE_POOL`), as last read.
+    pub pool: PoolView,
 }
 
 /// Whether the agent runs no step and has nothing left to report or undo, as its poll says.
@@ -175,7 +180,7 @@ pub fn decide(
     }
     if !facts.self_upgrade {
         return UpgradeDecision::Never(
-            "self-upgrade is off on this node (no INPLACE_UPDATER_AGENT_BINARY)".into(),
+            "self-upgrade is off on this node (no INPLACE_UPDATER_AGENT_SELF_BINARY)".into(),
         );
     }
     let mine = record.filter(|r| r.target_sha256 == binary.sha256);

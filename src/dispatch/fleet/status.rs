@@ -208,13 +208,7 @@ impl Fleet {
             if self.record_running(&run).await?.is_some() {
                 continue;
             }
-            if let inplace_store::Write::Done(_) = store
-                .delete(
-                    &entry.key,
-                    inplace_store::Precondition::Revision(entry.revision),
-                )
-                .await?
-            {
+            if self.floor.db.delete_as_listed(&entry).await? {
                 deleted += 1;
             }
         }

@@ -40,6 +40,15 @@ impl Put {
             precondition,
         })
     }
+
+    /// The transaction op that writes it.
+    pub fn op(self) -> TxnOp {
+        TxnOp {
+            key: self.key,
+            precondition: self.precondition,
+            action: TxnAction::Put(self.value),
+        }
+    }
 }
 
 /// How a transaction ended.
@@ -117,19 +126,29 @@ impl Db {
         Ok(())
     }
 
+    /// Deletes `entry`'s key if it is still as listed (same revision): what the retention sweeps delete with, so
+    /// a record another writer changed meanwhile stays. Returns whether it was deleted.
+    pub async fn delete_as_listed(&self, entry: &Entry) -> Result<bool, DispatchError> {
+        Ok(matches!(
+            self.store
+                .delete(&entry.key, Precondition::Revision(entry.revision))
+                .await?,
+            Write::Done(_)
+        ))
+    }
+
     /// Writes every record of `puts` in one transaction, or none of them when a precondition fails.
     pub async fn commit(&self, puts: Vec<Put>) -> Result<Committed, DispatchError> {
-        if puts.is_empty() {
+        self.commit_ops(puts.into_iter().map(Put::op).collect())
+            .await
+    }
+
+    /// Applies every op of `ops` (puts and deletes) in one transaction, or none of them when a precondition
+    /// fails.
+    pub async fn commit_ops(&self, ops: Vec<TxnOp>) -> Result<Committed, DispatchError> {
+        if ops.is_empty() {
             return Ok(Committed::Done);
         }
-        let ops = puts
-            .into_iter()
-            .map(|put| TxnOp {
-                key: put.key,
-                precondition: put.precondition,
-                action: TxnAction::Put(put.value),
-            })
-            .collect();
         Ok(match self.store.commit(ops).await? {
             TxnOutcome::Done(_) => Committed::Done,
             TxnOutcome::Conflict { .. } => Committed::Conflict,

@@ -25,6 +25,8 @@ pub const PROVIDERS_PREFIX: &str = "providers/";
 /// Prefix of agent tokens the server minted (rotation successors, by hash) and of token rotations (by the
 /// rotated token's hash and the agent that asked).
 pub const AGENT_TOKENS_PREFIX: &str = "agent-tokens/";
+/// Prefix of every slot of a store-backed counting semaphore ([`super::slots`]).
+pub const SLOTS_PREFIX: &str = "slots/";
 /// The key holding the stored format's version ([`super::format`]).
 pub const FORMAT_KEY: &str = "meta/format";
 
@@ -95,6 +97,11 @@ pub fn token_rotation_key(hash_hex: &str, agent: &inplace_agent_api::AgentIdenti
         "{AGENT_TOKENS_PREFIX}{hash_hex}/rotation/{}",
         hex(&digest[..16])
     )
+}
+
+/// Key of slot `index` of the pool `pool` ([`super::slots`]).
+pub fn slot_key(pool: &str, index: u32) -> String {
+    format!("{SLOTS_PREFIX}{pool}/{index}")
 }
 
 /// Key of a CanUpdateMachine verdict.

@@ -1,6 +1,7 @@
 //! The floor every wing of dispatch stands on: the store with typed records ([`db`]), the keys ([`keys`]), the
-//! records and a run's pure transitions ([`records`], [`run`]), the hold on a run ([`hold`]), the clock, the
-//! tunables, the error type and the stored format. No wing is imported here.
+//! records and a run's pure transitions ([`records`], [`run`]), the hold on a run ([`hold`]), store-backed
+//! counting semaphores ([`slots`]), what the retention sweep deletes ([`retention`]), the clock, the tunables, the error type and the stored format. No wing is
+//! imported here.
 
 pub mod clock;
 pub mod config;
@@ -10,9 +11,11 @@ pub mod format;
 pub mod hold;
 pub mod keys;
 pub mod records;
+pub mod retention;
 pub mod rollback;
 pub mod run;
 pub mod run_view;
+pub mod slots;
 
 use std::sync::Arc;
 

@@ -11,7 +11,6 @@ use inplace_core::DesiredMachine;
 use inplace_core::drain::NodeChange;
 use inplace_core::plan::MachineFacts;
 use inplace_core::verdict::Desired;
-use inplace_store::{Precondition, Write};
 
 pub use verdicts::{
     Granted, Judgement, MAX_REFUSAL_MESSAGE_CHARS, MAX_REFUSAL_PATHS, MAX_SHOWN_PATH_CHARS,
@@ -222,10 +221,7 @@ impl Licences {
                 if at.is_ok_and(|at| at > horizon) {
                     continue;
                 }
-                if let Write::Done(_) = store
-                    .delete(&entry.key, Precondition::Revision(entry.revision))
-                    .await?
-                {
+                if self.floor.db.delete_as_listed(&entry).await? {
                     deleted += 1;
                 }
             }

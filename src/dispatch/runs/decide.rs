@@ -2,11 +2,12 @@
 //! records to write in one transaction and what to answer from. No store, no clock: table-tested alone.
 //!
 //! In order: is this call a repeat of the recorded input (then nothing is judged or built); may its desired
-//! state run at all (the licence, [`crate::dispatch::licence::grant`]); would it start a new run outside the
-//! maintenance window (then it waits); which `kubeadm upgrade` this Machine runs (the first control-plane
-//! Machine of a version claims `apply`); the provider-id index; an operator retry; the Machine record for this
-//! desired state (the same state learns the new spelling, another state gets a new run); the operator's holds;
-//! the run record when the current run is not recorded yet.
+//! state run at all (the licence, [`crate::dispatch::licence::grant`], which also says what the change moves);
+//! would it start a new run outside the maintenance window (then it waits); which `kubeadm upgrade` this
+//! Machine runs (the first control-plane Machine whose change moves it to a version claims `apply`); the
+//! provider-id index; an operator retry; the Machine record for this desired state (the same state learns the
+//! new spelling, another state gets a new run); the operator's holds; the run record when the current run is
+//! not recorded yet.
 
 use inplace_agent_api::{KubeadmUpgradeMode, Plan};
 use inplace_core::Action;
@@ -244,7 +245,11 @@ pub fn decide(
         }
     }
 
-    if !repeat && snapshot.claim == Some(None) {
+    // Only a plan that upgrades claims `apply`: a change that leaves the version alone runs no kubeadm upgrade.
+    if !repeat
+        && snapshot.claim == Some(None)
+        && planner.change.actions.contains(&Action::KubernetesVersion)
+    {
         writes.push(Write::Claim(ApplyClaim {
             machine: facts.machine.name.clone(),
             claimed_ms: now_ms,

@@ -197,6 +197,90 @@ fn the_first_control_plane_machine_claims_apply_and_the_others_run_node() {
     );
 }
 
+/// The step kinds of the run `c` records.
+fn planned_kinds(c: &Committed) -> Vec<&'static str> {
+    let plan = c.writes.iter().find_map(|w| match w {
+        Write::Run(run) => Some(&run.plan),
+        _ => None,
+    });
+    plan.expect("a new run")
+        .steps
+        .iter()
+        .map(|s| s.action.kind())
+        .collect()
+}
+
+/// Issue 43: one file changed on a control-plane Machine at the version it runs (what CanUpdateMachine judged)
+/// is planned as that file's step alone, and claims no `kubeadm upgrade apply`; unjudged (an operator's
+/// accept-unjudged), every allowed action is planned as before.
+#[test]
+fn a_change_that_leaves_the_version_plans_no_upgrade_and_claims_no_apply() {
+    use inplace_core::Action;
+    use inplace_core::drain::{NodeChange, VersionChange};
+    let request = request("cp-1", true, "v1.33.4", "one new line");
+    let mut verdict = verdict_for(&request, true);
+    verdict.node_change = Some(NodeChange {
+        version: VersionChange::None,
+        actions: [Action::Files].into(),
+    });
+    let files_only = Snapshot {
+        claim: Some(None),
+        verdict: Some(verdict),
+        ..Snapshot::default()
+    };
+    let c = commit(decided(&request, &files_only));
+    assert_eq!(planned_kinds(&c), ["files"]);
+    assert!(
+        !c.writes.iter().any(|w| matches!(w, Write::Claim(_))),
+        "no kubeadm upgrade, so no apply claim"
+    );
+    assert_eq!(c.record.node_change.actions, [Action::Files].into());
+    // The same desired state again, spelled otherwise: the record's judgement plans it, the run is kept.
+    let mut respelled = request.clone();
+    respelled.machine_text =
+        serde_json::value::RawValue::from_string(format!(" {}", request.machine_text.get()))
+            .unwrap();
+    respelled.hashed = Default::default();
+    let again = commit(decided(
+        &respelled,
+        &Snapshot {
+            verdict: None,
+            ..after(&c, &files_only)
+        },
+    ));
+    assert_eq!(again.record.run_id, c.record.run_id);
+    assert_eq!(again.record.state_hash, c.record.state_hash);
+    // Accepted by the operator, no verdict: nothing says what moved, so the version's steps are planned too,
+    // drained as a version change of unknown size (the agent passes over what the node already runs).
+    let mut machine = request.machine.clone();
+    let fingerprint = request.desired_print().unwrap().fingerprint;
+    machine["metadata"]["annotations"] = serde_json::json!({
+        inplace_core::knobs::ACCEPT_UNJUDGED_ANNOTATION:
+            inplace_core::verdict::operator_fingerprint(&fingerprint)
+    });
+    let unjudged = crate::dispatch::testing::with_machine(&request, machine);
+    let c = commit(decided(
+        &unjudged,
+        &Snapshot {
+            claim: Some(None),
+            ..Snapshot::default()
+        },
+    ));
+    assert_eq!(
+        planned_kinds(&c),
+        [
+            "files",
+            "installKubeadm",
+            "kubeadmUpgrade",
+            "drainNode",
+            "installKubelet",
+            "waitNodeReady",
+            "uncordonNode"
+        ]
+    );
+    assert!(c.writes.iter().any(|w| matches!(w, Write::Claim(_))));
+}
+
 #[test]
 fn the_provider_index_is_written_with_a_new_record_only() {
     let mut machine = request("m-1", false, "v1.34.1", "hi").machine;

@@ -1,5 +1,6 @@
-//! The plan a run records for an UpdateMachine request: built from the desired state with the drain the node
-//! change calls for, then checked as the agent will check it. Pure: no store, no clock.
+//! The plan a run records for an UpdateMachine request: built from the desired state, with the steps of what
+//! the node change moves and the drain it calls for, then checked as the agent will check it. Pure: no store,
+//! no clock.
 
 use inplace_agent_api::{KubeadmUpgradeMode, Plan, validate_plan};
 use inplace_core::Action;
@@ -10,8 +11,9 @@ use serde_json::value::RawValue;
 use super::request::UpdateRequest;
 use crate::dispatch::floor::DispatchError;
 
-/// The plan an update records: built from the desired state, with the drain `change` calls for under the
-/// request's drain rules and the Machine's knobs, then checked as the agent will check it.
+/// The plan an update records: built from the desired state, with the steps of the actions `change` moves and
+/// the drain it calls for under the request's drain rules and the Machine's knobs, then checked as the agent
+/// will check it.
 /// Pure (no store, no clock), so the hook_request fuzz target runs exactly this.
 pub fn plan_for(
     request: &UpdateRequest,
@@ -29,6 +31,7 @@ pub fn plan_for(
         facts,
         bootstrap: request.bootstrap.as_deref().map(RawValue::get),
         actions: &request.actions,
+        change,
         upgrade_mode: mode,
         drain: verdict.drain().copied(),
         infra: request.infra.as_deref().map(RawValue::get),
@@ -41,9 +44,10 @@ pub fn plan_for(
     Ok(plan)
 }
 
-/// What the request's plan drains for: the change a judgement of this desired state found (the licence's, or
-/// the Machine record's for a repeat of its state), else [`NodeChange::unknown`] — with an OS image change when
-/// the request's plan may switch the image (unjudged, it may differ: the plan then drains before the reboot).
+/// What the request's plan moves and drains for: the change a judgement of this desired state found (the
+/// licence's, or the Machine record's for a repeat of its state), else [`NodeChange::unknown`] — every action,
+/// with an OS image change when the request's plan may switch the image (unjudged, it may differ: the plan
+/// then switches it, draining before the reboot, and the agent passes over what the node already has).
 pub fn node_change_of(request: &UpdateRequest, known: Option<&NodeChange>) -> NodeChange {
     known.cloned().unwrap_or_else(|| {
         let unknown = NodeChange::unknown(request.desired.facts.version.is_some());

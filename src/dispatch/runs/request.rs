@@ -55,11 +55,13 @@ pub struct UpdateRequest {
 }
 
 impl UpdateRequest {
-    /// A fingerprint of everything the plan is built from: this server's version, the upgrade mode, the
-    /// actions, the drain rules and the desired objects' texts (the infrastructure machine's too, which only
-    /// the verdict check reads). The same fingerprint always builds the same plan, so a Machine record
-    /// carrying it lets a repeated call skip building and hashing the plan. Different texts that mean the
-    /// same only cost one build.
+    /// A fingerprint of everything the plan is built from but what the change moves: this server's version,
+    /// the upgrade mode, the actions, the drain rules and the desired objects' texts (the infrastructure
+    /// machine's too, which only the verdict check reads). What the change moves belongs to the desired state's
+    /// licence, which the Machine record keeps with the run: a call repeating the recorded fingerprint is of
+    /// that state, so it always has the same plan, and a Machine record carrying the fingerprint lets a
+    /// repeated call skip building and hashing the plan. Different texts that mean the same only cost one
+    /// build.
     pub fn input_hash(&self, mode: KubeadmUpgradeMode) -> &str {
         let slot = match mode {
             KubeadmUpgradeMode::Apply => &self.hashed[0],

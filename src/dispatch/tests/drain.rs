@@ -14,7 +14,11 @@ async fn the_drain_steps_progress_text_is_shown() {
     let mut verdict = verdict_for(&asked, true);
     verdict.node_change = Some(NodeChange {
         version: VersionChange::Minor,
-        actions: [inplace_core::Action::KubernetesVersion].into(),
+        actions: [
+            inplace_core::Action::KubernetesVersion,
+            inplace_core::Action::Files,
+        ]
+        .into(),
     });
     d.licences
         .record_verdict(&machine_verdict_key(&asked.desired.facts.machine), &verdict)

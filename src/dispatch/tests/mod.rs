@@ -6,6 +6,7 @@ mod fault;
 mod hold;
 mod observe;
 mod reboot;
+mod retention;
 mod retry;
 mod retry_after;
 mod rollback;

@@ -32,7 +32,8 @@ fn release(concurrency: u32, max_failures: u32) -> AgentRelease {
     }
 }
 
-fn polling(name: &str, sha: &str, outcome: Option<UpgradeOutcome>) -> PollRequest {
+/// A poll of an agent on binary `sha` that may replace itself, saying `outcome` of its last upgrade.
+pub(super) fn polling(name: &str, sha: &str, outcome: Option<UpgradeOutcome>) -> PollRequest {
     PollRequest {
         facts: Some(AgentFacts {
             version: "0.1.0".into(),
@@ -43,6 +44,22 @@ fn polling(name: &str, sha: &str, outcome: Option<UpgradeOutcome>) -> PollReques
             ..AgentFacts::default()
         }),
         ..poll_for(name, 0)
+    }
+}
+
+/// A poll of an outdated agent that says it runs a step of a plan.
+fn busy(name: &str) -> PollRequest {
+    PollRequest {
+        current: Some(PlanProgress {
+            plan_id: "a".repeat(64),
+            status: PlanStatus::Running,
+            succeeded_steps: 1,
+            total_steps: 3,
+            failed_step: None,
+            hold: None,
+            rollback: None,
+        }),
+        ..polling(name, OLD, None)
     }
 }
 
@@ -117,18 +134,7 @@ async fn upgrades_are_paced_confirmed_by_the_new_binary_and_stopped_after_too_ma
 async fn an_agent_running_a_step_or_with_a_plan_to_run_is_not_offered_its_upgrade() {
     let (d, _) = dispatcher(10, 3).await;
     // The agent says it runs a step of a plan: no upgrade now.
-    let busy = PollRequest {
-        current: Some(PlanProgress {
-            plan_id: "a".repeat(64),
-            status: PlanStatus::Running,
-            succeeded_steps: 1,
-            total_steps: 3,
-            failed_step: None,
-            hold: None,
-            rollback: None,
-        }),
-        ..polling("m-1", OLD, None)
-    };
+    let busy = busy("m-1");
     assert!(!offered(&d, &busy).await);
     // The Machine has a plan for its agent: the plan, not the upgrade.
     let machine = json!({
@@ -156,4 +162,59 @@ async fn an_agent_running_a_step_or_with_a_plan_to_run_is_not_offered_its_upgrad
     assert!(!offered(&d, &poll_for("m-2", 0)).await);
     // The same agent, idle: offered.
     assert!(offered(&d, &polling("m-2", OLD, None)).await);
+}
+
+#[tokio::test]
+async fn replicas_on_one_store_never_offer_more_upgrades_than_the_concurrency() {
+    // Two replicas (two dispatchers on one store), one slot. Replica B looked at the rollout before replica A
+    // offered its upgrade: B's view is stale, and only the slot in the store stops it.
+    let store = memory().await;
+    let replica = || {
+        let d = Dispatcher::new(
+            store.clone(),
+            DispatchConfig::default(),
+            CancellationToken::new(),
+        );
+        d.agents.set_release(Some(release(1, 3)));
+        d
+    };
+    let (a, b) = (replica(), replica());
+    for d in [&a, &b] {
+        d.clock().pin_for_tests(1_800_000_000_000);
+    }
+    let busy = busy("m-0");
+    assert!(!offered(&b, &busy).await, "busy: B only looks");
+    assert!(offered(&a, &polling("m-1", OLD, None)).await);
+    assert!(
+        !offered(&b, &polling("m-2", OLD, None)).await,
+        "the one slot is m-1's, whatever B saw before"
+    );
+    let slots = store.list("slots/agent-upgrades/").await.unwrap();
+    assert_eq!(slots.len(), 1);
+    // m-1 confirms on A; its slot goes back with its record in one write, and B offers m-2.
+    let passed = UpgradeOutcome {
+        target_sha256: NEW.into(),
+        succeeded: true,
+        message: "now running agent 0.2.0".into(),
+    };
+    assert!(!offered(&a, &polling("m-1", NEW, Some(passed))).await);
+    assert!(
+        store
+            .list("slots/agent-upgrades/")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // B's own view says "full" for up to ROLLOUT_VIEW_TTL (a late "not now", never an extra offer).
+    assert!(!offered(&b, &polling("m-2", OLD, None)).await);
+    b.clock()
+        .advance_for_tests(crate::dispatch::agents::ROLLOUT_VIEW_TTL);
+    assert!(offered(&b, &polling("m-2", OLD, None)).await);
+    // Many polls at once on both replicas: still one.
+    let polls = (3..20).map(|i| {
+        let d = if i % 2 == 0 { a.clone() } else { b.clone() };
+        async move { offered(&d, &polling(&format!("m-{i}"), OLD, None)).await }
+    });
+    let more = futures_util::future::join_all(polls).await;
+    assert!(more.iter().all(|o| !o), "m-2 holds the slot: {more:?}");
 }

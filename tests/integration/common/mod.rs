@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 pub mod fleet;
+pub mod unit;
 
 use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
@@ -233,6 +234,17 @@ pub fn chosen_binary(name: &str) -> Option<PathBuf> {
     Some(path)
 }
 
+/// What `inplace-updater status ARGS --server http://HEALTH` prints, as an operator runs it.
+pub fn status_text(health: SocketAddr, args: &[&str]) -> String {
+    let out = Command::new(binary())
+        .arg("status")
+        .args(args)
+        .args(["--server", &format!("http://{health}")])
+        .output()
+        .expect("inplace-updater status");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `inplace-updater --log-format json serve` with its hook port on `listen` and its health and metrics ports on
 /// free loopback ports (the addresses come from its `listening` line).
 fn serve_command(listen: &str) -> Command {
@@ -266,6 +278,13 @@ impl ServerProcess {
         Self::start_at(certs, "127.0.0.1:0", extra, cwd)
     }
 
+    /// [`ServerProcess::start`] with `env` set in the server's environment.
+    pub fn start_env(certs: &DevCertPaths, extra: &[&str], env: &[(&str, &Path)]) -> Self {
+        let mut command = Self::command_at(certs, "127.0.0.1:0", extra);
+        command.envs(env.iter().copied());
+        Self::spawn(command)
+    }
+
     /// Starts on a given hook address (a restarted server takes over its predecessor's port, so agents
     /// configured with that URL reconnect to it).
     pub fn start_at(
@@ -274,6 +293,14 @@ impl ServerProcess {
         extra: &[&str],
         cwd: Option<&Path>,
     ) -> Self {
+        let mut command = Self::command_at(certs, listen, extra);
+        if let Some(cwd) = cwd {
+            command.current_dir(cwd);
+        }
+        Self::spawn(command)
+    }
+
+    fn command_at(certs: &DevCertPaths, listen: &str, extra: &[&str]) -> Command {
         let mut command = serve_command(listen);
         command
             .arg("--tls-cert")
@@ -287,10 +314,7 @@ impl ServerProcess {
             } else {
                 &["--store", "memory:"][..]
             });
-        if let Some(cwd) = cwd {
-            command.current_dir(cwd);
-        }
-        Self::spawn(command)
+        command
     }
 
     /// Starts `inplace-updater serve --dev` in `cwd` as the README starts it (certificates generated in

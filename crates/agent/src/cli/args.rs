@@ -74,14 +74,39 @@ pub struct AgentArgs {
     /// This agent's own executable (e.g. /usr/local/bin/inplace-agent): when the server offers another agent
     /// release, the agent downloads it, checks its SHA-256, keeps this file as FILE.previous and swaps the new
     /// one in (agent-start restores the previous one if the new one does not reach the server). Unset: the
-    /// agent never replaces itself (the DaemonSet's image is replaced instead).
-    #[arg(long, env = "INPLACE_UPDATER_AGENT_BINARY")]
-    pub binary: Option<PathBuf>,
+    /// agent never replaces itself (the DaemonSet's image is replaced instead). Also read, deprecated, from
+    /// INPLACE_UPDATER_AGENT_BINARY (the name `serve` used to read too).
+    #[arg(long, alias = "binary", env = "INPLACE_UPDATER_AGENT_SELF_BINARY")]
+    pub self_binary: Option<PathBuf>,
 }
 
+/// The deprecated name of `--self-binary`'s environment twin: `serve --agent-binary` read the same name, so a
+/// server started with a node's environment took the agent's path for the binary it hands out. The agent still
+/// reads it (with a warning) when `INPLACE_UPDATER_AGENT_SELF_BINARY` is not set; `serve` no longer does.
+pub const DEPRECATED_BINARY_ENV: &str = "INPLACE_UPDATER_AGENT_BINARY";
+
 impl AgentArgs {
-    /// The typed agent configuration.
+    /// The typed agent configuration, `--self-binary` falling back to [`DEPRECATED_BINARY_ENV`] (logged as
+    /// deprecated when used: call after the logs are set up).
     pub fn config(&self) -> AgentConfig {
+        let deprecated = std::env::var_os(DEPRECATED_BINARY_ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+        if self.self_binary.is_none()
+            && let Some(path) = &deprecated
+        {
+            tracing::warn!(
+                binary = %path.display(),
+                "{DEPRECATED_BINARY_ENV} is deprecated: set INPLACE_UPDATER_AGENT_SELF_BINARY instead (in \
+                 /etc/inplace-updater/agent.env); the old name stops working in a later release"
+            );
+        }
+        self.config_with(deprecated)
+    }
+
+    /// The typed agent configuration, with `deprecated_binary` (the value of [`DEPRECATED_BINARY_ENV`]) as the
+    /// agent's own executable when `--self-binary` is not given.
+    pub fn config_with(&self, deprecated_binary: Option<PathBuf>) -> AgentConfig {
         let identity = match (&self.machine, &self.provider_id) {
             (Some(machine), _) => AgentIdentity::Machine(machine.clone()),
             (None, Some(id)) => AgentIdentity::ProviderId(id.clone()),
@@ -94,7 +119,7 @@ impl AgentArgs {
         config.tls_server_name = self.tls_server_name.clone();
         config.poll_wait_seconds = self.poll_wait;
         config.require_kubernetes_steps = !self.no_kubernetes_steps;
-        config.binary = self.binary.clone();
+        config.binary = self.self_binary.clone().or(deprecated_binary);
         config
     }
 }

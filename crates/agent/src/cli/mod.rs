@@ -12,7 +12,7 @@ use clap::Parser as _;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
 
-pub use args::{AgentArgs, AgentCli, LogFormat, machine_ref};
+pub use args::{AgentArgs, AgentCli, DEPRECATED_BINARY_ENV, LogFormat, machine_ref};
 pub use fatal::{EXIT_FATAL, Fatal, agent_fatal, log_format_of, of_clap, one_line};
 
 /// Lines the agent's log queue holds before new ones are dropped rather than block the agent on a stalled
@@ -144,16 +144,19 @@ mod tests {
         words.iter().map(OsString::from).collect()
     }
 
+    /// The flags every agent needs.
+    const REQUIRED: [&str; 6] = [
+        "--server",
+        "https://s:9443",
+        "--ca-file",
+        "ca",
+        "--token-file",
+        "t",
+    ];
+
     #[test]
     fn a_start_script_written_for_inplace_updater_agent_runs_inplace_agent() {
-        let flags = [
-            "--server",
-            "https://s:9443",
-            "--ca-file",
-            "ca",
-            "--token-file",
-            "t",
-        ];
+        let flags = REQUIRED;
         let old = [
             &["inplace-agent", "agent"][..],
             &flags,
@@ -173,5 +176,31 @@ mod tests {
             without_agent_word(words(&["inplace-agent", "--machine", "agent"])),
             words(&["inplace-agent", "--machine", "agent"])
         );
+    }
+
+    #[test]
+    fn the_own_binary_comes_from_the_flag_its_old_spelling_or_the_deprecated_variable() {
+        let parse = |extra: &[&str], deprecated: Option<&str>| {
+            let args = [
+                &["inplace-agent"][..],
+                &REQUIRED,
+                &["--machine", "ns/m"],
+                extra,
+            ]
+            .concat();
+            AgentCli::try_parse_from(words(&args))
+                .map(|cli| cli.agent.config_with(deprecated.map(Into::into)).binary)
+                .map_err(|e| e.to_string())
+        };
+        let path = |p: &str| Ok(Some(std::path::PathBuf::from(p)));
+        assert_eq!(parse(&["--self-binary", "/a"], None), path("/a"));
+        assert_eq!(parse(&["--binary", "/a"], None), path("/a"), "old flag");
+        assert_eq!(parse(&[], Some("/old")), path("/old"));
+        assert_eq!(
+            parse(&["--self-binary", "/a"], Some("/old")),
+            path("/a"),
+            "the new name wins"
+        );
+        assert_eq!(parse(&[], None), Ok(None));
     }
 }

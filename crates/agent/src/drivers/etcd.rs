@@ -166,14 +166,20 @@ fn split_image(image: &str) -> (&str, &str) {
     (repo, name)
 }
 
-fn check_yaml(text: &str, expected_image: &str) -> Result<(), String> {
-    let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
-    let containers = value
+/// The `spec.containers` of a static pod manifest.
+pub(super) fn manifest_containers(
+    value: &serde_yaml_ng::Value,
+) -> Result<&serde_yaml_ng::Sequence, &'static str> {
+    value
         .get("spec")
         .and_then(|s| s.get("containers"))
         .and_then(|c| c.as_sequence())
-        .ok_or("no spec.containers")?;
-    let ok = containers
+        .ok_or("no spec.containers")
+}
+
+fn check_yaml(text: &str, expected_image: &str) -> Result<(), String> {
+    let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+    let ok = manifest_containers(&value)?
         .iter()
         .any(|c| c.get("image").and_then(|i| i.as_str()) == Some(expected_image));
     if ok {

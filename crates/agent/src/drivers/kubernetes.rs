@@ -3,7 +3,12 @@
 //! The server only says which step and version; how this node installs packages or binaries is
 //! the agent config's business.
 //!
-//! Resume rule: `skipIf` is consulted only for a step that never began (and whose sequence no
+//! A step whose target the node already has is passed over (it succeeds without an effect, recorded as such):
+//! when its configured `skipIf` holds, and for `kubeadmUpgrade` and `installKubelet` only when the node runs
+//! the target (`kubernetes_running`: the control-plane static pods, the running kubelet). A passed-over
+//! `kubeadmUpgrade` crosses no point of no return.
+//!
+//! Resume rule: these checks are consulted only for a step that never began (and whose sequence no
 //! earlier plan left unfinished). A step that began runs its `onResume` commands, then continues
 //! at the first command not recorded complete; each command's completion is recorded durably in
 //! the step's record (through the executor) right after it exits.
@@ -14,6 +19,7 @@ use std::sync::Arc;
 use inplace_agent_api::{KubeadmUpgradeMode, StepAction, StepKind, is_valid_kubernetes_version};
 
 use super::driver::{Driver, RecordFuture, StepFuture};
+use super::kubernetes_running::{self, Runs};
 use super::kubernetes_undo;
 use super::prepared::{fingerprint, prepare};
 use super::sequence_run::{SequenceList, run_list};
@@ -221,25 +227,23 @@ pub(super) async fn run_sequence(
         Err(e) => return StepResult::failed(e),
     };
     // A step that began may have made its first effects and not the rest: whatever the node looks
-    // like now, the remaining commands must run. Only a step that never began may be skipped.
-    if let Some(check) = &sequence.skip_if {
-        if ctx.resumed || left_unfinished {
-            let why = if ctx.resumed {
-                "the step began before"
-            } else {
-                "an earlier plan left it unfinished"
-            };
-            tracing::info!(step = key, why, "skipIf not consulted");
+    // like now, the remaining commands must run. Only a step that never began may be passed over.
+    if ctx.resumed || left_unfinished {
+        let why = if ctx.resumed {
+            "the step began before"
         } else {
-            match check_holds(env, ctx, check, vars).await {
-                Ok(true) => {
-                    return StepResult::ok(format!(
-                        "already done for {version}: skipIf check passed"
-                    ));
-                }
-                Ok(false) => {}
-                Err(message) => return StepResult::failed(message),
-            }
+            "an earlier plan left it unfinished"
+        };
+        tracing::info!(
+            step = key,
+            why,
+            "not passed over: the checks are not consulted"
+        );
+    } else {
+        match already_there(env, ctx, configured, vars).await {
+            Ok(Some(message)) => return StepResult::passed_over(message),
+            Ok(None) => {}
+            Err(message) => return StepResult::failed(message),
         }
     }
     if let Err(e) = unfinished::mark(&env.state_dir, unfinished_key) {
@@ -274,6 +278,56 @@ pub(super) async fn run_sequence(
         message.push_str(&format!(" ({})", retried.join("; ")));
     }
     StepResult::ok(message)
+}
+
+/// Why the step of `ctx` can be passed over (the node already has its target, so it would change nothing),
+/// or `None` when it runs. The configured `skipIf`, when there is one, must hold; a `kubeadmUpgrade` is
+/// passed over only when the node already runs its target (its control-plane static pods and its running
+/// kubelet), and an `installKubelet` only when the running kubelet is the target too, not merely the file
+/// `skipIf` reads (`kubernetes_running`).
+async fn already_there(
+    env: &DriverEnv,
+    ctx: &mut StepContext,
+    configured: &Configured<'_>,
+    vars: &Vars,
+) -> Result<Option<String>, String> {
+    let version = configured.version;
+    let skip_if = configured.sequence.and_then(|s| s.skip_if.as_ref());
+    let checked = match skip_if {
+        Some(check) if !check_holds(env, ctx, check, vars).await? => return Ok(None),
+        Some(_) => true,
+        None => false,
+    };
+    let running = match ctx.step.action.step_kind() {
+        StepKind::KubeadmUpgrade => {
+            Some(kubernetes_running::upgraded(env, version, ctx.deadline).await)
+        }
+        StepKind::InstallKubelet if checked => {
+            Some(kubernetes_running::kubelet_runs(env, version, ctx.deadline).await)
+        }
+        _ => None,
+    };
+    Ok(match running {
+        Some(Runs::Not(why)) => {
+            tracing::info!(
+                step = configured.key,
+                version,
+                why,
+                "the node does not run the target yet"
+            );
+            None
+        }
+        Some(Runs::Target(what)) if ctx.step.action.step_kind() == StepKind::KubeadmUpgrade => {
+            Some(format!(
+                "passed over, no point of no return crossed: the node already runs {version} ({what})"
+            ))
+        }
+        Some(Runs::Target(what)) => Some(format!(
+            "already done for {version}: skipIf check passed and {what}"
+        )),
+        None if checked => Some(format!("already done for {version}: skipIf check passed")),
+        None => None,
+    })
 }
 
 async fn check_holds(

@@ -30,6 +30,8 @@ pub(crate) struct StepResult {
     pub exit_code: Option<i32>,
     /// That command's stderr tail.
     pub stderr_tail: Option<String>,
+    /// It succeeded without an effect: a check before its first effect found the target already on the node.
+    pub passed_over: bool,
 }
 
 impl StepResult {
@@ -40,6 +42,15 @@ impl StepResult {
             message: message.into(),
             exit_code: None,
             stderr_tail: None,
+            passed_over: false,
+        }
+    }
+
+    /// Success without an effect: the node already had the step's target (`message` says how it was seen).
+    pub fn passed_over(message: impl Into<String>) -> Self {
+        Self {
+            passed_over: true,
+            ..Self::ok(message)
         }
     }
 
@@ -50,6 +61,7 @@ impl StepResult {
             message: message.into(),
             exit_code: None,
             stderr_tail: None,
+            passed_over: false,
         }
     }
 
@@ -105,6 +117,7 @@ impl StepResult {
             message,
             exit_code,
             stderr_tail: tail,
+            passed_over: false,
         })
     }
 }

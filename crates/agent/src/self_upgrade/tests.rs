@@ -75,7 +75,7 @@ impl Node {
             .env("INPLACE_UPDATER_AGENT_CONFIG", self.etc.join("agent.yaml"))
             .env("INPLACE_UPDATER_AGENT_MACHINE", "default/m-1")
             .env("INPLACE_UPDATER_AGENT_STATE_DIR", &self.state)
-            .env("INPLACE_UPDATER_AGENT_BINARY", &self.bin)
+            .env("INPLACE_UPDATER_AGENT_SELF_BINARY", &self.bin)
             .output()
             .unwrap();
         out.status

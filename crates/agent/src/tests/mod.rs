@@ -11,6 +11,7 @@ mod os_image_bootc;
 mod package_cases;
 mod package_undo;
 mod package_world;
+mod passed_over;
 mod preflight;
 mod preflight_undo;
 mod reboot;

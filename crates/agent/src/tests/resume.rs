@@ -4,13 +4,18 @@
 
 use inplace_agent_api::{KubeletArg, SshUser, StepAction};
 
+use inplace_drain::fake::{FakeApiServer, FakeNode};
+
 use super::{Sandbox, mode_of, run_action, run_attempt};
 use crate::drivers::DriverOutcome;
 use crate::state::SequenceProgress;
 
 /// `kubelet --version` prints the version in `<root>/kubelet-version`; `step` logs and fails
-/// while `<root>/fail-<name>` exists.
+/// while `<root>/fail-<name>` exists; the Node (the drain crate's fake API) reports the running kubelet.
 const CONFIG: &str = r#"
+node:
+  kubeconfig: /etc/kubernetes/kubelet.conf
+  name: n1
 kubernetes:
   installKubelet:
     skipIf: {run: [kubelet, --version], stdoutEquals: "Kubernetes {{version}}"}
@@ -23,8 +28,16 @@ kubernetes:
       - run: [step, restart]
 "#;
 
-fn sandbox() -> Sandbox {
+/// The node at v1.33.4 (the kubelet file and the Node), and its API.
+fn sandbox() -> (Sandbox, FakeApiServer) {
     let sb = Sandbox::new();
+    let api = FakeApiServer::start(FakeNode {
+        kubelet_version: "v1.33.4".into(),
+        ..FakeNode::new("n1")
+    })
+    .unwrap();
+    api.write_kubeconfig(&sb.node("/etc/kubernetes/kubelet.conf"))
+        .unwrap();
     sb.fake(
         "kubelet",
         "echo \"Kubernetes $(cat \"$INPLACE_ROOT/kubelet-version\")\"",
@@ -32,7 +45,13 @@ fn sandbox() -> Sandbox {
     sb.fake("dpkg", "exit 0");
     sb.fake("step", "[ ! -e \"$INPLACE_ROOT/fail-$1\" ]");
     sb.write_node("/kubelet-version", "v1.33.4\n");
-    sb
+    (sb, api)
+}
+
+/// The node at v1.34.1: the kubelet file installed and the kubelet restarted on it.
+fn upgraded(sb: &Sandbox, api: &FakeApiServer) {
+    sb.write_node("/kubelet-version", "v1.34.1\n");
+    api.set_kubelet_version("v1.34.1");
 }
 
 fn install_kubelet() -> StepAction {
@@ -43,7 +62,7 @@ fn install_kubelet() -> StepAction {
 
 #[tokio::test]
 async fn a_resumed_step_ignores_skip_if_and_continues_at_its_first_unfinished_command() {
-    let sb = sandbox();
+    let (sb, api) = sandbox();
     let env = sb.env(CONFIG);
 
     // A fresh attempt records each command's completion, in order, for one sequence id.
@@ -61,7 +80,7 @@ async fn a_resumed_step_ignores_skip_if_and_continues_at_its_first_unfinished_co
     assert_eq!(sequence.len(), 64);
 
     // Now the node looks upgraded: a step that never began is skipped…
-    sb.write_node("/kubelet-version", "v1.34.1\n");
+    upgraded(&sb, &api);
     std::fs::remove_file(sb.node("/calls.log")).unwrap();
     let (result, records) = run_attempt(&env, install_kubelet(), false, None).await;
     assert!(
@@ -128,7 +147,7 @@ async fn a_resumed_step_ignores_skip_if_and_continues_at_its_first_unfinished_co
 
 #[tokio::test]
 async fn progress_recorded_for_other_commands_is_never_used() {
-    let sb = sandbox();
+    let (sb, _api) = sandbox();
     let env = sb.env(CONFIG);
     let (_, records) = run_attempt(&env, install_kubelet(), false, None).await;
     let sequence = records[0].sequence.clone();
@@ -176,14 +195,14 @@ async fn progress_recorded_for_other_commands_is_never_used() {
 
 #[tokio::test]
 async fn a_sequence_an_earlier_plan_left_unfinished_is_finished_not_skipped() {
-    let sb = sandbox();
+    let (sb, api) = sandbox();
     let env = sb.env(CONFIG);
     // The package got installed, then `hold` failed: the plan failed with the node looking
     // upgraded.
     sb.write_node("/fail-hold", "");
     let (result, _) = run_attempt(&env, install_kubelet(), false, None).await;
     assert_eq!(result.outcome, DriverOutcome::Failed);
-    sb.write_node("/kubelet-version", "v1.34.1\n");
+    upgraded(&sb, &api);
     std::fs::remove_file(sb.node("/fail-hold")).unwrap();
 
     // A new plan's step (not resumed) must not trust skipIf: it runs every command.
@@ -217,7 +236,7 @@ async fn a_sequence_an_earlier_plan_left_unfinished_is_finished_not_skipped() {
 
 #[tokio::test]
 async fn a_template_that_cannot_be_filled_fails_before_the_first_command() {
-    let sb = sandbox();
+    let (sb, _api) = sandbox();
     let env = sb.env(
         "kubernetes:\n  installKubeadm:\n    commands:\n      - run: [step, download]\n      - verifySha256: {path: /x, sha256: \"{{pin.kubeadmSha256}}\"}\n",
     );

@@ -3,7 +3,9 @@
 //! the outer test builds the images and starts this test binary again under `unshare -m` (tmpfs on
 //! `/run`, an overlay over `/etc` for `/etc/extensions`, the images bound on `/opt`, `/` made shared so
 //! sysext's merge propagates back), where [`inside_a_mount_namespace`] runs plans on `--root /` with the
-//! Flatcar layout. Needs root; skipped, saying why, only where the kernel has no loop devices or squashfs.
+//! Flatcar layout, and an installKubelet whose kubelet the switch already merged is restarted while the Node (the
+//! drain crate's fake API) still reports the old one. Needs root; skipped, saying why, only where the kernel
+//! has no loop devices or squashfs.
 
 use std::ops::ControlFlow;
 use std::os::unix::fs::PermissionsExt;
@@ -13,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inplace_agent_api::{OnFailure, Plan, Step, StepAction};
+use inplace_drain::fake::{FakeApiServer, FakeNode};
 use tokio::time::Instant;
 
 use super::rollback::{Host, file, files_step, rolled_back, run};
@@ -433,10 +436,109 @@ async fn inside_a_mount_namespace() {
         Some("Kubernetes v1.33.4"),
         "no refresh ran (it would have merged the file's v1.34.1)"
     );
+    // 8. The kubelet comes in the same image (installKubeadm switches it): installKubelet restarts it while
+    // the Node still reports the old one, although the merged file already says the new version (issue 43).
+    std::fs::remove_file(LINK).unwrap();
+    let api = FakeApiServer::start(FakeNode {
+        kubelet_version: "v1.33.4".into(),
+        ..FakeNode::new("n1")
+    })
+    .unwrap();
+    let kubeconfig = dir.join("kubelet.conf");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let restarts = dir.join("restarts.log");
+    let systemctl = dir.join("systemctl");
+    std::fs::write(
+        &systemctl,
+        format!("#!/bin/sh\necho \"$*\" >> {}\n", restarts.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&systemctl, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let kubelet_env = |state: &str| {
+        let yaml = format!(
+            "{}{}",
+            config(sysext, "/etc/extensions"),
+            kubelet_config(&systemctl, &kubeconfig)
+        );
+        let config = DriverConfig::from_yaml(&yaml).unwrap();
+        Arc::new(DriverEnv::new(PathBuf::from("/"), config, dir.join(state)))
+    };
+    let mut host = Host::open(&dir.join("s8"), kubelet_env("s8"));
+    host.store.adopt(kubelet_plan("p8", true)).unwrap();
+    run(&mut host, None).await;
+    assert_eq!(merged_kubelet().as_deref(), Some("Kubernetes v1.34.1"));
+    let record = host.store.state.current.as_ref().unwrap();
+    let kubelet = &record.steps[1];
+    assert_eq!(
+        kubelet.status,
+        LocalStepStatus::Succeeded,
+        "{:?}",
+        kubelet.message
+    );
+    assert!(!kubelet.passed_over, "{:?}", kubelet.message);
+    assert_eq!(
+        std::fs::read_to_string(&restarts).unwrap_or_default(),
+        "restart kubelet\n",
+        "the running kubelet (the Node's v1.33.4) is restarted on the merged v1.34.1"
+    );
+    // The restarted kubelet reports the new version: the next plan's installKubelet is passed over.
+    api.set_kubelet_version("v1.34.1");
+    let mut host = Host::open(&dir.join("s8b"), kubelet_env("s8b"));
+    host.store.adopt(kubelet_plan("p8b", false)).unwrap();
+    run(&mut host, None).await;
+    let kubelet = &host.store.state.current.as_ref().unwrap().steps[0];
+    assert!(kubelet.passed_over, "{:?}", kubelet.message);
+    assert_eq!(
+        kubelet.message.as_deref(),
+        Some("already done for v1.34.1: skipIf check passed and the Node reports kubelet v1.34.1")
+    );
+    assert_eq!(
+        std::fs::read_to_string(&restarts).unwrap(),
+        "restart kubelet\n",
+        "no second restart"
+    );
 
-    // 8. A failure after `kubeadm upgrade node`: the rollback stops there (tests/sysext_no_return.rs).
+    // 9. A failure after `kubeadm upgrade node`: the rollback stops there (tests/sysext_no_return.rs).
     super::sysext_no_return::a_rollback_stopped_at_the_point_of_no_return(&dir).await;
     println!("sysext scenarios passed");
+}
+
+/// `installKubelet` as `config-examples/sysext.yaml` has it (its skipIf reads the merged binary; restarting
+/// is the whole step), the restart through `systemctl` (a stand-in that logs), and the node API.
+fn kubelet_config(systemctl: &Path, kubeconfig: &Path) -> String {
+    format!(
+        r#"  installKubelet:
+    skipIf: {{run: [{KUBELET}, --version], stdoutEquals: "Kubernetes {{{{version}}}}"}}
+    commands:
+      - run: [{systemctl}, restart, kubelet]
+    undo:
+      commands:
+        - run: [{systemctl}, restart, kubelet]
+node:
+  kubeconfig: {kubeconfig}
+  name: n1
+  pollIntervalMillis: 50
+"#,
+        systemctl = systemctl.display(),
+        kubeconfig = kubeconfig.display()
+    )
+}
+
+/// `installKubeadm v1.34.1` (when `switch`), then `installKubelet v1.34.1`.
+fn kubelet_plan(id: &str, switch: bool) -> Plan {
+    let mut plan = plan(id, "v1.34.1", false);
+    if !switch {
+        plan.steps.clear();
+    }
+    plan.steps.push(Step {
+        index: plan.steps.len() as u32,
+        description: "install kubelet and kubectl v1.34.1, restart kubelet".into(),
+        timeout_seconds: 60,
+        action: StepAction::InstallKubelet {
+            version: "v1.34.1".into(),
+        },
+    });
+    plan
 }
 
 /// The Flatcar example (crates/agent/config-examples/sysext.yaml) fetches the version's image by digest, then

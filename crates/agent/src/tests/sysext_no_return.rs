@@ -108,7 +108,7 @@ fn plan() -> Plan {
 
 /// Scenario 8, the last of the namespace run.
 pub(super) async fn a_rollback_stopped_at_the_point_of_no_return(dir: &Path) {
-    // Scenario 7 left a regular file at the link: v1.33.4 linked and merged again, as before a plan.
+    // The scenarios before left the link switched: v1.33.4 linked and merged again, as before a plan.
     std::fs::remove_file(LINK).unwrap();
     std::os::unix::fs::symlink(image("v1.33.4"), LINK).unwrap();
     let refresh = Command::new("systemd-sysext")
@@ -142,8 +142,8 @@ pub(super) async fn a_rollback_stopped_at_the_point_of_no_return(dir: &Path) {
     api.write_kubeconfig(Path::new("/etc/kubernetes/kubelet.conf"))
         .unwrap();
     let config = DriverConfig::from_yaml(&config(dir)).unwrap();
-    let env = Arc::new(DriverEnv::new("/".into(), config, dir.join("s8")));
-    let mut host = Host::open(&dir.join("s8"), env);
+    let env = Arc::new(DriverEnv::new("/".into(), config, dir.join("s9")));
+    let mut host = Host::open(&dir.join("s9"), env);
     host.store.adopt(plan()).unwrap();
 
     let started = Instant::now();

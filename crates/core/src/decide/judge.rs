@@ -74,6 +74,8 @@ pub(crate) struct Judge<'a> {
     pub settings: &'a Settings,
     pub subject: Subject<'a>,
     pub role: ObjectRole,
+    /// The desired bootstrap config's Machine-level kind and API group (`Action::refused_by_bootstrap`).
+    pub bootstrap: Option<(&'a str, &'a str)>,
 }
 
 /// Whether CAPI drops `path` of a Machine (or MachineSet template) before comparing.
@@ -180,6 +182,12 @@ impl Judge<'_> {
                 "action {a} is off unless the registration turns it on (setting enableActions: {a}), once its \
                  nodes' agents are configured for it"
             ));
+        }
+        if let Some(reason) = actions
+            .iter()
+            .find_map(|a| a.refused_by_bootstrap(self.bootstrap))
+        {
+            return Judged::reject(reason);
         }
         if actions.is_empty() {
             let reason = accept_reason.unwrap_or_default();

@@ -149,6 +149,12 @@ pub fn decide(
     let mut failures = Vec::new();
     let mut notes = Vec::new();
     let mut version = VersionChange::None;
+    let bootstrap = desired.bootstrap.map(|b| {
+        (
+            objects::machine_level_kind(scope, b),
+            objects::api_group_of(b),
+        )
+    });
     let mut files_disturb = false;
     for role in ObjectRole::ALL {
         let (cur, des) = (current.get(role), desired.get(role));
@@ -179,6 +185,7 @@ pub fn decide(
             settings,
             subject: Subject::of(scope, des, control_plane),
             role,
+            bootstrap,
         };
         let mut judged: Vec<Judged> = found.iter().map(|c| judge.judge(c)).collect();
         judge::demote(&found, &mut judged, scope);

@@ -54,6 +54,7 @@ fn plan(
         facts: &facts,
         bootstrap: Some(&config().to_string()),
         actions,
+        change,
         upgrade_mode: KubeadmUpgradeMode::Node,
         drain: verdict.drain().copied(),
         infra: None,
@@ -82,9 +83,10 @@ fn change(version: VersionChange, actions: &[Action]) -> NodeChange {
 
 #[test]
 fn a_minor_upgrade_drains_after_kubeadm_and_is_done_once_the_kubelet_reports_the_version() {
+    // The version with every other action of the config: the drain goes after kubeadm, before the kubelet.
     let p = plan(
         &machine(true, json!({})),
-        &change(VersionChange::Minor, &[Action::KubernetesVersion]),
+        &change(VersionChange::Minor, &Action::ALL),
         &DrainRules::default(),
         &all(),
     );
@@ -146,7 +148,7 @@ fn a_kubelet_flags_drain_waits_for_ready_without_a_version() {
     let actions: BTreeSet<Action> = [Action::Files, Action::KubeletArgs].into();
     let p = plan(
         &machine(false, json!({})),
-        &change(VersionChange::None, &[Action::KubeletArgs]),
+        &change(VersionChange::None, &[Action::Files, Action::KubeletArgs]),
         &rules,
         &actions,
     );
@@ -168,28 +170,29 @@ fn a_kubelet_flags_drain_waits_for_ready_without_a_version() {
     );
 }
 
-#[test]
-fn no_drain_leaves_the_plan_as_it_was() {
-    let m = machine(true, json!({}));
-    let without = plan(
-        &m,
-        &change(VersionChange::None, &[Action::Files]),
-        &DrainRules::default(),
-        &all(),
-    );
-    let facts = MachineFacts::of(&m).unwrap();
-    let before = build(&PlanInput {
+/// The plan of `change` built without a drain: what a plan was before drains existed.
+fn undrained(m: &Value, change: &NodeChange) -> Plan {
+    let facts = MachineFacts::of(m).unwrap();
+    build(&PlanInput {
         facts: &facts,
         bootstrap: Some(&config().to_string()),
         actions: &all(),
+        change,
         upgrade_mode: KubeadmUpgradeMode::Node,
         drain: None,
         infra: None,
         os_image: None,
         version_steps: crate::VersionSteps::default(),
     })
-    .unwrap();
-    assert_eq!(without, before);
+    .unwrap()
+}
+
+#[test]
+fn no_drain_leaves_the_plan_as_it_was() {
+    let m = machine(true, json!({}));
+    let files = change(VersionChange::None, &[Action::Files]);
+    let without = plan(&m, &files, &DrainRules::default(), &all());
+    assert_eq!(without, undrained(&m, &files));
     // The annotation: no drain, no cordon, no node steps at all, even for a minor version change.
     let excluded = machine(true, json!({ drain::EXCLUDE_NODE_DRAINING_ANNOTATION: "" }));
     let minor = plan(
@@ -208,13 +211,9 @@ fn no_drain_leaves_the_plan_as_it_was() {
         patch_version: false,
         ..DrainRules::default()
     };
-    let patch = plan(
-        &m,
-        &change(VersionChange::Patch, &[Action::KubernetesVersion]),
-        &off,
-        &all(),
-    );
-    assert_eq!(patch.id, before.id);
+    let patch_change = change(VersionChange::Patch, &[Action::KubernetesVersion]);
+    let patch = plan(&m, &patch_change, &off, &all());
+    assert_eq!(patch.id, undrained(&m, &patch_change).id);
 }
 
 #[test]
@@ -222,7 +221,7 @@ fn a_drain_with_nothing_restarting_kubelet_adds_no_steps() {
     let actions: BTreeSet<Action> = [Action::Files, Action::SshKeys].into();
     let p = plan(
         &machine(false, json!({})),
-        &change(VersionChange::Unknown, &[Action::Files]),
+        &change(VersionChange::Unknown, &[Action::Files, Action::SshKeys]),
         &DrainRules::default(),
         &actions,
     );

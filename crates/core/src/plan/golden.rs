@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::*;
 use crate::Action;
-use crate::drain::{Drain, Why};
+use crate::drain::{Drain, NodeChange, VersionChange, Why};
 
 const KCP: &str = include_str!("../../../../tests/fixtures/update-machine-kcp.json");
 const WORKER: &str = include_str!("../../../../tests/fixtures/update-machine-worker.json");
@@ -58,9 +58,18 @@ fn ids_and_kinds(input: &(Value, Value), mode: KubeadmUpgradeMode) -> (String, V
 }
 
 fn ids_and_kinds_drained(
+    input: &(Value, Value),
+    mode: KubeadmUpgradeMode,
+    drain: Option<Drain>,
+) -> (String, Vec<&'static str>) {
+    ids_and_kinds_moving(input, mode, drain, &NodeChange::unknown(true))
+}
+
+fn ids_and_kinds_moving(
     (machine, bootstrap): &(Value, Value),
     mode: KubeadmUpgradeMode,
     drain: Option<Drain>,
+    change: &NodeChange,
 ) -> (String, Vec<&'static str>) {
     let facts = MachineFacts::of(machine).unwrap();
     let actions: BTreeSet<Action> = Action::ALL.into_iter().collect();
@@ -68,6 +77,7 @@ fn ids_and_kinds_drained(
         facts: &facts,
         bootstrap: Some(&bootstrap.to_string()),
         actions: &actions,
+        change,
         upgrade_mode: mode,
         drain,
         infra: None,
@@ -100,7 +110,9 @@ const WORKER_KINDS: [&str; 7] = [
 ];
 
 /// Recorded in `src/plan.rs` before `plan` moved to `crates/core` (commit "golden plan ids before the move"),
-/// re-recorded when the kubeadm upgrade step's description gained `[point of no return]` (issue 28).
+/// re-recorded when the kubeadm upgrade step's description gained `[point of no return]` (issue 28). Planned
+/// as a change nobody judged ([`NodeChange::unknown`]: every action moves), which kept these ids when plans
+/// began to hold only what the change moves (issue 43).
 const GOLDEN: [(&str, KubeadmUpgradeMode, &str, &[&str]); 6] = [
     (
         "kcp",
@@ -232,6 +244,95 @@ fn drained_plan_ids_of_fixed_inputs_never_change() {
             (got.as_str(), got_kinds.as_slice()),
             (id, kinds),
             "{name} {mode:?} {drain:?}: the plan id changed, so every recorded run would start again"
+        );
+    }
+}
+
+/// A version change alone, drained.
+const DRAINED_VERSION: [&str; 6] = [
+    "installKubeadm",
+    "kubeadmUpgrade",
+    "drainNode",
+    "installKubelet",
+    "waitNodeReady",
+    "uncordonNode",
+];
+
+/// Fixture, upgrade mode, what the change moves, the drain, the plan id, the step kinds.
+type JudgedCase = (
+    &'static str,
+    KubeadmUpgradeMode,
+    NodeChange,
+    Option<Drain>,
+    &'static str,
+    &'static [&'static str],
+);
+
+/// Plans of judged changes (issue 43): only the steps of what the change moves. Recorded when plans began to
+/// leave out what a change does not move; the same desired states planned unjudged are the ids above.
+#[test]
+fn plan_ids_of_judged_changes_never_change() {
+    let moving = |version, actions: &[Action]| NodeChange {
+        version,
+        actions: actions.iter().copied().collect(),
+    };
+    let cases: [JudgedCase; 4] = [
+        // One file at the version the node runs: no kubeadm upgrade apply.
+        (
+            "every-field",
+            Apply,
+            moving(VersionChange::None, &[Action::Files]),
+            None,
+            "a7f6440c219a621f36bd32c25e6c2de9cc75f451debf97be52291796e9ddd460",
+            &["files"],
+        ),
+        // The version alone, as CAPI's KubeadmControlPlane upgrades it (the demo's first Machine).
+        (
+            "kcp",
+            Apply,
+            moving(VersionChange::Minor, &[Action::KubernetesVersion]),
+            Some(drain(Why::MinorVersion, 600, false, true)),
+            "6765c53ee150b7b65666b3f9a54601b872569dd3fc677104e5d163599c0a9690",
+            &DRAINED_VERSION,
+        ),
+        (
+            "worker",
+            Node,
+            moving(VersionChange::Patch, &[Action::KubernetesVersion]),
+            Some(drain(Why::PatchVersion, 3600, true, true)),
+            "913f872cd6548de1377e881a3204d8962ecf1e5006bf97e285aaf790968eff8b",
+            &DRAINED_VERSION,
+        ),
+        // Kubelet flags and the etcd image on a control plane, drained for the flags.
+        (
+            "every-field",
+            Node,
+            moving(
+                VersionChange::None,
+                &[Action::EtcdImage, Action::KubeletArgs],
+            ),
+            Some(drain(Why::KubeletArgs, 120, false, false)),
+            "14d2d461bfd7914f1ac7d1a2fee074d328adac0b3c78f01306d3216ef8546594",
+            &[
+                "drainNode",
+                "etcdImage",
+                "kubeletArgs",
+                "waitNodeReady",
+                "uncordonNode",
+            ],
+        ),
+    ];
+    for (name, mode, change, drain, id, kinds) in cases {
+        let input = match name {
+            "kcp" => desired(KCP),
+            "worker" => desired(WORKER),
+            _ => every_field(),
+        };
+        let (got, got_kinds) = ids_and_kinds_moving(&input, mode, drain, &change);
+        assert_eq!(
+            (got.as_str(), got_kinds.as_slice()),
+            (id, kinds),
+            "{name} {mode:?} {change:?}: the plan id changed, so every recorded run would start again"
         );
     }
 }

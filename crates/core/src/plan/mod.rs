@@ -1,10 +1,14 @@
 //! Desired node state: turns the desired Machine ([`MachineFacts`]) and bootstrap config
-//! ([`KubeadmConfigView`]) of an UpdateMachine call, plus the actions the policy lets this updater perform,
-//! into an ordered list of declarative agent steps with a stable id (a hash of exactly what the agent will
-//! converge to). Pure: no I/O, no clock.
+//! ([`KubeadmConfigView`]) of an UpdateMachine call, the actions the policy lets this updater perform and what
+//! the change moves ([`NodeChange`]), into an ordered list of declarative agent steps with a stable id (a hash
+//! of exactly what the agent will converge to). Pure: no I/O, no clock.
 //!
-//! UpdateMachine carries no current state, so the plan is the whole desired state of every managed
-//! domain; the agent's drivers converge idempotently (an already-true step is a no-op).
+//! A plan holds the steps of what the change moves: an action's steps only when the change does that action
+//! (a one-file change plans `files`, never `kubeadm upgrade` at the version the node already runs). Each step
+//! is the whole desired state of its domain (every managed file, every key of a user), which the agent's
+//! drivers converge idempotently. UpdateMachine carries no current state: what moved is what the CanUpdate
+//! verdict that accepted this desired state judged; where nobody judged it ([`NodeChange::unknown`]) every
+//! allowed action is planned, and the agent passes over a step whose target the node already has.
 //!
 //! When [`crate::drain`] decided the node is drained, the plan gets three node steps around the steps that
 //! restart kubelet or control-plane static pods: `drainNode` right before the first of them (after
@@ -24,7 +28,7 @@ use inplace_agent_api::{
 use sha2::{Digest as _, Sha256};
 
 use crate::Action;
-use crate::drain::{Drain, UNCORDON_TIMEOUT_SECONDS, WAIT_NODE_READY_TIMEOUT_SECONDS};
+use crate::drain::{Drain, NodeChange, UNCORDON_TIMEOUT_SECONDS, WAIT_NODE_READY_TIMEOUT_SECONDS};
 use crate::objects::CLUSTER_NAME_LABEL;
 use crate::policy::ImageField;
 use crate::version_steps::VersionSteps;
@@ -96,6 +100,9 @@ pub struct PlanInput<'a> {
     pub bootstrap: Option<&'a str>,
     /// Actions the policy and settings allow for this Machine.
     pub actions: &'a BTreeSet<Action>,
+    /// What the change moves: the judgement of the CanUpdate verdict that accepted this desired state, else
+    /// [`NodeChange::unknown`]. Only the steps of an action it does (and `actions` allows) are planned.
+    pub change: &'a NodeChange,
     /// For a version change on a control-plane node: `apply` on the first node of that version, else `node`.
     pub upgrade_mode: KubeadmUpgradeMode,
     /// The drain [`crate::drain::decide`] found, if any: the plan then drains, waits and uncordons.
@@ -108,6 +115,11 @@ pub struct PlanInput<'a> {
     /// The settings `rebootWhenRequired` and `upgradeContainerRuntime`: what a version change brings besides
     /// its packages.
     pub version_steps: VersionSteps,
+}
+
+/// Whether the plan does `action`: the settings allow it and the change moves it.
+fn moved(input: &PlanInput<'_>, action: Action) -> bool {
+    input.actions.contains(&action) && input.change.actions.contains(&action)
 }
 
 /// Whether a step restarts kubelet or a control-plane static pod: the steps a drain goes before.
@@ -128,7 +140,7 @@ fn disturbs_kubelet(action: &StepAction) -> bool {
 /// that restart kubelet) and an id hashing all of it.
 pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     let mut actions: Vec<(String, u32, StepAction)> = Vec::new();
-    let enabled = |action: Action| input.actions.contains(&action);
+    let enabled = |action: Action| moved(input, action);
     let view = match input.bootstrap {
         Some(text) if BOOTSTRAP_ACTIONS.into_iter().any(enabled) => {
             Some(KubeadmConfigView::decode(text)?)
@@ -351,14 +363,12 @@ fn add_node_steps(
     ));
 }
 
-/// The image the infrastructure machine names at the policy's field, when `os-image` is allowed and the field
-/// is set.
+/// The image the infrastructure machine names at the policy's field, when `os-image` is allowed and moved and
+/// the field is set.
 fn os_image(input: &PlanInput<'_>) -> Result<Option<String>, PlanError> {
-    let (true, Some(field), Some(text)) = (
-        input.actions.contains(&Action::OsImage),
-        input.os_image,
-        input.infra,
-    ) else {
+    let (true, Some(field), Some(text)) =
+        (moved(input, Action::OsImage), input.os_image, input.infra)
+    else {
         return Ok(None);
     };
     let problem = |problem: String| PlanError::Field {

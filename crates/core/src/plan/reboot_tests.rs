@@ -67,6 +67,7 @@ fn plan_with(
         facts: &facts,
         bootstrap: None,
         actions: &actions,
+        change,
         upgrade_mode: KubeadmUpgradeMode::Node,
         drain: verdict.drain().copied(),
         infra,
@@ -150,17 +151,25 @@ fn no_image_step_without_the_action_or_the_field_and_a_bad_field_names_itself() 
     // Not allowed: no step, even with the image there.
     let p = plan(&m, &none, &[Action::Files], Some(&text), false).unwrap();
     assert!(p.steps.is_empty());
+    // Allowed but not moved (the verdict judged no image change): no step.
+    assert!(
+        plan(&m, &none, &[Action::OsImage], Some(&text), false)
+            .unwrap()
+            .steps
+            .is_empty()
+    );
+    let image = change(VersionChange::None, &[Action::OsImage]);
     // Allowed, the field absent: nothing to converge.
     let empty = infra(serde_json::Value::Null);
     assert!(
-        plan(&m, &none, &[Action::OsImage], Some(&empty), false)
+        plan(&m, &image, &[Action::OsImage], Some(&empty), false)
             .unwrap()
             .steps
             .is_empty()
     );
     // A list where the image should be: the plan is refused naming the field.
     let wrong = infra(json!(["a", "b"]));
-    let err = plan(&m, &none, &[Action::OsImage], Some(&wrong), false).unwrap_err();
+    let err = plan(&m, &image, &[Action::OsImage], Some(&wrong), false).unwrap_err();
     assert!(
         err.to_string()
             .starts_with("field `infrastructureMachine.spec.image.url`"),

@@ -36,6 +36,11 @@ fn kubeadm_config() -> Value {
     })
 }
 
+/// What nobody judged: every action moves, so only the allowed actions narrow the plan.
+fn unjudged() -> NodeChange {
+    NodeChange::unknown(true)
+}
+
 fn all_actions() -> BTreeSet<Action> {
     Action::ALL.into_iter().collect()
 }
@@ -51,6 +56,7 @@ fn plan_for(
         facts: &facts,
         bootstrap: Some(&bootstrap.to_string()),
         actions,
+        change: &unjudged(),
         upgrade_mode: mode,
         drain: None,
         infra: None,
@@ -210,6 +216,7 @@ fn malformed_fields_are_named() {
         facts: &facts,
         bootstrap: Some(&bad.to_string()),
         actions: &all_actions(),
+        change: &unjudged(),
         upgrade_mode: KubeadmUpgradeMode::Node,
         drain: None,
         infra: None,
@@ -237,6 +244,7 @@ fn try_build(bootstrap: &str, actions: &BTreeSet<Action>) -> Result<Plan, PlanEr
         facts: &facts,
         bootstrap: Some(bootstrap),
         actions,
+        change: &unjudged(),
         upgrade_mode: KubeadmUpgradeMode::Node,
         drain: None,
         infra: None,
@@ -319,4 +327,76 @@ fn a_bootstrap_config_no_allowed_action_reads_is_not_decoded() {
         ["installKubeadm", "kubeadmUpgrade", "installKubelet"]
     );
     assert!(try_build(&talos.to_string(), &all_actions()).is_err());
+}
+
+fn plan_moving(machine: &Value, change: &NodeChange) -> Plan {
+    let facts = MachineFacts::of(machine).unwrap();
+    build(&PlanInput {
+        facts: &facts,
+        bootstrap: Some(&kubeadm_config().to_string()),
+        actions: &all_actions(),
+        change,
+        upgrade_mode: KubeadmUpgradeMode::Apply,
+        drain: None,
+        infra: None,
+        os_image: None,
+        version_steps: crate::VersionSteps::default(),
+    })
+    .unwrap()
+}
+
+fn moving(version: crate::drain::VersionChange, actions: &[Action]) -> NodeChange {
+    NodeChange {
+        version,
+        actions: actions.iter().copied().collect(),
+    }
+}
+
+#[test]
+fn a_plan_holds_the_steps_of_what_the_change_moves() {
+    use crate::drain::VersionChange;
+    let cp = machine(true);
+    // One file changed at the version the node runs: the files step alone, no kubeadm upgrade apply.
+    let files = plan_moving(&cp, &moving(VersionChange::None, &[Action::Files]));
+    assert_eq!(kinds(&files), ["files"]);
+    validate_plan(&files).unwrap();
+    // The version alone: its packages and the upgrade, not the unchanged files, keys, time servers or flags.
+    let version = plan_moving(
+        &cp,
+        &moving(VersionChange::Minor, &[Action::KubernetesVersion]),
+    );
+    assert_eq!(
+        kinds(&version),
+        ["installKubeadm", "kubeadmUpgrade", "installKubelet"]
+    );
+    // Keys and flags: their two steps, in the plan's order.
+    let two = plan_moving(
+        &cp,
+        &moving(VersionChange::None, &[Action::KubeletArgs, Action::SshKeys]),
+    );
+    assert_eq!(kinds(&two), ["sshKeys", "kubeletArgs"]);
+    // Nobody judged the change: every allowed action, as before.
+    assert_eq!(kinds(&plan_moving(&cp, &unjudged())).len(), 8);
+    // The same desired state moved differently is another plan; moved the same, the same plan.
+    assert_ne!(files.id, version.id);
+    assert_eq!(
+        files.id,
+        plan_moving(&cp, &moving(VersionChange::None, &[Action::Files])).id
+    );
+    // A change moving only what the settings do not allow plans nothing.
+    let facts = MachineFacts::of(&cp).unwrap();
+    let only_files: BTreeSet<Action> = [Action::Files].into_iter().collect();
+    let none = build(&PlanInput {
+        facts: &facts,
+        bootstrap: Some(&kubeadm_config().to_string()),
+        actions: &only_files,
+        change: &moving(VersionChange::None, &[Action::Ntp]),
+        upgrade_mode: KubeadmUpgradeMode::Apply,
+        drain: None,
+        infra: None,
+        os_image: None,
+        version_steps: crate::VersionSteps::default(),
+    })
+    .unwrap();
+    assert!(none.steps.is_empty());
 }

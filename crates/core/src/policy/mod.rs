@@ -355,7 +355,8 @@ impl Policy {
     }
 
     /// The actions this policy and these settings allow for the desired objects of a request — what
-    /// an UpdateMachine plan may contain. Empty when settings turn in-place updates off.
+    /// an UpdateMachine plan may contain (`kubernetes-version` only for a kubeadm node:
+    /// [`Action::refused_by_bootstrap`]). Empty when settings turn in-place updates off.
     pub fn actions_for(
         &self,
         scope: Scope,
@@ -363,6 +364,12 @@ impl Policy {
         settings: &Settings,
     ) -> BTreeSet<Action> {
         let control_plane = objects::is_control_plane(scope, desired, desired);
+        let bootstrap = desired.bootstrap.map(|b| {
+            (
+                objects::machine_level_kind(scope, b),
+                objects::api_group_of(b),
+            )
+        });
         let mut out = BTreeSet::new();
         for role in ObjectRole::ALL {
             let Some(object) = desired.get(role) else {
@@ -372,6 +379,7 @@ impl Policy {
             for rule in self.rules.iter().filter(|r| r.applies_to(&subject)) {
                 if let Verdict::Action(a) = rule.verdict
                     && settings.allows(a)
+                    && a.refused_by_bootstrap(bootstrap).is_none()
                 {
                     out.insert(a);
                 }

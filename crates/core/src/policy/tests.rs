@@ -216,6 +216,16 @@ fn actions_for_desired_objects() {
         ..Settings::default()
     };
     assert!(p.actions_for(Scope::Object, &desired, &off).is_empty());
+    // An RKE2 node is not upgraded with kubeadm: its plan never holds the version's steps.
+    let rke2 = json!({"apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2", "kind": "RKE2Config"});
+    let other = Objects {
+        bootstrap: Some(&rke2),
+        ..desired
+    };
+    assert!(
+        !p.actions_for(Scope::Object, &other, &Settings::default())
+            .contains(&Action::KubernetesVersion)
+    );
 }
 
 #[test]

@@ -20,30 +20,13 @@ use serde_json::{Map, Value};
 
 use crate::decide::MACHINE_FIELDS_IGNORED_BY_CAPI;
 use crate::objects::{self, ObjectRole, Scope};
-
-/// API group of CAPI's kubeadm bootstrap provider.
-pub const KUBEADM_BOOTSTRAP_GROUP: &str = "bootstrap.cluster.x-k8s.io";
+pub use crate::objects::{KUBEADM_BOOTSTRAP_GROUP, is_kubeadm_config, machine_level_kind};
 
 /// `format` when a KubeadmConfig leaves it out (CAPI's `ApplyPreviousKubeadmConfigDefaults`).
 pub const DEFAULT_KUBEADM_FORMAT: &str = "cloud-config";
 
 /// `nodeRegistration.imagePullPolicy` when a KubeadmConfig leaves it out (same function).
 pub const DEFAULT_IMAGE_PULL_POLICY: &str = "IfNotPresent";
-
-/// The kind whose rules apply to an object's compared part: the object's own kind for Machine-level
-/// objects, the templated kind for templates (`KubeadmConfigTemplate` → `KubeadmConfig`).
-pub fn machine_level_kind(scope: Scope, object: &Value) -> &str {
-    let kind = objects::kind_of(object);
-    match scope {
-        Scope::Object => kind,
-        Scope::Template => objects::templated_kind(kind).unwrap_or(kind),
-    }
-}
-
-/// Whether an object of this Machine-level kind and API group is a CABPK KubeadmConfig.
-pub fn is_kubeadm_config(kind: &str, api_group: &str) -> bool {
-    kind == "KubeadmConfig" && api_group == KUBEADM_BOOTSTRAP_GROUP
-}
 
 /// The normalised compared part of `object` (its `spec`, or `spec.template.spec` for a template), as the
 /// value at the Machine-level `spec`. An object without one normalises to an empty object.
