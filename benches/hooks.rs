@@ -132,7 +132,7 @@ fn router_discovery(bencher: divan::Bencher) {
     }
     let router = inplace_updater::server::app(inplace_updater::server::AppState::new(
         ENGINE.clone(),
-        Arc::new(inplace_updater::server::auth::AgentTokens::none()),
+        Arc::new(inplace_updater::dispatch::upkeep::tokens::AgentTokens::none()),
     ));
     let body = fixture("discovery-request.json");
     let path = format!(

@@ -154,7 +154,7 @@ pub fn policy_yaml(data: &[u8]) {
 /// The agent token file (`--agent-tokens`): any text gives entries or an error naming the line.
 pub fn token_file(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = crate::server::auth::parse_token_file("fuzz", text);
+        let _ = crate::dispatch::upkeep::tokens::parse_token_file("fuzz", text);
     }
 }
 

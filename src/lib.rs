@@ -4,7 +4,7 @@
 //! The binary (`src/main.rs`) only parses the command line. The data path, in the order a request flows:
 //!
 //! 1. [`server`] — TLS listeners, limits, health, metrics, shutdown; routes hook calls to [`hooks`] and agent
-//!    calls (authenticated by [`server::auth`]) to [`dispatch`].
+//!    calls (their tokens checked by `dispatch::upkeep::tokens`) to [`dispatch`].
 //! 2. [`api`] — CAPI's wire types: decoding with Go's field rules, `api::validate` (the object rules), answers.
 //! 3. [`hooks`] — one function per hook: CanUpdate runs `inplace_core`'s diff, policy and patch and records a
 //!    verdict; UpdateMachine reads the Machine's facts and allowed actions and hands them to [`dispatch`].
@@ -22,6 +22,7 @@ pub mod dispatch;
 pub mod fuzzing;
 pub mod hooks;
 pub mod observe;
+pub mod pem;
 pub mod server;
 
 /// Lower-case hex of `bytes` (digests in ids, store keys and token lines).

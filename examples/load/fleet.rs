@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use inplace_agent_api::{DEFAULT_WAIT_SECONDS, MachineRef};
 use inplace_updater::dispatch::AgentScope;
-use inplace_updater::server::auth::create_token;
+use inplace_updater::dispatch::upkeep::tokens::create_token;
 use tokio::sync::Semaphore;
 
 use crate::agents::{self, Agent, Shared};

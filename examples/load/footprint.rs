@@ -12,7 +12,7 @@ use anyhow::{Context as _, bail};
 use inplace_agent_api::MachineRef;
 use inplace_updater::cmd::certs::DevCertPaths;
 use inplace_updater::dispatch::AgentScope;
-use inplace_updater::server::auth::create_token;
+use inplace_updater::dispatch::upkeep::tokens::create_token;
 
 use crate::process::{ServerProcess, check_binary, default_binary, server_args};
 use crate::stats::{ProcSample, Table, proc_sample};

@@ -14,7 +14,7 @@ use anyhow::Context as _;
 use inplace_agent_api::DEFAULT_WAIT_SECONDS;
 use inplace_store::testing::Etcd;
 use inplace_updater::dispatch::AgentScope;
-use inplace_updater::server::auth::create_token;
+use inplace_updater::dispatch::upkeep::tokens::create_token;
 
 use crate::agents::Shared;
 use crate::capi::{self, CapiResult, Target};

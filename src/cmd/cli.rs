@@ -14,7 +14,9 @@ use inplace_store::{EtcdOptions, StoreUrl};
 pub use inplace_agent::cli::{AgentArgs, LogFormat, machine_ref};
 
 use crate::api::parse_go_duration;
-use crate::dispatch::upgrade_decide::{DEFAULT_UPGRADE_CONCURRENCY, DEFAULT_UPGRADE_MAX_FAILURES};
+use crate::dispatch::upkeep::rollout::release::{
+    DEFAULT_UPGRADE_CONCURRENCY, DEFAULT_UPGRADE_MAX_FAILURES,
+};
 use crate::dispatch::{
     DEFAULT_AGENT_TOKEN_GRACE, DEFAULT_RETENTION, DEFAULT_RETRY_AFTER_MAX_SECONDS,
     DEFAULT_RETRY_AFTER_SECONDS, DEFAULT_VERDICT_RETENTION, DispatchConfig,
@@ -437,7 +439,7 @@ const _: () = {
     assert!(DEFAULT_RETENTION.as_secs() == 168 * 3600);
     assert!(DEFAULT_VERDICT_RETENTION.as_secs() == 72 * 3600);
     assert!(DEFAULT_AGENT_TOKEN_GRACE.as_secs() == 3600);
-    assert!(crate::server::auth::DEFAULT_TOKEN_TTL.as_secs() == 8760 * 3600);
+    assert!(crate::dispatch::upkeep::tokens::rule::DEFAULT_TOKEN_TTL.as_secs() == 8760 * 3600);
 };
 
 #[cfg(test)]

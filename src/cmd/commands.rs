@@ -14,13 +14,13 @@ use crate::cmd::cli::{
     TokenCreateArgs,
 };
 use crate::cmd::fatal::{Fatal, one_line, serve_fatal};
+use crate::dispatch::upkeep::tokens::{AgentTokens, create_token};
 use crate::dispatch::{
     AgentRow, AgentScope, DispatchConfig, Dispatcher, RetentionRecord, RetryOutcome, StatusRow,
     ago, now_ms,
 };
 use crate::hooks::Engine;
 use crate::observe::{InstrumentedStore, backend_name};
-use crate::server::auth::{AgentTokens, create_token};
 use crate::server::{self, Listeners, Metrics, Readiness, Services};
 use inplace_store::StoreUrl;
 
@@ -312,8 +312,8 @@ async fn store_dispatcher(etcd: &EtcdArgs, url: &StoreUrl) -> anyhow::Result<Arc
 fn agent_upkeep(
     args: &ServeArgs,
     dispatcher: &Dispatcher,
-) -> Result<crate::server::agent_release::SharedImage, Fatal> {
-    use crate::server::agent_release::{find_image, release};
+) -> Result<crate::dispatch::upkeep::rollout::release::SharedImage, Fatal> {
+    use crate::dispatch::upkeep::rollout::release::{find_image, release};
     if std::env::var_os(inplace_agent::cli::DEPRECATED_BINARY_ENV).is_some_and(|v| !v.is_empty()) {
         tracing::warn!(
             "{} is set, but it is a node agent's own executable and serve ignores it; the agent executable this \
@@ -350,7 +350,7 @@ fn agent_upkeep(
             "agent self-upgrades are off: no inplace-agent beside this executable and no --agent-binary or --agent-release"
         ),
     }
-    dispatcher.agents.set_release(release);
+    dispatcher.upkeep.rollout.set_release(release);
     Ok(image.map(Arc::new))
 }
 

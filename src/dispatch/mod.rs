@@ -1,21 +1,23 @@
 //! The update lifecycle of each Machine (recorded → running → done | failed | cancelled), shared by every
-//! replica through the store. One floor and four wings, each its own struct owning its own state:
+//! replica through the store. One floor and five wings, each its own struct owning its own state:
 //!
 //! - [`floor`]: the store with typed records, the keys, the records and a run's pure transitions, the hold on
 //!   a run, the clock, the tunables, the stored format. No wing is imported there.
 //! - [`runs`]: UpdateMachine — load → decide (pure) → commit (one transaction) → answer; the operator retry.
 //! - [`agents`]: the agent API (poll, report, inventory), last-seen times, refused agents, the agents listing.
+//! - [`upkeep`]: what keeps the agents current: the release rollout, token rotation, the served CA bundle.
 //! - [`licence`]: the CanUpdate verdicts, whether a desired state may run, UpdateMachine's refusals.
 //! - [`fleet`]: the census, `status`, retention of finished runs, step metrics and learned step durations.
 //!
-//! Wings import the floor and, one way, each other: runs → agents, licence, fleet; agents → fleet.
-//! [`Dispatcher`] only composes them.
+//! Wings import the floor and, one way, each other: runs → agents, licence, fleet; agents → upkeep, fleet;
+//! upkeep → fleet (the directions `tests/integration/layers.rs` checks). [`Dispatcher`] only composes them.
 
 pub mod agents;
 pub mod fleet;
 pub mod floor;
 pub mod licence;
 pub mod runs;
+pub mod upkeep;
 
 use std::sync::Arc;
 
@@ -24,8 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::observe::{FleetMetrics, LiveFleet};
 
-pub use agents::upgrade_decide;
-pub use agents::{AgentRefusalReason, AgentRow, AgentScope, Agents, CONNECTED_WITHIN};
+pub use agents::{AgentRow, Agents, CONNECTED_WITHIN};
 pub use fleet::{Fleet, StatusRow, StatusState, UpdateState};
 pub use floor::clock::system_ms as now_ms;
 pub use floor::config::{
@@ -38,6 +39,8 @@ pub use floor::retention::{RETENTION_KEY, RetentionRecord, Swept};
 pub use floor::{Clock, DispatchConfig, DispatchError, Floor};
 pub use licence::{Licences, RefusalReason, VerdictHook, VerdictRecord};
 pub use runs::{RetryOutcome, Runs, UpdateAnswer, UpdateRequest, ago, node_change_of, plan_for};
+pub use upkeep::Upkeep;
+pub use upkeep::tokens::{AgentRefusalReason, AgentScope};
 
 /// The dispatcher: one per server process, over a store shared by every replica. It only composes the wings.
 pub struct Dispatcher {
@@ -48,6 +51,8 @@ pub struct Dispatcher {
     pub licences: Licences,
     /// The agent API, last-seen times, refused agents.
     pub agents: Arc<Agents>,
+    /// The agents' release rollout, rotated tokens and served CA bundle.
+    pub upkeep: Arc<Upkeep>,
     /// UpdateMachine and the operator retry.
     pub runs: Runs,
 }
@@ -97,7 +102,8 @@ impl Dispatcher {
         let reasons = AgentRefusalReason::ALL.map(AgentRefusalReason::as_str);
         let fleet = Arc::new(Fleet::new(floor.clone(), metrics.clone(), &reasons));
         let licences = Licences::new(floor.clone());
-        let agents = Agents::new(floor.clone(), fleet.clone());
+        let upkeep = Arc::new(Upkeep::new(floor.clone(), fleet.clone()));
+        let agents = Agents::new(floor.clone(), fleet.clone(), upkeep.clone());
         let runs = Runs::new(
             floor.clone(),
             licences.clone(),
@@ -109,6 +115,7 @@ impl Dispatcher {
             fleet,
             licences,
             agents,
+            upkeep,
             runs,
         });
         let live: std::sync::Weak<dyn LiveFleet> = Arc::downgrade(&dispatcher) as _;
@@ -140,11 +147,11 @@ impl Dispatcher {
         for kind in Swept::ALL {
             let swept = match kind {
                 Swept::Runs => self.fleet.sweep().await,
-                Swept::AgentRefusals => self.agents.sweep_refusals().await,
+                Swept::AgentRefusals => self.agents.refusals.sweep().await,
                 Swept::Verdicts => self.licences.sweep().await,
-                Swept::AgentTokens => self.agents.sweep_tokens().await,
-                Swept::AgentUpgrades => self.agents.sweep_upgrades().await,
-                Swept::UpgradeSlots => self.agents.sweep_upgrade_slots().await,
+                Swept::AgentTokens => self.upkeep.tokens.sweep().await,
+                Swept::AgentUpgrades => self.upkeep.rollout.sweep_upgrades().await,
+                Swept::UpgradeSlots => self.upkeep.rollout.sweep_upgrade_slots().await,
             };
             let name = kind.as_str().to_string();
             match swept {
@@ -181,7 +188,7 @@ impl LiveFleet for Dispatcher {
 
     fn waited_agent_oldest_contact_ms(&self) -> Option<u64> {
         self.fleet
-            .waited_agent_oldest_contact_ms(&self.agents.seen_here())
+            .waited_agent_oldest_contact_ms(&self.agents.seen.here())
     }
 
     fn unfinished_update_oldest_progress_ms(&self) -> Option<u64> {

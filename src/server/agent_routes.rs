@@ -1,5 +1,6 @@
-//! The agent API under `/agent/v1/` on the hook port: bearer-token authentication, body limits, JSON decoding
-//! that names the bad field, and the mapping of dispatch errors to HTTP statuses the agent understands
+//! The agent API under `/agent/v1/` on the hook port: the bearer token read from the request (checked by
+//! `dispatch::upkeep::tokens`), body limits, JSON decoding that names the bad field, and the mapping of
+//! dispatch's answers to HTTP statuses the agent understands
 //! (401 no/unknown/expired token, 403 outside the token's scope, 409 stale run, 400 bad body, 408 body too
 //! slow, 413 body too large, 503 store down). Every 401 and 403 is handed to dispatch's refusal tracking with
 //! the Machine the request claimed (read from its body, best effort) and the peer address.
@@ -26,8 +27,9 @@ use tower_http::timeout::TimeoutLayer;
 use super::error::HttpError;
 use super::listener::ConnInfo;
 use super::state::AppState;
-use super::token_rotation::{TokenRefusal, Verified, verify};
-use crate::dispatch::{AgentRefusalReason, DispatchError, Dispatcher};
+use crate::dispatch::upkeep::tokens::verify::{TokenRefusal, Verified, verify};
+use crate::dispatch::upkeep::tokens::{AgentRefusalReason, AuthError};
+use crate::dispatch::{DispatchError, Dispatcher};
 
 /// Ceiling on any agent request: the longest poll plus the grace agents allow for it.
 pub const MAX_AGENT_REQUEST_TIME: Duration =
@@ -36,6 +38,8 @@ pub const MAX_AGENT_REQUEST_TIME: Duration =
 pub const AGENT_BODY_READ_TIME: Duration = Duration::from_secs(10);
 /// Longest the body of a request refused for its token is waited for, to learn which Machine it claims.
 pub const REFUSED_BODY_READ_TIME: Duration = Duration::from_secs(2);
+/// Longest `Authorization` header value considered.
+pub const MAX_TOKEN_BYTES: usize = 512;
 
 /// The agent endpoints.
 pub fn agent_router(state: AppState) -> Router {
@@ -104,6 +108,7 @@ impl<T> Accepted<T> {
         if let DispatchError::Forbidden(message) = &err {
             self.dispatcher
                 .agents
+                .refusals
                 .refused(
                     Some(agent),
                     AgentRefusalReason::OutOfScope,
@@ -151,16 +156,27 @@ async fn claimed_agent(request: Request) -> Option<AgentIdentity> {
 async fn unauthorized(
     dispatcher: &Dispatcher,
     claimed: Option<&AgentIdentity>,
-    err: &super::auth::AuthError,
+    err: &AuthError,
     peer: Option<SocketAddr>,
 ) -> HttpError {
     let message = err.to_string();
     dispatcher
         .agents
+        .refusals
         .refused(claimed, err.refusal_reason(), &message, peer)
         .await;
     HttpError::new(StatusCode::UNAUTHORIZED, message)
         .with_header(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))
+}
+
+/// The bearer token of an `Authorization` header value (none: no header, no `Bearer ` prefix, an empty
+/// token, or a value over [`MAX_TOKEN_BYTES`]).
+fn bearer_token(header: Option<&str>) -> Option<&str> {
+    header
+        .filter(|h| h.len() <= MAX_TOKEN_BYTES)
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
 }
 
 /// The request's verified bearer token, or the 401 (recorded as a refusal, with the Machine its body claims).
@@ -174,7 +190,11 @@ async fn authenticate(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|h| h.to_str().ok());
-    match verify(&state.tokens, &dispatcher.agents, header).await {
+    let verified = match bearer_token(header) {
+        Some(token) => verify(&state.tokens, &dispatcher.upkeep.tokens, token).await,
+        None => Err(AuthError::Missing.into()),
+    };
+    match verified {
         Ok(token) => Ok((token, request)),
         Err(TokenRefusal::Refused(err)) => {
             let claimed = claimed_agent(request).await;
@@ -219,7 +239,10 @@ async fn accept<T: DeserializeOwned + Claimant>(
     .map_err(|_| too_large())?;
     let body: T = decode_agent_body(&body)
         .map_err(|err| HttpError::new(StatusCode::BAD_REQUEST, err.to_string()))?;
-    match token.check_retired(&dispatcher.agents, body.agent()).await {
+    match token
+        .check_retired(&dispatcher.upkeep.tokens, body.agent())
+        .await
+    {
         Ok(()) => {}
         Err(TokenRefusal::Refused(err)) => {
             return Err(unauthorized(&dispatcher, Some(body.agent()), &err, peer).await);
@@ -259,10 +282,11 @@ fn json<T: Serialize>(value: &T) -> Response {
 async fn poll(State(state): State<AppState>, request: Request) -> Result<Response, HttpError> {
     let accepted: Accepted<PollRequest> = accept(&state, request).await?;
     let agents = &accepted.dispatcher.agents;
+    let tokens = &accepted.dispatcher.upkeep.tokens;
     let body = &accepted.body;
     // Only agents that send their facts know what to do with a successor token.
     let offer = match &body.facts {
-        Some(_) => match accepted.token.offer(agents, &body.agent).await {
+        Some(_) => match accepted.token.offer(tokens, &body.agent).await {
             Ok(offer) => offer,
             Err(err) => {
                 tracing::warn!(agent = %body.agent, error = %err, "no successor token offered");
@@ -365,7 +389,7 @@ async fn binary(State(state): State<AppState>, request: Request) -> Result<Respo
 /// no secret; the token keeps strangers from probing). 404 when none is configured or none passed the checks.
 async fn ca_bundle(State(state): State<AppState>, request: Request) -> Result<Response, HttpError> {
     authenticate(&state, request).await?;
-    let Some(bundle) = state.agent_ca.as_ref().and_then(|b| b.current()) else {
+    let Some(bundle) = state.engine.dispatcher.upkeep.served_ca.current() else {
         return Err(HttpError::new(
             StatusCode::NOT_FOUND,
             "this server hands out no CA bundle (serve --agent-ca-bundle)",
@@ -379,4 +403,20 @@ async fn ca_bundle(State(state): State<AppState>, request: Request) -> Result<Re
         bundle.pem,
     )
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_token_is_read_from_the_header_or_the_request_is_refused_as_missing() {
+        assert_eq!(bearer_token(Some("Bearer iu1_abc")), Some("iu1_abc"));
+        assert_eq!(bearer_token(Some("Bearer  iu1_abc ")), Some("iu1_abc"));
+        assert_eq!(bearer_token(None), None, "no header");
+        assert_eq!(bearer_token(Some("iu1_abc")), None, "no Bearer prefix");
+        assert_eq!(bearer_token(Some("Bearer ")), None, "empty token");
+        let long = format!("Bearer {}", "a".repeat(MAX_TOKEN_BYTES));
+        assert_eq!(bearer_token(Some(&long)), None, "over MAX_TOKEN_BYTES");
+    }
 }

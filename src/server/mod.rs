@@ -2,17 +2,13 @@
 //! together and stopped together. It decides nothing about Machines; `hooks` does.
 
 mod admin;
-pub mod agent_release;
 mod agent_routes;
 mod app;
-pub mod auth;
-pub mod ca_bundle;
 mod error;
 mod listener;
 pub mod metrics;
 mod state;
 pub mod tls;
-pub mod token_rotation;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,14 +24,13 @@ pub use admin::{
     HOOK_CALLS_ANSWERED_HEADER, Readiness, health_router, metrics_router, status_router,
 };
 pub use agent_routes::{
-    AGENT_BODY_READ_TIME, AgentBodyError, MAX_AGENT_REQUEST_TIME, REFUSED_BODY_READ_TIME,
-    decode_agent_body,
+    AGENT_BODY_READ_TIME, AgentBodyError, MAX_AGENT_REQUEST_TIME, MAX_TOKEN_BYTES,
+    REFUSED_BODY_READ_TIME, decode_agent_body,
 };
 pub use app::{
     AnswerFuture, Compute, DEADLINE_FRACTION, DEFAULT_CAPI_TIMEOUT, INLINE_COMPUTE_MAX_BODY_BYTES,
     MAX_BODY_BYTES, MAX_HOOK_TIME, MIN_BODY_READ_TIME, app, hook_route,
 };
-use ca_bundle::{AgentCaBundle, Refreshed};
 pub use error::HttpError;
 pub use listener::{ConnInfo, ConnLimits};
 pub use metrics::Metrics;
@@ -43,8 +38,10 @@ pub use state::AppState;
 use tls::{ReloadingCert, TlsError, TlsFiles};
 
 use crate::dispatch::Dispatcher;
+use crate::dispatch::upkeep::rollout::release::SharedImage;
+use crate::dispatch::upkeep::served_ca::Refreshed;
+use crate::dispatch::upkeep::tokens::AgentTokens;
 use crate::hooks::Engine;
-use crate::server::auth::AgentTokens;
 
 /// Default interval between checks of the certificate files for new content.
 pub const DEFAULT_TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
@@ -144,7 +141,7 @@ pub struct Services {
     /// Agent tokens.
     pub tokens: Arc<AgentTokens>,
     /// The agent executable handed out at `GET /agent/v1/binary`, if any.
-    pub agent_image: agent_release::SharedImage,
+    pub agent_image: SharedImage,
 }
 
 /// Runs the server until `shutdown` is cancelled, then drains and returns `Ok`. Returns an error at once
@@ -165,12 +162,9 @@ pub async fn run(
     if let Ok((hooks, health, metrics)) = listeners.local_addrs() {
         tracing::info!(%hooks, %health, %metrics, "listening");
     }
-    let agent_ca = config
-        .agent_ca_bundle
-        .clone()
-        .map(|path| Arc::new(AgentCaBundle::new(path)));
-    if let Some(bundle) = &agent_ca {
-        refresh_agent_ca(bundle, &cert, &services.engine.dispatcher);
+    let agent_ca = config.agent_ca_bundle.clone();
+    if let Some(path) = &agent_ca {
+        refresh_agent_ca(path, &cert, &services.engine.dispatcher);
     }
     let state = AppState {
         metrics: metrics.clone(),
@@ -178,7 +172,6 @@ pub async fn run(
         engine: services.engine.clone(),
         tokens: services.tokens.clone(),
         agent_image: services.agent_image.clone(),
-        agent_ca: agent_ca.clone(),
     };
 
     let mut tasks: JoinSet<&'static str> = JoinSet::new();
@@ -227,11 +220,11 @@ pub async fn run(
         watch_certificate(watched, interval, metrics, stop).await;
         "certificate watcher"
     });
-    if let Some(bundle) = agent_ca {
+    if let Some(path) = agent_ca {
         let stop = shutdown.clone();
         let dispatcher = services.engine.dispatcher.clone();
         tasks.spawn(async move {
-            watch_agent_ca(bundle, cert, dispatcher, interval, stop).await;
+            watch_agent_ca(path, cert, dispatcher, interval, stop).await;
             "agent CA bundle watcher"
         });
     }
@@ -359,26 +352,24 @@ async fn watch_certificate(
     }
 }
 
-/// Checks the agent CA bundle against the serving certificate now, and tells dispatch the digest it hands out.
-fn refresh_agent_ca(bundle: &AgentCaBundle, cert: &ReloadingCert, dispatcher: &Dispatcher) {
-    match bundle.refresh(&cert.chain(), &tls::provider()) {
+/// Has the served CA check the bundle at `path` against the serving certificate now, and logs what it did.
+fn refresh_agent_ca(path: &std::path::Path, cert: &ReloadingCert, dispatcher: &Dispatcher) {
+    let served = &dispatcher.upkeep.served_ca;
+    match served.refresh(path, &cert.chain(), &tls::provider()) {
         Ok(Refreshed::Unchanged | Refreshed::StillGood) => {}
         Ok(Refreshed::Served) => {
-            let digest = bundle.current().map(|b| b.sha256).unwrap_or_default();
-            tracing::info!(bundle = %bundle.path().display(), sha256 = %digest, "agent CA bundle served");
+            let digest = served.sha256().unwrap_or_default();
+            tracing::info!(bundle = %path.display(), sha256 = %digest, "agent CA bundle served");
         }
         Err(err) => {
-            let kept = bundle.current().map(|b| b.sha256);
-            tracing::error!(error = %err, bundle = %bundle.path().display(), kept_sha256 = kept.as_deref().unwrap_or("none"), "agent CA bundle refused; agents keep being offered the last good one");
+            let kept = served.sha256();
+            tracing::error!(error = %err, bundle = %path.display(), kept_sha256 = kept.as_deref().unwrap_or("none"), "agent CA bundle refused; agents keep being offered the last good one");
         }
     }
-    dispatcher
-        .agents
-        .set_served_ca_sha256(bundle.current().map(|b| b.sha256));
 }
 
 async fn watch_agent_ca(
-    bundle: Arc<AgentCaBundle>,
+    path: PathBuf,
     cert: Arc<ReloadingCert>,
     dispatcher: Arc<Dispatcher>,
     interval: Duration,
@@ -386,7 +377,7 @@ async fn watch_agent_ca(
 ) {
     let mut ticker = watch_ticker(interval).await;
     while next_check(&mut ticker, &shutdown).await {
-        let (check, serving, dispatch) = (bundle.clone(), cert.clone(), dispatcher.clone());
+        let (check, serving, dispatch) = (path.clone(), cert.clone(), dispatcher.clone());
         let checked =
             tokio::task::spawn_blocking(move || refresh_agent_ca(&check, &serving, &dispatch))
                 .await;

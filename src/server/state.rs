@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use super::metrics::Metrics;
+use crate::dispatch::upkeep::rollout::release::SharedImage;
+use crate::dispatch::upkeep::tokens::AgentTokens;
 use crate::hooks::Engine;
-use crate::server::auth::AgentTokens;
-use crate::server::ca_bundle::AgentCaBundle;
 
 /// What every handler shares.
 #[derive(Debug, Clone)]
@@ -20,9 +20,7 @@ pub struct AppState {
     /// Agent tokens (agent API).
     pub tokens: Arc<AgentTokens>,
     /// The agent executable handed out at `GET /agent/v1/binary` (none: 404).
-    pub agent_image: super::agent_release::SharedImage,
-    /// The CA bundle agents should trust (`--agent-ca-bundle`), when configured.
-    pub agent_ca: Option<Arc<AgentCaBundle>>,
+    pub agent_image: SharedImage,
 }
 
 impl AppState {
@@ -35,7 +33,6 @@ impl AppState {
             engine,
             tokens,
             agent_image: None,
-            agent_ca: None,
         }
     }
 }

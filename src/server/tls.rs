@@ -73,19 +73,10 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
 
 /// Parses every certificate of a PEM file (leaf first, then intermediates).
 pub fn parse_cert_chain(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let chain: Vec<_> = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<_, _>>()
-        .map_err(|err| TlsError::Certificate {
-            path: path.to_owned(),
-            detail: err.to_string(),
-        })?;
-    if chain.is_empty() {
-        return Err(TlsError::Certificate {
-            path: path.to_owned(),
-            detail: "the file has no CERTIFICATE block".into(),
-        });
-    }
-    Ok(chain)
+    crate::pem::certificates(pem).map_err(|detail| TlsError::Certificate {
+        path: path.to_owned(),
+        detail,
+    })
 }
 
 /// Builds a certified key from PEM bytes, checking that key and leaf certificate match.

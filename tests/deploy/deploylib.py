@@ -362,7 +362,7 @@ SETTINGS = {
     "paused": re.compile(r".{0,256}"),
     "maintenanceWindow": re.compile(r"(?i)\s*|none|(\s*(days|start|end|tz)=\S+)+\s*"),
 }
-# Every line of a server token file that is not blank or a comment (src/server/auth.rs).
+# Every line of a server token file that is not blank or a comment (src/dispatch/upkeep/tokens/file.rs).
 TOKEN_LINE = re.compile(
     r"sha256:[0-9a-f]{64} (cluster|machine)=[a-z0-9][a-z0-9.-]*/[a-z0-9][a-z0-9.-]*"
     r"( issued=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d))?"

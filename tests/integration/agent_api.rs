@@ -14,9 +14,11 @@ use http_body_util::BodyExt as _;
 use inplace_agent_api::{INVENTORY_PATH, MAX_REQUEST_BODY_BYTES, POLL_PATH, REPORT_PATH};
 use inplace_store::{Entry, Store};
 use inplace_updater::api::Hook;
+use inplace_updater::dispatch::upkeep::tokens::{
+    AgentTokens, NewToken, create_token, parse_token_file,
+};
 use inplace_updater::dispatch::{AgentScope, Dispatcher};
 use inplace_updater::hooks::Engine;
-use inplace_updater::server::auth::{AgentTokens, NewToken, create_token, parse_token_file};
 use inplace_updater::server::{AppState, app};
 use serde_json::{Value, json};
 use tower::ServiceExt as _;

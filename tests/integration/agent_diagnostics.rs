@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::{ServerProcess, WAIT, binary, certs};
 use inplace_updater::cmd::demo::Sandbox;
 use inplace_updater::dispatch::AgentScope;
-use inplace_updater::server::auth::create_token;
+use inplace_updater::dispatch::upkeep::tokens::create_token;
 use serde_json::Value;
 
 /// One agent process logging JSON to a file.

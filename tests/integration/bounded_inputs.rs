@@ -11,7 +11,7 @@ use std::sync::Arc;
 use inplace_bounded_read::testing::{assert_refused, fifo_with, zero_at};
 use inplace_updater::cmd::commands::{MAX_POLICY_BYTES, load_policy};
 use inplace_updater::cmd::diff::{EXIT_BAD_INPUT, MAX_INPUT_BYTES};
-use inplace_updater::server::auth::{AgentTokens, MAX_TOKEN_FILE_BYTES};
+use inplace_updater::dispatch::upkeep::tokens::{AgentTokens, MAX_TOKEN_FILE_BYTES};
 use inplace_updater::server::tls::{
     MAX_PEM_FILE_BYTES, ReloadingCert, TlsFiles, provider, server_config,
 };
@@ -120,7 +120,7 @@ fn the_token_file_is_bounded_and_a_reload_past_the_bound_keeps_the_tokens() {
         namespace: "default".into(),
         cluster: "edge-01".into(),
     };
-    let token = inplace_updater::server::auth::create_token(&scope, None).unwrap();
+    let token = inplace_updater::dispatch::upkeep::tokens::create_token(&scope, None).unwrap();
     std::fs::write(&path, format!("{}\n", token.line)).unwrap();
     let tokens = AgentTokens::load(&path).unwrap();
     std::fs::remove_file(&path).unwrap();
@@ -131,9 +131,8 @@ fn the_token_file_is_bounded_and_a_reload_past_the_bound_keeps_the_tokens() {
         &path.display().to_string(),
         MAX_TOKEN_FILE_BYTES,
     );
-    let header = format!("Bearer {}", token.token);
     assert_eq!(
-        tokens.authenticate(Some(&header)),
+        tokens.authenticate(&token.token),
         Ok(scope),
         "the tokens read before stay in force"
     );

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use inplace_updater::cmd::certs::{DevCertPaths, DevCertsSpec, write_dev_certs};
-use inplace_updater::server::ca_bundle::sha256_hex;
+use inplace_updater::dispatch::upkeep::served_ca::sha256_hex;
 use serde_json::Value;
 
 use crate::common::fleet::{AgentProcess, Setup, wait_until};

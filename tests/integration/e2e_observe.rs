@@ -15,7 +15,7 @@ use common::{Client, ServerProcess, WAIT, binary, plain_get};
 use inplace_agent_api::{MachineRef, POLL_PATH};
 use inplace_updater::cmd::demo::Sandbox;
 use inplace_updater::dispatch::AgentScope;
-use inplace_updater::server::auth::create_token;
+use inplace_updater::dispatch::upkeep::tokens::create_token;
 use serde_json::{Value, json};
 
 const SETTLE: Duration = Duration::from_secs(60);

@@ -100,7 +100,8 @@ async fn run_cases(cases: Vec<Case>) {
             namespace: "default".into(),
             cluster: cluster_of(id),
         };
-        let token = inplace_updater::server::auth::create_token(&scope, None).expect("token");
+        let token =
+            inplace_updater::dispatch::upkeep::tokens::create_token(&scope, None).expect("token");
         std::fs::write(dir.path().join(format!("token-{id}")), &token.token).expect("token");
         lines.push_str(&token.line);
         lines.push('\n');

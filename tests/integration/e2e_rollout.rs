@@ -16,7 +16,7 @@ use common::{Client, ServerProcess, certs};
 use inplace_agent_api::{AgentIdentity, MachineRef, POLL_PATH, PollRequest};
 use inplace_updater::cmd::demo::Sandbox;
 use inplace_updater::dispatch::AgentScope;
-use inplace_updater::server::auth::create_token;
+use inplace_updater::dispatch::upkeep::tokens::create_token;
 use serde_json::Value;
 
 pub const CONTROL_PLANE: [&str; 3] = [

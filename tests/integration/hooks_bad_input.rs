@@ -9,8 +9,8 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use inplace_updater::api::Hook;
+use inplace_updater::dispatch::upkeep::tokens::AgentTokens;
 use inplace_updater::hooks::Engine;
-use inplace_updater::server::auth::AgentTokens;
 use inplace_updater::server::{AppState, Compute, MAX_BODY_BYTES, app, hook_route};
 use tower::ServiceExt as _;
 

@@ -13,7 +13,7 @@ use common::{Client, ServerProcess, WAIT, certs, fixture, plain_get};
 use inplace_agent_api::{AgentIdentity, MachineRef, POLL_PATH, PollRequest};
 use inplace_updater::cmd::diff::{PackedInputs, render_text};
 use inplace_updater::dispatch::AgentScope;
-use inplace_updater::server::auth::create_token;
+use inplace_updater::dispatch::upkeep::tokens::create_token;
 use rustls::pki_types::pem::PemObject as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -446,8 +446,8 @@ async fn kept_fuzz_inputs_are_answered_without_a_crash() {
     use axum::body::Body;
     use http_body_util::BodyExt as _;
     use inplace_updater::api::Hook;
+    use inplace_updater::dispatch::upkeep::tokens::{AgentTokens, parse_token_file};
     use inplace_updater::hooks::Engine;
-    use inplace_updater::server::auth::{AgentTokens, parse_token_file};
     use inplace_updater::server::{AppState, app};
     use tower::ServiceExt as _;
 

@@ -6,6 +6,10 @@
 //! - `` No import circle is longer than N files``: the file graph of `crate::`/`super::` paths (test code left
 //!   out) of src/ and of every crate has no strongly connected component of more than N files, and none in
 //!   src/dispatch spans two of its wings (its sub-directories).
+//! - `` `src/dispatch/X` imports no part of `src/dispatch` but `a`, `b`. ``: in the same file graph, no file
+//!   of the part X (a sub-directory) uses an item defined in another part than a or b, or in the dispatcher's
+//!   own files above the parts, nor names another part in a path (a re-export does not launder it); every
+//!   part has such a rule.
 #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -285,6 +289,16 @@ fn resolve(
 /// The files each file of the crate under `crate_src` uses items of (through `crate::`, `super::`, `self::`
 /// and child-module paths; a re-export is followed to the file that defines the item, and is no use itself).
 fn file_graph(crate_src: &Path) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
+    file_graph_of(crate_src, true)
+}
+
+/// The files each file names as written: a path ends at the file it names first, re-exports not followed,
+/// and a file's own re-exports count as uses (a wing that re-exports another wing's item names it).
+fn written_graph(crate_src: &Path) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
+    file_graph_of(crate_src, false)
+}
+
+fn file_graph_of(crate_src: &Path, follow: bool) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
     let files = sources(crate_src);
     let mut texts = BTreeMap::new();
     let mut reexports = BTreeMap::new();
@@ -297,11 +311,21 @@ fn file_graph(crate_src: &Path) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
     for file in files {
         let text = &texts[&file];
         let children = child_modules(&std::fs::read_to_string(&file).unwrap());
-        let targets = named_paths(text, &children)
-            .iter()
-            .filter_map(|path| resolve(&file, path, crate_src, &reexports, 0))
-            .filter(|target| *target != file)
-            .collect();
+        let mut paths = named_paths(text, &children);
+        let targets = if follow {
+            paths
+                .iter()
+                .filter_map(|path| resolve(&file, path, crate_src, &reexports, 0))
+                .filter(|target| *target != file)
+                .collect()
+        } else {
+            paths.extend(reexports[&file].iter().cloned());
+            paths
+                .iter()
+                .filter_map(|path| resolve(&file, path, crate_src, &BTreeMap::new(), 0))
+                .filter(|target| *target != file)
+                .collect()
+        };
         graph.insert(file, targets);
     }
     graph
@@ -516,6 +540,131 @@ fn import_circles_are_short_and_stay_inside_a_wing() {
         broken.is_empty(),
         "import circles ({rule}):\n{}",
         broken.join("\n")
+    );
+}
+
+/// The part of `container` a file belongs to: its sub-directory, or `None` for the files directly in it (the
+/// dispatcher's own) and files outside it.
+fn part_of(container: &Path, file: &Path) -> Option<String> {
+    let rest = file.strip_prefix(container).ok()?;
+    let first = rest.components().next()?.as_os_str().to_string_lossy();
+    rest.components().nth(1).map(|_| first.into_owned())
+}
+
+/// The uses that break "`subject` imports no part of `container` but `allowed`": a file of part `subject`
+/// that uses an item defined in another part not allowed or directly in `container` (`defined`: re-exports
+/// followed), or that names such a part in a path, even one that reaches an allowed part through a
+/// re-export (`written`).
+fn direction_breaks(
+    defined: &BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+    written: &BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+    container: &Path,
+    subject: &str,
+    allowed: &[String],
+) -> Vec<String> {
+    let ok = |part: Option<String>, top_level_ok: bool| match part {
+        Some(part) => part == subject || allowed.contains(&part),
+        None => top_level_ok,
+    };
+    let mut broken = BTreeSet::new();
+    for (graph, top_level_ok) in [(defined, false), (written, true)] {
+        for (file, targets) in graph {
+            if part_of(container, file).as_deref() != Some(subject) {
+                continue;
+            }
+            for target in targets.iter().filter(|t| t.starts_with(container)) {
+                if !ok(part_of(container, target), top_level_ok) {
+                    broken.insert(format!("{} uses {}", relative(file), relative(target)));
+                }
+            }
+        }
+    }
+    broken.into_iter().collect()
+}
+
+#[test]
+fn the_dispatch_parts_import_one_way() {
+    let rules: Vec<(String, Vec<String>)> = rules()
+        .iter()
+        .filter(|rule| rule.contains(" imports no part of "))
+        .map(|rule| {
+            let names = quoted(rule);
+            assert!(names.len() >= 2, "a subject and a container: {rule}");
+            (rule.clone(), names)
+        })
+        .collect();
+    let mut broken = Vec::new();
+    let src = root().join("src");
+    let (defined, written) = (file_graph(&src), written_graph(&src));
+    let mut covered: BTreeMap<PathBuf, BTreeSet<String>> = BTreeMap::new();
+    for (rule, names) in &rules {
+        let container = root().join(&names[1]);
+        let subject = Path::new(&names[0])
+            .strip_prefix(&names[1])
+            .unwrap_or_else(|_| panic!("the subject is a part of the container: {rule}"))
+            .to_string_lossy()
+            .into_owned();
+        assert!(container.join(&subject).is_dir(), "no such part: {rule}");
+        covered
+            .entry(container.clone())
+            .or_default()
+            .insert(subject.clone());
+        for found in direction_breaks(&defined, &written, &container, &subject, &names[2..]) {
+            broken.push(format!("{found} ({rule})"));
+        }
+    }
+    let dispatch = root().join("src/dispatch");
+    let parts: BTreeSet<String> = std::fs::read_dir(&dispatch)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir() && p.file_name().is_some_and(|n| n != "tests"))
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        covered.get(&dispatch).cloned().unwrap_or_default(),
+        parts,
+        "every part of src/dispatch has a direction rule in docs/architecture.md"
+    );
+    assert!(
+        broken.is_empty(),
+        "dispatch parts import against their direction:\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn a_use_against_the_direction_is_reported() {
+    let container = root().join("src/dispatch");
+    let file = |part: &str, name: &str| container.join(part).join(name);
+    let status = file("fleet", "status.rs");
+    let defined = BTreeMap::from([(
+        status.clone(),
+        BTreeSet::from([
+            file("floor", "records.rs"),
+            file("fleet", "mod.rs"),
+            file("licence", "verdicts.rs"),
+            container.join("mod.rs"),
+        ]),
+    )]);
+    // As written: `crate::dispatch::X` (the dispatcher's re-export) is fine; `licence::Y` is not, even when
+    // licence only re-exports the floor's Y.
+    let written = BTreeMap::from([(
+        status.clone(),
+        BTreeSet::from([container.join("mod.rs"), file("licence", "mod.rs")]),
+    )]);
+    let floor_only = ["floor".to_string()];
+    assert_eq!(
+        direction_breaks(&defined, &written, &container, "fleet", &floor_only),
+        [
+            "src/dispatch/fleet/status.rs uses src/dispatch/licence/mod.rs",
+            "src/dispatch/fleet/status.rs uses src/dispatch/licence/verdicts.rs",
+            "src/dispatch/fleet/status.rs uses src/dispatch/mod.rs",
+        ]
+    );
+    let with_licence = ["floor".to_string(), "licence".to_string()];
+    assert_eq!(
+        direction_breaks(&defined, &written, &container, "fleet", &with_licence),
+        ["src/dispatch/fleet/status.rs uses src/dispatch/mod.rs"]
     );
 }
 

@@ -161,10 +161,15 @@ async fn router_for(path: &str) -> Router {
             metrics,
             ..AppState::new(
                 Arc::new(inplace_updater::hooks::Engine::builtin(dispatcher)),
-                Arc::new(inplace_updater::server::auth::AgentTokens::from_entries(
-                    inplace_updater::server::auth::parse_token_file("tokens", &agent_token().line)
+                Arc::new(
+                    inplace_updater::dispatch::upkeep::tokens::AgentTokens::from_entries(
+                        inplace_updater::dispatch::upkeep::tokens::parse_token_file(
+                            "tokens",
+                            &agent_token().line,
+                        )
                         .unwrap(),
-                )),
+                    ),
+                ),
             )
         }),
     }
@@ -248,15 +253,15 @@ async fn documented_routes_answer_with_their_documented_schema() {
 
 const TOKEN_NAME: &str = "edge-01";
 
-fn agent_token() -> &'static inplace_updater::server::auth::NewToken {
-    static TOKEN: std::sync::OnceLock<inplace_updater::server::auth::NewToken> =
+fn agent_token() -> &'static inplace_updater::dispatch::upkeep::tokens::NewToken {
+    static TOKEN: std::sync::OnceLock<inplace_updater::dispatch::upkeep::tokens::NewToken> =
         std::sync::OnceLock::new();
     TOKEN.get_or_init(|| {
         let scope = inplace_updater::dispatch::AgentScope::Cluster {
             namespace: "default".into(),
             cluster: "edge-01".into(),
         };
-        inplace_updater::server::auth::create_token(&scope, None).unwrap()
+        inplace_updater::dispatch::upkeep::tokens::create_token(&scope, None).unwrap()
     })
 }
 

@@ -130,7 +130,7 @@ async fn client_ca_makes_hooks_require_a_client_certificate() {
     let certs = certs();
     let ca = certs.paths.ca_cert.to_str().unwrap().to_owned();
     let dir = tempfile::tempdir().unwrap();
-    let token = inplace_updater::server::auth::create_token(
+    let token = inplace_updater::dispatch::upkeep::tokens::create_token(
         &inplace_updater::dispatch::AgentScope::Cluster {
             namespace: "default".into(),
             cluster: "edge-01".into(),

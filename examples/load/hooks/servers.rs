@@ -102,7 +102,7 @@ pub fn start_ours(
                 policy: inplace_core::Policy::builtin(),
                 dispatcher,
             }),
-            tokens: Arc::new(inplace_updater::server::auth::AgentTokens::none()),
+            tokens: Arc::new(inplace_updater::dispatch::upkeep::tokens::AgentTokens::none()),
             agent_image: None,
         };
         let _ = tx.send(hooks);

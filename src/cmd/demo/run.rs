@@ -19,7 +19,7 @@ use super::scenario::Scenario;
 use crate::api::Hook;
 use crate::cmd::certs::{DevCertsSpec, write_dev_certs};
 use crate::dispatch::AgentScope;
-use crate::server::auth::create_token;
+use crate::dispatch::upkeep::tokens::create_token;
 
 /// Longest the demo waits for one Machine's update.
 pub const MACHINE_DEADLINE: Duration = Duration::from_secs(120);

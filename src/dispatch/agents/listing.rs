@@ -11,12 +11,11 @@ use serde::{Deserialize, Serialize};
 use super::Agents;
 use super::refusal_book::newer;
 use super::refused::{AgentRefusalRecord, Claim};
-
-use super::upgrade_decide::{UpgradeRecord, is_idle, upgrade_status};
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::config::LAST_SEEN_PERSIST_INTERVAL;
-use crate::dispatch::floor::keys::{AGENT_REFUSALS_PREFIX, AGENTS_PREFIX, parse_machine};
+use crate::dispatch::floor::keys::{AGENT_REFUSALS_PREFIX, AGENTS_PREFIX};
 use crate::dispatch::floor::records::AgentRecord;
+use crate::dispatch::upkeep::rollout::decide::{UpgradeRecord, is_idle, upgrade_status};
 
 /// An agent is connected when its last request reached this replica within this long: one long-poll plus
 /// the grace agents give it.
@@ -97,23 +96,19 @@ impl Agents {
             .floor
             .now_ms()
             .saturating_sub(CONNECTED_WITHIN.as_millis() as u64);
-        self.seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .values()
-            .filter(|(seen, _)| *seen >= horizon)
-            .count()
+        self.seen.count_since(horizon)
     }
 
     /// Every agent seen or refused, sorted by Machine.
     pub async fn list(&self) -> Result<Vec<AgentRow>, DispatchError> {
         let now = self.floor.now_ms();
-        let store = self.floor.db.store();
+        let db = &self.floor.db;
         let mut rows: BTreeMap<String, AgentRow> = BTreeMap::new();
         let mut persisted_seen: BTreeMap<String, u64> = BTreeMap::new();
-        let release = self.release();
+        let rollout = &self.upkeep.rollout;
+        let release = rollout.release();
         let upgrades: BTreeMap<String, UpgradeRecord> = match &release {
-            Some(_) => self
+            Some(_) => rollout
                 .upgrade_records()
                 .await?
                 .into_iter()
@@ -121,17 +116,7 @@ impl Agents {
                 .collect(),
             None => BTreeMap::new(),
         };
-        for entry in store.list(AGENTS_PREFIX).await? {
-            let Some(machine) = entry
-                .key
-                .strip_prefix(AGENTS_PREFIX)
-                .and_then(parse_machine)
-            else {
-                continue;
-            };
-            let Ok(record) = serde_json::from_slice::<AgentRecord>(&entry.value) else {
-                continue;
-            };
+        for (machine, record) in db.per_machine::<AgentRecord>(AGENTS_PREFIX).await? {
             let key = machine.to_string();
             let row = rows
                 .entry(key.clone())
@@ -159,17 +144,10 @@ impl Agents {
             row.last_seen_ms = Some(record.last_seen_ms);
             persisted_seen.insert(key, record.last_seen_ms);
         }
-        for entry in store.list(AGENT_REFUSALS_PREFIX).await? {
-            let Some(machine) = entry
-                .key
-                .strip_prefix(AGENT_REFUSALS_PREFIX)
-                .and_then(parse_machine)
-            else {
-                continue;
-            };
-            let Ok(record) = serde_json::from_slice::<AgentRefusalRecord>(&entry.value) else {
-                continue;
-            };
+        for (machine, record) in db
+            .per_machine::<AgentRefusalRecord>(AGENT_REFUSALS_PREFIX)
+            .await?
+        {
             let key = machine.to_string();
             let row = rows
                 .entry(key.clone())
@@ -178,10 +156,9 @@ impl Agents {
         }
         let local_seen: Vec<(String, u64)> = self
             .seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .map(|(machine, (seen, _))| (machine.to_string(), *seen))
+            .here()
+            .into_iter()
+            .map(|(machine, seen)| (machine.to_string(), seen))
             .collect();
         let within = CONNECTED_WITHIN.as_millis() as u64;
         for (key, seen) in local_seen {
@@ -198,7 +175,7 @@ impl Agents {
                 row.connected |= now.saturating_sub(seen) <= late;
             }
         }
-        for (claim, record) in self.book().all() {
+        for (claim, record) in self.refusals.book().all() {
             let key = match &claim {
                 Claim::Machine(machine) => machine.to_string(),
                 other => other.to_string(),
@@ -208,7 +185,7 @@ impl Agents {
                 .or_insert_with(|| AgentRow::named(key));
             row.last_refusal = newer(row.last_refusal.take(), Some(record));
         }
-        if let Some(served) = self.served_ca_sha256() {
+        if let Some(served) = self.upkeep.served_ca.sha256() {
             for row in rows.values_mut() {
                 row.ca_served = row.ca_sha256.as_ref().map(|ca| *ca == served);
             }

@@ -3,6 +3,10 @@
 //! agents. Every call is scoped by the caller's token: an agent never sees (or learns of) a run outside its
 //! cluster or Machine. Waiting polls are woken by the store's change feed, so a run recorded on replica A
 //! wakes an agent polling replica B at once.
+//!
+//! [`Agents`] composes owners, each with its own state and lock: the waiting polls ([`Waiters`]), the
+//! last-seen times ([`LastSeen`]) and the refused agents ([`Refusals`]). What keeps the agents themselves
+//! current (their release, tokens and CA bundle) is the upkeep wing's, which a poll asks.
 
 mod listing;
 mod poll;
@@ -10,93 +14,49 @@ mod refusal_book;
 mod refusals;
 mod refused;
 mod report;
-mod scope;
 mod seen;
-pub mod token_rule;
-mod tokens;
-mod upgrade;
-pub mod upgrade_decide;
-pub mod upgrade_writes;
+mod waiters;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
-
-use inplace_agent_api::MachineRef;
-use tokio::sync::Notify;
+use std::sync::Arc;
 
 pub use listing::{AgentRow, CONNECTED_WITHIN};
+pub use refusals::Refusals;
 pub use refused::{
-    AgentRefusalReason, AgentRefusalRecord, Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL,
+    AgentRefusalRecord, Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL,
     REFUSAL_LOG_LINES_PER_MINUTE, REFUSAL_PERSIST_INTERVAL, REFUSAL_WRITES_PER_MINUTE,
 };
-pub use scope::AgentScope;
-pub use seen::SEEN_WRITES_IN_FLIGHT;
-pub use tokens::{MAX_CACHED_AGENT_TOKENS, Minted, MintedToken, SuccessorUse};
-pub use upgrade_decide::{ROLLOUT_VIEW_TTL, is_idle};
+pub use seen::{LastSeen, SEEN_WRITES_IN_FLIGHT};
+pub use waiters::Waiters;
 
 use super::fleet::Fleet;
 use super::floor::Floor;
 use super::floor::keys::machine_of_change;
+use super::upkeep::Upkeep;
 
-/// The agents wing.
+/// The agents wing: it only composes its owners and serves the agent API over them.
 pub struct Agents {
     floor: Floor,
     fleet: Arc<Fleet>,
-    waiters: Mutex<HashMap<MachineRef, Arc<Notify>>>,
-    /// Every waiter is also woken by this (store feed lagged or reconnected: re-check everything).
-    everyone: Notify,
-    /// Exact last-seen (ms) and last persisted last-seen (ms) per agent, on this replica.
-    seen: Mutex<HashMap<MachineRef, (u64, u64)>>,
-    /// Agents whose last-seen time is due to be persisted, and the task that writes them.
-    seen_due: Arc<seen::SeenQueue>,
-    /// This wing, for the task it starts itself (which must not keep it alive).
-    this: Weak<Agents>,
-    /// Refused agents, as this replica saw them.
-    book: Mutex<refusal_book::RefusalBook>,
-    /// The agent release the fleet should run (`None`: no agent is offered an upgrade).
-    release: RwLock<Option<Arc<upgrade_decide::AgentRelease>>>,
-    /// The fleet's rollout counts, as last listed.
-    rollout: Mutex<upgrade_decide::RolloutView>,
-    /// Minted agent tokens and used successors, as read from the store.
-    tokens: Mutex<tokens::TokenCache>,
-    /// SHA-256 of the CA bundle this server hands agents (`serve --agent-ca-bundle`), set by the server.
-    served_ca: Mutex<Option<String>>,
+    upkeep: Arc<Upkeep>,
+    /// The polls waiting on this replica.
+    pub waiters: Waiters,
+    /// Agents' last-seen times on this replica, persisted by a task of their own.
+    pub seen: Arc<LastSeen>,
+    /// Refused agents.
+    pub refusals: Refusals,
 }
 
 impl Agents {
-    /// The wing over `floor`, counting into `fleet`.
-    pub fn new(floor: Floor, fleet: Arc<Fleet>) -> Arc<Agents> {
-        Arc::new_cyclic(|this| Agents {
+    /// The wing over `floor`, counting into `fleet`, asking `upkeep` at every poll.
+    pub fn new(floor: Floor, fleet: Arc<Fleet>, upkeep: Arc<Upkeep>) -> Arc<Agents> {
+        Arc::new(Agents {
+            seen: LastSeen::new(floor.clone()),
+            refusals: Refusals::new(floor.clone(), fleet.clone()),
+            waiters: Waiters::default(),
             floor,
             fleet,
-            waiters: Mutex::default(),
-            everyone: Notify::new(),
-            seen: Mutex::default(),
-            seen_due: Arc::default(),
-            this: this.clone(),
-            book: Mutex::default(),
-            release: RwLock::default(),
-            rollout: Mutex::default(),
-            tokens: Mutex::default(),
-            served_ca: Mutex::default(),
+            upkeep,
         })
-    }
-
-    /// Sets the digest of the CA bundle agents are offered (the server reads and checks the file; `None`:
-    /// no bundle is served).
-    pub fn set_served_ca_sha256(&self, digest: Option<String>) {
-        *self
-            .served_ca
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = digest;
-    }
-
-    /// The digest of the CA bundle agents are offered, if any.
-    pub fn served_ca_sha256(&self) -> Option<String> {
-        self.served_ca
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
     }
 
     /// Follows the store's change feed and wakes the agents whose Machine record (or run) changed. Runs until
@@ -113,72 +73,15 @@ impl Agents {
                 // A run becomes visible to agents once both its record and the Machine's pointer to it exist;
                 // both are written in one transaction, and either change wakes the Machine's polls.
                 Ok(change) => match machine_of_change(&change.key) {
-                    Some(machine) => self.wake(&machine),
-                    None if change.is_resync() => self.everyone.notify_waiters(),
+                    Some(machine) => self.waiters.wake(&machine),
+                    None if change.is_resync() => self.waiters.wake_everyone(),
                     None => {}
                 },
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                    self.everyone.notify_waiters()
+                    self.waiters.wake_everyone()
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             }
         }
-    }
-
-    /// How many Machines have an agent long-polling this replica right now.
-    pub fn waiting(&self) -> usize {
-        self.waiters
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    }
-
-    fn waiter(&self, machine: &MachineRef) -> Arc<Notify> {
-        self.waiters
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(machine.clone())
-            .or_default()
-            .clone()
-    }
-
-    /// Wakes the polls of `machine`'s agent on this replica.
-    pub fn wake(&self, machine: &MachineRef) {
-        let notify = self
-            .waiters
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(machine)
-            .cloned();
-        if let Some(notify) = notify {
-            notify.notify_waiters();
-        }
-    }
-
-    fn release_waiter(&self, machine: &MachineRef, notify: Arc<Notify>) {
-        let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
-        // Two references: the map's and ours. Anything more is another waiting poll.
-        if Arc::strong_count(&notify) <= 2 {
-            waiters.remove(machine);
-        }
-    }
-
-    /// When `machine`'s agent last reached this replica (Unix ms).
-    pub fn last_seen(&self, machine: &MachineRef) -> Option<u64> {
-        self.seen
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(machine)
-            .map(|(seen, _)| *seen)
-    }
-
-    /// Every agent's last request to this replica (Unix ms).
-    pub fn seen_here(&self) -> HashMap<MachineRef, u64> {
-        self.seen
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .map(|(machine, (seen, _))| (machine.clone(), *seen))
-            .collect()
     }
 }

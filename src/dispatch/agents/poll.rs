@@ -11,12 +11,19 @@ use inplace_agent_api::{
 };
 
 use super::Agents;
-use super::scope::{AgentScope, forbidden};
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::hold::hold_for;
 use crate::dispatch::floor::keys::{machine_key, provider_key, update_key, valid_segment};
 use crate::dispatch::floor::records::{MachineRecord, ProviderIndex};
 use crate::dispatch::floor::run::{RunOutcome, UpdateRecord};
+use crate::dispatch::upkeep::tokens::AgentScope;
+
+/// The refusal of an agent whose token does not cover the Machine it claims.
+fn forbidden(scope: &AgentScope, machine: &MachineRef) -> DispatchError {
+    DispatchError::Forbidden(format!(
+        "this token is scoped to {scope}; it does not cover machine {machine}"
+    ))
+}
 
 pub(super) fn truncate(text: &str) -> String {
     text.chars().take(80).collect()
@@ -168,27 +175,30 @@ impl Agents {
         // refused before its `current` progress is folded into another cluster's run.
         let record = self.scoped_machine(scope, &machine).await?;
         // Persisted (when due) by a background task: the poll never waits on a store write for it.
-        self.mark_seen(&machine);
+        self.seen.mark(&machine);
         if let Some(progress) = &request.current {
             self.absorb_progress(&machine, progress, record.as_ref())
                 .await?;
         }
         let deadline = tokio::time::Instant::now()
             + Duration::from_secs(u64::from(request.wait_seconds.min(MAX_WAIT_SECONDS)));
-        let notify = self.waiter(&machine);
+        let notify = self.waiters.join(&machine);
         // The hold both sides agree on while the agent waits out a hold (said again when the poll times out).
         let mut agreed: Option<Hold>;
         // The Machine's onFailure, said with every answer that carries a plan or a hold.
         let mut on_failure: Option<OnFailure> = None;
         // Its own upgrade: noted at every poll, offered only when the Machine has no plan for it, at the first look.
         let mut upgrade = match &request.facts {
-            Some(facts) => Some((facts, self.note_upgrade(&machine, facts).await?)),
+            Some(facts) => Some((
+                facts,
+                self.upkeep.rollout.note_upgrade(&machine, facts).await?,
+            )),
             None => None,
         };
         let answer = loop {
             // Register interest before looking, so a run recorded in between is not missed.
             let for_machine = notify.notified();
-            let for_everyone = self.everyone.notified();
+            let for_everyone = self.waiters.everyone().notified();
             tokio::pin!(for_machine, for_everyone);
             for_machine.as_mut().enable();
             for_everyone.as_mut().enable();
@@ -219,6 +229,8 @@ impl Agents {
                     agreed = None;
                     if let Some((facts, record)) = upgrade.take() {
                         match self
+                            .upkeep
+                            .rollout
                             .offer_upgrade(&machine, facts, request.current.as_ref(), record)
                             .await
                         {
@@ -243,10 +255,13 @@ impl Agents {
                 () = self.floor.shutdown.cancelled() => break Ok(held(agreed, on_failure)),
             }
         };
-        self.release_waiter(&machine, notify);
+        self.waiters.leave(&machine, notify);
         // Only agents that say what they trust are offered a CA bundle (0.1 agents send no facts).
         answer.map(|answer| PollResponse {
-            ca_bundle_sha256: request.facts.as_ref().and_then(|_| self.served_ca_sha256()),
+            ca_bundle_sha256: request
+                .facts
+                .as_ref()
+                .and_then(|_| self.upkeep.served_ca.sha256()),
             ..answer
         })
     }

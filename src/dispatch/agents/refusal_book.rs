@@ -8,9 +8,10 @@ use std::collections::HashMap;
 use inplace_agent_api::MachineRef;
 
 use super::refused::{
-    AgentRefusalReason, AgentRefusalRecord, Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL,
+    AgentRefusalRecord, Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL,
     REFUSAL_LOG_LINES_PER_MINUTE, REFUSAL_PERSIST_INTERVAL, REFUSAL_WRITES_PER_MINUTE,
 };
+use crate::dispatch::upkeep::tokens::AgentRefusalReason;
 
 /// A per-minute budget.
 #[derive(Debug, Default)]

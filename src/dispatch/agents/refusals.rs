@@ -10,23 +10,40 @@
 //! caps on top of the per-claim limits (a cluster token expiring under 30 000 agents must not flood either).
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use inplace_agent_api::{AgentIdentity, MachineRef};
 
-use super::Agents;
 use super::refusal_book::{RefusalBook, newer};
-use super::refused::{AgentRefusalReason, AgentRefusalRecord, Claim, clean};
-use crate::dispatch::floor::DispatchError;
+use super::refused::{AgentRefusalRecord, Claim, clean};
+use crate::dispatch::fleet::Fleet;
 use crate::dispatch::floor::keys::{
     AGENT_REFUSALS_PREFIX, agent_refusal_key, machine_key, provider_key, valid_segment,
 };
 use crate::dispatch::floor::records::{MachineRecord, ProviderIndex};
+use crate::dispatch::floor::{DispatchError, Floor};
+use crate::dispatch::upkeep::tokens::AgentRefusalReason;
 
-impl Agents {
-    pub(super) fn book(&self) -> std::sync::MutexGuard<'_, RefusalBook> {
-        self.book
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+/// Refused agents: the book of this replica and the records in the store.
+pub struct Refusals {
+    floor: Floor,
+    fleet: Arc<Fleet>,
+    /// Refused agents, as this replica saw them.
+    book: Mutex<RefusalBook>,
+}
+
+impl Refusals {
+    /// The refusals kept in the store of `floor`, counted into `fleet`.
+    pub fn new(floor: Floor, fleet: Arc<Fleet>) -> Refusals {
+        Refusals {
+            floor,
+            fleet,
+            book: Mutex::default(),
+        }
+    }
+
+    pub(super) fn book(&self) -> MutexGuard<'_, RefusalBook> {
+        self.book.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Counts, logs (rate-limited) and remembers (rate-limited) one refused agent request. `claimed` is what
@@ -114,7 +131,7 @@ impl Agents {
     }
 
     /// The last refusal of a Machine's agent: this replica's memory or the store, whichever is newer.
-    pub async fn last_refusal(
+    pub async fn last(
         &self,
         machine: &MachineRef,
     ) -> Result<Option<AgentRefusalRecord>, DispatchError> {
@@ -129,7 +146,7 @@ impl Agents {
 
     /// Deletes refusal records (and forgets refusals) older than the retention period. Returns how many
     /// records were deleted.
-    pub async fn sweep_refusals(&self) -> Result<usize, DispatchError> {
+    pub async fn sweep(&self) -> Result<usize, DispatchError> {
         let horizon = self
             .floor
             .now_ms()

@@ -8,12 +8,12 @@ use inplace_agent_api::{
 
 use super::Agents;
 use super::poll::truncate;
-use super::scope::AgentScope;
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::hold::hold_for;
 use crate::dispatch::floor::keys::{machine_key, update_key};
 use crate::dispatch::floor::records::MachineRecord;
 use crate::dispatch::floor::run::{RunRollback, UpdateRecord};
+use crate::dispatch::upkeep::tokens::AgentScope;
 use inplace_agent_api::RollbackState;
 
 impl Agents {
@@ -37,7 +37,7 @@ impl Agents {
                 truncate(&report.plan_id)
             )));
         };
-        self.mark_seen(&machine);
+        self.seen.mark(&machine);
         let now = self.floor.now_ms();
         let mut rejection = None;
         let mut ended = None;
@@ -152,8 +152,8 @@ impl Agents {
             return Ok(());
         };
         let record = self.scoped_machine(scope, &machine).await?;
-        self.mark_seen(&machine);
-        self.persist_seen(&machine, Some(report.clone())).await?;
+        self.seen.mark(&machine);
+        self.seen.persist(&machine, Some(report.clone())).await?;
         if let Some(progress) = &report.current {
             self.absorb_progress(&machine, progress, record.as_ref())
                 .await?;

@@ -8,9 +8,8 @@ use super::Fleet;
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::hold::hold_for;
 use crate::dispatch::floor::keys::{REFUSALS_PREFIX, UPDATES_PREFIX, machine_key};
-use crate::dispatch::floor::records::MachineRecord;
+use crate::dispatch::floor::records::{MachineRecord, RefusalRecord};
 use crate::dispatch::floor::run::{RunOutcome, UpdateRecord};
-use crate::dispatch::licence::RefusalRecord;
 use inplace_agent_api::RollbackState;
 use inplace_core::knobs::CANCEL_ANNOTATION;
 

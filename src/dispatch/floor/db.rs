@@ -3,11 +3,13 @@
 
 use std::sync::Arc;
 
+use inplace_agent_api::MachineRef;
 use inplace_store::{Entry, Precondition, Store, TxnAction, TxnOp, TxnOutcome, Write};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::error::DispatchError;
+use super::keys::parse_machine;
 
 /// How many times a compare-and-swap (or a transaction) is retried against concurrent writers before giving up.
 pub const CAS_ATTEMPTS: usize = 16;
@@ -117,6 +119,25 @@ impl Db {
             }
         }
         Err(DispatchError::Contention(key.to_string()))
+    }
+
+    /// Every readable record under `prefix` whose key is `<prefix><namespace>/<name>`, with its Machine. Keys of
+    /// another shape and records that do not decode are passed over: a listing for operators or for counts
+    /// stands without them.
+    pub async fn per_machine<T: DeserializeOwned>(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(MachineRef, T)>, DispatchError> {
+        let mut records = Vec::new();
+        for entry in self.store.list(prefix).await? {
+            let Some(machine) = entry.key.strip_prefix(prefix).and_then(parse_machine) else {
+                continue;
+            };
+            if let Ok(record) = serde_json::from_slice::<T>(&entry.value) {
+                records.push((machine, record));
+            }
+        }
+        Ok(records)
     }
 
     /// Writes a record unconditionally (records only their owner writes, e.g. an agent's own inventory).

@@ -1,6 +1,7 @@
 //! The small records dispatch keeps per Machine beside its runs: the Machine record (which run is current, what
 //! it converges to, the operator's marks), the agent record, the `kubeadm upgrade apply` claim and the provider-id
-//! index. Stored format version 1 ([`super::format`]): one shape, no fields of earlier versions.
+//! index, and the refusal UpdateMachine last answered for a Machine (written by the licence wing, shown by the
+//! fleet's `status`). Stored format version 1 ([`super::format`]): one shape, no fields of earlier versions.
 
 use inplace_agent_api::{InventoryReport, MachineRef};
 use inplace_core::drain::NodeChange;
@@ -100,4 +101,54 @@ pub struct ApplyClaim {
 pub struct ProviderIndex {
     /// The Machine with that provider id.
     pub machine: MachineRef,
+}
+
+/// Why UpdateMachine refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RefusalReason {
+    /// The desired objects differ from what the verdict judged.
+    ChangedAfterJudgement,
+    /// The verdict sent the change to a rollout.
+    NotInPlace,
+    /// No verdict is on record.
+    NoVerdict,
+}
+
+impl RefusalReason {
+    /// The metrics label and verdict of the answer.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalReason::ChangedAfterJudgement => "changed-after-judgement",
+            RefusalReason::NotInPlace => "not-in-place",
+            RefusalReason::NoVerdict => "no-verdict",
+        }
+    }
+
+    /// Every reason (the metric's label values).
+    pub const ALL: [RefusalReason; 3] = [
+        RefusalReason::ChangedAfterJudgement,
+        RefusalReason::NotInPlace,
+        RefusalReason::NoVerdict,
+    ];
+}
+
+/// The refusal last answered for a Machine, for `status` and to log each refusal once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RefusalRecord {
+    /// The Machine.
+    pub machine: MachineRef,
+    /// Its cluster.
+    pub cluster: String,
+    /// Why.
+    pub reason: RefusalReason,
+    /// The Failure message.
+    pub message: String,
+    /// The refused state's fingerprint (override form).
+    pub fingerprint: String,
+    /// First refused (Unix ms).
+    pub first_ms: u64,
+    /// Last logged at WARN (Unix ms).
+    pub warned_ms: u64,
 }

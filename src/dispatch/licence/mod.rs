@@ -14,9 +14,11 @@ use inplace_core::verdict::Desired;
 
 pub use verdicts::{
     Granted, Judgement, MAX_REFUSAL_MESSAGE_CHARS, MAX_REFUSAL_PATHS, MAX_SHOWN_PATH_CHARS,
-    MAX_VERDICT_PATHS, REFUSAL_WARN_INTERVAL, Refusal, RefusalReason, RefusalRecord,
-    VERDICT_REFRESH, VerdictHook, VerdictRecord, judge,
+    MAX_VERDICT_PATHS, REFUSAL_WARN_INTERVAL, Refusal, VERDICT_REFRESH, VerdictHook, VerdictRecord,
+    judge,
 };
+// The refusal record is the floor's: the fleet's `status` reads it too.
+pub use super::floor::records::{RefusalReason, RefusalRecord};
 
 use super::floor::keys::{
     REFUSALS_PREFIX, VERDICTS_PREFIX, machine_set_verdict_key, machine_verdict_key, refusal_key,

@@ -19,6 +19,8 @@ use inplace_core::verdict::{
 use inplace_core::{ChangeVerdict, Decision, DecisionOutcome};
 use serde::{Deserialize, Serialize};
 
+use crate::dispatch::floor::records::RefusalReason;
+
 /// A CanUpdate judgement identical to the stored one is written again (its time refreshed) only once the
 /// stored one is this old: between refreshes a verdict's time is that of the first of the identical
 /// judgements, so `--verdict-retention` counts from at most this long before the latest one.
@@ -137,36 +139,6 @@ impl VerdictRecord {
     }
 }
 
-/// Why UpdateMachine refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RefusalReason {
-    /// The desired objects differ from what the verdict judged.
-    ChangedAfterJudgement,
-    /// The verdict sent the change to a rollout.
-    NotInPlace,
-    /// No verdict is on record.
-    NoVerdict,
-}
-
-impl RefusalReason {
-    /// The metrics label and verdict of the answer.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RefusalReason::ChangedAfterJudgement => "changed-after-judgement",
-            RefusalReason::NotInPlace => "not-in-place",
-            RefusalReason::NoVerdict => "no-verdict",
-        }
-    }
-
-    /// Every reason (the metric's label values).
-    pub const ALL: [RefusalReason; 3] = [
-        RefusalReason::ChangedAfterJudgement,
-        RefusalReason::NotInPlace,
-        RefusalReason::NoVerdict,
-    ];
-}
-
 /// An UpdateMachine refused for want of a verdict that covers its desired state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
@@ -176,26 +148,6 @@ pub struct Refusal {
     pub message: String,
     /// The desired state's fingerprint as the override annotation takes it.
     pub fingerprint: String,
-}
-
-/// The refusal last answered for a Machine, for `status` and to log each refusal once.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RefusalRecord {
-    /// The Machine.
-    pub machine: MachineRef,
-    /// Its cluster.
-    pub cluster: String,
-    /// Why.
-    pub reason: RefusalReason,
-    /// The Failure message.
-    pub message: String,
-    /// The refused state's fingerprint (override form).
-    pub fingerprint: String,
-    /// First refused (Unix ms).
-    pub first_ms: u64,
-    /// Last logged at WARN (Unix ms).
-    pub warned_ms: u64,
 }
 
 fn rfc3339(ms: u64) -> String {

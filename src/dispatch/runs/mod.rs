@@ -88,7 +88,7 @@ impl Runs {
             self.after(&facts.machine, &events);
             if wrote {
                 // Local polls wake now; other replicas wake from the change feed.
-                self.agents.wake(&facts.machine);
+                self.agents.waiters.wake(&facts.machine);
             }
             return Ok(self.answer(&record, &run).await);
         }
@@ -189,8 +189,8 @@ impl Runs {
                 .ok()
                 .flatten()
                 .map(|agent| agent.last_seen_ms);
-            let refusal = self.agents.last_refusal(machine).await.ok().flatten();
-            (self.agents.last_seen(machine).max(stored), refusal)
+            let refusal = self.agents.refusals.last(machine).await.ok().flatten();
+            (self.agents.seen.last(machine).max(stored), refusal)
         } else {
             (None, None)
         };
@@ -253,7 +253,7 @@ impl Runs {
                 continue;
             }
             retry::log(machine, value, &retried.outcome);
-            self.agents.wake(machine);
+            self.agents.waiters.wake(machine);
             return Ok(retried.outcome);
         }
         Err(DispatchError::Contention(key))

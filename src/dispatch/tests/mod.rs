@@ -214,7 +214,7 @@ async fn a_waiting_poll_wakes_when_work_is_recorded_even_on_another_replica() {
         })
     };
     let deadline = Instant::now() + Duration::from_secs(5);
-    while b.agents.waiting() == 0 {
+    while b.agents.waiters.waiting() == 0 {
         assert!(Instant::now() < deadline, "the poll never started waiting");
         tokio::task::yield_now().await;
     }

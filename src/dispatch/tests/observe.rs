@@ -123,6 +123,7 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
     let peer = Some("10.0.0.7:40000".parse().unwrap());
 
     a.agents
+        .refusals
         .refused(
             Some(&agent("w-1")),
             AgentRefusalReason::ExpiredToken,
@@ -132,7 +133,8 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
         .await;
     assert_eq!(
         a.agents
-            .last_refusal(&machine)
+            .refusals
+            .last(&machine)
             .await
             .unwrap()
             .unwrap()
@@ -141,7 +143,7 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
         "remembered where it happened"
     );
     assert!(
-        b.agents.last_refusal(&machine).await.unwrap().is_none(),
+        b.agents.refusals.last(&machine).await.unwrap().is_none(),
         "a Machine this updater has no record of is never written (the claim is not authenticated)"
     );
     assert_eq!(
@@ -155,6 +157,7 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
     // Refusal times are in milliseconds: the next one must be later to be the newer one.
     tokio::time::sleep(Duration::from_millis(3)).await;
     b.agents
+        .refusals
         .refused(
             Some(&agent("w-1")),
             AgentRefusalReason::OutOfScope,
@@ -162,7 +165,7 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
             peer,
         )
         .await;
-    let on_a = a.agents.last_refusal(&machine).await.unwrap().unwrap();
+    let on_a = a.agents.refusals.last(&machine).await.unwrap().unwrap();
     assert_eq!(
         on_a.reason,
         AgentRefusalReason::OutOfScope,
@@ -228,6 +231,7 @@ async fn old_refusals_are_swept_by_retention() {
     let (a, _) = replica(store.clone(), config);
     judged_update(&a, request("w-1", "hi")).await;
     a.agents
+        .refusals
         .refused(
             Some(&agent("w-1")),
             AgentRefusalReason::UnknownToken,
@@ -237,7 +241,7 @@ async fn old_refusals_are_swept_by_retention() {
         .await;
     assert_eq!(store.list("agent-refusals/").await.unwrap().len(), 1);
     tokio::time::sleep(Duration::from_millis(5)).await;
-    assert_eq!(a.agents.sweep_refusals().await.unwrap(), 1);
+    assert_eq!(a.agents.refusals.sweep().await.unwrap(), 1);
     assert!(store.list("agent-refusals/").await.unwrap().is_empty());
     assert!(
         a.agents.list().await.unwrap().is_empty(),

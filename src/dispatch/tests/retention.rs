@@ -15,11 +15,11 @@ use inplace_store::{Precondition, Store};
 use tokio_util::sync::CancellationToken;
 
 use super::upgrade::polling;
-use crate::dispatch::agents::MintedToken;
-use crate::dispatch::agents::token_rule::Lifetime;
 use crate::dispatch::faulty_store::{FaultyStore, unavailable};
 use crate::dispatch::testing::*;
-use crate::dispatch::upgrade_decide::{AgentRelease, ReleaseBinary};
+use crate::dispatch::upkeep::rollout::release::{AgentRelease, ReleaseBinary};
+use crate::dispatch::upkeep::tokens::MintedToken;
+use crate::dispatch::upkeep::tokens::rule::Lifetime;
 use crate::dispatch::*;
 
 const DAY: u64 = 86_400_000;
@@ -105,7 +105,8 @@ impl Sim {
                 };
                 let minted = self
                     .d
-                    .agents
+                    .upkeep
+                    .tokens
                     .mint_successor(&agent.token, &identity(&agent.name), &successor, record)
                     .await
                     .unwrap();
@@ -113,13 +114,15 @@ impl Sim {
             }
             let minted = self
                 .d
-                .agents
+                .upkeep
+                .tokens
                 .minted_token(&successor)
                 .await
                 .unwrap()
                 .unwrap();
             self.d
-                .agents
+                .upkeep
+                .tokens
                 .successor_used(&successor, &minted)
                 .await
                 .unwrap();
@@ -149,7 +152,7 @@ impl Sim {
         }
         self.release += 1;
         let target = digest(self.release);
-        self.d.agents.set_release(Some(AgentRelease {
+        self.d.upkeep.rollout.set_release(Some(AgentRelease {
             version: format!("0.{}.0", self.release),
             binaries: BTreeMap::from([(
                 "amd64".to_string(),
@@ -324,11 +327,11 @@ async fn the_sweep_keeps_every_record_still_needed_and_a_crash_at_any_write_only
     assert!(in_flight.agent_upgrade.is_some(), "m-1 runs an old binary");
     let snapshot = inner.list("").await.unwrap();
     let now = sim.now();
-    let release = sim.d.agents.release();
+    let release = sim.d.upkeep.rollout.release();
     let replica = |store: Arc<dyn Store>| {
         let d = Dispatcher::new(store, DispatchConfig::default(), CancellationToken::new());
         d.clock().pin_for_tests(now);
-        d.agents.set_release(release.as_deref().cloned());
+        d.upkeep.rollout.set_release(release.as_deref().cloned());
         d
     };
     let copy = || async {

@@ -10,7 +10,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::testing::*;
-use crate::dispatch::upgrade_decide::{AgentRelease, ReleaseBinary};
+use crate::dispatch::upkeep::rollout::release::{AgentRelease, ReleaseBinary};
 use crate::dispatch::*;
 use crate::observe::OutcomeLabels;
 
@@ -83,7 +83,8 @@ async fn dispatcher(
         CancellationToken::new(),
         metrics.clone(),
     );
-    d.agents
+    d.upkeep
+        .rollout
         .set_release(Some(release(concurrency, max_failures)));
     (d, metrics)
 }
@@ -175,7 +176,7 @@ async fn replicas_on_one_store_never_offer_more_upgrades_than_the_concurrency() 
             DispatchConfig::default(),
             CancellationToken::new(),
         );
-        d.agents.set_release(Some(release(1, 3)));
+        d.upkeep.rollout.set_release(Some(release(1, 3)));
         d
     };
     let (a, b) = (replica(), replica());
@@ -208,7 +209,7 @@ async fn replicas_on_one_store_never_offer_more_upgrades_than_the_concurrency() 
     // B's own view says "full" for up to ROLLOUT_VIEW_TTL (a late "not now", never an extra offer).
     assert!(!offered(&b, &polling("m-2", OLD, None)).await);
     b.clock()
-        .advance_for_tests(crate::dispatch::agents::ROLLOUT_VIEW_TTL);
+        .advance_for_tests(crate::dispatch::upkeep::rollout::decide::ROLLOUT_VIEW_TTL);
     assert!(offered(&b, &polling("m-2", OLD, None)).await);
     // Many polls at once on both replicas: still one.
     let polls = (3..20).map(|i| {

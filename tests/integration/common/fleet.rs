@@ -323,7 +323,7 @@ pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
 pub struct Setup {
     pub certs: super::Certs,
     pub dir: tempfile::TempDir,
-    pub token: inplace_updater::server::auth::NewToken,
+    pub token: inplace_updater::dispatch::upkeep::tokens::NewToken,
     /// The server's `--agent-tokens` file.
     pub tokens: PathBuf,
     /// The agents' `--token-file`.
@@ -338,7 +338,8 @@ impl Setup {
             namespace: "default".into(),
             cluster: "edge-01".into(),
         };
-        let token = inplace_updater::server::auth::create_token(&scope, None).expect("token");
+        let token =
+            inplace_updater::dispatch::upkeep::tokens::create_token(&scope, None).expect("token");
         let tokens = dir.path().join("agent-tokens");
         std::fs::write(&tokens, format!("{}\n", token.line)).expect("token file");
         let token_file = dir.path().join("token");

@@ -21,9 +21,9 @@ use inplace_agent_api::{
     PollRequest, StepReport, StepStatus,
 };
 use inplace_updater::api::Hook;
+use inplace_updater::dispatch::upkeep::tokens::AgentTokens;
 use inplace_updater::dispatch::{AgentScope, DispatchError, Dispatcher};
 use inplace_updater::hooks::Engine;
-use inplace_updater::server::auth::AgentTokens;
 use inplace_updater::server::{AppState, HttpError, app};
 use serde::Serialize;
 use serde_json::Value;

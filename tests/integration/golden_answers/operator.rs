@@ -419,6 +419,7 @@ pub async fn refusals_scenario() {
     golden
         .dispatcher()
         .agents
+        .refusals
         .refused(
             Some(&AgentIdentity::Machine(MachineRef::new("default", refused))),
             AgentRefusalReason::ExpiredToken,

@@ -20,8 +20,8 @@ use axum::body::Body;
 use axum::http::Request;
 use inplace_updater::api::Hook;
 use inplace_updater::dispatch::Dispatcher;
+use inplace_updater::dispatch::upkeep::tokens::AgentTokens;
 use inplace_updater::hooks::Engine;
-use inplace_updater::server::auth::AgentTokens;
 use inplace_updater::server::{AppState, app};
 use serde_json::{Value, json};
 

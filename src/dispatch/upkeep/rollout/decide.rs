@@ -1,6 +1,6 @@
 //! Whether an agent is offered its own upgrade now: a pure decision over the release the fleet should run, what
-//! the agent says about itself, its last upgrade record and how the fleet's rollout stands. No I/O; the agents
-//! wing loads before ([`super::upgrade`]) and records after.
+//! the agent says about itself, its last upgrade record and how the fleet's rollout stands. No I/O; the
+//! rollout ([`super::Rollout`]) loads before and records after.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -8,38 +8,13 @@ use std::time::Duration;
 use inplace_agent_api::{AgentFacts, AgentUpgrade, PlanProgress, PlanStatus, RollbackState};
 use serde::{Deserialize, Serialize};
 
+use super::release::AgentRelease;
 use crate::dispatch::floor::slots::PoolView;
 
-/// Default of `--agent-upgrade-concurrency`: agents that may be upgrading at once across the fleet.
-pub const DEFAULT_UPGRADE_CONCURRENCY: u32 = 10;
-/// Default of `--agent-upgrade-max-failures`: failed upgrades to the current release that stop the rollout.
-pub const DEFAULT_UPGRADE_MAX_FAILURES: u32 = 3;
 /// How long after it was offered an upgrade may stay unconfirmed before it counts as failed: the agent's trial
 /// (`inplace_agent::UPGRADE_TRIAL` 120 s, then up to `agent-start`'s 3 starts 10 s apart) plus slack for a slow
 /// download.
 pub const UPGRADE_REPORT_DEADLINE_MS: u64 = 600_000;
-
-/// The agent release the fleet should run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentRelease {
-    /// Its version, as agents report it.
-    pub version: String,
-    /// Its executable for each architecture (Go names: `amd64`, `arm64`).
-    pub binaries: BTreeMap<String, ReleaseBinary>,
-    /// Agents that may be upgrading at once.
-    pub concurrency: u32,
-    /// Failed upgrades to this release that stop its rollout.
-    pub max_failures: u32,
-}
-
-/// One architecture's executable.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReleaseBinary {
-    /// Its SHA-256 (64 lower-case hex digits).
-    pub sha256: String,
-    /// Where agents download it; `None`: this server serves it at `GET /agent/v1/binary`.
-    pub url: Option<String>,
-}
 
 /// Where one agent's upgrade to a binary stands (stored per Machine).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -139,7 +114,7 @@ pub struct RolloutView {
     pub listed_ms: Option<u64>,
     /// Failed upgrades per target digest.
     pub failed: BTreeMap<String, u32>,
-    /// The upgrade slots (`super::upgrade_writes::UPGRADE_POOL`), as last read.
+    /// The upgrade slots ([`super::writes::UPGRADE_POOL`]), as last read.
     pub pool: PoolView,
 }
 
@@ -255,6 +230,7 @@ pub fn upgrade_status(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dispatch::upkeep::rollout::release::ReleaseBinary;
 
     const NEW: &str = "1111111111111111111111111111111111111111111111111111111111111111";
     const OLD: &str = "2222222222222222222222222222222222222222222222222222222222222222";

@@ -1,10 +1,11 @@
-//! The CA bundle agents should trust (`serve --agent-ca-bundle`), served at `GET /agent/v1/ca`: re-read when
-//! its bytes (or the serving certificate) change, and handed out only when it verifies the server's own
-//! current serving certificate — a bundle that does not would cut every agent off from the server. A refused
-//! bundle keeps the last good one (or none) in service.
+//! The CA bundle agents should trust (`serve --agent-ca-bundle`), served at `GET /agent/v1/ca` and named by
+//! its digest in poll answers: re-read when its bytes (or the serving certificate) change, and handed out only
+//! when it verifies the server's own current serving certificate — a bundle that does not would cut every
+//! agent off from the server. A refused bundle keeps the last good one (or none) in service. The check is pure
+//! ([`check_bundle`]); [`ServedCa`] holds what passed, and the server's watcher refreshes it.
 
 use std::path::{Path, PathBuf};
-use std::sync::{PoisonError, RwLock};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 
 use inplace_agent_api::MAX_CA_BUNDLE_BYTES;
 use rustls::RootCertStore;
@@ -12,8 +13,6 @@ use rustls::crypto::CryptoProvider;
 use rustls::server::ParsedCertificate;
 use rustls_pki_types::{CertificateDer, UnixTime};
 use sha2::{Digest, Sha256};
-
-use super::tls::parse_cert_chain;
 
 /// Why a CA bundle is not handed out.
 #[derive(Debug, thiserror::Error)]
@@ -71,7 +70,12 @@ pub fn check_bundle(
         path: path.to_owned(),
         detail,
     };
-    let cas = parse_cert_chain(path, pem).map_err(|err| parse_err(err.to_string()))?;
+    let cas = crate::pem::certificates(pem).map_err(|detail| {
+        parse_err(format!(
+            "{}: no valid PEM certificate ({detail})",
+            path.display()
+        ))
+    })?;
     let mut roots = RootCertStore::empty();
     for ca in cas {
         roots
@@ -107,19 +111,17 @@ struct Checked {
     leaf: Vec<u8>,
 }
 
-/// The served bundle, swappable at run time.
-pub struct AgentCaBundle {
-    path: PathBuf,
-    checked: RwLock<Option<Checked>>,
-    good: RwLock<Option<GoodBundle>>,
+/// What was last checked and what is handed out.
+#[derive(Default)]
+struct Served {
+    checked: Option<Checked>,
+    good: Option<GoodBundle>,
 }
 
-impl std::fmt::Debug for AgentCaBundle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentCaBundle")
-            .field("path", &self.path)
-            .finish_non_exhaustive()
-    }
+/// The served bundle, swappable at run time: none until a bundle passes [`ServedCa::refresh`].
+#[derive(Default)]
+pub struct ServedCa {
+    served: RwLock<Served>,
 }
 
 /// What a refresh did.
@@ -133,61 +135,55 @@ pub enum Refreshed {
     StillGood,
 }
 
-impl AgentCaBundle {
-    /// A bundle read from `path`; nothing is served before the first [`AgentCaBundle::refresh`].
-    pub fn new(path: PathBuf) -> Self {
-        Self {
-            path,
-            checked: RwLock::default(),
-            good: RwLock::default(),
-        }
-    }
-
-    /// The file.
-    pub fn path(&self) -> &Path {
-        &self.path
+impl ServedCa {
+    fn served(&self) -> RwLockReadGuard<'_, Served> {
+        self.served.read().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The bundle handed out now, if any.
     pub fn current(&self) -> Option<GoodBundle> {
-        self.good
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.served().good.clone()
     }
 
-    /// Re-reads the file; when it or the serving chain changed since the last check, checks it again and
-    /// serves it when it passes. A refused bundle leaves the last good one in service (and is reported once
-    /// per change).
+    /// The digest of the bundle handed out now, if any (said in poll answers and `status --agents`).
+    pub fn sha256(&self) -> Option<String> {
+        self.served().good.as_ref().map(|good| good.sha256.clone())
+    }
+
+    /// Re-reads the bundle at `path`; when it or the serving chain changed since the last check, checks it
+    /// again and serves it when it passes. A refused bundle leaves the last good one in service (and is
+    /// reported once per change).
     pub fn refresh(
         &self,
+        path: &Path,
         serving_chain: &[CertificateDer<'static>],
         provider: &CryptoProvider,
     ) -> Result<Refreshed, CaBundleError> {
-        let pem = inplace_bounded_read::read(&self.path, MAX_CA_BUNDLE_BYTES)?;
+        let pem = inplace_bounded_read::read(path, MAX_CA_BUNDLE_BYTES)?;
         let leaf = serving_chain
             .first()
             .map(|c| c.as_ref().to_vec())
             .unwrap_or_default();
+        if self
+            .served()
+            .checked
+            .as_ref()
+            .is_some_and(|c| c.pem == pem && c.leaf == leaf)
         {
-            let checked = self.checked.read().unwrap_or_else(PoisonError::into_inner);
-            if checked
-                .as_ref()
-                .is_some_and(|c| c.pem == pem && c.leaf == leaf)
-            {
-                return Ok(Refreshed::Unchanged);
-            }
+            return Ok(Refreshed::Unchanged);
         }
-        *self.checked.write().unwrap_or_else(PoisonError::into_inner) = Some(Checked {
-            pem: pem.clone(),
-            leaf,
-        });
-        let good = check_bundle(&self.path, &pem, serving_chain, provider, UnixTime::now())?;
-        let mut current = self.good.write().unwrap_or_else(PoisonError::into_inner);
-        if current.as_ref().is_some_and(|c| c.sha256 == good.sha256) {
+        let checked = check_bundle(path, &pem, serving_chain, provider, UnixTime::now());
+        let mut served = self.served.write().unwrap_or_else(PoisonError::into_inner);
+        served.checked = Some(Checked { pem, leaf });
+        let good = checked?;
+        if served
+            .good
+            .as_ref()
+            .is_some_and(|c| c.sha256 == good.sha256)
+        {
             return Ok(Refreshed::StillGood);
         }
-        *current = Some(good);
+        served.good = Some(good);
         Ok(Refreshed::Served)
     }
 }
@@ -227,7 +223,7 @@ mod tests {
             Path::new("b.pem"),
             pem.as_bytes(),
             &leaf(&old),
-            &super::super::tls::provider(),
+            &crate::server::tls::provider(),
             UnixTime::now(),
         )
         .unwrap();
@@ -242,7 +238,7 @@ mod tests {
             Path::new("/etc/bundle.pem"),
             new.pem().as_bytes(),
             &leaf(&old),
-            &super::super::tls::provider(),
+            &crate::server::tls::provider(),
             UnixTime::now(),
         )
         .unwrap_err();
@@ -257,7 +253,7 @@ mod tests {
             Path::new("b.pem"),
             b"not pem",
             &leaf(&old),
-            &super::super::tls::provider(),
+            &crate::server::tls::provider(),
             UnixTime::now(),
         )
         .unwrap_err();
@@ -267,37 +263,40 @@ mod tests {
     #[test]
     fn a_refused_change_keeps_the_last_good_bundle_and_a_cert_switch_rechecks() {
         let (old, new) = (ca("old"), ca("new"));
-        let provider = super::super::tls::provider();
+        let provider = crate::server::tls::provider();
         let dir = dir();
         let path = dir.path().join("bundle.pem");
-        let bundle = AgentCaBundle::new(path.clone());
-        assert!(bundle.refresh(&leaf(&old), &provider).is_err(), "no file");
+        let bundle = ServedCa::default();
+        assert!(
+            bundle.refresh(&path, &leaf(&old), &provider).is_err(),
+            "no file"
+        );
         assert_eq!(bundle.current(), None);
 
         std::fs::write(&path, old.pem()).unwrap();
         let serving_old = leaf(&old);
         assert_eq!(
-            bundle.refresh(&serving_old, &provider).unwrap(),
+            bundle.refresh(&path, &serving_old, &provider).unwrap(),
             Refreshed::Served
         );
         let first = bundle.current().unwrap();
         assert_eq!(
-            bundle.refresh(&serving_old, &provider).unwrap(),
+            bundle.refresh(&path, &serving_old, &provider).unwrap(),
             Refreshed::Unchanged
         );
 
         std::fs::write(&path, new.pem()).unwrap();
-        assert!(bundle.refresh(&serving_old, &provider).is_err());
+        assert!(bundle.refresh(&path, &serving_old, &provider).is_err());
         assert_eq!(bundle.current(), Some(first.clone()), "last good kept");
         // Reported once per change, not on every tick.
         assert_eq!(
-            bundle.refresh(&serving_old, &provider).unwrap(),
+            bundle.refresh(&path, &serving_old, &provider).unwrap(),
             Refreshed::Unchanged
         );
 
         // The server switches to a certificate of the new CA: the new-only bundle now verifies it.
         assert_eq!(
-            bundle.refresh(&leaf(&new), &provider).unwrap(),
+            bundle.refresh(&path, &leaf(&new), &provider).unwrap(),
             Refreshed::Served
         );
         assert_eq!(
@@ -312,9 +311,9 @@ mod tests {
         let dir = dir();
         let path = dir.path().join("bundle.pem");
         std::fs::write(&path, vec![b'a'; MAX_CA_BUNDLE_BYTES as usize + 1]).unwrap();
-        let bundle = AgentCaBundle::new(path);
+        let bundle = ServedCa::default();
         let err = bundle
-            .refresh(&leaf(&old), &super::super::tls::provider())
+            .refresh(&path, &leaf(&old), &crate::server::tls::provider())
             .unwrap_err();
         assert!(matches!(err, CaBundleError::Read(_)), "{err}");
     }

@@ -213,7 +213,7 @@ fn upgrade_records_are_swept_once_ended_and_failures_once_their_binary_is_not_th
         version: "0.2.0".into(),
         binaries: std::collections::BTreeMap::from([(
             "amd64".to_string(),
-            crate::dispatch::upgrade_decide::ReleaseBinary {
+            crate::dispatch::upkeep::rollout::release::ReleaseBinary {
                 sha256: NEW.into(),
                 url: None,
             },

@@ -1,71 +1,42 @@
-//! Agent authentication: bearer tokens scoped to one cluster or one Machine. The server holds only SHA-256
-//! hashes, read from a token file (a mounted Secret in a cluster) and re-read when its bytes change. Lookups
-//! compare against every entry in constant time, so timing says nothing about which hashes exist.
+//! The operator's token list (`serve --agent-tokens`): bearer tokens scoped to one cluster or one Machine. The
+//! server holds only SHA-256 hashes, read from a token file (a mounted Secret in a cluster) and re-read when
+//! its bytes change. Lookups compare against every entry in constant time, so timing says nothing about which
+//! hashes exist.
 //!
 //! Token file: one entry per line, `#` comments allowed:
 //! `sha256:<64 hex> cluster=<namespace>/<cluster> [issued=<RFC 3339>] [expires=<RFC 3339>]` or
-//! `sha256:<64 hex> machine=<namespace>/<name> [issued=<RFC 3339>] [expires=<RFC 3339>]`. Removing a line
-//! revokes the token (and every successor the server minted from it, see `token_rotation`); the hashes of
-//! lines removed while the server runs are remembered (at most [`MAX_REMEMBERED_REVOKED`]), so a revoked token
-//! is refused as revoked rather than unknown until the server restarts.
+//! `sha256:<64 hex> machine=<namespace>/<name> [issued=<RFC 3339>] [expires=<RFC 3339>]` (what
+//! [`super::mint::create_token`] prints). Removing a line revokes the token (and every successor the server
+//! minted from it, see [`super::verify`]); the hashes of lines removed while the server runs are remembered (at
+//! most [`MAX_REMEMBERED_REVOKED`]), so a revoked token is refused as revoked rather than unknown until the
+//! server restarts.
+//!
+//! It belongs to the token wing, not to the HTTP layer: a line's `issued=`/`expires=` is the lifetime the
+//! rotation rule reads, and a minted successor is valid only while the line it descends from is here, so every
+//! check reads the file and the store together. `serve` loads it and the server's watcher reloads it; the
+//! server holds it (`AppState`) because the dispatcher is also built for commands that have no token file.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::{PoisonError, RwLock};
 
-use base64::Engine as _;
 use inplace_agent_api::MachineRef;
-use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::dispatch::{AgentRefusalReason, AgentScope};
-use crate::hex;
+use super::mint::hash;
+use super::refusal::{AuthError, expired};
+use super::scope::AgentScope;
 
-/// Prefix of every token this server issues (lets secret scanners recognise leaked ones).
-pub const TOKEN_PREFIX: &str = "iu1_";
-/// Random bytes in a new token.
-pub const TOKEN_RANDOM_BYTES: usize = 32;
-/// Longest `Authorization` header value considered.
-pub const MAX_TOKEN_BYTES: usize = 512;
 /// Most revoked token hashes remembered (the oldest are forgotten first, and then refused as unknown).
 pub const MAX_REMEMBERED_REVOKED: usize = 10_000;
 /// Largest token file read (`--agent-tokens`, at start and on every reload check): about 100 000 entries.
 pub const MAX_TOKEN_FILE_BYTES: u64 = 16 * 1024 * 1024;
-pub use crate::dispatch::agents::token_rule::DEFAULT_TOKEN_TTL;
-/// Where the node install puts the agent's token (named in the re-enrolment advice of an expired token).
-pub const AGENT_TOKEN_PATH: &str = "/etc/inplace-updater/token";
-/// The docs section on token expiry, rotation, revocation and re-enrolment (named in refusals).
-pub const TOKEN_DOCS_SECTION: &str =
-    "docs/install.md, \"Agent tokens: expiry, rotation, revocation, re-enrolment\"";
 
-/// Why a token file or a presented token was refused.
+/// Why a token file was not loaded.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum AuthError {
-    /// No `Authorization: Bearer` header.
-    #[error("missing `Authorization: Bearer <token>` header")]
-    Missing,
-    /// The token matches no entry (unknown, or revoked before this server started).
-    #[error("unknown or revoked token")]
-    Unknown,
-    /// The token's line was removed from the token file while this server ran.
-    #[error("token revoked: its line was removed from the server's token file")]
-    Revoked,
-    /// The token (or the token-file line it descends from) has expired.
-    #[error("token expired at {at}: {reenrol}")]
-    Expired {
-        /// When, RFC 3339.
-        at: String,
-        /// How to re-enrol the node ([`reenrol_advice`]).
-        reenrol: String,
-    },
-    /// The token was succeeded by a rotated token that is in use, and its grace period has passed (or it is
-    /// an unused sibling of the successor in use).
-    #[error(
-        "token superseded: the server issued this agent a successor token, which is in use; the agent keeps the successor in <token-file>.next until it renames it over its token file"
-    )]
-    Superseded,
+pub enum TokenFileError {
     /// A line of the token file is malformed (never echoes the line: it may hold a hash).
     #[error("{path}:{line}: {problem}")]
     File {
@@ -79,21 +50,6 @@ pub enum AuthError {
     /// The token file could not be read, or is over [`MAX_TOKEN_FILE_BYTES`].
     #[error("{0}")]
     Read(String),
-}
-
-impl AuthError {
-    /// The reason a refused agent request is counted and shown under.
-    pub fn refusal_reason(&self) -> AgentRefusalReason {
-        match self {
-            AuthError::Missing => AgentRefusalReason::MissingToken,
-            AuthError::Revoked => AgentRefusalReason::RevokedToken,
-            AuthError::Expired { .. } => AgentRefusalReason::ExpiredToken,
-            AuthError::Superseded => AgentRefusalReason::SupersededToken,
-            AuthError::Unknown | AuthError::File { .. } | AuthError::Read { .. } => {
-                AgentRefusalReason::UnknownToken
-            }
-        }
-    }
 }
 
 /// One entry of the token file.
@@ -112,33 +68,6 @@ impl TokenEntry {
     /// The SHA-256 of the token.
     pub fn hash(&self) -> [u8; 32] {
         self.hash
-    }
-}
-
-/// What the command line to re-enrol a node with `scope` is, and where its token goes.
-pub fn reenrol_advice(scope: &AgentScope) -> String {
-    let target = match scope {
-        AgentScope::Cluster { namespace, cluster } => {
-            format!("--namespace {namespace} --cluster {cluster}")
-        }
-        AgentScope::Machine(machine) => {
-            format!(
-                "--namespace {} --machine {}",
-                machine.namespace, machine.name
-            )
-        }
-    };
-    format!(
-        "re-enrol the node: run `inplace-updater token create {target} --ttl {}h`, add the line it prints to the server's --agent-tokens file and write the token to {AGENT_TOKEN_PATH} on the node ({TOKEN_DOCS_SECTION})",
-        DEFAULT_TOKEN_TTL.as_secs() / 3600
-    )
-}
-
-/// The refusal of a token of `scope` that expired at `at`.
-pub fn expired(scope: &AgentScope, at: OffsetDateTime) -> AuthError {
-    AuthError::Expired {
-        at: at.format(&Rfc3339).unwrap_or_default(),
-        reenrol: reenrol_advice(scope),
     }
 }
 
@@ -176,10 +105,6 @@ impl std::fmt::Debug for TokenEntry {
     }
 }
 
-fn hash(token: &str) -> [u8; 32] {
-    Sha256::digest(token.as_bytes()).into()
-}
-
 fn parse_ref(text: &str) -> Option<(String, String)> {
     let (a, b) = text.split_once('/')?;
     let ok = |s: &str| crate::dispatch::valid_segment(s);
@@ -187,14 +112,14 @@ fn parse_ref(text: &str) -> Option<(String, String)> {
 }
 
 /// Parses a token file's text.
-pub fn parse_token_file(path: &str, text: &str) -> Result<Vec<TokenEntry>, AuthError> {
+pub fn parse_token_file(path: &str, text: &str) -> Result<Vec<TokenEntry>, TokenFileError> {
     let mut entries = Vec::new();
     for (number, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let problem = |problem: &str| AuthError::File {
+        let problem = |problem: &str| TokenFileError::File {
             path: path.to_string(),
             line: number + 1,
             problem: problem.to_string(),
@@ -282,7 +207,7 @@ impl AgentTokens {
 
     /// Loads the file; fails when it is unreadable or malformed. A file that does not exist yet loads as no
     /// tokens (see [`AgentTokens::reload_if_changed`]).
-    pub fn load(path: &Path) -> Result<Self, AuthError> {
+    pub fn load(path: &Path) -> Result<Self, TokenFileError> {
         let tokens = Self {
             path: Some(path.to_owned()),
             ..Self::none()
@@ -295,7 +220,7 @@ impl AgentTokens {
     /// A file that does not exist while no token was ever loaded is "no tokens yet", not an error: an
     /// optional Secret volume is empty until the Secret is created, and the file is picked up when it
     /// appears. A file that disappears after tokens were loaded is an error (the tokens stay in force).
-    pub fn reload_if_changed(&self) -> Result<bool, AuthError> {
+    pub fn reload_if_changed(&self) -> Result<bool, TokenFileError> {
         let Some(path) = &self.path else {
             return Ok(false);
         };
@@ -303,7 +228,7 @@ impl AgentTokens {
         let bytes = match inplace_bounded_read::read(path, MAX_TOKEN_FILE_BYTES) {
             Ok(bytes) => bytes,
             Err(err) if err.is_not_found() && self.nothing_loaded() => return Ok(false),
-            Err(err) => return Err(AuthError::Read(err.to_string())),
+            Err(err) => return Err(TokenFileError::Read(err.to_string())),
         };
         if self.state.read().unwrap_or_else(PoisonError::into_inner).0 == bytes {
             return Ok(false);
@@ -349,10 +274,10 @@ impl AgentTokens {
         self.len() == 0
     }
 
-    /// Checks an `Authorization` header value against the file alone and returns the token's scope (a token
-    /// that is not a line of the file is refused: successors are checked by `token_rotation`).
-    pub fn authenticate(&self, header: Option<&str>) -> Result<AgentScope, AuthError> {
-        match self.check(header)? {
+    /// Checks a presented token against the file alone and returns its scope (a token that is not a line of
+    /// the file is refused: successors are checked by [`super::verify`]).
+    pub fn authenticate(&self, token: &str) -> Result<AgentScope, AuthError> {
+        match self.check(token) {
             Presented::Line(entry) => {
                 if let Some(expires) = entry.expires
                     && expires <= OffsetDateTime::now_utc()
@@ -366,17 +291,11 @@ impl AgentTokens {
         }
     }
 
-    /// Reads the bearer token of an `Authorization` header value and finds its line, if any (expiry is not
-    /// checked here).
-    pub fn check(&self, header: Option<&str>) -> Result<Presented, AuthError> {
-        let token = header
-            .filter(|h| h.len() <= MAX_TOKEN_BYTES)
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .ok_or(AuthError::Missing)?;
+    /// Finds the line of a presented token (the bearer token of a request), if any (expiry is not checked
+    /// here).
+    pub fn check(&self, token: &str) -> Presented {
         let presented = hash(token);
-        Ok(match self.line(&presented) {
+        match self.line(&presented) {
             LineState::Present(entry) => Presented::Line(entry),
             LineState::Revoked => Presented::Other {
                 hash: presented,
@@ -386,7 +305,7 @@ impl AgentTokens {
                 hash: presented,
                 revoked: false,
             },
-        })
+        }
     }
 
     /// The line of a hash: in force, removed while this server ran, or unknown.
@@ -416,63 +335,11 @@ impl AgentTokens {
     }
 }
 
-/// A new token and the token-file line that authorises it.
-#[derive(Debug)]
-pub struct NewToken {
-    /// The secret to give the agent (shown once).
-    pub token: String,
-    /// The line to add to the server's token file.
-    pub line: String,
-}
-
-/// A new random token (`iu1_` and [`TOKEN_RANDOM_BYTES`] random bytes) and its SHA-256.
-pub fn random_token() -> Result<(String, [u8; 32]), getrandom::Error> {
-    let mut random = [0u8; TOKEN_RANDOM_BYTES];
-    getrandom::fill(&mut random)?;
-    let token = format!(
-        "{TOKEN_PREFIX}{}",
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random)
-    );
-    let digest = hash(&token);
-    Ok((token, digest))
-}
-
-/// Creates a token for a scope, issued now.
-pub fn create_token(
-    scope: &AgentScope,
-    expires: Option<OffsetDateTime>,
-) -> Result<NewToken, getrandom::Error> {
-    create_token_issued(scope, OffsetDateTime::now_utc(), expires)
-}
-
-/// Creates a token for a scope, issued `issued` (written as `issued=` on its line).
-pub fn create_token_issued(
-    scope: &AgentScope,
-    issued: OffsetDateTime,
-    expires: Option<OffsetDateTime>,
-) -> Result<NewToken, getrandom::Error> {
-    let (token, digest) = random_token()?;
-    let scope_field = match scope {
-        AgentScope::Cluster { namespace, cluster } => format!("cluster={namespace}/{cluster}"),
-        AgentScope::Machine(machine) => format!("machine={}/{}", machine.namespace, machine.name),
-    };
-    let mut line = format!("sha256:{} {scope_field}", hex(&digest));
-    if let Ok(issued) = issued
-        .replace_nanosecond(0)
-        .unwrap_or(issued)
-        .format(&Rfc3339)
-    {
-        line.push_str(&format!(" issued={issued}"));
-    }
-    if let Some(expires) = expires.and_then(|e| e.format(&Rfc3339).ok()) {
-        line.push_str(&format!(" expires={expires}"));
-    }
-    Ok(NewToken { token, line })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dispatch::upkeep::tokens::mint::{TOKEN_PREFIX, create_token, create_token_issued};
+    use crate::dispatch::upkeep::tokens::refusal::AGENT_TOKEN_PATH;
 
     fn cluster(ns: &str, c: &str) -> AgentScope {
         AgentScope::Cluster {
@@ -493,23 +360,14 @@ mod tests {
         let text = format!("# agents\n{}\n\n{}\n", a.line, b.line);
         let tokens = AgentTokens::from_entries(parse_token_file("t", &text).unwrap());
         assert_eq!(
-            tokens.authenticate(Some(&format!("Bearer {}", a.token))),
+            tokens.authenticate(&a.token),
             Ok(cluster("default", "edge-01"))
         );
         assert!(matches!(
-            tokens.authenticate(Some(&format!("Bearer {}", b.token))),
+            tokens.authenticate(&b.token),
             Ok(AgentScope::Machine(_))
         ));
-        assert_eq!(
-            tokens.authenticate(Some("Bearer iu1_nope")),
-            Err(AuthError::Unknown)
-        );
-        assert_eq!(tokens.authenticate(None), Err(AuthError::Missing));
-        assert_eq!(
-            tokens.authenticate(Some(&a.token)),
-            Err(AuthError::Missing),
-            "no Bearer prefix"
-        );
+        assert_eq!(tokens.authenticate("iu1_nope"), Err(AuthError::Unknown));
         assert!(!a.line.contains(&a.token), "the file holds only the hash");
     }
 
@@ -518,9 +376,7 @@ mod tests {
         let past = OffsetDateTime::now_utc() - time::Duration::hours(1);
         let token = create_token(&cluster("default", "c"), Some(past)).unwrap();
         let tokens = AgentTokens::from_entries(parse_token_file("t", &token.line).unwrap());
-        let refusal = tokens
-            .authenticate(Some(&format!("Bearer {}", token.token)))
-            .unwrap_err();
+        let refusal = tokens.authenticate(&token.token).unwrap_err();
         assert!(matches!(refusal, AuthError::Expired { .. }));
         let said = refusal.to_string();
         assert!(
@@ -588,37 +444,35 @@ mod tests {
         let first = create_token(&cluster("default", "c"), None).unwrap();
         std::fs::write(&path, &first.line).unwrap();
         let tokens = AgentTokens::load(&path).unwrap();
-        let header = format!("Bearer {}", first.token);
-        assert!(tokens.authenticate(Some(&header)).is_ok());
+        let presented = first.token.clone();
+        assert!(tokens.authenticate(&presented).is_ok());
         std::fs::write(&path, "garbage").unwrap();
         assert!(tokens.reload_if_changed().is_err());
         assert!(
-            tokens.authenticate(Some(&header)).is_ok(),
+            tokens.authenticate(&presented).is_ok(),
             "old entries stay on a bad file"
         );
         std::fs::write(&path, "# revoked everything\n").unwrap();
         assert!(tokens.reload_if_changed().unwrap());
         assert_eq!(
-            tokens.authenticate(Some(&header)),
+            tokens.authenticate(&presented),
             Err(AuthError::Revoked),
             "removed while running: revoked"
         );
         assert_eq!(
-            tokens.authenticate(Some("Bearer iu1_never-issued")),
+            tokens.authenticate("iu1_never-issued"),
             Err(AuthError::Unknown)
         );
         // Added back: valid again, and no longer remembered as revoked.
         std::fs::write(&path, &first.line).unwrap();
         assert!(tokens.reload_if_changed().unwrap());
-        assert!(tokens.authenticate(Some(&header)).is_ok());
+        assert!(tokens.authenticate(&presented).is_ok());
         std::fs::write(&path, "").unwrap();
         tokens.reload_if_changed().unwrap();
-        assert_eq!(tokens.authenticate(Some(&header)), Err(AuthError::Revoked));
+        assert_eq!(tokens.authenticate(&presented), Err(AuthError::Revoked));
         // A restarted server never saw the line: unknown.
         assert_eq!(
-            AgentTokens::load(&path)
-                .unwrap()
-                .authenticate(Some(&header)),
+            AgentTokens::load(&path).unwrap().authenticate(&presented),
             Err(AuthError::Unknown)
         );
     }
@@ -629,22 +483,22 @@ mod tests {
         let tokens = AgentTokens::load(&path).unwrap();
         assert!(tokens.is_empty());
         let created = create_token(&cluster("default", "c"), None).unwrap();
-        let header = format!("Bearer {}", created.token);
-        assert_eq!(tokens.authenticate(Some(&header)), Err(AuthError::Unknown));
+        let presented = created.token.clone();
+        assert_eq!(tokens.authenticate(&presented), Err(AuthError::Unknown));
         assert!(
             !tokens.reload_if_changed().unwrap(),
             "still absent: no change, no error"
         );
         std::fs::write(&path, &created.line).unwrap();
         assert!(tokens.reload_if_changed().unwrap());
-        assert!(tokens.authenticate(Some(&header)).is_ok());
+        assert!(tokens.authenticate(&presented).is_ok());
         std::fs::remove_file(&path).unwrap();
         assert!(
-            matches!(tokens.reload_if_changed(), Err(AuthError::Read(_))),
+            matches!(tokens.reload_if_changed(), Err(TokenFileError::Read(_))),
             "a file that disappears after tokens were loaded is reported"
         );
         assert!(
-            tokens.authenticate(Some(&header)).is_ok(),
+            tokens.authenticate(&presented).is_ok(),
             "and its tokens stay in force"
         );
     }

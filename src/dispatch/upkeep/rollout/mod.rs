@@ -1,26 +1,53 @@
-//! Agent self-upgrades, the I/O around [`super::upgrade_decide`] and [`super::upgrade_writes`]: the release the
-//! fleet should run (set once at start), each agent's upgrade record and its slot of the fleet's upgrade pool in
-//! the store (so replicas agree on who is upgrading, and never offer more at once than there are slots), the
-//! failed counts (listed from the store, kept for [`ROLLOUT_VIEW_TTL`]), and the outcome an agent reports.
+//! The release rollout: the agent release the fleet should run (set once at start, [`release`]), each agent's
+//! upgrade record and its slot of the fleet's upgrade pool in the store (so replicas agree on who is upgrading,
+//! and never offer more at once than there are slots), the failed counts (listed from the store, kept for
+//! [`ROLLOUT_VIEW_TTL`]), and the outcome an agent reports. The I/O around [`decide`] (whether to offer, pure)
+//! and [`writes`] (what one transaction writes, pure); the agents wing asks it at every poll that says facts.
+
+pub mod decide;
+pub mod release;
+pub mod writes;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use inplace_agent_api::{AgentFacts, AgentUpgrade, MachineRef, PlanProgress};
 use inplace_store::{Precondition, Write};
 
-use super::Agents;
-use super::upgrade_decide::{
-    AgentRelease, ROLLOUT_VIEW_TTL, RolloutCounts, RolloutView, UpgradeDecision, UpgradeRecord,
-    UpgradeState, decide, is_idle,
+use decide::{
+    ROLLOUT_VIEW_TTL, RolloutCounts, RolloutView, UpgradeDecision, UpgradeRecord, UpgradeState,
+    decide, is_idle,
 };
-use super::upgrade_writes::{UPGRADE_POOL, end_ops, ended, offer_ops, sweepable};
-use crate::dispatch::floor::DispatchError;
-use crate::dispatch::floor::db::{CAS_ATTEMPTS, Committed};
-use crate::dispatch::floor::keys::{AGENT_UPGRADES_PREFIX, agent_upgrade_key, parse_machine};
-use crate::dispatch::floor::slots::{self, Pool};
+use release::AgentRelease;
+use writes::{UPGRADE_POOL, end_ops, ended, offer_ops, sweepable};
 
-impl Agents {
+use crate::dispatch::fleet::Fleet;
+use crate::dispatch::floor::db::{CAS_ATTEMPTS, Committed};
+use crate::dispatch::floor::keys::{AGENT_UPGRADES_PREFIX, agent_upgrade_key};
+use crate::dispatch::floor::slots::{self, Pool};
+use crate::dispatch::floor::{DispatchError, Floor};
+
+/// The release rollout.
+pub struct Rollout {
+    floor: Floor,
+    fleet: Arc<Fleet>,
+    /// The agent release the fleet should run (`None`: no agent is offered an upgrade).
+    release: RwLock<Option<Arc<AgentRelease>>>,
+    /// The fleet's rollout counts, as last listed.
+    view: Mutex<RolloutView>,
+}
+
+impl Rollout {
+    /// The rollout over `floor`, counting upgrade outcomes into `fleet`; no release until one is set.
+    pub fn new(floor: Floor, fleet: Arc<Fleet>) -> Rollout {
+        Rollout {
+            floor,
+            fleet,
+            release: RwLock::default(),
+            view: Mutex::default(),
+        }
+    }
+
     /// Sets the release the fleet should run (`None`: agents are never offered an upgrade).
     pub fn set_release(&self, release: Option<AgentRelease>) {
         *self.release.write().unwrap_or_else(PoisonError::into_inner) = release.map(Arc::new);
@@ -38,7 +65,7 @@ impl Agents {
     /// upgrade slot in the same transaction. Returns its upgrade record as it stands (`None` also when nothing
     /// needed reading: an agent on the release with no outcome to tell, or one that cannot replace itself, costs
     /// no store read).
-    pub(super) async fn note_upgrade(
+    pub async fn note_upgrade(
         &self,
         machine: &MachineRef,
         facts: &AgentFacts,
@@ -87,11 +114,11 @@ impl Agents {
         Err(DispatchError::Contention(key))
     }
 
-    /// The upgrade to offer the agent now, if any (`record`: what [`Agents::note_upgrade`] returned). Called
+    /// The upgrade to offer the agent now, if any (`record`: what [`Rollout::note_upgrade`] returned). Called
     /// only when the Machine has no plan for the agent. The offer takes one of the fleet's
     /// `--agent-upgrade-concurrency` slots in the store, in one transaction with the agent's upgrade record, so
     /// replicas never offer more at once than there are slots.
-    pub(super) async fn offer_upgrade(
+    pub async fn offer_upgrade(
         &self,
         machine: &MachineRef,
         facts: &AgentFacts,
@@ -174,7 +201,7 @@ impl Agents {
     async fn rollout(&self, target: &str) -> Result<(u32, slots::PoolView), DispatchError> {
         let now = self.floor.now_ms();
         {
-            let view = self.rollout.lock().unwrap_or_else(PoisonError::into_inner);
+            let view = self.view.lock().unwrap_or_else(PoisonError::into_inner);
             if view
                 .listed_ms
                 .is_some_and(|at| now.saturating_sub(at) < ROLLOUT_VIEW_TTL.as_millis() as u64)
@@ -193,7 +220,7 @@ impl Agents {
         }
         let pool = slots::load(self.floor.db.store().as_ref(), UPGRADE_POOL).await?;
         let mine = failed.get(target).copied().unwrap_or_default();
-        *self.rollout.lock().unwrap_or_else(PoisonError::into_inner) = RolloutView {
+        *self.view.lock().unwrap_or_else(PoisonError::into_inner) = RolloutView {
             listed_ms: Some(now),
             failed,
             pool: pool.clone(),
@@ -203,7 +230,7 @@ impl Agents {
 
     /// Keeps the upgrade slots just read for the next early look.
     fn remember_pool(&self, pool: &slots::PoolView) {
-        self.rollout
+        self.view
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .pool
@@ -211,7 +238,7 @@ impl Agents {
     }
 
     fn forget_rollout(&self) {
-        self.rollout
+        self.view
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .listed_ms = None;
@@ -254,20 +281,7 @@ impl Agents {
 
     /// Every agent's last upgrade record.
     pub async fn upgrade_records(&self) -> Result<Vec<(MachineRef, UpgradeRecord)>, DispatchError> {
-        let mut records = Vec::new();
-        for entry in self.floor.db.store().list(AGENT_UPGRADES_PREFIX).await? {
-            let Some(machine) = entry
-                .key
-                .strip_prefix(AGENT_UPGRADES_PREFIX)
-                .and_then(parse_machine)
-            else {
-                continue;
-            };
-            if let Ok(record) = serde_json::from_slice::<UpgradeRecord>(&entry.value) {
-                records.push((machine, record));
-            }
-        }
-        Ok(records)
+        self.floor.db.per_machine(AGENT_UPGRADES_PREFIX).await
     }
 }
 

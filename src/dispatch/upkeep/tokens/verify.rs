@@ -1,18 +1,21 @@
-//! Agent tokens beyond the token file: a presented token is a line of the file or a successor the server minted
-//! (looked up in the store, refused once the line it descends from is gone); a token past
-//! [`TOKEN_ROTATE_AT_FRACTION`] of its life is offered a successor in a poll answer (only to agents that send
-//! their facts: older agents would not keep it), and is refused for that agent once the successor has been in
-//! use for `--agent-token-grace`. Decisions are in `dispatch::agents::token_rule`; records in the store.
-//!
-//! [`TOKEN_ROTATE_AT_FRACTION`]: crate::dispatch::agents::token_rule::TOKEN_ROTATE_AT_FRACTION
+//! The check of a request's token, beyond the token file: a presented token is a line of the file or a
+//! successor the server minted (looked up in the store, refused once the line it descends from is gone); a
+//! token past [`TOKEN_ROTATE_AT_FRACTION`](super::rule::TOKEN_ROTATE_AT_FRACTION) of its life is offered a successor in a poll answer (only to agents
+//! that send their facts: older agents would not keep it), and is refused for that agent once the successor has
+//! been in use for `--agent-token-grace`. Decisions are in [`super::rule`]; records in the store
+//! ([`super::Tokens`]).
 
 use inplace_agent_api::{AgentIdentity, SecretString, TokenOffer};
 use time::OffsetDateTime;
 
-use super::auth::{AgentTokens, AuthError, LineState, Presented, expired, random_token};
-use crate::dispatch::agents::token_rule::Lifetime;
-use crate::dispatch::agents::{MintedToken, SuccessorUse};
-use crate::dispatch::{AgentScope, Agents, DispatchError};
+use super::file::{AgentTokens, LineState, Presented};
+use super::mint::random_token;
+use super::refusal::{AuthError, expired};
+use super::rule::Lifetime;
+use super::scope::AgentScope;
+use super::{MintedToken, SuccessorUse, Tokens};
+use crate::dispatch::floor::DispatchError;
+use crate::dispatch::floor::clock::system_ms;
 use crate::hex;
 
 /// Why a presented token was not accepted: refused, or the store could not say.
@@ -62,15 +65,15 @@ fn unhex(text: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
-/// Checks an `Authorization` header value: a line of the token file, or a successor minted from one that is
-/// still there, not expired, and not an unused sibling of the successor in use.
+/// Checks a request's bearer token: a line of the token file (`file`), or a successor minted from one that is
+/// still there, not expired, and not an unused sibling of the successor in use (`tokens`).
 pub async fn verify(
-    tokens: &AgentTokens,
-    agents: &Agents,
-    header: Option<&str>,
+    file: &AgentTokens,
+    tokens: &Tokens,
+    token: &str,
 ) -> Result<Verified, TokenRefusal> {
-    let now = crate::dispatch::now_ms();
-    let (hash, revoked) = match tokens.check(header)? {
+    let now = system_ms();
+    let (hash, revoked) = match file.check(token) {
         Presented::Line(entry) => {
             let lifetime = Lifetime::of_line(entry.issued.map(unix_ms), entry.expires.map(unix_ms));
             if let Some(expires) = entry.expires
@@ -89,7 +92,7 @@ pub async fn verify(
         }
         Presented::Other { hash, revoked } => (hex(&hash), revoked),
     };
-    let Some(minted) = agents.minted_token(&hash).await? else {
+    let Some(minted) = tokens.minted_token(&hash).await? else {
         return Err(if revoked {
             AuthError::Revoked
         } else {
@@ -99,14 +102,14 @@ pub async fn verify(
     };
     // Revocation covers every descendant: the line it descends from must still be in the file.
     let root_present =
-        unhex(&minted.root).is_some_and(|root| matches!(tokens.line(&root), LineState::Present(_)));
+        unhex(&minted.root).is_some_and(|root| matches!(file.line(&root), LineState::Present(_)));
     if !root_present {
         return Err(AuthError::Revoked.into());
     }
     if minted.lifetime.expired(now) {
         return Err(expired(&minted.scope, at_ms(minted.lifetime.expires_ms)).into());
     }
-    let first_use = match agents.successor_used(&hash, &minted).await? {
+    let first_use = match tokens.successor_used(&hash, &minted).await? {
         SuccessorUse::SiblingUsed => return Err(AuthError::Superseded.into()),
         SuccessorUse::First => true,
         SuccessorUse::Known => false,
@@ -130,12 +133,10 @@ impl Verified {
     /// Refuses the token for `agent` when its successor has been in use for the grace period.
     pub async fn check_retired(
         &self,
-        agents: &Agents,
+        tokens: &Tokens,
         agent: &AgentIdentity,
     ) -> Result<(), TokenRefusal> {
-        if self.rotating(crate::dispatch::now_ms())
-            && agents.token_retired(&self.hash, agent).await?
-        {
+        if self.rotating(system_ms()) && tokens.token_retired(&self.hash, agent).await? {
             return Err(AuthError::Superseded.into());
         }
         Ok(())
@@ -144,10 +145,10 @@ impl Verified {
     /// The successor to offer `agent` in this poll answer, if one is due and none was minted for it lately.
     pub async fn offer(
         &self,
-        agents: &Agents,
+        tokens: &Tokens,
         agent: &AgentIdentity,
     ) -> Result<Option<TokenOffer>, DispatchError> {
-        let now = crate::dispatch::now_ms();
+        let now = system_ms();
         let Some(lifetime) = self.lifetime.filter(|l| l.rotation_due(now)) else {
             return Ok(None);
         };
@@ -163,7 +164,7 @@ impl Verified {
             predecessor: self.hash.clone(),
             rotation_key: String::new(),
         };
-        Ok(agents
+        Ok(tokens
             .mint_successor(&self.hash, agent, &successor, record)
             .await?
             .map(|minted| TokenOffer {

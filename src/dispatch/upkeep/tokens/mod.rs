@@ -1,22 +1,38 @@
-//! Rotated agent tokens in the store, so every replica and a restarted server agree: the successors the server
-//! minted (by hash only: the token itself is handed to the agent once and never stored) and, per rotated token
-//! and agent, which successors were minted and which one was used. Minted records never change, and a
-//! rotation's `used` is set once, so both are cached: a successor in use costs no store access per request.
-//! The decisions are in [`super::token_rule`].
+//! Agent tokens and their rotation. A token is a line of the operator's token file ([`file`]) or a successor
+//! the server minted from one; a request's token is checked against both ([`verify`]), a token past
+//! [`rule::TOKEN_ROTATE_AT_FRACTION`] of its life is offered a successor, and a rotated token is refused once
+//! its successor has been in use for `--agent-token-grace` ([`rule`], pure). New tokens: [`mint`]; why a
+//! token is refused: [`refusal`]; what a token allows: [`scope`].
+//!
+//! [`Tokens`] keeps the rotated tokens in the store, so every replica and a restarted server agree: the
+//! successors the server minted (by hash only: the token itself is handed to the agent once and never stored)
+//! and, per rotated token and agent, which successors were minted and which one was used. Minted records never
+//! change, and a rotation's `used` is set once, so both are cached: a successor in use costs no store access
+//! per request.
+
+pub mod file;
+pub mod mint;
+pub mod refusal;
+pub mod rule;
+pub mod scope;
+pub mod verify;
+
+pub use file::{AgentTokens, MAX_TOKEN_FILE_BYTES, TokenFileError, parse_token_file};
+pub use mint::{NewToken, create_token, create_token_issued};
+pub use refusal::{AgentRefusalReason, AuthError};
+pub use scope::AgentScope;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::PoisonError;
+use std::sync::{Mutex, PoisonError};
 
 use inplace_agent_api::AgentIdentity;
 use inplace_store::Precondition;
 use serde::{Deserialize, Serialize};
 
-use super::Agents;
-use super::scope::AgentScope;
-use super::token_rule::{Lifetime, Rotation};
-use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::db::{Committed, Put};
 use crate::dispatch::floor::keys::{AGENT_TOKENS_PREFIX, agent_token_key, token_rotation_key};
+use crate::dispatch::floor::{DispatchError, Floor};
+use rule::{Lifetime, Rotation};
 
 /// Most minted tokens (and used successors) cached in memory; the cache starts over when full.
 pub const MAX_CACHED_AGENT_TOKENS: usize = 100_000;
@@ -39,7 +55,7 @@ pub struct MintedToken {
 
 /// What is cached of minted tokens.
 #[derive(Default)]
-pub(super) struct TokenCache {
+struct TokenCache {
     minted: HashMap<String, MintedToken>,
     used: HashSet<String>,
 }
@@ -62,7 +78,21 @@ pub struct Minted {
     pub expires_ms: u64,
 }
 
-impl Agents {
+/// The rotated tokens in the store, and what is cached of them.
+pub struct Tokens {
+    floor: Floor,
+    cache: Mutex<TokenCache>,
+}
+
+impl Tokens {
+    /// The rotated tokens of the store under `floor`.
+    pub fn new(floor: Floor) -> Tokens {
+        Tokens {
+            floor,
+            cache: Mutex::default(),
+        }
+    }
+
     /// The token the server minted with this hex hash, if any.
     pub async fn minted_token(&self, hash_hex: &str) -> Result<Option<MintedToken>, DispatchError> {
         if let Some(found) = self.token_cache().minted.get(hash_hex) {
@@ -183,7 +213,7 @@ impl Agents {
     /// Deletes the token records nothing needs any more, `--retention` after they stopped mattering: minted
     /// tokens that expired, and rotations whose every successor expired. Each delete is conditional on the record
     /// being as listed, so a record a replica changed meanwhile stays. Returns how many were deleted.
-    pub async fn sweep_tokens(&self) -> Result<usize, DispatchError> {
+    pub async fn sweep(&self) -> Result<usize, DispatchError> {
         let horizon = self
             .floor
             .now_ms()
@@ -218,6 +248,6 @@ impl Agents {
     }
 
     fn token_cache(&self) -> std::sync::MutexGuard<'_, TokenCache> {
-        self.tokens.lock().unwrap_or_else(PoisonError::into_inner)
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -1,7 +1,7 @@
-//! What an agent upgrade writes, once [`super::upgrade_decide`] said to offer it or the agent told its outcome:
+//! What an agent upgrade writes, once [`super::decide`] said to offer it or the agent told its outcome:
 //! the agent's upgrade record and its slot of the fleet's upgrade pool ([`UPGRADE_POOL`], a store-backed counting
-//! semaphore of `--agent-upgrade-concurrency` slots), as the ops of one transaction. Pure: the agents wing loads
-//! the record and the pool before ([`super::upgrade`]) and commits after; a conflict on any key writes nothing.
+//! semaphore of `--agent-upgrade-concurrency` slots), as the ops of one transaction. Pure: the rollout loads
+//! the record and the pool before ([`super::Rollout`]) and commits after; a conflict on any key writes nothing.
 //!
 //! And when the retention sweep may delete the record ([`sweepable`]).
 //!
@@ -12,9 +12,8 @@
 use inplace_agent_api::AgentFacts;
 use inplace_store::{Precondition, TxnOp};
 
-use super::upgrade_decide::{
-    AgentRelease, UPGRADE_REPORT_DEADLINE_MS, UpgradeRecord, UpgradeState,
-};
+use super::decide::{UPGRADE_REPORT_DEADLINE_MS, UpgradeRecord, UpgradeState};
+use super::release::AgentRelease;
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::db::Put;
 use crate::dispatch::floor::slots::{Pool, PoolView, Take, decide_release, decide_take};
@@ -136,5 +135,5 @@ pub fn sweepable(
 }
 
 #[cfg(test)]
-#[path = "upgrade_writes_tests.rs"]
+#[path = "writes_tests.rs"]
 mod tests;

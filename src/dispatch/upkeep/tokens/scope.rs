@@ -1,8 +1,7 @@
-//! What a verified agent token allows: one cluster's Machines or one Machine.
+//! What a verified agent token allows: one cluster's Machines or one Machine (a token-file line's `cluster=` or
+//! `machine=`, which its successors inherit).
 
 use inplace_agent_api::MachineRef;
-
-use crate::dispatch::floor::DispatchError;
 
 /// What a verified agent token allows.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -32,7 +31,7 @@ impl std::fmt::Display for AgentScope {
 
 impl AgentScope {
     /// Whether a Machine (with the cluster its record names, when known) is inside this scope.
-    pub(super) fn covers(&self, machine: &MachineRef, cluster: Option<&str>) -> bool {
+    pub fn covers(&self, machine: &MachineRef, cluster: Option<&str>) -> bool {
         match self {
             AgentScope::Machine(allowed) => allowed == machine,
             AgentScope::Cluster {
@@ -41,10 +40,4 @@ impl AgentScope {
             } => namespace == &machine.namespace && cluster.is_none_or(|c| c == allowed),
         }
     }
-}
-
-pub(super) fn forbidden(scope: &AgentScope, machine: &MachineRef) -> DispatchError {
-    DispatchError::Forbidden(format!(
-        "this token is scoped to {scope}; it does not cover machine {machine}"
-    ))
 }

@@ -1,7 +1,8 @@
 //! The agent release the fleet should run, and the agent executable this server hands out: by default this
 //! build's own `inplace-agent` (found beside the server's executable, or `--agent-binary`) for the server's
 //! architecture, at `GET /agent/v1/binary`; `--agent-release FILE` pins another version and names where each
-//! architecture's binary comes from (an `https://` URL with its SHA-256).
+//! architecture's binary comes from (an `https://` URL with its SHA-256). Read once at start (`serve`), then
+//! set on the rollout ([`super::Rollout::set_release`]).
 //!
 //! Release file (YAML):
 //! ```yaml
@@ -15,17 +16,41 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use axum::body::Bytes;
+use bytes::Bytes;
 use inplace_agent_api::{MAX_AGENT_BINARY_BYTES, go_arch, is_sha256_hex};
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 
-use crate::dispatch::upgrade_decide::{AgentRelease, ReleaseBinary};
-
+/// Default of `--agent-upgrade-concurrency`: agents that may be upgrading at once across the fleet.
+pub const DEFAULT_UPGRADE_CONCURRENCY: u32 = 10;
+/// Default of `--agent-upgrade-max-failures`: failed upgrades to the current release that stop the rollout.
+pub const DEFAULT_UPGRADE_MAX_FAILURES: u32 = 3;
 /// Largest `--agent-release` file read.
 pub const MAX_RELEASE_FILE_BYTES: u64 = 64 * 1024;
 /// The agent executable looked for beside the server's own when `--agent-binary` is not given.
 pub const AGENT_BINARY_NAME: &str = "inplace-agent";
+
+/// The agent release the fleet should run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentRelease {
+    /// Its version, as agents report it.
+    pub version: String,
+    /// Its executable for each architecture (Go names: `amd64`, `arm64`).
+    pub binaries: BTreeMap<String, ReleaseBinary>,
+    /// Agents that may be upgrading at once.
+    pub concurrency: u32,
+    /// Failed upgrades to this release that stop its rollout.
+    pub max_failures: u32,
+}
+
+/// One architecture's executable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseBinary {
+    /// Its SHA-256 (64 lower-case hex digits).
+    pub sha256: String,
+    /// Where agents download it; `None`: this server serves it at `GET /agent/v1/binary`.
+    pub url: Option<String>,
+}
 
 /// The agent executable this server hands out, held in memory (about 15 MiB).
 #[derive(Clone)]
