@@ -64,7 +64,7 @@ fn disturbs_kubelet(action: &StepAction) -> bool {
 pub fn build(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     let running: Vec<_> = BUILDERS
         .iter()
-        .filter(|builder| moved(input, builder.action))
+        .filter(|builder| builder.action.is_none_or(|action| moved(input, action)))
         .collect();
     let view = match input.bootstrap {
         Some(text) if running.iter().any(|builder| builder.reads_bootstrap) => {

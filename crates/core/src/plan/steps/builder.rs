@@ -10,7 +10,8 @@ use crate::plan::view::KubeadmConfigSpec;
 /// One row of [`BUILDERS`].
 pub(crate) struct StepBuilder {
     /// The action whose steps it builds: it runs only when the settings allow it and the change moves it.
-    pub action: Action,
+    /// `None` for a step no action does, which its builder adds when the plan inputs (a setting) ask for it.
+    pub action: Option<Action>,
     /// Whether it reads the desired bootstrap config (decoded only when a builder that runs reads it).
     pub reads_bootstrap: bool,
     /// The kinds of the steps it may build.

@@ -9,7 +9,7 @@ use crate::plan::error::PlanError;
 
 /// The builder of the `etcd-image` action.
 pub(crate) const BUILDER: StepBuilder = StepBuilder {
-    action: Action::EtcdImage,
+    action: Some(Action::EtcdImage),
     reads_bootstrap: true,
     kinds: &[StepKind::EtcdImage],
     build,

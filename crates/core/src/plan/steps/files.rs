@@ -10,7 +10,7 @@ use crate::plan::view::KubeadmConfigSpec;
 
 /// The builder of the `files` action.
 pub(crate) const BUILDER: StepBuilder = StepBuilder {
-    action: Action::Files,
+    action: Some(Action::Files),
     reads_bootstrap: true,
     kinds: &[StepKind::Files],
     build,

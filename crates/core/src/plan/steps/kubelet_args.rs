@@ -10,7 +10,7 @@ use crate::plan::view::KubeadmConfigSpec;
 
 /// The builder of the `kubelet-args` action.
 pub(crate) const BUILDER: StepBuilder = StepBuilder {
-    action: Action::KubeletArgs,
+    action: Some(Action::KubeletArgs),
     reads_bootstrap: true,
     kinds: &[StepKind::KubeletArgs],
     build,

@@ -10,7 +10,7 @@ use crate::plan::error::PlanError;
 
 /// The builder of the `kubernetes-version` action.
 pub(crate) const BUILDER: StepBuilder = StepBuilder {
-    action: Action::KubernetesVersion,
+    action: Some(Action::KubernetesVersion),
     reads_bootstrap: false,
     kinds: &[
         StepKind::InstallKubeadm,

@@ -45,7 +45,7 @@ mod tests {
     #[test]
     fn every_action_has_one_builder_and_every_kind_one_place() {
         for action in Action::ALL {
-            let builders = BUILDERS.iter().filter(|b| b.action == action).count();
+            let builders = BUILDERS.iter().filter(|b| b.action == Some(action)).count();
             assert_eq!(builders, 1, "{action}: {builders} step builders");
         }
         let mut places: BTreeMap<StepKind, usize> = BTreeMap::new();

@@ -8,7 +8,7 @@ use crate::plan::error::PlanError;
 
 /// The builder of the `ntp` action.
 pub(crate) const BUILDER: StepBuilder = StepBuilder {
-    action: Action::Ntp,
+    action: Some(Action::Ntp),
     reads_bootstrap: true,
     kinds: &[StepKind::Ntp],
     build,

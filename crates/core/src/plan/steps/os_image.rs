@@ -9,7 +9,7 @@ use crate::plan::error::PlanError;
 
 /// The builder of the `os-image` action.
 pub(crate) const BUILDER: StepBuilder = StepBuilder {
-    action: Action::OsImage,
+    action: Some(Action::OsImage),
     reads_bootstrap: false,
     kinds: &[StepKind::OsImage],
     build,

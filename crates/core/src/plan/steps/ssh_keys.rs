@@ -10,7 +10,7 @@ use crate::plan::view::KubeadmConfigSpec;
 
 /// The builder of the `ssh-keys` action.
 pub(crate) const BUILDER: StepBuilder = StepBuilder {
-    action: Action::SshKeys,
+    action: Some(Action::SshKeys),
     reads_bootstrap: true,
     kinds: &[StepKind::SshKeys],
     build,
