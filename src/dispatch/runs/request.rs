@@ -201,6 +201,18 @@ mod tests {
         for bits in 0..64u8 {
             let on = |bit: u8| bits & (1 << bit) != 0;
             let mut r = base.clone();
+            // Field by field, so a switch added later keeps this test compiling (and its default value).
+            let mut switches = Switches::default();
+            switches.drain = DrainRules {
+                patch_version: on(0),
+                kubelet_args: on(1),
+                delete_empty_dir_data: on(2),
+                force_unmanaged: on(3),
+            };
+            switches.version_steps = inplace_core::VersionSteps {
+                reboot_when_required: on(4),
+                container_runtime: on(5),
+            };
             r.inputs = PlanInputs {
                 actions: Action::ALL
                     .into_iter()
@@ -208,18 +220,7 @@ mod tests {
                     .filter(|(i, _)| (usize::from(bits) * 7 + i) % 3 != 0)
                     .map(|(_, a)| a)
                     .collect(),
-                switches: Switches {
-                    drain: DrainRules {
-                        patch_version: on(0),
-                        kubelet_args: on(1),
-                        delete_empty_dir_data: on(2),
-                        force_unmanaged: on(3),
-                    },
-                    version_steps: inplace_core::VersionSteps {
-                        reboot_when_required: on(4),
-                        container_runtime: on(5),
-                    },
-                },
+                switches,
                 os_image: on(3).then(|| ImageField::parse("spec.image.url").unwrap()),
             };
             if on(2) {
