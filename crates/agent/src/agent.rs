@@ -16,10 +16,11 @@ use crate::client::{ClientError, ServerClient};
 use crate::config::AgentConfig;
 use crate::driver_config::{ConfigError, DriverConfig};
 use crate::driver_env::DriverEnv;
-use crate::executor::{StepHost, run_step};
+use crate::executor::run_step;
 use crate::inventory;
 use crate::shutdown::{Shutdown, pause};
 use crate::state::{LocalStepStatus, StateError, StateStore, report_for};
+use crate::step_host::StepHost;
 
 /// Timeout of a report or inventory request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
@@ -76,6 +77,8 @@ pub(crate) struct Agent {
     pub upgrade_not_before: Option<Instant>,
     /// When the server's CA bundle may next be tried after a failed update.
     pub ca_follower: crate::ca_update::CaFollower,
+    /// Since when an offered plan could not be stored because the state dir is full.
+    pub plan_waited_for_room: Option<Instant>,
 }
 
 impl Agent {
@@ -129,6 +132,7 @@ impl Agent {
             me,
             upgrade_not_before: None,
             ca_follower: Default::default(),
+            plan_waited_for_room: None,
         })
     }
 
@@ -240,6 +244,12 @@ impl Agent {
 
     /// Reports, inventory, then one poll (none when the acks gave the go-ahead for the next step).
     async fn idle_round(&mut self, shutdown: &mut Shutdown) -> Result<Round, ClientError> {
+        // A save that failed (a full state dir) left memory ahead of the disk: put it there once it fits.
+        if self.store.unsaved()
+            && let Err(e) = self.store.save()
+        {
+            tracing::debug!(error = %e, "the state is still not on disk");
+        }
         tokio::select! {
             result = self.flush_outbox() => result?,
             () = &mut *shutdown => return Ok(Round::Stop),
@@ -402,9 +412,22 @@ impl Agent {
         }
         tracing::info!(agent = %self.identity, plan = %plan.id, steps = plan.steps.len(), "new plan");
         let id = plan.id.clone();
-        if let Err(e) = self.store.adopt(plan) {
-            tracing::error!(error = %e, "cannot store the new plan; will take it again on the next poll");
-            return Ok(self.pause_after_useless_answer(shutdown).await);
+        let first_step = crate::state_full::plan_waiting_report(&self.identity, &plan);
+        match self.store.adopt(plan) {
+            Ok(()) => {
+                if self.plan_waited_for_room.take().is_some() {
+                    tracing::info!(plan = %id, "room in the state dir again: plan stored");
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot store the new plan; will take it again on the next poll");
+                // A full state dir is said where the Machine's message shows it: as the first step's.
+                if let (StateError::Full { .. }, Some(report)) = (&e, first_step) {
+                    let since = *self.plan_waited_for_room.get_or_insert_with(Instant::now);
+                    self.send_report(report(&e, since.elapsed())).await;
+                }
+                return Ok(self.pause_after_useless_answer(shutdown).await);
+            }
         }
         if let Err(e) = self.env.backups.prune(&id) {
             tracing::warn!(error = %e, "cannot prune old backups");
@@ -500,6 +523,24 @@ impl StepHost for Agent {
     async fn deliver_reports(&mut self) {
         if self.flush_outbox().await.is_err() {
             self.next_flush_at = Instant::now() + self.backoff.next_delay();
+        }
+    }
+
+    async fn send_report(&mut self, report: inplace_agent_api::StepReport) -> bool {
+        let sent = self
+            .client
+            .post::<_, AckResponse>(REPORT_PATH, &report, REQUEST_TIMEOUT)
+            .await;
+        match sent {
+            // The hold it acks is kept in memory, saved with the next write that gets through.
+            Ok(ack) => {
+                self.note_hold(&report.plan_id, ack.hold);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot tell the server why the agent waits");
+                false
+            }
         }
     }
 }

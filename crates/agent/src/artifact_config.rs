@@ -1,6 +1,6 @@
 //! The `artifacts:` section of the agent's `--config`: how `fetch` commands reach registries and `https://`
-//! servers (mirror rewrites, the credentials file, the one CA trusted, the size limit, the layer media type)
-//! and where downloads are kept (`<state-dir>/artifacts`, pruned after [`ARTIFACT_RETENTION`]).
+//! servers (mirror rewrites, the credentials file, the one CA trusted, the size limit, the layer media type,
+//! the retries through an outage) and where downloads are kept (`<state-dir>/artifacts`, pruned after [`ARTIFACT_RETENTION`]).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -8,9 +8,11 @@ use std::time::{Duration, SystemTime};
 use serde::Deserialize;
 
 use crate::artifact::{
-    Credentials, FetchOptions, MAX_ARTIFACT_BYTES, MirrorRewrite, OptionsError, check_ca_file,
+    Credentials, DEFAULT_FETCH_RETRY, FetchOptions, MAX_ARTIFACT_BYTES, MirrorRewrite,
+    OptionsError, check_ca_file,
 };
 use crate::fsutil::{FsError, fs_err, remove_file};
+use crate::retry::RetryPolicy;
 
 /// The download directory under the state dir.
 pub const ARTIFACT_DIR: &str = "artifacts";
@@ -39,6 +41,10 @@ pub struct ArtifactsConfig {
     /// When an image has several layers, the media type of the one to fetch.
     #[serde(default)]
     pub layer_media_type: Option<String>,
+    /// How often, and how far apart, a fetch that failed for a transient cause (no connection, 5xx, 429, a
+    /// body cut short) is tried again within the step's timeout; [`DEFAULT_FETCH_RETRY`] when absent.
+    #[serde(default)]
+    pub retry: Option<RetryPolicy>,
 }
 
 /// One `artifacts.mirrors` entry.
@@ -89,6 +95,9 @@ impl ArtifactsConfig {
                 "artifacts.layerMediaType: {media_type:?} is not a media type"
             ));
         }
+        if let Some(retry) = &self.retry {
+            retry.validate().map_err(|e| format!("artifacts.{e}"))?;
+        }
         Ok(())
     }
 
@@ -113,6 +122,7 @@ impl ArtifactsConfig {
         options.ca_file.clone_from(&self.ca_file);
         options.max_bytes = self.max_bytes.unwrap_or(MAX_ARTIFACT_BYTES);
         options.layer_media_type.clone_from(&self.layer_media_type);
+        options.retry = self.retry.unwrap_or(DEFAULT_FETCH_RETRY);
         Ok(options)
     }
 }

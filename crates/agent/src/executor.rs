@@ -16,12 +16,14 @@
 //! The rollback runs the same preflight before such a step's undo ([`preflight`], from `rollback.rs`).
 
 //!
-//! The executor knows the agent only through [`StepHost`] (the pull loop implements it): it depends on the
+//! A write to the state dir that finds no room does not burn the step: its start, its progress and its end
+//! wait for room (`state_full`), and a driver that stopped on a full state dir runs again, resumed, once there
+//! is room — the attempt not counted.
+//!
+//! The executor knows the agent only through [`StepHost`] (`step_host.rs`; the pull loop implements it): it depends on the
 //! state and the drivers, and nothing depends on it but the pull loop.
 
-use std::future::Future;
 use std::ops::ControlFlow;
-use std::sync::Arc;
 use std::time::Duration;
 
 use inplace_agent_api::{
@@ -30,8 +32,7 @@ use inplace_agent_api::{
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::command::KILL_GRACE;
-use crate::driver_env::DriverEnv;
+use crate::drive::{drive, write_progress};
 use crate::drivers::{
     DriverOutcome, ProgressRecorder, ProgressUpdate, RecordContext, StepContext, StepResult,
     execute, record_undo,
@@ -39,48 +40,15 @@ use crate::drivers::{
 use crate::preflight::PREFLIGHT_WAIT;
 use crate::shutdown::{Shutdown, pause};
 use crate::state::{
-    LocalStepRecord, LocalStepStatus, PlanRecord, SequenceProgress, StateStore, report_for,
-    truncate_head,
+    LocalStepStatus, SequenceProgress, StateError, StateStore, report_for, truncate_head,
 };
+use crate::state_full::{
+    self, SpaceWait, Waited, save_waiting, says_no_space, uncounted_until_room,
+};
+use crate::step_host::StepHost;
 
 /// Attempts after which a step that keeps being interrupted is failed.
 pub const MAX_STEP_ATTEMPTS: u32 = 3;
-
-/// What running a step needs from the agent around it.
-pub(crate) trait StepHost {
-    /// The state dir: the current plan, its progress, the outbox.
-    fn store(&mut self) -> &mut StateStore;
-    /// Who this agent is (reports name it).
-    fn identity(&self) -> &AgentIdentity;
-    /// The drivers' environment.
-    fn env(&self) -> Arc<DriverEnv>;
-    /// A step started or ended: the next one starts only after a fresh "no hold" from the server.
-    fn step_boundary(&mut self);
-    /// The plan ended: the inventory is due.
-    fn plan_ended(&mut self);
-    /// The next back-off delay after a failure.
-    fn next_delay(&mut self) -> Duration;
-    /// When queued reports may next be delivered (a failed delivery backs off).
-    fn reports_due_at(&self) -> Instant;
-    /// Delivers queued reports; a failure sets the next due time a back-off delay away.
-    fn deliver_reports(&mut self) -> impl Future<Output = ()> + Send;
-}
-
-/// Aborts the step task when the agent's own future is dropped, so nothing outlives the agent.
-struct AbortOnDrop(tokio::task::JoinHandle<StepResult>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-enum Event {
-    Finished(StepResult),
-    Shutdown,
-    Flushed,
-    Progress,
-}
 
 /// Runs step `index` of the current plan. `Break` means shutdown was requested.
 pub(crate) async fn run_step<H: StepHost + Send>(
@@ -90,6 +58,8 @@ pub(crate) async fn run_step<H: StepHost + Send>(
 ) -> ControlFlow<()> {
     let identity = host.identity().clone();
     let env = host.env();
+    let waiting =
+        |store: &StateStore, message: &str| waiting_report(&identity, store, index, message);
     let Some(plan) = host.store().plan.clone() else {
         return ControlFlow::Continue(());
     };
@@ -125,37 +95,52 @@ pub(crate) async fn run_step<H: StepHost + Send>(
                     |plan_id, step| report_for(&identity, plan_id, index, step),
                 )
             };
-            match preflight(host, &plan.id, &step, wait, shutdown, record).await {
+            match preflight(host, &plan.id, &step, wait, shutdown, record, &waiting).await {
                 ControlFlow::Break(()) => return ControlFlow::Break(()),
                 ControlFlow::Continue(Err(failed)) => {
-                    finish(host, &identity, index, failed);
-                    return ControlFlow::Continue(());
+                    return finish_durably(host, shutdown, &identity, index, failed).await;
                 }
                 ControlFlow::Continue(Ok(())) => {}
             }
         }
         crate::rollback_verify::note_kubelet_before(host).await;
-        let (_cancel_tx, cancel) = watch::channel(false);
-        let ctx = RecordContext {
-            plan_id: plan.id.clone(),
-            index,
-            step: step.clone(),
-            deadline: Instant::now() + Duration::from_secs(u64::from(step.timeout_seconds)),
-            cancel,
-        };
-        // A shutdown here leaves the step never begun: its record is taken again at the next start.
-        let recorded = tokio::select! {
-            recorded = record_undo(env.clone(), ctx) => recorded,
-            () = &mut *shutdown => return ControlFlow::Break(()),
-        };
-        match recorded {
-            Ok(undo) => undo,
-            Err(e) => {
-                let message =
-                    format!("cannot record what undoing the step needs (nothing was changed): {e}");
-                finish(host, &identity, index, StepResult::failed(message));
-                return ControlFlow::Continue(());
-            }
+        let mut wait = SpaceWait::new("what undoing the step needs", &waiting);
+        loop {
+            let (_cancel_tx, cancel) = watch::channel(false);
+            let ctx = RecordContext {
+                plan_id: plan.id.clone(),
+                index,
+                step: step.clone(),
+                deadline: Instant::now() + Duration::from_secs(u64::from(step.timeout_seconds)),
+                cancel,
+            };
+            // A shutdown here leaves the step never begun: its record is taken again at the next start.
+            let recorded = tokio::select! {
+                recorded = record_undo(env.clone(), ctx) => recorded,
+                () = &mut *shutdown => return ControlFlow::Break(()),
+            };
+            let cause = match recorded {
+                Ok(undo) => {
+                    wait.over(host).await;
+                    break undo;
+                }
+                // Its snapshots go to the state dir: a full one is waited out like a save.
+                Err(e) if says_no_space(&e) => match wait
+                    .round(host, shutdown, &state_full::full(&env.state_dir, e))
+                    .await
+                {
+                    Ok(()) => continue,
+                    Err(Waited::ShuttingDown) => return ControlFlow::Break(()),
+                    Err(Waited::GaveUp(e)) => e,
+                    Err(Waited::Failed(e)) => e.to_string(),
+                    Err(Waited::Saved) => continue,
+                },
+                Err(e) => e,
+            };
+            let failed = StepResult::failed(format!(
+                "cannot record what undoing the step needs (nothing was changed): {cause}"
+            ));
+            return finish_durably(host, shutdown, &identity, index, failed).await;
         }
     };
     let store = host.store();
@@ -169,12 +154,11 @@ pub(crate) async fn run_step<H: StepHost + Send>(
     let interrupted = step_record.status == LocalStepStatus::Running;
     let resumed = step_record.began();
     if interrupted && step_record.attempt >= MAX_STEP_ATTEMPTS {
-        let message = format!(
+        let failed = StepResult::failed(format!(
             "step interrupted {} times (agent restart or node reboot during the step); not trying again",
             step_record.attempt
-        );
-        finish(host, &identity, index, StepResult::failed(message));
-        return ControlFlow::Continue(());
+        ));
+        return finish_durably(host, shutdown, &identity, index, failed).await;
     }
     if interrupted {
         tracing::warn!(plan = %plan.id, step = index, attempt = step_record.attempt, "step was interrupted; resuming it");
@@ -186,21 +170,39 @@ pub(crate) async fn run_step<H: StepHost + Send>(
     } else {
         None
     };
+    // What the record and the outbox go back to when the start cannot be put on disk: this attempt then never
+    // began, and is not counted.
+    let unbegun = (step_record.clone(), store.state.outbox.clone());
     step_record.begin_attempt();
     let report = report_for(&identity, &plan.id, index, step_record);
     store.enqueue(report);
-    let saved = store.save();
+    let saved = save_waiting(host, shutdown, "the step's start", &waiting).await;
     // Each step needs a fresh "no hold" from the server before the next one starts.
     host.step_boundary();
-    if let Err(e) = saved {
-        // Without a durable "running" record a crash could lose the attempt count and the
-        // fact that the step began: do not start.
-        tracing::error!(error = %e, "cannot record step start; retrying later");
-        return if pause(host.next_delay(), shutdown).await {
-            ControlFlow::Break(())
-        } else {
-            ControlFlow::Continue(())
-        };
+    if !matches!(saved, Waited::Saved) {
+        let store = host.store();
+        if let Some(record) = store.state.current.as_mut() {
+            record.steps[index] = unbegun.0;
+        }
+        store.state.outbox = unbegun.1;
+    }
+    match saved {
+        Waited::Saved => {}
+        Waited::ShuttingDown => return ControlFlow::Break(()),
+        Waited::GaveUp(message) => {
+            let failed = StepResult::failed(format!("{message}; the step did not start"));
+            return finish_durably(host, shutdown, &identity, index, failed).await;
+        }
+        Waited::Failed(e) => {
+            // Without a durable "running" record a crash could lose the attempt count and the
+            // fact that the step began: do not start.
+            tracing::error!(error = %e, "cannot record step start; retrying later");
+            return if pause(host.next_delay(), shutdown).await {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            };
+        }
     }
     tracing::info!(plan = %plan.id, step = index, description = %step.description, kind = step.action.kind(), "step started");
 
@@ -221,36 +223,116 @@ pub(crate) async fn run_step<H: StepHost + Send>(
         cancel: cancel_rx,
         drained,
     };
+    let state_dir = env.state_dir.clone();
     let task = tokio::spawn(execute(env, ctx));
     let record = |store: &mut StateStore, progress, message| {
         record_progress(store, &identity, index, progress, message)
     };
-    let (result, stopping) = drive(host, task, cancel_tx, progress_rx, shutdown, record).await;
+    let (result, stopping) = drive(
+        host,
+        task,
+        cancel_tx,
+        progress_rx,
+        shutdown,
+        record,
+        &waiting,
+    )
+    .await;
     if result.outcome == DriverOutcome::Interrupted {
         interrupted_by_shutdown(host.store(), index);
         return ControlFlow::Break(());
     }
-    finish(host, &identity, index, result);
     if stopping {
-        ControlFlow::Break(())
-    } else {
-        ControlFlow::Continue(())
+        // The end is recorded if it can be; a full state dir is not waited for on the way out.
+        let _ = finish(host, &identity, index, result);
+        return ControlFlow::Break(());
     }
+    if result.outcome == DriverOutcome::Failed
+        && state_full::driver_found_no_room(&result.message, &state_dir)
+    {
+        return rerun_after_room(host, shutdown, &identity, index, result).await;
+    }
+    finish_durably(host, shutdown, &identity, index, result).await
+}
+
+/// Step `index` stopped because its driver found the state dir full (`result`): not the step's failure. The
+/// attempt is not counted and, once there is room, the step runs again, resumed. A state dir that stays full
+/// fails it, naming the disk.
+async fn rerun_after_room<H: StepHost + Send>(
+    host: &mut H,
+    shutdown: &mut Shutdown,
+    identity: &AgentIdentity,
+    index: usize,
+    result: StepResult,
+) -> ControlFlow<()> {
+    let env = host.env();
+    let waiting =
+        |store: &StateStore, message: &str| waiting_report(identity, store, index, message);
+    let step: state_full::EntryOf =
+        |store, index| store.state.current.as_mut()?.steps.get_mut(index);
+    let cause = result.message;
+    let waited = uncounted_until_room(
+        host,
+        shutdown,
+        &env.state_dir,
+        cause,
+        &waiting,
+        (step, index),
+    )
+    .await;
+    match waited {
+        Waited::Saved => ControlFlow::Continue(()),
+        Waited::ShuttingDown => ControlFlow::Break(()),
+        Waited::GaveUp(message) => {
+            finish_durably(host, shutdown, identity, index, StepResult::failed(message)).await
+        }
+        Waited::Failed(e) => {
+            tracing::error!(error = %e, "cannot record that the step waits for room; retrying later");
+            if pause(host.next_delay(), shutdown).await {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        }
+    }
+}
+
+/// The `running` report of step `index` of the current plan saying `message` (a wait for room in the state
+/// dir): the step's record as it is, as running.
+fn waiting_report(
+    identity: &AgentIdentity,
+    store: &StateStore,
+    index: usize,
+    message: &str,
+) -> Option<StepReport> {
+    let record = store.state.current.as_ref()?;
+    let mut step = record.steps.get(index)?.clone();
+    step.status = LocalStepStatus::Running;
+    step.finished_at_unix_ms = None;
+    step.exit_code = None;
+    step.stderr_tail = None;
+    step.message = Some(truncate_head(message, MESSAGE_MAX_BYTES).to_owned());
+    Some(report_for(identity, &record.plan_id, index, &step))
 }
 
 /// Runs the control-plane preflight of `step` of plan `plan_id`, waiting at most `wait`: `Continue(Ok)` when
 /// the step (or its undo) may start, `Continue(Err)` with its failure, `Break` when the agent shuts down (it
 /// stays never begun). A task of its own driven like a step (reports delivered), before the step's or the
 /// undo's first effect; `record` writes each waiting message where the step's or the undo's record keeps it,
-/// and queues its report.
-pub(crate) async fn preflight<H: StepHost + Send>(
+/// and queues its report (`waiting`: what it tells the server while a full state dir holds that write up).
+pub(crate) async fn preflight<H, R>(
     host: &mut H,
     plan_id: &str,
     step: &Step,
     wait: Duration,
     shutdown: &mut Shutdown,
-    record: impl FnMut(&mut StateStore, SequenceProgress, Option<String>) -> bool,
-) -> ControlFlow<(), Result<(), StepResult>> {
+    record: impl FnMut(&mut StateStore, SequenceProgress, Option<String>) -> Result<(), StateError>,
+    waiting: &R,
+) -> ControlFlow<(), Result<(), StepResult>>
+where
+    H: StepHost + Send,
+    R: Fn(&StateStore, &str) -> Option<StepReport> + Sync,
+{
     let index = step.index;
     let deadline = Instant::now() + wait;
     let (cancel_tx, cancel) = watch::channel(false);
@@ -267,7 +349,16 @@ pub(crate) async fn preflight<H: StepHost + Send>(
     };
     tracing::info!(plan = %plan_id, step = index, "control-plane preflight");
     let task = tokio::spawn(crate::preflight::run(host.env(), ctx));
-    let (result, stopping) = drive(host, task, cancel_tx, progress_rx, shutdown, record).await;
+    let (result, stopping) = drive(
+        host,
+        task,
+        cancel_tx,
+        progress_rx,
+        shutdown,
+        record,
+        waiting,
+    )
+    .await;
     if stopping || result.outcome == DriverOutcome::Interrupted {
         return ControlFlow::Break(());
     }
@@ -280,69 +371,15 @@ pub(crate) async fn preflight<H: StepHost + Send>(
     }
 }
 
-/// Awaits a step's (or an undo's) task while delivering reports and writing its progress with `record`. On
-/// shutdown the task is cancelled (the driver kills its process group: TERM, then KILL after
-/// `KILL_GRACE`) and awaited up to three grace periods; a command that completed meanwhile still gets its
-/// progress recorded. Returns the result and whether shutdown was requested.
-pub(crate) async fn drive<H: StepHost + Send>(
-    host: &mut H,
-    task: tokio::task::JoinHandle<StepResult>,
-    cancel_tx: watch::Sender<bool>,
-    mut progress_rx: mpsc::Receiver<ProgressUpdate>,
-    shutdown: &mut Shutdown,
-    mut record: impl FnMut(&mut StateStore, SequenceProgress, Option<String>) -> bool,
-) -> (StepResult, bool) {
-    let mut task = AbortOnDrop(task);
-    let join = |r: Result<StepResult, tokio::task::JoinError>| {
-        r.unwrap_or_else(|e| StepResult::failed(format!("step crashed: {e}")))
-    };
-    loop {
-        let flush_at = host.reports_due_at();
-        let have_reports = !host.store().state.outbox.is_empty();
-        let event = tokio::select! {
-            r = &mut task.0 => Event::Finished(join(r)),
-            Some((progress, message, ack)) = progress_rx.recv() => {
-                let _ = ack.send(record(host.store(), progress, message));
-                Event::Progress
-            }
-            () = &mut *shutdown => Event::Shutdown,
-            () = async {
-                tokio::time::sleep_until(flush_at).await;
-                host.deliver_reports().await;
-            }, if have_reports => Event::Flushed,
-        };
-        match event {
-            Event::Finished(result) => return (result, false),
-            Event::Flushed | Event::Progress => {}
-            Event::Shutdown => {
-                let _ = cancel_tx.send(true);
-                let limit = Instant::now() + KILL_GRACE * 3;
-                loop {
-                    tokio::select! {
-                        r = &mut task.0 => return (join(r), true),
-                        Some((progress, message, ack)) = progress_rx.recv() => {
-                            let _ = ack.send(record(host.store(), progress, message));
-                        }
-                        () = tokio::time::sleep_until(limit) => {
-                            task.0.abort();
-                            return (StepResult::shutting_down(), true);
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// Writes a sequence's progress (and a new message, reported as `running`) into the step's
-/// record; true once it is on disk.
+/// record; `Ok` once it is on disk.
 fn record_progress(
     store: &mut StateStore,
     identity: &AgentIdentity,
     index: usize,
     progress: SequenceProgress,
     message: Option<String>,
-) -> bool {
+) -> Result<(), StateError> {
     write_progress(
         store,
         Some(progress),
@@ -350,40 +387,6 @@ fn record_progress(
         |record| record.steps.get_mut(index),
         |plan_id, step| report_for(identity, plan_id, index, step),
     )
-}
-
-/// Writes a sequence's progress (when given) into the record `entry` finds in the current plan's (a step's,
-/// or an undo's); a new message replaces its message and queues `report` of it (`running`). True once it is
-/// on disk.
-pub(crate) fn write_progress(
-    store: &mut StateStore,
-    progress: Option<SequenceProgress>,
-    message: Option<String>,
-    entry: impl FnOnce(&mut PlanRecord) -> Option<&mut LocalStepRecord>,
-    report: impl FnOnce(&str, &LocalStepRecord) -> StepReport,
-) -> bool {
-    let Some(record) = store.state.current.as_mut() else {
-        return false;
-    };
-    let plan_id = record.plan_id.clone();
-    let Some(step) = entry(record) else {
-        return false;
-    };
-    if progress.is_some() {
-        step.progress = progress;
-    }
-    if let Some(message) = message {
-        step.message = Some(truncate_head(&message, MESSAGE_MAX_BYTES).to_owned());
-        let report = report(&plan_id, step);
-        store.enqueue(report);
-    }
-    match store.save() {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot record the sequence's progress");
-            false
-        }
-    }
 }
 
 /// A clean shutdown stopped the step: it goes back to pending, the attempt not counted. Its
@@ -403,12 +406,32 @@ fn interrupted_by_shutdown(store: &mut StateStore, index: usize) {
     );
 }
 
-/// Records a step's end, queues its report, and notes the plan's end.
-fn finish<H: StepHost>(host: &mut H, identity: &AgentIdentity, index: usize, result: StepResult) {
+/// [`finish`], then, when the state dir was full, waits for room to put the end on disk before anything
+/// else happens (the report of the end is delivered only then). `Break` means shutdown was requested.
+async fn finish_durably<H: StepHost + Send>(
+    host: &mut H,
+    shutdown: &mut Shutdown,
+    identity: &AgentIdentity,
+    index: usize,
+    result: StepResult,
+) -> ControlFlow<()> {
+    let saved = finish(host, identity, index, result);
+    let waiting =
+        |store: &StateStore, message: &str| waiting_report(identity, store, index, message);
+    state_full::end_on_disk(host, shutdown, "the step's end", &waiting, saved).await
+}
+
+/// Records a step's end, queues its report, and notes the plan's end; answers whether the record is on disk.
+fn finish<H: StepHost>(
+    host: &mut H,
+    identity: &AgentIdentity,
+    index: usize,
+    result: StepResult,
+) -> Result<(), StateError> {
     host.step_boundary();
     let store = host.store();
     let Some(record) = store.state.current.as_mut() else {
-        return;
+        return Ok(());
     };
     let plan_id = record.plan_id.clone();
     let step = &mut record.steps[index];
@@ -435,7 +458,10 @@ fn finish<H: StepHost>(host: &mut H, identity: &AgentIdentity, index: usize, res
         tracing::info!(plan = %plan_id, ?status, "plan finished");
         host.plan_ended();
     }
-    if let Err(e) = saved {
+    if let Err(e) = &saved
+        && !matches!(e, StateError::Full { .. })
+    {
         tracing::error!(error = %e, "cannot save step result");
     }
+    saved
 }

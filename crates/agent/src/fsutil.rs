@@ -77,6 +77,28 @@ impl RootFs {
     }
 }
 
+/// Whether `error` says the filesystem has no room left (or the writer's quota is spent).
+pub(crate) fn is_no_space(error: &io::Error) -> bool {
+    use rustix::io::Errno;
+    error.raw_os_error().is_some_and(|code| {
+        [Errno::NOSPC, Errno::DQUOT]
+            .map(Errno::raw_os_error)
+            .contains(&code)
+    })
+}
+
+/// The bytes the agent may still write on the filesystem holding `path` (root may use the blocks reserved
+/// for it); `None` when the filesystem cannot be asked.
+pub(crate) fn free_bytes(path: &Path) -> Option<u64> {
+    let stat = rustix::fs::statvfs(path).ok()?;
+    let blocks = if euid() == 0 {
+        stat.f_bfree
+    } else {
+        stat.f_bavail
+    };
+    Some(blocks.saturating_mul(stat.f_frsize))
+}
+
 /// Desired ownership and mode of a written file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct FileMeta {
@@ -129,12 +151,27 @@ pub(crate) fn atomic_copy(from: &Path, path: &Path, meta: FileMeta) -> Result<()
     })
 }
 
+/// Tests only: called with the target before every atomic write, so that a test can fill a real (small)
+/// filesystem right before the Nth write (`tests::state_full`).
+#[cfg(test)]
+pub(crate) type WriteHook = Box<dyn FnMut(&Path) + Send>;
+#[cfg(test)]
+pub(crate) static BEFORE_WRITE: std::sync::Mutex<Option<WriteHook>> = std::sync::Mutex::new(None);
+
 /// The atomic replacement both share: `fill` writes the temp file's content.
 fn atomic_replace(
     path: &Path,
     meta: FileMeta,
     fill: impl FnOnce(&mut File, &Path) -> Result<(), FsError>,
 ) -> Result<(), FsError> {
+    #[cfg(test)]
+    if let Some(hook) = BEFORE_WRITE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_mut()
+    {
+        hook(path);
+    }
     if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
         return Err(FsError {
             action: "write",

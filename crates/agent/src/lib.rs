@@ -19,6 +19,7 @@ mod command;
 mod config;
 mod diagnose;
 mod download;
+mod drive;
 mod driver_config;
 mod driver_env;
 mod drivers;
@@ -43,6 +44,9 @@ mod sequence_undo;
 mod service_config;
 mod shutdown;
 mod state;
+mod state_error;
+mod state_full;
+mod step_host;
 mod sysext;
 mod sysext_config;
 mod sysext_images;
@@ -104,6 +108,7 @@ pub use self_upgrade::{
 };
 pub use sequence_undo::{MAX_RECORD_VALUE_BYTES, MAX_RECORDS};
 pub use state::{MAX_OUTBOX, StateError};
+pub use state_full::{STATE_FULL_RECHECK, STATE_FULL_WAIT};
 pub use sysext::{MAX_OS_RELEASE_BYTES, MAX_SYSEXT_OUTPUT_BYTES, SYSEXT_COMMAND_TIMEOUT};
 pub use sysext_images::SYSEXT_IMAGE_RETENTION;
 

@@ -26,15 +26,18 @@ use inplace_agent_api::{
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use crate::drive::{drive, write_progress};
 use crate::drivers::{DriverOutcome, ProgressRecorder, StepResult, UndoContext, execute_undo};
-use crate::executor::{MAX_STEP_ATTEMPTS, StepHost, drive, write_progress};
+use crate::executor::MAX_STEP_ATTEMPTS;
 use crate::preflight::UNDO_PREFLIGHT_WAIT;
 use crate::rollback_record::{RollbackRecord, undo_order};
 use crate::shutdown::{Shutdown, pause};
 use crate::state::{
-    LocalStepRecord, LocalStepStatus, PlanRecord, SequenceProgress, StateStore, report_for,
-    truncate_head,
+    LocalStepRecord, LocalStepStatus, PlanRecord, SequenceProgress, StateError, StateStore,
+    report_for, truncate_head,
 };
+use crate::state_full::{self, Waited, save_waiting};
+use crate::step_host::StepHost;
 
 /// Starts the rollback of `record` after step `failed` failed, unless `onFailure` is `hold` or one is
 /// already under way. The caller saves (in the same write as the failure).
@@ -107,7 +110,7 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
     };
     let Some(plan) = plan else {
         let result = StepResult::failed("the plan's body is lost: nothing can be undone");
-        end_undo(host, &identity, pos, None, result);
+        let _ = end_undo(host, &identity, pos, None, result);
         return ControlFlow::Continue(());
     };
     let Some(rollback) = record.rollback.as_mut() else {
@@ -136,7 +139,7 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
         None
     };
     if let Some(message) = refusal {
-        end_undo(
+        let _ = end_undo(
             host,
             &identity,
             pos,
@@ -151,7 +154,7 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
         match preflight(host, &identity, pos, &plan.id, &step, shutdown).await {
             ControlFlow::Break(()) => return ControlFlow::Break(()),
             ControlFlow::Continue(Err(failed)) => {
-                end_undo(host, &identity, pos, Some(&step), failed);
+                let _ = end_undo(host, &identity, pos, Some(&step), failed);
                 return ControlFlow::Continue(());
             }
             ControlFlow::Continue(Ok(())) => {}
@@ -172,19 +175,39 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
     } else {
         None
     };
+    // What the undo's record and the outbox go back to when the start cannot be put on disk (the attempt is
+    // then not counted).
+    let unbegun = (entry.clone(), store.state.outbox.clone());
     entry.begin_attempt();
     let mut report = undo_report(&identity, &plan.id, index, entry);
     report.rollback = record.rollback.as_ref().map(RollbackRecord::progress);
     store.enqueue(report);
-    let saved = store.save();
+    let waiting = |store: &StateStore, message: &str| undo_waiting(&identity, store, pos, message);
+    let saved = save_waiting(host, shutdown, "the undo's start", &waiting).await;
     host.step_boundary();
-    if let Err(e) = saved {
-        tracing::error!(error = %e, "cannot record the undo's start; retrying later");
-        return if pause(host.next_delay(), shutdown).await {
-            ControlFlow::Break(())
-        } else {
-            ControlFlow::Continue(())
-        };
+    if !matches!(saved, Waited::Saved) {
+        let store = host.store();
+        if let Some(entry) = store.rollback_mut().and_then(|r| r.undos.get_mut(pos)) {
+            *entry = unbegun.0;
+        }
+        store.state.outbox = unbegun.1;
+    }
+    match saved {
+        Waited::Saved => {}
+        Waited::ShuttingDown => return ControlFlow::Break(()),
+        Waited::GaveUp(message) => {
+            let failed = StepResult::failed(format!("{message}; the undo did not start"));
+            let _ = end_undo(host, &identity, pos, Some(&step), failed);
+            return ControlFlow::Continue(());
+        }
+        Waited::Failed(e) => {
+            tracing::error!(error = %e, "cannot record the undo's start; retrying later");
+            return if pause(host.next_delay(), shutdown).await {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            };
+        }
     }
     tracing::info!(plan = %plan.id, step = index, description = %step.description, %kind, "undo started");
     let (cancel_tx, cancel) = watch::channel(false);
@@ -202,21 +225,79 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
         timeout_seconds: step.timeout_seconds,
         cancel,
     };
+    let state_dir = env.state_dir.clone();
     let task = tokio::spawn(execute_undo(env, kind, ctx));
     let record = |store: &mut StateStore, progress, message| {
         record_undo_progress(store, &identity, pos, progress, message)
     };
-    let (result, stopping) = drive(host, task, cancel_tx, progress_rx, shutdown, record).await;
+    let (result, stopping) = drive(
+        host,
+        task,
+        cancel_tx,
+        progress_rx,
+        shutdown,
+        record,
+        &waiting,
+    )
+    .await;
     if result.outcome == DriverOutcome::Interrupted {
         undo_interrupted_by_shutdown(host.store(), pos);
         return ControlFlow::Break(());
     }
-    end_undo(host, &identity, pos, Some(&step), result);
-    if stopping {
-        ControlFlow::Break(())
-    } else {
-        ControlFlow::Continue(())
+    if !stopping
+        && result.outcome == DriverOutcome::Failed
+        && state_full::driver_found_no_room(&result.message, &state_dir)
+    {
+        // The driver's own write to the state dir found no room: the undo runs again once there is, this
+        // attempt not counted.
+        let undo: state_full::EntryOf = |store, pos| store.rollback_mut()?.undos.get_mut(pos);
+        let cause = result.message.clone();
+        let waited = state_full::uncounted_until_room(
+            host,
+            shutdown,
+            &state_dir,
+            cause,
+            &waiting,
+            (undo, pos),
+        )
+        .await;
+        match waited {
+            Waited::Saved => return ControlFlow::Continue(()),
+            Waited::ShuttingDown => return ControlFlow::Break(()),
+            Waited::GaveUp(_) | Waited::Failed(_) => {}
+        }
+        if let Waited::GaveUp(message) = waited {
+            let failed = StepResult::failed(message);
+            let _ = end_undo(host, &identity, pos, Some(&step), failed);
+            return ControlFlow::Continue(());
+        }
     }
+    let saved = end_undo(host, &identity, pos, Some(&step), result);
+    if stopping {
+        return ControlFlow::Break(());
+    }
+    state_full::end_on_disk(host, shutdown, "the undo's end", &waiting, saved).await
+}
+
+/// The `running` report of undo `pos` saying `message` (a wait for room in the state dir) as the rollback's
+/// message, which is what the server shows while it rolls back.
+fn undo_waiting(
+    identity: &AgentIdentity,
+    store: &StateStore,
+    pos: usize,
+    message: &str,
+) -> Option<inplace_agent_api::StepReport> {
+    let record = store.state.current.as_ref()?;
+    let rollback = record.rollback.as_ref()?;
+    let mut entry = rollback.undos.get(pos)?.clone();
+    entry.status = LocalStepStatus::Running;
+    entry.message = Some(message.to_owned());
+    let index = *rollback.order.get(pos)? as usize;
+    let mut report = undo_report(identity, &record.plan_id, index, &entry);
+    let mut progress = rollback.progress();
+    progress.message = truncate_head(message, inplace_agent_api::MESSAGE_MAX_BYTES).to_owned();
+    report.rollback = Some(progress);
+    Some(report)
 }
 
 /// The control-plane preflight of the undo at `pos` (of `step`, plan `plan_id`), before its first effect: it
@@ -237,11 +318,13 @@ async fn preflight<H: StepHost + Send>(
     let what = format!("undo of step {} ({})", index + 1, step.description);
     let record = |store: &mut StateStore, _progress, message: Option<String>| {
         let Some(message) = message else {
-            return true;
+            return Ok(());
         };
         record_undo_wait(store, identity, pos, &format!("{what}: {message}"))
     };
-    let flow = crate::executor::preflight(host, plan_id, step, wait, shutdown, record).await;
+    let waiting = |store: &StateStore, message: &str| undo_waiting(identity, store, pos, message);
+    let flow =
+        crate::executor::preflight(host, plan_id, step, wait, shutdown, record, &waiting).await;
     if let ControlFlow::Continue(Ok(())) = flow
         && let Some(rollback) = host.store().rollback_mut()
     {
@@ -252,49 +335,44 @@ async fn preflight<H: StepHost + Send>(
 }
 
 /// Writes an undo's waiting message (`message`, about the control plane) as the rollback's and the undo's,
-/// and queues the undo's report carrying the rollback's summary; true once it is on disk.
+/// and queues the undo's report carrying the rollback's summary; `Ok` once it is on disk.
 fn record_undo_wait(
     store: &mut StateStore,
     identity: &AgentIdentity,
     pos: usize,
     message: &str,
-) -> bool {
+) -> Result<(), StateError> {
+    let gone = || StateError::Io("the undo to write its wait into is gone".into());
     let Some(record) = store.state.current.as_mut() else {
-        return false;
+        return Err(gone());
     };
     let plan_id = record.plan_id.clone();
     let Some(rollback) = record.rollback.as_mut() else {
-        return false;
+        return Err(gone());
     };
     let text = truncate_head(message, MESSAGE_MAX_BYTES).to_owned();
     rollback.message.clone_from(&text);
     let progress = rollback.progress();
     let index = rollback.order.get(pos).copied().unwrap_or_default() as usize;
     let Some(entry) = rollback.undos.get_mut(pos) else {
-        return false;
+        return Err(gone());
     };
     entry.message = Some(text);
     let mut report = undo_report(identity, &plan_id, index, entry);
     report.rollback = Some(progress);
     store.enqueue(report);
-    match store.save() {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot record the undo's wait for the control plane");
-            false
-        }
-    }
+    store.save()
 }
 
 /// Writes an undo sequence's progress (and a new message, reported as a `running` undo) into the undo's
-/// record; true once it is on disk.
+/// record; `Ok` once it is on disk.
 fn record_undo_progress(
     store: &mut StateStore,
     identity: &AgentIdentity,
     pos: usize,
     progress: SequenceProgress,
     message: Option<String>,
-) -> bool {
+) -> Result<(), StateError> {
     let index = store
         .state
         .current
@@ -367,21 +445,22 @@ fn undo_interrupted_by_shutdown(store: &mut StateStore, pos: usize) {
 
 /// Records an undo's end and queues its report; a failure ends the rollback `failed`, after the last success
 /// the verification comes (`rollback_verify`). `step` is the plan's step (`None` when the plan body is lost).
+/// Answers whether the record is on disk.
 fn end_undo<H: StepHost>(
     host: &mut H,
     identity: &AgentIdentity,
     pos: usize,
     step: Option<&inplace_agent_api::Step>,
     result: StepResult,
-) {
+) -> Result<(), StateError> {
     host.step_boundary();
     let store = host.store();
     let Some(record) = store.state.current.as_mut() else {
-        return;
+        return Ok(());
     };
     let plan_id = record.plan_id.clone();
     let Some(rollback) = record.rollback.as_mut() else {
-        return;
+        return Ok(());
     };
     let index = rollback.order[pos] as usize;
     let entry = &mut rollback.undos[pos];
@@ -410,10 +489,14 @@ fn end_undo<H: StepHost>(
     }
     report.rollback = Some(rollback.progress());
     store.enqueue(report);
-    if let Err(e) = store.save() {
+    let saved = store.save();
+    if let Err(e) = &saved
+        && !matches!(e, StateError::Full { .. })
+    {
         tracing::error!(error = %e, "cannot save the undo's result");
     }
     if ended {
         host.plan_ended();
     }
+    saved
 }

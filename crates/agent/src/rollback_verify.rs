@@ -20,11 +20,13 @@ use inplace_agent_api::{Plan, RollbackState, Step, StepAction, StepKind};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use crate::drive::drive;
 use crate::drivers::{DriverOutcome, ProgressRecorder, StepContext, execute, node_kubelet_version};
-use crate::executor::{MAX_STEP_ATTEMPTS, StepHost, drive};
+use crate::executor::MAX_STEP_ATTEMPTS;
 use crate::rollback_record::RollbackRecord;
 use crate::shutdown::{Shutdown, pause};
 use crate::state::{StateStore, truncate_head};
+use crate::step_host::StepHost;
 
 /// How long the verification waits for the Node to be Ready at its old kubelet version when the plan has no
 /// `waitNodeReady` step whose timeout it can use.
@@ -168,6 +170,10 @@ pub(crate) async fn run_finish<H: StepHost + Send>(
     }
     rollback.finish_attempts += 1;
     if let Err(e) = store.save() {
+        // A save that failed (a full state dir) is not an interruption: the try is not counted.
+        if let Some(rollback) = store.rollback_mut() {
+            rollback.finish_attempts = rollback.finish_attempts.saturating_sub(1);
+        }
         tracing::error!(error = %e, "cannot record the verification's start; retrying later");
         return if pause(host.next_delay(), shutdown).await {
             ControlFlow::Break(())
@@ -197,6 +203,8 @@ pub(crate) async fn run_finish<H: StepHost + Send>(
         progress_rx,
         shutdown,
         |store, _, message| show_progress(store, message),
+        // The verification has no report of its own to say a wait for room in: it waits silently.
+        &|_: &StateStore, _: &str| None,
     )
     .await;
     match (result.outcome, what) {
@@ -274,16 +282,19 @@ async fn kubelet_now(env: &crate::driver_env::DriverEnv) -> Option<String> {
 }
 
 /// The verification's progress ("waiting for node …: not Ready") becomes the rollback's message.
-fn show_progress(store: &mut StateStore, message: Option<String>) -> bool {
+fn show_progress(
+    store: &mut StateStore,
+    message: Option<String>,
+) -> Result<(), crate::state::StateError> {
     let (Some(message), Some(rollback)) = (message, store.rollback_mut()) else {
-        return true;
+        return Ok(());
     };
     rollback.message = truncate_head(
         &format!("undone; verifying: {message}"),
         inplace_agent_api::MESSAGE_MAX_BYTES,
     )
     .to_owned();
-    store.save().is_ok()
+    store.save()
 }
 
 /// Ends the rollback: `Ok(note)` rolled back (the note says what the node is now), `Err(why)` failed with the

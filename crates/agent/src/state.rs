@@ -25,26 +25,7 @@ const STATE_FORMAT: u32 = 1;
 /// Most undelivered reports kept; past it the oldest `running` reports go first, then the oldest.
 pub const MAX_OUTBOX: usize = 256;
 
-/// Why the state dir cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum StateError {
-    /// A disk operation failed.
-    #[error("state dir: {0}")]
-    Io(String),
-    /// Another agent holds the lock.
-    #[error("state dir {0} is in use by another agent (lock held)")]
-    Locked(String),
-    /// `state.json` cannot be decoded. It is left as it is: move it away to start over.
-    #[error(
-        "state file {path} is unreadable ({reason}); it was left untouched — move it away to start over"
-    )]
-    Corrupt {
-        /// The file.
-        path: String,
-        /// The decode error.
-        reason: String,
-    },
-}
+pub use crate::state_error::StateError;
 
 /// A step's local status. `Running` after a restart means "interrupted".
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -324,6 +305,8 @@ pub struct StateStore {
     /// The current plan's body, when held (it can be missing after disk trouble; the server
     /// then sends it again because the agent reports the plan as running).
     pub plan: Option<Plan>,
+    /// The last save of `state.json` failed: memory is ahead of the disk.
+    unsaved: bool,
 }
 
 fn io_err(context: &str, path: &Path, e: impl std::fmt::Display) -> StateError {
@@ -372,6 +355,7 @@ impl StateStore {
             _lock: lock,
             state,
             plan: None,
+            unsaved: false,
         };
         store.plan = store.load_plan_body();
         Ok(store)
@@ -400,8 +384,19 @@ impl StateStore {
         (plan.id == record.plan_id && plan.steps.len() == record.steps.len()).then_some(plan)
     }
 
+    /// Whether the last save failed (memory is ahead of the disk).
+    pub(crate) fn unsaved(&self) -> bool {
+        self.unsaved
+    }
+
     /// Writes `state.json` atomically.
-    pub fn save(&self) -> Result<(), StateError> {
+    pub fn save(&mut self) -> Result<(), StateError> {
+        let saved = self.write_state();
+        self.unsaved = saved.is_err();
+        saved
+    }
+
+    fn write_state(&self) -> Result<(), StateError> {
         let path = self.dir.join("state.json");
         let bytes = serde_json::to_vec(&self.state).map_err(|e| io_err("encode", &path, e))?;
         atomic_write(
@@ -412,7 +407,7 @@ impl StateStore {
                 owner: None,
             },
         )
-        .map_err(|e| StateError::Io(e.to_string()))
+        .map_err(|e| StateError::of_write(&self.dir, e))
     }
 
     /// The current plan's rollback, once one started.
@@ -438,7 +433,7 @@ impl StateStore {
                 owner: None,
             },
         )
-        .map_err(|e| StateError::Io(e.to_string()))?;
+        .map_err(|e| StateError::of_write(&self.dir, e))?;
         let same_id = self
             .state
             .current
@@ -446,6 +441,7 @@ impl StateStore {
             .is_some_and(|c| c.plan_id == plan.id);
         let old = self.state.current.as_ref().map(|c| c.plan_id.clone());
         if !same_id {
+            let before = self.state.current.take();
             self.state.current = Some(PlanRecord {
                 plan_id: plan.id.clone(),
                 steps: plan
@@ -458,7 +454,11 @@ impl StateStore {
                 rollback: None,
                 kubelet_before: None,
             });
-            self.save()?;
+            if let Err(e) = self.save() {
+                // Not taken: the old plan stays current, in memory as on disk.
+                self.state.current = before;
+                return Err(e);
+            }
         }
         if let Some(old) = old.filter(|old| *old != plan.id) {
             let _ = remove_file(&self.plan_path(&old));

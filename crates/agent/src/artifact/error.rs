@@ -6,13 +6,16 @@ use super::options::OptionsError;
 
 /// A failed fetch of `artifact`.
 #[derive(Debug, thiserror::Error)]
-#[error("artifact {artifact}: {kind}")]
+#[error("artifact {artifact}: {kind}{}", attempts.as_deref().map(|a| format!(" ({a})")).unwrap_or_default())]
 pub struct FetchError {
     /// The source as configured (`oci://…@sha256:…`, the URL, `file://…`).
     pub artifact: String,
-    /// What went wrong.
+    /// What went wrong (at the last attempt).
     #[source]
     pub kind: FetchErrorKind,
+    /// How the retries of a transient failure ended (`attempt 6/6; no attempts left`); `None` when the failure
+    /// was not retried.
+    pub attempts: Option<String>,
 }
 
 /// What went wrong in a fetch.
@@ -46,6 +49,8 @@ pub enum FetchErrorKind {
         status: u16,
         /// The start of the answer's body.
         message: String,
+        /// Its `Retry-After`, in seconds, when it gave one.
+        retry_after: Option<u64>,
     },
     /// Another unexpected status.
     #[error("{url} answered {status}: {message}")]
@@ -56,6 +61,8 @@ pub enum FetchErrorKind {
         status: u16,
         /// The start of the answer's body.
         message: String,
+        /// Its `Retry-After`, in seconds, when it gave one (a 429).
+        retry_after: Option<u64>,
     },
     /// No answer: connection, TLS, or a dropped connection.
     #[error("request to {url} failed: {reason}")]
@@ -64,6 +71,9 @@ pub enum FetchErrorKind {
         url: String,
         /// The error chain.
         reason: String,
+        /// Whether another attempt may get through (a refused or dropped connection, a broken body), as
+        /// opposed to a certificate the CA file does not vouch for or a peer that does not speak TLS.
+        transient: bool,
     },
     /// A request or the download took longer than its bound.
     #[error("{what} took longer than {seconds} s")]
@@ -80,6 +90,8 @@ pub enum FetchErrorKind {
         realm: String,
         /// What went wrong.
         reason: String,
+        /// Whether the token endpoint was only unavailable (it answered 5xx or 429).
+        transient: bool,
     },
     /// A manifest or index that cannot be used.
     #[error("manifest {digest}: {reason}")]

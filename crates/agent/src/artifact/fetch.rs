@@ -1,13 +1,16 @@
 //! The fetcher: an `oci://` reference through the mirror rewrites to the registry (manifest or index by
 //! digest, verified; the platform's manifest; its layer blob), an `https://` URL, or a `file://` path — all
-//! into the same content-addressed store, verified before the rename.
+//! into the same content-addressed store, verified before the rename. [`Fetcher::fetch_retrying`] tries a
+//! transient failure again (`retry.rs`); a blob cut short resumes from its `.partial` with `Range`.
 
 use hyper::StatusCode;
 use hyper::header::CONTENT_RANGE;
+use tokio::time::Instant;
 
 use super::error::{FetchError, FetchErrorKind};
 use super::manifest::{MANIFEST_ACCEPT, Manifest, select_layer, select_platform, sha256_of};
 use super::options::{FetchOptions, https_client, rewrite};
+use super::retry;
 use super::session::Session;
 use super::source::{ArtifactSource, OciReference};
 use super::store::Store;
@@ -84,7 +87,51 @@ impl Fetcher {
             .map_err(|kind| FetchError {
                 artifact: source.to_string(),
                 kind,
+                attempts: None,
             })
+    }
+
+    /// [`Fetcher::fetch`], a transient failure tried again after the back-off of the options' retry policy
+    /// (or the registry's `Retry-After`), as long as attempts are left and the next one starts before
+    /// `deadline`; a download cut short continues from its `.partial`. Each retry is logged with its cause
+    /// (never a credential). Dropping the future — a shutdown — stops it at once, in a back-off as well.
+    pub async fn fetch_retrying(
+        &self,
+        source: &ArtifactSource,
+        deadline: Instant,
+    ) -> Result<std::path::PathBuf, FetchError> {
+        let policy = self.options.retry;
+        let mut failures = 0;
+        loop {
+            let mut failed = match self.fetch(source).await {
+                Ok(path) => return Ok(path),
+                Err(e) if !e.kind.is_transient() => return Err(e),
+                Err(e) => e,
+            };
+            failures += 1;
+            let attempts = policy.attempts;
+            if failures >= attempts {
+                failed.attempts = Some(format!("attempt {failures}/{attempts}; no attempts left"));
+                return Err(failed);
+            }
+            let delay = retry::delay(&policy, failures, &failed.kind);
+            if Instant::now() + delay >= deadline {
+                failed.attempts = Some(format!(
+                    "attempt {failures}/{attempts}; attempt {} would start after the deadline",
+                    failures + 1
+                ));
+                return Err(failed);
+            }
+            tracing::warn!(
+                artifact = %failed.artifact,
+                cause = %failed.kind,
+                attempt = failures + 1,
+                attempts,
+                delay_ms = delay.as_millis() as u64,
+                "artifact fetch failed (transient); trying again"
+            );
+            tokio::time::sleep(delay).await;
+        }
     }
 
     async fn fetch_oci(

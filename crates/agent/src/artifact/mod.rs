@@ -3,12 +3,15 @@
 //! bounded ([`MAX_ARTIFACT_BYTES`], [`MAX_MANIFEST_BYTES`], the timeouts below), streamed into
 //! `<dir>/sha256-<hex>.partial`, verified (size and SHA-256), fsynced and only then renamed to
 //! `<dir>/sha256-<hex>`: a crash leaves a `.partial` that the next fetch resumes (HTTP Range) or starts over,
-//! never a half-written artifact under its final name.
+//! never a half-written artifact under its final name. A registry outage (no connection, 5xx, 429 with its
+//! `Retry-After`, a body cut short) is ridden out with bounded retries (`retry.rs`); an answer a retry would
+//! only repeat (401, 404, a digest mismatch) fails at once.
 
 mod error;
 mod fetch;
 mod manifest;
 mod options;
+mod retry;
 mod session;
 mod source;
 mod store;
@@ -22,6 +25,7 @@ pub use manifest::{Descriptor, Platform};
 pub use options::{
     Credential, Credentials, FetchOptions, MirrorRewrite, OptionsError, check_ca_file, rewrite,
 };
+pub use retry::{DEFAULT_FETCH_RETRY, MAX_FETCH_RETRY_AFTER};
 pub use source::{ArtifactSource, OciReference, SourceError};
 
 /// Default largest artifact (blob or file) a fetch accepts ([`FetchOptions::max_bytes`]).

@@ -14,6 +14,7 @@ use hyper_util::rt::TokioExecutor;
 use super::{MAX_ARTIFACT_BYTES, MAX_CREDENTIALS_FILE_BYTES};
 use crate::client::{CONNECT_TIMEOUT, HttpsClient, POOL_IDLE_TIMEOUT, tls_trusting};
 use crate::limits::MAX_CA_FILE_BYTES;
+use crate::retry::RetryPolicy;
 
 /// One mirror rewrite: a reference whose `registry/repository` starts with `prefix` (at a `/` boundary) is
 /// fetched from `replacement` + the rest.
@@ -206,11 +207,13 @@ pub struct FetchOptions {
     pub layer_media_type: Option<String>,
     /// The architecture (GOARCH name) to pick from an index: this node's by default.
     pub arch: String,
+    /// How [`super::Fetcher::fetch_retrying`] retries a transient failure.
+    pub retry: RetryPolicy,
 }
 
 impl FetchOptions {
     /// Defaults: no mirror, no credentials, the system CA store, [`MAX_ARTIFACT_BYTES`], this node's
-    /// architecture.
+    /// architecture, [`super::DEFAULT_FETCH_RETRY`].
     pub fn new(download_dir: impl Into<PathBuf>) -> Self {
         Self {
             download_dir: download_dir.into(),
@@ -220,6 +223,7 @@ impl FetchOptions {
             max_bytes: MAX_ARTIFACT_BYTES,
             layer_media_type: None,
             arch: inplace_agent_api::go_arch(std::env::consts::ARCH).to_owned(),
+            retry: super::DEFAULT_FETCH_RETRY,
         }
     }
 }

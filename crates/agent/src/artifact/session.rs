@@ -4,7 +4,9 @@
 
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{ACCEPT, AUTHORIZATION, HeaderValue, LOCATION, RANGE, WWW_AUTHENTICATE};
+use hyper::header::{
+    ACCEPT, AUTHORIZATION, HeaderValue, LOCATION, RANGE, RETRY_AFTER, WWW_AUTHENTICATE,
+};
 use hyper::{Response, StatusCode};
 use tokio::sync::Mutex;
 
@@ -12,7 +14,7 @@ use super::error::FetchErrorKind;
 use super::options::Credential;
 use super::url_text::{authority, encode, param, resolve};
 use super::{ARTIFACT_REQUEST_TIMEOUT, MAX_ARTIFACT_REDIRECTS, MAX_REGISTRY_ANSWER_BYTES};
-use crate::client::{HttpsClient, error_chain};
+use crate::client::{HttpsClient, TransportKind, error_chain, transport_kind};
 
 /// Characters of an error answer kept in the error.
 const ERROR_TEXT_KEPT: usize = 300;
@@ -75,6 +77,7 @@ impl<'a> Session<'a> {
                     .map_err(|e| FetchErrorKind::Transport {
                         url: url.clone(),
                         reason: e.to_string(),
+                        transient: false,
                     })?;
             let response = self.send(&url, request).await?;
             let status = response.status();
@@ -113,6 +116,7 @@ impl<'a> Session<'a> {
             url,
             status: 310,
             message: format!("more than {MAX_ARTIFACT_REDIRECTS} redirects"),
+            retry_after: None,
         })
     }
 
@@ -132,6 +136,8 @@ impl<'a> Session<'a> {
                 .map_err(|e| FetchErrorKind::Transport {
                     url: url.to_owned(),
                     reason: format!("{e} (at most {limit} bytes)"),
+                    // A broken answer may come whole next time; one over the limit never does.
+                    transient: !e.is::<http_body_util::LengthLimitError>(),
                 })
         };
         tokio::time::timeout(ARTIFACT_REQUEST_TIMEOUT, fetch)
@@ -150,6 +156,10 @@ impl<'a> Session<'a> {
             .map_err(|e| FetchErrorKind::Transport {
                 url: url.to_owned(),
                 reason: error_chain(&e),
+                transient: matches!(
+                    transport_kind(&e),
+                    TransportKind::Connect | TransportKind::HandshakeClosed | TransportKind::Other
+                ),
             })
     }
 
@@ -176,6 +186,7 @@ impl<'a> Session<'a> {
                 FetchErrorKind::Token {
                     realm: param(params, "realm").unwrap_or_default(),
                     reason: "the token is not a valid header value".into(),
+                    transient: false,
                 }
             })?
         } else {
@@ -191,6 +202,7 @@ impl<'a> Session<'a> {
         let err = |reason: String| FetchErrorKind::Token {
             realm: realm.clone(),
             reason,
+            transient: false,
         };
         if !realm.starts_with("https://") {
             return Err(err("the realm is not an https:// URL".into()));
@@ -228,7 +240,11 @@ impl<'a> Session<'a> {
             } else {
                 ""
             };
-            return Err(err(format!("answered {status}{hint}")));
+            return Err(FetchErrorKind::Token {
+                realm: realm.clone(),
+                reason: format!("answered {status}{hint}"),
+                transient: status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS,
+            });
         }
         let body = tokio::time::timeout(
             ARTIFACT_REQUEST_TIMEOUT,
@@ -260,6 +276,7 @@ async fn status_error(
     session: &Session<'_>,
 ) -> FetchErrorKind {
     let status = response.status();
+    let retry_after = retry_after_seconds(&response);
     let body = tokio::time::timeout(
         ARTIFACT_REQUEST_TIMEOUT,
         Limited::new(response.into_body(), MAX_REGISTRY_ANSWER_BYTES).collect(),
@@ -288,13 +305,28 @@ async fn status_error(
             url,
             status: s,
             message,
+            retry_after,
         },
         s => FetchErrorKind::Status {
             url,
             status: s,
             message,
+            retry_after,
         },
     }
+}
+
+/// An answer's `Retry-After` in seconds. Only the delta-seconds form is read: registries and their proxies
+/// send that; an HTTP date is left to the back-off.
+fn retry_after_seconds(response: &Response<Incoming>) -> Option<u64> {
+    response
+        .headers()
+        .get(RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn timeout(url: &str) -> FetchErrorKind {

@@ -101,6 +101,7 @@ impl Store {
             let frame = frame.map_err(|e| FetchErrorKind::Transport {
                 url: url.to_owned(),
                 reason: format!("the body broke off after {written} bytes: {e}"),
+                transient: true,
             })?;
             let Ok(data) = frame.into_data() else {
                 continue;

@@ -2,7 +2,9 @@
 //! a `.partial` resumed), then copied to its node path atomically (temp file beside it, mode and owner,
 //! fsync, rename). Its source is parsed when the sequence is prepared, so a tag in a pin fails the step
 //! before any command runs; a failure names the artifact as configured (and the mirror it was fetched
-//! from) and the cause, never a credential, and leaves the node path as it was.
+//! from) and the cause, never a credential, and leaves the node path as it was. A transient failure (a
+//! registry outage) is tried again within the step's timeout (`artifacts.retry`); a shutdown stops the
+//! download or its back-off at once.
 
 use serde::Serialize;
 
@@ -92,7 +94,7 @@ impl Fetch {
             .map_err(|e| failed(e.to_string()))?;
         let fetcher = Fetcher::new(options).map_err(|e| failed(e.to_string()))?;
         let fetched = tokio::select! {
-            r = tokio::time::timeout_at(ctx.deadline, fetcher.fetch(&self.parsed)) => r,
+            r = tokio::time::timeout_at(ctx.deadline, fetcher.fetch_retrying(&self.parsed, ctx.deadline)) => r,
             () = cancelled(&mut ctx.cancel) => {
                 let stopped = format!("{named}: download stopped: agent shutting down");
                 return Err(StepResult::interrupted(context(stopped)));
@@ -105,7 +107,10 @@ impl Fetch {
                     ctx.step.timeout_seconds
                 ))
             })?
-            .map_err(|FetchError { kind, .. }| failed(kind.to_string()))?;
+            .map_err(|FetchError { kind, attempts, .. }| {
+                let attempts = attempts.map(|a| format!(" ({a})")).unwrap_or_default();
+                failed(format!("{kind}{attempts}"))
+            })?;
         let real = env.fs.path(&self.to).map_err(&failed)?;
         let meta = FileMeta {
             mode: self.mode,

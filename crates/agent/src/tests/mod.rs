@@ -19,6 +19,7 @@ mod resume;
 mod retries;
 mod rollback;
 mod rollback_node;
+mod state_full;
 mod sysext;
 mod sysext_no_return;
 

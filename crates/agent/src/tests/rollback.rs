@@ -14,16 +14,23 @@ use tokio::time::Instant;
 
 use super::{Sandbox, mode_of};
 use crate::driver_env::DriverEnv;
-use crate::executor::{StepHost, run_step};
+use crate::executor::run_step;
 use crate::rollback::{pending, run_undo};
 use crate::shutdown::Shutdown;
 use crate::state::{LocalStepStatus, StateStore};
+use crate::step_host::StepHost;
 
-/// The executor's host without a server: reports stay in the outbox.
+/// A test's reaction to a report the executor sends at once.
+pub(super) type OnSend = Box<dyn FnMut(&inplace_agent_api::StepReport) + Send>;
+
+/// The executor's host without a server: reports stay in the outbox; those sent at once are kept in `sent`
+/// (and shown to `on_send`).
 pub(super) struct Host {
     pub store: StateStore,
     pub env: Arc<DriverEnv>,
     pub identity: AgentIdentity,
+    pub sent: Vec<inplace_agent_api::StepReport>,
+    pub on_send: Option<OnSend>,
 }
 
 /// Opens `state` again in this process. Another test's child between its fork and its exec holds a copy of the
@@ -53,6 +60,8 @@ impl Host {
             store,
             env,
             identity: AgentIdentity::Machine(MachineRef::new("default", "m")),
+            sent: Vec::new(),
+            on_send: None,
         }
     }
 }
@@ -76,6 +85,13 @@ impl StepHost for Host {
         Instant::now() + Duration::from_secs(3600)
     }
     async fn deliver_reports(&mut self) {}
+    async fn send_report(&mut self, report: inplace_agent_api::StepReport) -> bool {
+        if let Some(on_send) = self.on_send.as_mut() {
+            on_send(&report);
+        }
+        self.sent.push(report);
+        true
+    }
 }
 
 fn host(sb: &Sandbox) -> Host {

@@ -339,16 +339,22 @@ async fn every_bad_input_fails_the_step_naming_the_artifact_and_keeps_the_previo
             vec!["answered 404 Not Found".into(), "MANIFEST_UNKNOWN".into()],
         ),
         oci(
-            "500 (the repository's layer link is garbage)",
+            "500 (the repository's layer link is garbage; tried again, then given up)",
             "broken",
             &broken_index,
-            vec!["answered 500 (a server error)".into()],
+            vec![
+                "answered 500 (a server error)".into(),
+                "(attempt 2/2; no attempts left)".into(),
+            ],
         ),
         oci(
-            "a truncated blob (data file cut to 5000 bytes)",
+            "a truncated blob (data file cut to 5000 bytes; tried again, then given up)",
             "short",
             &short_index,
-            vec!["truncated: got 5000 of 20000 bytes".into()],
+            vec![
+                "truncated: got 5000 of 20000 bytes".into(),
+                "(attempt 2/2; no attempts left)".into(),
+            ],
         ),
         Bad {
             other_ca: true,
@@ -378,13 +384,18 @@ async fn every_bad_input_fails_the_step_naming_the_artifact_and_keeps_the_previo
         let pins = format!(
             "pins:\n  v1.34.1: {{kubeletSource: \"{source}\", kubeletSha256: \"{other_hex}\"}}\n"
         );
+        // Two attempts, the second at once: a transient cause is tried again, no other is.
+        let extra = format!(
+            "{}  retry: {{attempts: 2, initialDelaySeconds: 0, maxDelaySeconds: 0}}\n",
+            case.artifacts_extra
+        );
         let run = setup(
             &registry,
             &[registry.host()],
             case.password,
             &case.fetch,
             &pins,
-            case.artifacts_extra,
+            &extra,
         )
         .await;
         if case.other_ca {
@@ -423,6 +434,9 @@ async fn every_bad_input_fails_the_step_naming_the_artifact_and_keeps_the_previo
                 "{}: {wanted:?} in {message}",
                 case.input
             );
+        }
+        if !case.input.contains("tried again") {
+            assert!(!message.contains("attempt"), "{}: {message}", case.input);
         }
         assert!(
             !message.contains(PASSWORD) && !message.contains("wrong-password"),

@@ -13,11 +13,11 @@ use crate::common::*;
 use crate::fetch_command::{PREVIOUS, Run, TO, install_plan, oci_fetch, oci_source, pin, setup};
 use crate::registry::{PASSWORD, Registry, StallingProxy, content, sha256};
 
-/// The real `inplace-agent` binary on the run's sandbox; SIGKILLed on drop.
-struct AgentProcess(std::process::Child);
+/// The real `inplace-agent` binary on the run's sandbox (its log in `<node dir>/agent.log`); SIGKILLed on drop.
+pub(crate) struct AgentProcess(std::process::Child);
 
 impl AgentProcess {
-    fn spawn(run: &Run) -> Self {
+    pub(crate) fn spawn(run: &Run) -> Self {
         let c = &run.config;
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -46,8 +46,29 @@ impl AgentProcess {
         Self(child)
     }
 
+    /// SIGTERM (a clean shutdown), and how long the process took to exit (failing past `limit`).
+    pub(crate) fn terminate(&mut self, limit: Duration) -> Duration {
+        let asked = Instant::now();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -TERM: {sent}");
+        loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                assert!(status.success(), "{status}");
+                return asked.elapsed();
+            }
+            assert!(
+                asked.elapsed() < limit,
+                "the agent did not stop within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// SIGKILL, and the process reaped.
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }

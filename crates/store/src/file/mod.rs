@@ -18,11 +18,18 @@
 //! the pages a read touches are in redb's page cache (this process is the file's only user), so a read costs
 //! microseconds — less than the hop to the blocking pool it used to take (~170 of the ~270 µs of a repeated
 //! UpdateMachine on this store).
+//!
+//! An I/O error (a full disk) fails the writes of its group and leaves redb's handle unusable for good; the
+//! committed data on disk is intact. So the writer closes that handle and opens the file again at once (redb's
+//! recovery of an interrupted commit, as after a crash), and again before each later group for as long as the
+//! open fails (the disk still full): every write meanwhile fails naming the cause, and the first write after the
+//! space is freed succeeds — no restart needed. Reads during the reopen answer [`StoreError::Unavailable`].
 
 mod writer;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::broadcast;
@@ -37,6 +44,10 @@ pub use writer::{MAX_GROUP_BYTES, MAX_GROUP_WRITES};
 
 /// The database file's name inside the `file:` directory.
 pub const FILE_NAME: &str = "inplace-updater.redb";
+
+/// Longest the writer waits for the reads still holding a database closed after an I/O error to end, before
+/// it opens the file again.
+pub const REOPEN_WAIT: Duration = Duration::from_secs(1);
 
 /// key → (revision, value).
 const ENTRIES: TableDefinition<&str, (u64, &[u8])> = TableDefinition::new("entries");
@@ -56,7 +67,8 @@ pub struct FileStore {
 }
 
 struct Inner {
-    db: Database,
+    /// The open database; `None` while it is being opened again after an I/O error (the why kept beside it).
+    db: RwLock<Result<Arc<Database>, String>>,
     path: PathBuf,
     changes: broadcast::Sender<Change>,
 }
@@ -77,7 +89,7 @@ impl FileStore {
                 .map_err(|e| db_error(&path, e))?;
             init_schema(&db, &path)?;
             Ok(Inner {
-                db,
+                db: RwLock::new(Ok(Arc::new(db))),
                 path,
                 changes: broadcast::channel(CHANGE_FEED_CAPACITY).0,
             })
@@ -151,10 +163,10 @@ fn db_error(path: &Path, e: impl Into<redb::Error>) -> StoreError {
             path: path.to_owned(),
             source,
         },
-        redb::Error::PreviousIo => StoreError::Backend(format!(
-            "{}: an earlier I/O error left the database unusable until the process restarts",
-            path.display()
-        )),
+        redb::Error::PreviousIo | redb::Error::DatabaseClosed => StoreError::Unavailable {
+            target: path.display().to_string(),
+            reason: "being opened again after an I/O error".into(),
+        },
         other => StoreError::Backend(format!("{}: {other}", path.display())),
     }
 }
@@ -164,14 +176,73 @@ impl Inner {
         db_error(&self.path, e)
     }
 
+    /// The open database, or why there is none right now.
+    fn db(&self) -> Result<Arc<Database>, StoreError> {
+        self.db
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .map_err(|reason| StoreError::Unavailable {
+                target: self.path.display().to_string(),
+                reason,
+            })
+    }
+
+    /// Closes the database after an I/O error and opens the file again (see the module docs); a failed open
+    /// is kept as the reason, and tried again by the next [`Inner::db_for_write`].
+    fn reopen(&self, cause: &StoreError) {
+        let mut slot = self.db.write().unwrap_or_else(PoisonError::into_inner);
+        // Dropped here (readers still holding it close it when they are done: reads take microseconds).
+        *slot = Err(format!("being opened again after an I/O error ({cause})"));
+        let deadline = std::time::Instant::now() + REOPEN_WAIT;
+        let opened = loop {
+            match Database::builder().create(&self.path) {
+                Err(redb::DatabaseError::DatabaseAlreadyOpen)
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                other => break other,
+            }
+        };
+        match opened {
+            Ok(db) => {
+                tracing::warn!(path = %self.path.display(), error = %cause, "embedded store opened again after an I/O error");
+                *slot = Ok(Arc::new(db));
+            }
+            Err(e) => {
+                let e = db_error(&self.path, e);
+                tracing::error!(path = %self.path.display(), error = %e, first = %cause, "embedded store cannot be opened again yet; the next write tries again");
+                *slot = Err(format!("cannot be opened again after an I/O error: {e}"));
+            }
+        }
+    }
+
+    /// The database the writer commits to: opened again first when an earlier open failed.
+    fn db_for_write(&self) -> Result<Arc<Database>, StoreError> {
+        let db = self.db();
+        if let Err(e) = &db {
+            self.reopen(e);
+            return self.db();
+        }
+        db
+    }
+
+    /// The last revision committed to the file, as the open database reads it.
+    fn committed_revision(&self) -> Option<u64> {
+        let txn = self.db().ok()?.begin_read().ok()?;
+        let meta = txn.open_table(META).ok()?;
+        Some(meta.get(META_REVISION).ok()??.value())
+    }
+
     fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
-        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.err(e))?;
         let table = txn.open_table(ENTRIES).map_err(|e| self.err(e))?;
         entry_in(&table, key).map_err(|e| self.err(e))
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<Entry>, StoreError> {
-        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.err(e))?;
         let table = txn.open_table(ENTRIES).map_err(|e| self.err(e))?;
         let mut out = Vec::new();
         for item in table.range::<&str>(prefix..).map_err(|e| self.err(e))? {

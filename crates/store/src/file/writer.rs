@@ -13,7 +13,10 @@
 //! order before any caller is answered.
 //!
 //! A failed group (an I/O error, a full disk) fails every write of it and commits none of them: the
-//! transaction is dropped, which aborts it.
+//! transaction is dropped, which aborts it. After an I/O error the database is opened again
+//! (`Inner::reopen`) before the next group — and when the reopened file shows that the failed commit reached
+//! the disk all the same (redb can fail after its commit record is written: seen on a full tmpfs), its writes
+//! stand and are answered as done, so that no caller is told "failed" about a write that is stored.
 
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -136,17 +139,40 @@ fn run(inner: &Inner, incoming: &mpsc::Receiver<Job>) {
 
 /// Applies and commits one group, then tells the change feed and every caller.
 fn commit_group(inner: &Inner, group: Vec<Job>) {
-    let outcome = inner
-        .db
-        .begin_write()
-        .map_err(|e| inner.err(e))
+    // The group's outcomes and the revision it ends at, once applied: a commit that failed may still have
+    // reached the disk (redb can fail after its commit record is written), which the reopened file tells.
+    let mut prepared = None;
+    let committed = inner
+        .db_for_write()
+        .and_then(|db| db.begin_write().map_err(|e| inner.err(e)))
         .and_then(|mut txn| {
             txn.set_durability(Durability::Immediate)
                 .map_err(|e| inner.err(e))?;
-            let applied = apply(inner, &txn, &group)?;
-            txn.commit().map_err(|e| inner.err(e))?;
-            Ok(applied)
+            prepared = Some(apply(inner, &txn, &group)?);
+            txn.commit().map_err(|e| inner.err(e))
         });
+    let outcome = match (committed, prepared) {
+        (Ok(()), Some((applied, _))) => Ok(applied),
+        (Ok(()), None) => Err(StoreError::Backend(
+            "a group was committed without being applied".into(),
+        )),
+        (Err(first), prepared) => {
+            // redb's handle is unusable after an I/O error: open the file again for the next group.
+            if matches!(
+                first,
+                StoreError::Io { .. } | StoreError::Unavailable { .. }
+            ) {
+                inner.reopen(&first);
+            }
+            match prepared {
+                Some((applied, Some(revision))) if inner.committed_revision() == Some(revision) => {
+                    tracing::warn!(error = %first, revision, "the commit failed but reached the disk: its writes stand");
+                    Ok(applied)
+                }
+                _ => Err(first),
+            }
+        }
+    };
     match outcome {
         Ok(applied) => {
             let mut outcomes = Vec::with_capacity(applied.len());
@@ -180,8 +206,13 @@ fn commit_group(inner: &Inner, group: Vec<Job>) {
 /// Each job's outcome, and the changes it made (none for a refused job or a no-op delete).
 type Applied = Vec<(TxnOutcome, Vec<Change>)>;
 
-/// Checks and applies every job of `group` in order inside `txn`.
-fn apply(inner: &Inner, txn: &WriteTransaction, group: &[Job]) -> Result<Applied, StoreError> {
+/// Checks and applies every job of `group` in order inside `txn`; with the revision the group ends at when it
+/// changed anything.
+fn apply(
+    inner: &Inner,
+    txn: &WriteTransaction,
+    group: &[Job],
+) -> Result<(Applied, Option<u64>), StoreError> {
     let mut entries = txn.open_table(ENTRIES).map_err(|e| inner.err(e))?;
     let mut meta = txn.open_table(META).map_err(|e| inner.err(e))?;
     let mut last = meta
@@ -240,5 +271,5 @@ fn apply(inner: &Inner, txn: &WriteTransaction, group: &[Job]) -> Result<Applied
     if last != start {
         meta.insert(META_REVISION, last).map_err(|e| inner.err(e))?;
     }
-    Ok(out)
+    Ok((out, (last != start).then_some(last)))
 }

@@ -7,3 +7,4 @@ mod conformance_txn;
 mod crash;
 mod etcd;
 mod file;
+mod file_full;
