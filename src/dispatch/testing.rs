@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use inplace_agent_api::{AgentIdentity, MachineRef, Plan, PollRequest, StepReport, StepStatus};
+use inplace_core::plan::PlanInputs;
 use inplace_core::{Action, DesiredMachine};
 use inplace_store::{EtcdOptions, Store, StoreUrl};
 use serde_json::json;
@@ -67,9 +68,11 @@ pub(crate) fn request_with(
         infra: None,
         paused_setting: None,
         on_failure_setting: None,
-        actions: actions.iter().copied().collect::<BTreeSet<_>>(),
+        inputs: PlanInputs {
+            actions: actions.iter().copied().collect::<BTreeSet<_>>(),
+            ..PlanInputs::default()
+        },
         window: None,
-        drain_rules: inplace_core::drain::DrainRules::default(),
         ..with_machine(&blank(), machine.clone())
     }
 }
@@ -87,13 +90,10 @@ fn blank() -> UpdateRequest {
         machine,
         bootstrap: None,
         infra: None,
-        os_image: None,
-        version_steps: inplace_core::VersionSteps::default(),
-        actions: BTreeSet::new(),
+        inputs: PlanInputs::default(),
         window: None,
         paused_setting: None,
         on_failure_setting: None,
-        drain_rules: inplace_core::drain::DrainRules::default(),
         hashed: Default::default(),
     }
 }
@@ -154,7 +154,7 @@ pub(crate) fn verdict_for(request: &UpdateRequest, in_place: bool) -> VerdictRec
         // judges its own changes).
         node_change: Some(inplace_core::drain::NodeChange {
             version: inplace_core::drain::VersionChange::None,
-            actions: request.actions.clone(),
+            actions: request.inputs.actions.clone(),
         }),
         fingerprint: prints.fingerprint(),
         prints,

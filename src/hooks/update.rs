@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use inplace_core::{DesiredMachine, Objects, Policy, Scope, Settings, window};
+use inplace_core::plan::PlanInputs;
+use inplace_core::{DesiredMachine, Objects, Policy, Settings, window};
 
 use super::{Answer, Engine, answer, failure};
 use crate::api::objects;
@@ -75,19 +76,15 @@ pub fn update_request(
         bootstrap: bootstrap.as_ref(),
         infra: infra.as_ref(),
     };
-    let actions = policy.actions_for(Scope::Object, &heads, &settings);
-    let os_image = policy.os_image_field(&heads, &settings).cloned();
+    let inputs = PlanInputs::of(policy, &heads, &settings);
     Ok(UpdateRequest {
         desired: view,
         machine,
         machine_text: desired.machine,
         bootstrap: desired.bootstrap_config,
         infra: desired.infrastructure_machine,
-        os_image,
-        version_steps: settings.version_steps,
-        actions,
+        inputs,
         window,
-        drain_rules: policy.drain_for(&settings),
         paused_setting: settings.paused,
         on_failure_setting: settings.on_failure,
         hashed: Default::default(),

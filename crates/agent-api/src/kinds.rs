@@ -4,8 +4,8 @@
 //! `every_step_kind_is_wired` test (validator, driver, pace, metrics, openapi, shipped agent configs).
 //!
 //! A new kind is a `StepAction` variant (the wire shape, in `plan.rs`) plus one row here: the macro builds
-//! [`StepKind`], [`StepKind::ALL`], the wire names and [`StepAction::step_kind`] from the rows, and a
-//! variant without a row does not compile.
+//! [`StepKind`], [`StepKind::ALL`], the wire names, each kind's facts (guess, timeout, undo, preflight) and
+//! [`StepAction::step_kind`] from the rows, and a variant without a row does not compile.
 
 use std::fmt;
 
@@ -34,7 +34,7 @@ pub enum Undo {
 pub const UNSUPPORTED_GUESS_SECONDS: u32 = 10;
 
 macro_rules! step_kinds {
-    ($( $(#[$doc:meta])* $kind:ident = $wire:literal, guess_seconds: $guess:literal, undo: $undo:ident, preflight: $preflight:literal; )+) => {
+    ($( $(#[$doc:meta])* $kind:ident = $wire:literal, guess_seconds: $guess:literal, timeout_seconds: $timeout:expr, undo: $undo:ident, preflight: $preflight:literal; )+) => {
         /// A kind of step: the `kind` tag of a [`StepAction`], as a small `Copy` value.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
         pub enum StepKind {
@@ -87,6 +87,16 @@ macro_rules! step_kinds {
                     StepKind::Unsupported => UNSUPPORTED_GUESS_SECONDS,
                 }
             }
+
+            /// The timeout the server gives a step of this kind (a `drainNode` step's is the default, which the
+            /// Machine's node drain timeout replaces); [`crate::DEFAULT_STEP_TIMEOUT_SECONDS`] for
+            /// [`StepKind::Unsupported`]. A bound: docs/operations.md's Bounds table gives each.
+            pub const fn timeout_seconds(self) -> u32 {
+                match self {
+                    $( StepKind::$kind => $timeout, )+
+                    StepKind::Unsupported => crate::DEFAULT_STEP_TIMEOUT_SECONDS,
+                }
+            }
         }
 
         impl StepAction {
@@ -103,34 +113,34 @@ macro_rules! step_kinds {
 
 step_kinds! {
     /// `files`: the full set of files the updater manages.
-    Files = "files", guess_seconds: 1, undo: Restores, preflight: false;
+    Files = "files", guess_seconds: 1, timeout_seconds: 60, undo: Restores, preflight: false;
     /// `sshKeys`: each listed user's `authorized_keys`.
-    SshKeys = "sshKeys", guess_seconds: 1, undo: Restores, preflight: false;
+    SshKeys = "sshKeys", guess_seconds: 1, timeout_seconds: 60, undo: Restores, preflight: false;
     /// `ntp`: the time service's drop-in, then its restart.
-    Ntp = "ntp", guess_seconds: 3, undo: Restores, preflight: false;
+    Ntp = "ntp", guess_seconds: 3, timeout_seconds: 120, undo: Restores, preflight: false;
     /// `etcdImage`: the etcd static pod's image.
-    EtcdImage = "etcdImage", guess_seconds: 20, undo: Restores, preflight: true;
+    EtcdImage = "etcdImage", guess_seconds: 20, timeout_seconds: 120, undo: Restores, preflight: true;
     /// `kubeletArgs`: the managed kubelet flags, then a kubelet restart.
-    KubeletArgs = "kubeletArgs", guess_seconds: 20, undo: Restores, preflight: true;
+    KubeletArgs = "kubeletArgs", guess_seconds: 20, timeout_seconds: 120, undo: Restores, preflight: true;
     /// `installKubeadm`: the node's configured sequence installing kubeadm.
-    InstallKubeadm = "installKubeadm", guess_seconds: 30, undo: Restores, preflight: false;
+    InstallKubeadm = "installKubeadm", guess_seconds: 30, timeout_seconds: 600, undo: Restores, preflight: false;
     /// `kubeadmUpgrade`: `kubeadm upgrade apply` or `node`, as configured.
-    KubeadmUpgrade = "kubeadmUpgrade", guess_seconds: 90, undo: NoReturn, preflight: true;
+    KubeadmUpgrade = "kubeadmUpgrade", guess_seconds: 90, timeout_seconds: 1800, undo: NoReturn, preflight: true;
     /// `installKubelet`: the node's configured sequence installing kubelet and kubectl.
-    InstallKubelet = "installKubelet", guess_seconds: 30, undo: Restores, preflight: true;
+    InstallKubelet = "installKubelet", guess_seconds: 30, timeout_seconds: 600, undo: Restores, preflight: true;
     /// `drainNode`: cordon and evict through the Kubernetes API.
-    DrainNode = "drainNode", guess_seconds: 60, undo: Nothing, preflight: false;
+    DrainNode = "drainNode", guess_seconds: 60, timeout_seconds: 600, undo: Nothing, preflight: false;
     /// `waitNodeReady`: the Node Ready (at a kubelet version).
-    WaitNodeReady = "waitNodeReady", guess_seconds: 20, undo: Nothing, preflight: false;
+    WaitNodeReady = "waitNodeReady", guess_seconds: 20, timeout_seconds: 300, undo: Nothing, preflight: false;
     /// `uncordonNode`: undo this plan's cordon.
-    UncordonNode = "uncordonNode", guess_seconds: 1, undo: Nothing, preflight: false;
+    UncordonNode = "uncordonNode", guess_seconds: 1, timeout_seconds: 120, undo: Nothing, preflight: false;
     /// `reboot`: reboot the node (always, or only when it says one is required), confirmed by a new boot id.
-    Reboot = "reboot", guess_seconds: 180, undo: Nothing, preflight: true;
+    Reboot = "reboot", guess_seconds: 180, timeout_seconds: 1800, undo: Nothing, preflight: true;
     /// `osImage`: switch to an OS image, reboot into it, verify it.
-    OsImage = "osImage", guess_seconds: 600, undo: Restores, preflight: true;
+    OsImage = "osImage", guess_seconds: 600, timeout_seconds: crate::MAX_STEP_TIMEOUT_SECONDS, undo: Restores, preflight: true;
     /// `containerRuntime`: containerd, runc and the CNI plugins of the node's matrix bundle for a Kubernetes
     /// version, containerd restarted, the versions verified.
-    ContainerRuntime = "containerRuntime", guess_seconds: 60, undo: Restores, preflight: true;
+    ContainerRuntime = "containerRuntime", guess_seconds: 60, timeout_seconds: 900, undo: Restores, preflight: true;
 }
 
 impl StepKind {
@@ -199,6 +209,8 @@ mod tests {
             assert_eq!(kind.index(), i);
             assert_eq!(StepKind::of_wire(kind.wire()), kind);
             assert!(kind.guess_seconds() > 0, "{kind}");
+            let bounds = crate::MIN_STEP_TIMEOUT_SECONDS..=crate::MAX_STEP_TIMEOUT_SECONDS;
+            assert!(bounds.contains(&kind.timeout_seconds()), "{kind}");
             // A name no variant carries decodes as `Unsupported`; a real one as its variant, or fails
             // on the variant's missing fields.
             match serde_json::from_value::<StepAction>(serde_json::json!({"kind": kind.wire()})) {

@@ -111,6 +111,7 @@ pub fn claim_key(request: &UpdateRequest) -> Option<String> {
     let facts: &MachineFacts = &request.desired.facts;
     let version = facts.version.as_deref().filter(|_| facts.control_plane)?;
     request
+        .inputs
         .actions
         .contains(&Action::KubernetesVersion)
         .then(|| {

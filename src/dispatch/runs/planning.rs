@@ -21,22 +21,21 @@ pub fn plan_for(
     change: &NodeChange,
 ) -> Result<Plan, DispatchError> {
     let facts = &request.desired.facts;
+    let switches = &request.inputs.switches;
     let verdict = drain::decide(
         change,
-        &request.drain_rules,
+        &switches.drain,
         &facts.drain,
-        request.version_steps,
+        switches.version_steps,
     );
     let plan = plan::build(&PlanInput {
         facts,
         bootstrap: request.bootstrap.as_deref().map(RawValue::get),
-        actions: &request.actions,
+        inputs: &request.inputs,
         change,
         upgrade_mode: mode,
         drain: verdict.drain().copied(),
         infra: request.infra.as_deref().map(RawValue::get),
-        os_image: request.os_image.as_ref(),
-        version_steps: request.version_steps,
     })
     .map_err(|err| DispatchError::BadRequest(err.to_string()))?;
     validate_plan(&plan)
@@ -51,8 +50,9 @@ pub fn plan_for(
 pub fn node_change_of(request: &UpdateRequest, known: Option<&NodeChange>) -> NodeChange {
     known.cloned().unwrap_or_else(|| {
         let unknown = NodeChange::unknown(request.desired.facts.version.is_some());
-        match request.os_image {
-            Some(_) if request.actions.contains(&Action::OsImage) => unknown.with(Action::OsImage),
+        let inputs = &request.inputs;
+        match inputs.os_image {
+            Some(_) if inputs.actions.contains(&Action::OsImage) => unknown.with(Action::OsImage),
             _ => unknown,
         }
     })

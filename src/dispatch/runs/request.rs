@@ -1,13 +1,12 @@
 //! What UpdateMachine asks dispatch (the desired Machine read once, the objects' texts, what the policy allows)
 //! and what dispatch answers.
 
-use std::collections::BTreeSet;
 use std::sync::OnceLock;
 
 use inplace_agent_api::KubeadmUpgradeMode;
-use inplace_core::drain::DrainRules;
+use inplace_core::plan::PlanInputs;
 use inplace_core::verdict::{Desired, Normalized};
-use inplace_core::{Action, DesiredMachine, Objects, Scope};
+use inplace_core::{DesiredMachine, Objects, Scope};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::{Digest as _, Sha256};
@@ -34,29 +33,22 @@ pub struct UpdateRequest {
     /// The desired infrastructure machine's JSON text; parsed to check it against a CanUpdate verdict, and
     /// for its OS image when `os_image` names the field.
     pub infra: Option<Box<RawValue>>,
-    /// The infrastructure machine's field naming its OS image, when the policy maps one and the settings allow
-    /// `os-image`.
-    pub os_image: Option<inplace_core::policy::ImageField>,
-    /// The settings `rebootWhenRequired` and `upgradeContainerRuntime`: what a version plan brings besides its
-    /// packages.
-    pub version_steps: inplace_core::VersionSteps,
-    /// Actions the policy and settings allow.
-    pub actions: BTreeSet<Action>,
+    /// The settings and policy results the plan is built from (the actions allowed, the switches, the OS
+    /// image field), as the policy built them.
+    pub inputs: PlanInputs,
     /// The maintenance window in force for this Machine (its annotation, else the ExtensionConfig setting).
     pub window: Option<inplace_core::Window>,
     /// The ExtensionConfig `paused` setting, when set: every Machine of the registration is paused.
     pub paused_setting: Option<String>,
     /// The ExtensionConfig `onFailure` setting, when set (the Machine's annotation overrides it).
     pub on_failure_setting: Option<inplace_agent_api::OnFailure>,
-    /// The drain rules of this registration: the policy's `drain:` section with the settings' overrides.
-    pub drain_rules: DrainRules,
     /// [`UpdateRequest::input_hash`] per upgrade mode (`apply`, `node`), computed at most once each.
     pub hashed: [OnceLock<String>; 2],
 }
 
 impl UpdateRequest {
     /// A fingerprint of everything the plan is built from but what the change moves: this server's version,
-    /// the upgrade mode, the actions, the drain rules and the desired objects' texts (the infrastructure
+    /// the upgrade mode, the plan inputs' serialized form and the desired objects' texts (the infrastructure
     /// machine's too, which only the verdict check reads). What the change moves belongs to the desired state's
     /// licence, which the Machine record keeps with the run: a call repeating the recorded fingerprint is of
     /// that state, so it always has the same plan, and a Machine record carrying the fingerprint lets a
@@ -77,28 +69,8 @@ impl UpdateRequest {
             KubeadmUpgradeMode::Apply => b"\napply\n",
             KubeadmUpgradeMode::Node => b"\nnode\n\0",
         });
-        for action in &self.actions {
-            hash.update(action.as_str().as_bytes());
-            hash.update(b",");
-        }
-        hash.update(b"\n");
-        let rules = &self.drain_rules;
-        for on in [
-            rules.patch_version,
-            rules.kubelet_args,
-            rules.delete_empty_dir_data,
-            rules.force_unmanaged,
-        ]
-        .into_iter()
-        .chain(self.version_steps.flags())
-        {
-            hash.update(if on { b"1" } else { b"0" });
-        }
-        hash.update(b"\n");
-        if let Some(field) = &self.os_image {
-            hash.update(field.as_str().as_bytes());
-        }
-        hash.update(b"\n");
+        // Ends with a newline, as each line of it does.
+        hash.update(self.inputs.fingerprint());
         hash.update(self.machine_text.get().as_bytes());
         hash.update(b"\n");
         if let Some(bootstrap) = &self.bootstrap {
@@ -172,7 +144,108 @@ pub fn run_id(state_hash: &str, previous_run: Option<&str>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use inplace_core::Action;
+    use inplace_core::drain::DrainRules;
+    use inplace_core::plan::Switches;
+    use inplace_core::policy::ImageField;
+
     use super::*;
+    use crate::dispatch::testing::request;
+
+    /// The input fingerprint as it was written field by field before the plan inputs were one value.
+    fn field_by_field(r: &UpdateRequest, mode: KubeadmUpgradeMode) -> String {
+        let mut hash = Sha256::new();
+        hash.update(PLAN_INPUT_VERSION.as_bytes());
+        hash.update(match mode {
+            KubeadmUpgradeMode::Apply => b"\napply\n",
+            KubeadmUpgradeMode::Node => b"\nnode\n\0",
+        });
+        for action in &r.inputs.actions {
+            hash.update(action.as_str().as_bytes());
+            hash.update(b",");
+        }
+        hash.update(b"\n");
+        let rules = &r.inputs.switches.drain;
+        for on in [
+            rules.patch_version,
+            rules.kubelet_args,
+            rules.delete_empty_dir_data,
+            rules.force_unmanaged,
+        ]
+        .into_iter()
+        .chain(r.inputs.switches.version_steps.flags())
+        {
+            hash.update(if on { b"1" } else { b"0" });
+        }
+        hash.update(b"\n");
+        if let Some(field) = &r.inputs.os_image {
+            hash.update(field.as_str().as_bytes());
+        }
+        hash.update(b"\n");
+        hash.update(r.machine_text.get().as_bytes());
+        hash.update(b"\n");
+        if let Some(bootstrap) = &r.bootstrap {
+            hash.update(bootstrap.get().as_bytes());
+        }
+        hash.update(b"\n");
+        if let Some(infra) = &r.infra {
+            hash.update(infra.get().as_bytes());
+        }
+        hex(&hash.finalize())
+    }
+
+    #[test]
+    fn input_fingerprints_are_the_bytes_they_were_field_by_field() {
+        let base = request("cp-1", true, "v1.34.1", "hello");
+        let mut cases = vec![base.clone()];
+        for bits in 0..64u8 {
+            let on = |bit: u8| bits & (1 << bit) != 0;
+            let mut r = base.clone();
+            // Field by field, so a switch added later keeps this test compiling (and its default value).
+            let mut switches = Switches::default();
+            switches.drain = DrainRules {
+                patch_version: on(0),
+                kubelet_args: on(1),
+                delete_empty_dir_data: on(2),
+                force_unmanaged: on(3),
+            };
+            switches.version_steps = inplace_core::VersionSteps {
+                reboot_when_required: on(4),
+                container_runtime: on(5),
+            };
+            r.inputs = PlanInputs {
+                actions: Action::ALL
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(i, _)| (usize::from(bits) * 7 + i) % 3 != 0)
+                    .map(|(_, a)| a)
+                    .collect(),
+                switches,
+                os_image: on(3).then(|| ImageField::parse("spec.image.url").unwrap()),
+            };
+            if on(2) {
+                r.bootstrap = None;
+            }
+            r.hashed = Default::default();
+            cases.push(r);
+        }
+        for r in &cases {
+            for mode in [KubeadmUpgradeMode::Apply, KubeadmUpgradeMode::Node] {
+                assert_eq!(
+                    r.input_hash(mode),
+                    field_by_field(r, mode),
+                    "{:?}",
+                    r.inputs
+                );
+            }
+        }
+        // And the fingerprint still tells the inputs apart.
+        let distinct: std::collections::BTreeSet<_> = cases
+            .iter()
+            .map(|r| r.input_hash(KubeadmUpgradeMode::Node).to_owned())
+            .collect();
+        assert!(distinct.len() > 60, "{}", distinct.len());
+    }
 
     #[test]
     fn run_ids_chain_so_returning_to_an_old_state_is_a_new_run() {

@@ -11,6 +11,7 @@ use crate::dispatch::testing::*;
 use crate::dispatch::*;
 use inplace_agent_api::{StepKind, StepStatus};
 use inplace_core::Action;
+use inplace_core::plan::PlanInputs;
 use inplace_core::policy::ImageField;
 
 fn os_image_request(name: &str) -> UpdateRequest {
@@ -19,9 +20,12 @@ fn os_image_request(name: &str) -> UpdateRequest {
         "spec": {"image": {"url": "https://images.example/edge-2026-12.raw"}}
     });
     UpdateRequest {
-        actions: [Action::OsImage].into(),
+        inputs: PlanInputs {
+            actions: [Action::OsImage].into(),
+            os_image: Some(ImageField::parse("spec.image.url").unwrap()),
+            ..PlanInputs::default()
+        },
         infra: Some(RawValue::from_string(infra.to_string()).unwrap()),
-        os_image: Some(ImageField::parse("spec.image.url").unwrap()),
         ..request(name, false, "v1.34.1", "hi")
     }
 }

@@ -19,6 +19,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
+use inplace_agent_api::StepKind;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -27,14 +28,15 @@ use crate::objects::Scope;
 use crate::policy::version::KubeVersion;
 use crate::version_steps::VersionSteps;
 
-/// Drain timeout of a Machine that sets none.
-pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u32 = 600;
+/// Drain timeout of a Machine that sets none: the `drainNode` row's timeout in the step-kind table.
+pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u32 = StepKind::DrainNode.timeout_seconds();
 /// Longest drain timeout a plan gets: a Machine asking more (or 0, CAPI's "no timeout") gets this.
 pub const MAX_DRAIN_TIMEOUT_SECONDS: u32 = 3600;
-/// Timeout of the waitNodeReady step (the Node Ready and, after an upgrade, reporting the new kubelet).
-pub const WAIT_NODE_READY_TIMEOUT_SECONDS: u32 = 300;
-/// Timeout of the uncordonNode step.
-pub const UNCORDON_TIMEOUT_SECONDS: u32 = 120;
+/// Timeout of the waitNodeReady step (the Node Ready and, after an upgrade, reporting the new kubelet): its
+/// row's in the step-kind table.
+pub const WAIT_NODE_READY_TIMEOUT_SECONDS: u32 = StepKind::WaitNodeReady.timeout_seconds();
+/// Timeout of the uncordonNode step: its row's in the step-kind table.
+pub const UNCORDON_TIMEOUT_SECONDS: u32 = StepKind::UncordonNode.timeout_seconds();
 /// CAPI's Machine annotation that skips draining its node; present (any value) means no drain, no cordon.
 pub const EXCLUDE_NODE_DRAINING_ANNOTATION: &str = "machine.cluster.x-k8s.io/exclude-node-draining";
 

@@ -53,13 +53,11 @@ fn plan(
     let plan = build(&PlanInput {
         facts: &facts,
         bootstrap: Some(&config().to_string()),
-        actions,
+        inputs: &allowed(actions),
         change,
         upgrade_mode: KubeadmUpgradeMode::Node,
         drain: verdict.drain().copied(),
         infra: None,
-        os_image: None,
-        version_steps: crate::VersionSteps::default(),
     })
     .unwrap();
     validate_plan(&plan).unwrap();
@@ -176,13 +174,11 @@ fn undrained(m: &Value, change: &NodeChange) -> Plan {
     build(&PlanInput {
         facts: &facts,
         bootstrap: Some(&config().to_string()),
-        actions: &all(),
+        inputs: &allowed(&all()),
         change,
         upgrade_mode: KubeadmUpgradeMode::Node,
         drain: None,
         infra: None,
-        os_image: None,
-        version_steps: crate::VersionSteps::default(),
     })
     .unwrap()
 }

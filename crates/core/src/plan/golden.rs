@@ -76,13 +76,11 @@ fn ids_and_kinds_moving(
     let plan = build(&PlanInput {
         facts: &facts,
         bootstrap: Some(&bootstrap.to_string()),
-        actions: &actions,
+        inputs: &allowed(&actions),
         change,
         upgrade_mode: mode,
         drain,
         infra: None,
-        os_image: None,
-        version_steps: crate::VersionSteps::default(),
     })
     .unwrap();
     let kinds = plan.steps.iter().map(|s| s.action.kind()).collect();

@@ -4,10 +4,11 @@
 
 use std::collections::BTreeSet;
 
-use inplace_agent_api::{RebootWhen, StepAction, StepKind, validate_plan};
+use inplace_agent_api::{KubeadmUpgradeMode, RebootWhen, StepAction, StepKind, validate_plan};
 use serde_json::json;
 
 use super::*;
+use crate::Action;
 use crate::drain::{self, DrainRules, MachineDrain, NodeChange, VersionChange, Why};
 use crate::objects::Scope;
 use crate::policy::ImageField;
@@ -66,13 +67,18 @@ fn plan_with(
     let plan = build(&PlanInput {
         facts: &facts,
         bootstrap: None,
-        actions: &actions,
+        inputs: &PlanInputs {
+            actions,
+            switches: Switches {
+                version_steps: steps,
+                ..Switches::default()
+            },
+            os_image: Some(field),
+        },
         change,
         upgrade_mode: KubeadmUpgradeMode::Node,
         drain: verdict.drain().copied(),
         infra,
-        os_image: Some(&field),
-        version_steps: steps,
     })?;
     validate_plan(&plan).unwrap();
     Ok(plan)
@@ -115,7 +121,10 @@ fn an_os_image_change_drains_switches_the_image_and_waits_for_the_node() {
             image: IMAGE.to_owned()
         }
     );
-    assert_eq!(p.steps[1].timeout_seconds, OS_IMAGE_TIMEOUT_SECONDS);
+    assert_eq!(
+        p.steps[1].timeout_seconds,
+        inplace_agent_api::MAX_STEP_TIMEOUT_SECONDS
+    );
     assert!(
         p.steps[0].description.contains(&Why::OsImage.to_string()),
         "{}",
@@ -255,7 +264,7 @@ fn upgrade_container_runtime_puts_the_runtime_before_the_kubelet_on_a_drained_no
     );
     assert_eq!(
         p.steps[3].timeout_seconds,
-        CONTAINER_RUNTIME_TIMEOUT_SECONDS
+        StepKind::ContainerRuntime.timeout_seconds()
     );
     // Without the setting the plan is what it was, id included.
     let off = plan(&m, &patch, &[Action::KubernetesVersion], None, false).unwrap();

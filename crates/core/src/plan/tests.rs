@@ -1,10 +1,11 @@
 use std::collections::BTreeSet;
 
-use inplace_agent_api::{KubeadmUpgradeMode, StepAction, validate_plan};
+use inplace_agent_api::{FileEncoding, KubeadmUpgradeMode, StepAction, validate_plan};
 use serde_json::{Value, json};
 
 use super::*;
 use crate::Action;
+use crate::drain::NodeChange;
 
 fn machine(control_plane: bool) -> Value {
     let mut labels = json!({ "cluster.x-k8s.io/cluster-name": "edge-01" });
@@ -55,13 +56,11 @@ fn plan_for(
     build(&PlanInput {
         facts: &facts,
         bootstrap: Some(&bootstrap.to_string()),
-        actions,
+        inputs: &allowed(actions),
         change: &unjudged(),
         upgrade_mode: mode,
         drain: None,
         infra: None,
-        os_image: None,
-        version_steps: crate::VersionSteps::default(),
     })
     .unwrap()
 }
@@ -215,13 +214,11 @@ fn malformed_fields_are_named() {
     let err = build(&PlanInput {
         facts: &facts,
         bootstrap: Some(&bad.to_string()),
-        actions: &all_actions(),
+        inputs: &allowed(&all_actions()),
         change: &unjudged(),
         upgrade_mode: KubeadmUpgradeMode::Node,
         drain: None,
         infra: None,
-        os_image: None,
-        version_steps: crate::VersionSteps::default(),
     })
     .unwrap_err();
     assert!(
@@ -243,13 +240,11 @@ fn try_build(bootstrap: &str, actions: &BTreeSet<Action>) -> Result<Plan, PlanEr
     build(&PlanInput {
         facts: &facts,
         bootstrap: Some(bootstrap),
-        actions,
+        inputs: &allowed(actions),
         change: &unjudged(),
         upgrade_mode: KubeadmUpgradeMode::Node,
         drain: None,
         infra: None,
-        os_image: None,
-        version_steps: crate::VersionSteps::default(),
     })
 }
 
@@ -334,13 +329,11 @@ fn plan_moving(machine: &Value, change: &NodeChange) -> Plan {
     build(&PlanInput {
         facts: &facts,
         bootstrap: Some(&kubeadm_config().to_string()),
-        actions: &all_actions(),
+        inputs: &allowed(&all_actions()),
         change,
         upgrade_mode: KubeadmUpgradeMode::Apply,
         drain: None,
         infra: None,
-        os_image: None,
-        version_steps: crate::VersionSteps::default(),
     })
     .unwrap()
 }
@@ -389,13 +382,11 @@ fn a_plan_holds_the_steps_of_what_the_change_moves() {
     let none = build(&PlanInput {
         facts: &facts,
         bootstrap: Some(&kubeadm_config().to_string()),
-        actions: &only_files,
+        inputs: &allowed(&only_files),
         change: &moving(VersionChange::None, &[Action::Ntp]),
         upgrade_mode: KubeadmUpgradeMode::Apply,
         drain: None,
         infra: None,
-        os_image: None,
-        version_steps: crate::VersionSteps::default(),
     })
     .unwrap();
     assert!(none.steps.is_empty());

@@ -5,7 +5,9 @@ use serde_json::Value;
 /// The field an `os-image` rule reads the image from (its `imageField:`): a dotted path of plain field names from
 /// the object's `spec`, e.g. `spec.image.url`. A string there is the image; a number (Proxmox's `templateID`)
 /// its decimal text; an object (Nutanix's `spec.image`) its compact JSON with sorted keys.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// Serialized as its dotted text.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(transparent)]
 pub struct ImageField(String);
 
 impl ImageField {
