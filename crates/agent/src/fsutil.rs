@@ -6,6 +6,8 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
+use tempfile::{NamedTempFile, TempPath};
+
 use crate::limits::MAX_USER_DB_BYTES;
 
 /// Suffix of the temporary file an atomic write creates next to its target. The name starts with
@@ -143,29 +145,28 @@ fn atomic_replace(
         });
     }
     let (parent, temp) = temp_beside(path, "write", |p| fs::remove_file(p))?;
-    let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&temp)
-            .map_err(fs_err("create", &temp))?;
-        fill(&mut file, &temp)?;
-        if let Some((uid, gid)) = meta.owner {
-            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
-                .map_err(fs_err("chown", &temp))?;
-        }
-        // After chown: chown clears setuid/setgid bits.
-        file.set_permissions(fs::Permissions::from_mode(meta.mode))
-            .map_err(fs_err("chmod", &temp))?;
-        file.sync_all().map_err(fs_err("fsync", &temp))?;
-        fs::rename(&temp, path).map_err(fs_err("rename onto", path))?;
-        sync_dir(parent)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&temp);
+    // tempfile's guard removes the temp file on every early return below; `persist` is the rename.
+    let guard = TempPath::try_from_path(&temp).map_err(fs_err("create", &temp))?;
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temp)
+        .map_err(fs_err("create", &temp))?;
+    let mut file = NamedTempFile::from_parts(file, guard);
+    fill(file.as_file_mut(), &temp)?;
+    if let Some((uid, gid)) = meta.owner {
+        std::os::unix::fs::fchown(file.as_file(), Some(uid), Some(gid))
+            .map_err(fs_err("chown", &temp))?;
     }
-    result
+    // After chown: chown clears setuid/setgid bits.
+    file.as_file()
+        .set_permissions(fs::Permissions::from_mode(meta.mode))
+        .map_err(fs_err("chmod", &temp))?;
+    file.as_file().sync_all().map_err(fs_err("fsync", &temp))?;
+    file.persist(path)
+        .map_err(|e| fs_err("rename onto", path)(e.error))?;
+    sync_dir(parent)
 }
 
 /// The parent of `path` (created when missing) and the temp name beside it, `.<name>.inplace-tmp`,
