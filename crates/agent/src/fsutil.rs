@@ -388,3 +388,49 @@ pub(crate) fn resolve_owner(fs: &RootFs, owner: Option<&str>) -> Result<(u32, u3
     };
     Ok((uid, gid))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const META: FileMeta = FileMeta {
+        mode: 0o640,
+        owner: None,
+    };
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_failed_write_keeps_the_old_file_and_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("kubelet.conf");
+        atomic_write(&target, b"old", META).unwrap();
+        let err = atomic_copy(&dir.path().join("missing"), &target, META).unwrap_err();
+        assert_eq!(err.action, "open");
+        assert_eq!(fs::read(&target).unwrap(), b"old");
+        assert_eq!(names(dir.path()), ["kubelet.conf"]);
+    }
+
+    #[test]
+    fn the_temp_file_an_interrupted_write_left_is_replaced_and_the_mode_is_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("etc/kubelet.conf");
+        fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let stale = dir.path().join("etc/.kubelet.conf.inplace-tmp");
+        fs::write(&stale, "half").unwrap();
+        atomic_write(&target, b"new", META).unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"new");
+        assert_eq!(
+            fs::metadata(&target).unwrap().permissions().mode() & 0o7777,
+            0o640
+        );
+        assert_eq!(names(&dir.path().join("etc")), ["kubelet.conf"]);
+    }
+}
