@@ -1,49 +1,55 @@
-//! Capped exponential back-off with jitter for reconnects and retries.
+//! Capped exponential back-off with jitter for reconnects and retries: `backon`'s exponential builder, set up
+//! for "equal jitter" ([`equal_jitter`]).
 
 use std::time::Duration;
+
+use backon::{BackoffBuilder as _, ExponentialBackoff, ExponentialBuilder};
 
 /// First delay after a failure.
 pub const BACKOFF_INITIAL: Duration = Duration::from_millis(500);
 /// Delays never exceed this.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Each failure multiplies the delay by this much.
-const BACKOFF_FACTOR: u32 = 2;
+const BACKOFF_FACTOR: f32 = 2.0;
 
 /// Back-off state: `delay = min(BACKOFF_MAX, BACKOFF_INITIAL * 2^failures)`, of which a random
 /// 50–100 % is slept ("equal jitter"), so a thousand agents cut off together do not come back in
 /// lockstep.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Backoff {
-    failures: u32,
+    delays: ExponentialBackoff,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            delays: equal_jitter(BACKOFF_INITIAL, BACKOFF_MAX).build(),
+        }
+    }
 }
 
 impl Backoff {
     /// Forget past failures.
     pub fn reset(&mut self) {
-        self.failures = 0;
+        *self = Self::default();
     }
 
     /// The next delay to sleep, counting one more failure.
     pub fn next_delay(&mut self) -> Duration {
-        let exp =
-            BACKOFF_INITIAL.saturating_mul(BACKOFF_FACTOR.saturating_pow(self.failures.min(16)));
-        let cap = exp.min(BACKOFF_MAX);
-        self.failures = self.failures.saturating_add(1);
-        let half = cap / 2;
-        half + half.mul_f64(random_unit())
+        // The builder sets no attempt limit: the sequence never ends.
+        self.delays.next().unwrap_or(BACKOFF_MAX)
     }
 }
 
-/// A uniform number in [0, 1) from the TLS provider's system RNG (falls back to 0.5).
-pub(crate) fn random_unit() -> f64 {
-    let mut bytes = [0u8; 8];
-    match rustls::crypto::ring::default_provider()
-        .secure_random
-        .fill(&mut bytes)
-    {
-        Ok(()) => (u64::from_le_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64,
-        Err(_) => 0.5,
-    }
+/// Delays `min(max, initial * 2^n)` for n = 0, 1, …, each cut to a random 50–100 % of itself. backon's
+/// jitter adds a random 0–100 % of a delay on top of it, so the builder runs on the halves.
+pub(crate) fn equal_jitter(initial: Duration, max: Duration) -> ExponentialBuilder {
+    ExponentialBuilder::new()
+        .with_min_delay(initial / 2)
+        .with_max_delay(max / 2)
+        .with_factor(BACKOFF_FACTOR)
+        .with_jitter()
+        .without_max_times()
 }
 
 #[cfg(test)]

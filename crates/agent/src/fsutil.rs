@@ -6,6 +6,8 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
+use tempfile::{NamedTempFile, TempPath};
+
 use crate::limits::MAX_USER_DB_BYTES;
 
 /// Suffix of the temporary file an atomic write creates next to its target. The name starts with
@@ -180,29 +182,28 @@ fn atomic_replace(
         });
     }
     let (parent, temp) = temp_beside(path, "write", |p| fs::remove_file(p))?;
-    let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&temp)
-            .map_err(fs_err("create", &temp))?;
-        fill(&mut file, &temp)?;
-        if let Some((uid, gid)) = meta.owner {
-            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
-                .map_err(fs_err("chown", &temp))?;
-        }
-        // After chown: chown clears setuid/setgid bits.
-        file.set_permissions(fs::Permissions::from_mode(meta.mode))
-            .map_err(fs_err("chmod", &temp))?;
-        file.sync_all().map_err(fs_err("fsync", &temp))?;
-        fs::rename(&temp, path).map_err(fs_err("rename onto", path))?;
-        sync_dir(parent)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&temp);
+    // tempfile's guard removes the temp file on every early return below; `persist` is the rename.
+    let guard = TempPath::try_from_path(&temp).map_err(fs_err("create", &temp))?;
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temp)
+        .map_err(fs_err("create", &temp))?;
+    let mut file = NamedTempFile::from_parts(file, guard);
+    fill(file.as_file_mut(), &temp)?;
+    if let Some((uid, gid)) = meta.owner {
+        std::os::unix::fs::fchown(file.as_file(), Some(uid), Some(gid))
+            .map_err(fs_err("chown", &temp))?;
     }
-    result
+    // After chown: chown clears setuid/setgid bits.
+    file.as_file()
+        .set_permissions(fs::Permissions::from_mode(meta.mode))
+        .map_err(fs_err("chmod", &temp))?;
+    file.as_file().sync_all().map_err(fs_err("fsync", &temp))?;
+    file.persist(path)
+        .map_err(|e| fs_err("rename onto", path)(e.error))?;
+    sync_dir(parent)
 }
 
 /// The parent of `path` (created when missing) and the temp name beside it, `.<name>.inplace-tmp`,
@@ -423,4 +424,50 @@ pub(crate) fn resolve_owner(fs: &RootFs, owner: Option<&str>) -> Result<(u32, u3
         }
     };
     Ok((uid, gid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const META: FileMeta = FileMeta {
+        mode: 0o640,
+        owner: None,
+    };
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_failed_write_keeps_the_old_file_and_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("kubelet.conf");
+        atomic_write(&target, b"old", META).unwrap();
+        let err = atomic_copy(&dir.path().join("missing"), &target, META).unwrap_err();
+        assert_eq!(err.action, "open");
+        assert_eq!(fs::read(&target).unwrap(), b"old");
+        assert_eq!(names(dir.path()), ["kubelet.conf"]);
+    }
+
+    #[test]
+    fn the_temp_file_an_interrupted_write_left_is_replaced_and_the_mode_is_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("etc/kubelet.conf");
+        fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let stale = dir.path().join("etc/.kubelet.conf.inplace-tmp");
+        fs::write(&stale, "half").unwrap();
+        atomic_write(&target, b"new", META).unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"new");
+        assert_eq!(
+            fs::metadata(&target).unwrap().permissions().mode() & 0o7777,
+            0o640
+        );
+        assert_eq!(names(&dir.path().join("etc")), ["kubelet.conf"]);
+    }
 }

@@ -53,13 +53,15 @@ impl RetryPolicy {
     /// `min(max, initial * 2^(failures-1))`, of which a random 50–100 % is waited ("equal jitter"), so the
     /// nodes of a rollout that hit one mirror outage do not come back in lockstep.
     pub fn delay_after(&self, failures: u32) -> Duration {
-        let exponent = failures.saturating_sub(1).min(31);
-        let seconds = u64::from(self.initial_delay_seconds)
-            .saturating_mul(1u64 << exponent)
-            .min(u64::from(self.max_delay_seconds));
-        let cap = Duration::from_secs(seconds);
-        let half = cap / 2;
-        half + half.mul_f64(crate::backoff::random_unit())
+        use backon::BackoffBuilder as _;
+        let max = Duration::from_secs(u64::from(self.max_delay_seconds));
+        let initial = Duration::from_secs(u64::from(self.initial_delay_seconds));
+        // The failure count survives a restart (it is in the step's progress), so the sequence is
+        // walked from its start each time rather than kept.
+        crate::backoff::equal_jitter(initial, max)
+            .build()
+            .nth(failures.saturating_sub(1).min(31) as usize)
+            .unwrap_or(max)
     }
 }
 
