@@ -201,17 +201,17 @@ mod tests {
         for bits in 0..64u8 {
             let on = |bit: u8| bits & (1 << bit) != 0;
             let mut r = base.clone();
-            // Field by field, so a switch added later keeps this test compiling (and its default value).
-            let mut switches = Switches::default();
-            switches.drain = DrainRules {
-                patch_version: on(0),
-                kubelet_args: on(1),
-                delete_empty_dir_data: on(2),
-                force_unmanaged: on(3),
-            };
-            switches.version_steps = inplace_core::VersionSteps {
-                reboot_when_required: on(4),
-                container_runtime: on(5),
+            let switches = Switches {
+                drain: DrainRules {
+                    patch_version: on(0),
+                    kubelet_args: on(1),
+                    delete_empty_dir_data: on(2),
+                    force_unmanaged: on(3),
+                },
+                version_steps: inplace_core::VersionSteps {
+                    reboot_when_required: on(4),
+                    container_runtime: on(5),
+                },
             };
             r.inputs = PlanInputs {
                 actions: Action::ALL
