@@ -4,4 +4,6 @@
 
 pub(crate) mod agent;
 pub(crate) mod executor;
+pub(crate) mod poll;
+pub(crate) mod reports;
 pub(crate) mod upkeep;
