@@ -4,6 +4,7 @@
 
 pub(crate) mod drive;
 pub(crate) mod host;
+pub(crate) mod protocol;
 pub(crate) mod state_full;
 
 /// Attempts after which a step that keeps being interrupted is failed.

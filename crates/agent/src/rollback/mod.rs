@@ -4,11 +4,11 @@
 //!
 //! The rollback is written into `state.json` in the same save as the step's failure ([`start`]), and each
 //! undo is recorded `running` (attempt counted) before it starts and `succeeded`/`failed` after, like a
-//! forward step. So a SIGKILL, SIGTERM or reboot anywhere resumes the rollback at the undo it was in (undos
+//! forward step: both follow the step-attempt protocol (`attempt/protocol.rs`). So a SIGKILL, SIGTERM or reboot anywhere resumes the rollback at the undo it was in (undos
 //! converge, so running one again is safe), and the failed forward step never runs again. An undo that
 //! fails, or is interrupted [`MAX_STEP_ATTEMPTS`] times, ends the rollback `failed`. A step whose kind has no
 //! undo recorded ends it `failed` too, naming the step. After the last undo the rollback is not over: the
-//! node is verified and the plan's cordon lifted (`rollback_verify`), and only then is it `rolledBack`.
+//! node is verified and the plan's cordon lifted (`rollback/verify.rs`), and only then is it `rolledBack`.
 //!
 //! On a control-plane Machine the undo of a step whose kind disturbs a control plane (the step-kind table's
 //! `preflight`: an osImage undo reboots the node) first waits for the same control-plane preflight as the
@@ -17,29 +17,29 @@
 //! fails unbegun and the rollback ends `failed`, the node left as it is (cordoned). An undo that began is never
 //! held back, like a step.
 
+pub(crate) mod reports;
 pub(crate) mod verify;
 
+pub(crate) use reports::finished_undo_reports;
+use reports::{record_undo_progress, record_undo_wait, undo_report, undo_waiting};
 use std::ops::ControlFlow;
 use std::time::Duration;
 
 use inplace_agent_api::{
-    AgentIdentity, MESSAGE_MAX_BYTES, OnFailure, Plan, RollbackState, StepKind,
+    AgentIdentity, OnFailure, Plan, RollbackState, Step, StepKind, StepReport,
 };
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::attempt::MAX_STEP_ATTEMPTS;
-use crate::attempt::drive::{drive, write_progress};
 use crate::attempt::host::StepHost;
-use crate::attempt::state_full::{self, Waited, save_waiting};
+use crate::attempt::protocol::{self, Attempt};
+use crate::attempt::state_full::EntryOf;
 use crate::drivers::{DriverOutcome, ProgressRecorder, StepResult, UndoContext, execute_undo};
 use crate::preflight::UNDO_PREFLIGHT_WAIT;
-use crate::shutdown::{Shutdown, pause};
+use crate::shutdown::Shutdown;
 use crate::state::rollback_record::{RollbackRecord, undo_order};
-use crate::state::{
-    LocalStepRecord, LocalStepStatus, PlanRecord, SequenceProgress, StateError, StateStore,
-    report_for, truncate_head,
-};
+use crate::state::{LocalStepStatus, PlanRecord, SequenceProgress, StateError, StateStore};
 
 /// Starts the rollback of `record` after step `failed` failed, unless `onFailure` is `hold` or one is
 /// already under way. The caller saves (in the same write as the failure).
@@ -76,7 +76,7 @@ pub(crate) fn note_on_failure(store: &mut StateStore, on_failure: Option<OnFailu
 }
 
 /// Runs the next part of the current plan's rollback, if one is under way: an undo, else the verification or
-/// the uncordon (`rollback_verify`). `None` when there is nothing to run; `Break` means shutdown was requested.
+/// the uncordon (`rollback/verify.rs`). `None` when there is nothing to run; `Break` means shutdown was requested.
 pub(crate) async fn run_next<H: StepHost + Send>(
     host: &mut H,
     shutdown: &mut Shutdown,
@@ -111,9 +111,13 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
         return ControlFlow::Continue(());
     };
     let Some(plan) = plan else {
+        let attempt = UndoAttempt {
+            identity,
+            pos,
+            step: None,
+        };
         let result = StepResult::failed("the plan's body is lost: nothing can be undone");
-        let _ = end_undo(host, &identity, pos, None, result);
-        return ControlFlow::Continue(());
+        return protocol::end_refused(host, shutdown, &attempt, result).await;
     };
     let Some(rollback) = record.rollback.as_mut() else {
         return ControlFlow::Continue(());
@@ -123,6 +127,11 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
         return ControlFlow::Continue(());
     };
     let kind = step.action.step_kind();
+    let attempt = UndoAttempt {
+        identity: identity.clone(),
+        pos,
+        step: Some(step.clone()),
+    };
     let entry = &mut rollback.undos[pos];
     let interrupted = entry.status == LocalStepStatus::Running;
     let resumed = entry.began();
@@ -141,14 +150,7 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
         None
     };
     if let Some(message) = refusal {
-        let _ = end_undo(
-            host,
-            &identity,
-            pos,
-            Some(&step),
-            StepResult::failed(message),
-        );
-        return ControlFlow::Continue(());
+        return protocol::end_refused(host, shutdown, &attempt, StepResult::failed(message)).await;
     }
     // On a control-plane Machine a disruptive step's undo waits for the same preflight as the step; an undo that
     // began is never held back (it may have made its effect: the reboot that rebooted the node).
@@ -156,8 +158,7 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
         match preflight(host, &identity, pos, &plan.id, &step, shutdown).await {
             ControlFlow::Break(()) => return ControlFlow::Break(()),
             ControlFlow::Continue(Err(failed)) => {
-                let _ = end_undo(host, &identity, pos, Some(&step), failed);
-                return ControlFlow::Continue(());
+                return protocol::end_refused(host, shutdown, &attempt, failed).await;
             }
             ControlFlow::Continue(Ok(())) => {}
         }
@@ -177,39 +178,10 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
     } else {
         None
     };
-    // What the undo's record and the outbox go back to when the start cannot be put on disk (the attempt is
-    // then not counted).
-    let unbegun = (entry.clone(), store.state.outbox.clone());
-    entry.begin_attempt();
-    let mut report = undo_report(&identity, &plan.id, index, entry);
-    report.rollback = record.rollback.as_ref().map(RollbackRecord::progress);
-    store.enqueue(report);
-    let waiting = |store: &StateStore, message: &str| undo_waiting(&identity, store, pos, message);
-    let saved = save_waiting(host, shutdown, "the undo's start", &waiting).await;
-    host.step_boundary();
-    if !matches!(saved, Waited::Saved) {
-        let store = host.store();
-        if let Some(entry) = store.rollback_mut().and_then(|r| r.undos.get_mut(pos)) {
-            *entry = unbegun.0;
-        }
-        store.state.outbox = unbegun.1;
-    }
-    match saved {
-        Waited::Saved => {}
-        Waited::ShuttingDown => return ControlFlow::Break(()),
-        Waited::GaveUp(message) => {
-            let failed = StepResult::failed(format!("{message}; the undo did not start"));
-            let _ = end_undo(host, &identity, pos, Some(&step), failed);
-            return ControlFlow::Continue(());
-        }
-        Waited::Failed(e) => {
-            tracing::error!(error = %e, "cannot record the undo's start; retrying later");
-            return if pause(host.next_delay(), shutdown).await {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            };
-        }
+    match protocol::begin(host, shutdown, &attempt).await {
+        ControlFlow::Break(()) => return ControlFlow::Break(()),
+        ControlFlow::Continue(false) => return ControlFlow::Continue(()),
+        ControlFlow::Continue(true) => {}
     }
     tracing::info!(plan = %plan.id, step = index, description = %step.description, %kind, "undo started");
     let (cancel_tx, cancel) = watch::channel(false);
@@ -227,79 +199,56 @@ pub(crate) async fn run_undo<H: StepHost + Send>(
         timeout_seconds: step.timeout_seconds,
         cancel,
     };
-    let state_dir = env.state_dir.clone();
     let task = tokio::spawn(execute_undo(env, kind, ctx));
-    let record = |store: &mut StateStore, progress, message| {
-        record_undo_progress(store, &identity, pos, progress, message)
-    };
-    let (result, stopping) = drive(
-        host,
-        task,
-        cancel_tx,
-        progress_rx,
-        shutdown,
-        record,
-        &waiting,
-    )
-    .await;
-    if result.outcome == DriverOutcome::Interrupted {
-        undo_interrupted_by_shutdown(host.store(), pos);
-        return ControlFlow::Break(());
-    }
-    if !stopping
-        && result.outcome == DriverOutcome::Failed
-        && state_full::driver_found_no_room(&result.message, &state_dir)
-    {
-        // The driver's own write to the state dir found no room: the undo runs again once there is, this
-        // attempt not counted.
-        let undo: state_full::EntryOf = |store, pos| store.rollback_mut()?.undos.get_mut(pos);
-        let cause = result.message.clone();
-        let waited = state_full::uncounted_until_room(
-            host,
-            shutdown,
-            &state_dir,
-            cause,
-            &waiting,
-            (undo, pos),
-        )
-        .await;
-        match waited {
-            Waited::Saved => return ControlFlow::Continue(()),
-            Waited::ShuttingDown => return ControlFlow::Break(()),
-            Waited::GaveUp(_) | Waited::Failed(_) => {}
-        }
-        if let Waited::GaveUp(message) = waited {
-            let failed = StepResult::failed(message);
-            let _ = end_undo(host, &identity, pos, Some(&step), failed);
-            return ControlFlow::Continue(());
-        }
-    }
-    let saved = end_undo(host, &identity, pos, Some(&step), result);
-    if stopping {
-        return ControlFlow::Break(());
-    }
-    state_full::end_on_disk(host, shutdown, "the undo's end", &waiting, saved).await
+    protocol::cross(host, shutdown, &attempt, task, cancel_tx, progress_rx).await
 }
 
-/// The `running` report of undo `pos` saying `message` (a wait for room in the state dir) as the rollback's
-/// message, which is what the server shows while it rolls back.
-fn undo_waiting(
-    identity: &AgentIdentity,
-    store: &StateStore,
+/// A rollback's undo as the step-attempt protocol sees it: the undo at `pos` of the current plan's rollback,
+/// of the plan's `step` (`None` when the plan's body is lost).
+struct UndoAttempt {
+    identity: AgentIdentity,
     pos: usize,
-    message: &str,
-) -> Option<inplace_agent_api::StepReport> {
-    let record = store.state.current.as_ref()?;
-    let rollback = record.rollback.as_ref()?;
-    let mut entry = rollback.undos.get(pos)?.clone();
-    entry.status = LocalStepStatus::Running;
-    entry.message = Some(message.to_owned());
-    let index = *rollback.order.get(pos)? as usize;
-    let mut report = undo_report(identity, &record.plan_id, index, &entry);
-    let mut progress = rollback.progress();
-    progress.message = truncate_head(message, inplace_agent_api::MESSAGE_MAX_BYTES).to_owned();
-    report.rollback = Some(progress);
-    Some(report)
+    step: Option<Step>,
+}
+
+impl Attempt for UndoAttempt {
+    const NOUN: &'static str = "undo";
+    const EVERY_END_WAITS_FOR_DISK: bool = false;
+    const RETRIES_WHEN_WAIT_UNSAVED: bool = false;
+
+    fn entry(&self) -> (EntryOf, usize) {
+        (
+            |store, pos| store.rollback_mut()?.undos.get_mut(pos),
+            self.pos,
+        )
+    }
+
+    fn report(&self, store: &StateStore) -> Option<StepReport> {
+        let record = store.state.current.as_ref()?;
+        let rollback = record.rollback.as_ref()?;
+        let index = *rollback.order.get(self.pos)? as usize;
+        let entry = rollback.undos.get(self.pos)?;
+        let mut report = undo_report(&self.identity, &record.plan_id, index, entry);
+        report.rollback = Some(rollback.progress());
+        Some(report)
+    }
+
+    fn waiting(&self, store: &StateStore, message: &str) -> Option<StepReport> {
+        undo_waiting(&self.identity, store, self.pos, message)
+    }
+
+    fn progress(
+        &self,
+        store: &mut StateStore,
+        progress: SequenceProgress,
+        message: Option<String>,
+    ) -> Result<(), StateError> {
+        record_undo_progress(store, &self.identity, self.pos, progress, message)
+    }
+
+    fn end<H: StepHost>(&self, host: &mut H, result: StepResult) -> Result<(), StateError> {
+        end_undo(host, &self.identity, self.pos, self.step.as_ref(), result)
+    }
 }
 
 /// The control-plane preflight of the undo at `pos` (of `step`, plan `plan_id`), before its first effect: it
@@ -336,117 +285,8 @@ async fn preflight<H: StepHost + Send>(
     flow
 }
 
-/// Writes an undo's waiting message (`message`, about the control plane) as the rollback's and the undo's,
-/// and queues the undo's report carrying the rollback's summary; `Ok` once it is on disk.
-fn record_undo_wait(
-    store: &mut StateStore,
-    identity: &AgentIdentity,
-    pos: usize,
-    message: &str,
-) -> Result<(), StateError> {
-    let gone = || StateError::Io("the undo to write its wait into is gone".into());
-    let Some(record) = store.state.current.as_mut() else {
-        return Err(gone());
-    };
-    let plan_id = record.plan_id.clone();
-    let Some(rollback) = record.rollback.as_mut() else {
-        return Err(gone());
-    };
-    let text = truncate_head(message, MESSAGE_MAX_BYTES).to_owned();
-    rollback.message.clone_from(&text);
-    let progress = rollback.progress();
-    let index = rollback.order.get(pos).copied().unwrap_or_default() as usize;
-    let Some(entry) = rollback.undos.get_mut(pos) else {
-        return Err(gone());
-    };
-    entry.message = Some(text);
-    let mut report = undo_report(identity, &plan_id, index, entry);
-    report.rollback = Some(progress);
-    store.enqueue(report);
-    store.save()
-}
-
-/// Writes an undo sequence's progress (and a new message, reported as a `running` undo) into the undo's
-/// record; `Ok` once it is on disk.
-fn record_undo_progress(
-    store: &mut StateStore,
-    identity: &AgentIdentity,
-    pos: usize,
-    progress: SequenceProgress,
-    message: Option<String>,
-) -> Result<(), StateError> {
-    let index = store
-        .state
-        .current
-        .as_ref()
-        .and_then(|r| r.rollback.as_ref()?.order.get(pos).copied())
-        .unwrap_or_default() as usize;
-    let report =
-        |plan_id: &str, undo: &LocalStepRecord| undo_report(identity, plan_id, index, undo);
-    write_progress(
-        store,
-        Some(progress),
-        message,
-        |record| record.rollback.as_mut()?.undos.get_mut(pos),
-        report,
-    )
-}
-
-/// The report of an undo's record.
-fn undo_report(
-    identity: &AgentIdentity,
-    plan_id: &str,
-    index: usize,
-    entry: &LocalStepRecord,
-) -> inplace_agent_api::StepReport {
-    let mut report = report_for(identity, plan_id, index, entry);
-    report.undo = true;
-    report
-}
-
-/// The reports of every finished undo of `record`'s rollback (sent again when the server missed them).
-pub(crate) fn finished_undo_reports(
-    identity: &AgentIdentity,
-    record: &PlanRecord,
-) -> Vec<inplace_agent_api::StepReport> {
-    let Some(rollback) = &record.rollback else {
-        return Vec::new();
-    };
-    rollback
-        .order
-        .iter()
-        .zip(&rollback.undos)
-        .filter(|(_, u)| {
-            matches!(
-                u.status,
-                LocalStepStatus::Succeeded | LocalStepStatus::Failed
-            )
-        })
-        .map(|(&i, u)| {
-            let mut report = undo_report(identity, &record.plan_id, i as usize, u);
-            report.rollback = Some(rollback.progress());
-            report
-        })
-        .collect()
-}
-
-/// A clean shutdown stopped the undo: back to pending, the attempt not counted.
-fn undo_interrupted_by_shutdown(store: &mut StateStore, pos: usize) {
-    if let Some(entry) = store.rollback_mut().and_then(|r| r.undos.get_mut(pos)) {
-        entry.status = LocalStepStatus::Pending;
-        entry.attempt = entry.attempt.saturating_sub(1);
-    }
-    if let Err(e) = store.save() {
-        tracing::error!(error = %e, "cannot save state at shutdown");
-    }
-    tracing::info!(
-        undo = pos,
-        "undo stopped by shutdown; it runs again at the next start"
-    );
-}
-
 /// Records an undo's end and queues its report; a failure ends the rollback `failed`, after the last success
-/// the verification comes (`rollback_verify`). `step` is the plan's step (`None` when the plan body is lost).
+/// the verification comes (`rollback/verify.rs`). `step` is the plan's step (`None` when the plan body is lost).
 /// Answers whether the record is on disk.
 fn end_undo<H: StepHost>(
     host: &mut H,

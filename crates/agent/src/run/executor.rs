@@ -13,14 +13,15 @@
 //!
 //! On a control-plane Machine, a step whose kind disturbs a control plane first waits for the control-plane
 //! preflight (`crate::preflight`), before its first attempt only: a failed preflight fails the step unbegun.
-//! The rollback runs the same preflight before such a step's undo ([`preflight`], from `rollback.rs`).
-
+//! The rollback runs the same preflight before such a step's undo (`crate::preflight::check_step`, from `rollback/mod.rs`).
 //!
 //! A write to the state dir that finds no room does not burn the step: its start, its progress and its end
-//! wait for room (`state_full`), and a driver that stopped on a full state dir runs again, resumed, once there
+//! wait for room (`attempt/state_full.rs`), and a driver that stopped on a full state dir runs again, resumed, once there
 //! is room — the attempt not counted.
 //!
-//! The executor knows the agent only through [`StepHost`] (`step_host.rs`; the pull loop implements it): it depends on the
+//! Beginning the attempt, driving it and putting its end on disk is the step-attempt protocol
+//! (`attempt/protocol.rs`), which the rollback's undos follow too; this module says what a step's record and
+//! report are. The executor knows the agent only through [`StepHost`] (`attempt/host.rs`; the pull loop implements it): it depends on the
 //! state and the drivers, and nothing depends on it but the pull loop.
 
 use std::ops::ControlFlow;
@@ -31,17 +32,16 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::attempt::MAX_STEP_ATTEMPTS;
-use crate::attempt::drive::{drive, write_progress};
+use crate::attempt::drive::write_progress;
 use crate::attempt::host::StepHost;
-use crate::attempt::state_full::{
-    self, SpaceWait, Waited, save_waiting, says_no_space, uncounted_until_room,
-};
+use crate::attempt::protocol::{self, Attempt};
+use crate::attempt::state_full::{self, EntryOf, SpaceWait, Waited, says_no_space};
 use crate::drivers::{
     DriverOutcome, ProgressRecorder, ProgressUpdate, RecordContext, StepContext, StepResult,
     execute, record_undo,
 };
 use crate::preflight::PREFLIGHT_WAIT;
-use crate::shutdown::{Shutdown, pause};
+use crate::shutdown::Shutdown;
 use crate::state::{
     LocalStepStatus, SequenceProgress, StateError, StateStore, report_for, truncate_head,
 };
@@ -54,8 +54,11 @@ pub(crate) async fn run_step<H: StepHost + Send>(
 ) -> ControlFlow<()> {
     let identity = host.identity().clone();
     let env = host.env();
-    let waiting =
-        |store: &StateStore, message: &str| waiting_report(&identity, store, index, message);
+    let attempt = StepAttempt {
+        identity: identity.clone(),
+        index,
+    };
+    let waiting = |store: &StateStore, message: &str| attempt.waiting(store, message);
     let Some(plan) = host.store().plan.clone() else {
         return ControlFlow::Continue(());
     };
@@ -98,7 +101,7 @@ pub(crate) async fn run_step<H: StepHost + Send>(
             {
                 ControlFlow::Break(()) => return ControlFlow::Break(()),
                 ControlFlow::Continue(Err(failed)) => {
-                    return finish_durably(host, shutdown, &identity, index, failed).await;
+                    return protocol::end_durably(host, shutdown, &attempt, failed).await;
                 }
                 ControlFlow::Continue(Ok(())) => {}
             }
@@ -140,7 +143,7 @@ pub(crate) async fn run_step<H: StepHost + Send>(
             let failed = StepResult::failed(format!(
                 "cannot record what undoing the step needs (nothing was changed): {cause}"
             ));
-            return finish_durably(host, shutdown, &identity, index, failed).await;
+            return protocol::end_durably(host, shutdown, &attempt, failed).await;
         }
     };
     let store = host.store();
@@ -158,7 +161,7 @@ pub(crate) async fn run_step<H: StepHost + Send>(
             "step interrupted {} times (agent restart or node reboot during the step); not trying again",
             step_record.attempt
         ));
-        return finish_durably(host, shutdown, &identity, index, failed).await;
+        return protocol::end_durably(host, shutdown, &attempt, failed).await;
     }
     if interrupted {
         tracing::warn!(plan = %plan.id, step = index, attempt = step_record.attempt, "step was interrupted; resuming it");
@@ -170,39 +173,10 @@ pub(crate) async fn run_step<H: StepHost + Send>(
     } else {
         None
     };
-    // What the record and the outbox go back to when the start cannot be put on disk: this attempt then never
-    // began, and is not counted.
-    let unbegun = (step_record.clone(), store.state.outbox.clone());
-    step_record.begin_attempt();
-    let report = report_for(&identity, &plan.id, index, step_record);
-    store.enqueue(report);
-    let saved = save_waiting(host, shutdown, "the step's start", &waiting).await;
-    // Each step needs a fresh "no hold" from the server before the next one starts.
-    host.step_boundary();
-    if !matches!(saved, Waited::Saved) {
-        let store = host.store();
-        if let Some(record) = store.state.current.as_mut() {
-            record.steps[index] = unbegun.0;
-        }
-        store.state.outbox = unbegun.1;
-    }
-    match saved {
-        Waited::Saved => {}
-        Waited::ShuttingDown => return ControlFlow::Break(()),
-        Waited::GaveUp(message) => {
-            let failed = StepResult::failed(format!("{message}; the step did not start"));
-            return finish_durably(host, shutdown, &identity, index, failed).await;
-        }
-        Waited::Failed(e) => {
-            // Without a durable "running" record a crash could lose the attempt count and the
-            // fact that the step began: do not start.
-            tracing::error!(error = %e, "cannot record step start; retrying later");
-            return if pause(host.next_delay(), shutdown).await {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            };
-        }
+    match protocol::begin(host, shutdown, &attempt).await {
+        ControlFlow::Break(()) => return ControlFlow::Break(()),
+        ControlFlow::Continue(false) => return ControlFlow::Continue(()),
+        ControlFlow::Continue(true) => {}
     }
     tracing::info!(plan = %plan.id, step = index, description = %step.description, kind = step.action.kind(), "step started");
 
@@ -223,77 +197,54 @@ pub(crate) async fn run_step<H: StepHost + Send>(
         cancel: cancel_rx,
         drained,
     };
-    let state_dir = env.state_dir.clone();
     let task = tokio::spawn(execute(env, ctx));
-    let record = |store: &mut StateStore, progress, message| {
-        record_progress(store, &identity, index, progress, message)
-    };
-    let (result, stopping) = drive(
-        host,
-        task,
-        cancel_tx,
-        progress_rx,
-        shutdown,
-        record,
-        &waiting,
-    )
-    .await;
-    if result.outcome == DriverOutcome::Interrupted {
-        interrupted_by_shutdown(host.store(), index);
-        return ControlFlow::Break(());
-    }
-    if stopping {
-        // The end is recorded if it can be; a full state dir is not waited for on the way out.
-        let _ = finish(host, &identity, index, result);
-        return ControlFlow::Break(());
-    }
-    if result.outcome == DriverOutcome::Failed
-        && state_full::driver_found_no_room(&result.message, &state_dir)
-    {
-        return rerun_after_room(host, shutdown, &identity, index, result).await;
-    }
-    finish_durably(host, shutdown, &identity, index, result).await
+    protocol::cross(host, shutdown, &attempt, task, cancel_tx, progress_rx).await
 }
 
-/// Step `index` stopped because its driver found the state dir full (`result`): not the step's failure. The
-/// attempt is not counted and, once there is room, the step runs again, resumed. A state dir that stays full
-/// fails it, naming the disk.
-async fn rerun_after_room<H: StepHost + Send>(
-    host: &mut H,
-    shutdown: &mut Shutdown,
-    identity: &AgentIdentity,
+/// A plan's step as the step-attempt protocol sees it: step `index` of the current plan.
+struct StepAttempt {
+    identity: AgentIdentity,
     index: usize,
-    result: StepResult,
-) -> ControlFlow<()> {
-    let env = host.env();
-    let waiting =
-        |store: &StateStore, message: &str| waiting_report(identity, store, index, message);
-    let step: state_full::EntryOf =
-        |store, index| store.state.current.as_mut()?.steps.get_mut(index);
-    let cause = result.message;
-    let waited = uncounted_until_room(
-        host,
-        shutdown,
-        &env.state_dir,
-        cause,
-        &waiting,
-        (step, index),
-    )
-    .await;
-    match waited {
-        Waited::Saved => ControlFlow::Continue(()),
-        Waited::ShuttingDown => ControlFlow::Break(()),
-        Waited::GaveUp(message) => {
-            finish_durably(host, shutdown, identity, index, StepResult::failed(message)).await
-        }
-        Waited::Failed(e) => {
-            tracing::error!(error = %e, "cannot record that the step waits for room; retrying later");
-            if pause(host.next_delay(), shutdown).await {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        }
+}
+
+impl Attempt for StepAttempt {
+    const NOUN: &'static str = "step";
+    const EVERY_END_WAITS_FOR_DISK: bool = true;
+    const RETRIES_WHEN_WAIT_UNSAVED: bool = true;
+
+    fn entry(&self) -> (EntryOf, usize) {
+        (
+            |store, index| store.state.current.as_mut()?.steps.get_mut(index),
+            self.index,
+        )
+    }
+
+    fn report(&self, store: &StateStore) -> Option<StepReport> {
+        let record = store.state.current.as_ref()?;
+        let step = record.steps.get(self.index)?;
+        Some(report_for(
+            &self.identity,
+            &record.plan_id,
+            self.index,
+            step,
+        ))
+    }
+
+    fn waiting(&self, store: &StateStore, message: &str) -> Option<StepReport> {
+        waiting_report(&self.identity, store, self.index, message)
+    }
+
+    fn progress(
+        &self,
+        store: &mut StateStore,
+        progress: SequenceProgress,
+        message: Option<String>,
+    ) -> Result<(), StateError> {
+        record_progress(store, &self.identity, self.index, progress, message)
+    }
+
+    fn end<H: StepHost>(&self, host: &mut H, result: StepResult) -> Result<(), StateError> {
+        finish(host, &self.identity, self.index, result)
     }
 }
 
@@ -331,38 +282,6 @@ fn record_progress(
         |record| record.steps.get_mut(index),
         |plan_id, step| report_for(identity, plan_id, index, step),
     )
-}
-
-/// A clean shutdown stopped the step: it goes back to pending, the attempt not counted. Its
-/// start time and progress stay, so the next start resumes it (see `LocalStepRecord::began`).
-fn interrupted_by_shutdown(store: &mut StateStore, index: usize) {
-    if let Some(record) = store.state.current.as_mut() {
-        let step = &mut record.steps[index];
-        step.status = LocalStepStatus::Pending;
-        step.attempt = step.attempt.saturating_sub(1);
-    }
-    if let Err(e) = store.save() {
-        tracing::error!(error = %e, "cannot save state at shutdown");
-    }
-    tracing::info!(
-        step = index,
-        "step stopped by shutdown; it runs again at the next start"
-    );
-}
-
-/// [`finish`], then, when the state dir was full, waits for room to put the end on disk before anything
-/// else happens (the report of the end is delivered only then). `Break` means shutdown was requested.
-async fn finish_durably<H: StepHost + Send>(
-    host: &mut H,
-    shutdown: &mut Shutdown,
-    identity: &AgentIdentity,
-    index: usize,
-    result: StepResult,
-) -> ControlFlow<()> {
-    let saved = finish(host, identity, index, result);
-    let waiting =
-        |store: &StateStore, message: &str| waiting_report(identity, store, index, message);
-    state_full::end_on_disk(host, shutdown, "the step's end", &waiting, saved).await
 }
 
 /// Records a step's end, queues its report, and notes the plan's end; answers whether the record is on disk.
