@@ -9,7 +9,7 @@
 //!
 //! Not OK: the agent waits — at most [`PREFLIGHT_WAIT`], never past the step's timeout — looking again every
 //! [`PREFLIGHT_RECHECK`], the running step's message saying why ("waiting for the control plane: …"); then
-//! the step fails, naming what was unhealthy. The executor runs it (`executor.rs`, `preflight`) before the
+//! the step fails, naming what was unhealthy. The executor runs it (`run/executor.rs`, through [`check_step`]) before the
 //! step's undo record, before it is recorded running and before its first effect: a step that fails its
 //! preflight changed nothing, and a rollback passes it over.
 //!

@@ -1,5 +1,5 @@
-//! Why the state dir cannot be used: the one error type of `state.rs`, with a write that found no room told
-//! apart (`StateError::Full`, which `state_full.rs` waits out).
+//! Why the state dir cannot be used: the one error type of `state/mod.rs`, with a write that found no room told
+//! apart (`StateError::Full`, which `attempt/state_full.rs` waits out).
 
 use std::path::Path;
 

@@ -1,6 +1,6 @@
 //! The rollback of a plan as `state.json` keeps it (issue 28): which steps to undo and in what order, each
 //! undo's record, where the rollback is and what it says. Data and pure rules only; the rollback phase that
-//! runs the undos is `rollback.rs`, its end `rollback_verify.rs`.
+//! runs the undos is `rollback/mod.rs`, its end `rollback/verify.rs`.
 
 use inplace_agent_api::{MESSAGE_MAX_BYTES, Plan, RollbackProgress, RollbackState, Undo};
 use serde::{Deserialize, Serialize};
@@ -23,7 +23,7 @@ pub struct RollbackRecord {
     /// For operators (bounded by `MESSAGE_MAX_BYTES`).
     pub message: String,
     /// What the verification after the undos found (the Node Ready at its old kubelet version), once it
-    /// passed; the uncordon comes next (`rollback_verify`).
+    /// passed; the uncordon comes next (`rollback/verify.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verified: Option<String>,
     /// Attempts of the verification or uncordon under way, bounded by `MAX_STEP_ATTEMPTS` like a step's.
