@@ -435,7 +435,7 @@ def test_daemonset_runs_the_same_files_in_the_host_namespaces():
 
 # ---------------------------------------------------------------- agent.yaml, the agent's driver config
 
-# `DriverConfig` (crates/agent/src/driver_config.rs): its sections and their keys; unknown keys are errors.
+# `DriverConfig` (crates/agent/src/config/mod.rs): its sections and their keys; unknown keys are errors.
 DRIVER_CONFIG = {
     "path": None, "env": None, "pins": None,
     "kubernetes": {"installKubeadm", "kubeadmUpgradeApply", "kubeadmUpgradeNode", "installKubelet"},
@@ -443,14 +443,14 @@ DRIVER_CONFIG = {
     "ntp": {"flavor", "configFile", "restart"},
     "etcd": {"manifest"},
     "inventory": {"kubeletVersion", "kubeadmVersion"},
-    # crates/agent/src/node_config.rs: the node's kubeconfig and name for drainNode/waitNodeReady/uncordonNode.
+    # crates/agent/src/config/node.rs: the node's kubeconfig and name for drainNode/waitNodeReady/uncordonNode.
     "node": {"kubeconfig", "name", "pollIntervalMillis", "evictionRetryMillis"},
-    # crates/agent/src/reboot_config.rs: reboot and osImage steps (issue 30).
+    # crates/agent/src/config/reboot.rs: reboot and osImage steps (issue 30).
     "reboot": {"command", "bootIdFile", "required"},
     "osImage": {"apply", "current", "currentJsonPointer"},
-    # crates/agent/src/preflight/config.rs: the control-plane preflight (issue 30).
+    # crates/agent/src/config/control_plane.rs: the control-plane preflight (issue 30).
     "controlPlane": {"checkEtcd", "etcdEndpoint", "etcdCaFile", "etcdCertFile", "etcdKeyFile"},
-    # crates/agent/src/artifact_config.rs: how `fetch` commands reach registries (issue 31).
+    # crates/agent/src/config/artifact.rs: how `fetch` commands reach registries (issue 31).
     "artifacts": {"mirrors", "credentialsFile", "caFile", "maxBytes", "layerMediaType"},
 }
 SEQUENCE_KEYS = {"skipIf", "onResume", "commands", "retry", "record", "undo"}
@@ -458,10 +458,10 @@ RETRY_KEYS = {"attempts", "initialDelaySeconds", "maxDelaySeconds"}
 CHECK_KEYS = {"run", "stdoutEquals", "stdoutContains"}
 COMMAND_KEYS = {"run": None, "writeFile": {"path", "content", "mode"}, "verifySha256": {"path", "sha256"},
                 "fetch": {"source", "sha256", "to", "mode"}}
-# crates/agent/src/sequence_undo.rs: `record:` entries and `undo:` (rollback, issue 28).
+# crates/agent/src/sequence/undo.rs: `record:` entries and `undo:` (rollback, issue 28).
 RECORD_KEYS = {"name", "run", "map", "absentOnExit"}
 UNDO_KEYS = {"onResume", "retry", "commands"}
-# crates/agent/src/template.rs KNOWN_VARIABLES, plus pin.<name> (and record.<name>[.minor] in undo: only).
+# crates/agent/src/sequence/template.rs KNOWN_VARIABLES, plus pin.<name> (and record.<name>[.minor] in undo: only).
 TEMPLATE_VARIABLES = {"version", "bareVersion", "minor", "root"}
 
 
@@ -540,7 +540,7 @@ def command_problems(where: str, commands: list, retry, records) -> list[str]:
     for i, entry in enumerate(commands):
         at = f"{where}[{i}]"
         command = dict(entry)
-        # `retryable: true` sits beside a `run` (crates/agent/src/sequence_command.rs SequenceCommand).
+        # `retryable: true` sits beside a `run` (crates/agent/src/sequence/command.rs SequenceCommand).
         if command.pop("retryable", None) is not None:
             if "run" not in command:
                 problems.append(f"{at}: retryable applies to run commands only")

@@ -691,3 +691,143 @@ fn the_path_reader_sees_groups_and_nested_paths() {
     graph.insert(c.clone(), BTreeSet::from([a.clone()]));
     assert_eq!(circles(&graph), vec![vec![a, b, c]]);
 }
+
+// ---------------------------------------------------------------- the agent's floor plan
+// The rules of docs/architecture.md's "Agent invariants" list, over the folders of crates/agent/src.
+
+/// The rule lines of docs/architecture.md's "Agent invariants" list.
+fn agent_rules() -> Vec<String> {
+    let doc = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let section = doc
+        .split("\n### ")
+        .find(|s| s.starts_with("Agent invariants"))
+        .expect("docs/architecture.md has an `### Agent invariants` list");
+    let section = section.split("\n#").next().unwrap_or(section);
+    section
+        .lines()
+        .filter_map(|line| line.strip_prefix("- "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The folder of `src` a file belongs to: its first directory under `src`, or the file's own name for a file
+/// directly in `src` (a toolbox module).
+fn agent_folder(src: &Path, file: &Path) -> String {
+    let first = file
+        .strip_prefix(src)
+        .unwrap()
+        .components()
+        .next()
+        .unwrap()
+        .as_os_str()
+        .to_string_lossy()
+        .into_owned();
+    first.strip_suffix(".rs").unwrap_or(&first).to_owned()
+}
+
+/// A file's production text: everything before its test module (by house convention the last item of a file).
+fn production_part(text: &str) -> &str {
+    let cut = text
+        .find("#[cfg(test)]\nmod tests")
+        .or_else(|| text.find("#[cfg(test)]\n#[path"))
+        .unwrap_or(text.len());
+    &text[..cut]
+}
+
+/// What breaks the rules of the agent's floor plan in the sources under `src`, one line each.
+fn agent_floor_plan_broken(rules: &[String], base: &Path) -> (usize, Vec<String>) {
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for rule in rules {
+        let names = quoted(rule);
+        let Some(subject) = names.first() else {
+            continue;
+        };
+        let src = base.join(subject);
+        if !src.is_dir() {
+            broken.push(format!("{subject} is not a folder ({rule})"));
+            continue;
+        }
+        if rule.contains("never imports") {
+            checked += 1;
+            let (banned, allowed) = rule.split_once(" but from ").unwrap_or((rule, ""));
+            let banned = &quoted(banned)[1..];
+            let allowed = quoted(allowed);
+            for file in sources(&src) {
+                let name = file.strip_prefix(&src).unwrap().display().to_string();
+                if allowed.contains(&name) {
+                    continue;
+                }
+                for path in named_paths(&production_text(&file), &[]) {
+                    if path.first().map(String::as_str) == Some("crate")
+                        && let Some(module) = path.get(1)
+                        && banned.contains(module)
+                        && !file.starts_with(src.join(module))
+                    {
+                        broken.push(format!(
+                            "{}: names crate::{module} ({rule})",
+                            relative(&file)
+                        ));
+                    }
+                }
+            }
+        } else if rule.contains("no import circle between its folders") {
+            checked += 1;
+            let mut folders: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
+            for (file, targets) in file_graph(&src) {
+                if file.parent() == Some(src.as_path())
+                    && matches!(
+                        file.file_name().and_then(|n| n.to_str()),
+                        Some("lib.rs" | "main.rs")
+                    )
+                {
+                    continue;
+                }
+                let from = PathBuf::from(agent_folder(&src, &file));
+                let uses = folders.entry(from.clone()).or_default();
+                for target in targets {
+                    let to = PathBuf::from(agent_folder(&src, &target));
+                    if to != from && !matches!(to.to_str(), Some("lib" | "main")) {
+                        uses.insert(to);
+                    }
+                }
+            }
+            for circle in circles(&folders) {
+                let names: Vec<String> = circle.iter().map(|f| f.display().to_string()).collect();
+                broken.push(format!(
+                    "folders import one another: {} ({rule})",
+                    names.join(" ")
+                ));
+            }
+        } else if rule.contains("no production file longer than") {
+            checked += 1;
+            let longest: usize = rule
+                .split_whitespace()
+                .find_map(|w| w.parse().ok())
+                .expect("the rule names a number of lines");
+            for file in sources(&src) {
+                let text = std::fs::read_to_string(&file).unwrap();
+                let lines = production_part(&text).lines().count();
+                if lines > longest {
+                    broken.push(format!(
+                        "{}: {lines} production lines ({rule})",
+                        relative(&file)
+                    ));
+                }
+            }
+        }
+    }
+    (checked, broken)
+}
+
+#[test]
+fn the_agent_keeps_its_floor_plan() {
+    let rules = agent_rules();
+    let (checked, broken) = agent_floor_plan_broken(&rules, &root());
+    assert_eq!(checked, 5, "every agent rule is understood: {rules:?}");
+    assert!(
+        broken.is_empty(),
+        "the agent's floor plan is broken:\n{}",
+        broken.join("\n")
+    );
+}

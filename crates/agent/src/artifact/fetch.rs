@@ -15,7 +15,7 @@ use super::session::Session;
 use super::source::{ArtifactSource, OciReference};
 use super::store::Store;
 use super::{ARTIFACT_FETCH_TIMEOUT, MAX_MANIFEST_BYTES};
-use crate::client::{HttpsClient, sha256_hex};
+use crate::net::client::{HttpsClient, sha256_hex};
 
 /// Fetches artifacts with one set of [`FetchOptions`].
 pub struct Fetcher {

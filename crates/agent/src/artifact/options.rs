@@ -12,8 +12,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use super::{MAX_ARTIFACT_BYTES, MAX_CREDENTIALS_FILE_BYTES};
-use crate::client::{CONNECT_TIMEOUT, HttpsClient, POOL_IDLE_TIMEOUT, tls_trusting};
 use crate::limits::MAX_CA_FILE_BYTES;
+use crate::net::client::{CONNECT_TIMEOUT, HttpsClient, POOL_IDLE_TIMEOUT, tls_trusting};
 use crate::retry::RetryPolicy;
 
 /// One mirror rewrite: a reference whose `registry/repository` starts with `prefix` (at a `/` boundary) is

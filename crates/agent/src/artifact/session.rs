@@ -14,7 +14,7 @@ use super::error::FetchErrorKind;
 use super::options::Credential;
 use super::url_text::{authority, encode, param, resolve};
 use super::{ARTIFACT_REQUEST_TIMEOUT, MAX_ARTIFACT_REDIRECTS, MAX_REGISTRY_ANSWER_BYTES};
-use crate::client::{HttpsClient, TransportKind, error_chain, transport_kind};
+use crate::net::client::{HttpsClient, TransportKind, error_chain, transport_kind};
 
 /// Characters of an error answer kept in the error.
 const ERROR_TEXT_KEPT: usize = 300;

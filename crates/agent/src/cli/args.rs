@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, ValueEnum};
 use inplace_agent_api::{AgentIdentity, MachineRef};
 
-use crate::config::{AgentConfig, DEFAULT_STATE_DIR};
+use crate::config::agent::{AgentConfig, DEFAULT_STATE_DIR};
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

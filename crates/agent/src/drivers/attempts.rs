@@ -11,10 +11,10 @@ use tokio::time::Instant;
 use super::prepared::{Prepared, run_one};
 use super::step::{StepContext, StepResult};
 use crate::clock::now_unix_ms;
-use crate::command::{cancelled, display_argv};
-use crate::driver_env::DriverEnv;
+use crate::os::driver_env::DriverEnv;
 use crate::retry::RetryPolicy;
-use crate::state::SequenceProgress;
+use crate::sequence::process::{cancelled, display_argv};
+use crate::sequence::progress::SequenceProgress;
 
 /// Command `index` of a sequence, and where its retries stand.
 pub(super) struct Attempts<'a> {

@@ -14,10 +14,10 @@ use super::kubernetes::{run_sequence, sequence_of};
 use super::kubernetes_undo;
 use super::step::{StepContext, StepResult};
 use super::undo::{RecordContext, UndoContext};
-use crate::command::{display_argv, run_command};
-use crate::driver_env::DriverEnv;
-use crate::runtime_config::{Bundle, COMPONENTS, RuntimeConfig, bare, reports_version};
-use crate::template::{Vars, expand};
+use crate::config::runtime::{Bundle, COMPONENTS, RuntimeConfig, bare, reports_version};
+use crate::os::driver_env::DriverEnv;
+use crate::sequence::process::{display_argv, run_command};
+use crate::sequence::template::{Vars, expand};
 
 /// The `containerRuntime` driver.
 pub(crate) struct ContainerRuntime;

@@ -11,8 +11,8 @@ use tokio::sync::watch;
 use super::driver::{Driver, StepFuture, wrong_kind};
 use super::node::{CordonJournal, drainer, drive, load_journal, save_journal, unconfigured};
 use super::step::{StepContext, StepResult};
-use crate::driver_config::DriverConfig;
-use crate::driver_env::DriverEnv;
+use crate::config::DriverConfig;
+use crate::os::driver_env::DriverEnv;
 
 /// The `drainNode` driver.
 pub(crate) struct DrainNode;

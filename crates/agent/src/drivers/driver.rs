@@ -9,8 +9,8 @@ use inplace_agent_api::{StepAction, StepKind};
 
 use super::step::{StepContext, StepResult};
 use super::undo::{Place, RecordContext, UndoContext, UndoRecord, restore_then_restart};
-use crate::driver_config::DriverConfig;
-use crate::driver_env::DriverEnv;
+use crate::config::DriverConfig;
+use crate::os::driver_env::DriverEnv;
 
 /// A step running through its driver. Owned (`'static`): the executor spawns it as a task.
 pub(crate) type StepFuture = Pin<Box<dyn Future<Output = StepResult> + Send>>;

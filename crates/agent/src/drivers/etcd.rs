@@ -10,8 +10,8 @@ use inplace_agent_api::{StepAction, StepKind};
 use super::driver::{Driver, StepFuture, blocking_step, wrong_kind};
 use super::step::StepContext;
 use super::undo::Place;
-use crate::driver_env::DriverEnv;
 use crate::fsutil::{FileMeta, atomic_write, read_optional};
+use crate::os::driver_env::DriverEnv;
 
 /// The `etcdImage` driver. No restart of its own: kubelet restarts the static pod when its manifest
 /// changes, so it does not use the restart protocol of [`super::restart`].

@@ -10,11 +10,11 @@ use serde::Serialize;
 
 use super::step::{StepContext, StepResult};
 use crate::artifact::{ArtifactSource, FetchError, Fetcher, rewrite};
-use crate::command::cancelled;
-use crate::driver_env::DriverEnv;
 use crate::fsutil::{FileMeta, atomic_copy};
-use crate::sequence_command::check_fetch_source;
-use crate::template::{Vars, expand};
+use crate::os::driver_env::DriverEnv;
+use crate::sequence::command::check_fetch_source;
+use crate::sequence::process::cancelled;
+use crate::sequence::template::{Vars, expand};
 
 /// A `fetch` with its templates expanded; what the fingerprint covers is what is serialized.
 #[derive(Serialize)]

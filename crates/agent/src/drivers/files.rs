@@ -16,11 +16,11 @@ use serde::{Deserialize, Serialize};
 use super::driver::{Driver, StepFuture, blocking_step, wrong_kind};
 use super::step::StepContext;
 use super::undo::Place;
-use crate::driver_env::DriverEnv;
 use crate::fsutil::{
     FileMeta, atomic_write, matches, read_journal, read_optional, remove_file, resolve_owner,
     write_journal,
 };
+use crate::os::driver_env::DriverEnv;
 
 /// Largest decoded file (gzip can expand a lot: this stops a bomb).
 pub(crate) const MAX_DECODED_FILE_BYTES: u64 = 64 * 1024 * 1024;

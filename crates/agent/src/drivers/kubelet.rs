@@ -15,8 +15,8 @@ use super::driver::{Driver, StepFuture, wrong_kind};
 use super::restart::{BeforeChange, write_then_restart};
 use super::step::StepContext;
 use super::undo::{Place, UndoContext, restore_then_restart};
-use crate::driver_env::DriverEnv;
 use crate::fsutil::{FileMeta, atomic_write, read_journal, read_optional, write_journal};
+use crate::os::driver_env::DriverEnv;
 
 /// The variable kubeadm writes.
 const VARIABLE: &str = "KUBELET_KUBEADM_ARGS";

@@ -25,12 +25,12 @@ use super::prepared::{fingerprint, prepare};
 use super::sequence_run::{SequenceList, run_list};
 use super::step::{StepContext, StepResult};
 use super::undo::{RecordContext, UndoContext};
-use crate::command::{display_argv, run_command};
-use crate::driver_config::{Check, CommandSequence, DriverConfig};
-use crate::driver_env::DriverEnv;
-use crate::runtime_config::Bundle;
-use crate::template::{Vars, expand};
-use crate::unfinished;
+use crate::config::runtime::Bundle;
+use crate::config::{Check, CommandSequence, DriverConfig};
+use crate::drivers::unfinished;
+use crate::os::driver_env::DriverEnv;
+use crate::sequence::process::{display_argv, run_command};
+use crate::sequence::template::{Vars, expand};
 
 /// The driver of one Kubernetes version step kind (`installKubeadm`, `kubeadmUpgrade`,
 /// `installKubelet`): the three run the same way, each through its own configured sequences.

@@ -26,9 +26,9 @@ use tokio::time::Instant;
 
 use super::etcd::manifest_containers;
 use super::node::drainer;
-use crate::driver_env::DriverEnv;
 use crate::fsutil::read_optional;
 use crate::limits::MAX_CONTROL_PLANE_MANIFEST_BYTES;
+use crate::os::driver_env::DriverEnv;
 
 /// How long reading the Node's kubelet version before a Kubernetes version step may take (at most until the
 /// step's deadline); past it the version is unknown and the step runs.

@@ -2,7 +2,7 @@
 //! `record:` and `undo:` of their sequence.
 //!
 //! Before the step's first effect (only when it never began) the `record:` commands run and their values —
-//! trimmed, bounded and of a restricted character set (`crate::sequence_undo`) — go into the step's
+//! trimmed, bounded and of a restricted character set (`crate::sequence::undo`) — go into the step's
 //! [`UndoRecord::Commands`] in `state.json`, with snapshots of the files the sequence's `writeFile` commands
 //! replace (e.g. the package repository line of the old minor). Any failure there fails the step before it
 //! changes anything. The undo puts those files back, then runs the `undo:` commands with
@@ -18,11 +18,11 @@ use super::prepared::{Prepared, fingerprint, prepare};
 use super::sequence_run::{SequenceList, run_list};
 use super::step::StepResult;
 use super::undo::{Place, RecordContext, UndoContext, UndoRecord, restore, snapshot};
-use crate::command::{display_argv, run_command};
-use crate::driver_env::DriverEnv;
-use crate::sequence_command::CommandSpec;
-use crate::sequence_undo::record_value;
-use crate::template::expand;
+use crate::os::driver_env::DriverEnv;
+use crate::sequence::command::CommandSpec;
+use crate::sequence::process::{display_argv, run_command};
+use crate::sequence::template::expand;
+use crate::sequence::undo::record_value;
 
 /// Runs the sequence's `record:` commands and snapshots its `writeFile` targets. `None` when the step has no
 /// configured sequence (it then fails before any effect).

@@ -29,14 +29,15 @@ mod ssh;
 mod step;
 mod uncordon_node;
 mod undo;
+pub(crate) mod unfinished;
 mod wait_node_ready;
 
 use std::sync::Arc;
 
 use inplace_agent_api::{StepKind, Undo, validate_action};
 
-use crate::driver_config::DriverConfig;
-pub(crate) use crate::driver_env::DriverEnv;
+use crate::config::DriverConfig;
+pub(crate) use crate::os::driver_env::DriverEnv;
 use driver::Driver;
 pub use kubernetes_running::{CONTROL_PLANE_COMPONENTS, RUNNING_CHECK_TIMEOUT};
 pub use node::NODE_STEP_DEADLINE_GRACE;
@@ -115,24 +116,6 @@ pub(crate) async fn execute_undo(
         Some(driver) => driver.undo(env, ctx).await,
         None => StepResult::failed("step kind not supported by this agent"),
     }
-}
-
-/// The `undo:` keys a config lacks for a sequence it configures whose kind is undone (e.g.
-/// `kubernetes.installKubelet.undo`): a rollback reaching such a step fails, naming the key.
-pub fn missing_undos(config: &DriverConfig) -> Vec<String> {
-    let k = &config.kubernetes;
-    [
-        ("kubernetes.installKubeadm", k.install_kubeadm.as_ref()),
-        ("kubernetes.installKubelet", k.install_kubelet.as_ref()),
-        (
-            "runtime.install",
-            config.runtime.as_ref().map(|r| &r.install),
-        ),
-    ]
-    .into_iter()
-    .filter(|(_, sequence)| sequence.is_some_and(|s| s.undo.is_none()))
-    .map(|(key, _)| format!("{key}.undo"))
-    .collect()
 }
 
 /// The step kinds this agent has a driver for, in registry order.

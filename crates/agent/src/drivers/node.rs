@@ -22,10 +22,10 @@ use tokio::sync::watch;
 
 use super::driver::blocking_value;
 use super::step::{StepContext, StepResult};
-use crate::driver_config::DriverConfig;
-use crate::driver_env::DriverEnv;
+use crate::config::DriverConfig;
 use crate::fsutil::{read_journal, remove_file, write_journal};
-use crate::inventory::read_fact;
+use crate::os::driver_env::DriverEnv;
+use crate::os::inventory::read_fact;
 
 /// The cordon journal's file name in the state dir.
 const CORDON_JOURNAL: &str = "cordon.json";

@@ -11,9 +11,9 @@ use super::driver::{Driver, StepFuture, wrong_kind};
 use super::restart::{BeforeChange, write_then_restart};
 use super::step::StepContext;
 use super::undo::{Place, UndoContext, restore_then_restart};
-use crate::driver_config::NtpFlavor;
-use crate::driver_env::DriverEnv;
+use crate::config::NtpFlavor;
 use crate::fsutil::{FileMeta, atomic_write, matches, remove_file};
+use crate::os::driver_env::DriverEnv;
 
 /// Mode of the drop-in.
 const DROP_IN_MODE: u32 = 0o644;

@@ -3,7 +3,7 @@
 //! reboot machinery of `super::reboot` (unconditionally), and checks with `osImage.current` that the node
 //! booted it. A node whose `current` already prints the image is left alone ("already on <image>").
 //!
-//! Crash safety: the reboot journal (`crate::reboot_decide`, `<state-dir>/reboot.json`) is written only after
+//! Crash safety: the reboot journal (`crate::os::reboot`, `<state-dir>/reboot.json`) is written only after
 //! `apply` completed, with the image the node booted before. A (re)started step that finds its own intent
 //! there goes straight to the reboot decision (never applies again, never reboots twice); one that finds none
 //! asks `current` and continues `apply` at its first unfinished command (recorded per command, as for the
@@ -35,12 +35,12 @@ use super::reboot::{Rebooting, load_intent, reboot_once};
 use super::sequence_run::{SequenceList, run_list};
 use super::step::{StepContext, StepResult};
 use super::undo::{RecordContext, UndoContext, UndoRecord};
-use crate::command::{display_argv, run_command};
-use crate::driver_config::{DriverConfig, OsImageConfig};
-use crate::driver_env::DriverEnv;
-use crate::reboot_decide::RebootOwner;
-use crate::state::SequenceProgress;
-use crate::template::{Vars, expand};
+use crate::config::{DriverConfig, OsImageConfig};
+use crate::os::driver_env::DriverEnv;
+use crate::os::reboot::RebootOwner;
+use crate::sequence::process::{display_argv, run_command};
+use crate::sequence::progress::SequenceProgress;
+use crate::sequence::template::{Vars, expand};
 
 /// The refusal of a node whose config has no `osImage:` section.
 pub(crate) const NO_OS_IMAGE_SECTION: &str = "this node's agent config has no osImage section: it cannot apply OS images \
@@ -241,7 +241,7 @@ async fn current_image(
                 serde_json::from_str(&output.stdout_tail).map_err(|e| {
                     StepResult::failed(format!(
                         "osImage.current `{shown}` did not print JSON ({e}; only the last {} bytes of stdout are read)",
-                        crate::command::STDOUT_TAIL_MAX_BYTES
+                        crate::sequence::process::STDOUT_TAIL_MAX_BYTES
                     ))
                 })?;
             match json.pointer(pointer) {

@@ -8,12 +8,12 @@ use sha2::{Digest, Sha256};
 
 use super::fetch_command::{self, Fetch};
 use super::step::{StepContext, StepResult};
-use crate::command::run_command;
-use crate::driver_env::DriverEnv;
 use crate::fsutil::{FileMeta, atomic_write};
 use crate::hex::hex;
-use crate::sequence_command::{CommandSpec, SequenceCommand};
-use crate::template::{Vars, expand};
+use crate::os::driver_env::DriverEnv;
+use crate::sequence::command::{CommandSpec, SequenceCommand};
+use crate::sequence::process::run_command;
+use crate::sequence::template::{Vars, expand};
 
 /// One command of a sequence with its templates expanded (and serialized for the fingerprint).
 #[derive(Serialize)]
@@ -129,7 +129,7 @@ pub(super) async fn run_one(
             .map(|e| StepResult::failed(context(e))),
         Prepared::Fetch(fetch) => fetch.run(env, ctx, context).await.err(),
         Prepared::SysextSwitch(name, image) => {
-            let mut run = crate::sysext::Run {
+            let mut run = crate::os::sysext::Run {
                 env,
                 deadline: ctx.deadline,
                 cancel: &mut ctx.cancel,
@@ -139,7 +139,9 @@ pub(super) async fn run_one(
                     tracing::info!(extension = %name, "{done}");
                     None
                 }
-                Err(crate::sysext::SysextError::ShuttingDown) => Some(StepResult::shutting_down()),
+                Err(crate::os::sysext::SysextError::ShuttingDown) => {
+                    Some(StepResult::shutting_down())
+                }
                 Err(e) => Some(StepResult::failed(context(format!(
                     "sysextSwitch {name}: {e}"
                 )))),

@@ -2,7 +2,7 @@
 //!
 //! `when: ifRequired` asks the node first (`reboot.required`: a file such as Debian's
 //! `/var/run/reboot-required`, or a command such as dnf's `needs-restarting -r`, exit 1 = required, 0 = not);
-//! `when: always` does not ask. The reboot itself follows the journal protocol of `crate::reboot_decide`
+//! `when: always` does not ask. The reboot itself follows the journal protocol of `crate::os::reboot`
 //! (`<state-dir>/reboot.json`): the intent (step, boot id before, time) is written fsynced BEFORE
 //! `reboot.command` runs and marked issued after it returned 0. On every (re)start of the step the boot id
 //! decides: a new one means the reboot happened (never reboot twice: wait for the Node to be Ready, when the
@@ -19,16 +19,16 @@ use super::driver::{Driver, StepFuture, blocking_value, wrong_kind};
 use super::step::{StepContext, StepResult};
 use super::wait_node_ready::wait_ready;
 use crate::clock::{now_unix_ms, utc_text};
-use crate::command::{CommandEnd, display_argv, run_command};
-use crate::driver_config::RequiredCheck;
-use crate::driver_env::DriverEnv;
+use crate::config::RequiredCheck;
 use crate::fsutil::{read_journal, remove_file, write_journal};
-use crate::inventory::read_fact;
-use crate::reboot_decide::{
+use crate::os::driver_env::DriverEnv;
+use crate::os::inventory::read_fact;
+use crate::os::reboot::{
     Next, REBOOT_JOURNAL, RebootIntent, RebootJournal, RebootOwner, Situation, decide,
     short_boot_id,
 };
-use crate::template::{Vars, expand};
+use crate::sequence::process::{CommandEnd, display_argv, run_command};
+use crate::sequence::template::{Vars, expand};
 
 /// The `reboot` driver.
 pub(crate) struct Reboot;

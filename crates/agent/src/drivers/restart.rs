@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use super::driver::blocking_value;
 use super::step::{StepContext, StepResult};
-use crate::command::{display_argv, run_command};
-use crate::driver_env::DriverEnv;
-use crate::unfinished;
+use crate::drivers::unfinished;
+use crate::os::driver_env::DriverEnv;
+use crate::sequence::process::{display_argv, run_command};
 
 /// Handed to the write: records that a restart is owed. Called right before the file is written or
 /// removed, after its backup is saved.

@@ -6,10 +6,10 @@
 use super::attempts::Attempts;
 use super::prepared::{Prepared, run_one};
 use super::step::{StepContext, StepResult};
-use crate::driver_env::DriverEnv;
+use crate::os::driver_env::DriverEnv;
 use crate::retry::RetryPolicy;
-use crate::sequence_command::SequenceCommand;
-use crate::state::SequenceProgress;
+use crate::sequence::command::SequenceCommand;
+use crate::sequence::progress::SequenceProgress;
 
 /// One list of commands to run with progress.
 pub(super) struct SequenceList<'a> {

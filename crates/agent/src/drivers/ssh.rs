@@ -16,8 +16,8 @@ use inplace_agent_api::{SshUser, StepAction, StepKind};
 use super::driver::{Driver, StepFuture, blocking_step, wrong_kind};
 use super::step::StepContext;
 use super::undo::Place;
-use crate::driver_env::DriverEnv;
 use crate::fsutil::{FileMeta, PasswdEntry, atomic_write, create_dir_atomic, lookup_user, matches};
+use crate::os::driver_env::DriverEnv;
 
 /// Mode of `authorized_keys`.
 const KEYS_MODE: u32 = 0o600;

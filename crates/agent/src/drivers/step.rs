@@ -5,8 +5,8 @@ use inplace_agent_api::Step;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use crate::command::{CommandEnd, CommandOutput, display_argv};
-use crate::state::SequenceProgress;
+use crate::sequence::process::{CommandEnd, CommandOutput, display_argv};
+use crate::sequence::progress::SequenceProgress;
 
 /// How a step ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,8 +9,8 @@ use tokio::sync::watch;
 use super::driver::{Driver, StepFuture};
 use super::node::{drainer, drive, load_journal, save_journal, unconfigured};
 use super::step::{StepContext, StepResult};
-use crate::driver_config::DriverConfig;
-use crate::driver_env::DriverEnv;
+use crate::config::DriverConfig;
+use crate::os::driver_env::DriverEnv;
 
 /// The `uncordonNode` driver.
 pub(crate) struct UncordonNode;

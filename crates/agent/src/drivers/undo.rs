@@ -20,15 +20,15 @@ use sha2::{Digest, Sha256};
 
 use super::driver::StepFuture;
 use super::step::StepResult;
-use crate::command::{display_argv, run_command};
-use crate::driver_env::DriverEnv;
+use crate::drivers::unfinished;
 use crate::fsutil::{
     FileMeta, FsError, atomic_write, create_dirs, fs_err, matches, read_bounded, remove_file,
 };
 use crate::hex::hex;
 use crate::limits::MAX_BACKUP_BYTES;
-pub(crate) use crate::undo_record::{Before, Place, PlaceBefore, UndoRecord};
-use crate::unfinished;
+use crate::os::driver_env::DriverEnv;
+use crate::sequence::process::{display_argv, run_command};
+pub(crate) use crate::undo::record::{Before, Place, PlaceBefore, UndoRecord};
 
 /// Directory of the undo snapshots in the state dir (one sub-directory per plan, then per step).
 const SNAPSHOT_DIR: &str = "undo";
@@ -238,7 +238,7 @@ pub(crate) struct UndoContext {
     /// The step.
     pub step: inplace_agent_api::Step,
     /// The undo sequence's progress an earlier attempt recorded (only when `resumed`).
-    pub progress: Option<crate::state::SequenceProgress>,
+    pub progress: Option<crate::sequence::progress::SequenceProgress>,
     /// Records the undo sequence's progress durably in the undo's record.
     pub recorder: super::step::ProgressRecorder,
     /// What its record says the undo needs (`None`: nothing was recorded, so nothing can be undone).

@@ -9,8 +9,8 @@ use tokio::sync::watch;
 use super::driver::{Driver, StepFuture, wrong_kind};
 use super::node::{drainer, drive, unconfigured};
 use super::step::{StepContext, StepResult};
-use crate::driver_config::DriverConfig;
-use crate::driver_env::DriverEnv;
+use crate::config::DriverConfig;
+use crate::os::driver_env::DriverEnv;
 
 /// The `waitNodeReady` driver.
 pub(crate) struct WaitNodeReady;

@@ -24,9 +24,9 @@ use serde_json::Value;
 use super::ControlPlaneConfig;
 use super::decide::{Etcd, Member};
 use super::members_seen::{self, MembersSeen};
-use crate::client::{HttpsClient, Unanswered, error_chain, send_bounded};
 use crate::fsutil::RootFs;
 use crate::limits::MAX_ETCD_PKI_FILE_BYTES;
+use crate::net::client::{HttpsClient, Unanswered, error_chain, send_bounded};
 
 /// Longest one request to an etcd member may take (connect, TLS, answer).
 pub const ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);

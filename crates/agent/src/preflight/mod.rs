@@ -9,7 +9,7 @@
 //!
 //! Not OK: the agent waits — at most [`PREFLIGHT_WAIT`], never past the step's timeout — looking again every
 //! [`PREFLIGHT_RECHECK`], the running step's message saying why ("waiting for the control plane: …"); then
-//! the step fails, naming what was unhealthy. The executor runs it (`executor.rs`, `preflight`) before the
+//! the step fails, naming what was unhealthy. The executor runs it (`run/executor.rs`, through [`check_step`]) before the
 //! step's undo record, before it is recorded running and before its first effect: a step that fails its
 //! preflight changed nothing, and a rollback passes it over.
 //!
@@ -20,30 +20,31 @@
 //! what the control plane needs most: a resumed step is never blocked by the preflight — the reboot step
 //! confirms the reboot that happened even while this node's etcd member is still rejoining.
 
-mod config;
 mod decide;
 mod etcd;
 mod members_seen;
 
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use inplace_agent_api::{MESSAGE_MAX_BYTES, Plan, Step};
-use tokio::sync::watch;
+use inplace_agent_api::{MESSAGE_MAX_BYTES, Plan, Step, StepReport};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-pub use config::{
-    ControlPlaneConfig, DEFAULT_ETCD_CA_FILE, DEFAULT_ETCD_CERT_FILE, DEFAULT_ETCD_ENDPOINT,
-    DEFAULT_ETCD_KEY_FILE,
-};
 use decide::{Nodes, Seen, Verdict, decide};
 pub use etcd::{ETCD_REQUEST_TIMEOUT, MAX_ETCD_ANSWER_BYTES};
 
-use crate::driver_config::DriverConfig;
-use crate::driver_env::DriverEnv;
-use crate::drivers::{StepContext, StepResult, drainer, drive_node, node_name};
-use crate::state::truncate_head;
+use crate::attempt::drive::drive;
+use crate::attempt::host::StepHost;
+use crate::config::{ControlPlaneConfig, DriverConfig};
+use crate::drivers::{
+    DriverOutcome, ProgressRecorder, StepContext, StepResult, drainer, drive_node, node_name,
+};
+use crate::os::driver_env::DriverEnv;
+use crate::shutdown::Shutdown;
+use crate::state::{SequenceProgress, StateError, StateStore, truncate_head};
 
 /// Longest the preflight waits for the control plane to become able to afford the step (the step's own
 /// timeout caps it too), before the step fails.
@@ -164,5 +165,61 @@ async fn nodes(env: &DriverEnv) -> Nodes {
             "no answer within {} s",
             NODE_LIST_TIMEOUT.as_secs()
         )),
+    }
+}
+
+/// Runs the control-plane preflight of `step` of plan `plan_id`, waiting at most `wait`: `Continue(Ok)` when
+/// the step (or its undo) may start, `Continue(Err)` with its failure, `Break` when the agent shuts down (it
+/// stays never begun). A task of its own driven like a step (reports delivered), before the step's or the
+/// undo's first effect; `record` writes each waiting message where the step's or the undo's record keeps it,
+/// and queues its report (`waiting`: what it tells the server while a full state dir holds that write up).
+pub(crate) async fn check_step<H, R>(
+    host: &mut H,
+    plan_id: &str,
+    step: &Step,
+    wait: Duration,
+    shutdown: &mut Shutdown,
+    record: impl FnMut(&mut StateStore, SequenceProgress, Option<String>) -> Result<(), StateError>,
+    waiting: &R,
+) -> ControlFlow<(), Result<(), StepResult>>
+where
+    H: StepHost + Send,
+    R: Fn(&StateStore, &str) -> Option<StepReport> + Sync,
+{
+    let index = step.index;
+    let deadline = Instant::now() + wait;
+    let (cancel_tx, cancel) = watch::channel(false);
+    let (progress_tx, progress_rx) = mpsc::channel(1);
+    let ctx = StepContext {
+        plan_id: plan_id.to_owned(),
+        step: step.clone(),
+        deadline,
+        resumed: false,
+        progress: None,
+        recorder: ProgressRecorder::new(progress_tx),
+        cancel,
+        drained: false,
+    };
+    tracing::info!(plan = %plan_id, step = index, "control-plane preflight");
+    let task = tokio::spawn(run(host.env(), ctx));
+    let (result, stopping) = drive(
+        host,
+        task,
+        cancel_tx,
+        progress_rx,
+        shutdown,
+        record,
+        waiting,
+    )
+    .await;
+    if stopping || result.outcome == DriverOutcome::Interrupted {
+        return ControlFlow::Break(());
+    }
+    match result.outcome {
+        DriverOutcome::Succeeded => {
+            tracing::info!(plan = %plan_id, step = index, message = %result.message, "control-plane preflight passed");
+            ControlFlow::Continue(Ok(()))
+        }
+        _ => ControlFlow::Continue(Err(result)),
     }
 }

@@ -6,7 +6,7 @@ use inplace_agent_api::{FileEncoding, FileSpec, KubeletArg, MachineRef, Plan, St
 use inplace_bounded_read::testing::{assert_refused, fifo_with, peak_rss_bytes, zero_at};
 
 use super::{Sandbox, run_action};
-use crate::driver_config::{DriverConfig, MAX_CONFIG_BYTES};
+use crate::config::{DriverConfig, MAX_CONFIG_BYTES};
 use crate::drivers::DriverOutcome;
 use crate::limits::*;
 
@@ -36,9 +36,13 @@ fn the_config_and_the_ca_file_are_refused_past_their_bounds() {
 
     let token = dir.path().join("token");
     std::fs::write(&token, "t").unwrap();
-    let err =
-        crate::client::ServerClient::new("https://127.0.0.1:1", "/dev/zero".as_ref(), &token, None)
-            .unwrap_err();
+    let err = crate::net::client::ServerClient::new(
+        "https://127.0.0.1:1",
+        "/dev/zero".as_ref(),
+        &token,
+        None,
+    )
+    .unwrap_err();
     assert_refused(&err.to_string(), "/dev/zero", MAX_CA_FILE_BYTES);
 }
 
@@ -50,13 +54,14 @@ async fn the_token_file_is_refused_past_its_bound_before_any_request() {
     std::fs::write(&ca_file, ca.cert.pem()).unwrap();
     let token = zero_at(&dir.path().join("token"));
     let client =
-        crate::client::ServerClient::new("https://127.0.0.1:1", &ca_file, &token, None).unwrap();
+        crate::net::client::ServerClient::new("https://127.0.0.1:1", &ca_file, &token, None)
+            .unwrap();
     let err = client
         .post::<_, serde_json::Value>("/x", &1, std::time::Duration::from_secs(1))
         .await
         .unwrap_err();
     assert!(
-        matches!(err, crate::client::ClientError::Token { .. }),
+        matches!(err, crate::net::client::ClientError::Token { .. }),
         "{err}"
     );
     assert_refused(
@@ -182,7 +187,7 @@ async fn the_etcd_manifest_the_kubelet_flags_and_node_facts_are_bounded() {
     std::fs::create_dir_all(sb.node("/proc/sys/kernel/random")).unwrap();
     zero_at(&sb.node("/proc/sys/kernel/random/boot_id"));
     assert_eq!(
-        crate::inventory::boot_id(&env),
+        crate::os::inventory::boot_id(&env),
         None,
         "a refused fact is absent"
     );

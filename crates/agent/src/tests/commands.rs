@@ -333,7 +333,7 @@ async fn pinned_sha256_and_missing_configuration() {
 
 #[test]
 fn config_errors_name_the_key() {
-    let err = crate::driver_config::DriverConfig::from_yaml(
+    let err = crate::config::DriverConfig::from_yaml(
         "kubernetes:\n  installKubeadm:\n    commands: [{run: [apt-get, \"{{verison}}\"]}]\n",
     )
     .unwrap_err();
@@ -342,13 +342,12 @@ fn config_errors_name_the_key() {
             .contains("kubernetes.installKubeadm: commands[0]: unknown variable"),
         "{err}"
     );
-    let err = crate::driver_config::DriverConfig::from_yaml("kubelett: {}\n").unwrap_err();
+    let err = crate::config::DriverConfig::from_yaml("kubelett: {}\n").unwrap_err();
     assert!(
         err.to_string().contains("unknown field `kubelett`"),
         "{err}"
     );
-    let err =
-        crate::driver_config::DriverConfig::from_yaml("kubelet: {restart: []}\n").unwrap_err();
+    let err = crate::config::DriverConfig::from_yaml("kubelet: {restart: []}\n").unwrap_err();
     assert!(
         err.to_string()
             .contains("kubelet.restart: argv needs a program"),
@@ -362,7 +361,7 @@ fn shipped_config_examples_load() {
     let mut names = Vec::new();
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
-        let config = crate::driver_config::DriverConfig::load(&path)
+        let config = crate::config::DriverConfig::load(&path)
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let k = &config.kubernetes;
         assert!(

@@ -32,7 +32,7 @@ use inplace_agent_api::{Step, StepAction};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::driver_config::DriverConfig;
+use crate::config::DriverConfig;
 use crate::drivers::{DriverEnv, ProgressRecorder, StepContext, StepResult, execute};
 use crate::state::SequenceProgress;
 

@@ -1,5 +1,5 @@
 //! The shipped bootc example (`config-examples/bootc.yaml`) against the stand-in `bootc` of
-//! `crate::bootc_stand_in`, which keeps the boot entries, the booted and the staged deployment as bootc
+//! `crate::os::bootc_stand_in`, which keeps the boot entries, the booted and the staged deployment as bootc
 //! computes its host spec, so the test sees which image the next boot starts. Its [`boot`] with a fall back
 //! is the A/B fallback of issue 43.2: the image the step switched to stays the default boot entry.
 
@@ -11,21 +11,21 @@ use super::os_image::{
     until_the_reboot,
 };
 use super::reboot::{OnWait, assert_ok, attempt, reboot_node, reboot_sandbox};
-use crate::bootc_stand_in::{BOOTC_STAND_IN, booted, entries, next_boot};
 use crate::drivers::{DriverOutcome, UndoRecord};
+use crate::os::bootc_stand_in::{BOOTC_STAND_IN, booted, entries, next_boot};
 
 /// A node booted from `OLD`, its only boot entry, with the stand-in `bootc` and `systemctl`.
 fn sandbox() -> Sandbox {
     let sb = reboot_sandbox();
     sb.fake("bootc", BOOTC_STAND_IN);
     sb.fake("systemctl", "exit 0");
-    crate::bootc_stand_in::install(&sb.root, OLD).unwrap();
+    crate::os::bootc_stand_in::install(&sb.root, OLD).unwrap();
     sb
 }
 
 /// The machine restarts under `boot_id`, on a fall back into the other entry.
 fn boot(sb: &Sandbox, boot_id: &str, fall_back: bool) {
-    crate::bootc_stand_in::boot(&sb.root, fall_back).unwrap();
+    crate::os::bootc_stand_in::boot(&sb.root, fall_back).unwrap();
     reboot_node(sb, boot_id);
 }
 

@@ -10,8 +10,8 @@ use inplace_agent_api::RollbackState;
 
 use super::package_undo::{diff, drive, plan};
 use super::package_world::{FROM, Node, TO, World};
-use crate::driver_config::{CommandSpec, DriverConfig};
-use crate::template::{Vars, expand};
+use crate::config::{CommandSpec, DriverConfig};
+use crate::sequence::template::{Vars, expand};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apt_forward_installs_the_target_and_holds_all_three() {

@@ -23,10 +23,10 @@ use inplace_agent_api::{MachineRef, Plan, RollbackState, Step, StepAction};
 
 use super::package_world::{FROM, Node, World};
 use super::rollback::{Host, file, files_step};
-use crate::driver_config::{CommandSequence, CommandSpec, DriverConfig, SequenceCommand};
+use crate::config::{CommandSequence, CommandSpec, DriverConfig, SequenceCommand};
 use crate::rollback::{pending, run_undo};
+use crate::sequence::template::{Vars, expand};
 use crate::shutdown::Shutdown;
-use crate::template::{Vars, expand};
 
 /// Stands for the case's root in [`Case::argv`].
 const ROOT: &str = "<root>";
@@ -266,8 +266,8 @@ pub(super) async fn drive(node: &Node, plan: Plan, case: Option<&Case>) -> End {
     let mut killed_at = None;
     loop {
         let record = host.store.state.current.as_ref().unwrap();
-        if crate::rollback_verify::pending(&host.store) {
-            let flow = crate::rollback_verify::run_finish(&mut host, &mut shutdown).await;
+        if crate::rollback::verify::pending(&host.store) {
+            let flow = crate::rollback::verify::run_finish(&mut host, &mut shutdown).await;
             assert_eq!(flow, ControlFlow::Continue(()));
             continue;
         }
@@ -309,7 +309,7 @@ pub(super) async fn drive(node: &Node, plan: Plan, case: Option<&Case>) -> End {
                 if undo {
                     run_undo(&mut host, &mut shutdown).await
                 } else {
-                    crate::executor::run_step(&mut host, index, &mut shutdown).await
+                    crate::run::executor::run_step(&mut host, index, &mut shutdown).await
                 }
             } => {
                 assert_eq!(flow, ControlFlow::Continue(()));

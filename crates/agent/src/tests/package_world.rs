@@ -14,8 +14,8 @@ use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 
-use crate::driver_config::DriverConfig;
-use crate::driver_env::DriverEnv;
+use crate::config::DriverConfig;
+use crate::os::driver_env::DriverEnv;
 use crate::retry::RetryPolicy;
 
 /// The Kubernetes version the node runs before the plan, and the plan's target.

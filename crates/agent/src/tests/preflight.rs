@@ -14,7 +14,7 @@ use inplace_drain::fake::{FakeApiServer, FakeNode};
 
 use super::rollback::{Host, host_with};
 use super::{Sandbox, wait_until};
-use crate::executor::run_step;
+use crate::run::executor::run_step;
 use crate::shutdown::Shutdown;
 use crate::state::LocalStepStatus;
 

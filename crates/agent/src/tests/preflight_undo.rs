@@ -16,7 +16,7 @@ use super::preflight::kubelet_args;
 use super::reboot::{BOOT_ID, reboot_node};
 use super::rollback::{Host, file, files_step, rollback_failed, rolled_back, run};
 use super::{Sandbox, wait_until};
-use crate::executor::run_step;
+use crate::run::executor::run_step;
 use crate::shutdown::Shutdown;
 
 const FLAGS: &str = "/var/lib/kubelet/kubeadm-flags.env";
@@ -274,7 +274,7 @@ async fn an_os_image_undo_never_reboots_past_an_unhealthy_control_plane() {
 }
 
 /// The agent's environment: `node:` reaching the fake API as `cp-1`, then `extra`.
-fn host_env(sb: &Sandbox, extra: &str) -> Arc<crate::driver_env::DriverEnv> {
+fn host_env(sb: &Sandbox, extra: &str) -> Arc<crate::os::driver_env::DriverEnv> {
     sb.env(&format!(
         "node:\n  name: cp-1\n  pollIntervalMillis: 50\n{extra}"
     ))

@@ -15,7 +15,7 @@ use crate::clock::now_unix_ms;
 use crate::drivers::{
     DriverEnv, DriverOutcome, ProgressRecorder, StepContext, StepResult, execute,
 };
-use crate::reboot_decide::{REBOOT_JOURNAL, RebootIntent, RebootJournal};
+use crate::os::reboot::{REBOOT_JOURNAL, RebootIntent, RebootJournal};
 
 /// The node path of the boot id.
 pub(super) const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
@@ -340,7 +340,7 @@ async fn without_a_boot_id_the_step_fails_before_rebooting() {
 
 #[test]
 fn the_reboot_and_os_image_sections_are_checked_at_load() {
-    let config = crate::driver_config::DriverConfig::from_yaml("").unwrap();
+    let config = crate::config::DriverConfig::from_yaml("").unwrap();
     assert_eq!(config.reboot.command, ["systemctl", "reboot"]);
     assert_eq!(config.reboot.boot_id_file, BOOT_ID);
     assert!(config.os_image.is_none());
@@ -374,7 +374,7 @@ fn the_reboot_and_os_image_sections_are_checked_at_load() {
             "osImage.apply.skipIf",
         ),
     ] {
-        let err = crate::driver_config::DriverConfig::from_yaml(yaml)
+        let err = crate::config::DriverConfig::from_yaml(yaml)
             .unwrap_err()
             .to_string();
         assert!(err.contains(expected), "{yaml}: {err}");

@@ -5,7 +5,7 @@
 use inplace_agent_api::StepAction;
 
 use super::{Sandbox, run_recorded};
-use crate::driver_config::DriverConfig;
+use crate::config::DriverConfig;
 use crate::drivers::DriverOutcome;
 use crate::state::SequenceProgress;
 

@@ -13,12 +13,12 @@ use inplace_agent_api::{
 use tokio::time::Instant;
 
 use super::{Sandbox, mode_of};
-use crate::driver_env::DriverEnv;
-use crate::executor::run_step;
+use crate::attempt::host::StepHost;
+use crate::os::driver_env::DriverEnv;
 use crate::rollback::{pending, run_undo};
+use crate::run::executor::run_step;
 use crate::shutdown::Shutdown;
 use crate::state::{LocalStepStatus, StateStore};
-use crate::step_host::StepHost;
 
 /// A test's reaction to a report the executor sends at once.
 pub(super) type OnSend = Box<dyn FnMut(&inplace_agent_api::StepReport) + Send>;
@@ -187,9 +187,9 @@ pub(super) async fn run(host: &mut Host, max_undos: Option<usize>) {
             undos += 1;
             continue;
         }
-        if crate::rollback_verify::pending(&host.store) {
+        if crate::rollback::verify::pending(&host.store) {
             assert_eq!(
-                crate::rollback_verify::run_finish(host, &mut shutdown).await,
+                crate::rollback::verify::run_finish(host, &mut shutdown).await,
                 ControlFlow::Continue(())
             );
             continue;

@@ -150,7 +150,7 @@ async fn a_node_not_back_at_its_old_kubelet_fails_the_rollback_and_stays_cordone
     // Forward steps only: the drain and the first files step, then the failure.
     for index in 0..3 {
         let mut shutdown: crate::shutdown::Shutdown = Box::pin(std::future::pending());
-        let _ = crate::executor::run_step(&mut host, index, &mut shutdown).await;
+        let _ = crate::run::executor::run_step(&mut host, index, &mut shutdown).await;
     }
     // The kubelet the plan installed keeps running: undoing files cannot bring the old one back.
     api.set_kubelet_version("v1.34.1");

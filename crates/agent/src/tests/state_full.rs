@@ -20,10 +20,10 @@ use inplace_agent_api::{MachineRef, Plan, RollbackState, Step, StepAction};
 
 use super::Sandbox;
 use super::rollback::{Host, file, files_step, run};
-use crate::executor::run_step;
+use crate::attempt::state_full::STATE_FULL_WAIT;
+use crate::run::executor::run_step;
 use crate::shutdown::Shutdown;
 use crate::state::{LocalState, LocalStepStatus, StateError, StateStore};
-use crate::state_full::STATE_FULL_WAIT;
 
 /// Set for the test binary started inside the namespace.
 const INSIDE_ENV: &str = "INPLACE_STATE_FULL_TEST";

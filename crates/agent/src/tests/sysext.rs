@@ -19,11 +19,11 @@ use inplace_drain::fake::{FakeApiServer, FakeNode};
 use tokio::time::Instant;
 
 use super::rollback::{Host, file, files_step, rolled_back, run};
-use crate::driver_config::DriverConfig;
-use crate::driver_env::DriverEnv;
+use crate::config::DriverConfig;
+use crate::os::driver_env::DriverEnv;
+use crate::os::sysext::release::{node_architecture, parse_release};
 use crate::shutdown::Shutdown;
 use crate::state::LocalStepStatus;
-use crate::sysext_release::{node_architecture, parse_release};
 
 /// The scenario directory, handed to the test binary inside the namespace.
 const DIR_ENV: &str = "INPLACE_SYSEXT_TEST_DIR";
@@ -255,7 +255,7 @@ fn plan(id: &str, version: &str, fail_after: bool) -> Plan {
 
 async fn first_step(host: &mut Host) {
     let mut shutdown: Shutdown = Box::pin(std::future::pending());
-    let flow = crate::executor::run_step(host, 0, &mut shutdown).await;
+    let flow = crate::run::executor::run_step(host, 0, &mut shutdown).await;
     assert_eq!(flow, ControlFlow::Continue(()));
 }
 
@@ -388,7 +388,7 @@ async fn inside_a_mount_namespace() {
     host.store.adopt(plan("p5b", "v1.33.4", false)).unwrap();
     let marker_seen = marker.clone();
     let mut shutdown: Shutdown = Box::pin(async move { blocked(&marker_seen).await });
-    let flow = crate::executor::run_step(&mut host, 0, &mut shutdown).await;
+    let flow = crate::run::executor::run_step(&mut host, 0, &mut shutdown).await;
     assert_eq!(flow, ControlFlow::Break(()));
     assert_step(&host, LocalStepStatus::Pending);
     assert_eq!(link(), Some(image("v1.33.4")), "the link stays switched");
@@ -548,15 +548,15 @@ fn the_flatcar_example_fetches_then_switches() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config-examples/sysext.yaml");
     let config = DriverConfig::load(std::path::Path::new(path)).unwrap();
     let install = config.kubernetes.install_kubeadm.unwrap();
-    let specs: Vec<&crate::driver_config::CommandSpec> =
+    let specs: Vec<&crate::config::CommandSpec> =
         install.commands.iter().map(|c| &c.spec).collect();
     let fetch = specs
         .iter()
-        .position(|s| matches!(s, crate::driver_config::CommandSpec::Fetch { source, .. } if source == "{{pin.kubernetesSysext}}"))
+        .position(|s| matches!(s, crate::config::CommandSpec::Fetch { source, .. } if source == "{{pin.kubernetesSysext}}"))
         .unwrap();
     let switch = specs
         .iter()
-        .position(|s| matches!(s, crate::driver_config::CommandSpec::SysextSwitch { name, .. } if name == "kubernetes"))
+        .position(|s| matches!(s, crate::config::CommandSpec::SysextSwitch { name, .. } if name == "kubernetes"))
         .unwrap();
     assert!(fetch < switch, "the image is fetched before the link moves");
     assert_eq!(

@@ -20,8 +20,8 @@ use tokio::time::Instant;
 
 use super::rollback::{Host, rolled_back, run};
 use super::sysext::{LINK, image, link, merged_kubelet};
-use crate::driver_config::DriverConfig;
-use crate::driver_env::DriverEnv;
+use crate::config::DriverConfig;
+use crate::os::driver_env::DriverEnv;
 use crate::state::LocalStepStatus;
 
 /// The verification borrows this timeout from the plan's waitNodeReady step: before the fix it waited it out.
