@@ -436,13 +436,14 @@ async fn a_failed_step_is_counted_timed_and_logged() {
     assert_eq!(failed[0]["level"], "ERROR");
     assert_eq!(failed[0]["fields"]["kind"], "kubeadmUpgrade");
     assert_eq!(failed[0]["fields"]["machine"], format!("default/{NODE}"));
-    let answers = lines(&server, "hook call");
-    assert!(
-        answers
+    // The answer reached CAPI before its log line reached the file (the server's log writer does not block).
+    eventually("the Failure answer logged at WARN", async || {
+        lines(&server, "hook call")
             .iter()
-            .any(|l| l["fields"]["status"] == "Failure" && l["level"] == "WARN"),
-        "{answers:#?}"
-    );
+            .any(|l| l["fields"]["status"] == "Failure" && l["level"] == "WARN")
+    })
+    .await;
+    let answers = lines(&server, "hook call");
     assert!(
         answers
             .iter()
