@@ -14,10 +14,11 @@ use crate::cmd::cli::{
     TokenCreateArgs,
 };
 use crate::cmd::fatal::{Fatal, one_line, serve_fatal};
+use crate::cmd::tables::{render_agents, render_status};
 use crate::dispatch::upkeep::tokens::{AgentTokens, create_token};
 use crate::dispatch::{
     AgentRow, AgentScope, DispatchConfig, Dispatcher, RetentionRecord, RetryOutcome, StatusRow,
-    ago, now_ms,
+    now_ms,
 };
 use crate::hooks::Engine;
 use crate::observe::{InstrumentedStore, backend_name};
@@ -366,101 +367,6 @@ async fn get_json<T: serde::de::DeserializeOwned>(
     Ok((value, headers))
 }
 
-fn render_agents(rows: &[AgentRow], now: u64) -> String {
-    if rows.is_empty() {
-        return "no agent seen\n".into();
-    }
-    let mut out = format!(
-        "{:<40} {:<24} {:<28} {:<13} {:<12} {:<18} {:<40} {}\n",
-        "MACHINE", "NODE", "VERSION", "STATE", "LAST SEEN", "CA", "UPGRADE", "LAST REFUSAL"
-    );
-    for row in rows {
-        let refusal = row
-            .last_refusal
-            .as_ref()
-            .map(|r| {
-                format!(
-                    "{} {}: {} (from {})",
-                    r.reason.as_str(),
-                    ago(now, r.at_ms),
-                    r.message,
-                    r.peer.as_deref().unwrap_or("unknown peer")
-                )
-            })
-            .unwrap_or_else(|| "-".into());
-        let version = match (&row.agent_version, &row.arch, &row.agent_sha256) {
-            (Some(version), Some(arch), Some(sha)) => {
-                format!("{version} {arch} {}", sha.get(..12).unwrap_or(sha))
-            }
-            (Some(version), _, _) => version.clone(),
-            (None, _, _) => "-".into(),
-        };
-        out.push_str(&format!(
-            "{:<40} {:<24} {:<28} {:<13} {:<12} {:<18} {:<40} {}\n",
-            row.machine,
-            row.node.as_deref().unwrap_or("-"),
-            version,
-            if row.connected {
-                "connected"
-            } else {
-                "disconnected"
-            },
-            row.last_seen_ms
-                .map_or_else(|| "never".into(), |at| ago(now, at)),
-            ca_column(row),
-            row.upgrade.as_deref().unwrap_or("-"),
-            refusal
-        ));
-    }
-    out
-}
-
-/// Digest characters `status --agents` shows of the CA bundle an agent trusts.
-pub const CA_DIGEST_SHOWN: usize = 8;
-
-/// The CA column: the start of the digest of the bundle the agent trusts, and whether the server serves it.
-fn ca_column(row: &AgentRow) -> String {
-    let Some(digest) = &row.ca_sha256 else {
-        return "-".into();
-    };
-    let short: String = digest.chars().take(CA_DIGEST_SHOWN).collect();
-    match row.ca_served {
-        Some(true) => format!("{short} served"),
-        Some(false) => format!("{short} OLD"),
-        None => short,
-    }
-}
-
-fn render_status(rows: &[StatusRow]) -> String {
-    if rows.is_empty() {
-        return "no updates recorded\n".into();
-    }
-    let mut out = String::new();
-    let mut cluster = "";
-    for row in rows {
-        if row.cluster != cluster {
-            cluster = &row.cluster;
-            out.push_str(&format!("cluster {cluster}\n"));
-        }
-        let state = serde_json::to_value(row.state)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
-        out.push_str(&format!(
-            "  {:<40} {:<12} {:<12} {}",
-            row.machine, state, row.run, row.step
-        ));
-        if !row.message.is_empty() {
-            out.push_str(&format!(
-                " — {}",
-                row.message.lines().next().unwrap_or_default()
-            ));
-        }
-        out.push('\n');
-    }
-    out
-}
-
 /// `diff`: prints the verdicts and returns the exit code (0 in place, 3 rollout, 1 bad input).
 pub fn diff(args: &crate::cmd::cli::DiffArgs) -> i32 {
     let policy = match load_policy(args.policy.as_deref()) {
@@ -542,31 +448,4 @@ pub async fn demo(args: &crate::cmd::cli::DemoArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn row(ca_sha256: Option<&str>, ca_served: Option<bool>) -> AgentRow {
-        serde_json::from_value(serde_json::json!({
-            "machine": "default/m", "connected": true, "caSha256": ca_sha256, "caServed": ca_served,
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn the_ca_column_shows_the_short_digest_and_whether_it_is_served() {
-        let digest = "0123456789abcdef".repeat(4);
-        assert_eq!(
-            ca_column(&row(Some(&digest), Some(true))),
-            "01234567 served"
-        );
-        assert_eq!(ca_column(&row(Some(&digest), Some(false))), "01234567 OLD");
-        assert_eq!(ca_column(&row(Some(&digest), None)), "01234567");
-        assert_eq!(ca_column(&row(None, None)), "-");
-        let table = render_agents(&[row(Some(&digest), Some(false))], 0);
-        assert!(table.lines().next().unwrap().contains(" CA "), "{table}");
-        assert!(table.contains("01234567 OLD"), "{table}");
-    }
 }
