@@ -13,6 +13,7 @@
 //! upkeep → fleet (the directions `tests/integration/layers.rs` checks). [`Dispatcher`] only composes them.
 
 pub mod agents;
+pub mod changes;
 pub mod fleet;
 pub mod floor;
 pub mod licence;
@@ -27,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::observe::{FleetMetrics, LiveFleet};
 
 pub use agents::{AgentRow, Agents, CONNECTED_WITHIN};
+pub use changes::Changes;
 pub use fleet::{Fleet, StatusRow, StatusState, UpdateState};
 pub use floor::clock::system_ms as now_ms;
 pub use floor::config::{
@@ -55,6 +57,8 @@ pub struct Dispatcher {
     pub upkeep: Arc<Upkeep>,
     /// UpdateMachine and the operator retry.
     pub runs: Runs,
+    /// How each change proves itself before it spreads: canaries, soak, gates, the brake.
+    pub changes: Arc<Changes>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -104,11 +108,13 @@ impl Dispatcher {
         let licences = Licences::new(floor.clone());
         let upkeep = Arc::new(Upkeep::new(floor.clone(), fleet.clone()));
         let agents = Agents::new(floor.clone(), fleet.clone(), upkeep.clone());
+        let changes = Arc::new(Changes::new(floor.clone()));
         let runs = Runs::new(
             floor.clone(),
             licences.clone(),
             agents.clone(),
             fleet.clone(),
+            changes.clone(),
         );
         let dispatcher = Arc::new(Self {
             floor,
@@ -117,6 +123,7 @@ impl Dispatcher {
             agents,
             upkeep,
             runs,
+            changes,
         });
         let live: std::sync::Weak<dyn LiveFleet> = Arc::downgrade(&dispatcher) as _;
         metrics.attach(live);

@@ -94,6 +94,7 @@ fn blank() -> UpdateRequest {
         window: None,
         paused_setting: None,
         on_failure_setting: None,
+        pacing: Default::default(),
         hashed: Default::default(),
     }
 }

@@ -87,6 +87,7 @@ pub fn update_request(
         window,
         paused_setting: settings.paused,
         on_failure_setting: settings.on_failure,
+        pacing: settings.pacing,
         hashed: Default::default(),
     })
 }

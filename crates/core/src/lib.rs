@@ -23,6 +23,7 @@ pub mod duration;
 pub mod knobs;
 pub mod machine;
 pub mod objects;
+pub mod pacing;
 pub mod patch;
 pub mod path;
 pub mod plan;

@@ -74,6 +74,8 @@ pub struct Settings {
     /// `drainPatchVersion`, `drainKubeletArgs`, `drainDeleteEmptyDirData`, `drainForceUnmanaged`: replace the
     /// policy's drain defaults for this registration.
     pub drain: DrainOverrides,
+    /// `canary`, `soak`, `maxFailures`, `healthGates`: how a change proves itself before it spreads.
+    pub pacing: crate::pacing::Pacing,
 }
 
 impl Default for Settings {
@@ -89,6 +91,7 @@ impl Default for Settings {
             maintenance_window: None,
             on_failure: None,
             drain: DrainOverrides::default(),
+            pacing: crate::pacing::Pacing::default(),
         }
     }
 }
@@ -100,7 +103,7 @@ pub enum SettingsError {
     #[error(
         "unknown setting {key:?} (known: inPlace, disableActions, enableActions, rebootWhenRequired, upgradeContainerRuntime, mode, patchType, \
          paused, maintenanceWindow, onFailure, drainPatchVersion, drainKubeletArgs, drainDeleteEmptyDirData, \
-         drainForceUnmanaged)"
+         drainForceUnmanaged, canary, soak, maxFailures, healthGates)"
     )]
     UnknownKey {
         /// The key as given.
@@ -246,6 +249,7 @@ impl Settings {
                         why: MINOR_DRAIN_IS_REQUIRED,
                     });
                 }
+                k if crate::pacing::Pacing::owns(k) => s.pacing.set(k, value)?,
                 _ => return Err(SettingsError::UnknownKey { key: key.clone() }),
             }
         }

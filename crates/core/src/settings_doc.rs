@@ -7,6 +7,7 @@ use crate::settings::{
     ENABLE_ACTIONS_SETTING, ON_FAILURE_SETTING, REBOOT_WHEN_REQUIRED_SETTING,
     UPGRADE_CONTAINER_RUNTIME_SETTING,
 };
+use crate::pacing::{CANARY_SETTING, HEALTH_GATES_SETTING, MAX_FAILURES_SETTING, SOAK_SETTING};
 use crate::window::WINDOW_SETTING;
 
 /// Every setting key with its values and meaning, for `--help`, README and error messages.
@@ -90,5 +91,30 @@ pub const SETTINGS_DOC: &[(&str, &str)] = &[
         DRAIN_FORCE_UNMANAGED,
         "\"true\" or \"false\": whether a drain also evicts pods no controller owns (default: the policy's \
          drain.forceUnmanaged, false: such pods block the drain).",
+    ),
+    (
+        CANARY_SETTING,
+        "A whole number 0..=100: how many Machines take a change first, alone, fleet-wide (every registration \
+         paced the same way shares a change's canaries); every other Machine asking for the same change waits, \
+         in progress, until each canary is done and has soaked. Default: 1 when any of canary, soak, maxFailures \
+         or healthGates is set, else 0 (not paced: today's behaviour).",
+    ),
+    (
+        SOAK_SETTING,
+        "A Go duration up to 168h (e.g. 10m): after a Machine finished a change, the next Machine of that change \
+         starts only this long later, with every health gate passing; a gate that fails during the soak starts \
+         it again. Default: 0s.",
+    ),
+    (
+        MAX_FAILURES_SETTING,
+        "A whole number 1..=10000: failed or rolled-back Machines of one change (past its canaries) that halt \
+         the change fleet-wide: Machines that have not started it are held until an operator runs \
+         `inplace-updater change release`. A failed canary always halts. Default: 1.",
+    ),
+    (
+        HEALTH_GATES_SETTING,
+        "Comma-separated names of health gates in the server's gates file (`serve --gates-file`, at most 16): \
+         each must pass before a Machine's run is recorded and during a soak; a failing or unreachable gate \
+         holds the change (not the fleet), quoting what failed. Default: none.",
     ),
 ];

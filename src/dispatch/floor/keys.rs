@@ -27,8 +27,15 @@ pub const PROVIDERS_PREFIX: &str = "providers/";
 pub const AGENT_TOKENS_PREFIX: &str = "agent-tokens/";
 /// Prefix of every slot of a store-backed counting semaphore ([`super::slots`]).
 pub const SLOTS_PREFIX: &str = "slots/";
+/// Prefix of every change a paced registration's Machines take ([`crate::dispatch::changes`]).
+pub const CHANGES_PREFIX: &str = "changes/";
 /// The key holding the stored format's version ([`super::format`]).
 pub const FORMAT_KEY: &str = "meta/format";
+
+/// Key of a change's record, by its id.
+pub fn change_key(id: &str) -> String {
+    format!("{CHANGES_PREFIX}{id}")
+}
 
 /// Key of a Machine's record: which run is current.
 pub fn machine_key(machine: &MachineRef) -> String {

@@ -26,6 +26,7 @@ pub use request::{UpdateAnswer, UpdateRequest, run_id};
 pub use retry::{Retried, RetryOutcome, retry_command};
 
 use super::agents::Agents;
+use super::changes::{ChangeId, Changes, GateVars, Paced};
 use super::fleet::Fleet;
 use super::floor::db::{CAS_ATTEMPTS, Committed, Put};
 use super::floor::keys::{agent_key, machine_key, provider_key, update_key};
@@ -41,16 +42,24 @@ pub struct Runs {
     licences: Licences,
     agents: Arc<Agents>,
     fleet: Arc<Fleet>,
+    changes: Arc<Changes>,
 }
 
 impl Runs {
     /// The wing over `floor`, answering with what `agents` and `fleet` know.
-    pub fn new(floor: Floor, licences: Licences, agents: Arc<Agents>, fleet: Arc<Fleet>) -> Runs {
+    pub fn new(
+        floor: Floor,
+        licences: Licences,
+        agents: Arc<Agents>,
+        fleet: Arc<Fleet>,
+        changes: Arc<Changes>,
+    ) -> Runs {
         Runs {
             floor,
             licences,
             agents,
             fleet,
+            changes,
         }
     }
 
@@ -81,8 +90,23 @@ impl Runs {
                 Decision::Answer(answer) => return Ok(answer),
                 Decision::Commit(commit) => *commit,
             };
+            let mut extra = Vec::new();
+            if let Some(paced) = self.pace(request, &writes, &record).await? {
+                match paced {
+                    Paced::Go(put) => extra.push(put),
+                    Paced::Wait {
+                        message,
+                        retry_after_seconds,
+                    } => {
+                        return Ok(UpdateAnswer::InProgress {
+                            message,
+                            retry_after_seconds,
+                        });
+                    }
+                }
+            }
             let wrote = !writes.is_empty();
-            if self.commit(request, writes).await? == Committed::Conflict {
+            if self.commit(request, writes, extra).await? == Committed::Conflict {
                 continue;
             }
             self.after(&facts.machine, &events);
@@ -95,13 +119,50 @@ impl Runs {
         Err(DispatchError::Contention(machine_key(&facts.machine)))
     }
 
+    /// For a paced registration's new run, what its change says ([`Changes::admit`]); `None` when the
+    /// registration is not paced or the writes start no run.
+    async fn pace(
+        &self,
+        request: &UpdateRequest,
+        writes: &[Write],
+        record: &MachineRecord,
+    ) -> Result<Option<Paced>, DispatchError> {
+        if !request.pacing.is_on() {
+            return Ok(None);
+        }
+        let Some(run) = writes.iter().find_map(|w| match w {
+            Write::Run(run) => Some(run),
+            _ => None,
+        }) else {
+            return Ok(None);
+        };
+        let facts = &request.desired.facts;
+        let change = ChangeId::of(&record.node_change, facts.version.as_deref(), &run.plan);
+        let node = request
+            .machine
+            .pointer("/status/nodeRef/name")
+            .and_then(|v| v.as_str())
+            .unwrap_or(&facts.machine.name);
+        let vars = GateVars {
+            node: node.to_owned(),
+            cluster: facts.cluster.clone(),
+            namespace: facts.machine.namespace.clone(),
+        };
+        self.changes
+            .admit(&facts.machine, &run.plan.id, &change, &request.pacing, &vars)
+            .await
+            .map(Some)
+    }
+
     async fn commit(
         &self,
         request: &UpdateRequest,
         writes: Vec<Write>,
+        extra: Vec<Put>,
     ) -> Result<Committed, DispatchError> {
         let machine = &request.desired.facts.machine;
-        let mut puts = Vec::with_capacity(writes.len());
+        let mut puts = Vec::with_capacity(writes.len() + extra.len());
+        puts.extend(extra);
         for write in writes {
             puts.push(match write {
                 Write::Claim(claim) => Put::of(

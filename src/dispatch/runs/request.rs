@@ -42,6 +42,9 @@ pub struct UpdateRequest {
     pub paused_setting: Option<String>,
     /// The ExtensionConfig `onFailure` setting, when set (the Machine's annotation overrides it).
     pub on_failure_setting: Option<inplace_agent_api::OnFailure>,
+    /// The registration's rollout settings (`canary`, `soak`, `maxFailures`, `healthGates`): a new run of a
+    /// paced registration waits for its change's pace ([`crate::dispatch::changes`]).
+    pub pacing: inplace_core::pacing::Pacing,
     /// [`UpdateRequest::input_hash`] per upgrade mode (`apply`, `node`), computed at most once each.
     pub hashed: [OnceLock<String>; 2],
 }

@@ -1,0 +1,137 @@
+//! What operators do to a change and see of it: halt it, release it (from a halt or the brake), promote it
+//! past its canaries and soaks — each a compare-and-swap on the change record, so every replica agrees and a
+//! restart keeps it — and the listing `inplace-updater status --changes` prints. The transitions are pure
+//! ([`apply`]).
+
+use serde::Serialize;
+
+use super::decide::halted_message;
+use super::identity::ChangeId;
+use super::record::{ChangeRecord, Halt};
+use super::Changes;
+use crate::dispatch::floor::DispatchError;
+use crate::dispatch::floor::keys::{CHANGES_PREFIX, change_key};
+
+/// An operator's control of a change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// Hold every Machine that has not started it.
+    Halt,
+    /// Lift a halt or the brake; the brake counts only failures after this.
+    Release,
+    /// Past its canaries and soaks: every Machine may start it (the budget and gates still apply).
+    Promote,
+}
+
+/// `record` after `control` at `now_ms`; `None` when it changes nothing.
+pub fn apply(record: &ChangeRecord, control: Control, now_ms: u64) -> Option<ChangeRecord> {
+    let mut next = record.clone();
+    match control {
+        Control::Halt if next.halted.is_none() => next.halted = Some(Halt::Operator { ms: now_ms }),
+        Control::Release if next.halted.is_some() => {
+            next.halted = None;
+            next.released_failures = next.failed;
+        }
+        Control::Promote if !next.promoted => next.promoted = true,
+        _ => return None,
+    }
+    Some(next)
+}
+
+/// One change as `status --changes` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChangeRow {
+    /// Its id (what `inplace-updater change` takes).
+    pub id: String,
+    /// What it moves.
+    pub label: String,
+    /// Canaries: each Machine and where it is (`default/a done`, `default/b running`, `default/c failed`).
+    pub canaries: Vec<String>,
+    /// Machines that finished it.
+    pub done: u64,
+    /// Machines running it.
+    pub running: usize,
+    /// Machines whose run failed.
+    pub failed: u64,
+    /// `proving` (in its canaries), `open`, `promoted` or `halted`.
+    pub state: String,
+    /// Why it is halted (with the release command), when it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
+    /// The last failing gate's words, when one failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_gate_failure: Option<String>,
+}
+
+impl ChangeRow {
+    /// The row of a stored record.
+    pub fn of(record: &ChangeRecord) -> ChangeRow {
+        let state = if record.halted.is_some() {
+            "halted"
+        } else if record.promoted {
+            "promoted"
+        } else if record.in_canary() {
+            "proving"
+        } else {
+            "open"
+        };
+        ChangeRow {
+            id: ChangeId::from_label(record.label.clone()).id,
+            label: record.label.clone(),
+            canaries: record
+                .canaries
+                .iter()
+                .map(|c| {
+                    let at = match (&c.failed, c.done_ms) {
+                        (Some(_), _) => "failed",
+                        (None, Some(_)) => "done",
+                        (None, None) => "running",
+                    };
+                    format!("{} {at}", c.member.machine)
+                })
+                .collect(),
+            done: record.done,
+            running: record.running.len(),
+            failed: record.failed,
+            state: state.to_owned(),
+            held: record.halted.as_ref().map(|h| halted_message(record, h)),
+            last_gate_failure: record.gate_failed.as_ref().map(|(_, m)| m.clone()),
+        }
+    }
+}
+
+impl Changes {
+    /// Applies `control` to change `id` (compare-and-swap); `Ok(None)` when no such change is recorded.
+    pub async fn control(
+        &self,
+        id: &str,
+        control: Control,
+    ) -> Result<Option<ChangeRecord>, DispatchError> {
+        if !crate::dispatch::floor::keys::valid_segment(id) {
+            return Err(DispatchError::BadRequest(format!(
+                "{id:?} is not a change id (24 hex digits, as `status --changes` lists them)"
+            )));
+        }
+        let now = self.floor.now_ms();
+        self.floor
+            .db
+            .update(&change_key(id), |current: Option<&ChangeRecord>| {
+                Ok(current.and_then(|r| apply(r, control, now)))
+            })
+            .await
+    }
+
+    /// Every recorded change, newest first.
+    pub async fn list(&self) -> Result<Vec<ChangeRow>, DispatchError> {
+        let mut rows = Vec::new();
+        for entry in self.floor.db.store().list(CHANGES_PREFIX).await? {
+            // A record that does not decode is passed over: the listing stands without it.
+            if let Ok(record) = crate::dispatch::floor::db::decode::<ChangeRecord>(&entry.key, &entry.value) {
+                rows.push((record.first_ms, ChangeRow::of(&record)));
+            }
+        }
+        rows.sort_by(|a, b| b.0.cmp(&a.0));
+        Ok(rows.into_iter().map(|(_, row)| row).collect())
+    }
+}

@@ -1,0 +1,241 @@
+//! The changes wing: a change proves itself before it spreads. A paced registration's new run is admitted only
+//! when its change ([`identity`]) lets it — canaries first, a soak after each finish, the health gates
+//! passing, no brake — decided purely ([`decide`]) over the change record ([`record`]) and how its running
+//! Machines' runs ended, loaded here; the record is written in the same transaction as the run that joins it
+//! (the runs wing adds the op), so every replica and every restart sees the same order. Operator controls
+//! (halt, release, promote) and the listing for `status --changes` are [`control`].
+
+pub mod control;
+pub mod decide;
+pub mod identity;
+pub mod record;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+
+use inplace_agent_api::MachineRef;
+use inplace_core::pacing::Pacing;
+use inplace_store::Precondition;
+
+use super::floor::db::Put;
+use super::floor::keys::{change_key, machine_key, update_key};
+use super::floor::records::MachineRecord;
+use super::floor::run::RunOutcome;
+use super::floor::run_view::RunView;
+use super::floor::{DispatchError, Floor};
+pub use decide::{Admission, Asked, GateOutcome, RunEnd, Verdict};
+pub use identity::ChangeId;
+pub use record::{ChangeRecord, Halt, Member};
+
+/// What a per-node gate query is filled in with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateVars {
+    /// The Node's name (the Machine's `status.nodeRef.name`, else the Machine's name).
+    pub node: String,
+    /// The Cluster's name.
+    pub cluster: String,
+    /// The Machine's namespace.
+    pub namespace: String,
+}
+
+/// The boxed future a [`GateCheck`] returns.
+pub type GateFuture<'a> = Pin<Box<dyn Future<Output = Vec<GateOutcome>> + Send + 'a>>;
+
+/// Evaluates health gates by name (the server's gates file); a name it does not know is a failing gate.
+pub trait GateCheck: Send + Sync {
+    /// The outcome of each of `names` for `vars`, in order.
+    fn check<'a>(&'a self, names: &'a [String], vars: &'a GateVars) -> GateFuture<'a>;
+}
+
+/// What pacing says about a new run.
+#[derive(Debug)]
+pub enum Paced {
+    /// Start it; commit this op with the run.
+    Go(Put),
+    /// Do not start it: answer in progress.
+    Wait {
+        /// The message.
+        message: String,
+        /// `retryAfterSeconds`.
+        retry_after_seconds: i32,
+    },
+}
+
+/// The changes wing.
+pub struct Changes {
+    floor: Floor,
+    gates: OnceLock<Arc<dyn GateCheck>>,
+}
+
+impl Changes {
+    /// The wing over `floor`, with no gates file yet ([`Changes::set_gates`]).
+    pub fn new(floor: Floor) -> Changes {
+        Changes {
+            floor,
+            gates: OnceLock::new(),
+        }
+    }
+
+    /// The gates named by `healthGates` settings (once, at start-up).
+    pub fn set_gates(&self, gates: Arc<dyn GateCheck>) {
+        let _ = self.gates.set(gates);
+    }
+
+    /// Whether `machine` may start `run_id`, a run of `change`, under `pacing`: loads the change record and
+    /// how its running Machines' runs stand, asks the gates, decides. A wait whose decision changed the record
+    /// (a failure folded, the brake engaged, a gate failed) writes it at once; a conflict there is harmless
+    /// (the next call folds again).
+    pub async fn admit(
+        &self,
+        machine: &MachineRef,
+        run_id: &str,
+        change: &ChangeId,
+        pacing: &Pacing,
+        vars: &GateVars,
+    ) -> Result<Paced, DispatchError> {
+        let key = change_key(&change.id);
+        let loaded = self.floor.db.read::<ChangeRecord>(&key).await?;
+        let precondition = match &loaded {
+            Some((_, entry)) => Precondition::Revision(entry.revision),
+            None => Precondition::Absent,
+        };
+        let record = loaded.map(|(record, _)| record);
+        let ends = match &record {
+            Some(record) => self.ends(&record.running).await?,
+            None => Vec::new(),
+        };
+        let asks_gates = !pacing.health_gates.is_empty()
+            && record
+                .as_ref()
+                .is_none_or(|r| r.halted.is_none() && !r.has_member(machine));
+        let gates = if asks_gates {
+            self.check_gates(&pacing.health_gates, vars).await
+        } else {
+            Vec::new()
+        };
+        let now_ms = self.floor.now_ms();
+        let admission = decide::admit(
+            record.as_ref(),
+            &ends,
+            &Asked {
+                machine,
+                run_id,
+                change,
+                pacing,
+                gates: &gates,
+                now_ms,
+                retry_after_seconds: self.floor.config.retry_after_seconds,
+            },
+        );
+        let put = Put::of(key, &admission.record, precondition)?;
+        match admission.verdict {
+            Verdict::Go { canary } => {
+                if canary {
+                    tracing::info!(%machine, change = %change.label, "a canary starts the change");
+                }
+                Ok(Paced::Go(put))
+            }
+            Verdict::Wait {
+                message,
+                retry_after_seconds,
+            } => {
+                if admission.changed {
+                    if let Some(Halt::Brake { failures, .. }) = &admission.record.halted
+                        && record.as_ref().is_none_or(|r| r.halted.is_none())
+                    {
+                        tracing::warn!(change = %change.label, id = %change.id, failures,
+                            "the failure brake halted the change fleet-wide");
+                    }
+                    self.floor.db.commit(vec![put]).await?;
+                }
+                Ok(Paced::Wait {
+                    message,
+                    retry_after_seconds,
+                })
+            }
+        }
+    }
+
+    async fn check_gates(&self, names: &[String], vars: &GateVars) -> Vec<GateOutcome> {
+        match self.gates.get() {
+            Some(gates) => gates.check(names, vars).await,
+            None => names
+                .iter()
+                .map(|name| GateOutcome {
+                    name: name.clone(),
+                    passed: false,
+                    message: format!(
+                        "gate {name}: not defined (the server has no gates file: serve --gates-file)"
+                    ),
+                })
+                .collect(),
+        }
+    }
+
+    /// How each running member's run stands: its Machine's current run and that run as stored.
+    async fn ends(&self, running: &[Member]) -> Result<Vec<(Member, RunEnd)>, DispatchError> {
+        let mut ends = Vec::with_capacity(running.len());
+        for member in running {
+            let current = self
+                .floor
+                .db
+                .value::<MachineRecord>(&machine_key(&member.machine))
+                .await?
+                .map(|r| r.run_id);
+            let view = self
+                .floor
+                .db
+                .value::<RunView>(&update_key(&member.machine, &member.run_id))
+                .await?;
+            ends.push((
+                member.clone(),
+                run_end(current.as_deref(), member, view.as_ref()),
+            ));
+        }
+        Ok(ends)
+    }
+}
+
+/// How `member`'s run stands given its Machine's `current` run id and the run as stored.
+pub fn run_end(current: Option<&str>, member: &Member, view: Option<&RunView>) -> RunEnd {
+    let Some(view) = view else {
+        return RunEnd::Gone;
+    };
+    let failed = |index: usize, rolling: bool| RunEnd::Failed {
+        reason: format!(
+            "step {}/{} {} failed{}",
+            index + 1,
+            view.plan.steps.len(),
+            view.plan
+                .steps
+                .get(index)
+                .map(|s| s.description.as_str())
+                .unwrap_or_default(),
+            if rolling { ", rolling back" } else { "" }
+        ),
+    };
+    match view.outcome() {
+        RunOutcome::Done => RunEnd::Done {
+            ms: view
+                .steps
+                .iter()
+                .filter_map(|s| s.finished_ms)
+                .max()
+                .unwrap_or(member.started_ms),
+        },
+        RunOutcome::Failed { index } => failed(index, false),
+        RunOutcome::RollingBack { index } => failed(index, true),
+        RunOutcome::Cancelled { .. } => RunEnd::Gone,
+        RunOutcome::Waiting | RunOutcome::InProgress { .. } => {
+            if current == Some(member.run_id.as_str()) {
+                RunEnd::Running
+            } else {
+                RunEnd::Gone
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod decide_tests;
