@@ -95,6 +95,10 @@ fn run(command: Command) -> anyhow::Result<()> {
             print!("{}", runtime.block_on(commands::retry(&args))?);
             Ok(())
         }
+        Command::Change(args) => {
+            print!("{}", runtime.block_on(commands::change(&args))?);
+            Ok(())
+        }
     }
 }
 

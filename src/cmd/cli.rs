@@ -64,6 +64,9 @@ pub enum Command {
     /// Start a fresh run of a Machine's failed update (same desired state), like a new value of its
     /// `inplace-updater.dev/retry` annotation.
     Retry(RetryArgs),
+    /// Control a change a paced registration's Machines take: halt it, release it (from a halt or the failure
+    /// brake), or promote it past its canaries and soaks. Ids as `status --changes` lists them.
+    Change(ChangeArgs),
     /// Run the node agent: pull plans from the server over HTTPS and converge this node.
     Agent(AgentArgs),
     /// Try it: a server, N sandboxed agents and a simulated CAPI rollout on this machine, no cluster needed.
@@ -166,8 +169,12 @@ pub struct StatusArgs {
     pub etcd: EtcdArgs,
     /// List agents instead of updates: every agent seen or refused, with its node, version, last contact,
     /// whether it is connected, and its last refusal.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "changes")]
     pub agents: bool,
+    /// List the changes of paced registrations instead of updates: canaries, done, running, failed, and
+    /// whether each is proving itself, open, promoted or halted (and why).
+    #[arg(long)]
+    pub changes: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
@@ -189,6 +196,34 @@ pub struct RetryArgs {
     /// The retry value recorded (each value acts once) [default: `cli-` and the time in milliseconds].
     #[arg(long)]
     pub value: Option<String>,
+}
+
+/// `inplace-updater change`.
+#[derive(Debug, Args)]
+pub struct ChangeArgs {
+    /// What to do.
+    #[arg(value_enum)]
+    pub action: ChangeAction,
+    /// The change's id (24 hex digits, from `status --changes`).
+    pub id: String,
+    /// The store the servers share (etcd, or an embedded store no server holds open). Written directly: the
+    /// servers' health ports are unauthenticated and take no writes.
+    #[arg(long, env = "INPLACE_UPDATER_STORE", value_parser = store_url)]
+    pub store: StoreUrl,
+    /// Etcd connection options (with an etcd:// store).
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+}
+
+/// What `inplace-updater change` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ChangeAction {
+    /// Hold every Machine that has not started the change.
+    Halt,
+    /// Lift a halt or the failure brake (the brake then counts only new failures).
+    Release,
+    /// Let every Machine start it now: past its canaries and soaks (gates still apply).
+    Promote,
 }
 
 /// Output formats of the operator commands.

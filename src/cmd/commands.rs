@@ -10,11 +10,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cmd::certs::{DevCertPaths, DevCertsSpec, write_dev_certs};
 use crate::cmd::cli::{
-    DEV_CERTS_DIR, EtcdArgs, OutputFormat, PolicyCommand, RetryArgs, ServeArgs, StatusArgs,
+    ChangeAction, ChangeArgs, DEV_CERTS_DIR, EtcdArgs, OutputFormat, PolicyCommand, RetryArgs, ServeArgs, StatusArgs,
     TokenCreateArgs,
 };
 use crate::cmd::fatal::{Fatal, one_line, serve_fatal};
-use crate::cmd::tables::{render_agents, render_status};
+use crate::cmd::tables::{render_agents, render_changes, render_status};
+use crate::dispatch::changes::control::{ChangeRow, Control};
 use crate::dispatch::upkeep::tokens::{AgentTokens, create_token};
 use crate::dispatch::{
     AgentRow, AgentScope, DispatchConfig, Dispatcher, RetentionRecord, RetryOutcome, StatusRow,
@@ -228,6 +229,16 @@ pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
             OutputFormat::Text => render_agents(&rows, now_ms()),
         });
     }
+    if args.changes {
+        let rows: Vec<ChangeRow> = match &args.store {
+            Some(url) => store_dispatcher(&args.etcd, url).await?.changes.list().await?,
+            None => get_json(args, "/status/changes").await?.0,
+        };
+        return Ok(match args.output {
+            OutputFormat::Json => serde_json::to_string_pretty(&rows)? + "\n",
+            OutputFormat::Text => render_changes(&rows),
+        });
+    }
     // Only a running server knows whether CAPI has called it; a store read directly cannot say.
     let mut no_hook_calls = false;
     let (rows, retention): (Vec<StatusRow>, Option<RetentionRecord>) = match &args.store {
@@ -293,6 +304,24 @@ pub async fn retry(args: &RetryArgs) -> anyhow::Result<String> {
             anyhow::bail!("{machine}: no update is recorded for this Machine")
         }
     }
+}
+
+/// `inplace-updater change ACTION ID`: the control as one compare-and-swap on the change record.
+pub async fn change(args: &ChangeArgs) -> anyhow::Result<String> {
+    let control = match args.action {
+        ChangeAction::Halt => Control::Halt,
+        ChangeAction::Release => Control::Release,
+        ChangeAction::Promote => Control::Promote,
+    };
+    let dispatcher = store_dispatcher(&args.etcd, &args.store).await?;
+    let Some(record) = dispatcher.changes.control(&args.id, control).await? else {
+        anyhow::bail!(
+            "no change {} is recorded (ids: `inplace-updater status --changes`)",
+            args.id
+        );
+    };
+    let row = ChangeRow::of(&record);
+    Ok(format!("change {} ({}): {}\n", row.id, row.label, row.state))
 }
 
 async fn store_dispatcher(etcd: &EtcdArgs, url: &StoreUrl) -> anyhow::Result<Arc<Dispatcher>> {

@@ -1,6 +1,7 @@
 //! How `status` prints for a person: the updates grouped by cluster and the agents' table (`--agents`).
 //! The JSON output is the rows themselves.
 
+use crate::dispatch::changes::control::ChangeRow;
 use crate::dispatch::{AgentRow, StatusRow, ago};
 
 /// `status --agents` as a table: one row per agent, what it runs, whether it is connected, the CA it trusts.
@@ -49,6 +50,41 @@ pub(crate) fn render_agents(rows: &[AgentRow], now: u64) -> String {
             row.upgrade.as_deref().unwrap_or("-"),
             refusal
         ));
+    }
+    out
+}
+
+/// `status --changes` as a table: one row per change, then why each halted one is held.
+pub(crate) fn render_changes(rows: &[ChangeRow]) -> String {
+    if rows.is_empty() {
+        return "no change recorded (no paced registration has started one)\n".into();
+    }
+    let mut out = format!(
+        "{:<24} {:<40} {:<9} {:>5} {:>8} {:>7}  {}\n",
+        "CHANGE", "MOVES", "STATE", "DONE", "RUNNING", "FAILED", "CANARIES"
+    );
+    for row in rows {
+        out.push_str(&format!(
+            "{:<24} {:<40} {:<9} {:>5} {:>8} {:>7}  {}\n",
+            row.id,
+            row.label,
+            row.state,
+            row.done,
+            row.running,
+            row.failed,
+            if row.canaries.is_empty() {
+                "-".to_owned()
+            } else {
+                row.canaries.join(", ")
+            }
+        ));
+    }
+    for row in rows {
+        if let Some(held) = &row.held {
+            out.push_str(&format!("\n{held}\n"));
+        } else if let Some(gate) = &row.last_gate_failure {
+            out.push_str(&format!("\nchange {} last held by a gate: {gate}\n", row.label));
+        }
     }
     out
 }

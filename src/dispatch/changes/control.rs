@@ -3,7 +3,7 @@
 //! restart keeps it — and the listing `inplace-updater status --changes` prints. The transitions are pure
 //! ([`apply`]).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::decide::halted_message;
 use super::identity::ChangeId;
@@ -17,7 +17,8 @@ use crate::dispatch::floor::keys::{CHANGES_PREFIX, change_key};
 pub enum Control {
     /// Hold every Machine that has not started it.
     Halt,
-    /// Lift a halt or the brake; the brake counts only failures after this.
+    /// Lift a halt or the brake; the brake counts only failures after this, and failed canaries leave their
+    /// places to the next Machines.
     Release,
     /// Past its canaries and soaks: every Machine may start it (the budget and gates still apply).
     Promote,
@@ -31,6 +32,7 @@ pub fn apply(record: &ChangeRecord, control: Control, now_ms: u64) -> Option<Cha
         Control::Release if next.halted.is_some() => {
             next.halted = None;
             next.released_failures = next.failed;
+            next.canaries.retain(|c| c.failed.is_none());
         }
         Control::Promote if !next.promoted => next.promoted = true,
         _ => return None,
@@ -39,7 +41,7 @@ pub fn apply(record: &ChangeRecord, control: Control, now_ms: u64) -> Option<Cha
 }
 
 /// One change as `status --changes` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ChangeRow {
     /// Its id (what `inplace-updater change` takes).
@@ -57,10 +59,10 @@ pub struct ChangeRow {
     /// `proving` (in its canaries), `open`, `promoted` or `halted`.
     pub state: String,
     /// Why it is halted (with the release command), when it is.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<String>,
     /// The last failing gate's words, when one failed.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_gate_failure: Option<String>,
 }
 

@@ -138,11 +138,13 @@ fn a_failed_canary_brakes_the_change_for_everyone_who_has_not_started_it() {
     assert_eq!(b.verdict, Verdict::Go { canary: false });
     let a = ask(Some(&held.record), &[], "a", &p, &[], 3);
     assert_eq!(a.verdict, Verdict::Go { canary: false });
-    // Released: the brake counts only new failures; c waits for the canaries still (b runs, a failed).
+    // Released: the brake counts only new failures, and the failed canary's place goes to the next Machine.
     let released = apply(&held.record, Control::Release, 4).unwrap();
     assert_eq!(released.halted, None);
     let c = ask(Some(&released), &[], "c", &p, &[], 5);
-    assert!(waits(&c).contains("to prove itself on its canaries: default/a failed (step 3/6"), "{c:?}");
+    assert_eq!(c.verdict, Verdict::Go { canary: true });
+    let d = ask(Some(&c.record), &[], "d", &p, &[], 6);
+    assert!(waits(&d).ends_with("canaries: default/b running, default/c running"), "{d:?}");
 }
 
 #[test]

@@ -216,13 +216,9 @@ pub fn run_end(current: Option<&str>, member: &Member, view: Option<&RunView>) -
         ),
     };
     match view.outcome() {
+        // The server's clock, not the agent's: a soak is measured by the clock that judges it.
         RunOutcome::Done => RunEnd::Done {
-            ms: view
-                .steps
-                .iter()
-                .filter_map(|s| s.finished_ms)
-                .max()
-                .unwrap_or(member.started_ms),
+            ms: view.finished_ms.unwrap_or(member.started_ms),
         },
         RunOutcome::Failed { index } => failed(index, false),
         RunOutcome::RollingBack { index } => failed(index, true),

@@ -25,6 +25,9 @@ pub struct RunView {
     /// Set once its agent reported a rollback.
     #[serde(default)]
     pub rollback: Option<RunRollback>,
+    /// When the run ended, by the server's clock (Unix ms).
+    #[serde(default)]
+    pub finished_ms: Option<u64>,
 }
 
 /// The parts of a [`Plan`] a [`RunView`] keeps.
@@ -80,6 +83,7 @@ impl RunView {
             held: record.held.clone(),
             cancelled: record.cancelled.clone(),
             rollback: record.rollback.clone(),
+            finished_ms: record.finished_ms,
         }
     }
 

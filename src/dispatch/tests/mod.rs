@@ -13,6 +13,7 @@ mod rollback;
 mod upgrade;
 mod verdict;
 mod window;
+mod changes;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

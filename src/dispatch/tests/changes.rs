@@ -1,0 +1,147 @@
+//! Change pacing through UpdateMachine over the in-memory store: a paced registration's canary runs alone, the
+//! next Machine waits for it and its soak, a failed canary brakes the change for every Machine that has not
+//! started it while another change goes on, and the operator's release lets it go on. A second dispatcher on
+//! the same store (another replica, or the server after a restart) sees the same order.
+
+use std::time::Duration;
+
+use inplace_agent_api::StepStatus;
+use inplace_core::drain::VersionChange;
+
+use crate::dispatch::changes::control::Control;
+use crate::dispatch::floor::keys::machine_verdict_key;
+use crate::dispatch::testing::*;
+use crate::dispatch::*;
+
+/// UpdateMachine of `default/<name>` to Kubernetes `version`, paced by `settings`.
+fn paced(name: &str, version: &str, settings: &[(&str, &str)]) -> UpdateRequest {
+    let mut request = request(name, false, version, "hello");
+    for (key, value) in settings {
+        request.pacing.set(key, value).unwrap();
+    }
+    request
+}
+
+/// CanUpdateMachine's verdict (a minor version change), then UpdateMachine.
+async fn ask(d: &Dispatcher, request: &UpdateRequest) -> UpdateAnswer {
+    let mut verdict = verdict_for(request, true);
+    if let Some(change) = verdict.node_change.as_mut() {
+        change.version = VersionChange::Minor;
+    }
+    d.licences
+        .record_verdict(&machine_verdict_key(&request.desired.facts.machine), &verdict)
+        .await
+        .unwrap();
+    d.runs.update_machine(request).await.unwrap()
+}
+
+fn message(answer: &UpdateAnswer) -> String {
+    match answer {
+        UpdateAnswer::InProgress { message, .. } => message.clone(),
+        other => panic!("not in progress: {other:?}"),
+    }
+}
+
+/// Whether the agent of `default/<name>` is handed a plan.
+async fn has_plan(d: &Dispatcher, name: &str) -> bool {
+    d.agents
+        .poll(&scope(), &poll_for(name, 0))
+        .await
+        .unwrap()
+        .plan
+        .is_some()
+}
+
+/// The agent of `default/<name>` runs its plan to the end, every step ending `last`.
+async fn finish(d: &Dispatcher, name: &str, last: StepStatus) {
+    let plan = handed_plan(d, name).await;
+    for index in 0..plan.steps.len() as u32 {
+        let status = if index + 1 == plan.steps.len() as u32 {
+            last
+        } else {
+            StepStatus::Succeeded
+        };
+        d.agents
+            .report(&scope(), &report(name, &plan.id, index, status))
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_canary_goes_alone_then_the_change_soaks_then_spreads() {
+    let store = memory().await;
+    let d = dispatcher(store.clone());
+    d.clock().pin_for_tests(1_000_000);
+    let settings = [("canary", "1"), ("soak", "10m")];
+    let first = ask(&d, &paced("m-1", "v1.34.1", &settings)).await;
+    assert!(message(&first).starts_with("waiting for agent on"), "{first:?}");
+    assert!(has_plan(&d, "m-1").await);
+
+    let second = paced("m-2", "v1.34.1", &settings);
+    let waiting = message(&ask(&d, &second).await);
+    assert_eq!(
+        waiting,
+        "waiting for change v1.34.1+files to prove itself on its canaries: default/m-1 running"
+    );
+    assert!(!has_plan(&d, "m-2").await, "a waiting Machine gets no run");
+
+    finish(&d, "m-1", StepStatus::Succeeded).await;
+    // Another replica (or this server restarted) judges the same.
+    let other = dispatcher(store.clone());
+    other.clock().pin_for_tests(1_000_000 + 60_000);
+    let soaking = message(&ask(&other, &second).await);
+    assert!(
+        soaking.starts_with("waiting for change v1.34.1+files to soak until ")
+            && soaking.ends_with("after default/m-1 finished (1 done, 0 running)"),
+        "{soaking}"
+    );
+    other.clock().advance_for_tests(Duration::from_secs(600));
+    let started = message(&ask(&other, &second).await);
+    assert!(!started.contains("change"), "{started}");
+    assert!(has_plan(&other, "m-2").await);
+    let rows = other.changes.list().await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].done, rows[0].running), (1, 1));
+    assert_eq!(rows[0].state, "open");
+}
+
+#[tokio::test]
+async fn a_failed_canary_brakes_its_change_only_until_released() {
+    let d = dispatcher(memory().await);
+    let settings = [("canary", "1")];
+    ask(&d, &paced("m-1", "v1.34.1", &settings)).await;
+    finish(&d, "m-1", StepStatus::Failed).await;
+
+    let held = message(&ask(&d, &paced("m-2", "v1.34.1", &settings)).await);
+    let id = d.changes.list().await.unwrap()[0].id.clone();
+    assert!(
+        held.starts_with("change v1.34.1+files is halted by the failure brake after 1 failed Machine(s) (bound 1): default/m-1: step ")
+            && held.ends_with(&format!("Release it with `inplace-updater change release {id}`")),
+        "{held}"
+    );
+    assert!(!has_plan(&d, "m-2").await);
+
+    // Another change is not held by this one's brake.
+    let other = message(&ask(&d, &paced("m-3", "v1.34.2", &settings)).await);
+    assert!(other.starts_with("waiting for agent on"), "{other}");
+    assert!(has_plan(&d, "m-3").await);
+
+    d.changes.control(&id, Control::Release).await.unwrap().unwrap();
+    let released = message(&ask(&d, &paced("m-2", "v1.34.1", &settings)).await);
+    assert!(released.starts_with("waiting for agent on"), "the next canary starts: {released}");
+    let rows = d.changes.list().await.unwrap();
+    let row = rows.iter().find(|r| r.id == id).unwrap();
+    assert_eq!((row.failed, row.state.as_str()), (1, "proving"));
+    assert_eq!(row.canaries, ["default/m-2 running"]);
+}
+
+#[tokio::test]
+async fn a_registration_without_rollout_settings_is_not_paced() {
+    let d = dispatcher(memory().await);
+    for name in ["m-1", "m-2", "m-3"] {
+        let answer = message(&ask(&d, &paced(name, "v1.34.1", &[])).await);
+        assert!(answer.starts_with("waiting for agent on"), "{answer}");
+    }
+    assert!(d.changes.list().await.unwrap().is_empty());
+}
