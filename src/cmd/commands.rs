@@ -10,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cmd::certs::{DevCertPaths, DevCertsSpec, write_dev_certs};
 use crate::cmd::cli::{
-    ChangeAction, ChangeArgs, DEV_CERTS_DIR, EtcdArgs, OutputFormat, PolicyCommand, RetryArgs, ServeArgs, StatusArgs,
-    TokenCreateArgs,
+    ChangeAction, ChangeArgs, DEV_CERTS_DIR, EtcdArgs, OutputFormat, PolicyCommand, RetryArgs,
+    ServeArgs, StatusArgs, TokenCreateArgs,
 };
 use crate::cmd::fatal::{Fatal, one_line, serve_fatal};
 use crate::cmd::tables::{render_agents, render_changes, render_status};
@@ -231,7 +231,13 @@ pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
     }
     if args.changes {
         let rows: Vec<ChangeRow> = match &args.store {
-            Some(url) => store_dispatcher(&args.etcd, url).await?.changes.list().await?,
+            Some(url) => {
+                store_dispatcher(&args.etcd, url)
+                    .await?
+                    .changes
+                    .list()
+                    .await?
+            }
             None => get_json(args, "/status/changes").await?.0,
         };
         return Ok(match args.output {
@@ -321,7 +327,10 @@ pub async fn change(args: &ChangeArgs) -> anyhow::Result<String> {
         );
     };
     let row = ChangeRow::of(&record);
-    Ok(format!("change {} ({}): {}\n", row.id, row.label, row.state))
+    Ok(format!(
+        "change {} ({}): {}\n",
+        row.id, row.label, row.state
+    ))
 }
 
 async fn store_dispatcher(etcd: &EtcdArgs, url: &StoreUrl) -> anyhow::Result<Arc<Dispatcher>> {

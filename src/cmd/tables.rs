@@ -83,7 +83,10 @@ pub(crate) fn render_changes(rows: &[ChangeRow]) -> String {
         if let Some(held) = &row.held {
             out.push_str(&format!("\n{held}\n"));
         } else if let Some(gate) = &row.last_gate_failure {
-            out.push_str(&format!("\nchange {} last held by a gate: {gate}\n", row.label));
+            out.push_str(&format!(
+                "\nchange {} last held by a gate: {gate}\n",
+                row.label
+            ));
         }
     }
     out

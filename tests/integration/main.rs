@@ -10,6 +10,7 @@ mod bounded_inputs;
 mod common;
 mod deploy_configs;
 mod e2e_ca_rotation;
+mod e2e_changes;
 mod e2e_disk_full;
 mod e2e_drain;
 mod e2e_durability;

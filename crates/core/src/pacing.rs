@@ -82,7 +82,11 @@ impl Pacing {
                         .ok()
                         .filter(|d| *d <= MAX_SOAK)
                         .ok_or_else(|| {
-                            invalid(SOAK_SETTING, value, "a duration up to 168h, e.g. 10m or 1h30m")
+                            invalid(
+                                SOAK_SETTING,
+                                value,
+                                "a duration up to 168h, e.g. 10m or 1h30m",
+                            )
                         })?;
                     Ok(u64::try_from(soak.as_millis()).unwrap_or(u64::MAX))
                 })?
@@ -120,7 +124,11 @@ impl Pacing {
                 }
                 self.health_gates = gates;
             }
-            _ => return Err(SettingsError::UnknownKey { key: key.to_owned() }),
+            _ => {
+                return Err(SettingsError::UnknownKey {
+                    key: key.to_owned(),
+                });
+            }
         }
         Ok(())
     }
@@ -219,7 +227,10 @@ mod tests {
         let p = pacing(&[("healthGates", " storage, critical-alerts,storage ")]).unwrap();
         assert_eq!(p.health_gates, ["storage", "critical-alerts"]);
         let err = pacing(&[("healthGates", "a b")]).unwrap_err().to_string();
-        assert!(err.contains("healthGates") && err.contains("gate names"), "{err}");
+        assert!(
+            err.contains("healthGates") && err.contains("gate names"),
+            "{err}"
+        );
     }
 
     #[test]

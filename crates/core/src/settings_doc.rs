@@ -2,12 +2,12 @@
 //! docs/operations.md's settings table lists them (`tests/deploy/test_docs.py` checks that order and that every
 //! key the code knows is documented).
 
+use crate::pacing::{CANARY_SETTING, HEALTH_GATES_SETTING, MAX_FAILURES_SETTING, SOAK_SETTING};
 use crate::settings::{
     DRAIN_DELETE_EMPTY_DIR_DATA, DRAIN_FORCE_UNMANAGED, DRAIN_KUBELET_ARGS, DRAIN_PATCH_VERSION,
     ENABLE_ACTIONS_SETTING, ON_FAILURE_SETTING, REBOOT_WHEN_REQUIRED_SETTING,
     UPGRADE_CONTAINER_RUNTIME_SETTING,
 };
-use crate::pacing::{CANARY_SETTING, HEALTH_GATES_SETTING, MAX_FAILURES_SETTING, SOAK_SETTING};
 use crate::window::WINDOW_SETTING;
 
 /// Every setting key with its values and meaning, for `--help`, README and error messages.

@@ -5,10 +5,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::decide::halted_message;
+use super::Changes;
+use super::decide::{fold, halted_message};
 use super::identity::ChangeId;
 use super::record::{ChangeRecord, Halt};
-use super::Changes;
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::keys::{CHANGES_PREFIX, change_key};
 
@@ -124,14 +124,21 @@ impl Changes {
             .await
     }
 
-    /// Every recorded change, newest first.
+    /// Every recorded change, newest first, with the ends of its running Machines' runs folded in as the next
+    /// UpdateMachine would (read only: the record is written by that call).
     pub async fn list(&self) -> Result<Vec<ChangeRow>, DispatchError> {
         let mut rows = Vec::new();
+        let now = self.floor.now_ms();
         for entry in self.floor.db.store().list(CHANGES_PREFIX).await? {
             // A record that does not decode is passed over: the listing stands without it.
-            if let Ok(record) = crate::dispatch::floor::db::decode::<ChangeRecord>(&entry.key, &entry.value) {
-                rows.push((record.first_ms, ChangeRow::of(&record)));
-            }
+            let Ok(record) =
+                crate::dispatch::floor::db::decode::<ChangeRecord>(&entry.key, &entry.value)
+            else {
+                continue;
+            };
+            let ends = self.ends(&record.running).await?;
+            let record = fold(record, &ends, now);
+            rows.push((record.first_ms, ChangeRow::of(&record)));
         }
         rows.sort_by(|a, b| b.0.cmp(&a.0));
         Ok(rows.into_iter().map(|(_, row)| row).collect())

@@ -92,21 +92,13 @@ pub struct Admission {
 }
 
 /// Folds how the running Machines' runs ended into `record`, engaging the brake when the failures reach the
-/// bound (one while the change is in its canaries, else `pacing`'s).
-pub fn fold(
-    mut record: ChangeRecord,
-    ends: &[(Member, RunEnd)],
-    pacing: &Pacing,
-    now_ms: u64,
-) -> ChangeRecord {
+/// bound (one while the change is in its canaries, else the record's `allowed_failures`).
+pub fn fold(mut record: ChangeRecord, ends: &[(Member, RunEnd)], now_ms: u64) -> ChangeRecord {
     for (member, end) in ends {
         let Some(at) = record.running.iter().position(|m| m == member) else {
             continue;
         };
-        let canary = record
-            .canaries
-            .iter()
-            .position(|c| &c.member == member);
+        let canary = record.canaries.iter().position(|c| &c.member == member);
         match end {
             RunEnd::Running => continue,
             RunEnd::Done { ms } => {
@@ -138,7 +130,7 @@ pub fn fold(
                 let allowed = if was_canary {
                     1
                 } else {
-                    u64::from(pacing.failures_allowed())
+                    u64::from(record.allowed_failures)
                 };
                 let failures = record.failed.saturating_sub(record.released_failures);
                 if failures >= allowed && record.halted.is_none() {
@@ -169,9 +161,14 @@ pub fn fold(
 pub fn admit(loaded: Option<&ChangeRecord>, ends: &[(Member, RunEnd)], asked: &Asked) -> Admission {
     let now = asked.now_ms;
     let start = loaded.cloned().unwrap_or_else(|| {
-        ChangeRecord::new(asked.change.label.clone(), asked.pacing.canaries(), now)
+        ChangeRecord::new(
+            asked.change.label.clone(),
+            asked.pacing.canaries(),
+            asked.pacing.failures_allowed(),
+            now,
+        )
     });
-    let mut record = fold(start, ends, asked.pacing, now);
+    let mut record = fold(start, ends, now);
     let label = &record.label;
     let member = Member {
         machine: asked.machine.clone(),
@@ -256,7 +253,10 @@ fn soaking(record: &ChangeRecord, pacing: &Pacing, now: u64) -> Option<(u64, Str
     if record.promoted || pacing.soak() == 0 {
         return None;
     }
-    let finished = record.last_done.as_ref().map(|d| (d.ms, format!("{} finished", d.machine)));
+    let finished = record
+        .last_done
+        .as_ref()
+        .map(|d| (d.ms, format!("{} finished", d.machine)));
     let gate = record
         .gate_failed
         .as_ref()

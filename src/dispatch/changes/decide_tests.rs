@@ -96,17 +96,35 @@ fn after_the_canary_is_done_the_change_soaks_then_goes_on() {
         message.starts_with("waiting for change v1.34.1+os-image:node-os:2.0 to soak until 00:15:00 UTC after default/a finished (1 done, 0 running)"),
         "{message}"
     );
-    assert!(matches!(soaking.verdict, Verdict::Wait { retry_after_seconds: 30, .. }));
+    assert!(matches!(
+        soaking.verdict,
+        Verdict::Wait {
+            retry_after_seconds: 30,
+            ..
+        }
+    ));
     assert!(soaking.changed, "the finish is folded and written");
     let near = ask(Some(&soaking.record), &[], "b", &p, &[], 15 * MIN - 5_000);
-    assert!(matches!(near.verdict, Verdict::Wait { retry_after_seconds: 5, .. }), "{near:?}");
+    assert!(
+        matches!(
+            near.verdict,
+            Verdict::Wait {
+                retry_after_seconds: 5,
+                ..
+            }
+        ),
+        "{near:?}"
+    );
     let after = ask(Some(&soaking.record), &[], "b", &p, &[], 15 * MIN);
     assert_eq!(after.verdict, Verdict::Go { canary: false });
     // Each later start soaks after the latest finish.
     let rec = after.record;
     let done = [(member(&rec, "b"), RunEnd::Done { ms: 20 * MIN })];
     let c = ask(Some(&rec), &done, "c", &p, &[], 21 * MIN);
-    assert!(waits(&c).contains("until 00:30:00 UTC after default/b finished (2 done"), "{c:?}");
+    assert!(
+        waits(&c).contains("until 00:30:00 UTC after default/b finished (2 done"),
+        "{c:?}"
+    );
 }
 
 #[test]
@@ -132,7 +150,10 @@ fn a_failed_canary_brakes_the_change_for_everyone_who_has_not_started_it() {
              Release it with `inplace-updater change release {id}`"
         )
     );
-    assert!(held.changed, "the brake is written even though nothing starts");
+    assert!(
+        held.changed,
+        "the brake is written even though nothing starts"
+    );
     // The other canary started: it goes on. The failed one may be retried.
     let b = ask(Some(&held.record), &[], "b", &p, &[], 3);
     assert_eq!(b.verdict, Verdict::Go { canary: false });
@@ -144,7 +165,10 @@ fn a_failed_canary_brakes_the_change_for_everyone_who_has_not_started_it() {
     let c = ask(Some(&released), &[], "c", &p, &[], 5);
     assert_eq!(c.verdict, Verdict::Go { canary: true });
     let d = ask(Some(&c.record), &[], "d", &p, &[], 6);
-    assert!(waits(&d).ends_with("canaries: default/b running, default/c running"), "{d:?}");
+    assert!(
+        waits(&d).ends_with("canaries: default/b running, default/c running"),
+        "{d:?}"
+    );
 }
 
 #[test]
@@ -164,9 +188,23 @@ fn past_the_canaries_max_failures_bounds_the_failures() {
         )
     };
     let one = ask(Some(&rec), &[fail(&rec, "a")], "d", &p, &[], 2);
-    assert_eq!(one.verdict, Verdict::Go { canary: false }, "one failure of two allowed");
-    let two = ask(Some(&one.record), &[fail(&one.record, "b")], "e", &p, &[], 3);
-    assert!(waits(&two).contains("after 2 failed Machine(s) (bound 2)"), "{two:?}");
+    assert_eq!(
+        one.verdict,
+        Verdict::Go { canary: false },
+        "one failure of two allowed"
+    );
+    let two = ask(
+        Some(&one.record),
+        &[fail(&one.record, "b")],
+        "e",
+        &p,
+        &[],
+        3,
+    );
+    assert!(
+        waits(&two).contains("after 2 failed Machine(s) (bound 2)"),
+        "{two:?}"
+    );
 }
 
 #[test]
@@ -183,7 +221,10 @@ fn a_failing_gate_holds_the_change_and_restarts_the_soak() {
         "change v1.34.1+os-image:node-os:2.0 is held by its health gates: gate storage (prometheus \
          http://127.0.0.1:9090): query returned 1 series: site_storage_degraded = 1"
     );
-    assert!(first.record.canaries.is_empty(), "a held change starts no canary");
+    assert!(
+        first.record.canaries.is_empty(),
+        "a held change starts no canary"
+    );
     let good = [GateOutcome {
         name: "storage".into(),
         passed: true,
@@ -191,7 +232,10 @@ fn a_failing_gate_holds_the_change_and_restarts_the_soak() {
     }];
     // The soak counts from the failing gate: passing again is not enough at once.
     let canary = ask(Some(&first.record), &[], "a", &p, &good, MIN);
-    assert!(waits(&canary).contains("soak until 00:10:00 UTC after a health gate failed"), "{canary:?}");
+    assert!(
+        waits(&canary).contains("soak until 00:10:00 UTC after a health gate failed"),
+        "{canary:?}"
+    );
     let later = ask(Some(&first.record), &[], "a", &p, &good, 10 * MIN);
     assert_eq!(later.verdict, Verdict::Go { canary: true });
 }
@@ -201,12 +245,19 @@ fn promote_skips_canaries_and_soak_and_halt_holds_newcomers() {
     let p = pacing(&[("soak", "1h"), ("canary", "3")]);
     let rec = ask(None, &[], "a", &p, &[], 0).record;
     let promoted = apply(&rec, Control::Promote, 1).unwrap();
-    assert_eq!(apply(&promoted, Control::Promote, 2), None, "promoting twice changes nothing");
+    assert_eq!(
+        apply(&promoted, Control::Promote, 2),
+        None,
+        "promoting twice changes nothing"
+    );
     let b = ask(Some(&promoted), &[], "b", &p, &[], 2);
     assert_eq!(b.verdict, Verdict::Go { canary: false });
     let halted = apply(&b.record, Control::Halt, 3).unwrap();
     let c = ask(Some(&halted), &[], "c", &p, &[], 4);
-    assert!(waits(&c).contains("is halted by an operator; Machines that have not started it wait"), "{c:?}");
+    assert!(
+        waits(&c).contains("is halted by an operator; Machines that have not started it wait"),
+        "{c:?}"
+    );
     let row = ChangeRow::of(&halted);
     assert_eq!(row.state, "halted");
     assert_eq!(row.running, 2);

@@ -140,13 +140,23 @@ mod tests {
         };
         assert_ne!(to("v1.34.1", "os:2"), to("v1.34.2", "os:2"));
         assert_ne!(to("v1.34.1", "os:2"), to("v1.34.1", "os:3"));
-        let files = ChangeId::of(&change(VersionChange::None, &[Action::Files]), None, &plan(None));
+        let files = ChangeId::of(
+            &change(VersionChange::None, &[Action::Files]),
+            None,
+            &plan(None),
+        );
         assert_eq!(files.label, "files");
         let unmoved = ChangeId::of(
-            &change(VersionChange::None, &[Action::KubernetesVersion, Action::Files]),
+            &change(
+                VersionChange::None,
+                &[Action::KubernetesVersion, Action::Files],
+            ),
             Some("v1.34.1"),
             &plan(None),
         );
-        assert_eq!(unmoved.label, "files", "a version that does not move is no part of the change");
+        assert_eq!(
+            unmoved.label, "files",
+            "a version that does not move is no part of the change"
+        );
     }
 }

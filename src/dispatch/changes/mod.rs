@@ -174,7 +174,10 @@ impl Changes {
     }
 
     /// How each running member's run stands: its Machine's current run and that run as stored.
-    async fn ends(&self, running: &[Member]) -> Result<Vec<(Member, RunEnd)>, DispatchError> {
+    pub(crate) async fn ends(
+        &self,
+        running: &[Member],
+    ) -> Result<Vec<(Member, RunEnd)>, DispatchError> {
         let mut ends = Vec::with_capacity(running.len());
         for member in running {
             let current = self

@@ -72,6 +72,10 @@ pub enum Halt {
     },
 }
 
+fn one() -> u32 {
+    1
+}
+
 /// One change as the store keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -82,6 +86,9 @@ pub struct ChangeRecord {
     pub first_ms: u64,
     /// Canaries it takes (the setting in force when it was first asked).
     pub canary: u32,
+    /// Failures past its canaries that halt it (`maxFailures` in force when it was first asked).
+    #[serde(default = "one")]
+    pub allowed_failures: u32,
     /// Its canaries, in the order they joined.
     #[serde(default)]
     pub canaries: Vec<Canary>,
@@ -115,12 +122,13 @@ pub struct ChangeRecord {
 }
 
 impl ChangeRecord {
-    /// A change nobody joined yet, taking `canary` canaries.
-    pub fn new(label: String, canary: u32, now_ms: u64) -> ChangeRecord {
+    /// A change nobody joined yet, taking `canary` canaries, halted by `allowed_failures` failures past them.
+    pub fn new(label: String, canary: u32, allowed_failures: u32, now_ms: u64) -> ChangeRecord {
         ChangeRecord {
             label,
             first_ms: now_ms,
             canary,
+            allowed_failures,
             canaries: Vec::new(),
             running: Vec::new(),
             done: 0,

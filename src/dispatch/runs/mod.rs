@@ -149,7 +149,13 @@ impl Runs {
             namespace: facts.machine.namespace.clone(),
         };
         self.changes
-            .admit(&facts.machine, &run.plan.id, &change, &request.pacing, &vars)
+            .admit(
+                &facts.machine,
+                &run.plan.id,
+                &change,
+                &request.pacing,
+                &vars,
+            )
             .await
             .map(Some)
     }

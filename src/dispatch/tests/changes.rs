@@ -29,7 +29,10 @@ async fn ask(d: &Dispatcher, request: &UpdateRequest) -> UpdateAnswer {
         change.version = VersionChange::Minor;
     }
     d.licences
-        .record_verdict(&machine_verdict_key(&request.desired.facts.machine), &verdict)
+        .record_verdict(
+            &machine_verdict_key(&request.desired.facts.machine),
+            &verdict,
+        )
         .await
         .unwrap();
     d.runs.update_machine(request).await.unwrap()
@@ -75,7 +78,10 @@ async fn the_canary_goes_alone_then_the_change_soaks_then_spreads() {
     d.clock().pin_for_tests(1_000_000);
     let settings = [("canary", "1"), ("soak", "10m")];
     let first = ask(&d, &paced("m-1", "v1.34.1", &settings)).await;
-    assert!(message(&first).starts_with("waiting for agent on"), "{first:?}");
+    assert!(
+        message(&first).starts_with("waiting for agent on"),
+        "{first:?}"
+    );
     assert!(has_plan(&d, "m-1").await);
 
     let second = paced("m-2", "v1.34.1", &settings);
@@ -127,9 +133,16 @@ async fn a_failed_canary_brakes_its_change_only_until_released() {
     assert!(other.starts_with("waiting for agent on"), "{other}");
     assert!(has_plan(&d, "m-3").await);
 
-    d.changes.control(&id, Control::Release).await.unwrap().unwrap();
+    d.changes
+        .control(&id, Control::Release)
+        .await
+        .unwrap()
+        .unwrap();
     let released = message(&ask(&d, &paced("m-2", "v1.34.1", &settings)).await);
-    assert!(released.starts_with("waiting for agent on"), "the next canary starts: {released}");
+    assert!(
+        released.starts_with("waiting for agent on"),
+        "the next canary starts: {released}"
+    );
     let rows = d.changes.list().await.unwrap();
     let row = rows.iter().find(|r| r.id == id).unwrap();
     assert_eq!((row.failed, row.state.as_str()), (1, "proving"));

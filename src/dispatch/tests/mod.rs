@@ -1,6 +1,7 @@
 //! Dispatch over the in-memory store: recording runs once, long-poll wake-ups (also across two dispatchers on
 //! one store, as two replicas), scoping, report handling, and the answers UpdateMachine derives.
 
+mod changes;
 mod drain;
 mod fault;
 mod hold;
@@ -13,7 +14,6 @@ mod rollback;
 mod upgrade;
 mod verdict;
 mod window;
-mod changes;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
