@@ -21,6 +21,9 @@ pub const WINDOW_ANNOTATION: &str = "inplace-updater.dev/maintenance-window";
 /// What the agent does when a step fails: `rollback` (undo the run, the default) or `hold` (leave the node as it
 /// failed, for inspection); overrides the ExtensionConfig setting `onFailure`.
 pub const ON_FAILURE_ANNOTATION: &str = "inplace-updater.dev/on-failure";
+/// Lets this Machine start a paced change without waiting for the soak after the latest finish (`"true"`); the
+/// canaries, gates, brake and budget still apply.
+pub const SKIP_SOAK_ANNOTATION: &str = "inplace-updater.dev/skip-soak";
 /// Longest pause, cancel or retry value accepted, in bytes (each is kept in the Machine record).
 pub const MAX_KNOB_VALUE_BYTES: usize = 256;
 
@@ -39,6 +42,8 @@ pub struct Knobs {
     pub window: Option<String>,
     /// [`ON_FAILURE_ANNOTATION`]'s value.
     pub on_failure: Option<OnFailure>,
+    /// [`SKIP_SOAK_ANNOTATION`] is `"true"`.
+    pub skip_soak: bool,
 }
 
 /// A knob whose value cannot be used; the hook answers `Failure` with this message.
@@ -142,7 +147,19 @@ impl Knobs {
                 expected: "\"rollback\" or \"hold\"",
             })?),
         };
+        let skip_soak = match text(SKIP_SOAK_ANNOTATION)? {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(value) => {
+                return Err(KnobError::Invalid {
+                    name: SKIP_SOAK_ANNOTATION,
+                    value: value.chars().take(MAX_KNOB_VALUE_BYTES).collect(),
+                    expected: "\"true\" or \"false\"",
+                });
+            }
+        };
         Ok(Knobs {
+            skip_soak,
             paused: kept(PAUSE_ANNOTATION, "")?,
             cancel: kept(CANCEL_ANNOTATION, "")?,
             retry,
@@ -220,6 +237,19 @@ mod tests {
         assert_eq!(
             error,
             "annotation inplace-updater.dev/on-failure: invalid value \"Hold\", expected \"rollback\" or \"hold\""
+        );
+    }
+
+    #[test]
+    fn skip_soak_is_true_false_or_refused_by_name() {
+        let of = |v: &str| Knobs::of(&machine(json!({SKIP_SOAK_ANNOTATION: v})));
+        assert!(of("true").unwrap().skip_soak);
+        assert!(!of("false").unwrap().skip_soak);
+        assert!(!Knobs::of(&machine(json!({}))).unwrap().skip_soak);
+        let err = of("yes").unwrap_err().to_string();
+        assert!(
+            err.contains(SKIP_SOAK_ANNOTATION) && err.contains("\"true\" or \"false\""),
+            "{err}"
         );
     }
 }

@@ -61,6 +61,8 @@ pub struct Asked<'a> {
     pub now_ms: u64,
     /// `retryAfterSeconds` of a wait that has no known end.
     pub retry_after_seconds: i32,
+    /// The Machine's `inplace-updater.dev/skip-soak` annotation: it does not wait for the soak.
+    pub skip_soak: bool,
 }
 
 /// What the Machine may do.
@@ -194,7 +196,9 @@ pub fn admit(loaded: Option<&ChangeRecord>, ends: &[(Member, RunEnd)], asked: &A
             format!("change {label} is held by its health gates: {failed}"),
             asked.retry_after_seconds,
         )
-    } else if let Some((until, after)) = soaking(&record, asked.pacing, now) {
+    } else if let Some((until, after)) =
+        soaking(&record, asked.pacing, now).filter(|_| !asked.skip_soak)
+    {
         let left = i32::try_from(until.saturating_sub(now).div_ceil(1000)).unwrap_or(i32::MAX);
         wait(
             format!(

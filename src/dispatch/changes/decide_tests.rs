@@ -51,6 +51,7 @@ fn ask(
             gates,
             now_ms: now,
             retry_after_seconds: 30,
+            skip_soak: machine.name.ends_with("-skips"),
         },
     )
 }
@@ -114,6 +115,12 @@ fn after_the_canary_is_done_the_change_soaks_then_goes_on() {
             }
         ),
         "{near:?}"
+    );
+    let skips = ask(Some(&soaking.record), &[], "b-skips", &p, &[], 9 * MIN);
+    assert_eq!(
+        skips.verdict,
+        Verdict::Go { canary: false },
+        "the skip-soak annotation"
     );
     let after = ask(Some(&soaking.record), &[], "b", &p, &[], 15 * MIN);
     assert_eq!(after.verdict, Verdict::Go { canary: false });

@@ -93,6 +93,7 @@ impl Changes {
         change: &ChangeId,
         pacing: &Pacing,
         vars: &GateVars,
+        skip_soak: bool,
     ) -> Result<Paced, DispatchError> {
         let key = change_key(&change.id);
         let loaded = self.floor.db.read::<ChangeRecord>(&key).await?;
@@ -126,6 +127,7 @@ impl Changes {
                 gates: &gates,
                 now_ms,
                 retry_after_seconds: self.floor.config.retry_after_seconds,
+                skip_soak,
             },
         );
         let put = Put::of(key, &admission.record, precondition)?;

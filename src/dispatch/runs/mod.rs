@@ -155,6 +155,7 @@ impl Runs {
                 &change,
                 &request.pacing,
                 &vars,
+                request.desired.knobs.skip_soak,
             )
             .await
             .map(Some)
