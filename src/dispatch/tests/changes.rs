@@ -158,3 +158,73 @@ async fn a_registration_without_rollout_settings_is_not_paced() {
     }
     assert!(d.changes.list().await.unwrap().is_empty());
 }
+
+/// The process dies after `allowed` more store writes: every later one fails and changes nothing.
+fn dies_after(
+    inner: std::sync::Arc<inplace_store::memory::MemoryStore>,
+    allowed: usize,
+) -> std::sync::Arc<crate::dispatch::faulty_store::FaultyStore> {
+    let writes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    std::sync::Arc::new(crate::dispatch::faulty_store::FaultyStore::new(
+        inner,
+        Box::new(move |_key| {
+            let alive = writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < allowed;
+            Box::pin(async move {
+                if alive {
+                    Ok(())
+                } else {
+                    Err(crate::dispatch::faulty_store::unavailable(
+                        "the process died here",
+                    ))
+                }
+            })
+        }),
+    ))
+}
+
+#[tokio::test]
+async fn a_crash_between_a_gate_pass_and_the_run_record_writes_neither_and_the_order_holds() {
+    use inplace_store::Store as _;
+    let settings = [("canary", "1"), ("soak", "1h")];
+    let first = paced("m-1", "v1.34.1", &settings);
+    let second = paced("m-2", "v1.34.1", &settings);
+    for allowed in 0..3 {
+        let store = std::sync::Arc::new(inplace_store::memory::MemoryStore::new());
+        let healthy = dispatcher(store.clone());
+        // CanUpdateMachine's verdict, recorded by a healthy call.
+        let mut verdict = verdict_for(&first, true);
+        if let Some(change) = verdict.node_change.as_mut() {
+            change.version = VersionChange::Minor;
+        }
+        healthy
+            .licences
+            .record_verdict(&machine_verdict_key(&first.desired.facts.machine), &verdict)
+            .await
+            .unwrap();
+        let dying = dispatcher(dies_after(store.clone(), allowed));
+        let _ = dying.runs.update_machine(&first).await;
+        // At this instant: a run of m-1 exists exactly when the change record names it.
+        let runs = store.list("updates/default/m-1/").await.unwrap().len();
+        let changes = store.list("changes/").await.unwrap();
+        let named = changes
+            .iter()
+            .any(|e| String::from_utf8_lossy(&e.value).contains("\"name\":\"m-1\""));
+        assert_eq!(
+            runs == 1,
+            named,
+            "after {allowed} writes: {runs} runs, change {changes:?}"
+        );
+        // CAPI asks again (of a fresh server): m-1 is the canary, m-2 waits for it.
+        let fresh = dispatcher(store.clone());
+        let answer = message(&fresh.runs.update_machine(&first).await.unwrap());
+        assert!(
+            answer.starts_with("waiting for agent on"),
+            "after {allowed} writes: {answer}"
+        );
+        let waits = message(&ask(&fresh, &second).await);
+        assert!(
+            waits.ends_with("canaries: default/m-1 running"),
+            "after {allowed} writes: {waits}"
+        );
+    }
+}
