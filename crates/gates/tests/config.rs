@@ -41,8 +41,14 @@ gates:
     let gates = Gates::load(&file).unwrap();
     assert_eq!(gates.len(), 2);
     let storage = gates.get("storage").unwrap();
-    assert_eq!(storage.endpoint.url, "https://prometheus.monitoring:9090/prom");
-    assert_eq!(storage.endpoint.ca_file.as_deref(), Some(dir.path().join("ca.crt").as_path()));
+    assert_eq!(
+        storage.endpoint.url,
+        "https://prometheus.monitoring:9090/prom"
+    );
+    assert_eq!(
+        storage.endpoint.ca_file.as_deref(),
+        Some(dir.path().join("ca.crt").as_path())
+    );
     assert_eq!(storage.endpoint.timeout, Duration::from_secs(5));
     assert!(matches!(storage.kind, GateKind::Prometheus(_)));
     let alerts = gates.get("critical-alerts").unwrap();
@@ -56,7 +62,11 @@ gates:
 #[test]
 fn an_empty_file_or_list_is_no_gates() {
     assert!(Gates::from_yaml("", Path::new(".")).unwrap().is_empty());
-    assert!(Gates::from_yaml("gates: []\n", Path::new(".")).unwrap().is_empty());
+    assert!(
+        Gates::from_yaml("gates: []\n", Path::new("."))
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[test]
@@ -118,11 +128,17 @@ fn each_mistake_names_the_gate_and_the_field() {
             "gates:\n  - name: s\n    prometheus: {url: 'http://p', query: up}\n  - name: s\n    prometheus: {url: 'http://q', query: up}\n",
             "gate s: name: used by an earlier gate too",
         ),
-        ("gate: []\n", "not a gates file (a top-level `gates:` list): unknown field `gate`"),
+        (
+            "gate: []\n",
+            "not a gates file (a top-level `gates:` list): unknown field `gate`",
+        ),
     ];
     for (text, expected) in cases {
         let message = refused(text);
-        assert!(message.starts_with(expected), "{text}\n  said: {message}\n  want: {expected}");
+        assert!(
+            message.starts_with(expected),
+            "{text}\n  said: {message}\n  want: {expected}"
+        );
     }
 }
 
@@ -133,9 +149,15 @@ fn a_token_file_is_checked_but_never_quoted() {
     std::fs::write(dir.path().join("ca.crt"), "s3cret-not-a-cert").unwrap();
     let text = "gates:\n  - name: s\n    prometheus: {url: 'https://p', query: up, bearerTokenFile: token}\n";
     let err = Gates::from_yaml(text, dir.path()).unwrap_err();
-    assert!(matches!(err, GatesError::Gate { ref field, .. } if field == "prometheus.bearerTokenFile"));
+    assert!(
+        matches!(err, GatesError::Gate { ref field, .. } if field == "prometheus.bearerTokenFile")
+    );
     assert!(err.to_string().ends_with("token is empty"), "{err}");
-    let text = "gates:\n  - name: s\n    prometheus: {url: 'https://p', query: up, caFile: ca.crt}\n";
+    let text =
+        "gates:\n  - name: s\n    prometheus: {url: 'https://p', query: up, caFile: ca.crt}\n";
     let err = Gates::from_yaml(text, dir.path()).unwrap_err().to_string();
-    assert!(err.contains("no PEM certificate") && !err.contains("s3cret"), "{err}");
+    assert!(
+        err.contains("no PEM certificate") && !err.contains("s3cret"),
+        "{err}"
+    );
 }
