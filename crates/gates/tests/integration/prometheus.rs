@@ -8,8 +8,8 @@ use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair,
 };
 
-use super::daemons::{Daemon, HttpClient, POLL, SETTLE_WITHIN, free_port, start};
-use super::exporter::Exporter;
+use crate::daemons::{Daemon, HttpClient, POLL, SETTLE_WITHIN, free_port, start};
+use crate::exporter::Exporter;
 
 const FIRING_CRITICAL: &str = r#"ALERTS{alertstate="firing",severity="critical"}"#;
 

@@ -2,8 +2,8 @@
 
 use inplace_gates::{GateResult, Vars, Verdict, evaluate};
 
-use super::daemons::{HttpClient, start};
-use super::prometheus::{gate, until};
+use crate::daemons::{HttpClient, start};
+use crate::prometheus::{gate, until};
 
 const CONFIG: &str = "route: {receiver: blackhole}\nreceivers: [{name: blackhole}]\n";
 

@@ -1,0 +1,9 @@
+//! Every integration test of this crate in one test binary: the gates file (`config`), and the gates against
+//! the real Prometheus and Alertmanager (Debian's `prometheus` and `prometheus-alertmanager`), started on
+//! loopback by each test, with a metric the test controls served by an exporter in this process.
+
+mod alertmanager;
+mod config;
+mod daemons;
+mod exporter;
+mod prometheus;
