@@ -111,7 +111,7 @@ pub fn judge(status: u16, body: &[u8]) -> Verdict {
                 .collect(),
         ),
         Some(Data::Scalar((_, value))) => match value.trim().parse::<f64>() {
-            Ok(number) if number == 0.0 => Verdict::Pass,
+            Ok(0.0) => Verdict::Pass,
             Ok(_) => Verdict::Fail {
                 quote: quote::cut(&format!("query returned scalar {value} (not 0)")),
             },
