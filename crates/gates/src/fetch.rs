@@ -10,7 +10,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Empty, Limited};
 use hyper::header::{ACCEPT, AUTHORIZATION, HeaderValue};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject as _;
@@ -47,13 +46,12 @@ pub(crate) async fn fetch(endpoint: &Endpoint, target: &str) -> Result<Answer, S
 
 async fn exchange(endpoint: &Endpoint, target: &str) -> Result<Answer, String> {
     let tls = client_tls(endpoint.ca_file.as_deref())?;
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
+    // `build()` wraps hyper's HttpConnector, which also dials the https:// URLs the TLS layer asks it to.
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
         .enable_http1()
-        .wrap_connector(http);
+        .build();
     let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build(connector);
     let uri: hyper::Uri = format!("{}{target}", endpoint.url)
         .parse()

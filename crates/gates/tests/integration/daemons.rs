@@ -99,19 +99,14 @@ pub async fn start(
     }
 }
 
-/// A plain HTTP client for the tests' own requests (readiness, posting alerts and silences).
+/// An HTTP client for the tests' own requests (readiness, posting alerts and silences).
 pub struct HttpClient(Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>);
 
 impl HttpClient {
     /// Trusting `tls` (plain http works too).
     pub fn new(tls: rustls::ClientConfig) -> Self {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls);
+        let connector = connector.https_or_http().enable_http1().build();
         Self(Client::builder(TokioExecutor::new()).build(connector))
     }
 
