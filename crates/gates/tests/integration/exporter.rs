@@ -10,6 +10,26 @@ use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 
+/// Answers every HTTP/1.1 request on `listener` with the body `respond` gives for it, until the runtime ends.
+pub fn serve<F>(listener: tokio::net::TcpListener, respond: F)
+where
+    F: Fn(&hyper::Request<hyper::body::Incoming>) -> String + Clone + Send + Sync + 'static,
+{
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let respond = respond.clone();
+            let service = service_fn(move |request| {
+                let body = respond(&request);
+                async move { Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(body)))) }
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service),
+            );
+        }
+    });
+}
+
 /// The exporter's address and the values it serves, per node.
 #[derive(Clone)]
 pub struct Exporter {
@@ -26,27 +46,13 @@ impl Exporter {
             degraded: Arc::default(),
         };
         let degraded = exporter.degraded.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let degraded = degraded.clone();
-                let service = service_fn(move |_request| {
-                    let text: String = degraded
-                        .lock()
-                        .unwrap()
-                        .iter()
-                        .map(|(node, value)| {
-                            format!("site_storage_degraded{{node=\"{node}\"}} {value}\n")
-                        })
-                        .collect();
-                    async move {
-                        Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(text))))
-                    }
-                });
-                tokio::spawn(
-                    hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service),
-                );
-            }
+        serve(listener, move |_request| {
+            degraded
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(node, value)| format!("site_storage_degraded{{node=\"{node}\"}} {value}\n"))
+                .collect()
         });
         exporter
     }

@@ -8,3 +8,4 @@ mod config;
 mod daemons;
 mod exporter;
 mod prometheus;
+mod token;
