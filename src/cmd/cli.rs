@@ -329,6 +329,11 @@ pub struct ServeArgs {
     /// Policy file (YAML); the built-in default (`policy show`) when absent.
     #[arg(long, env = "INPLACE_UPDATER_POLICY")]
     pub policy: Option<PathBuf>,
+    /// Health gates file (YAML): Prometheus queries and Alertmanager filters that must be quiet before a change
+    /// goes on to the next Machine (docs/operations.md "Health gates"); checked whole at start-up. None when
+    /// absent.
+    #[arg(long, env = "INPLACE_UPDATER_GATES_FILE")]
+    pub gates_file: Option<PathBuf>,
     /// Agent token file (hashes and scopes, see `token create`); re-read when it changes. No agent can
     /// authenticate without it.
     #[arg(long, env = "INPLACE_UPDATER_AGENT_TOKENS")]

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use inplace_agent_api::MachineRef;
 use inplace_core::{DEFAULT_POLICY_YAML, Policy};
+use inplace_gates::Gates;
 use tokio_util::sync::CancellationToken;
 
 use crate::cmd::certs::{DevCertPaths, DevCertsSpec, write_dev_certs};
@@ -53,6 +54,21 @@ pub fn load_policy(path: Option<&std::path::Path>) -> anyhow::Result<Policy> {
     }
 }
 
+/// Reads and checks `--gates-file` (none when absent); a bad file is a [`Fatal`] naming the gate and field.
+fn load_gates(path: Option<&std::path::Path>) -> anyhow::Result<Gates> {
+    let Some(path) = path else {
+        return Ok(Gates::none());
+    };
+    Gates::load(path).map_err(|err| {
+        Fatal::new(
+            Some("--gates-file"),
+            format!("--gates-file {}: {}", path.display(), one_line(&err)),
+            Some("fix the named gate and field (docs/operations.md \"Health gates\"), or leave --gates-file unset for no gates"),
+        )
+        .into()
+    })
+}
+
 /// `serve`: everything is loaded and checked before the server reports ready. A start-up failure is a
 /// [`Fatal`] naming the flag to fix.
 pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -80,6 +96,7 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
             Some("check the file with `inplace-updater policy check FILE`, or leave --policy unset for the built-in default (`inplace-updater policy show`)"),
         )
     })?;
+    let gates = load_gates(args.gates_file.as_deref())?;
     let tokens = match &args.agent_tokens {
         Some(path) => AgentTokens::load(path).map_err(|err| {
             Fatal::new(
@@ -105,7 +122,7 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
             )
         })?;
     let store = InstrumentedStore::wrap(store, backend_name(&args.store), metrics.store.clone());
-    tracing::info!(store = %store.describe(), rules = policy.rules().len(), agent_tokens = tokens.len(), "loaded");
+    tracing::info!(store = %store.describe(), rules = policy.rules().len(), gates = gates.len(), agent_tokens = tokens.len(), "loaded");
     if tokens.is_empty() {
         let reason = match &args.agent_tokens {
             None => "no --agent-tokens file given".to_string(),
@@ -140,7 +157,11 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
     })?;
     let agent_image = agent_upkeep(&args, &dispatcher)?;
     let services = Services {
-        engine: Arc::new(Engine { policy, dispatcher }),
+        engine: Arc::new(Engine {
+            policy,
+            dispatcher,
+            gates: Arc::new(gates),
+        }),
         tokens: Arc::new(tokens),
         agent_image,
     };

@@ -7,6 +7,7 @@ mod update;
 use std::sync::Arc;
 
 use inplace_core::Policy;
+use inplace_gates::Gates;
 use serde::Serialize;
 
 pub use can_update::{
@@ -21,7 +22,7 @@ use crate::api::{
     ObjectKey, Status,
 };
 
-/// What the hooks decide with: the policy and the dispatcher (every server has a store, so every answer
+/// What the hooks decide with: the policy, the dispatcher and the health gates (every server has a store, so every answer
 /// takes the same path: a CanUpdate `Success` is sent only once its verdict is stored).
 #[derive(Debug)]
 pub struct Engine {
@@ -29,6 +30,8 @@ pub struct Engine {
     pub policy: Policy,
     /// Dispatch over the store.
     pub dispatcher: Arc<Dispatcher>,
+    /// The health gates of `--gates-file` (none when absent), for pacing a change across the fleet.
+    pub gates: Arc<Gates>,
 }
 
 impl Engine {
@@ -37,6 +40,7 @@ impl Engine {
         Self {
             policy: Policy::builtin(),
             dispatcher,
+            gates: Arc::new(Gates::none()),
         }
     }
 

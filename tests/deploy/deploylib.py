@@ -325,7 +325,7 @@ SERVE_ENV = {
     for flag in (
         "log-format", "listen", "tls-cert", "tls-key", "client-ca", "health-listen", "metrics-listen", "dev",
         "tls-reload-interval", "handshake-timeout", "header-read-timeout", "max-connections", "shutdown-grace",
-        "policy", "agent-tokens", "store", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user", "etcd-prefix",
+        "policy", "gates-file", "agent-tokens", "store", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user", "etcd-prefix",
         "retry-after-seconds", "retry-after", "retry-after-max-seconds", "retention", "verdict-retention",
         "agent-token-grace",
         "agent-ca-bundle",

@@ -146,6 +146,59 @@ fn a_bad_policy_file_names_policy() {
     check(&args, "--policy", policy.to_str().unwrap());
 }
 
+/// A gates file with a mistake stops `serve` naming the gate and the field; a file's contents never reach the
+/// log (here a token file given as the CA file). A good file, given by the environment twin, is loaded.
+#[test]
+fn a_bad_gates_file_names_the_gate_and_field() {
+    let certs = certs();
+    let (cert, key) = (
+        certs.paths.server_cert.to_str().unwrap(),
+        certs.paths.server_key.to_str().unwrap(),
+    );
+    let gates = certs.dir.path().join("gates.yaml");
+    std::fs::write(
+        &gates,
+        "gates:\n  - name: storage\n    prometheus: {url: 'ftp://prometheus:9090', query: up}\n",
+    )
+    .unwrap();
+    let path = gates.to_str().unwrap();
+    let args = serve(&["--tls-cert", cert, "--tls-key", key, "--gates-file", path]);
+    check(
+        &args,
+        "--gates-file",
+        "gate storage: prometheus.url: \"ftp://prometheus:9090\" must start with http:// or https://",
+    );
+
+    std::fs::write(certs.dir.path().join("token"), "s3cret-bearer-token\n").unwrap();
+    std::fs::write(
+        &gates,
+        "gates:\n  - name: storage\n    prometheus: {url: 'https://p:9090', query: up, caFile: token}\n",
+    )
+    .unwrap();
+    check(
+        &args,
+        "--gates-file",
+        "gate storage: prometheus.caFile: CA file",
+    );
+    let all = run("text", &args).lines.join("\n");
+    assert!(!all.contains("s3cret"), "{all}");
+
+    std::fs::write(
+        &gates,
+        "gates:\n  - name: storage\n    prometheus: {url: 'https://p:9090', query: up, bearerTokenFile: token}\n  \
+         - name: critical\n    alertmanager: {url: 'http://a:9093', matchers: ['severity=\"critical\"']}\n",
+    )
+    .unwrap();
+    let server = common::ServerProcess::start_env(
+        &certs.paths,
+        &[],
+        &[("INPLACE_UPDATER_GATES_FILE", gates.as_path())],
+    );
+    let loaded = server.wait_for_log("\"loaded\"");
+    assert!(loaded.contains("\"gates\":2"), "{loaded}");
+    assert!(!server.logs().join("\n").contains("s3cret"));
+}
+
 /// A store another format version wrote is refused at start-up, untouched.
 #[test]
 fn a_store_of_another_format_version_names_store() {

@@ -101,6 +101,7 @@ pub fn start_ours(
             engine: Arc::new(Engine {
                 policy: inplace_core::Policy::builtin(),
                 dispatcher,
+                gates: Arc::new(inplace_gates::Gates::none()),
             }),
             tokens: Arc::new(inplace_updater::dispatch::upkeep::tokens::AgentTokens::none()),
             agent_image: None,
