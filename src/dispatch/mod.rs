@@ -13,6 +13,7 @@
 //! upkeep → fleet (the directions `tests/integration/layers.rs` checks). [`Dispatcher`] only composes them.
 
 pub mod agents;
+pub mod changes;
 pub mod fleet;
 pub mod floor;
 pub mod licence;
@@ -26,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::observe::{FleetMetrics, LiveFleet};
 
+pub use changes::Budget;
 pub use agents::{AgentRow, Agents, CONNECTED_WITHIN};
 pub use fleet::{Fleet, StatusRow, StatusState, UpdateState};
 pub use floor::clock::system_ms as now_ms;
@@ -55,6 +57,8 @@ pub struct Dispatcher {
     pub upkeep: Arc<Upkeep>,
     /// UpdateMachine and the operator retry.
     pub runs: Runs,
+    /// The fleet-wide update budget.
+    pub budget: Arc<Budget>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -103,12 +107,14 @@ impl Dispatcher {
         let fleet = Arc::new(Fleet::new(floor.clone(), metrics.clone(), &reasons));
         let licences = Licences::new(floor.clone());
         let upkeep = Arc::new(Upkeep::new(floor.clone(), fleet.clone()));
-        let agents = Agents::new(floor.clone(), fleet.clone(), upkeep.clone());
+        let budget = Arc::new(Budget::new(floor.clone()));
+        let agents = Agents::new(floor.clone(), fleet.clone(), upkeep.clone(), budget.clone());
         let runs = Runs::new(
             floor.clone(),
             licences.clone(),
             agents.clone(),
             fleet.clone(),
+            budget.clone(),
         );
         let dispatcher = Arc::new(Self {
             floor,
@@ -117,6 +123,7 @@ impl Dispatcher {
             agents,
             upkeep,
             runs,
+            budget,
         });
         let live: std::sync::Weak<dyn LiveFleet> = Arc::downgrade(&dispatcher) as _;
         metrics.attach(live);
@@ -152,6 +159,7 @@ impl Dispatcher {
                 Swept::AgentTokens => self.upkeep.tokens.sweep().await,
                 Swept::AgentUpgrades => self.upkeep.rollout.sweep_upgrades().await,
                 Swept::UpgradeSlots => self.upkeep.rollout.sweep_upgrade_slots().await,
+                Swept::UpdateSlots => self.budget.sweep().await,
             };
             let name = kind.as_str().to_string();
             match swept {
@@ -193,6 +201,14 @@ impl LiveFleet for Dispatcher {
 
     fn unfinished_update_oldest_progress_ms(&self) -> Option<u64> {
         self.fleet.unfinished_update_oldest_progress_ms()
+    }
+
+    fn update_slots_in_use(&self) -> u64 {
+        self.budget.slots_in_use()
+    }
+
+    fn machines_waiting_for_update_slot(&self) -> usize {
+        self.budget.waiting_count()
     }
 }
 

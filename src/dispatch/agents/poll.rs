@@ -93,13 +93,12 @@ impl Agents {
         progress: &PlanProgress,
         record: Option<&MachineRecord>,
     ) -> Result<(), DispatchError> {
-        let key = update_key(machine, &progress.plan_id);
         let now = self.floor.now_ms();
         let mut failed_kind = None;
         let mut rollback_end = None;
-        self.floor
-            .db
-            .update(&key, |current: Option<&UpdateRecord>| {
+        // Progress that ends the run (its last report was lost) gives the update budget's slots back with it.
+        self.budget
+            .update_run(machine, &progress.plan_id, false, |current: Option<&UpdateRecord>| {
                 (failed_kind, rollback_end) = (None, None);
                 let Some(run) = current else { return Ok(None) };
                 let was_failed = failed_at(&run.outcome()).is_some();

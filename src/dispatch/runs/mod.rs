@@ -26,6 +26,8 @@ pub use request::{UpdateAnswer, UpdateRequest, run_id};
 pub use retry::{Retried, RetryOutcome, retry_command};
 
 use super::agents::Agents;
+use super::changes::Budget;
+use super::changes::budget::Admission;
 use super::fleet::Fleet;
 use super::floor::db::{CAS_ATTEMPTS, Committed, Put};
 use super::floor::keys::{agent_key, machine_key, provider_key, update_key};
@@ -41,16 +43,24 @@ pub struct Runs {
     licences: Licences,
     agents: Arc<Agents>,
     fleet: Arc<Fleet>,
+    budget: Arc<Budget>,
 }
 
 impl Runs {
-    /// The wing over `floor`, answering with what `agents` and `fleet` know.
-    pub fn new(floor: Floor, licences: Licences, agents: Arc<Agents>, fleet: Arc<Fleet>) -> Runs {
+    /// The wing over `floor`, answering with what `agents` and `fleet` know, starting new runs as `budget` admits.
+    pub fn new(
+        floor: Floor,
+        licences: Licences,
+        agents: Arc<Agents>,
+        fleet: Arc<Fleet>,
+        budget: Arc<Budget>,
+    ) -> Runs {
         Runs {
             floor,
             licences,
             agents,
             fleet,
+            budget,
         }
     }
 
@@ -81,8 +91,25 @@ impl Runs {
                 Decision::Answer(answer) => return Ok(answer),
                 Decision::Commit(commit) => *commit,
             };
+            // A new run starts only with its update budget slots, taken in the transaction that records it.
+            let fresh = writes.iter().find_map(|write| match write {
+                Write::Run(run) => Some(&run.plan),
+                _ => None,
+            });
+            let slots = match fresh {
+                None => Vec::new(),
+                Some(plan) => match self.budget.admit(&facts.machine, &request.machine, plan).await? {
+                    Admission::Admitted(ops) => ops,
+                    Admission::Wait(waiting) => {
+                        return Ok(UpdateAnswer::InProgress {
+                            message: waiting.message,
+                            retry_after_seconds: waiting.retry_after_seconds,
+                        });
+                    }
+                },
+            };
             let wrote = !writes.is_empty();
-            if self.commit(request, writes).await? == Committed::Conflict {
+            if self.commit(request, writes, slots).await? == Committed::Conflict {
                 continue;
             }
             self.after(&facts.machine, &events);
@@ -99,6 +126,7 @@ impl Runs {
         &self,
         request: &UpdateRequest,
         writes: Vec<Write>,
+        slots: Vec<inplace_store::TxnOp>,
     ) -> Result<Committed, DispatchError> {
         let machine = &request.desired.facts.machine;
         let mut puts = Vec::with_capacity(writes.len());
@@ -130,7 +158,8 @@ impl Runs {
                 )?,
             });
         }
-        self.floor.db.commit(puts).await
+        let ops = puts.into_iter().map(Put::op).chain(slots).collect();
+        self.floor.db.commit_ops(ops).await
     }
 
     /// Logs what a committed decision did.
