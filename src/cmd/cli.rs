@@ -320,7 +320,11 @@ pub struct ServeArgs {
     pub max_concurrent_updates: Option<u32>,
     /// At most N update runs in progress per value of a Machine label, `KEY=N` (repeatable; e.g.
     /// `topology.kubernetes.io/zone=2`); a Machine without the label counts under the empty value.
-    #[arg(long, env = "INPLACE_UPDATER_MAX_CONCURRENT_UPDATES_PER_LABEL", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "INPLACE_UPDATER_MAX_CONCURRENT_UPDATES_PER_LABEL",
+        value_delimiter = ','
+    )]
     pub max_concurrent_updates_per_label: Vec<LabelBudget>,
     /// Never offer agents an upgrade of their own binary.
     #[arg(long, env = "INPLACE_UPDATER_NO_AGENT_UPGRADES")]

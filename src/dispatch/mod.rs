@@ -27,8 +27,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::observe::{FleetMetrics, LiveFleet};
 
-pub use changes::Budget;
 pub use agents::{AgentRow, Agents, CONNECTED_WITHIN};
+pub use changes::Budget;
 pub use fleet::{Fleet, StatusRow, StatusState, UpdateState};
 pub use floor::clock::system_ms as now_ms;
 pub use floor::config::{

@@ -171,7 +171,12 @@ pub fn decide_admission(
             Take::Held(op) | Take::Taken(op) => ops.push(op),
             Take::Full { held } => {
                 return Ok(Admission::Wait(Waiting {
-                    message: waiting_message(demand, held, &view.holders(&demand.pool, now_ms), now_ms),
+                    message: waiting_message(
+                        demand,
+                        held,
+                        &view.holders(&demand.pool, now_ms),
+                        now_ms,
+                    ),
                     retry_after_seconds,
                 }));
             }
@@ -300,18 +305,21 @@ pub struct BudgetStatus {
 impl BudgetStatus {
     /// One line for `status`.
     pub fn status_line(&self, now_ms: u64) -> String {
-        let limit = self
-            .limit
-            .map_or_else(|| "unlimited".to_owned(), |l| l.to_string());
         let holders: Vec<String> = self
             .holders
             .iter()
             .map(|(holder, taken)| format!("{holder} {}", since(now_ms, *taken)))
             .collect();
-        let mut line = format!(
-            "update budget: {} of {limit} slots in use",
-            self.holders.len()
-        );
+        let used = self.holders.len();
+        let mut line = match self.limit {
+            Some(limit) => format!("update budget: {used} of {limit} slots in use"),
+            None if self.per_label.is_empty() => {
+                format!(
+                    "update budget: unlimited (no --max-concurrent-updates); {used} slots in use"
+                )
+            }
+            None => format!("update budget: no fleet-wide limit; {used} slots in use"),
+        };
         if !holders.is_empty() {
             line.push_str(&format!(" ({})", holders.join(", ")));
         }

@@ -73,8 +73,10 @@ impl Budget {
         let view = load(self.floor.db.store().as_ref()).await?;
         let now = self.floor.now_ms();
         let holder = machine.to_string();
-        self.in_use
-            .store(view.holders(UPDATES_POOL, now).len() as u64, Ordering::Relaxed);
+        self.in_use.store(
+            view.holders(UPDATES_POOL, now).len() as u64,
+            Ordering::Relaxed,
+        );
         let admission = decide_admission(
             &demands(budget, &labels),
             &view,
@@ -124,7 +126,12 @@ impl Budget {
                 let view = load(db.store().as_ref()).await?;
                 let now = self.floor.now_ms();
                 if !ends {
-                    ops.extend(decide_renew(&view, &holder, now, hold_until(&next.plan, now))?);
+                    ops.extend(decide_renew(
+                        &view,
+                        &holder,
+                        now,
+                        hold_until(&next.plan, now),
+                    )?);
                 } else if db
                     .value::<MachineRecord>(&machine_key(machine))
                     .await?

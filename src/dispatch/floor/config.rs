@@ -52,7 +52,9 @@ pub enum LabelBudgetError {
     #[error("{0:?}: expected KEY=N, e.g. topology.kubernetes.io/zone=2")]
     Shape(String),
     /// The key is not a Kubernetes label key.
-    #[error("{0:?}: not a label key (at most 317 characters of letters, digits, '-', '_', '.', '/')")]
+    #[error(
+        "{0:?}: not a label key (at most 317 characters of letters, digits, '-', '_', '.', '/')"
+    )]
     Key(String),
     /// The limit is not a number from 1 to [`MAX_CONCURRENT_UPDATES_LIMIT`].
     #[error("{0:?}: the limit must be a number from 1 to {MAX_CONCURRENT_UPDATES_LIMIT}")]

@@ -98,7 +98,11 @@ impl Runs {
             });
             let slots = match fresh {
                 None => Vec::new(),
-                Some(plan) => match self.budget.admit(&facts.machine, &request.machine, plan).await? {
+                Some(plan) => match self
+                    .budget
+                    .admit(&facts.machine, &request.machine, plan)
+                    .await?
+                {
                     Admission::Admitted(ops) => ops,
                     Admission::Wait(waiting) => {
                         return Ok(UpdateAnswer::InProgress {

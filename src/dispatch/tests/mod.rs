@@ -1,6 +1,7 @@
 //! Dispatch over the in-memory store: recording runs once, long-poll wake-ups (also across two dispatchers on
 //! one store, as two replicas), scoping, report handling, and the answers UpdateMachine derives.
 
+mod budget;
 mod drain;
 mod fault;
 mod hold;
