@@ -1,5 +1,5 @@
 //! The update lifecycle of each Machine (recorded → running → done | failed | cancelled), shared by every
-//! replica through the store. One floor and five wings, each its own struct owning its own state:
+//! replica through the store. One floor and six wings, each its own struct owning its own state:
 //!
 //! - [`floor`]: the store with typed records, the keys, the records and a run's pure transitions, the hold on
 //!   a run, the clock, the tunables, the stored format. No wing is imported there.
@@ -8,9 +8,12 @@
 //! - [`upkeep`]: what keeps the agents current: the release rollout, token rotation, the served CA bundle.
 //! - [`licence`]: the CanUpdate verdicts, whether a desired state may run, UpdateMachine's refusals.
 //! - [`fleet`]: the census, `status`, retention of finished runs, step metrics and learned step durations.
+//! - [`changes`]: how a change spreads: the fleet-wide update budget (a slot per run in progress, taken and
+//!   given back in the transactions that record and end the run).
 //!
-//! Wings import the floor and, one way, each other: runs → agents, licence, fleet; agents → upkeep, fleet;
-//! upkeep → fleet (the directions `tests/integration/layers.rs` checks). [`Dispatcher`] only composes them.
+//! Wings import the floor and, one way, each other: runs → agents, licence, fleet, changes; agents → upkeep,
+//! fleet, changes; upkeep → fleet (the directions `tests/integration/layers.rs` checks). [`Dispatcher`] only
+//! composes them.
 
 pub mod agents;
 pub mod changes;

@@ -300,6 +300,9 @@ pub struct BudgetStatus {
     pub label_slots: u32,
     /// Machines this replica answered "waiting for a slot" lately.
     pub waiting: usize,
+    /// Read straight from a store (`status --store`): the limits are the servers' flags, not known here.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub limits_unknown: bool,
 }
 
 impl BudgetStatus {
@@ -312,6 +315,9 @@ impl BudgetStatus {
             .collect();
         let used = self.holders.len();
         let mut line = match self.limit {
+            _ if self.limits_unknown => format!(
+                "update budget (limits: the servers' --max-concurrent-updates): {used} slots in use"
+            ),
             Some(limit) => format!("update budget: {used} of {limit} slots in use"),
             None if self.per_label.is_empty() => {
                 format!(
@@ -330,7 +336,10 @@ impl BudgetStatus {
                 self.label_slots
             ));
         }
-        line.push_str(&format!("; {} Machines waiting for a slot", self.waiting));
+        // Who waits is known only to the replicas CAPI asks.
+        if !self.limits_unknown {
+            line.push_str(&format!("; {} Machines waiting for a slot", self.waiting));
+        }
         line
     }
 }

@@ -184,6 +184,7 @@ impl Budget {
                 .collect(),
             label_slots,
             waiting: self.waiting_count(),
+            limits_unknown: false,
         })
     }
 

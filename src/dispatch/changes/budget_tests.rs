@@ -299,6 +299,7 @@ fn the_status_line_says_the_limit_the_holders_and_who_waits() {
         per_label: vec!["topology.kubernetes.io/zone=1".into()],
         label_slots: 2,
         waiting: 3,
+        limits_unknown: false,
     };
     assert_eq!(
         status.status_line(NOW),
@@ -308,6 +309,15 @@ fn the_status_line_says_the_limit_the_holders_and_who_waits() {
     assert_eq!(
         BudgetStatus::default().status_line(NOW),
         "update budget: unlimited (no --max-concurrent-updates); 0 slots in use; 0 Machines waiting for a slot"
+    );
+    let from_store = BudgetStatus {
+        limits_unknown: true,
+        ..status
+    };
+    assert_eq!(
+        from_store.status_line(NOW),
+        "update budget (limits: the servers' --max-concurrent-updates): 2 slots in use (default/a 4m, other/b \
+         60s); per label topology.kubernetes.io/zone=1: 2 slots in use"
     );
 }
 
