@@ -92,12 +92,7 @@ impl Cordons {
             .chain(self.open.values())
             .copied()
             .collect();
-        let most = all
-            .iter()
-            .map(|(at, _)| all.iter().filter(|(f, l)| f <= at && at <= l).count())
-            .max()
-            .unwrap_or(0);
-        (most, all.len())
+        (common::most_at_once(&all), all.len())
     }
 }
 

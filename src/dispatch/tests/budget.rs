@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use inplace_agent_api::{PlanProgress, PlanStatus, StepStatus};
+use inplace_agent_api::{PlanStatus, StepStatus};
 use serde_json::json;
 
 use crate::dispatch::floor::config::UpdateBudget;
@@ -150,16 +150,8 @@ async fn past_the_budget_a_new_run_waits_and_each_end_gives_its_slot_to_the_next
 
     // m-3's agent lost its last report: the progress that says "succeeded" ends the run and frees the slot.
     let plan = handed_plan(&d, "m-3").await;
-    let mut poll = poll_for("m-3", 0);
-    poll.current = Some(PlanProgress {
-        plan_id: plan.id.clone(),
-        status: PlanStatus::Succeeded,
-        succeeded_steps: plan.steps.len() as u32,
-        total_steps: plan.steps.len() as u32,
-        failed_step: None,
-        hold: None,
-        rollback: None,
-    });
+    let done = plan.steps.len() as u32;
+    let poll = poll_with_progress("m-3", &plan, PlanStatus::Succeeded, done, None);
     d.agents.poll(&scope(), &poll).await.unwrap();
     assert_eq!(holders(&d).await, ["default/m-4"]);
     assert!(
@@ -179,16 +171,7 @@ async fn past_the_budget_a_new_run_waits_and_each_end_gives_its_slot_to_the_next
         .await
         .unwrap()
         .expect("the cancel in the ack");
-    let mut poll = poll_for("m-4", 0);
-    poll.current = Some(PlanProgress {
-        plan_id: plan.id.clone(),
-        status: PlanStatus::Running,
-        succeeded_steps: 1,
-        total_steps: plan.steps.len() as u32,
-        failed_step: None,
-        hold: Some(hold),
-        rollback: None,
-    });
+    let poll = poll_with_progress("m-4", &plan, PlanStatus::Running, 1, Some(hold));
     d.agents.poll(&scope(), &poll).await.unwrap();
     assert_eq!(holders(&d).await, ["default/m-2"]);
 }
@@ -206,16 +189,8 @@ async fn a_superseded_run_ending_gives_back_nothing() {
     let first = handed_plan(&d, "m-1").await;
     update(&d, &asked("m-1", "b", json!({}))).await.unwrap();
     // The agent still finishes the first run (its progress names it): the slot stays with the current run.
-    let mut poll = poll_for("m-1", 0);
-    poll.current = Some(PlanProgress {
-        plan_id: first.id.clone(),
-        status: PlanStatus::Succeeded,
-        succeeded_steps: first.steps.len() as u32,
-        total_steps: first.steps.len() as u32,
-        failed_step: None,
-        hold: None,
-        rollback: None,
-    });
+    let done = first.steps.len() as u32;
+    let poll = poll_with_progress("m-1", &first, PlanStatus::Succeeded, done, None);
     d.agents.poll(&scope(), &poll).await.unwrap();
     assert_eq!(holders(&d).await, ["default/m-1"]);
     waiting(&update(&d, &asked("m-2", "a", json!({}))).await.unwrap());
