@@ -238,3 +238,62 @@ async fn an_expired_hold_stops_counting_and_the_sweep_frees_it() {
     // run holds only a slot it still has).
     assert_eq!(holders(&d).await, ["default/m-2"]);
 }
+
+/// A store whose every write fails from now on, changing nothing: the process died before its commit.
+fn dead(
+    inner: std::sync::Arc<inplace_store::memory::MemoryStore>,
+) -> std::sync::Arc<dyn inplace_store::Store> {
+    use crate::dispatch::faulty_store::{FaultyStore, unavailable};
+    std::sync::Arc::new(FaultyStore::new(
+        inner,
+        Box::new(|_key| Box::pin(async { Err(unavailable("the process died here")) })),
+    ))
+}
+
+#[tokio::test]
+async fn a_crash_before_or_after_a_commit_leaves_the_run_and_its_slot_together() {
+    let inner = std::sync::Arc::new(inplace_store::memory::MemoryStore::new());
+    let store: std::sync::Arc<dyn inplace_store::Store> = inner.clone();
+    let first = limited(store.clone(), 1);
+    let request = asked("m-1", "a", json!({}));
+    judge_in_place(&first, &request).await;
+    // Killed before the transaction that records the run and takes the slot: neither exists.
+    let dying = limited(dead(inner.clone()), 1);
+    assert!(dying.runs.update_machine(&request).await.is_err());
+    assert!(holders(&first).await.is_empty());
+    assert!(first.store().list("updates/").await.unwrap().is_empty());
+    // Killed after it, before the answer (the answer is dropped): the restarted server's answer to CAPI's next
+    // call is a repeat of that run, its slot held once.
+    drop(first.runs.update_machine(&request).await.unwrap());
+    let restarted = limited(store.clone(), 1);
+    assert!(answer_is_run(
+        &restarted.runs.update_machine(&request).await.unwrap()
+    ));
+    assert_eq!(holders(&restarted).await, ["default/m-1"]);
+    assert_eq!(restarted.store().list("updates/").await.unwrap().len(), 1);
+    waiting(
+        &update(&restarted, &asked("m-2", "a", json!({})))
+            .await
+            .unwrap(),
+    );
+
+    // Killed before the transaction of the last step's report: the run has not ended and keeps its slot; the
+    // agent sends the report again (to any replica) and the slot goes back with it.
+    let plan = handed_plan(&restarted, "m-1").await;
+    let last = plan.steps.len() as u32 - 1;
+    agent_reports(&restarted, "m-1", &plan.id, 0..last, StepStatus::Succeeded).await;
+    let done = report("m-1", &plan.id, last, StepStatus::Succeeded);
+    let dying = limited(dead(inner.clone()), 1);
+    assert!(dying.agents.report(&scope(), &done).await.is_err());
+    assert_eq!(holders(&restarted).await, ["default/m-1"]);
+    restarted.agents.report(&scope(), &done).await.unwrap();
+    assert!(holders(&restarted).await.is_empty());
+    // A report repeated after the end (its ack was lost) gives nothing back twice and takes nothing.
+    assert!(answer_is_run(
+        &update(&restarted, &asked("m-2", "a", json!({})))
+            .await
+            .unwrap()
+    ));
+    restarted.agents.report(&scope(), &done).await.unwrap();
+    assert_eq!(holders(&restarted).await, ["default/m-2"]);
+}
