@@ -4,9 +4,12 @@
 //! same transaction; a Machine whose run is replaced keeps its slot, a superseded run's end gives nothing back;
 //! two replicas asking at the same instant for the last slot admit one; an expired hold is swept.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use inplace_agent_api::{PlanStatus, StepStatus};
+use inplace_store::Store;
+use inplace_store::memory::MemoryStore;
 use serde_json::json;
 
 use crate::dispatch::floor::config::UpdateBudget;
@@ -14,15 +17,17 @@ use crate::dispatch::testing::*;
 use crate::dispatch::*;
 use inplace_core::knobs::{CANCEL_ANNOTATION, RETRY_ANNOTATION};
 
-fn limited(
-    store: std::sync::Arc<dyn inplace_store::Store>,
-    total: u32,
-) -> std::sync::Arc<Dispatcher> {
+fn limited(store: Arc<dyn Store>, total: u32) -> Arc<Dispatcher> {
+    let budget = UpdateBudget {
+        total: Some(total),
+        per_label: Vec::new(),
+    };
+    with_budget(store, budget)
+}
+
+fn with_budget(store: Arc<dyn Store>, budget: UpdateBudget) -> Arc<Dispatcher> {
     let config = DispatchConfig {
-        budget: UpdateBudget {
-            total: Some(total),
-            per_label: Vec::new(),
-        },
+        budget,
         ..DispatchConfig::default()
     };
     let d = Dispatcher::new(store, config, CancellationToken::new());
@@ -32,16 +37,31 @@ fn limited(
 
 /// m-<name>'s desired state, `annotations` on it.
 fn asked(name: &str, motd: &str, annotations: serde_json::Value) -> UpdateRequest {
-    let machine = json!({
+    in_zone(name, motd, annotations, None)
+}
+
+/// [`asked`], the Machine labelled with `zone` (when given).
+fn in_zone(
+    name: &str,
+    motd: &str,
+    annotations: serde_json::Value,
+    zone: Option<&str>,
+) -> UpdateRequest {
+    let mut machine = json!({
         "metadata": {
             "name": name, "namespace": "default", "annotations": annotations,
             "labels": { "cluster.x-k8s.io/cluster-name": "edge-01" }
         },
         "spec": { "clusterName": "edge-01", "version": "v1.34.1" }
     });
+    if let Some(zone) = zone {
+        machine["metadata"]["labels"][ZONE] = json!(zone);
+    }
     let bootstrap = json!({ "spec": { "files": [ { "path": "/etc/motd", "content": motd } ] } });
     request_of(&machine, &bootstrap)
 }
+
+const ZONE: &str = "topology.kubernetes.io/zone";
 
 /// Holders of live fleet-wide slots in the store, sorted.
 async fn holders(d: &Dispatcher) -> Vec<String> {
@@ -240,11 +260,9 @@ async fn an_expired_hold_stops_counting_and_the_sweep_frees_it() {
 }
 
 /// A store whose every write fails from now on, changing nothing: the process died before its commit.
-fn dead(
-    inner: std::sync::Arc<inplace_store::memory::MemoryStore>,
-) -> std::sync::Arc<dyn inplace_store::Store> {
+fn dead(inner: Arc<MemoryStore>) -> Arc<dyn Store> {
     use crate::dispatch::faulty_store::{FaultyStore, unavailable};
-    std::sync::Arc::new(FaultyStore::new(
+    Arc::new(FaultyStore::new(
         inner,
         Box::new(|_key| Box::pin(async { Err(unavailable("the process died here")) })),
     ))
@@ -252,8 +270,8 @@ fn dead(
 
 #[tokio::test]
 async fn a_crash_before_or_after_a_commit_leaves_the_run_and_its_slot_together() {
-    let inner = std::sync::Arc::new(inplace_store::memory::MemoryStore::new());
-    let store: std::sync::Arc<dyn inplace_store::Store> = inner.clone();
+    let inner = Arc::new(MemoryStore::new());
+    let store: Arc<dyn Store> = inner.clone();
     let first = limited(store.clone(), 1);
     let request = asked("m-1", "a", json!({}));
     judge_in_place(&first, &request).await;
@@ -296,4 +314,45 @@ async fn a_crash_before_or_after_a_commit_leaves_the_run_and_its_slot_together()
     ));
     restarted.agents.report(&scope(), &done).await.unwrap();
     assert_eq!(holders(&restarted).await, ["default/m-2"]);
+}
+
+#[tokio::test]
+async fn a_per_label_budget_paces_each_zone_and_the_unlabelled_machines_together() {
+    let d = with_budget(
+        memory().await,
+        UpdateBudget {
+            total: None,
+            per_label: vec![format!("{ZONE}=1").parse().unwrap()],
+        },
+    );
+    d.clock().pin_for_tests(now_ms());
+    let run = |name: &'static str, zone: Option<&'static str>| {
+        let d = d.clone();
+        async move {
+            update(&d, &in_zone(name, "a", json!({}), zone))
+                .await
+                .unwrap()
+        }
+    };
+    assert!(answer_is_run(&run("a-1", Some("eu-1a")).await));
+    let answer = run("a-2", Some("eu-1a")).await;
+    let UpdateAnswer::InProgress { message, .. } = &answer else {
+        panic!("{answer:?}")
+    };
+    assert_eq!(
+        message,
+        "waiting for an update slot for topology.kubernetes.io/zone=eu-1a: 1 of 1 runs in progress (default/a-1 0s)"
+    );
+    assert!(answer_is_run(&run("b-1", Some("eu-1b")).await));
+    assert!(answer_is_run(&run("n-1", None).await));
+    let answer = run("n-2", None).await;
+    assert!(
+        matches!(&answer, UpdateAnswer::InProgress { message, .. }
+            if message.starts_with("waiting for an update slot for topology.kubernetes.io/zone unset: 1 of 1")),
+        "{answer:?}"
+    );
+    // No fleet-wide limit: no fleet-wide slot taken.
+    assert!(holders(&d).await.is_empty());
+    finish(&d, "a-1", StepStatus::Succeeded).await;
+    assert!(answer_is_run(&run("a-2", Some("eu-1a")).await));
 }
