@@ -14,6 +14,7 @@ use inplace_store::{EtcdOptions, StoreUrl};
 pub use inplace_agent::cli::{AgentArgs, LogFormat, machine_ref};
 
 use crate::api::parse_go_duration;
+use crate::dispatch::floor::config::{LabelBudget, MAX_CONCURRENT_UPDATES_LIMIT, UpdateBudget};
 use crate::dispatch::upkeep::rollout::release::{
     DEFAULT_UPGRADE_CONCURRENCY, DEFAULT_UPGRADE_MAX_FAILURES,
 };
@@ -353,6 +354,18 @@ pub struct ServeArgs {
     /// Failed agent upgrades to the current release that stop its rollout.
     #[arg(long, env = "INPLACE_UPDATER_AGENT_UPGRADE_MAX_FAILURES", default_value_t = DEFAULT_UPGRADE_MAX_FAILURES, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub agent_upgrade_max_failures: u32,
+    /// Most Machines with an update run in progress at once, across every cluster and every replica sharing
+    /// the store (a new run waits, answered in progress, until a slot frees); default: unlimited.
+    #[arg(long, env = "INPLACE_UPDATER_MAX_CONCURRENT_UPDATES", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_CONCURRENT_UPDATES_LIMIT)))]
+    pub max_concurrent_updates: Option<u32>,
+    /// At most N update runs in progress per value of a Machine label, `KEY=N` (repeatable; e.g.
+    /// `topology.kubernetes.io/zone=2`); a Machine without the label counts under the empty value.
+    #[arg(
+        long,
+        env = "INPLACE_UPDATER_MAX_CONCURRENT_UPDATES_PER_LABEL",
+        value_delimiter = ','
+    )]
+    pub max_concurrent_updates_per_label: Vec<LabelBudget>,
     /// Never offer agents an upgrade of their own binary.
     #[arg(long, env = "INPLACE_UPDATER_NO_AGENT_UPGRADES")]
     pub no_agent_upgrades: bool,
@@ -422,6 +435,10 @@ impl ServeArgs {
             retention: self.retention,
             verdict_retention: self.verdict_retention,
             agent_token_grace: self.agent_token_grace,
+            budget: UpdateBudget {
+                total: self.max_concurrent_updates,
+                per_label: self.max_concurrent_updates_per_label.clone(),
+            },
         }
     }
 

@@ -16,6 +16,7 @@ use crate::cmd::cli::{
 };
 use crate::cmd::fatal::{Fatal, one_line, serve_fatal};
 use crate::cmd::tables::{render_agents, render_changes, render_status};
+use crate::dispatch::changes::budget::BudgetStatus;
 use crate::dispatch::changes::control::{ChangeRow, Control};
 use crate::dispatch::upkeep::tokens::{AgentTokens, create_token};
 use crate::dispatch::{
@@ -156,11 +157,15 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
         )
     })?;
     let agent_image = agent_upkeep(&args, &dispatcher)?;
+    let gates = Arc::new(gates);
+    dispatcher
+        .changes
+        .set_gates(Arc::new(crate::hooks::gates::FileGates(gates.clone())));
     let services = Services {
         engine: Arc::new(Engine {
             policy,
             dispatcher,
-            gates: Arc::new(gates),
+            gates,
         }),
         tokens: Arc::new(tokens),
         agent_image,
@@ -268,27 +273,37 @@ pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
     }
     // Only a running server knows whether CAPI has called it; a store read directly cannot say.
     let mut no_hook_calls = false;
-    let (rows, retention): (Vec<StatusRow>, Option<RetentionRecord>) = match &args.store {
-        Some(url) => {
-            let dispatcher = store_dispatcher(&args.etcd, url).await?;
-            (
-                dispatcher.fleet.status().await?,
-                dispatcher.retention().await?,
-            )
-        }
-        None => {
-            let (rows, headers) = get_json(args, "/status").await?;
-            no_hook_calls = headers
-                .get(server::HOOK_CALLS_ANSWERED_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.trim() == "0");
-            (rows, get_json(args, "/status/retention").await?.0)
-        }
-    };
+    let (rows, retention, budget): (Vec<StatusRow>, Option<RetentionRecord>, BudgetStatus) =
+        match &args.store {
+            Some(url) => {
+                let dispatcher = store_dispatcher(&args.etcd, url).await?;
+                (
+                    dispatcher.fleet.status().await?,
+                    dispatcher.retention().await?,
+                    BudgetStatus {
+                        limits_unknown: true,
+                        ..dispatcher.budget.status().await?
+                    },
+                )
+            }
+            None => {
+                let (rows, headers) = get_json(args, "/status").await?;
+                no_hook_calls = headers
+                    .get(server::HOOK_CALLS_ANSWERED_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.trim() == "0");
+                (
+                    rows,
+                    get_json(args, "/status/retention").await?.0,
+                    get_json(args, "/status/budget").await?.0,
+                )
+            }
+        };
     let retention = match &retention {
         Some(record) => format!("{}\n", record.status_line(now_ms())),
         None => "retention: no sweep has run against this store yet\n".to_string(),
     };
+    let retention = format!("{}\n{retention}", budget.status_line(now_ms()));
     Ok(match args.output {
         OutputFormat::Json => {
             if no_hook_calls {

@@ -8,10 +8,13 @@
 //! - [`upkeep`]: what keeps the agents current: the release rollout, token rotation, the served CA bundle.
 //! - [`licence`]: the CanUpdate verdicts, whether a desired state may run, UpdateMachine's refusals.
 //! - [`fleet`]: the census, `status`, retention of finished runs, step metrics and learned step durations.
-//! - [`changes`]: how a change proves itself before it spreads (canaries, soak, health gates, the brake).
+//! - [`changes`]: how a change spreads: the fleet-wide update budget (a slot per run in progress, taken and
+//!   given back in the transactions that record and end the run), and how each change proves itself before it
+//!   spreads (canaries, soak, health gates, the brake).
 //!
-//! Wings import the floor and, one way, each other: runs → agents, licence, fleet, changes; agents → upkeep, fleet;
-//! upkeep → fleet (the directions `tests/integration/layers.rs` checks). [`Dispatcher`] only composes them.
+//! Wings import the floor and, one way, each other: runs → agents, licence, fleet, changes; agents → upkeep,
+//! fleet, changes; upkeep → fleet (the directions `tests/integration/layers.rs` checks). [`Dispatcher`] only
+//! composes them.
 
 pub mod agents;
 pub mod changes;
@@ -29,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::observe::{FleetMetrics, LiveFleet};
 
 pub use agents::{AgentRow, Agents, CONNECTED_WITHIN};
-pub use changes::Changes;
+pub use changes::{Budget, Changes};
 pub use fleet::{Fleet, StatusRow, StatusState, UpdateState};
 pub use floor::clock::system_ms as now_ms;
 pub use floor::config::{
@@ -60,6 +63,8 @@ pub struct Dispatcher {
     pub runs: Runs,
     /// How each change proves itself before it spreads: canaries, soak, gates, the brake.
     pub changes: Arc<Changes>,
+    /// The fleet-wide update budget.
+    pub budget: Arc<Budget>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -108,7 +113,8 @@ impl Dispatcher {
         let fleet = Arc::new(Fleet::new(floor.clone(), metrics.clone(), &reasons));
         let licences = Licences::new(floor.clone());
         let upkeep = Arc::new(Upkeep::new(floor.clone(), fleet.clone()));
-        let agents = Agents::new(floor.clone(), fleet.clone(), upkeep.clone());
+        let budget = Arc::new(Budget::new(floor.clone()));
+        let agents = Agents::new(floor.clone(), fleet.clone(), upkeep.clone(), budget.clone());
         let changes = Arc::new(Changes::new(floor.clone()));
         let runs = Runs::new(
             floor.clone(),
@@ -116,6 +122,7 @@ impl Dispatcher {
             agents.clone(),
             fleet.clone(),
             changes.clone(),
+            budget.clone(),
         );
         let dispatcher = Arc::new(Self {
             floor,
@@ -125,6 +132,7 @@ impl Dispatcher {
             upkeep,
             runs,
             changes,
+            budget,
         });
         let live: std::sync::Weak<dyn LiveFleet> = Arc::downgrade(&dispatcher) as _;
         metrics.attach(live);
@@ -160,6 +168,7 @@ impl Dispatcher {
                 Swept::AgentTokens => self.upkeep.tokens.sweep().await,
                 Swept::AgentUpgrades => self.upkeep.rollout.sweep_upgrades().await,
                 Swept::UpgradeSlots => self.upkeep.rollout.sweep_upgrade_slots().await,
+                Swept::UpdateSlots => self.budget.sweep().await,
             };
             let name = kind.as_str().to_string();
             match swept {
@@ -201,6 +210,14 @@ impl LiveFleet for Dispatcher {
 
     fn unfinished_update_oldest_progress_ms(&self) -> Option<u64> {
         self.fleet.unfinished_update_oldest_progress_ms()
+    }
+
+    fn update_slots_in_use(&self) -> u64 {
+        self.budget.slots_in_use()
+    }
+
+    fn machines_waiting_for_update_slot(&self) -> usize {
+        self.budget.waiting_count()
     }
 }
 

@@ -6,7 +6,10 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use inplace_agent_api::{AgentIdentity, MachineRef, Plan, PollRequest, StepReport, StepStatus};
+use inplace_agent_api::{
+    AgentIdentity, Hold, MachineRef, Plan, PlanProgress, PlanStatus, PollRequest, StepReport,
+    StepStatus,
+};
 use inplace_core::plan::PlanInputs;
 use inplace_core::{Action, DesiredMachine};
 use inplace_store::{EtcdOptions, Store, StoreUrl};
@@ -201,6 +204,29 @@ pub(crate) fn report(name: &str, plan: &str, index: u32, status: StepStatus) -> 
         message: None,
         undo: false,
         rollback: None,
+    }
+}
+
+/// A poll of Machine `default/<name>`'s agent saying where it is in `plan`: `status`, `succeeded` steps done,
+/// `hold` confirmed.
+pub(crate) fn poll_with_progress(
+    name: &str,
+    plan: &Plan,
+    status: PlanStatus,
+    succeeded: u32,
+    hold: Option<Hold>,
+) -> PollRequest {
+    PollRequest {
+        current: Some(PlanProgress {
+            plan_id: plan.id.clone(),
+            status,
+            succeeded_steps: succeeded,
+            total_steps: plan.steps.len() as u32,
+            failed_step: None,
+            hold,
+            rollback: None,
+        }),
+        ..poll_for(name, 0)
     }
 }
 

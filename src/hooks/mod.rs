@@ -2,6 +2,7 @@
 //! request body and writes back what they return. UpdateMachine reaches the store only through `dispatch`.
 
 mod can_update;
+pub mod gates;
 mod update;
 
 use std::sync::Arc;

@@ -77,6 +77,10 @@ pub trait LiveFleet: Send + Sync + 'static {
     /// The oldest last progress (Unix ms: recording, or a step's start or end) among recorded or running
     /// updates; `None` when none is unfinished.
     fn unfinished_update_oldest_progress_ms(&self) -> Option<u64>;
+    /// Fleet-wide update budget slots in use, as this replica last read them from the store.
+    fn update_slots_in_use(&self) -> u64;
+    /// Machines this replica lately answered "waiting for an update slot" (and has not admitted since).
+    fn machines_waiting_for_update_slot(&self) -> usize;
 }
 
 fn step_histogram() -> Histogram {
@@ -246,6 +250,18 @@ impl Collector for LiveCollector {
             connected as i64,
         )?;
         let Some(live) = live else { return Ok(()) };
+        gauge(
+            &mut encoder,
+            "update_budget_slots_in_use",
+            "Fleet-wide update budget slots held by runs in progress, as this replica last read the store (--max-concurrent-updates)",
+            live.update_slots_in_use() as i64,
+        )?;
+        gauge(
+            &mut encoder,
+            "update_budget_waiting_machines",
+            "Machines this replica answered 'waiting for an update slot' lately and has not admitted since (sum over replicas may count a Machine twice)",
+            live.machines_waiting_for_update_slot() as i64,
+        )?;
         if let Some(ms) = live.waited_agent_oldest_contact_ms() {
             gauge(
                 &mut encoder,

@@ -72,7 +72,8 @@ pub const HOOK_CALLS_ANSWERED_HEADER: &str = "inplace-updater-hook-calls-answere
 /// `inplace-updater status` prints). No secrets: runs are shown by machine, step description and message.
 /// `GET /status/agents`: every agent seen or refused (what `inplace-updater status --agents` prints); refusals
 /// show the reason, the answer and the peer address, never a token. `GET /status/retention`: what the last
-/// retention sweep deleted and the bounds (the last line of `inplace-updater status`).
+/// retention sweep deleted and the bounds (the last line of `inplace-updater status`). `GET /status/budget`: the
+/// update budget (limit, holders, Machines waiting; the line before it).
 pub fn status_router(
     dispatcher: Arc<crate::dispatch::Dispatcher>,
     metrics: Arc<Metrics>,
@@ -124,6 +125,21 @@ pub fn status_router(
                 )>| async move {
                     match dispatcher.changes.list().await {
                         Ok(rows) => axum::Json(rows).into_response(),
+                        Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n"))
+                            .into_response(),
+                    }
+                },
+            ),
+        )
+        .route(
+            "/status/budget",
+            get(
+                |State((dispatcher, _)): State<(
+                    Arc<crate::dispatch::Dispatcher>,
+                    Arc<Metrics>,
+                )>| async move {
+                    match dispatcher.budget.status().await {
+                        Ok(status) => axum::Json(status).into_response(),
                         Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n"))
                             .into_response(),
                     }

@@ -279,3 +279,130 @@ async fn a_failed_canary_halts_its_change_across_a_restart_until_an_operator_rel
         "{rows}"
     );
 }
+
+/// A real Alertmanager on a free loopback port (Debian's prometheus-alertmanager), ready.
+struct Alertmanager {
+    url: String,
+    _dir: tempfile::TempDir,
+    child: std::process::Child,
+}
+
+impl Drop for Alertmanager {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn curl(args: &[&str]) -> (bool, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "-m", "5"])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+fn alertmanager() -> Alertmanager {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("alertmanager.yml");
+    std::fs::write(
+        &config,
+        "route: {receiver: blackhole}\nreceivers: [{name: blackhole}]\n",
+    )
+    .unwrap();
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let child = Command::new("/usr/bin/prometheus-alertmanager")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address={addr}"))
+        .args(["--cluster.listen-address=", "--log.level=warn"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("prometheus-alertmanager (scripts/install-deps installs it)");
+    let url = format!("http://{addr}");
+    crate::common::fleet::wait_until("alertmanager ready", || {
+        curl(&["-f", &format!("{url}/-/ready")]).0
+    });
+    Alertmanager {
+        url,
+        _dir: dir,
+        child,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_firing_alert_holds_the_change_and_its_end_lets_the_canary_start() {
+    let am = alertmanager();
+    let setup = Setup::new();
+    let gates = setup.dir.path().join("gates.yaml");
+    std::fs::write(
+        &gates,
+        format!(
+            "gates:\n  - name: critical\n    alertmanager:\n      url: {}\n      matchers: ['severity=\"critical\"', 'cluster=\"{{{{cluster}}}}\"']\n",
+            am.url
+        ),
+    )
+    .unwrap();
+    let gates_arg = gates.display().to_string();
+    let (server, capi) = setup.serve("memory:", &["--gates-file", &gates_arg]);
+    let a = worker(&setup, &server, "edge-01-md-0-a", &setup.token_file);
+    let alert = |ends: &str| {
+        format!(
+            r#"[{{"labels":{{"alertname":"StorageDegraded","severity":"critical","cluster":"edge-01"}},"endsAt":"{ends}"}}]"#
+        )
+    };
+    let post = |body: String| {
+        let (ok, out) = curl(&[
+            "-f",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            &body,
+            &format!("{}/api/v2/alerts", am.url),
+        ]);
+        assert!(ok, "{out}");
+    };
+    post(alert("2099-01-01T00:00:00Z"));
+
+    let mut canary = paced("edge-01-md-0-a", "edge-01");
+    canary["settings"] = json!({"canary": "1", "healthGates": "critical"});
+    judged(&capi, &canary).await;
+    let held = capi.update_machine(&canary).await;
+    assert_eq!(
+        message(&held),
+        format!(
+            "change v1.34.1 is held by its health gates: gate critical (alertmanager {}): 1 alert active: \
+             StorageDegraded{{cluster=\"edge-01\",severity=\"critical\"}}",
+            am.url
+        ),
+        "{held:?}"
+    );
+    assert!(!upgraded(&a), "a held change starts nothing");
+
+    // The alert ends: the next call records the canary's run and it runs to the end.
+    post(alert("2000-01-01T00:00:00Z"));
+    let (done, messages) = capi.update_until_settled(&canary, SETTLE).await;
+    assert_eq!(
+        done,
+        UpdateOutcome::Done,
+        "{messages:?}\nagent log:\n{}",
+        a.log()
+    );
+    assert!(upgraded(&a));
+    let rows = status_text(server.health, &["--changes"]);
+    assert!(
+        rows.contains("last held by a gate: gate critical (alertmanager"),
+        "{rows}"
+    );
+}

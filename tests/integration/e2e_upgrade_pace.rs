@@ -63,12 +63,7 @@ impl Trials {
             .copied()
             .chain(self.open.values().map(|(_, first, last)| (*first, *last)))
             .collect();
-        let most = all
-            .iter()
-            .map(|(at, _)| all.iter().filter(|(f, l)| f <= at && at <= l).count())
-            .max()
-            .unwrap_or(0);
-        (most, all.len())
+        (common::most_at_once(&all), all.len())
     }
 }
 

@@ -25,6 +25,7 @@ mod e2e_rollout;
 mod e2e_runtime;
 mod e2e_self_upgrade;
 mod e2e_tokens;
+mod e2e_update_budget;
 mod e2e_upgrade_pace;
 mod e2e_verdicts;
 mod e2e_window;

@@ -28,6 +28,7 @@ pub use refused::{
 pub use seen::{LastSeen, SEEN_WRITES_IN_FLIGHT};
 pub use waiters::Waiters;
 
+use super::changes::Budget;
 use super::fleet::Fleet;
 use super::floor::Floor;
 use super::floor::keys::machine_of_change;
@@ -38,6 +39,8 @@ pub struct Agents {
     floor: Floor,
     fleet: Arc<Fleet>,
     upkeep: Arc<Upkeep>,
+    /// The update budget: a run's end gives its slots back in the same transaction.
+    budget: Arc<Budget>,
     /// The polls waiting on this replica.
     pub waiters: Waiters,
     /// Agents' last-seen times on this replica, persisted by a task of their own.
@@ -47,9 +50,15 @@ pub struct Agents {
 }
 
 impl Agents {
-    /// The wing over `floor`, counting into `fleet`, asking `upkeep` at every poll.
-    pub fn new(floor: Floor, fleet: Arc<Fleet>, upkeep: Arc<Upkeep>) -> Arc<Agents> {
+    /// The wing over `floor`, counting into `fleet`, asking `upkeep` at every poll, giving `budget` slots back.
+    pub fn new(
+        floor: Floor,
+        fleet: Arc<Fleet>,
+        upkeep: Arc<Upkeep>,
+        budget: Arc<Budget>,
+    ) -> Arc<Agents> {
         Arc::new(Agents {
+            budget,
             seen: LastSeen::new(floor.clone()),
             refusals: Refusals::new(floor.clone(), fleet.clone()),
             waiters: Waiters::default(),

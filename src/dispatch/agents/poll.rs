@@ -93,34 +93,38 @@ impl Agents {
         progress: &PlanProgress,
         record: Option<&MachineRecord>,
     ) -> Result<(), DispatchError> {
-        let key = update_key(machine, &progress.plan_id);
         let now = self.floor.now_ms();
         let mut failed_kind = None;
         let mut rollback_end = None;
-        self.floor
-            .db
-            .update(&key, |current: Option<&UpdateRecord>| {
-                (failed_kind, rollback_end) = (None, None);
-                let Some(run) = current else { return Ok(None) };
-                let was_failed = failed_at(&run.outcome()).is_some();
-                let before = run.rollback_state();
-                let expected = record.and_then(|r| hold_for(r, run, now));
-                let mut progress = progress.clone();
-                progress.hold = progress.hold.filter(|h| Some(h) == expected.as_ref());
-                let mut run = run.clone();
-                if !run.apply_progress(&progress, now) {
-                    return Ok(None);
-                }
-                if let (Some(index), false) = (failed_at(&run.outcome()), was_failed) {
-                    failed_kind = run
-                        .plan
-                        .steps
-                        .get(index)
-                        .map(|step| step.action.step_kind());
-                }
-                rollback_end = run.rollback_ended_since(before).cloned();
-                Ok(Some(run))
-            })
+        // Progress that ends the run (its last report was lost) gives the update budget's slots back with it.
+        self.budget
+            .update_run(
+                machine,
+                &progress.plan_id,
+                false,
+                |current: Option<&UpdateRecord>| {
+                    (failed_kind, rollback_end) = (None, None);
+                    let Some(run) = current else { return Ok(None) };
+                    let was_failed = failed_at(&run.outcome()).is_some();
+                    let before = run.rollback_state();
+                    let expected = record.and_then(|r| hold_for(r, run, now));
+                    let mut progress = progress.clone();
+                    progress.hold = progress.hold.filter(|h| Some(h) == expected.as_ref());
+                    let mut run = run.clone();
+                    if !run.apply_progress(&progress, now) {
+                        return Ok(None);
+                    }
+                    if let (Some(index), false) = (failed_at(&run.outcome()), was_failed) {
+                        failed_kind = run
+                            .plan
+                            .steps
+                            .get(index)
+                            .map(|step| step.action.step_kind());
+                    }
+                    rollback_end = run.rollback_ended_since(before).cloned();
+                    Ok(Some(run))
+                },
+            )
             .await?;
         if let Some(kind) = failed_kind {
             // Its report was lost: no duration, but the failure counts.

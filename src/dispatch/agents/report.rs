@@ -10,7 +10,7 @@ use super::Agents;
 use super::poll::truncate;
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::hold::hold_for;
-use crate::dispatch::floor::keys::{machine_key, update_key};
+use crate::dispatch::floor::keys::machine_key;
 use crate::dispatch::floor::records::MachineRecord;
 use crate::dispatch::floor::run::{RunRollback, UpdateRecord};
 use crate::dispatch::upkeep::tokens::AgentScope;
@@ -42,11 +42,13 @@ impl Agents {
         let mut rejection = None;
         let mut ended = None;
         let mut rollback_end = None;
+        // The update budget's slots go with the run record: renewed by the report, given back when it ends the run.
         let run = self
-            .floor
-            .db
-            .update(
-                &update_key(&machine, &report.plan_id),
+            .budget
+            .update_run(
+                &machine,
+                &report.plan_id,
+                true,
                 |current: Option<&UpdateRecord>| {
                     (ended, rollback_end) = (None, None);
                     let Some(run) = current else { return Ok(None) };

@@ -3,8 +3,12 @@
 //! passing, no brake — decided purely ([`decide`]) over the change record ([`record`]) and how its running
 //! Machines' runs ended, loaded here; the record is written in the same transaction as the run that joins it
 //! (the runs wing adds the op), so every replica and every restart sees the same order. Operator controls
-//! (halt, release, promote) and the listing for `status --changes` are [`control`].
+//! (halt, release, promote) and the listing for `status --changes` are [`control`]. Beside them, the fleet-wide
+//! update budget: at most N runs in progress at once across every cluster and replica ([`budget`] pure,
+//! [`budget_io`] load → decide → the caller's transaction).
 
+pub mod budget;
+pub mod budget_io;
 pub mod control;
 pub mod decide;
 pub mod identity;
@@ -24,6 +28,7 @@ use super::floor::records::MachineRecord;
 use super::floor::run::RunOutcome;
 use super::floor::run_view::RunView;
 use super::floor::{DispatchError, Floor};
+pub use budget_io::Budget;
 pub use decide::{Admission, Asked, GateOutcome, RunEnd, Verdict};
 pub use identity::ChangeId;
 pub use record::{ChangeRecord, Halt, Member};

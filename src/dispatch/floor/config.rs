@@ -32,8 +32,81 @@ pub enum RetryAfterMode {
     Fixed,
 }
 
+/// Largest `--max-concurrent-updates` (and per-label limit) accepted: a pool's slots are walked one by one.
+pub const MAX_CONCURRENT_UPDATES_LIMIT: u32 = super::slots::MAX_SLOTS;
+
+/// `--max-concurrent-updates-per-label KEY=N`: at most `limit` runs in progress per value of the Machine label
+/// `key` (a Machine without the label counts under the empty value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelBudget {
+    /// The Machine label's key, e.g. `topology.kubernetes.io/zone`.
+    pub key: String,
+    /// Most runs in progress per value of it.
+    pub limit: u32,
+}
+
+/// Why a `--max-concurrent-updates-per-label` value is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LabelBudgetError {
+    /// Not `KEY=N`.
+    #[error("{0:?}: expected KEY=N, e.g. topology.kubernetes.io/zone=2")]
+    Shape(String),
+    /// The key is not a Kubernetes label key.
+    #[error(
+        "{0:?}: not a label key (at most 317 characters of letters, digits, '-', '_', '.', '/')"
+    )]
+    Key(String),
+    /// The limit is not a number from 1 to [`MAX_CONCURRENT_UPDATES_LIMIT`].
+    #[error("{0:?}: the limit must be a number from 1 to {MAX_CONCURRENT_UPDATES_LIMIT}")]
+    Limit(String),
+}
+
+impl std::str::FromStr for LabelBudget {
+    type Err = LabelBudgetError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (key, limit) = text
+            .rsplit_once('=')
+            .ok_or_else(|| LabelBudgetError::Shape(text.to_owned()))?;
+        let key_ok = !key.is_empty()
+            && key.len() <= 317
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
+        if !key_ok {
+            return Err(LabelBudgetError::Key(key.to_owned()));
+        }
+        let limit = limit
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=MAX_CONCURRENT_UPDATES_LIMIT).contains(n))
+            .ok_or_else(|| LabelBudgetError::Limit(limit.to_owned()))?;
+        Ok(LabelBudget {
+            key: key.to_owned(),
+            limit,
+        })
+    }
+}
+
+/// The fleet-wide update budget: how many runs may be in progress at once across every cluster and replica.
+/// The default (no limit at all) admits every run, as before the budget existed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UpdateBudget {
+    /// `--max-concurrent-updates`: most runs in progress fleet-wide; `None`: unlimited.
+    pub total: Option<u32>,
+    /// `--max-concurrent-updates-per-label`: most runs in progress per value of a Machine label.
+    pub per_label: Vec<LabelBudget>,
+}
+
+impl UpdateBudget {
+    /// Whether any limit is set (else runs are admitted without reading a slot).
+    pub fn limited(&self) -> bool {
+        self.total.is_some() || !self.per_label.is_empty()
+    }
+}
+
 /// Tunables of dispatch.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct DispatchConfig {
     /// `retryAfterSeconds` while in progress with [`RetryAfterMode::Fixed`]; see [`DEFAULT_RETRY_AFTER_SECONDS`].
     pub retry_after_seconds: i32,
@@ -47,6 +120,8 @@ pub struct DispatchConfig {
     pub verdict_retention: Duration,
     /// How long a rotated agent token keeps working after its successor was first used.
     pub agent_token_grace: Duration,
+    /// The fleet-wide update budget (default: unlimited).
+    pub budget: UpdateBudget,
 }
 
 impl Default for DispatchConfig {
@@ -58,6 +133,7 @@ impl Default for DispatchConfig {
             retention: DEFAULT_RETENTION,
             verdict_retention: DEFAULT_VERDICT_RETENTION,
             agent_token_grace: DEFAULT_AGENT_TOKEN_GRACE,
+            budget: UpdateBudget::default(),
         }
     }
 }

@@ -28,17 +28,21 @@ pub enum Swept {
     AgentUpgrades,
     /// Agent upgrade slots that are free (their hold expired).
     UpgradeSlots,
+    /// Update budget slots that are free (their hold expired: the run that held one made no report for longer
+    /// than its steps' timeouts and a margin).
+    UpdateSlots,
 }
 
 impl Swept {
     /// Every kind, in the order the sweep takes them.
-    pub const ALL: [Swept; 6] = [
+    pub const ALL: [Swept; 7] = [
         Swept::Runs,
         Swept::AgentRefusals,
         Swept::Verdicts,
         Swept::AgentTokens,
         Swept::AgentUpgrades,
         Swept::UpgradeSlots,
+        Swept::UpdateSlots,
     ];
 
     /// Its name in the record and in `status`.
@@ -50,6 +54,7 @@ impl Swept {
             Swept::AgentTokens => "agent tokens",
             Swept::AgentUpgrades => "agent upgrades",
             Swept::UpgradeSlots => "upgrade slots",
+            Swept::UpdateSlots => "update slots",
         }
     }
 
@@ -58,7 +63,7 @@ impl Swept {
         let hours = |d: std::time::Duration| format!("{}h", d.as_secs() / 3600);
         match self {
             Swept::Verdicts => hours(config.verdict_retention),
-            Swept::UpgradeSlots => "0h".into(),
+            Swept::UpgradeSlots | Swept::UpdateSlots => "0h".into(),
             _ => hours(config.retention),
         }
     }
@@ -135,9 +140,9 @@ mod tests {
         assert_eq!(
             record.status_line(1_000 + 12 * 60_000),
             "retention: last sweep 12 min ago deleted 0 finished runs, 1 agent refusals, 2 verdicts and \
-             refusals, 3 agent tokens, 4 agent upgrades, 5 upgrade slots; kept after they stop mattering: \
-             finished runs 168h, agent refusals 168h, verdicts and refusals 72h, agent tokens 168h, agent \
-             upgrades 168h, upgrade slots 0h; agent tokens not swept: store: unavailable"
+             refusals, 3 agent tokens, 4 agent upgrades, 5 upgrade slots, 6 update slots; kept after they stop \
+             mattering: finished runs 168h, agent refusals 168h, verdicts and refusals 72h, agent tokens 168h, \
+             agent upgrades 168h, upgrade slots 0h, update slots 0h; agent tokens not swept: store: unavailable"
         );
     }
 }

@@ -26,6 +26,8 @@ pub use request::{UpdateAnswer, UpdateRequest, run_id};
 pub use retry::{Retried, RetryOutcome, retry_command};
 
 use super::agents::Agents;
+use super::changes::Budget;
+use super::changes::budget::Admission;
 use super::changes::{ChangeId, Changes, GateVars, Paced};
 use super::fleet::Fleet;
 use super::floor::db::{CAS_ATTEMPTS, Committed, Put};
@@ -43,16 +45,18 @@ pub struct Runs {
     agents: Arc<Agents>,
     fleet: Arc<Fleet>,
     changes: Arc<Changes>,
+    budget: Arc<Budget>,
 }
 
 impl Runs {
-    /// The wing over `floor`, answering with what `agents` and `fleet` know.
+    /// The wing over `floor`, answering with what `agents` and `fleet` know, starting new runs as `budget` admits.
     pub fn new(
         floor: Floor,
         licences: Licences,
         agents: Arc<Agents>,
         fleet: Arc<Fleet>,
         changes: Arc<Changes>,
+        budget: Arc<Budget>,
     ) -> Runs {
         Runs {
             floor,
@@ -60,6 +64,7 @@ impl Runs {
             agents,
             fleet,
             changes,
+            budget,
         }
     }
 
@@ -105,8 +110,29 @@ impl Runs {
                     }
                 }
             }
+            // A new run starts only with its update budget slots, taken in the transaction that records it.
+            let fresh = writes.iter().find_map(|write| match write {
+                Write::Run(run) => Some(&run.plan),
+                _ => None,
+            });
+            let slots = match fresh {
+                None => Vec::new(),
+                Some(plan) => match self
+                    .budget
+                    .admit(&facts.machine, &request.machine, plan)
+                    .await?
+                {
+                    Admission::Admitted(ops) => ops,
+                    Admission::Wait(waiting) => {
+                        return Ok(UpdateAnswer::InProgress {
+                            message: waiting.message,
+                            retry_after_seconds: waiting.retry_after_seconds,
+                        });
+                    }
+                },
+            };
             let wrote = !writes.is_empty();
-            if self.commit(request, writes, extra).await? == Committed::Conflict {
+            if self.commit(request, writes, extra, slots).await? == Committed::Conflict {
                 continue;
             }
             self.after(&facts.machine, &events);
@@ -166,6 +192,7 @@ impl Runs {
         request: &UpdateRequest,
         writes: Vec<Write>,
         extra: Vec<Put>,
+        slots: Vec<inplace_store::TxnOp>,
     ) -> Result<Committed, DispatchError> {
         let machine = &request.desired.facts.machine;
         let mut puts = Vec::with_capacity(writes.len() + extra.len());
@@ -198,7 +225,8 @@ impl Runs {
                 )?,
             });
         }
-        self.floor.db.commit(puts).await
+        let ops = puts.into_iter().map(Put::op).chain(slots).collect();
+        self.floor.db.commit_ops(ops).await
     }
 
     /// Logs what a committed decision did.

@@ -1,6 +1,7 @@
 //! Dispatch over the in-memory store: recording runs once, long-poll wake-ups (also across two dispatchers on
 //! one store, as two replicas), scoping, report handling, and the answers UpdateMachine derives.
 
+mod budget;
 mod changes;
 mod drain;
 mod fault;
@@ -18,9 +19,7 @@ mod window;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inplace_agent_api::{
-    KubeadmUpgradeMode, MachineRef, PlanProgress, PlanStatus, StepAction, StepStatus,
-};
+use inplace_agent_api::{KubeadmUpgradeMode, MachineRef, PlanStatus, StepAction, StepStatus};
 use serde_json::value::RawValue;
 
 use super::testing::*;
@@ -283,16 +282,8 @@ async fn agent_progress_recovers_reports_lost_in_a_crash() {
         .await
         .unwrap();
     let plan = handed_plan(&d, "m-1").await;
-    let mut poll = poll_for("m-1", 0);
-    poll.current = Some(PlanProgress {
-        plan_id: plan.id.clone(),
-        status: PlanStatus::Succeeded,
-        succeeded_steps: plan.steps.len() as u32,
-        total_steps: plan.steps.len() as u32,
-        failed_step: None,
-        hold: None,
-        rollback: None,
-    });
+    let done = plan.steps.len() as u32;
+    let poll = poll_with_progress("m-1", &plan, PlanStatus::Succeeded, done, None);
     assert!(
         d.agents.poll(&scope(), &poll).await.unwrap().plan.is_none(),
         "a finished agent gets nothing more"

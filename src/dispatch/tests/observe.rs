@@ -116,7 +116,7 @@ async fn refusals_reach_other_replicas_through_the_store_for_known_machines_only
     let store = memory().await;
     let config = DispatchConfig::default();
     let ((a, metrics), (b, _)) = (
-        replica(store.clone(), config),
+        replica(store.clone(), config.clone()),
         replica(store.clone(), config),
     );
     let machine = MachineRef::new("default", "w-1");
@@ -253,7 +253,10 @@ async fn old_refusals_are_swept_by_retention() {
 async fn every_replica_counts_each_machines_current_update_by_state() {
     let store = memory().await;
     let config = DispatchConfig::default();
-    let ((a, on_a), (b, on_b)) = (replica(store.clone(), config), replica(store, config));
+    let ((a, on_a), (b, on_b)) = (
+        replica(store.clone(), config.clone()),
+        replica(store, config),
+    );
     eventually("both censuses started", || {
         count(&on_a, "recorded") == 0 && count(&on_b, "recorded") == 0
     })

@@ -234,6 +234,16 @@ pub fn chosen_binary(name: &str) -> Option<PathBuf> {
     Some(path)
 }
 
+/// The most of `intervals` (each from the first to the last look that found a thing there) that overlap at one
+/// instant: intervals that overlap were truly there at once, however long one sweep of looks takes.
+pub fn most_at_once(intervals: &[(Instant, Instant)]) -> usize {
+    intervals
+        .iter()
+        .map(|(at, _)| intervals.iter().filter(|(f, l)| f <= at && at <= l).count())
+        .max()
+        .unwrap_or(0)
+}
+
 /// What `inplace-updater status ARGS --server http://HEALTH` prints, as an operator runs it.
 pub fn status_text(health: SocketAddr, args: &[&str]) -> String {
     let out = Command::new(binary())
