@@ -61,21 +61,42 @@ impl RootFs {
 
     /// `<root>/<node_path>`; refuses relative paths and `.`/`..` components so nothing escapes the
     /// root by name. (Symlinks inside the root are followed: `--root` is a prefix, not a chroot.)
-    pub fn path(&self, node_path: &str) -> Result<PathBuf, String> {
+    pub fn path(&self, node_path: &str) -> Result<PathBuf, PathError> {
+        let refused = |why| PathError {
+            path: node_path.to_owned(),
+            why,
+        };
         let relative = node_path
             .strip_prefix('/')
-            .ok_or_else(|| format!("path {node_path:?} is not absolute"))?;
+            .ok_or_else(|| refused("is not absolute"))?;
         let mut out = self.root.clone();
         for component in Path::new(relative).components() {
             match component {
                 Component::Normal(part) => out.push(part),
-                _ => return Err(format!("path {node_path:?} has a `.` or `..` component")),
+                _ => return Err(refused("has a `.` or `..` component")),
             }
         }
         if out == self.root {
-            return Err(format!("path {node_path:?} names the root directory"));
+            return Err(refused("names the root directory"));
         }
         Ok(out)
+    }
+}
+
+/// A node path the agent refuses: it would not name a file under `--root`.
+#[derive(Debug, thiserror::Error)]
+#[error("path {path:?} {why}")]
+pub(crate) struct PathError {
+    /// The node path as given.
+    pub path: String,
+    /// What is wrong with it.
+    pub why: &'static str,
+}
+
+// The callers that still carry their errors as text.
+impl From<PathError> for String {
+    fn from(e: PathError) -> Self {
+        e.to_string()
     }
 }
 
@@ -236,23 +257,51 @@ pub(crate) fn temp_beside<'a>(
 /// unreadable one is an error ending with `hint` (what moving it away does).
 pub(crate) fn read_journal<T: serde::de::DeserializeOwned + Default>(
     path: &Path,
-    hint: &str,
-) -> Result<T, String> {
-    match read_optional(path, crate::limits::MAX_JOURNAL_BYTES).map_err(|e| e.to_string())? {
+    hint: &'static str,
+) -> Result<T, JournalError> {
+    match read_optional(path, crate::limits::MAX_JOURNAL_BYTES)? {
         None => Ok(T::default()),
-        Some(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| format!("{}: unreadable ({e}); {hint}", path.display())),
+        Some(bytes) => serde_json::from_slice(&bytes).map_err(|source| JournalError::Unreadable {
+            path: path.to_path_buf(),
+            source,
+            hint,
+        }),
     }
 }
 
 /// Writes a driver journal atomically, owner-only.
-pub(crate) fn write_journal<T: serde::Serialize>(path: &Path, journal: &T) -> Result<(), String> {
-    let bytes = serde_json::to_vec(journal).map_err(|e| e.to_string())?;
+pub(crate) fn write_journal<T: serde::Serialize>(
+    path: &Path,
+    journal: &T,
+) -> Result<(), JournalError> {
+    let bytes = serde_json::to_vec(journal).map_err(JournalError::Encode)?;
     let meta = FileMeta {
         mode: 0o600,
         owner: None,
     };
-    atomic_write(path, &bytes, meta).map_err(|e| e.to_string())
+    Ok(atomic_write(path, &bytes, meta)?)
+}
+
+/// A driver journal (`unfinished.json`, `cordon.json`, …) that could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum JournalError {
+    /// Reading or writing its file failed.
+    #[error(transparent)]
+    Io(#[from] FsError),
+    /// Its file is not the journal's JSON; `hint` says how to get going again.
+    #[error("{}: unreadable ({source}); {hint}", path.display())]
+    Unreadable {
+        /// The journal's file.
+        path: PathBuf,
+        /// What the JSON parser said.
+        #[source]
+        source: serde_json::Error,
+        /// What the operator can do.
+        hint: &'static str,
+    },
+    /// It could not be turned into JSON.
+    #[error("{0}")]
+    Encode(#[source] serde_json::Error),
 }
 
 /// Removes a file and fsyncs its directory; a missing file is fine.

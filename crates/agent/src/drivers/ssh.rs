@@ -14,6 +14,7 @@ use std::sync::Arc;
 use inplace_agent_api::{SshUser, StepAction, StepKind};
 
 use super::driver::{Driver, StepFuture, blocking_step, wrong_kind};
+use super::error::DriverError;
 use super::step::StepContext;
 use super::undo::Place;
 use crate::fsutil::{FileMeta, PasswdEntry, atomic_write, create_dir_atomic, lookup_user, matches};
@@ -43,7 +44,7 @@ impl Driver for SshKeys {
         &self,
         env: &DriverEnv,
         action: &StepAction,
-    ) -> Result<Option<Vec<Place>>, String> {
+    ) -> Result<Option<Vec<Place>>, DriverError> {
         let StepAction::SshKeys { users } = action else {
             return Ok(None);
         };
@@ -56,8 +57,8 @@ impl Driver for SshKeys {
 }
 
 /// The user's passwd entry (if any) and the node path of their `authorized_keys`.
-fn keys_path(env: &DriverEnv, name: &str) -> Result<(Option<PasswdEntry>, String), String> {
-    let entry = lookup_user(&env.fs, name)?;
+fn keys_path(env: &DriverEnv, name: &str) -> Result<(Option<PasswdEntry>, String), DriverError> {
+    let entry = lookup_user(&env.fs, name).map_err(DriverError::Refused)?;
     let home = entry
         .as_ref()
         .map_or_else(|| format!("/home/{name}"), |e| e.home.clone());
@@ -66,7 +67,7 @@ fn keys_path(env: &DriverEnv, name: &str) -> Result<(Option<PasswdEntry>, String
 }
 
 /// Converges every listed user's keys; returns a summary.
-fn apply(env: &DriverEnv, plan_id: &str, users: &[SshUser]) -> Result<String, String> {
+fn apply(env: &DriverEnv, plan_id: &str, users: &[SshUser]) -> Result<String, DriverError> {
     let (mut written, mut unchanged) = (0usize, 0usize);
     let mut unknown = Vec::new();
     for user in users {
@@ -81,7 +82,7 @@ fn apply(env: &DriverEnv, plan_id: &str, users: &[SshUser]) -> Result<String, St
         let keys_path = env.fs.path(&keys_node)?;
         let ssh_dir = keys_path
             .parent()
-            .ok_or_else(|| format!("{keys_node} has no directory"))?
+            .ok_or_else(|| DriverError::refused(format!("{keys_node} has no directory")))?
             .to_path_buf();
 
         let mut content = String::new();
@@ -94,16 +95,14 @@ fn apply(env: &DriverEnv, plan_id: &str, users: &[SshUser]) -> Result<String, St
             owner,
         };
         if !ssh_dir.exists() {
-            create_dir_atomic(&ssh_dir, SSH_DIR_MODE, owner).map_err(|e| e.to_string())?;
+            create_dir_atomic(&ssh_dir, SSH_DIR_MODE, owner)?;
         }
-        if matches(&keys_path, content.as_bytes(), meta).map_err(|e| e.to_string())? {
+        if matches(&keys_path, content.as_bytes(), meta)? {
             unchanged += 1;
             continue;
         }
-        env.backups
-            .save(plan_id, &keys_node, &keys_path)
-            .map_err(|e| e.to_string())?;
-        atomic_write(&keys_path, content.as_bytes(), meta).map_err(|e| e.to_string())?;
+        env.backups.save(plan_id, &keys_node, &keys_path)?;
+        atomic_write(&keys_path, content.as_bytes(), meta)?;
         written += 1;
     }
     let mut summary = format!(

@@ -183,7 +183,10 @@ impl Run<'_> {
     }
 
     fn real(&self, node_path: &str) -> Result<PathBuf, SysextError> {
-        self.env.fs.path(node_path).map_err(SysextError::Node)
+        self.env
+            .fs
+            .path(node_path)
+            .map_err(|e| SysextError::Node(e.into()))
     }
 
     /// (a): the image is a file whose extension-release.<name> systemd-sysext would accept here.
@@ -296,7 +299,7 @@ impl Run<'_> {
             .iter()
             .map(|a| expand(a, &vars))
             .collect::<Result<_, _>>()
-            .map_err(SysextError::Node)
+            .map_err(|e| SysextError::Node(e.into()))
     }
 
     /// Runs `argv` (at most [`SYSEXT_COMMAND_TIMEOUT`]); its stdout when it exits 0.
