@@ -14,6 +14,7 @@ use crate::fsutil::{FsError, JournalError, PathError};
 use crate::os::sysext::SysextError;
 use crate::sequence::process::{CommandEnd, CommandOutput, display_argv};
 use crate::sequence::template::TemplateError;
+use crate::sequence::undo::RecordValueError;
 
 /// Why a driver could not bring the node to its step's desired state (or back, for an undo).
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +67,17 @@ pub(crate) enum DriverError {
     /// A file of the node or of the state dir could not be read, written or removed.
     #[error(transparent)]
     Io(#[from] FsError),
+    /// A `record:` command of a package step gave no value to keep for its undo (before any effect).
+    #[error("`{shown}`: {source}{}", stderr.as_deref().map(|e| format!(": {e}")).unwrap_or_default())]
+    Record {
+        /// The command as the messages show it.
+        shown: String,
+        /// Why its end gives no value.
+        #[source]
+        source: RecordValueError,
+        /// What it wrote to stderr, trimmed (`None`: nothing).
+        stderr: Option<String>,
+    },
     /// An artifact was not fetched before the step's timeout.
     #[error("not fetched within the step timeout of {seconds} s")]
     FetchTimedOut {
@@ -269,5 +281,101 @@ fn command_text(shown: &str, end: &CommandEnd, timeout_seconds: u32) -> String {
         ),
         CommandEnd::Cancelled => format!("`{shown}` stopped: agent shutting down"),
         CommandEnd::SpawnFailed(e) => e.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::drivers::{DriverOutcome, StepResult};
+
+    fn ended(end: CommandEnd, stderr: &str) -> DriverError {
+        let output = CommandOutput {
+            end,
+            stdout_tail: String::new(),
+            stderr_tail: stderr.to_owned(),
+        };
+        let argv = ["apt-get".to_owned(), "install".to_owned()];
+        DriverError::command(&argv, &output, 30).expect("a failure")
+    }
+
+    #[test]
+    fn a_command_says_how_it_ended_and_its_report_carries_exit_and_stderr() {
+        let output = CommandOutput {
+            end: CommandEnd::Exited(0),
+            stdout_tail: String::new(),
+            stderr_tail: "warning".to_owned(),
+        };
+        assert!(DriverError::command(&["true".to_owned()], &output, 30).is_none());
+        let cases = [
+            (CommandEnd::Exited(100), "`apt-get install` exited with 100"),
+            (
+                CommandEnd::Signaled(9),
+                "`apt-get install` was killed by signal 9",
+            ),
+            (
+                CommandEnd::TimedOut,
+                "`apt-get install` timed out: step timeout of 30 s reached, process group killed",
+            ),
+            (
+                CommandEnd::Cancelled,
+                "`apt-get install` stopped: agent shutting down",
+            ),
+            (
+                CommandEnd::SpawnFailed("cannot run apt-get: not found".into()),
+                "cannot run apt-get: not found",
+            ),
+        ];
+        for (end, text) in cases {
+            assert_eq!(ended(end, "").to_string(), text);
+        }
+        let result = StepResult::from(ended(CommandEnd::Exited(100), "E: broken\n"));
+        assert_eq!(result.outcome, DriverOutcome::Failed);
+        assert_eq!(result.exit_code, Some(100));
+        assert_eq!(result.stderr_tail.as_deref(), Some("E: broken\n"));
+        let stopped = StepResult::from(ended(CommandEnd::Cancelled, ""));
+        assert_eq!(stopped.outcome, DriverOutcome::Interrupted);
+        assert_eq!((stopped.exit_code, stopped.stderr_tail), (None, None));
+    }
+
+    #[test]
+    fn context_and_retries_keep_the_commands_exit_stderr_and_interruption() {
+        let retried = DriverError::Retried {
+            source: Box::new(ended(CommandEnd::Exited(1), "busy")),
+            attempts: "attempt 3/3; no attempts left".to_owned(),
+        }
+        .at("kubernetes.installKubelet.commands[2]");
+        assert_eq!(
+            retried.to_string(),
+            "kubernetes.installKubelet.commands[2]: `apt-get install` exited with 1 (attempt 3/3; no attempts left)"
+        );
+        let result = StepResult::from(retried);
+        assert_eq!(result.exit_code, Some(1));
+        assert_eq!(result.stderr_tail.as_deref(), Some("busy"));
+        let stopped = ended(CommandEnd::Cancelled, "").at("osImage.current");
+        assert!(stopped.is_interrupted());
+        assert_eq!(
+            stopped.to_string(),
+            "osImage.current: `apt-get install` stopped: agent shutting down"
+        );
+        assert!(!DriverError::refused("no").is_interrupted());
+    }
+
+    #[test]
+    fn a_full_disk_is_told_from_the_io_cause_whatever_wraps_it() {
+        let full = FsError {
+            action: "write",
+            path: "/var/lib/inplace-agent/undo/p1/0/node/etc/x".into(),
+            source: std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error()),
+        };
+        let error = DriverError::from(full).at("kubernetes.installKubelet");
+        assert!(error.is_no_space(), "{error}");
+        let denied = FsError {
+            action: "write",
+            path: "/etc/x".into(),
+            source: std::io::Error::from_raw_os_error(rustix::io::Errno::ACCESS.raw_os_error()),
+        };
+        assert!(!DriverError::from(denied).is_no_space());
+        assert!(!DriverError::refused("No space left on device (os error 28)").is_no_space());
     }
 }

@@ -48,15 +48,16 @@ pub(super) fn record(env: Arc<DriverEnv>, ctx: RecordContext) -> RecordFuture {
                 .map_err(|e| DriverError::from(e).at(&at))?;
             let mut cancel = ctx.cancel.clone();
             let output = run_command(&argv, &env.command_env, ctx.deadline, &mut cancel).await;
-            let value = record_value(entry, &output.end, &output.stdout_tail).map_err(|e| {
-                let stderr = output.stderr_tail.trim();
-                let stderr = if stderr.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {stderr}")
-                };
-                DriverError::Refused(format!("`{}`: {e}{stderr}", display_argv(&argv))).at(&at)
-            })?;
+            let value =
+                record_value(entry, &output.end, &output.stdout_tail).map_err(|source| {
+                    let stderr = output.stderr_tail.trim();
+                    DriverError::Record {
+                        shown: display_argv(&argv),
+                        source,
+                        stderr: (!stderr.is_empty()).then(|| stderr.to_owned()),
+                    }
+                    .at(&at)
+                })?;
             values.insert(entry.name.clone(), value);
         }
         let places = sequence
