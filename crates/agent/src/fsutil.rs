@@ -1,5 +1,5 @@
 //! Disk primitives every driver shares: node paths under `--root`, atomic writes with fsync,
-//! backups, and reading `<root>/etc/passwd` / `<root>/etc/group`.
+//! backups (the node's user database is `crate::os::users`).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -8,7 +8,6 @@ use std::path::{Component, Path, PathBuf};
 
 use tempfile::{NamedTempFile, TempPath};
 
-use crate::limits::MAX_USER_DB_BYTES;
 
 /// Suffix of the temporary file an atomic write creates next to its target. The name starts with
 /// a dot too, so kubelet's static-pod watcher (which skips hidden files) never reads it.
@@ -395,84 +394,6 @@ fn bounded_err(path: &Path, err: inplace_bounded_read::ReadError) -> FsError {
 /// The agent's effective uid.
 pub(crate) fn euid() -> u32 {
     rustix::process::geteuid().as_raw()
-}
-
-/// One `/etc/passwd` entry (the fields the agent needs).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct PasswdEntry {
-    /// Numeric user id.
-    pub uid: u32,
-    /// Primary group id.
-    pub gid: u32,
-    /// Home directory (a node path).
-    pub home: String,
-}
-
-/// Looks `name` up in `<root>/etc/passwd`. A missing file means "no such user".
-pub(crate) fn lookup_user(fs: &RootFs, name: &str) -> Result<Option<PasswdEntry>, String> {
-    let path = fs.path("/etc/passwd")?;
-    let Some(bytes) = read_optional(&path, MAX_USER_DB_BYTES).map_err(|e| e.to_string())? else {
-        return Ok(None);
-    };
-    Ok(String::from_utf8_lossy(&bytes).lines().find_map(|line| {
-        let fields: Vec<&str> = line.split(':').collect();
-        if fields.len() < 7 || fields[0] != name {
-            return None;
-        }
-        Some(PasswdEntry {
-            uid: fields[2].parse().ok()?,
-            gid: fields[3].parse().ok()?,
-            home: fields[5].to_owned(),
-        })
-    }))
-}
-
-/// Looks a group name up in `<root>/etc/group`.
-pub(crate) fn lookup_group(fs: &RootFs, name: &str) -> Result<Option<u32>, String> {
-    let path = fs.path("/etc/group")?;
-    let Some(bytes) = read_optional(&path, MAX_USER_DB_BYTES).map_err(|e| e.to_string())? else {
-        return Ok(None);
-    };
-    Ok(String::from_utf8_lossy(&bytes).lines().find_map(|line| {
-        let fields: Vec<&str> = line.split(':').collect();
-        (fields.len() >= 3 && fields[0] == name)
-            .then(|| fields[2].parse().ok())
-            .flatten()
-    }))
-}
-
-/// Resolves a KubeadmConfig `owner` (`user`, `user:group`, `uid:gid`; `None` = `root:root`) to
-/// numeric ids through the node's own user database. `root` resolves to 0 even without one.
-pub(crate) fn resolve_owner(fs: &RootFs, owner: Option<&str>) -> Result<(u32, u32), String> {
-    let owner = owner.unwrap_or("root:root");
-    let (user, group) = match owner.split_once([':', '.']) {
-        Some((user, group)) => (user, Some(group)),
-        None => (owner, None),
-    };
-    let (uid, primary_gid) = if let Ok(uid) = user.parse::<u32>() {
-        (uid, uid)
-    } else if user == "root" {
-        (0, 0)
-    } else {
-        let entry = lookup_user(fs, user)?
-            .ok_or_else(|| format!("owner {owner:?}: no user {user:?} in <root>/etc/passwd"))?;
-        (entry.uid, entry.gid)
-    };
-    let gid = match group {
-        None | Some("") => primary_gid,
-        Some(group) => {
-            if let Ok(gid) = group.parse::<u32>() {
-                gid
-            } else if group == "root" {
-                0
-            } else {
-                lookup_group(fs, group)?.ok_or_else(|| {
-                    format!("owner {owner:?}: no group {group:?} in <root>/etc/group")
-                })?
-            }
-        }
-    };
-    Ok((uid, gid))
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use tokio::task::JoinError;
 use crate::artifact::{FetchErrorKind, OptionsError};
 use crate::fsutil::{FsError, JournalError, PathError};
 use crate::os::sysext::SysextError;
+use crate::os::users::OwnerError;
 use crate::sequence::process::{CommandEnd, CommandOutput, display_argv};
 use crate::sequence::template::TemplateError;
 use crate::sequence::undo::RecordValueError;
@@ -99,6 +100,9 @@ pub(crate) enum DriverError {
     /// A node path (from the step or the agent config) that names nothing under `--root`.
     #[error(transparent)]
     Path(#[from] PathError),
+    /// A file's owner cannot be resolved through the node's user database (no such user or group).
+    #[error(transparent)]
+    Owner(#[from] OwnerError),
     /// A template of the agent config that cannot be filled for this step (a pin missing for the version).
     #[error(transparent)]
     Template(#[from] TemplateError),
@@ -107,9 +111,9 @@ pub(crate) enum DriverError {
     Fetch {
         /// `artifact <source>` (and its mirror).
         named: String,
-        /// What went wrong at the last attempt.
+        /// What went wrong at the last attempt (boxed: it is large, and rare).
         #[source]
-        source: FetchErrorKind,
+        source: Box<FetchErrorKind>,
         /// How the retries of a transient failure ended (`None`: not retried).
         attempts: Option<String>,
     },
@@ -127,9 +131,9 @@ pub(crate) enum DriverError {
     NodeApi {
         /// The step kind (and the call: `drainNode: cordon`).
         what: String,
-        /// What the API or the drainer said.
+        /// What the API or the drainer said (boxed: it is large).
         #[source]
-        source: DrainError,
+        source: Box<DrainError>,
         /// What that leaves behind, for the operator (`"; the node stays cordoned"`), or empty.
         then: &'static str,
     },

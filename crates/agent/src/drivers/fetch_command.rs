@@ -121,7 +121,7 @@ impl Fetch {
             .map_err(|FetchError { kind, attempts, .. }| {
                 at(DriverError::Fetch {
                     named: named.clone(),
-                    source: kind,
+                    source: Box::new(kind),
                     attempts,
                 })
             })?;

@@ -19,9 +19,10 @@ use super::step::StepContext;
 use super::undo::Place;
 use crate::fsutil::{
     FileMeta, JournalError, atomic_write, matches, read_journal, read_optional, remove_file,
-    resolve_owner, write_journal,
+    write_journal,
 };
 use crate::os::driver_env::DriverEnv;
+use crate::os::users::resolve_owner;
 
 /// Largest decoded file (gzip can expand a lot: this stops a bomb).
 pub(crate) const MAX_DECODED_FILE_BYTES: u64 = 64 * 1024 * 1024;
@@ -132,7 +133,7 @@ fn apply(env: &DriverEnv, plan_id: &str, files: &[FileSpec]) -> Result<String, D
             None => DEFAULT_FILE_MODE,
         };
         let owner = resolve_owner(&env.fs, spec.owner.as_deref())
-            .map_err(|e| DriverError::refused(format!("{}: {e}", spec.path)))?;
+            .map_err(|e| DriverError::from(e).at(&spec.path))?;
         let meta = FileMeta {
             mode,
             owner: env.is_root.then_some(owner),

@@ -155,7 +155,7 @@ pub(crate) async fn drive<T>(
 pub(super) fn node_api(what: &str, source: DrainError, then: &'static str) -> DriverError {
     DriverError::NodeApi {
         what: what.to_owned(),
-        source,
+        source: Box::new(source),
         then,
     }
 }

@@ -17,8 +17,9 @@ use super::driver::{Driver, StepFuture, blocking_step, wrong_kind};
 use super::error::DriverError;
 use super::step::StepContext;
 use super::undo::Place;
-use crate::fsutil::{FileMeta, PasswdEntry, atomic_write, create_dir_atomic, lookup_user, matches};
+use crate::fsutil::{FileMeta, atomic_write, create_dir_atomic, matches};
 use crate::os::driver_env::DriverEnv;
+use crate::os::users::{PasswdEntry, lookup_user};
 
 /// Mode of `authorized_keys`.
 const KEYS_MODE: u32 = 0o600;
@@ -58,7 +59,7 @@ impl Driver for SshKeys {
 
 /// The user's passwd entry (if any) and the node path of their `authorized_keys`.
 fn keys_path(env: &DriverEnv, name: &str) -> Result<(Option<PasswdEntry>, String), DriverError> {
-    let entry = lookup_user(&env.fs, name).map_err(DriverError::Refused)?;
+    let entry = lookup_user(&env.fs, name)?;
     let home = entry
         .as_ref()
         .map_or_else(|| format!("/home/{name}"), |e| e.home.clone());
