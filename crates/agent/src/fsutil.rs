@@ -8,7 +8,6 @@ use std::path::{Component, Path, PathBuf};
 
 use tempfile::{NamedTempFile, TempPath};
 
-
 /// Suffix of the temporary file an atomic write creates next to its target. The name starts with
 /// a dot too, so kubelet's static-pod watcher (which skips hidden files) never reads it.
 const TEMP_SUFFIX: &str = ".inplace-tmp";
