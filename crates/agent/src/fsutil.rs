@@ -1,5 +1,5 @@
 //! Disk primitives every driver shares: node paths under `--root`, atomic writes with fsync,
-//! backups, and reading `<root>/etc/passwd` / `<root>/etc/group`.
+//! backups (the node's user database is `crate::os::users`).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -7,8 +7,6 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Component, Path, PathBuf};
 
 use tempfile::{NamedTempFile, TempPath};
-
-use crate::limits::MAX_USER_DB_BYTES;
 
 /// Suffix of the temporary file an atomic write creates next to its target. The name starts with
 /// a dot too, so kubelet's static-pod watcher (which skips hidden files) never reads it.
@@ -61,21 +59,42 @@ impl RootFs {
 
     /// `<root>/<node_path>`; refuses relative paths and `.`/`..` components so nothing escapes the
     /// root by name. (Symlinks inside the root are followed: `--root` is a prefix, not a chroot.)
-    pub fn path(&self, node_path: &str) -> Result<PathBuf, String> {
+    pub fn path(&self, node_path: &str) -> Result<PathBuf, PathError> {
+        let refused = |why| PathError {
+            path: node_path.to_owned(),
+            why,
+        };
         let relative = node_path
             .strip_prefix('/')
-            .ok_or_else(|| format!("path {node_path:?} is not absolute"))?;
+            .ok_or_else(|| refused("is not absolute"))?;
         let mut out = self.root.clone();
         for component in Path::new(relative).components() {
             match component {
                 Component::Normal(part) => out.push(part),
-                _ => return Err(format!("path {node_path:?} has a `.` or `..` component")),
+                _ => return Err(refused("has a `.` or `..` component")),
             }
         }
         if out == self.root {
-            return Err(format!("path {node_path:?} names the root directory"));
+            return Err(refused("names the root directory"));
         }
         Ok(out)
+    }
+}
+
+/// A node path the agent refuses: it would not name a file under `--root`.
+#[derive(Debug, thiserror::Error)]
+#[error("path {path:?} {why}")]
+pub(crate) struct PathError {
+    /// The node path as given.
+    pub path: String,
+    /// What is wrong with it.
+    pub why: &'static str,
+}
+
+// The callers that still carry their errors as text.
+impl From<PathError> for String {
+    fn from(e: PathError) -> Self {
+        e.to_string()
     }
 }
 
@@ -236,23 +255,51 @@ pub(crate) fn temp_beside<'a>(
 /// unreadable one is an error ending with `hint` (what moving it away does).
 pub(crate) fn read_journal<T: serde::de::DeserializeOwned + Default>(
     path: &Path,
-    hint: &str,
-) -> Result<T, String> {
-    match read_optional(path, crate::limits::MAX_JOURNAL_BYTES).map_err(|e| e.to_string())? {
+    hint: &'static str,
+) -> Result<T, JournalError> {
+    match read_optional(path, crate::limits::MAX_JOURNAL_BYTES)? {
         None => Ok(T::default()),
-        Some(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| format!("{}: unreadable ({e}); {hint}", path.display())),
+        Some(bytes) => serde_json::from_slice(&bytes).map_err(|source| JournalError::Unreadable {
+            path: path.to_path_buf(),
+            source,
+            hint,
+        }),
     }
 }
 
 /// Writes a driver journal atomically, owner-only.
-pub(crate) fn write_journal<T: serde::Serialize>(path: &Path, journal: &T) -> Result<(), String> {
-    let bytes = serde_json::to_vec(journal).map_err(|e| e.to_string())?;
+pub(crate) fn write_journal<T: serde::Serialize>(
+    path: &Path,
+    journal: &T,
+) -> Result<(), JournalError> {
+    let bytes = serde_json::to_vec(journal).map_err(JournalError::Encode)?;
     let meta = FileMeta {
         mode: 0o600,
         owner: None,
     };
-    atomic_write(path, &bytes, meta).map_err(|e| e.to_string())
+    Ok(atomic_write(path, &bytes, meta)?)
+}
+
+/// A driver journal (`unfinished.json`, `cordon.json`, …) that could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum JournalError {
+    /// Reading or writing its file failed.
+    #[error(transparent)]
+    Io(#[from] FsError),
+    /// Its file is not the journal's JSON; `hint` says how to get going again.
+    #[error("{}: unreadable ({source}); {hint}", path.display())]
+    Unreadable {
+        /// The journal's file.
+        path: PathBuf,
+        /// What the JSON parser said.
+        #[source]
+        source: serde_json::Error,
+        /// What the operator can do.
+        hint: &'static str,
+    },
+    /// It could not be turned into JSON.
+    #[error("{0}")]
+    Encode(#[source] serde_json::Error),
 }
 
 /// Removes a file and fsyncs its directory; a missing file is fine.
@@ -346,84 +393,6 @@ fn bounded_err(path: &Path, err: inplace_bounded_read::ReadError) -> FsError {
 /// The agent's effective uid.
 pub(crate) fn euid() -> u32 {
     rustix::process::geteuid().as_raw()
-}
-
-/// One `/etc/passwd` entry (the fields the agent needs).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct PasswdEntry {
-    /// Numeric user id.
-    pub uid: u32,
-    /// Primary group id.
-    pub gid: u32,
-    /// Home directory (a node path).
-    pub home: String,
-}
-
-/// Looks `name` up in `<root>/etc/passwd`. A missing file means "no such user".
-pub(crate) fn lookup_user(fs: &RootFs, name: &str) -> Result<Option<PasswdEntry>, String> {
-    let path = fs.path("/etc/passwd")?;
-    let Some(bytes) = read_optional(&path, MAX_USER_DB_BYTES).map_err(|e| e.to_string())? else {
-        return Ok(None);
-    };
-    Ok(String::from_utf8_lossy(&bytes).lines().find_map(|line| {
-        let fields: Vec<&str> = line.split(':').collect();
-        if fields.len() < 7 || fields[0] != name {
-            return None;
-        }
-        Some(PasswdEntry {
-            uid: fields[2].parse().ok()?,
-            gid: fields[3].parse().ok()?,
-            home: fields[5].to_owned(),
-        })
-    }))
-}
-
-/// Looks a group name up in `<root>/etc/group`.
-pub(crate) fn lookup_group(fs: &RootFs, name: &str) -> Result<Option<u32>, String> {
-    let path = fs.path("/etc/group")?;
-    let Some(bytes) = read_optional(&path, MAX_USER_DB_BYTES).map_err(|e| e.to_string())? else {
-        return Ok(None);
-    };
-    Ok(String::from_utf8_lossy(&bytes).lines().find_map(|line| {
-        let fields: Vec<&str> = line.split(':').collect();
-        (fields.len() >= 3 && fields[0] == name)
-            .then(|| fields[2].parse().ok())
-            .flatten()
-    }))
-}
-
-/// Resolves a KubeadmConfig `owner` (`user`, `user:group`, `uid:gid`; `None` = `root:root`) to
-/// numeric ids through the node's own user database. `root` resolves to 0 even without one.
-pub(crate) fn resolve_owner(fs: &RootFs, owner: Option<&str>) -> Result<(u32, u32), String> {
-    let owner = owner.unwrap_or("root:root");
-    let (user, group) = match owner.split_once([':', '.']) {
-        Some((user, group)) => (user, Some(group)),
-        None => (owner, None),
-    };
-    let (uid, primary_gid) = if let Ok(uid) = user.parse::<u32>() {
-        (uid, uid)
-    } else if user == "root" {
-        (0, 0)
-    } else {
-        let entry = lookup_user(fs, user)?
-            .ok_or_else(|| format!("owner {owner:?}: no user {user:?} in <root>/etc/passwd"))?;
-        (entry.uid, entry.gid)
-    };
-    let gid = match group {
-        None | Some("") => primary_gid,
-        Some(group) => {
-            if let Ok(gid) = group.parse::<u32>() {
-                gid
-            } else if group == "root" {
-                0
-            } else {
-                lookup_group(fs, group)?.ok_or_else(|| {
-                    format!("owner {owner:?}: no group {group:?} in <root>/etc/group")
-                })?
-            }
-        }
-    };
-    Ok((uid, gid))
 }
 
 #[cfg(test)]

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::error::DriverError;
 use super::prepared::{Prepared, run_one};
-use super::step::{StepContext, StepResult};
+use super::step::StepContext;
 use crate::clock::now_unix_ms;
 use crate::os::driver_env::DriverEnv;
 use crate::retry::RetryPolicy;
@@ -38,8 +39,8 @@ impl Attempts<'_> {
         env: &DriverEnv,
         ctx: &mut StepContext,
         command: &Prepared,
-        context: impl Fn(String) -> String,
-    ) -> Result<Option<String>, StepResult> {
+        context: &str,
+    ) -> Result<Option<String>, DriverError> {
         let attempts = self.policy.map_or(1, |p| p.attempts);
         // A policy shrunk since the failures were recorded still gets one more attempt.
         self.failures = self.failures.min(attempts.saturating_sub(1));
@@ -49,9 +50,9 @@ impl Attempts<'_> {
                 self.wait(ctx, due).await?;
             }
             if *ctx.cancel.borrow() {
-                return Err(StepResult::shutting_down());
+                return Err(DriverError::shutting_down());
             }
-            let Some(mut end) = run_one(env, ctx, command, &context).await else {
+            let Some(end) = run_one(env, ctx, command, context).await else {
                 return Ok((self.failures > 0).then(|| {
                     let exit = last_exit.map_or(String::new(), |c| format!(" after exit {c}"));
                     format!(
@@ -61,19 +62,21 @@ impl Attempts<'_> {
                     )
                 }));
             };
-            let retry = match (self.policy, end.exit_code) {
+            let retry = match (self.policy, end.exit_code()) {
                 (Some(policy), Some(code)) if code != 0 && self.failures + 1 < attempts => {
                     Some((policy, code))
                 }
                 _ => None,
             };
             let Some((policy, code)) = retry else {
-                if self.policy.is_some() && end.exit_code.is_some() {
-                    end.message = format!(
-                        "{} (attempt {}/{attempts}; no attempts left)",
-                        end.message,
-                        self.failures + 1
-                    );
+                if self.policy.is_some() && end.exit_code().is_some() {
+                    return Err(DriverError::Retried {
+                        source: Box::new(end),
+                        attempts: format!(
+                            "attempt {}/{attempts}; no attempts left",
+                            self.failures + 1
+                        ),
+                    });
                 }
                 return Err(end);
             };
@@ -82,11 +85,13 @@ impl Attempts<'_> {
             let delay = policy.delay_after(self.failures);
             let next = self.failures + 1;
             if Instant::now() + delay >= ctx.deadline {
-                end.message = format!(
-                    "{} (attempt {}/{attempts}; attempt {next} would start after the step timeout of {} s)",
-                    end.message, self.failures, ctx.step.timeout_seconds
-                );
-                return Err(end);
+                return Err(DriverError::Retried {
+                    source: Box::new(end),
+                    attempts: format!(
+                        "attempt {}/{attempts}; attempt {next} would start after the step timeout of {} s",
+                        self.failures, ctx.step.timeout_seconds
+                    ),
+                });
             }
             let due = now_unix_ms() + delay.as_millis() as u64;
             let message = format!(
@@ -102,12 +107,12 @@ impl Attempts<'_> {
 
     /// Waits until `due` (at most the policy's maximum delay from now, whatever the clock did), or
     /// fails when the agent shuts down meanwhile; then records that the attempt starts.
-    async fn wait(&self, ctx: &mut StepContext, due: u64) -> Result<(), StepResult> {
+    async fn wait(&self, ctx: &mut StepContext, due: u64) -> Result<(), DriverError> {
         let max = Duration::from_secs(u64::from(self.policy.map_or(0, |p| p.max_delay_seconds)));
         let left = Duration::from_millis(due.saturating_sub(now_unix_ms())).min(max);
         tokio::select! {
             () = tokio::time::sleep(left) => {}
-            () = cancelled(&mut ctx.cancel) => return Err(StepResult::shutting_down()),
+            () = cancelled(&mut ctx.cancel) => return Err(DriverError::shutting_down()),
         }
         Ok(())
     }

@@ -10,9 +10,10 @@ use std::sync::Arc;
 use inplace_agent_api::{StepAction, StepKind};
 
 use super::driver::{Driver, RecordFuture, StepFuture};
+use super::error::DriverError;
 use super::kubernetes::{run_sequence, sequence_of};
 use super::kubernetes_undo;
-use super::step::{StepContext, StepResult};
+use super::step::{Done, StepContext};
 use super::undo::{RecordContext, UndoContext};
 use crate::config::runtime::{Bundle, COMPONENTS, RuntimeConfig, bare, reports_version};
 use crate::os::driver_env::DriverEnv;
@@ -43,53 +44,50 @@ impl Driver for ContainerRuntime {
 /// What a component's version command printed (its first non-empty line), or why it could not say.
 type Reported = Result<String, String>;
 
-async fn run(env: &DriverEnv, ctx: &mut StepContext) -> StepResult {
+async fn run(env: &DriverEnv, ctx: &mut StepContext) -> Result<Done, DriverError> {
     let action = ctx.step.action.clone();
     let StepAction::ContainerRuntime { kubernetes_version } = &action else {
-        return StepResult::failed("not a containerRuntime step");
+        return Err(DriverError::refused("not a containerRuntime step"));
     };
     let Some(runtime) = &env.config.runtime else {
-        return StepResult::ok(
+        return Ok(Done::ok(
             "no runtime: section in the agent config: containerd, runc and the CNI plugins stay as they are",
-        );
+        ));
     };
     // A version the matrix does not cover ends the step here, naming the minors it has.
-    let configured = match sequence_of(&env.config, &action) {
-        Ok(found) => found,
-        Err(end) => return end,
-    };
+    let configured = sequence_of(&env.config, &action)?;
     let Some(bundle) = configured.bundle else {
-        return StepResult::failed("not a containerRuntime step");
+        return Err(DriverError::refused("not a containerRuntime step"));
     };
     let vars = configured.vars(env);
     let before = reported(env, ctx, runtime, &vars).await;
     let differs = differing(bundle, &before);
     // A step that began may have replaced a binary and not restarted containerd yet: it runs to its end.
     if differs.is_empty() && !ctx.resumed {
-        return StepResult::ok(format!(
+        return Ok(Done::ok(format!(
             "already on the runtime matrix bundle for {}: {}",
             kubernetes_version,
             bundle.summary()
-        ));
+        )));
     }
     if !ctx.drained && !ctx.resumed {
-        return StepResult::failed(format!(
+        return Err(DriverError::refused(format!(
             "not changed: {} differ from the bundle for {kubernetes_version}, and installing it restarts \
              containerd, which this agent does only on a node its plan drained (this plan has no drainNode step: \
              the Machine has machine.cluster.x-k8s.io/exclude-node-draining, or drainPatchVersion is off)",
             differs.join(", ")
-        ));
+        )));
     }
-    let ran = run_sequence(env, ctx, &configured).await;
-    if ran.outcome != super::step::DriverOutcome::Succeeded {
-        return ran;
-    }
+    let ran = run_sequence(env, ctx, &configured).await?;
     let after = reported(env, ctx, runtime, &vars).await;
     let wrong = differing(bundle, &after);
     if !wrong.is_empty() {
-        return StepResult::failed(format!("runtime.install ran, but {}", wrong.join("; ")));
+        return Err(DriverError::Unverified(format!(
+            "runtime.install ran, but {}",
+            wrong.join("; ")
+        )));
     }
-    StepResult::ok(format!(
+    Ok(Done::ok(format!(
         "{} ({}; was: {})",
         bundle.summary(),
         ran.message,
@@ -99,7 +97,7 @@ async fn run(env: &DriverEnv, ctx: &mut StepContext) -> StepResult {
             .map(|(r, name)| format!("{name} {}", r.as_deref().unwrap_or("unknown")))
             .collect::<Vec<_>>()
             .join(", ")
-    ))
+    )))
 }
 
 /// Each component's version command's first line, in [`COMPONENTS`] order.
@@ -125,7 +123,8 @@ async fn version_of(
     let argv = template
         .iter()
         .map(|a| expand(a, vars))
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(String::from)?;
     let output = run_command(&argv, &env.command_env, ctx.deadline, &mut ctx.cancel).await;
     if !output.success() {
         return Err(format!(

@@ -9,8 +9,11 @@ use inplace_drain::DrainOptions;
 use tokio::sync::watch;
 
 use super::driver::{Driver, StepFuture, wrong_kind};
-use super::node::{CordonJournal, drainer, drive, load_journal, save_journal, unconfigured};
-use super::step::{StepContext, StepResult};
+use super::error::DriverError;
+use super::node::{
+    CordonJournal, drainer, drive, load_journal, node_api, save_journal, unconfigured,
+};
+use super::step::{Done, StepContext};
 use crate::config::DriverConfig;
 use crate::os::driver_env::DriverEnv;
 
@@ -43,26 +46,22 @@ impl Driver for DrainNode {
 }
 
 /// drainNode: record + cordon (unless already cordoned), then drain within the step timeout.
-async fn drain(env: &DriverEnv, ctx: &mut StepContext, options: DrainOptions) -> StepResult {
-    let drainer = match drainer(env, "drainNode").await {
-        Ok(d) => d,
-        Err(failure) => return failure,
-    };
+async fn drain(
+    env: &DriverEnv,
+    ctx: &mut StepContext,
+    options: DrainOptions,
+) -> Result<Done, DriverError> {
+    let drainer = drainer(env, "drainNode").await?;
     let (tx, rx) = watch::channel(String::new());
     let node = drainer.node().to_owned();
     let cordon = async {
         let cordoned = drainer.is_cordoned().await?;
         Ok::<_, inplace_drain::DrainError>(cordoned)
     };
-    let already = match drive(ctx, rx.clone(), cordon).await {
-        Ok(Ok(cordoned)) => cordoned,
-        Ok(Err(e)) => return StepResult::failed(format!("drainNode: {e}")),
-        Err(stop) => return stop,
-    };
-    let journal = match load_journal(ctx, env).await {
-        Ok(j) => j,
-        Err(failure) => return failure,
-    };
+    let already = drive(ctx, rx.clone(), cordon)
+        .await?
+        .map_err(|source| node_api("drainNode", source, ""))?;
+    let journal = load_journal(ctx, env).await?;
     let ours = journal.cordoned_by_plan.as_deref() == Some(ctx.plan_id.as_str());
     let cordon_note = if already && ours {
         "cordoned by this plan"
@@ -73,9 +72,7 @@ async fn drain(env: &DriverEnv, ctx: &mut StepContext, options: DrainOptions) ->
         let record = CordonJournal {
             cordoned_by_plan: Some(ctx.plan_id.clone()),
         };
-        if let Err(failure) = save_journal(ctx, env, Some(record)).await {
-            return failure;
-        }
+        save_journal(ctx, env, Some(record)).await?;
         tracing::info!(node = %node, plan = %ctx.plan_id, "cordon of an earlier plan taken over");
         "cordoned by an earlier plan of this agent; this plan uncordons it"
     } else if already {
@@ -84,14 +81,10 @@ async fn drain(env: &DriverEnv, ctx: &mut StepContext, options: DrainOptions) ->
         let record = CordonJournal {
             cordoned_by_plan: Some(ctx.plan_id.clone()),
         };
-        if let Err(failure) = save_journal(ctx, env, Some(record)).await {
-            return failure;
-        }
-        match drive(ctx, rx.clone(), drainer.cordon()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return StepResult::failed(format!("drainNode: cordon: {e}")),
-            Err(stop) => return stop,
-        }
+        save_journal(ctx, env, Some(record)).await?;
+        drive(ctx, rx.clone(), drainer.cordon())
+            .await?
+            .map_err(|source| node_api("drainNode: cordon", source, ""))?;
         tracing::info!(node = %node, plan = %ctx.plan_id, "node cordoned");
         "cordoned by this plan"
     };
@@ -99,17 +92,16 @@ async fn drain(env: &DriverEnv, ctx: &mut StepContext, options: DrainOptions) ->
     let mut report = move |text: String| {
         let _ = tx.send(text);
     };
-    match drive(ctx, rx, drainer.drain(options, deadline, &mut report)).await {
-        Ok(Ok(summary)) => StepResult::ok(format!(
-            "drained {node} ({cordon_note}): {} pod(s) evicted{}",
-            summary.evicted.len(),
-            if summary.gone.is_empty() {
-                String::new()
-            } else {
-                format!(", {} already gone", summary.gone.len())
-            }
-        )),
-        Ok(Err(e)) => StepResult::failed(format!("drainNode: {e}; the node stays cordoned")),
-        Err(stop) => stop,
-    }
+    let summary = drive(ctx, rx, drainer.drain(options, deadline, &mut report))
+        .await?
+        .map_err(|source| node_api("drainNode", source, "; the node stays cordoned"))?;
+    Ok(Done::ok(format!(
+        "drained {node} ({cordon_note}): {} pod(s) evicted{}",
+        summary.evicted.len(),
+        if summary.gone.is_empty() {
+            String::new()
+        } else {
+            format!(", {} already gone", summary.gone.len())
+        }
+    )))
 }

@@ -7,18 +7,19 @@ use std::sync::Arc;
 
 use inplace_agent_api::{StepAction, StepKind};
 
-use super::step::{StepContext, StepResult};
+use super::error::DriverError;
+use super::step::{Done, StepContext};
 use super::undo::{Place, RecordContext, UndoContext, UndoRecord, restore_then_restart};
 use crate::config::DriverConfig;
 use crate::os::driver_env::DriverEnv;
 
-/// A step running through its driver. Owned (`'static`): the executor spawns it as a task.
-pub(crate) type StepFuture = Pin<Box<dyn Future<Output = StepResult> + Send>>;
+/// A step (or undo) running through its driver. Owned (`'static`): the executor spawns it as a task.
+pub(crate) type StepFuture = Pin<Box<dyn Future<Output = Result<Done, DriverError>> + Send>>;
 
 /// A driver taking the record its undo needs (`None`: nothing to record; `Err`: the step fails before any
 /// effect).
 pub(crate) type RecordFuture =
-    Pin<Box<dyn Future<Output = Result<Option<UndoRecord>, String>> + Send>>;
+    Pin<Box<dyn Future<Output = Result<Option<UndoRecord>, DriverError>> + Send>>;
 
 /// A node-local driver: converges the node to the desired state of one kind of step.
 ///
@@ -58,7 +59,7 @@ pub(crate) trait Driver: Sync {
         &self,
         _env: &DriverEnv,
         _action: &StepAction,
-    ) -> Result<Option<Vec<Place>>, String> {
+    ) -> Result<Option<Vec<Place>>, DriverError> {
         Ok(None)
     }
 
@@ -76,49 +77,41 @@ pub(crate) trait Driver: Sync {
 
 /// The failure of a driver handed a step of another kind (a registry mistake, never the server's).
 pub(crate) fn wrong_kind(driver: StepKind, action: &StepAction) -> StepFuture {
-    let result = StepResult::failed(format!(
+    let refused = DriverError::refused(format!(
         "the {driver} driver was handed a {} step",
         action.kind()
     ));
-    Box::pin(std::future::ready(result))
+    Box::pin(std::future::ready(Err(refused)))
 }
 
 /// A step whose whole work is synchronous disk work (`work(env, plan id)` returns the summary), run by
-/// [`blocking`].
+/// [`blocking_value`].
 pub(crate) fn blocking_step(
     env: Arc<DriverEnv>,
     ctx: StepContext,
-    work: impl FnOnce(&DriverEnv, &str) -> Result<String, String> + Send + 'static,
+    work: impl FnOnce(&DriverEnv, &str) -> Result<String, DriverError> + Send + 'static,
 ) -> StepFuture {
     Box::pin(async move {
         let plan_id = ctx.plan_id.clone();
-        blocking(&ctx, move || work(&env, &plan_id)).await
+        blocking_value(&ctx, move || work(&env, &plan_id))
+            .await
+            .map(Done::ok)
     })
 }
 
-/// Runs synchronous disk work off the async threads, bounded by the step deadline.
-async fn blocking(
-    ctx: &StepContext,
-    work: impl FnOnce() -> Result<String, String> + Send + 'static,
-) -> StepResult {
-    match blocking_value(ctx, work).await {
-        Ok(message) => StepResult::ok(message),
-        Err(result) => result,
-    }
-}
-
-/// [`blocking`], for work that returns a value to go on with; `Err` is the step's end.
+/// Runs synchronous disk work off the async threads, bounded by the step deadline; `Err` is the step's end.
 pub(crate) async fn blocking_value<T: Send + 'static>(
     ctx: &StepContext,
-    work: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, StepResult> {
+    work: impl FnOnce() -> Result<T, DriverError> + Send + 'static,
+) -> Result<T, DriverError> {
     match tokio::time::timeout_at(ctx.deadline, tokio::task::spawn_blocking(work)).await {
-        Ok(Ok(Ok(value))) => Ok(value),
-        Ok(Ok(Err(message))) => Err(StepResult::failed(message)),
-        Ok(Err(join)) => Err(StepResult::failed(format!("driver crashed: {join}"))),
-        Err(_) => Err(StepResult::failed(format!(
-            "timed out: step timeout of {} s reached",
-            ctx.step.timeout_seconds
-        ))),
+        Ok(Ok(done)) => done,
+        Ok(Err(join)) => Err(DriverError::Crashed {
+            what: "driver crashed: ",
+            source: join,
+        }),
+        Err(_) => Err(DriverError::TimedOut {
+            seconds: ctx.step.timeout_seconds,
+        }),
     }
 }

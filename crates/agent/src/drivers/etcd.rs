@@ -8,6 +8,7 @@ use std::sync::Arc;
 use inplace_agent_api::{StepAction, StepKind};
 
 use super::driver::{Driver, StepFuture, blocking_step, wrong_kind};
+use super::error::DriverError;
 use super::step::StepContext;
 use super::undo::Place;
 use crate::fsutil::{FileMeta, atomic_write, read_optional};
@@ -40,7 +41,7 @@ impl Driver for EtcdImage {
         &self,
         env: &DriverEnv,
         _action: &StepAction,
-    ) -> Result<Option<Vec<Place>>, String> {
+    ) -> Result<Option<Vec<Place>>, DriverError> {
         Ok(Some(vec![Place::Node(env.config.etcd.manifest.clone())]))
     }
 }
@@ -51,31 +52,36 @@ fn apply(
     plan_id: &str,
     tag: &str,
     repository: Option<&str>,
-) -> Result<String, String> {
+) -> Result<String, DriverError> {
     let node_path = &env.config.etcd.manifest;
     let path = env.fs.path(node_path)?;
-    let bytes = read_optional(&path, crate::limits::MAX_ETCD_MANIFEST_BYTES)
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| {
-            format!("{node_path} does not exist: not a control-plane node with local etcd")
-        })?;
-    let text = String::from_utf8(bytes).map_err(|_| format!("{node_path} is not UTF-8"))?;
-    let (edited, old, new) =
-        edit_manifest(&text, tag, repository).map_err(|e| format!("{node_path}: {e}"))?;
+    let bytes = read_optional(&path, crate::limits::MAX_ETCD_MANIFEST_BYTES)?.ok_or_else(|| {
+        DriverError::refused(format!(
+            "{node_path} does not exist: not a control-plane node with local etcd"
+        ))
+    })?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| DriverError::refused(format!("{node_path} is not UTF-8")))?;
+    let (edited, old, new) = edit_manifest(&text, tag, repository)
+        .map_err(|e| DriverError::refused(format!("{node_path}: {e}")))?;
     if edited == text {
         return Ok(format!("etcd image already {new}"));
     }
-    check_yaml(&edited, &new)
-        .map_err(|e| format!("{node_path}: edited manifest failed its check: {e}"))?;
-    let found = std::fs::metadata(&path).map_err(|e| format!("{node_path}: {e}"))?;
+    check_yaml(&edited, &new).map_err(|e| {
+        DriverError::Unverified(format!(
+            "{node_path}: edited manifest failed its check: {e}"
+        ))
+    })?;
+    let found = std::fs::metadata(&path).map_err(|source| DriverError::NodeFile {
+        what: node_path.clone(),
+        source,
+    })?;
     let meta = FileMeta {
         mode: std::os::unix::fs::PermissionsExt::mode(&found.permissions()) & 0o7777,
         owner: env.is_root.then_some((found.uid(), found.gid())),
     };
-    env.backups
-        .save(plan_id, node_path, &path)
-        .map_err(|e| e.to_string())?;
-    atomic_write(&path, edited.as_bytes(), meta).map_err(|e| e.to_string())?;
+    env.backups.save(plan_id, node_path, &path)?;
+    atomic_write(&path, edited.as_bytes(), meta)?;
     Ok(format!("etcd image {old} -> {new}"))
 }
 

@@ -8,7 +8,8 @@
 
 use serde::Serialize;
 
-use super::step::{StepContext, StepResult};
+use super::error::DriverError;
+use super::step::StepContext;
 use crate::artifact::{ArtifactSource, FetchError, Fetcher, rewrite};
 use crate::fsutil::{FileMeta, atomic_copy};
 use crate::os::driver_env::DriverEnv;
@@ -39,12 +40,12 @@ pub(super) fn prepare(
     to: &str,
     mode: Option<&str>,
     vars: &Vars,
-) -> Result<Fetch, String> {
+) -> Result<Fetch, DriverError> {
     let source = expand(source, vars)?;
     let sha256 = sha256.map(|s| expand(s, vars)).transpose()?;
     let to = expand(to, vars)?;
     env.fs.path(&to)?;
-    let parsed = check_fetch_source(&source, sha256.as_deref())?;
+    let parsed = check_fetch_source(&source, sha256.as_deref()).map_err(DriverError::Refused)?;
     Ok(Fetch {
         mode: mode
             .and_then(inplace_agent_api::parse_mode)
@@ -77,48 +78,70 @@ impl Fetch {
         }
     }
 
-    /// Fetches and installs; `Err` is the step's end (failed, or interrupted by a shutdown), its message
-    /// through `context`.
+    /// Fetches and installs; `Err` is the step's end (failed, or interrupted by a shutdown), said at
+    /// `context` (the command's place in its sequence).
     pub async fn run(
         &self,
         env: &DriverEnv,
         ctx: &mut StepContext,
-        context: impl Fn(String) -> String,
-    ) -> Result<(), StepResult> {
+        context: &str,
+    ) -> Result<(), DriverError> {
         let named = self.named(env);
-        let failed = |cause: String| StepResult::failed(context(format!("{named}: {cause}")));
+        let at = |e: DriverError| e.at(context);
         let options = env
             .config
             .artifacts
             .fetch_options(&env.state_dir)
-            .map_err(|e| failed(e.to_string()))?;
-        let fetcher = Fetcher::new(options).map_err(|e| failed(e.to_string()))?;
+            .map_err(|source| {
+                at(DriverError::FetchSetup {
+                    named: named.clone(),
+                    source,
+                })
+            })?;
+        let fetcher = Fetcher::new(options).map_err(|source| {
+            at(DriverError::FetchSetup {
+                named: named.clone(),
+                source,
+            })
+        })?;
         let fetched = tokio::select! {
             r = tokio::time::timeout_at(ctx.deadline, fetcher.fetch_retrying(&self.parsed, ctx.deadline)) => r,
             () = cancelled(&mut ctx.cancel) => {
                 let stopped = format!("{named}: download stopped: agent shutting down");
-                return Err(StepResult::interrupted(context(stopped)));
+                return Err(at(DriverError::Interrupted(stopped)));
             }
         };
         let path = fetched
             .map_err(|_| {
-                failed(format!(
-                    "not fetched within the step timeout of {} s",
-                    ctx.step.timeout_seconds
-                ))
+                at(DriverError::FetchTimedOut {
+                    seconds: ctx.step.timeout_seconds,
+                }
+                .at(&named))
             })?
             .map_err(|FetchError { kind, attempts, .. }| {
-                let attempts = attempts.map(|a| format!(" ({a})")).unwrap_or_default();
-                failed(format!("{kind}{attempts}"))
+                at(DriverError::Fetch {
+                    named: named.clone(),
+                    source: Box::new(kind),
+                    attempts,
+                })
             })?;
-        let real = env.fs.path(&self.to).map_err(&failed)?;
+        let real = env
+            .fs
+            .path(&self.to)
+            .map_err(|e| at(DriverError::from(e).at(&named)))?;
         let meta = FileMeta {
             mode: self.mode,
             owner: env.is_root.then_some((0, 0)),
         };
         tokio::task::spawn_blocking(move || atomic_copy(&path, &real, meta))
             .await
-            .map_err(|e| failed(format!("install: {e}")))?
-            .map_err(|e| failed(format!("install at {}: {e}", self.to)))
+            .map_err(|source| {
+                at(DriverError::Crashed {
+                    what: "install: ",
+                    source,
+                }
+                .at(&named))
+            })?
+            .map_err(|e| at(DriverError::from(e).at(format!("{named}: install at {}", self.to))))
     }
 }

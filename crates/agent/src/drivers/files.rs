@@ -14,13 +14,15 @@ use inplace_agent_api::{FileEncoding, FileSpec, StepAction, StepKind, parse_mode
 use serde::{Deserialize, Serialize};
 
 use super::driver::{Driver, StepFuture, blocking_step, wrong_kind};
+use super::error::DriverError;
 use super::step::StepContext;
 use super::undo::Place;
 use crate::fsutil::{
-    FileMeta, atomic_write, matches, read_journal, read_optional, remove_file, resolve_owner,
+    FileMeta, JournalError, atomic_write, matches, read_journal, read_optional, remove_file,
     write_journal,
 };
 use crate::os::driver_env::DriverEnv;
+use crate::os::users::resolve_owner;
 
 /// Largest decoded file (gzip can expand a lot: this stops a bomb).
 pub(crate) const MAX_DECODED_FILE_BYTES: u64 = 64 * 1024 * 1024;
@@ -53,7 +55,7 @@ impl Driver for Files {
         &self,
         env: &DriverEnv,
         action: &StepAction,
-    ) -> Result<Option<Vec<Place>>, String> {
+    ) -> Result<Option<Vec<Place>>, DriverError> {
         let StepAction::Files { files } = action else {
             return Ok(None);
         };
@@ -66,37 +68,41 @@ impl Driver for Files {
     }
 }
 
-fn load_journal(env: &DriverEnv) -> Result<Journal, String> {
+fn load_journal(env: &DriverEnv) -> Result<Journal, JournalError> {
     read_journal(
         &env.state_dir.join(JOURNAL),
         "move it away to forget managed files",
     )
 }
 
-fn save_journal(env: &DriverEnv, journal: &Journal) -> Result<(), String> {
+fn save_journal(env: &DriverEnv, journal: &Journal) -> Result<(), JournalError> {
     write_journal(&env.state_dir.join(JOURNAL), journal)
 }
 
 /// Decodes a file's content per its encoding (never logs it).
-pub(crate) fn decode(file: &FileSpec) -> Result<Vec<u8>, String> {
+pub(crate) fn decode(file: &FileSpec) -> Result<Vec<u8>, DriverError> {
     let raw = file.content.expose();
     let base64 = |text: &str| {
         let compact: String = text.chars().filter(|c| !c.is_ascii_whitespace()).collect();
         base64::engine::general_purpose::STANDARD
             .decode(compact)
-            .map_err(|e| format!("{}: content is not valid base64 ({e})", file.path))
+            .map_err(|e| {
+                DriverError::refused(format!("{}: content is not valid base64 ({e})", file.path))
+            })
     };
     let gunzip = |bytes: &[u8]| {
         let mut out = Vec::new();
         flate2::read::GzDecoder::new(bytes)
             .take(MAX_DECODED_FILE_BYTES + 1)
             .read_to_end(&mut out)
-            .map_err(|e| format!("{}: content is not valid gzip ({e})", file.path))?;
+            .map_err(|e| {
+                DriverError::refused(format!("{}: content is not valid gzip ({e})", file.path))
+            })?;
         if out.len() as u64 > MAX_DECODED_FILE_BYTES {
-            return Err(format!(
+            return Err(DriverError::refused(format!(
                 "{}: decoded content exceeds {MAX_DECODED_FILE_BYTES} bytes",
                 file.path
-            ));
+            )));
         }
         Ok(out)
     };
@@ -115,18 +121,19 @@ struct Prepared<'a> {
 }
 
 /// Converges the node to `files`; returns a summary for the report.
-fn apply(env: &DriverEnv, plan_id: &str, files: &[FileSpec]) -> Result<String, String> {
+fn apply(env: &DriverEnv, plan_id: &str, files: &[FileSpec]) -> Result<String, DriverError> {
     // Everything is decoded and resolved before the first byte is written.
     let mut prepared = Vec::with_capacity(files.len());
     for spec in files {
         let content = decode(spec)?;
         let mode = match &spec.permissions {
-            Some(text) => parse_mode(text)
-                .ok_or_else(|| format!("{}: bad permissions {text:?}", spec.path))?,
+            Some(text) => parse_mode(text).ok_or_else(|| {
+                DriverError::refused(format!("{}: bad permissions {text:?}", spec.path))
+            })?,
             None => DEFAULT_FILE_MODE,
         };
         let owner = resolve_owner(&env.fs, spec.owner.as_deref())
-            .map_err(|e| format!("{}: {e}", spec.path))?;
+            .map_err(|e| DriverError::from(e).at(&spec.path))?;
         let meta = FileMeta {
             mode,
             owner: env.is_root.then_some(owner),
@@ -159,10 +166,8 @@ fn apply(env: &DriverEnv, plan_id: &str, files: &[FileSpec]) -> Result<String, S
     }
     for dropped in journal.paths.difference(&desired) {
         let real = env.fs.path(dropped)?;
-        env.backups
-            .save(plan_id, dropped, &real)
-            .map_err(|e| e.to_string())?;
-        if remove_file(&real).map_err(|e| e.to_string())? {
+        env.backups.save(plan_id, dropped, &real)?;
+        if remove_file(&real)? {
             removed += 1;
         }
     }
@@ -184,11 +189,10 @@ fn converge(
     plan_id: &str,
     file: &Prepared<'_>,
     real: &Path,
-) -> Result<bool, String> {
+) -> Result<bool, DriverError> {
     let desired = if file.spec.append {
-        let existing = read_optional(real, crate::limits::MAX_MANAGED_FILE_BYTES)
-            .map_err(|e| e.to_string())?
-            .unwrap_or_default();
+        let existing =
+            read_optional(real, crate::limits::MAX_MANAGED_FILE_BYTES)?.unwrap_or_default();
         // Already appended (by an earlier attempt, or an identical earlier plan): nothing to do
         // except mode and owner.
         if file.content.is_empty() || existing.ends_with(&file.content) {
@@ -201,12 +205,10 @@ fn converge(
     } else {
         file.content.clone()
     };
-    if matches(real, &desired, file.meta).map_err(|e| e.to_string())? {
+    if matches(real, &desired, file.meta)? {
         return Ok(false);
     }
-    env.backups
-        .save(plan_id, &file.spec.path, real)
-        .map_err(|e| e.to_string())?;
-    atomic_write(real, &desired, file.meta).map_err(|e| e.to_string())?;
+    env.backups.save(plan_id, &file.spec.path, real)?;
+    atomic_write(real, &desired, file.meta)?;
     Ok(true)
 }

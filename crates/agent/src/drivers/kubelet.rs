@@ -12,6 +12,7 @@ use inplace_agent_api::{KubeletArg, StepAction, StepKind};
 use serde::{Deserialize, Serialize};
 
 use super::driver::{Driver, StepFuture, wrong_kind};
+use super::error::DriverError;
 use super::restart::{BeforeChange, write_then_restart};
 use super::step::StepContext;
 use super::undo::{Place, UndoContext, restore_then_restart};
@@ -59,7 +60,7 @@ impl Driver for KubeletArgs {
         &self,
         env: &DriverEnv,
         _action: &StepAction,
-    ) -> Result<Option<Vec<Place>>, String> {
+    ) -> Result<Option<Vec<Place>>, DriverError> {
         Ok(Some(vec![
             Place::Node(env.config.kubelet.flags_file.clone()),
             Place::State(JOURNAL.to_owned()),
@@ -79,7 +80,7 @@ fn write(
     plan_id: &str,
     args: &[KubeletArg],
     before_change: BeforeChange<'_>,
-) -> Result<(bool, String), String> {
+) -> Result<(bool, String), DriverError> {
     let node_path = &env.config.kubelet.flags_file;
     let path = env.fs.path(node_path)?;
     let journal_path = env.state_dir.join(JOURNAL);
@@ -87,12 +88,10 @@ fn write(
         &journal_path,
         "move it away to forget which flags the agent set",
     )?;
-    let existing =
-        read_optional(&path, crate::limits::MAX_KUBELET_FLAGS_BYTES).map_err(|e| e.to_string())?;
+    let existing = read_optional(&path, crate::limits::MAX_KUBELET_FLAGS_BYTES)?;
     let text = match &existing {
-        Some(bytes) => {
-            String::from_utf8(bytes.clone()).map_err(|_| format!("{node_path} is not UTF-8"))?
-        }
+        Some(bytes) => String::from_utf8(bytes.clone())
+            .map_err(|_| DriverError::refused(format!("{node_path} is not UTF-8")))?,
         None => String::new(),
     };
     let updated = update_flags(&text, args, &journal.names);
@@ -111,11 +110,9 @@ fn write(
         ),
         Err(_) => (FLAGS_FILE_MODE, env.is_root.then_some((0, 0))),
     };
-    env.backups
-        .save(plan_id, node_path, &path)
-        .map_err(|e| e.to_string())?;
+    env.backups.save(plan_id, node_path, &path)?;
     before_change.mark()?;
-    atomic_write(&path, updated.as_bytes(), FileMeta { mode, owner }).map_err(|e| e.to_string())?;
+    atomic_write(&path, updated.as_bytes(), FileMeta { mode, owner })?;
     journal.names = names;
     write_journal(&journal_path, &journal)?;
     Ok((

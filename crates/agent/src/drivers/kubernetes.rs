@@ -19,11 +19,12 @@ use std::sync::Arc;
 use inplace_agent_api::{KubeadmUpgradeMode, StepAction, StepKind, is_valid_kubernetes_version};
 
 use super::driver::{Driver, RecordFuture, StepFuture};
+use super::error::DriverError;
 use super::kubernetes_running::{self, Runs};
 use super::kubernetes_undo;
 use super::prepared::{fingerprint, prepare};
 use super::sequence_run::{SequenceList, run_list};
-use super::step::{StepContext, StepResult};
+use super::step::{Done, StepContext};
 use super::undo::{RecordContext, UndoContext};
 use crate::config::runtime::Bundle;
 use crate::config::{Check, CommandSequence, DriverConfig};
@@ -111,7 +112,7 @@ impl Configured<'_> {
 pub(super) fn sequence_of<'a>(
     config: &'a DriverConfig,
     action: &'a StepAction,
-) -> Result<Configured<'a>, StepResult> {
+) -> Result<Configured<'a>, DriverError> {
     let k = &config.kubernetes;
     let (section, key, sequence, version) = match action {
         StepAction::InstallKubeadm { version } => (
@@ -151,14 +152,14 @@ pub(super) fn sequence_of<'a>(
             kubernetes_version,
         ),
         other => {
-            return Err(StepResult::failed(format!(
+            return Err(DriverError::refused(format!(
                 "{} is not a step run by a configured sequence",
                 other.kind()
             )));
         }
     };
     if !is_valid_kubernetes_version(version) {
-        return Err(StepResult::failed(format!(
+        return Err(DriverError::refused(format!(
             "version {version:?} is not of the form v1.2.3"
         )));
     }
@@ -166,7 +167,7 @@ pub(super) fn sequence_of<'a>(
         ("runtime", Some(runtime)) => match runtime.bundle_for(version) {
             Some(bundle) => Some(bundle),
             None => {
-                return Err(StepResult::failed(format!(
+                return Err(DriverError::refused(format!(
                     "runtime.matrix has no bundle for Kubernetes {version} (it has {}): add one for its minor, \
                      or turn the setting upgradeContainerRuntime off",
                     runtime.minors()
@@ -190,11 +191,12 @@ pub(super) fn sequence_of<'a>(
 }
 
 /// Runs the configured sequence for `action`.
-async fn run(env: &DriverEnv, ctx: &mut StepContext, action: &StepAction) -> StepResult {
-    let configured = match sequence_of(&env.config, action) {
-        Ok(found) => found,
-        Err(end) => return end,
-    };
+async fn run(
+    env: &DriverEnv,
+    ctx: &mut StepContext,
+    action: &StepAction,
+) -> Result<Done, DriverError> {
+    let configured = sequence_of(&env.config, action)?;
     run_sequence(env, ctx, &configured).await
 }
 
@@ -204,28 +206,20 @@ pub(super) async fn run_sequence(
     env: &DriverEnv,
     ctx: &mut StepContext,
     configured: &Configured<'_>,
-) -> StepResult {
+) -> Result<Done, DriverError> {
     let (key, version) = (configured.key, configured.version);
     let label = configured.label();
     let Some(sequence) = configured.sequence else {
-        return StepResult::failed(format!(
+        return Err(DriverError::refused(format!(
             "the agent config has no {label}: this node does not know how to run it"
-        ));
+        )));
     };
     let vars = &configured.vars(env);
-    let (commands, on_resume) = match (
-        prepare(env, &label, "commands", &sequence.commands, vars),
-        prepare(env, &label, "onResume", &sequence.on_resume, vars),
-    ) {
-        (Ok(commands), Ok(on_resume)) => (commands, on_resume),
-        (Err(e), _) | (_, Err(e)) => return StepResult::failed(e),
-    };
+    let commands = prepare(env, &label, "commands", &sequence.commands, vars)?;
+    let on_resume = prepare(env, &label, "onResume", &sequence.on_resume, vars)?;
     let sequence_id = fingerprint(key, &commands);
     let unfinished_key = &label;
-    let left_unfinished = match unfinished::contains(&env.state_dir, unfinished_key) {
-        Ok(found) => found,
-        Err(e) => return StepResult::failed(e),
-    };
+    let left_unfinished = unfinished::contains(&env.state_dir, unfinished_key)?;
     // A step that began may have made its first effects and not the rest: whatever the node looks
     // like now, the remaining commands must run. Only a step that never began may be passed over.
     if ctx.resumed || left_unfinished {
@@ -240,15 +234,11 @@ pub(super) async fn run_sequence(
             "not passed over: the checks are not consulted"
         );
     } else {
-        match already_there(env, ctx, configured, vars).await {
-            Ok(Some(message)) => return StepResult::passed_over(message),
-            Ok(None) => {}
-            Err(message) => return StepResult::failed(message),
+        if let Some(message) = already_there(env, ctx, configured, vars).await? {
+            return Ok(Done::passed_over(message));
         }
     }
-    if let Err(e) = unfinished::mark(&env.state_dir, unfinished_key) {
-        return StepResult::failed(e);
-    }
+    unfinished::mark(&env.state_dir, unfinished_key)?;
     let total = commands.len();
     let list = SequenceList {
         label: &label,
@@ -258,10 +248,7 @@ pub(super) async fn run_sequence(
         retry: sequence.retry,
         id: &sequence_id,
     };
-    let (first, retried) = match run_list(env, ctx, &list).await {
-        Ok(done) => done,
-        Err(end) => return end,
-    };
+    let (first, retried) = run_list(env, ctx, &list).await?;
     if let Err(e) = unfinished::clear(&env.state_dir, unfinished_key) {
         // Only means the next step of this kind is not skipped by skipIf.
         tracing::warn!(error = %e, step = key, "cannot record the sequence as finished");
@@ -277,7 +264,7 @@ pub(super) async fn run_sequence(
     if !retried.is_empty() {
         message.push_str(&format!(" ({})", retried.join("; ")));
     }
-    StepResult::ok(message)
+    Ok(Done::ok(message))
 }
 
 /// Why the step of `ctx` can be passed over (the node already has its target, so it would change nothing),
@@ -290,7 +277,7 @@ async fn already_there(
     ctx: &mut StepContext,
     configured: &Configured<'_>,
     vars: &Vars,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, DriverError> {
     let version = configured.version;
     let skip_if = configured.sequence.and_then(|s| s.skip_if.as_ref());
     let checked = match skip_if {
@@ -335,7 +322,7 @@ async fn check_holds(
     ctx: &mut StepContext,
     check: &Check,
     vars: &Vars,
-) -> Result<bool, String> {
+) -> Result<bool, DriverError> {
     let argv = check
         .run
         .iter()

@@ -62,7 +62,7 @@ pub(super) async fn kubelet_runs(env: &DriverEnv, version: &str, deadline: Insta
     let read = async {
         let drainer = drainer(env, "the running kubelet's version")
             .await
-            .map_err(|failed| failed.message)?;
+            .map_err(|failed| failed.to_string())?;
         drainer.kubelet_version().await.map_err(|e| e.to_string())
     };
     let until = deadline.min(Instant::now() + RUNNING_CHECK_TIMEOUT);
@@ -87,7 +87,7 @@ pub(super) async fn upgraded(env: &DriverEnv, version: &str, deadline: Instant) 
     let dir = manifests_dir(env);
     let root_dir = match env.fs.path(&dir) {
         Ok(path) => path,
-        Err(e) => return Runs::Not(e),
+        Err(e) => return Runs::Not(e.to_string()),
     };
     let target = version.to_owned();
     let pods = tokio::task::spawn_blocking(move || control_plane_at(&root_dir, &dir, &target))

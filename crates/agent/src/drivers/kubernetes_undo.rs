@@ -13,10 +13,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::driver::{RecordFuture, StepFuture, blocking_value};
+use super::error::DriverError;
 use super::kubernetes::sequence_of;
 use super::prepared::{Prepared, fingerprint, prepare};
 use super::sequence_run::{SequenceList, run_list};
-use super::step::StepResult;
+use super::step::Done;
 use super::undo::{Place, RecordContext, UndoContext, UndoRecord, restore, snapshot};
 use crate::os::driver_env::DriverEnv;
 use crate::sequence::command::CommandSpec;
@@ -44,18 +45,19 @@ pub(super) fn record(env: Arc<DriverEnv>, ctx: RecordContext) -> RecordFuture {
                 .iter()
                 .map(|a| expand(a, &vars))
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("{at}: {e}"))?;
+                .map_err(|e| DriverError::from(e).at(&at))?;
             let mut cancel = ctx.cancel.clone();
             let output = run_command(&argv, &env.command_env, ctx.deadline, &mut cancel).await;
-            let value = record_value(entry, &output.end, &output.stdout_tail).map_err(|e| {
-                let stderr = output.stderr_tail.trim();
-                let stderr = if stderr.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {stderr}")
-                };
-                format!("{at}: `{}`: {e}{stderr}", display_argv(&argv))
-            })?;
+            let value =
+                record_value(entry, &output.end, &output.stdout_tail).map_err(|source| {
+                    let stderr = output.stderr_tail.trim();
+                    DriverError::Record {
+                        shown: display_argv(&argv),
+                        source,
+                        stderr: (!stderr.is_empty()).then(|| stderr.to_owned()),
+                    }
+                    .at(&at)
+                })?;
             values.insert(entry.name.clone(), value);
         }
         let places = sequence
@@ -66,11 +68,14 @@ pub(super) fn record(env: Arc<DriverEnv>, ctx: RecordContext) -> RecordFuture {
                 _ => None,
             })
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("{label}: {e}"))?;
+            .map_err(|e| DriverError::from(e).at(&label))?;
         let (plan_id, index) = (ctx.plan_id.clone(), ctx.index);
         let places = tokio::task::spawn_blocking(move || snapshot(&env, &plan_id, index, places))
             .await
-            .map_err(|e| format!("crashed: {e}"))??;
+            .map_err(|source| DriverError::Crashed {
+                what: "crashed: ",
+                source,
+            })??;
         Ok(Some(UndoRecord::Commands { values, places }))
     })
 }
@@ -80,46 +85,29 @@ pub(super) fn undo(env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
     Box::pin(async move {
         let mut ctx = ctx;
         let Some(record @ UndoRecord::Commands { .. }) = ctx.record.take() else {
-            return StepResult::failed("nothing was recorded before the step began");
+            return Err(DriverError::refused(
+                "nothing was recorded before the step began",
+            ));
         };
         let action = ctx.step.action.clone();
-        let configured = match sequence_of(&env.config, &action) {
-            Ok(found) => found,
-            Err(end) => return end,
-        };
+        let configured = sequence_of(&env.config, &action)?;
         let (key, label) = (configured.key, configured.label());
         let Some(undo) = configured.sequence.and_then(|s| s.undo.as_ref()) else {
-            return StepResult::failed(format!(
+            return Err(DriverError::refused(format!(
                 "the agent config has no {label}.undo: this {} step cannot be undone",
                 ctx.step.action.kind()
-            ));
+            )));
         };
         let mut vars = configured.vars(&env);
         if let UndoRecord::Commands { values, .. } = &record {
             vars.records = values.clone();
         }
         let undo_key = format!("{key}.undo");
-        let (commands, on_resume) = match (
-            prepare(
-                &env,
-                &format!("{label}.undo"),
-                "commands",
-                &undo.commands,
-                &vars,
-            ),
-            prepare(
-                &env,
-                &format!("{label}.undo"),
-                "onResume",
-                &undo.on_resume,
-                &vars,
-            ),
-        ) {
-            (Ok(commands), Ok(on_resume)) => (commands, on_resume),
-            (Err(e), _) | (_, Err(e)) => return StepResult::failed(e),
-        };
+        let undo_label = format!("{label}.undo");
+        let commands = prepare(&env, &undo_label, "commands", &undo.commands, &vars)?;
+        let on_resume = prepare(&env, &undo_label, "onResume", &undo.on_resume, &vars)?;
         let id = fingerprint(&undo_key, &commands);
-        let label = format!("{label}.undo");
+        let label = undo_label;
         let list = SequenceList {
             label: &label,
             commands: &commands,
@@ -135,15 +123,9 @@ pub(super) fn undo(env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
         } else {
             let (blocking_env, plan_id) = (env.clone(), step_ctx.plan_id.clone());
             let work = move || restore(&blocking_env, &plan_id, index, &record);
-            match blocking_value(&step_ctx, work).await {
-                Ok(changed) => changed,
-                Err(end) => return end,
-            }
+            blocking_value(&step_ctx, work).await?
         };
-        let (first, retried) = match run_list(&env, &mut step_ctx, &list).await {
-            Ok(done) => done,
-            Err(end) => return end,
-        };
+        let (first, retried) = run_list(&env, &mut step_ctx, &list).await?;
         let total = commands.len();
         let mut message = if first == 0 {
             let ran = commands
@@ -164,6 +146,6 @@ pub(super) fn undo(env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
         if !retried.is_empty() {
             message.push_str(&format!(" ({})", retried.join("; ")));
         }
-        StepResult::ok(message)
+        Ok(Done::ok(message))
     })
 }

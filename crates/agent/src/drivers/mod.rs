@@ -1,5 +1,6 @@
 //! Node-local drivers: one per step kind, behind the [`driver::Driver`] trait, listed once in
-//! [`DRIVERS`] (the registry) and looked up by kind. Each converges the node to the step's desired
+//! [`DRIVERS`] (the registry) and looked up by kind. A driver's failure is a [`DriverError`] (`error.rs`),
+//! whose text is the step's reported message. Each converges the node to the step's desired
 //! state and is idempotent — a step whose desired state already holds is a no-op success.
 //!
 //! A new step kind's driver is its own file here, its `mod` line and its line in [`DRIVERS`]. Shared
@@ -11,6 +12,7 @@ mod attempts;
 mod container_runtime;
 mod drain_node;
 mod driver;
+mod error;
 mod etcd;
 mod fetch_command;
 mod files;
@@ -39,6 +41,7 @@ use inplace_agent_api::{StepKind, Undo, validate_action};
 use crate::config::DriverConfig;
 pub(crate) use crate::os::driver_env::DriverEnv;
 use driver::Driver;
+pub(crate) use error::DriverError;
 pub use kubernetes_running::{CONTROL_PLANE_COMPONENTS, RUNNING_CHECK_TIMEOUT};
 pub use node::NODE_STEP_DEADLINE_GRACE;
 pub(crate) use node::{drainer, drive as drive_node, node_kubelet_version, node_name};
@@ -74,7 +77,7 @@ pub(crate) async fn execute(env: Arc<DriverEnv>, ctx: StepContext) -> StepResult
         return StepResult::failed(format!("invalid {} step: {reason}", ctx.step.action.kind()));
     }
     match driver_for(ctx.step.action.step_kind()) {
-        Some(driver) => driver.run(env, ctx).await,
+        Some(driver) => driver.run(env, ctx).await.into(),
         None => StepResult::failed("step kind not supported by this agent"),
     }
 }
@@ -85,7 +88,7 @@ pub(crate) async fn execute(env: Arc<DriverEnv>, ctx: StepContext) -> StepResult
 pub(crate) async fn record_undo(
     env: Arc<DriverEnv>,
     ctx: RecordContext,
-) -> Result<Option<UndoRecord>, String> {
+) -> Result<Option<UndoRecord>, DriverError> {
     let action = ctx.step.action.clone();
     let kind = action.step_kind();
     if kind.undo() != Undo::Restores || validate_action(&action).is_err() {
@@ -103,7 +106,12 @@ pub(crate) async fn record_undo(
         None => Ok(None),
     })
     .await
-    .unwrap_or_else(|e| Err(format!("crashed: {e}")))
+    .unwrap_or_else(|source| {
+        Err(DriverError::Crashed {
+            what: "crashed: ",
+            source,
+        })
+    })
 }
 
 /// Undoes a step of `kind` through its driver.
@@ -113,7 +121,7 @@ pub(crate) async fn execute_undo(
     ctx: UndoContext,
 ) -> StepResult {
     match driver_for(kind) {
-        Some(driver) => driver.undo(env, ctx).await,
+        Some(driver) => driver.undo(env, ctx).await.into(),
         None => StepResult::failed("step kind not supported by this agent"),
     }
 }

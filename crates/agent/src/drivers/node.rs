@@ -16,12 +16,13 @@
 use std::future::Future;
 use std::time::Duration;
 
-use inplace_drain::{Drainer, client_from_kubeconfig};
+use inplace_drain::{DrainError, Drainer, client_from_kubeconfig};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::driver::blocking_value;
-use super::step::{StepContext, StepResult};
+use super::error::DriverError;
+use super::step::StepContext;
 use crate::config::DriverConfig;
 use crate::fsutil::{read_journal, remove_file, write_journal};
 use crate::os::driver_env::DriverEnv;
@@ -46,10 +47,13 @@ pub(super) struct CordonJournal {
 pub(super) async fn load_journal(
     ctx: &StepContext,
     env: &DriverEnv,
-) -> Result<CordonJournal, StepResult> {
+) -> Result<CordonJournal, DriverError> {
     let path = env.state_dir.join(CORDON_JOURNAL);
     blocking_value(ctx, move || {
-        read_journal(&path, "move it away to forget which plan cordoned the node")
+        Ok(read_journal(
+            &path,
+            "move it away to forget which plan cordoned the node",
+        )?)
     })
     .await
 }
@@ -59,11 +63,11 @@ pub(super) async fn save_journal(
     ctx: &StepContext,
     env: &DriverEnv,
     journal: Option<CordonJournal>,
-) -> Result<(), StepResult> {
+) -> Result<(), DriverError> {
     let path = env.state_dir.join(CORDON_JOURNAL);
     blocking_value(ctx, move || match journal {
-        Some(journal) => write_journal(&path, &journal),
-        None => remove_file(&path).map(|_| ()).map_err(|e| e.to_string()),
+        Some(journal) => Ok(write_journal(&path, &journal)?),
+        None => Ok(remove_file(&path).map(|_| ())?),
     })
     .await
 }
@@ -84,32 +88,35 @@ pub(crate) fn node_name(env: &DriverEnv) -> Option<String> {
 }
 
 /// The drainer of this node, or the failure naming the missing setting.
-pub(crate) async fn drainer(env: &DriverEnv, kind: &str) -> Result<Drainer, StepResult> {
+pub(crate) async fn drainer(env: &DriverEnv, kind: &str) -> Result<Drainer, DriverError> {
     let Some(node) = &env.config.node else {
-        return Err(StepResult::failed(format!(
+        return Err(DriverError::refused(format!(
             "{kind} needs the `node:` section of the agent config (node.kubeconfig, node.name)"
         )));
     };
-    let path = env.fs.path(&node.kubeconfig).map_err(StepResult::failed)?;
+    let path = env.fs.path(&node.kubeconfig)?;
     let name = node_name(env).ok_or_else(|| {
-        StepResult::failed(format!(
+        DriverError::refused(format!(
             "{kind}: node.name is not set and no host name is readable under --root"
         ))
     })?;
     let client = client_from_kubeconfig(&path)
         .await
-        .map_err(|e| StepResult::failed(format!("{kind}: node.kubeconfig: {e}")))?;
+        .map_err(|source| node_api(&format!("{kind}: node.kubeconfig"), source, ""))?;
     Ok(Drainer::new(client, name, node.timing()))
 }
 
 /// The Node's kubelet version through the node API (`None` without one); the error says why it is unknown.
-pub(crate) async fn node_kubelet_version(env: &DriverEnv) -> Result<Option<String>, String> {
-    let drainer = drainer(env, "rollback").await.map_err(|f| f.message)?;
-    drainer.kubelet_version().await.map_err(|e| e.to_string())
+pub(crate) async fn node_kubelet_version(env: &DriverEnv) -> Result<Option<String>, DriverError> {
+    let drainer = drainer(env, "rollback").await?;
+    drainer
+        .kubelet_version()
+        .await
+        .map_err(|source| node_api("rollback", source, ""))
 }
 
-fn interrupted() -> StepResult {
-    StepResult::interrupted("stopped: agent shutting down")
+fn interrupted() -> DriverError {
+    DriverError::Interrupted("stopped: agent shutting down".to_owned())
 }
 
 /// Runs `work`, forwarding each text from `texts` as the running step's message, until it ends,
@@ -118,7 +125,7 @@ pub(crate) async fn drive<T>(
     ctx: &mut StepContext,
     mut texts: watch::Receiver<String>,
     work: impl Future<Output = T>,
-) -> Result<T, StepResult> {
+) -> Result<T, DriverError> {
     let progress = ctx.progress.clone().unwrap_or_default();
     let give_up = ctx.deadline + NODE_STEP_DEADLINE_GRACE;
     let timeout_seconds = ctx.step.timeout_seconds;
@@ -138,10 +145,17 @@ pub(crate) async fn drive<T>(
                 ctx.recorder.record_with_message(progress.clone(), Some(text)).await;
             }
             () = tokio::time::sleep_until(give_up) => {
-                return Err(StepResult::failed(format!(
-                    "timed out: step timeout of {timeout_seconds} s reached"
-                )));
+                return Err(DriverError::TimedOut { seconds: timeout_seconds });
             }
         }
+    }
+}
+
+/// A failure of the node API during `what`, leaving `then`.
+pub(super) fn node_api(what: &str, source: DrainError, then: &'static str) -> DriverError {
+    DriverError::NodeApi {
+        what: what.to_owned(),
+        source: Box::new(source),
+        then,
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use inplace_agent_api::{StepAction, StepKind};
 
 use super::driver::{Driver, StepFuture, wrong_kind};
+use super::error::DriverError;
 use super::restart::{BeforeChange, write_then_restart};
 use super::step::StepContext;
 use super::undo::{Place, UndoContext, restore_then_restart};
@@ -49,7 +50,7 @@ impl Driver for Ntp {
         &self,
         env: &DriverEnv,
         _action: &StepAction,
-    ) -> Result<Option<Vec<Place>>, String> {
+    ) -> Result<Option<Vec<Place>>, DriverError> {
         Ok(Some(vec![Place::Node(env.config.ntp.config_file())]))
     }
 
@@ -83,17 +84,15 @@ fn write(
     servers: &[String],
     enabled: Option<bool>,
     before_change: BeforeChange<'_>,
-) -> Result<(bool, String), String> {
+) -> Result<(bool, String), DriverError> {
     let node_path = env.config.ntp.config_file();
     let path = env.fs.path(&node_path)?;
     if enabled == Some(false) || servers.is_empty() {
-        env.backups
-            .save(plan_id, &node_path, &path)
-            .map_err(|e| e.to_string())?;
+        env.backups.save(plan_id, &node_path, &path)?;
         if std::fs::symlink_metadata(&path).is_ok() {
             before_change.mark()?;
         }
-        let removed = remove_file(&path).map_err(|e| e.to_string())?;
+        let removed = remove_file(&path)?;
         let summary = if removed {
             format!("removed {node_path}")
         } else {
@@ -106,17 +105,15 @@ fn write(
         mode: DROP_IN_MODE,
         owner: env.is_root.then_some((0, 0)),
     };
-    if matches(&path, content.as_bytes(), meta).map_err(|e| e.to_string())? {
+    if matches(&path, content.as_bytes(), meta)? {
         return Ok((
             false,
             format!("{node_path} already lists {} servers", servers.len()),
         ));
     }
-    env.backups
-        .save(plan_id, &node_path, &path)
-        .map_err(|e| e.to_string())?;
+    env.backups.save(plan_id, &node_path, &path)?;
     before_change.mark()?;
-    atomic_write(&path, content.as_bytes(), meta).map_err(|e| e.to_string())?;
+    atomic_write(&path, content.as_bytes(), meta)?;
     Ok((
         true,
         format!("wrote {node_path} with {} servers", servers.len()),

@@ -30,10 +30,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::driver::{Driver, RecordFuture, StepFuture, wrong_kind};
+use super::error::DriverError;
 use super::prepared::{fingerprint, prepare};
 use super::reboot::{Rebooting, load_intent, reboot_once};
 use super::sequence_run::{SequenceList, run_list};
-use super::step::{StepContext, StepResult};
+use super::step::{Done, StepContext};
 use super::undo::{RecordContext, UndoContext, UndoRecord};
 use crate::config::{DriverConfig, OsImageConfig};
 use crate::os::driver_env::DriverEnv;
@@ -78,9 +79,7 @@ impl Driver for OsImage {
                 return Ok(None);
             };
             let mut cancel = ctx.cancel.clone();
-            let previous = current_image(&env, config, image, ctx.deadline, &mut cancel)
-                .await
-                .map_err(|end| end.message)?;
+            let previous = current_image(&env, config, image, ctx.deadline, &mut cancel).await?;
             Ok(Some(UndoRecord::OsImage {
                 previous_image: previous,
             }))
@@ -90,9 +89,9 @@ impl Driver for OsImage {
     fn undo(&self, env: Arc<DriverEnv>, ctx: UndoContext) -> StepFuture {
         Box::pin(async move {
             let Some(UndoRecord::OsImage { previous_image }) = ctx.record.clone() else {
-                return StepResult::failed(
+                return Err(DriverError::refused(
                     "nothing was recorded before the step began: the previous image is unknown",
-                );
+                ));
             };
             let mut step_ctx = ctx.into_step_context();
             switch_to(&env, &mut step_ctx, &previous_image, true).await
@@ -101,14 +100,16 @@ impl Driver for OsImage {
 }
 
 /// Brings the node onto `target` (the step's image, or for an undo the previous one).
-async fn switch_to(env: &DriverEnv, ctx: &mut StepContext, target: &str, undo: bool) -> StepResult {
+async fn switch_to(
+    env: &DriverEnv,
+    ctx: &mut StepContext,
+    target: &str,
+    undo: bool,
+) -> Result<Done, DriverError> {
     let Some(config) = env.config.os_image.as_ref() else {
-        return StepResult::failed(NO_OS_IMAGE_SECTION);
+        return Err(DriverError::refused(NO_OS_IMAGE_SECTION));
     };
-    match switch(env, ctx, config, target, undo).await {
-        Ok(message) => StepResult::ok(message),
-        Err(end) => end,
-    }
+    switch(env, ctx, config, target, undo).await.map(Done::ok)
 }
 
 async fn switch(
@@ -117,7 +118,7 @@ async fn switch(
     config: &OsImageConfig,
     target: &str,
     undo: bool,
-) -> Result<String, StepResult> {
+) -> Result<String, DriverError> {
     let plan_id = ctx.plan_id.clone();
     let owner = RebootOwner {
         plan_id: &plan_id,
@@ -144,7 +145,9 @@ async fn switch(
     let done = match reboot_once(env, ctx, owner, RebootWhen::Always, previous).await? {
         Rebooting::Done(done) => done,
         Rebooting::NotRequired(_) => {
-            return Err(StepResult::failed("osImage: the reboot was skipped"));
+            return Err(DriverError::Unverified(
+                "osImage: the reboot was skipped".to_owned(),
+            ));
         }
     };
     let booted = current_image(env, config, target, ctx.deadline, &mut ctx.cancel).await?;
@@ -152,11 +155,11 @@ async fn switch(
         return Ok(format!("now on {target}: {}", done.summary()));
     }
     if done.previous_image.as_deref() == Some(booted.as_str()) {
-        return Err(StepResult::failed(format!(
+        return Err(DriverError::Unverified(format!(
             "booted the previous image {booted} instead of {target} (the boot fell back)"
         )));
     }
-    Err(StepResult::failed(format!(
+    Err(DriverError::Unverified(format!(
         "after the reboot osImage.current printed {booted:?}, not {target}"
     )))
 }
@@ -167,17 +170,12 @@ async fn apply(
     ctx: &mut StepContext,
     config: &OsImageConfig,
     target: &str,
-) -> Result<(), StepResult> {
+) -> Result<(), DriverError> {
     let key = "osImage.apply";
     let vars = image_vars(env, target);
     let sequence = &config.apply;
-    let (commands, on_resume) = match (
-        prepare(env, key, "commands", &sequence.commands, &vars),
-        prepare(env, key, "onResume", &sequence.on_resume, &vars),
-    ) {
-        (Ok(commands), Ok(on_resume)) => (commands, on_resume),
-        (Err(e), _) | (_, Err(e)) => return Err(StepResult::failed(e)),
-    };
+    let commands = prepare(env, key, "commands", &sequence.commands, &vars)?;
+    let on_resume = prepare(env, key, "onResume", &sequence.on_resume, &vars)?;
     let id = fingerprint(key, &commands);
     let list = SequenceList {
         label: key,
@@ -209,23 +207,22 @@ async fn current_image(
     target: &str,
     deadline: Instant,
     cancel: &mut watch::Receiver<bool>,
-) -> Result<String, StepResult> {
+) -> Result<String, DriverError> {
     let vars = image_vars(env, target);
     let argv = config
         .current
         .iter()
         .map(|arg| expand(arg, &vars))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| StepResult::failed(format!("osImage.current: {e}")))?;
+        .map_err(|e| DriverError::from(e).at("osImage.current"))?;
     let timeout_seconds = deadline
         .saturating_duration_since(Instant::now())
         .as_secs()
         .try_into()
         .unwrap_or(u32::MAX);
     let output = run_command(&argv, &env.command_env, deadline, cancel).await;
-    if let Some(mut failure) = StepResult::from_command(&argv, &output, timeout_seconds) {
-        failure.message = format!("osImage.current: {}", failure.message);
-        return Err(failure);
+    if let Some(failure) = DriverError::command(&argv, &output, timeout_seconds) {
+        return Err(failure.at("osImage.current"));
     }
     let shown = display_argv(&argv);
     let printed = match &config.current_json_pointer {
@@ -239,7 +236,7 @@ async fn current_image(
         Some(pointer) => {
             let json: serde_json::Value =
                 serde_json::from_str(&output.stdout_tail).map_err(|e| {
-                    StepResult::failed(format!(
+                    DriverError::Unverified(format!(
                         "osImage.current `{shown}` did not print JSON ({e}; only the last {} bytes of stdout are read)",
                         crate::sequence::process::STDOUT_TAIL_MAX_BYTES
                     ))
@@ -247,7 +244,7 @@ async fn current_image(
             match json.pointer(pointer) {
                 Some(serde_json::Value::String(image)) => image.trim().to_owned(),
                 other => {
-                    return Err(StepResult::failed(format!(
+                    return Err(DriverError::Unverified(format!(
                         "osImage.current `{shown}`: no string at osImage.currentJsonPointer {pointer} (found {})",
                         other.map_or("nothing".to_owned(), |v| v.to_string())
                     )));
@@ -256,7 +253,7 @@ async fn current_image(
         }
     };
     if printed.is_empty() {
-        return Err(StepResult::failed(format!(
+        return Err(DriverError::Unverified(format!(
             "osImage.current `{shown}` printed no image"
         )));
     }

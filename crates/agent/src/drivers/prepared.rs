@@ -6,9 +6,10 @@ use inplace_agent_api::parse_mode;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use super::error::DriverError;
 use super::fetch_command::{self, Fetch};
-use super::step::{StepContext, StepResult};
-use crate::fsutil::{FileMeta, atomic_write};
+use super::step::StepContext;
+use crate::fsutil::{FileMeta, atomic_write, fs_err};
 use crate::hex::hex;
 use crate::os::driver_env::DriverEnv;
 use crate::sequence::command::{CommandSpec, SequenceCommand};
@@ -41,16 +42,16 @@ pub(super) fn prepare(
     list: &str,
     commands: &[SequenceCommand],
     vars: &Vars,
-) -> Result<Vec<Prepared>, String> {
+) -> Result<Vec<Prepared>, DriverError> {
     let mut prepared = Vec::with_capacity(commands.len());
     for (i, command) in commands.iter().enumerate() {
         if let Some(when) = &command.when {
             let value = vars.records.get(when.record()).ok_or_else(|| {
-                format!(
+                DriverError::refused(format!(
                     "{key}.{list}[{i}]: no value for record {:?} (the agent config changed since \
                      the step began?)",
                     when.record()
-                )
+                ))
             })?;
             if !when.holds(value) {
                 prepared.push(Prepared::Skip);
@@ -62,7 +63,8 @@ pub(super) fn prepare(
                 .iter()
                 .map(|a| expand(a, vars))
                 .collect::<Result<Vec<_>, _>>()
-                .map(Prepared::Run),
+                .map(Prepared::Run)
+                .map_err(DriverError::from),
             CommandSpec::WriteFile {
                 path,
                 content,
@@ -78,7 +80,9 @@ pub(super) fn prepare(
                 env.fs.path(&node_path)?;
                 let expected = expand(sha256, vars)?.to_ascii_lowercase();
                 if expected.len() != 64 || !expected.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(format!("sha256 for {node_path} is not 64 hex digits"));
+                    return Err(DriverError::refused(format!(
+                        "sha256 for {node_path} is not 64 hex digits"
+                    )));
                 }
                 Ok(Prepared::VerifySha256(node_path, expected))
             })(),
@@ -97,7 +101,7 @@ pub(super) fn prepare(
                 Ok(Prepared::SysextSwitch(name.clone(), image))
             })(),
         };
-        prepared.push(one.map_err(|e| format!("{key}.{list}[{i}]: {e}"))?);
+        prepared.push(one.map_err(|e| e.at(format!("{key}.{list}[{i}]")))?);
     }
     Ok(prepared)
 }
@@ -108,25 +112,26 @@ pub(super) fn fingerprint(key: &str, commands: &[Prepared]) -> String {
     hex(&Sha256::digest(&bytes))
 }
 
-/// Runs one prepared command; `Some` is the step's end (a failure or an interruption).
+/// Runs one prepared command; `Some` is the step's end (a failure or an interruption). A failure of a
+/// built-in command is said at `context` (its place in its sequence); a program's says its argv.
 pub(super) async fn run_one(
     env: &DriverEnv,
     ctx: &mut StepContext,
     command: &Prepared,
-    context: impl Fn(String) -> String,
-) -> Option<StepResult> {
+    context: &str,
+) -> Option<DriverError> {
     match command {
         Prepared::Run(argv) => {
             let output = run_command(argv, &env.command_env, ctx.deadline, &mut ctx.cancel).await;
-            StepResult::from_command(argv, &output, ctx.step.timeout_seconds)
+            DriverError::command(argv, &output, ctx.step.timeout_seconds)
         }
         Prepared::WriteFile(node_path, content, mode) => write_file(env, node_path, content, *mode)
             .err()
-            .map(|e| StepResult::failed(context(e))),
+            .map(|e| e.at(context)),
         Prepared::VerifySha256(node_path, expected) => verify_sha256(env, node_path, expected)
             .await
             .err()
-            .map(|e| StepResult::failed(context(e))),
+            .map(|e| e.at(context)),
         Prepared::Fetch(fetch) => fetch.run(env, ctx, context).await.err(),
         Prepared::SysextSwitch(name, image) => {
             let mut run = crate::os::sysext::Run {
@@ -140,39 +145,56 @@ pub(super) async fn run_one(
                     None
                 }
                 Err(crate::os::sysext::SysextError::ShuttingDown) => {
-                    Some(StepResult::shutting_down())
+                    Some(DriverError::shutting_down())
                 }
-                Err(e) => Some(StepResult::failed(context(format!(
-                    "sysextSwitch {name}: {e}"
-                )))),
+                Err(source) => Some(
+                    DriverError::Sysext {
+                        name: name.clone(),
+                        source,
+                    }
+                    .at(context),
+                ),
             }
         }
         Prepared::Skip => None,
     }
 }
 
-fn write_file(env: &DriverEnv, node_path: &str, content: &str, mode: u32) -> Result<(), String> {
+fn write_file(
+    env: &DriverEnv,
+    node_path: &str,
+    content: &str,
+    mode: u32,
+) -> Result<(), DriverError> {
     let real = env.fs.path(node_path)?;
     let owner = env.is_root.then_some((0, 0));
-    atomic_write(&real, content.as_bytes(), FileMeta { mode, owner }).map_err(|e| e.to_string())
+    Ok(atomic_write(
+        &real,
+        content.as_bytes(),
+        FileMeta { mode, owner },
+    )?)
 }
 
-async fn verify_sha256(env: &DriverEnv, node_path: &str, expected: &str) -> Result<(), String> {
+async fn verify_sha256(
+    env: &DriverEnv,
+    node_path: &str,
+    expected: &str,
+) -> Result<(), DriverError> {
     let real = env.fs.path(node_path)?;
-    let digest = tokio::task::spawn_blocking(move || -> Result<String, String> {
-        let mut file =
-            std::fs::File::open(&real).map_err(|e| format!("open {}: {e}", real.display()))?;
+    let digest = tokio::task::spawn_blocking(move || -> Result<String, DriverError> {
+        let mut file = std::fs::File::open(&real).map_err(fs_err("open", &real))?;
         let mut hasher = Sha256::new();
-        std::io::copy(&mut file, &mut hasher)
-            .map_err(|e| format!("read {}: {e}", real.display()))?;
+        std::io::copy(&mut file, &mut hasher).map_err(fs_err("read", &real))?;
         Ok(hex(&hasher.finalize()))
     })
     .await
-    .map_err(|e| e.to_string())??;
+    .map_err(|source| DriverError::Crashed { what: "", source })??;
     if digest != expected {
-        return Err(format!(
-            "sha256 of {node_path} is {digest}, pinned {expected}"
-        ));
+        return Err(DriverError::Sha256Mismatch {
+            path: node_path.to_owned(),
+            got: digest,
+            want: expected.to_owned(),
+        });
     }
     Ok(())
 }

@@ -16,7 +16,8 @@ use std::time::Duration;
 use inplace_agent_api::{RebootWhen, StepAction, StepKind};
 
 use super::driver::{Driver, StepFuture, blocking_value, wrong_kind};
-use super::step::{StepContext, StepResult};
+use super::error::DriverError;
+use super::step::{Done, StepContext};
 use super::wait_node_ready::wait_ready;
 use crate::clock::{now_unix_ms, utc_text};
 use crate::config::RequiredCheck;
@@ -49,13 +50,12 @@ impl Driver for Reboot {
                 step_index: ctx.step.index,
                 undo: false,
             };
-            match reboot_once(&env, &mut ctx, owner, when, None).await {
-                Ok(Rebooting::NotRequired(how)) => {
-                    StepResult::ok(format!("no reboot required ({how})"))
-                }
-                Ok(Rebooting::Done(done)) => StepResult::ok(done.summary()),
-                Err(end) => end,
-            }
+            Ok(
+                match reboot_once(&env, &mut ctx, owner, when, None).await? {
+                    Rebooting::NotRequired(how) => Done::ok(format!("no reboot required ({how})")),
+                    Rebooting::Done(done) => Done::ok(done.summary()),
+                },
+            )
         })
     }
 }
@@ -107,7 +107,7 @@ pub(super) async fn reboot_once(
     owner: RebootOwner<'_>,
     when: RebootWhen,
     previous_image: Option<String>,
-) -> Result<Rebooting, StepResult> {
+) -> Result<Rebooting, DriverError> {
     let boot_id = current_boot_id(env)?;
     let mut intent = load_intent(ctx, env).await?;
     if intent.as_ref().is_some_and(|i| !i.is_for(owner)) {
@@ -164,7 +164,7 @@ pub(super) async fn reboot_once(
                 until_unix_ms,
             } => wait_down(ctx, issued_at_unix_ms, until_unix_ms).await?,
             Next::NeverWentDown { issued_at_unix_ms } => {
-                return Err(StepResult::failed(format!(
+                return Err(DriverError::Unverified(format!(
                     "the reboot command ran at {} and the boot id is unchanged ({}) after the step's timeout of {} s: \
                      the node did not reboot",
                     utc_text(issued_at_unix_ms),
@@ -198,10 +198,10 @@ pub(super) async fn reboot_once(
 }
 
 /// The boot id now (`reboot.bootIdFile`); the step cannot tell a reboot without it.
-fn current_boot_id(env: &DriverEnv) -> Result<String, StepResult> {
+fn current_boot_id(env: &DriverEnv) -> Result<String, DriverError> {
     let file = &env.config.reboot.boot_id_file;
     read_fact(env, file).ok_or_else(|| {
-        StepResult::failed(format!(
+        DriverError::refused(format!(
             "cannot read the boot id from {file} (reboot.bootIdFile): without it a reboot cannot be told from an agent restart"
         ))
     })
@@ -211,11 +211,13 @@ fn current_boot_id(env: &DriverEnv) -> Result<String, StepResult> {
 pub(super) async fn load_intent(
     ctx: &StepContext,
     env: &DriverEnv,
-) -> Result<Option<RebootIntent>, StepResult> {
+) -> Result<Option<RebootIntent>, DriverError> {
     let path = env.state_dir.join(REBOOT_JOURNAL);
     blocking_value(ctx, move || {
-        read_journal::<RebootJournal>(&path, "move it away to forget a reboot in progress")
-            .map(|journal| journal.intent)
+        Ok(
+            read_journal::<RebootJournal>(&path, "move it away to forget a reboot in progress")
+                .map(|journal| journal.intent)?,
+        )
     })
     .await
 }
@@ -225,39 +227,36 @@ async fn save_intent(
     ctx: &StepContext,
     env: &DriverEnv,
     intent: Option<RebootIntent>,
-) -> Result<(), StepResult> {
+) -> Result<(), DriverError> {
     let path = env.state_dir.join(REBOOT_JOURNAL);
     blocking_value(ctx, move || match intent {
-        Some(intent) => write_journal(
+        Some(intent) => Ok(write_journal(
             &path,
             &RebootJournal {
                 intent: Some(intent),
             },
-        ),
-        None => remove_file(&path).map(|_| ()).map_err(|e| e.to_string()),
+        )?),
+        None => Ok(remove_file(&path).map(|_| ())?),
     })
     .await
 }
 
 /// Expands a reboot command's `{{root}}`.
-fn expand_root(env: &DriverEnv, argv: &[String], key: &str) -> Result<Vec<String>, StepResult> {
+fn expand_root(env: &DriverEnv, argv: &[String], key: &str) -> Result<Vec<String>, DriverError> {
     let vars = Vars::root_only(&env.fs.root().display().to_string());
     argv.iter()
         .map(|arg| expand(arg, &vars))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| StepResult::failed(format!("{key}: {e}")))
+        .map_err(|e| DriverError::from(e).at(key))
 }
 
 /// Runs `reboot.command`; `Err` unless it exited 0.
-async fn run_reboot_command(env: &DriverEnv, ctx: &mut StepContext) -> Result<(), StepResult> {
+async fn run_reboot_command(env: &DriverEnv, ctx: &mut StepContext) -> Result<(), DriverError> {
     let argv = expand_root(env, &env.config.reboot.command, "reboot.command")?;
     let output = run_command(&argv, &env.command_env, ctx.deadline, &mut ctx.cancel).await;
-    match StepResult::from_command(&argv, &output, ctx.step.timeout_seconds) {
+    match DriverError::command(&argv, &output, ctx.step.timeout_seconds) {
         None => Ok(()),
-        Some(mut failure) => {
-            failure.message = format!("reboot.command: {}", failure.message);
-            Err(failure)
-        }
+        Some(failure) => Err(failure.at("reboot.command")),
     }
 }
 
@@ -265,22 +264,23 @@ async fn run_reboot_command(env: &DriverEnv, ctx: &mut StepContext) -> Result<()
 async fn ask_required(
     env: &DriverEnv,
     ctx: &mut StepContext,
-) -> Result<(bool, String), StepResult> {
+) -> Result<(bool, String), DriverError> {
     let check = env
         .config
         .reboot
         .required
         .check()
-        .map_err(StepResult::failed)?;
+        .map_err(DriverError::Refused)?;
     match check {
         RequiredCheck::File(file) => {
-            let path = env.fs.path(&file).map_err(StepResult::failed)?;
+            let path = env.fs.path(&file)?;
             match tokio::fs::try_exists(&path).await {
                 Ok(true) => Ok((true, format!("{file} exists"))),
                 Ok(false) => Ok((false, format!("{file} is absent"))),
-                Err(e) => Err(StepResult::failed(format!(
-                    "reboot.required.file: cannot tell whether {file} exists: {e}"
-                ))),
+                Err(source) => Err(DriverError::NodeFile {
+                    what: format!("reboot.required.file: cannot tell whether {file} exists"),
+                    source,
+                }),
             }
         }
         RequiredCheck::Command(argv) => {
@@ -292,19 +292,18 @@ async fn ask_required(
                 CommandEnd::Exited(0) => Ok((false, format!("`{shown}` exited 0"))),
                 CommandEnd::Exited(code) => {
                     let stderr = output.stderr_tail.trim();
-                    Err(StepResult {
-                        exit_code: Some(code),
+                    Err(DriverError::UnexpectedExit {
+                        what: "reboot.required.command",
+                        shown,
+                        code,
+                        expected: "it must exit 1 (a reboot is required) or 0 (none is)",
                         stderr_tail: (!stderr.is_empty()).then(|| stderr.to_owned()),
-                        ..StepResult::failed(format!(
-                            "reboot.required.command `{shown}` exited with {code}: it must exit 1 (a reboot is required) or 0 (none is)"
-                        ))
                     })
                 }
                 _ => Err(
-                    StepResult::from_command(&argv, &output, ctx.step.timeout_seconds)
-                        .unwrap_or_else(|| {
-                            StepResult::failed("reboot.required.command: no result")
-                        }),
+                    DriverError::command(&argv, &output, ctx.step.timeout_seconds).unwrap_or_else(
+                        || DriverError::refused("reboot.required.command: no result"),
+                    ),
                 ),
             }
         }
@@ -317,7 +316,7 @@ async fn wait_down(
     ctx: &mut StepContext,
     issued_at_unix_ms: u64,
     until_unix_ms: u64,
-) -> Result<(), StepResult> {
+) -> Result<(), DriverError> {
     let sent = utc_text(issued_at_unix_ms);
     let text = format!("reboot command sent at {sent}, waiting for the node to go down");
     tracing::info!(step = ctx.step.index, "{text}");
@@ -332,7 +331,7 @@ async fn wait_down(
         }
     };
     tokio::select! {
-        () = cancelled => Err(StepResult::interrupted(format!(
+        () = cancelled => Err(DriverError::Interrupted(format!(
             "reboot command sent at {sent}; stopped: agent shutting down (the reboot is under way)"
         ))),
         () = tokio::time::sleep(wait) => Ok(()),

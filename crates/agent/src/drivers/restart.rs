@@ -10,8 +10,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::driver::blocking_value;
-use super::step::{StepContext, StepResult};
+use super::error::DriverError;
+use super::step::{Done, StepContext};
 use crate::drivers::unfinished;
+use crate::fsutil::JournalError;
 use crate::os::driver_env::DriverEnv;
 use crate::sequence::process::{display_argv, run_command};
 
@@ -24,7 +26,7 @@ pub(crate) struct BeforeChange<'a> {
 
 impl BeforeChange<'_> {
     /// Marks the restart owed (durably).
-    pub fn mark(self) -> Result<(), String> {
+    pub fn mark(self) -> Result<(), JournalError> {
         unfinished::mark(self.state_dir, self.key)
     }
 }
@@ -37,10 +39,10 @@ pub(crate) async fn write_then_restart(
     mut ctx: StepContext,
     key: &'static str,
     restart: Vec<String>,
-    write: impl FnOnce(&DriverEnv, &str, BeforeChange<'_>) -> Result<(bool, String), String>
+    write: impl FnOnce(&DriverEnv, &str, BeforeChange<'_>) -> Result<(bool, String), DriverError>
     + Send
     + 'static,
-) -> StepResult {
+) -> Result<Done, DriverError> {
     let plan_id = ctx.plan_id.clone();
     let blocking_env = env.clone();
     let written = blocking_value(&ctx, move || {
@@ -53,21 +55,21 @@ pub(crate) async fn write_then_restart(
         let (changed, message) = write(&env, &plan_id, before_change)?;
         Ok((changed || owed, message))
     })
-    .await;
-    let (changed, message) = match written {
-        Ok(written) => written,
-        Err(result) => return result,
-    };
+    .await?;
+    let (changed, message) = written;
     if !changed && !ctx.resumed {
-        return StepResult::ok(message);
+        return Ok(Done::ok(message));
     }
     let output = run_command(&restart, &env.command_env, ctx.deadline, &mut ctx.cancel).await;
-    if let Some(failure) = StepResult::from_command(&restart, &output, ctx.step.timeout_seconds) {
-        return failure;
+    if let Some(failure) = DriverError::command(&restart, &output, ctx.step.timeout_seconds) {
+        return Err(failure);
     }
     if let Err(e) = unfinished::clear(&env.state_dir, key) {
         // Only costs one more restart at the next step of this kind.
         tracing::warn!(error = %e, key, "cannot record the restart as done");
     }
-    StepResult::ok(format!("{message}; ran `{}`", display_argv(&restart)))
+    Ok(Done::ok(format!(
+        "{message}; ran `{}`",
+        display_argv(&restart)
+    )))
 }

@@ -4,8 +4,9 @@
 //! recorded right after it exits.
 
 use super::attempts::Attempts;
+use super::error::DriverError;
 use super::prepared::{Prepared, run_one};
-use super::step::{StepContext, StepResult};
+use super::step::StepContext;
 use crate::os::driver_env::DriverEnv;
 use crate::retry::RetryPolicy;
 use crate::sequence::command::SequenceCommand;
@@ -33,7 +34,7 @@ pub(super) async fn run_list(
     env: &DriverEnv,
     ctx: &mut StepContext,
     list: &SequenceList<'_>,
-) -> Result<(usize, Vec<String>), StepResult> {
+) -> Result<(usize, Vec<String>), DriverError> {
     let (label, id) = (list.label, list.id);
     let total = list.commands.len();
     let first = match &ctx.progress {
@@ -56,10 +57,10 @@ pub(super) async fn run_list(
         );
         for (i, command) in list.on_resume.iter().enumerate() {
             if *ctx.cancel.borrow() {
-                return Err(StepResult::shutting_down());
+                return Err(DriverError::shutting_down());
             }
-            let context = |e: String| format!("{label}.onResume[{i}]: {e}");
-            if let Some(end) = run_one(env, ctx, command, context).await {
+            let context = format!("{label}.onResume[{i}]");
+            if let Some(end) = run_one(env, ctx, command, &context).await {
                 return Err(end);
             }
         }
@@ -75,7 +76,7 @@ pub(super) async fn run_list(
     for (i, command) in list.commands.iter().enumerate().skip(first) {
         let policy = list.retry.filter(|_| list.specs[i].retryable);
         let (failures, due) = pending_retry.take().unwrap_or_default();
-        let context = |e: String| format!("{label}.commands[{i}]: {e}");
+        let context = format!("{label}.commands[{i}]");
         let attempts = Attempts {
             index: i,
             sequence: id,
@@ -83,7 +84,7 @@ pub(super) async fn run_list(
             failures,
             due,
         };
-        if let Some(note) = attempts.run(env, ctx, command, context).await? {
+        if let Some(note) = attempts.run(env, ctx, command, &context).await? {
             retried.push(note);
         }
         let progress = SequenceProgress {

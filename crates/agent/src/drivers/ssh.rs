@@ -14,10 +14,12 @@ use std::sync::Arc;
 use inplace_agent_api::{SshUser, StepAction, StepKind};
 
 use super::driver::{Driver, StepFuture, blocking_step, wrong_kind};
+use super::error::DriverError;
 use super::step::StepContext;
 use super::undo::Place;
-use crate::fsutil::{FileMeta, PasswdEntry, atomic_write, create_dir_atomic, lookup_user, matches};
+use crate::fsutil::{FileMeta, atomic_write, create_dir_atomic, matches};
 use crate::os::driver_env::DriverEnv;
+use crate::os::users::{PasswdEntry, lookup_user};
 
 /// Mode of `authorized_keys`.
 const KEYS_MODE: u32 = 0o600;
@@ -43,7 +45,7 @@ impl Driver for SshKeys {
         &self,
         env: &DriverEnv,
         action: &StepAction,
-    ) -> Result<Option<Vec<Place>>, String> {
+    ) -> Result<Option<Vec<Place>>, DriverError> {
         let StepAction::SshKeys { users } = action else {
             return Ok(None);
         };
@@ -56,7 +58,7 @@ impl Driver for SshKeys {
 }
 
 /// The user's passwd entry (if any) and the node path of their `authorized_keys`.
-fn keys_path(env: &DriverEnv, name: &str) -> Result<(Option<PasswdEntry>, String), String> {
+fn keys_path(env: &DriverEnv, name: &str) -> Result<(Option<PasswdEntry>, String), DriverError> {
     let entry = lookup_user(&env.fs, name)?;
     let home = entry
         .as_ref()
@@ -66,7 +68,7 @@ fn keys_path(env: &DriverEnv, name: &str) -> Result<(Option<PasswdEntry>, String
 }
 
 /// Converges every listed user's keys; returns a summary.
-fn apply(env: &DriverEnv, plan_id: &str, users: &[SshUser]) -> Result<String, String> {
+fn apply(env: &DriverEnv, plan_id: &str, users: &[SshUser]) -> Result<String, DriverError> {
     let (mut written, mut unchanged) = (0usize, 0usize);
     let mut unknown = Vec::new();
     for user in users {
@@ -81,7 +83,7 @@ fn apply(env: &DriverEnv, plan_id: &str, users: &[SshUser]) -> Result<String, St
         let keys_path = env.fs.path(&keys_node)?;
         let ssh_dir = keys_path
             .parent()
-            .ok_or_else(|| format!("{keys_node} has no directory"))?
+            .ok_or_else(|| DriverError::refused(format!("{keys_node} has no directory")))?
             .to_path_buf();
 
         let mut content = String::new();
@@ -94,16 +96,14 @@ fn apply(env: &DriverEnv, plan_id: &str, users: &[SshUser]) -> Result<String, St
             owner,
         };
         if !ssh_dir.exists() {
-            create_dir_atomic(&ssh_dir, SSH_DIR_MODE, owner).map_err(|e| e.to_string())?;
+            create_dir_atomic(&ssh_dir, SSH_DIR_MODE, owner)?;
         }
-        if matches(&keys_path, content.as_bytes(), meta).map_err(|e| e.to_string())? {
+        if matches(&keys_path, content.as_bytes(), meta)? {
             unchanged += 1;
             continue;
         }
-        env.backups
-            .save(plan_id, &keys_node, &keys_path)
-            .map_err(|e| e.to_string())?;
-        atomic_write(&keys_path, content.as_bytes(), meta).map_err(|e| e.to_string())?;
+        env.backups.save(plan_id, &keys_node, &keys_path)?;
+        atomic_write(&keys_path, content.as_bytes(), meta)?;
         written += 1;
     }
     let mut summary = format!(

@@ -1,11 +1,12 @@
 //! One step as a driver sees it: the step and its deadline, whether it is resumed, how it records
-//! progress ([`StepContext`]), and how it ended ([`StepResult`]).
+//! progress ([`StepContext`]), and how it ended: [`Done`] or a [`DriverError`] from its driver, one
+//! [`StepResult`] for the executor and the report.
 
 use inplace_agent_api::Step;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use crate::sequence::process::{CommandEnd, CommandOutput, display_argv};
+use super::error::DriverError;
 use crate::sequence::progress::SequenceProgress;
 
 /// How a step ended.
@@ -77,48 +78,61 @@ impl StepResult {
     pub fn shutting_down() -> Self {
         Self::interrupted("agent shutting down")
     }
+}
 
-    /// The failure (or interruption) a command's end means, or `None` when it succeeded.
-    pub fn from_command(
-        argv: &[String],
-        output: &CommandOutput,
-        timeout_seconds: u32,
-    ) -> Option<Self> {
-        let shown = display_argv(argv);
-        let tail = (!output.stderr_tail.is_empty()).then(|| output.stderr_tail.clone());
-        let (outcome, message, exit_code) = match &output.end {
-            CommandEnd::Exited(0) => return None,
-            CommandEnd::Exited(code) => (
-                DriverOutcome::Failed,
-                format!("`{shown}` exited with {code}"),
-                Some(*code),
-            ),
-            CommandEnd::Signaled(signal) => (
-                DriverOutcome::Failed,
-                format!("`{shown}` was killed by signal {signal}"),
-                None,
-            ),
-            CommandEnd::TimedOut => (
-                DriverOutcome::Failed,
-                format!(
-                    "`{shown}` timed out: step timeout of {timeout_seconds} s reached, process group killed"
-                ),
-                None,
-            ),
-            CommandEnd::Cancelled => (
-                DriverOutcome::Interrupted,
-                format!("`{shown}` stopped: agent shutting down"),
-                None,
-            ),
-            CommandEnd::SpawnFailed(e) => (DriverOutcome::Failed, e.clone(), None),
-        };
-        Some(Self {
-            outcome,
-            message,
-            exit_code,
-            stderr_tail: tail,
+impl From<DriverError> for StepResult {
+    fn from(error: DriverError) -> Self {
+        Self {
+            outcome: if error.is_interrupted() {
+                DriverOutcome::Interrupted
+            } else {
+                DriverOutcome::Failed
+            },
+            exit_code: error.exit_code(),
+            stderr_tail: error.stderr_tail().map(str::to_owned),
+            message: error.to_string(),
             passed_over: false,
-        })
+        }
+    }
+}
+
+impl From<Result<Done, DriverError>> for StepResult {
+    fn from(ended: Result<Done, DriverError>) -> Self {
+        match ended {
+            Ok(Done {
+                message,
+                passed_over: false,
+            }) => Self::ok(message),
+            Ok(Done { message, .. }) => Self::passed_over(message),
+            Err(error) => error.into(),
+        }
+    }
+}
+
+/// How a driver's step (or undo) ended well.
+#[derive(Clone, Debug)]
+pub(crate) struct Done {
+    /// For operators: what it did.
+    pub message: String,
+    /// It succeeded without an effect: a check before its first effect found the target already on the node.
+    pub passed_over: bool,
+}
+
+impl Done {
+    /// The desired state holds; `message` says how.
+    pub fn ok(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            passed_over: false,
+        }
+    }
+
+    /// Without an effect: the node already had the step's target (`message` says how it was seen).
+    pub fn passed_over(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            passed_over: true,
+        }
     }
 }
 

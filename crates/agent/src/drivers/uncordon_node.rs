@@ -7,8 +7,9 @@ use inplace_agent_api::StepKind;
 use tokio::sync::watch;
 
 use super::driver::{Driver, StepFuture};
-use super::node::{drainer, drive, load_journal, save_journal, unconfigured};
-use super::step::{StepContext, StepResult};
+use super::error::DriverError;
+use super::node::{drainer, drive, load_journal, node_api, save_journal, unconfigured};
+use super::step::{Done, StepContext};
 use crate::config::DriverConfig;
 use crate::os::driver_env::DriverEnv;
 
@@ -30,20 +31,14 @@ impl Driver for UncordonNode {
 }
 
 /// uncordonNode: only when this plan's drainNode cordoned the node; the record goes after.
-async fn uncordon(env: &DriverEnv, ctx: &mut StepContext) -> StepResult {
-    let journal = match load_journal(ctx, env).await {
-        Ok(j) => j,
-        Err(failure) => return failure,
-    };
+async fn uncordon(env: &DriverEnv, ctx: &mut StepContext) -> Result<Done, DriverError> {
+    let journal = load_journal(ctx, env).await?;
     if journal.cordoned_by_plan.as_deref() != Some(ctx.plan_id.as_str()) {
-        return StepResult::ok(
+        return Ok(Done::ok(
             "node not cordoned by this plan: left as it is (an operator's cordon stays)",
-        );
+        ));
     }
-    let drainer = match drainer(env, "uncordonNode").await {
-        Ok(d) => d,
-        Err(failure) => return failure,
-    };
+    let drainer = drainer(env, "uncordonNode").await?;
     let (_tx, rx) = watch::channel(String::new());
     let work = async {
         // A resumed step whose uncordon went through already does not patch again.
@@ -52,14 +47,10 @@ async fn uncordon(env: &DriverEnv, ctx: &mut StepContext) -> StepResult {
         }
         Ok::<_, inplace_drain::DrainError>(())
     };
-    match drive(ctx, rx, work).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return StepResult::failed(format!("uncordonNode: {e}")),
-        Err(stop) => return stop,
-    }
+    drive(ctx, rx, work)
+        .await?
+        .map_err(|source| node_api("uncordonNode", source, ""))?;
     tracing::info!(node = %drainer.node(), plan = %ctx.plan_id, "node uncordoned");
-    if let Err(failure) = save_journal(ctx, env, None).await {
-        return failure;
-    }
-    StepResult::ok(format!("uncordoned {}", drainer.node()))
+    save_journal(ctx, env, None).await?;
+    Ok(Done::ok(format!("uncordoned {}", drainer.node())))
 }

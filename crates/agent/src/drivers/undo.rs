@@ -19,7 +19,8 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use super::driver::StepFuture;
-use super::step::StepResult;
+use super::error::DriverError;
+use super::step::Done;
 use crate::drivers::unfinished;
 use crate::fsutil::{
     FileMeta, FsError, atomic_write, create_dirs, fs_err, matches, read_bounded, remove_file,
@@ -46,9 +47,9 @@ fn snapshot_path(env: &DriverEnv, plan_id: &str, index: usize, place: &Place) ->
     }
 }
 
-fn real_path(env: &DriverEnv, place: &Place) -> Result<PathBuf, String> {
+fn real_path(env: &DriverEnv, place: &Place) -> Result<PathBuf, DriverError> {
     match place {
-        Place::Node(path) => env.fs.path(path),
+        Place::Node(path) => Ok(env.fs.path(path)?),
         Place::State(name) => Ok(env.state_dir.join(name)),
     }
 }
@@ -66,7 +67,7 @@ pub(crate) fn take(
     plan_id: &str,
     index: usize,
     places: Vec<Place>,
-) -> Result<UndoRecord, String> {
+) -> Result<UndoRecord, DriverError> {
     snapshot(env, plan_id, index, places).map(|places| UndoRecord::Files { places })
 }
 
@@ -76,17 +77,17 @@ pub(crate) fn snapshot(
     plan_id: &str,
     index: usize,
     places: Vec<Place>,
-) -> Result<Vec<PlaceBefore>, String> {
+) -> Result<Vec<PlaceBefore>, DriverError> {
     let mut out = Vec::with_capacity(places.len());
     for place in places {
         let real = real_path(env, &place)?;
         let before = match fs::symlink_metadata(&real) {
             Ok(meta) if meta.is_file() => {
-                let content = read_bounded(&real, MAX_BACKUP_BYTES).map_err(|e| e.to_string())?;
+                let content = read_bounded(&real, MAX_BACKUP_BYTES)?;
                 let target = snapshot_path(env, plan_id, index, &place);
                 if !target.exists() {
                     if let Some(parent) = target.parent() {
-                        create_dirs(parent).map_err(|e| e.to_string())?;
+                        create_dirs(parent)?;
                     }
                     // Owner-only: snapshots may hold secrets; mode and owner are in the record.
                     atomic_write(
@@ -96,8 +97,7 @@ pub(crate) fn snapshot(
                             mode: 0o600,
                             owner: None,
                         },
-                    )
-                    .map_err(|e| e.to_string())?;
+                    )?;
                 }
                 Before::File {
                     sha256: hex(&Sha256::digest(&content)),
@@ -110,7 +110,7 @@ pub(crate) fn snapshot(
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Before::Absent {
                 created_dirs: missing_dirs(&place, &real),
             },
-            Err(e) => return Err(fs_err("inspect", &real)(e).to_string()),
+            Err(e) => return Err(fs_err("inspect", &real)(e).into()),
         };
         out.push(PlaceBefore { place, before });
     }
@@ -142,7 +142,7 @@ pub(crate) fn restore(
     plan_id: &str,
     index: usize,
     record: &UndoRecord,
-) -> Result<usize, String> {
+) -> Result<usize, DriverError> {
     let places = record.places();
     let mut changed = 0;
     // Reverse: a directory created for a later place is removed after the files in it.
@@ -151,7 +151,7 @@ pub(crate) fn restore(
         let name = place_name(place);
         match before {
             Before::Absent { created_dirs } => {
-                if remove_file(&real).map_err(|e| e.to_string())? {
+                if remove_file(&real)? {
                     changed += 1;
                 }
                 for dir in created_dirs.iter().rev() {
@@ -170,26 +170,27 @@ pub(crate) fn restore(
                 gid,
             } => {
                 let snapshot = snapshot_path(env, plan_id, index, place);
-                let content = read_bounded(&snapshot, MAX_BACKUP_BYTES)
-                    .map_err(|e| format!("{name}: the snapshot is unreadable: {e}"))?;
+                let content = read_bounded(&snapshot, MAX_BACKUP_BYTES).map_err(|e| {
+                    DriverError::from(e).at(format!("{name}: the snapshot is unreadable"))
+                })?;
                 if hex(&Sha256::digest(&content)) != *sha256 {
-                    return Err(format!(
+                    return Err(DriverError::Unverified(format!(
                         "{name}: the snapshot {} does not match its recorded SHA-256",
                         snapshot.display()
-                    ));
+                    )));
                 }
                 let meta = FileMeta {
                     mode: *mode,
                     owner: env.is_root.then_some((*uid, *gid)),
                 };
-                if !matches(&real, &content, meta).map_err(|e| e.to_string())? {
-                    atomic_write(&real, &content, meta).map_err(|e| e.to_string())?;
+                if !matches(&real, &content, meta)? {
+                    atomic_write(&real, &content, meta)?;
                     changed += 1;
                 }
-                if !matches(&real, &content, meta).map_err(|e| e.to_string())? {
-                    return Err(format!(
+                if !matches(&real, &content, meta)? {
+                    return Err(DriverError::Unverified(format!(
                         "{name}: not byte-equal to before after the restore"
-                    ));
+                    )));
                 }
             }
             Before::Other => {}
@@ -281,12 +282,14 @@ pub(crate) fn restore_then_restart(
 ) -> StepFuture {
     Box::pin(async move {
         let Some(record) = ctx.record.take() else {
-            return StepResult::failed("nothing was recorded before the step began");
+            return Err(DriverError::refused(
+                "nothing was recorded before the step began",
+            ));
         };
         let blocking_env = env.clone();
         let (plan_id, index) = (ctx.plan_id.clone(), ctx.index);
         let key = restart.as_ref().map(|(key, _)| *key);
-        let work = tokio::task::spawn_blocking(move || -> Result<(usize, bool), String> {
+        let work = tokio::task::spawn_blocking(move || -> Result<(usize, bool), DriverError> {
             let env = blocking_env;
             let owed = match key {
                 Some(key) => unfinished::contains(&env.state_dir, key)?,
@@ -298,33 +301,39 @@ pub(crate) fn restore_then_restart(
             Ok((restore(&env, &plan_id, index, &record)?, owed))
         });
         let (changed, owed) = match tokio::time::timeout_at(ctx.deadline, work).await {
-            Ok(Ok(Ok(done))) => done,
-            Ok(Ok(Err(message))) => return StepResult::failed(message),
-            Ok(Err(join)) => return StepResult::failed(format!("undo crashed: {join}")),
+            Ok(Ok(done)) => done?,
+            Ok(Err(join)) => {
+                return Err(DriverError::Crashed {
+                    what: "undo crashed: ",
+                    source: join,
+                });
+            }
             Err(_) => {
-                return StepResult::failed(format!(
-                    "timed out: step timeout of {} s reached",
-                    ctx.timeout_seconds
-                ));
+                return Err(DriverError::TimedOut {
+                    seconds: ctx.timeout_seconds,
+                });
             }
         };
         let message = format!("{changed} changes restored; every file byte-equal to before");
         let Some((key, argv)) = restart else {
-            return StepResult::ok(message);
+            return Ok(Done::ok(message));
         };
         if changed == 0 && !owed && !ctx.resumed {
             if let Err(e) = unfinished::clear(&env.state_dir, key) {
                 tracing::warn!(error = %e, key, "cannot record the restart as not owed");
             }
-            return StepResult::ok(message);
+            return Ok(Done::ok(message));
         }
         let output = run_command(&argv, &env.command_env, ctx.deadline, &mut ctx.cancel).await;
-        if let Some(failure) = StepResult::from_command(&argv, &output, ctx.timeout_seconds) {
-            return failure;
+        if let Some(failure) = DriverError::command(&argv, &output, ctx.timeout_seconds) {
+            return Err(failure);
         }
         if let Err(e) = unfinished::clear(&env.state_dir, key) {
             tracing::warn!(error = %e, key, "cannot record the restart as done");
         }
-        StepResult::ok(format!("{message}; ran `{}`", display_argv(&argv)))
+        Ok(Done::ok(format!(
+            "{message}; ran `{}`",
+            display_argv(&argv)
+        )))
     })
 }

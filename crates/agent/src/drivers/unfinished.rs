@@ -13,7 +13,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::fsutil::{read_journal, write_journal};
+use crate::fsutil::{JournalError, read_journal, write_journal};
 
 /// The journal's file name in the state dir.
 const JOURNAL: &str = "unfinished.json";
@@ -24,24 +24,24 @@ struct Journal {
     work: BTreeSet<String>,
 }
 
-fn load(state_dir: &Path) -> Result<Journal, String> {
+fn load(state_dir: &Path) -> Result<Journal, JournalError> {
     read_journal(
         &state_dir.join(JOURNAL),
         "move it away to forget unfinished work",
     )
 }
 
-fn save(state_dir: &Path, journal: &Journal) -> Result<(), String> {
+fn save(state_dir: &Path, journal: &Journal) -> Result<(), JournalError> {
     write_journal(&state_dir.join(JOURNAL), journal)
 }
 
 /// Whether `key` was started and not finished.
-pub(crate) fn contains(state_dir: &Path, key: &str) -> Result<bool, String> {
+pub(crate) fn contains(state_dir: &Path, key: &str) -> Result<bool, JournalError> {
     Ok(load(state_dir)?.work.contains(key))
 }
 
 /// Records `key` as started (durably; nothing is written when it already is).
-pub(crate) fn mark(state_dir: &Path, key: &str) -> Result<(), String> {
+pub(crate) fn mark(state_dir: &Path, key: &str) -> Result<(), JournalError> {
     let mut journal = load(state_dir)?;
     if journal.work.insert(key.to_owned()) {
         save(state_dir, &journal)?;
@@ -50,7 +50,7 @@ pub(crate) fn mark(state_dir: &Path, key: &str) -> Result<(), String> {
 }
 
 /// Records `key` as finished.
-pub(crate) fn clear(state_dir: &Path, key: &str) -> Result<(), String> {
+pub(crate) fn clear(state_dir: &Path, key: &str) -> Result<(), JournalError> {
     let mut journal = load(state_dir)?;
     if journal.work.remove(key) {
         save(state_dir, &journal)?;

@@ -7,8 +7,9 @@ use inplace_agent_api::{StepAction, StepKind};
 use tokio::sync::watch;
 
 use super::driver::{Driver, StepFuture, wrong_kind};
-use super::node::{drainer, drive, unconfigured};
-use super::step::{StepContext, StepResult};
+use super::error::DriverError;
+use super::node::{drainer, drive, node_api, unconfigured};
+use super::step::{Done, StepContext};
 use crate::config::DriverConfig;
 use crate::os::driver_env::DriverEnv;
 
@@ -29,10 +30,9 @@ impl Driver for WaitNodeReady {
             return wrong_kind(self.kind(), &ctx.step.action);
         };
         Box::pin(async move {
-            match wait_ready(&env, &mut ctx, kubelet_version, None, "waitNodeReady").await {
-                Ok(message) => StepResult::ok(message),
-                Err(end) => end,
-            }
+            wait_ready(&env, &mut ctx, kubelet_version, None, "waitNodeReady")
+                .await
+                .map(Done::ok)
         })
     }
 }
@@ -46,7 +46,7 @@ pub(super) async fn wait_ready(
     kubelet_version: Option<String>,
     boot_id: Option<&str>,
     kind: &str,
-) -> Result<String, StepResult> {
+) -> Result<String, DriverError> {
     let drainer = drainer(env, kind).await?;
     let (tx, rx) = watch::channel(String::new());
     let deadline = ctx.deadline;
@@ -54,9 +54,7 @@ pub(super) async fn wait_ready(
         let _ = tx.send(text);
     };
     let work = drainer.wait_node_ready(kubelet_version.as_deref(), boot_id, deadline, &mut report);
-    match drive(ctx, rx, work).await {
-        Ok(Ok(message)) => Ok(message),
-        Ok(Err(e)) => Err(StepResult::failed(format!("{kind}: {e}"))),
-        Err(stop) => Err(stop),
-    }
+    drive(ctx, rx, work)
+        .await?
+        .map_err(|source| node_api(kind, source, ""))
 }

@@ -330,9 +330,10 @@ fn id(value: &Value) -> Option<u64> {
 /// An HTTP(S) client presenting the configured client certificate, trusting the configured CA only.
 fn client(config: &ControlPlaneConfig, fs: &RootFs) -> Result<HttpsClient, EtcdError> {
     let read = |key: &'static str, node_path: &str| {
-        let path = fs
-            .path(node_path)
-            .map_err(|reason| EtcdError::Tls { key, reason })?;
+        let path = fs.path(node_path).map_err(|e| EtcdError::Tls {
+            key,
+            reason: e.into(),
+        })?;
         inplace_bounded_read::read(&path, MAX_ETCD_PKI_FILE_BYTES)
             .map_err(|source| EtcdError::Read { key, source })
     };

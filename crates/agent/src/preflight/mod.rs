@@ -70,7 +70,7 @@ pub(crate) async fn run(env: Arc<DriverEnv>, mut ctx: StepContext) -> StepResult
     match drive_node(&mut ctx, seen, wait_until_safe(&env, deadline, &texts)).await {
         Ok(Ok(summary)) => StepResult::ok(summary),
         Ok(Err(reason)) => StepResult::failed(reason),
-        Err(ended) => ended,
+        Err(ended) => ended.into(),
     }
 }
 
@@ -156,7 +156,7 @@ async fn nodes(env: &DriverEnv) -> Nodes {
     }
     let drainer = match drainer(env, "control-plane preflight").await {
         Ok(drainer) => drainer,
-        Err(failed) => return Nodes::Unreachable(failed.message),
+        Err(failed) => return Nodes::Unreachable(failed.to_string()),
     };
     match tokio::time::timeout(NODE_LIST_TIMEOUT, drainer.control_plane_not_ready()).await {
         Ok(Ok(not_ready)) => Nodes::NotReady(not_ready),

@@ -35,7 +35,7 @@ use crate::attempt::MAX_STEP_ATTEMPTS;
 use crate::attempt::drive::write_progress;
 use crate::attempt::host::StepHost;
 use crate::attempt::protocol::{self, Attempt};
-use crate::attempt::state_full::{self, EntryOf, SpaceWait, Waited, says_no_space};
+use crate::attempt::state_full::{self, EntryOf, SpaceWait, Waited};
 use crate::drivers::{
     DriverOutcome, ProgressRecorder, ProgressUpdate, RecordContext, StepContext, StepResult,
     execute, record_undo,
@@ -128,8 +128,12 @@ pub(crate) async fn run_step<H: StepHost + Send>(
                     break undo;
                 }
                 // Its snapshots go to the state dir: a full one is waited out like a save.
-                Err(e) if says_no_space(&e) => match wait
-                    .round(host, shutdown, &state_full::full(&env.state_dir, e))
+                Err(e) if e.is_no_space() => match wait
+                    .round(
+                        host,
+                        shutdown,
+                        &state_full::full(&env.state_dir, e.to_string()),
+                    )
                     .await
                 {
                     Ok(()) => continue,
@@ -138,7 +142,7 @@ pub(crate) async fn run_step<H: StepHost + Send>(
                     Err(Waited::Failed(e)) => e.to_string(),
                     Err(Waited::Saved) => continue,
                 },
-                Err(e) => e,
+                Err(e) => e.to_string(),
             };
             let failed = StepResult::failed(format!(
                 "cannot record what undoing the step needs (nothing was changed): {cause}"

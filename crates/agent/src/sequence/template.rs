@@ -69,9 +69,9 @@ pub(crate) fn variables(template: &str) -> Result<Vec<&str>, String> {
     let mut rest = template;
     while let Some(start) = rest.find("{{") {
         let after = &rest[start + 2..];
-        let end = after
-            .find("}}")
-            .ok_or_else(|| format!("unclosed `{{{{` in {template:?}"))?;
+        let end = after.find("}}").ok_or_else(|| TemplateError::Unclosed {
+            template: template.to_owned(),
+        })?;
         names.push(after[..end].trim());
         rest = &after[end + 2..];
     }
@@ -151,15 +151,15 @@ pub(crate) fn check_in(template: &str, scope: Scope<'_>) -> Result<(), String> {
 
 /// Expands `template`; a variable without a value (e.g. a `pin.` missing for this version) is an
 /// error naming it.
-pub(crate) fn expand(template: &str, vars: &Vars) -> Result<String, String> {
+pub(crate) fn expand(template: &str, vars: &Vars) -> Result<String, TemplateError> {
     let mut out = String::with_capacity(template.len());
     let mut rest = template;
     while let Some(start) = rest.find("{{") {
         out.push_str(&rest[..start]);
         let after = &rest[start + 2..];
-        let end = after
-            .find("}}")
-            .ok_or_else(|| format!("unclosed `{{{{` in {template:?}"))?;
+        let end = after.find("}}").ok_or_else(|| TemplateError::Unclosed {
+            template: template.to_owned(),
+        })?;
         let name = after[..end].trim();
         let value = if let Some(pin) = name.strip_prefix("pin.") {
             vars.pins.get(pin)
@@ -167,11 +167,14 @@ pub(crate) fn expand(template: &str, vars: &Vars) -> Result<String, String> {
             match record.strip_suffix(".minor") {
                 Some(record) => {
                     let value = vars.records.get(record).map(String::as_str);
-                    let minor = value.and_then(minor_of).ok_or_else(|| {
-                        format!(
-                            "no value for {{{{{name}}}}}: record {record} is {value:?}, not a version like 1.33.4-1.1"
-                        )
-                    })?;
+                    let minor =
+                        value
+                            .and_then(minor_of)
+                            .ok_or_else(|| TemplateError::NotAVersion {
+                                name: name.to_owned(),
+                                record: record.to_owned(),
+                                value: value.map(str::to_owned),
+                            })?;
                     out.push_str(&minor);
                     rest = &after[end + 2..];
                     continue;
@@ -181,11 +184,49 @@ pub(crate) fn expand(template: &str, vars: &Vars) -> Result<String, String> {
         } else {
             vars.plain.get(name)
         };
-        out.push_str(value.ok_or_else(|| format!("no value for {{{{{name}}}}}"))?);
+        out.push_str(value.ok_or_else(|| TemplateError::NoValue {
+            name: name.to_owned(),
+        })?);
         rest = &after[end + 2..];
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// Why a template cannot be expanded for this step.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TemplateError {
+    /// A `{{` without its `}}`.
+    #[error("unclosed `{{{{` in {template:?}")]
+    Unclosed {
+        /// The template.
+        template: String,
+    },
+    /// A variable without a value here (a `pin.` the version's pins lack, a record not taken).
+    #[error("no value for {{{{{name}}}}}")]
+    NoValue {
+        /// The variable.
+        name: String,
+    },
+    /// `{{record.<name>.minor}}` of a recorded value that is not a version.
+    #[error(
+        "no value for {{{{{name}}}}}: record {record} is {value:?}, not a version like 1.33.4-1.1"
+    )]
+    NotAVersion {
+        /// The variable.
+        name: String,
+        /// The record it reads.
+        record: String,
+        /// What the record holds (`None`: nothing).
+        value: Option<String>,
+    },
+}
+
+// The callers that still carry their errors as text (config checks, sysext).
+impl From<TemplateError> for String {
+    fn from(e: TemplateError) -> Self {
+        e.to_string()
+    }
 }
 
 /// `v1.33` of a package version like `1.33.4-1.1` (or `1:1.33.4-150500.1.1`, `v1.33.4`).
@@ -222,6 +263,7 @@ mod tests {
         assert!(
             expand("{{pin.kubeletSha256}}", &vars)
                 .unwrap_err()
+                .to_string()
                 .contains("pin.kubeletSha256")
         );
     }
@@ -262,6 +304,7 @@ mod tests {
         assert!(
             expand("{{record.kubectl.minor}}", &vars)
                 .unwrap_err()
+                .to_string()
                 .contains("not a version")
         );
         assert_eq!(minor_of("1:1.34.1-150500.1.1").as_deref(), Some("v1.34"));

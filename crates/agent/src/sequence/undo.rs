@@ -164,30 +164,58 @@ pub(crate) fn record_value(
     entry: &RecordCommand,
     end: &CommandEnd,
     stdout: &str,
-) -> Result<String, String> {
+) -> Result<String, RecordValueError> {
     let output = match end {
         CommandEnd::Exited(0) => {
             if stdout.len() >= STDOUT_TAIL_MAX_BYTES {
-                return Err(format!(
-                    "its output is longer than MAX_RECORD_VALUE_BYTES ({MAX_RECORD_VALUE_BYTES})"
-                ));
+                return Err(RecordValueError::TooLong);
             }
             stdout.trim()
         }
         CommandEnd::Exited(code) if entry.absent_on_exit.contains(code) => "",
-        other => return Err(format!("it did not succeed ({other:?})")),
+        other => return Err(RecordValueError::Failed(other.clone())),
     };
-    check_value(output).map_err(|e| format!("its output {output:?}: {e}"))?;
+    check_value(output).map_err(|why| RecordValueError::NotAValue {
+        output: output.to_owned(),
+        why,
+    })?;
     match &entry.map {
         None => Ok(output.to_owned()),
-        Some(map) => map.get(output).cloned().ok_or_else(|| {
-            let keys: Vec<String> = map.keys().map(|k| format!("{k:?}")).collect();
-            format!(
-                "its output {output:?} is none of the keys of its map ({})",
-                keys.join(", ")
-            )
-        }),
+        Some(map) => map
+            .get(output)
+            .cloned()
+            .ok_or_else(|| RecordValueError::NotInMap {
+                output: output.to_owned(),
+                keys: map.keys().map(|k| format!("{k:?}")).collect(),
+            }),
     }
+}
+
+/// Why a record command's end gives no value (the step then fails before any effect).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RecordValueError {
+    /// It exited 0 with more output than a value may have.
+    #[error("its output is longer than MAX_RECORD_VALUE_BYTES ({MAX_RECORD_VALUE_BYTES})")]
+    TooLong,
+    /// It did not exit 0, nor with a code its `absentOnExit` lists.
+    #[error("it did not succeed ({0:?})")]
+    Failed(CommandEnd),
+    /// Its output is not a value a record may keep ([`check_value`]).
+    #[error("its output {output:?}: {why}")]
+    NotAValue {
+        /// The trimmed output.
+        output: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// Its output is none of the keys of its `map`.
+    #[error("its output {output:?} is none of the keys of its map ({})", keys.join(", "))]
+    NotInMap {
+        /// The trimmed output.
+        output: String,
+        /// The map's keys, quoted.
+        keys: Vec<String>,
+    },
 }
 
 #[cfg(test)]
@@ -225,14 +253,19 @@ mod tests {
             "",
             "an absent exit code ignores the output"
         );
-        let err = record_value(&plain, &CommandEnd::Exited(2), "").unwrap_err();
+        let err = record_value(&plain, &CommandEnd::Exited(2), "")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("did not succeed"), "{err}");
-        let err = record_value(&plain, &ok, "1.0; rm -rf /").unwrap_err();
+        let err = record_value(&plain, &ok, "1.0; rm -rf /")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("';'"), "{err}");
         let long = "1".repeat(MAX_RECORD_VALUE_BYTES + 1);
         assert!(
             record_value(&plain, &ok, &long)
                 .unwrap_err()
+                .to_string()
                 .contains("MAX_RECORD_VALUE_BYTES")
         );
         let huge = "1".repeat(STDOUT_TAIL_MAX_BYTES);
@@ -307,7 +340,9 @@ mod tests {
         let ok = CommandEnd::Exited(0);
         assert_eq!(record_value(&holds, &ok, "kubelet\n").unwrap(), "hold");
         assert_eq!(record_value(&holds, &ok, "").unwrap(), "unhold");
-        let err = record_value(&holds, &ok, "kubectl").unwrap_err();
+        let err = record_value(&holds, &ok, "kubectl")
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("\"kubectl\"") && err.contains("\"kubelet\""),
             "{err}"

@@ -30,7 +30,7 @@ use crate::os::sysext::release::{
 use crate::sequence::process::{
     CommandEnd, CommandOutput, STDOUT_TAIL_MAX_BYTES, display_argv, run_command,
 };
-use crate::sequence::template::{Vars, expand};
+use crate::sequence::template::{TemplateError, Vars, expand};
 
 /// Longest time one `systemd-sysext` or `unsquashfs` run may take (within the step's own timeout): a
 /// refresh mounts every image over a loop device, which takes well under a second per image.
@@ -179,11 +179,14 @@ impl Run<'_> {
     }
 
     fn link_node(&self, name: &str) -> Result<String, SysextError> {
-        link_node(self.env, name).map_err(SysextError::Node)
+        link_node(self.env, name).map_err(|e| SysextError::Node(e.into()))
     }
 
     fn real(&self, node_path: &str) -> Result<PathBuf, SysextError> {
-        self.env.fs.path(node_path).map_err(SysextError::Node)
+        self.env
+            .fs
+            .path(node_path)
+            .map_err(|e| SysextError::Node(e.into()))
     }
 
     /// (a): the image is a file whose extension-release.<name> systemd-sysext would accept here.
@@ -257,10 +260,10 @@ impl Run<'_> {
                  directory systemd-sysext prefers)"
             ),
             Ok(None) => format!("`list` does not show {name}"),
-            Err(detail) => {
+            Err(e) => {
                 return Err(SysextError::Command {
                     command: display_argv(&argv),
-                    detail,
+                    detail: e.to_string(),
                 });
             }
         };
@@ -270,9 +273,9 @@ impl Run<'_> {
     async fn merged(&mut self) -> Result<Vec<String>, SysextError> {
         let argv = self.sysext_argv(&["status", "--json=short"])?;
         let text = self.output(&argv).await?;
-        merged_names(&text).map_err(|detail| SysextError::Command {
+        merged_names(&text).map_err(|e| SysextError::Command {
             command: display_argv(&argv),
-            detail,
+            detail: e.to_string(),
         })
     }
 
@@ -296,7 +299,7 @@ impl Run<'_> {
             .iter()
             .map(|a| expand(a, &vars))
             .collect::<Result<_, _>>()
-            .map_err(SysextError::Node)
+            .map_err(|e| SysextError::Node(e.into()))
     }
 
     /// Runs `argv` (at most [`SYSEXT_COMMAND_TIMEOUT`]); its stdout when it exits 0.
@@ -308,7 +311,7 @@ impl Run<'_> {
 }
 
 /// The node path of extension `name`'s link: `<extensionsDir>/<name>.raw`.
-pub(crate) fn link_node(env: &DriverEnv, name: &str) -> Result<String, String> {
+pub(crate) fn link_node(env: &DriverEnv, name: &str) -> Result<String, TemplateError> {
     let dir = expand(
         &env.config.sysext.extensions_dir,
         &Vars::root_only(&env.command_env.root.display().to_string()),

@@ -129,9 +129,12 @@ pub(crate) fn node_architecture() -> &'static str {
 
 /// The extensions `systemd-sysext status --json=short` says are merged, in any hierarchy:
 /// `[{"hierarchy":"/usr","extensions":["kubernetes"],…},{"hierarchy":"/opt","extensions":"none",…}]`.
-pub(crate) fn merged_names(status_json: &str) -> Result<Vec<String>, String> {
-    let hierarchies: Vec<serde_json::Value> = serde_json::from_str(status_json.trim())
-        .map_err(|e| format!("`status --json=short` printed no JSON list ({e})"))?;
+pub(crate) fn merged_names(status_json: &str) -> Result<Vec<String>, NotAJsonList> {
+    let hierarchies: Vec<serde_json::Value> =
+        serde_json::from_str(status_json.trim()).map_err(|source| NotAJsonList {
+            command: "status --json=short",
+            source,
+        })?;
     let mut names = Vec::new();
     for hierarchy in &hierarchies {
         // "none" (a string) when nothing is merged there.
@@ -146,14 +149,28 @@ pub(crate) fn merged_names(status_json: &str) -> Result<Vec<String>, String> {
 
 /// The path `systemd-sysext list --json=short` gives for extension `name` (`None`: not listed):
 /// `[{"name":"kubernetes","type":"raw","path":"/etc/extensions/kubernetes.raw",…}]`.
-pub(crate) fn listed_path(list_json: &str, name: &str) -> Result<Option<String>, String> {
-    let images: Vec<serde_json::Value> = serde_json::from_str(list_json.trim())
-        .map_err(|e| format!("`list --json=short` printed no JSON list ({e})"))?;
+pub(crate) fn listed_path(list_json: &str, name: &str) -> Result<Option<String>, NotAJsonList> {
+    let images: Vec<serde_json::Value> =
+        serde_json::from_str(list_json.trim()).map_err(|source| NotAJsonList {
+            command: "list --json=short",
+            source,
+        })?;
     Ok(images
         .iter()
         .find(|i| i.get("name").and_then(|n| n.as_str()) == Some(name))
         .and_then(|i| i.get("path").and_then(|p| p.as_str()))
         .map(str::to_owned))
+}
+
+/// What a `systemd-sysext … --json=short` printed is not the JSON list it prints.
+#[derive(Debug, thiserror::Error)]
+#[error("`{command}` printed no JSON list ({source})")]
+pub(crate) struct NotAJsonList {
+    /// The sub-command and its flag.
+    command: &'static str,
+    /// What the JSON parser said.
+    #[source]
+    source: serde_json::Error,
 }
 
 #[cfg(test)]
@@ -241,6 +258,7 @@ mod tests {
         assert!(
             merged_names("Failed to open")
                 .unwrap_err()
+                .to_string()
                 .contains("no JSON")
         );
         let list = r#"[{"name":"kubernetes","type":"raw","path":"/etc/extensions/kubernetes.raw","time":1796575131766237}]"#;
