@@ -39,7 +39,12 @@ fn second_cluster(setup: &Setup) -> PathBuf {
 }
 
 /// A worker of `cluster` at v1.33.4 with its agent, scoped by `token_file`.
-fn worker(setup: &Setup, server: &ServerProcess, name: &str, token_file: &PathBuf) -> AgentProcess {
+fn worker(
+    setup: &Setup,
+    server: &ServerProcess,
+    name: &str,
+    token_file: &std::path::Path,
+) -> AgentProcess {
     let sandbox = Sandbox::create(&setup.dir.path().join(name), "v1.33.4", false).unwrap();
     AgentProcess::start(
         server,

@@ -140,7 +140,7 @@ impl Changes {
             let record = fold(record, &ends, now);
             rows.push((record.first_ms, ChangeRow::of(&record)));
         }
-        rows.sort_by(|a, b| b.0.cmp(&a.0));
+        rows.sort_by_key(|row| std::cmp::Reverse(row.0));
         Ok(rows.into_iter().map(|(_, row)| row).collect())
     }
 }
