@@ -4,7 +4,7 @@
 use clap::Parser as _;
 use inplace_updater::cmd::certs::{DevCertsSpec, write_dev_certs};
 use inplace_updater::cmd::cli::{Cli, Command, LogFormat, TokenCommand};
-use inplace_updater::cmd::{commands, fatal};
+use inplace_updater::cmd::{commands, fatal, operator};
 use tokio_util::sync::CancellationToken;
 
 /// jemalloc rather than the system allocator: a hook call allocates many small JSON nodes, and jemalloc served
@@ -88,15 +88,15 @@ fn run(command: Command) -> anyhow::Result<()> {
             std::process::exit(code)
         }
         Command::Status(args) => {
-            print!("{}", runtime.block_on(commands::status(&args))?);
+            print!("{}", runtime.block_on(operator::status(&args))?);
             Ok(())
         }
         Command::Retry(args) => {
-            print!("{}", runtime.block_on(commands::retry(&args))?);
+            print!("{}", runtime.block_on(operator::retry(&args))?);
             Ok(())
         }
         Command::Change(args) => {
-            print!("{}", runtime.block_on(commands::change(&args))?);
+            print!("{}", runtime.block_on(operator::change(&args))?);
             Ok(())
         }
     }

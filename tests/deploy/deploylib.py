@@ -284,7 +284,7 @@ def run_binary(*args: str, env: dict[str, str] | None = None, cwd: pathlib.Path 
 def cli_options(*subcommand: str) -> dict[str, dict]:
     """`inplace-updater SUBCOMMAND --help`, parsed: {flag: {"env": NAME or None, "takes_value": bool}}.
 
-    Read from the binary itself, so that these tests follow src/cmd/cli.rs rather than a copy of it.
+    Read from the binary itself, so that these tests follow src/cmd/cli/ rather than a copy of it.
     """
     proc = run_binary(*subcommand, "--help")
     assert proc.returncode == 0, proc.stderr
@@ -317,7 +317,7 @@ def env_only_settings(*subcommand: str) -> set[str]:
 
 # ---------------------------------------------------------------- settings deploy/ uses
 
-# `inplace-updater serve` settings, as in src/cmd/cli.rs (`ServeArgs`, `EtcdArgs`, the global --log-format): the
+# `inplace-updater serve` settings, as in src/cmd/cli/ (`ServeArgs` in serve.rs, `EtcdArgs`, the global --log-format): the
 # env twins of its flags, plus the password that is deliberately env-only. Offline tests check the
 # manifests against these; tests/deploy/test_binary.py checks that they are exactly what the binary has.
 SERVE_ENV = {

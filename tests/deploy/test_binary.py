@@ -58,9 +58,9 @@ def parses(subcommand: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def test_the_offline_setting_lists_are_the_binarys():
-    assert set(d.env_twins("serve")) == d.SERVE_ENV, "update deploylib.SERVE_ENV from src/cmd/cli.rs"
+    assert set(d.env_twins("serve")) == d.SERVE_ENV, "update deploylib.SERVE_ENV from src/cmd/cli/serve.rs"
     assert d.env_only_settings("serve") == d.SERVE_ENV_ONLY
-    assert set(d.env_twins("agent")) == d.AGENT_ENV, "update deploylib.AGENT_ENV from src/cmd/cli.rs"
+    assert set(d.env_twins("agent")) == d.AGENT_ENV, "update deploylib.AGENT_ENV from crates/agent/src/cli"
     agent_help = d.run_binary("agent", "--help").stdout
     for name in d.AGENT_ENV_DEPRECATED:
         assert name in agent_help, f"`agent --help` does not say it still reads {name}"
