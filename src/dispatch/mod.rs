@@ -115,7 +115,7 @@ impl Dispatcher {
         let upkeep = Arc::new(Upkeep::new(floor.clone(), fleet.clone()));
         let budget = Arc::new(Budget::new(floor.clone()));
         let agents = Agents::new(floor.clone(), fleet.clone(), upkeep.clone(), budget.clone());
-        let changes = Arc::new(Changes::new(floor.clone()));
+        let changes = Arc::new(Changes::new(floor.clone(), metrics.changes.clone()));
         let runs = Runs::new(
             floor.clone(),
             licences.clone(),

@@ -31,6 +31,11 @@ pub const UPDATE_STATES: [&str; 9] = [
     "rollback-failed",
 ];
 
+/// The states `inplace_updater_changes{state}` counts (each change of a paced registration): `proving` (in its
+/// canaries), `open`, `promoted` (past its canaries and soaks by an operator), `halted` (the failure brake or an
+/// operator).
+pub const CHANGE_STATES: [&str; 4] = ["proving", "open", "promoted", "halted"];
+
 /// The outcomes `inplace_updater_rollbacks_total{outcome}` counts: the node undone and verified, or not (left
 /// cordoned).
 pub const ROLLBACK_OUTCOMES: [&str; 2] = ["rolled-back", "failed"];
@@ -103,6 +108,8 @@ pub struct FleetMetrics {
     pub agent_upgrades: Family<OutcomeLabels, Counter>,
     /// Machines whose current update is in each state.
     pub updates: Family<StateLabels, Gauge>,
+    /// Changes of paced registrations in each state.
+    pub changes: Family<StateLabels, Gauge>,
     live: Arc<OnceLock<Weak<dyn LiveFleet>>>,
 }
 
@@ -122,6 +129,7 @@ impl FleetMetrics {
             rollbacks: Family::default(),
             agent_upgrades: Family::default(),
             updates: Family::default(),
+            changes: Family::default(),
             live: Arc::new(OnceLock::new()),
         };
         // Every kind of the table, so every series exists from the first scrape (a rate over a series that
@@ -143,6 +151,9 @@ impl FleetMetrics {
         for state in UPDATE_STATES {
             drop(metrics.updates.get_or_create(&StateLabels { state }));
         }
+        for state in CHANGE_STATES {
+            drop(metrics.changes.get_or_create(&StateLabels { state }));
+        }
         metrics
     }
 
@@ -152,6 +163,11 @@ impl FleetMetrics {
             "updates",
             "Machines whose current in-place update is in each state (from the store, every replica sees all)",
             self.updates.clone(),
+        );
+        registry.register(
+            "changes",
+            "Changes of paced registrations in each state (proving, open, promoted, halted), from the store every minute",
+            self.changes.clone(),
         );
         registry.register(
             "step_duration_seconds",

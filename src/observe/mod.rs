@@ -9,8 +9,8 @@ mod process;
 mod store;
 
 pub use fleet::{
-    FleetMetrics, KindLabels, LiveFleet, OutcomeLabels, ROLLBACK_OUTCOMES, ReasonLabels,
-    StateLabels, UPDATE_STATES,
+    CHANGE_STATES, FleetMetrics, KindLabels, LiveFleet, OutcomeLabels, ROLLBACK_OUTCOMES,
+    ReasonLabels, StateLabels, UPDATE_STATES,
 };
 pub use process::ProcessCollector;
 pub use store::{InstrumentedStore, STORE_OPERATIONS, StoreLabels, StoreMetrics, backend_name};

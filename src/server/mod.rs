@@ -246,6 +246,11 @@ pub async fn run(
         counter.run_census().await;
         "update census"
     });
+    let changes = dispatcher.changes.clone();
+    tasks.spawn(async move {
+        changes.count_changes().await;
+        "change counter"
+    });
     let stop = shutdown.clone();
     tasks.spawn(async move {
         sweep_retention(dispatcher, stop).await;

@@ -241,6 +241,20 @@ async fn a_failed_canary_halts_its_change_across_a_restart_until_an_operator_rel
         "{table}"
     );
     assert!(table.contains("default/edge-01-md-0-a failed"), "{table}");
+    // Listing the changes counted them: the halted one is on the metrics port (what InPlaceChangeHalted reads).
+    let (ok, metrics) = curl(&[&format!("http://{}/metrics", server.metrics)]);
+    assert!(ok);
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "inplace_updater_changes{state=\"halted\"} 1"),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("changes"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 
     // The server stops: the brake is in the store. The operator releases it there, and the server started
     // again lets the held Machine take the canary's place.

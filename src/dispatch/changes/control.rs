@@ -11,6 +11,7 @@ use super::identity::ChangeId;
 use super::record::{ChangeRecord, Halt};
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::keys::{CHANGES_PREFIX, change_key};
+use crate::observe::{CHANGE_STATES, StateLabels};
 
 /// An operator's control of a change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,6 +142,12 @@ impl Changes {
             rows.push((record.first_ms, ChangeRow::of(&record)));
         }
         rows.sort_by_key(|row| std::cmp::Reverse(row.0));
+        for state in CHANGE_STATES {
+            let count = rows.iter().filter(|(_, row)| row.state == state).count();
+            self.gauges
+                .get_or_create(&StateLabels { state })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
         Ok(rows.into_iter().map(|(_, row)| row).collect())
     }
 }

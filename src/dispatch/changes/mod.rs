@@ -21,6 +21,10 @@ use std::sync::{Arc, OnceLock};
 use inplace_agent_api::MachineRef;
 use inplace_core::pacing::Pacing;
 use inplace_store::Precondition;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+
+use crate::observe::StateLabels;
 
 use super::floor::db::Put;
 use super::floor::keys::{change_key, machine_key, update_key};
@@ -67,18 +71,41 @@ pub enum Paced {
     },
 }
 
+/// How often a server counts the changes in each state for `inplace_updater_changes{state}` (an operator's
+/// release from the CLI is seen within this).
+pub const CHANGE_GAUGES_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The changes wing.
 pub struct Changes {
     floor: Floor,
     gates: OnceLock<Arc<dyn GateCheck>>,
+    gauges: Family<StateLabels, Gauge>,
 }
 
 impl Changes {
-    /// The wing over `floor`, with no gates file yet ([`Changes::set_gates`]).
-    pub fn new(floor: Floor) -> Changes {
+    /// The wing over `floor`, with no gates file yet ([`Changes::set_gates`]), counting the changes in each
+    /// state into `gauges` whenever it lists them.
+    pub fn new(floor: Floor, gauges: Family<StateLabels, Gauge>) -> Changes {
         Changes {
             floor,
             gates: OnceLock::new(),
+            gauges,
+        }
+    }
+
+    /// Lists the changes every [`CHANGE_GAUGES_INTERVAL`] (which counts them) until `shutdown`; a store error
+    /// is logged and tried again at the next tick.
+    pub async fn count_changes(&self) {
+        let mut ticker = tokio::time::interval(CHANGE_GAUGES_INTERVAL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                () = self.floor.shutdown.cancelled() => return,
+            }
+            if let Err(err) = self.list().await {
+                tracing::warn!(error = %err, "changes not counted; will try again");
+            }
         }
     }
 
