@@ -79,6 +79,18 @@ async fn judged(capi: &Capi, request: &Value) {
     );
 }
 
+/// CAPI's calls until the update of `request` settles, which must be Done; the progress messages.
+async fn done(capi: &Capi, request: &Value, agent: &AgentProcess) -> Vec<String> {
+    let (outcome, messages) = capi.update_until_settled(request, SETTLE).await;
+    assert_eq!(
+        outcome,
+        UpdateOutcome::Done,
+        "{messages:?}\nagent log:\n{}",
+        agent.log()
+    );
+    messages
+}
+
 fn message(outcome: &UpdateOutcome) -> &str {
     match outcome {
         UpdateOutcome::InProgress { message, .. } => message,
@@ -133,8 +145,7 @@ async fn the_canary_goes_alone_and_the_next_machine_waits_for_its_soak() {
         "waiting for change v1.34.1 to prove itself on its canaries: default/edge-01-md-0-a running",
         "{waits:?}"
     );
-    let (done, _) = capi.update_until_settled(&canary, SETTLE).await;
-    assert_eq!(done, UpdateOutcome::Done, "agent log:\n{}", a.log());
+    done(&capi, &canary, &a).await;
     let canary_done = Instant::now();
     assert!(
         !upgraded(&b),
@@ -142,13 +153,7 @@ async fn the_canary_goes_alone_and_the_next_machine_waits_for_its_soak() {
     );
 
     // After the canary: the soak, then the second Machine runs.
-    let (done, messages) = capi.update_until_settled(&other, SETTLE).await;
-    assert_eq!(
-        done,
-        UpdateOutcome::Done,
-        "{messages:?}\nagent log:\n{}",
-        b.log()
-    );
+    let messages = done(&capi, &other, &b).await;
     assert!(
         messages
             .iter()
@@ -225,13 +230,7 @@ async fn a_failed_canary_halts_its_change_across_a_restart_until_an_operator_rel
         capi.can_update_machine(&judged_files).await,
         capi_sim::CapiDecision::InPlace
     );
-    let (done, messages) = capi.update_until_settled(&request, SETTLE).await;
-    assert_eq!(
-        done,
-        UpdateOutcome::Done,
-        "{messages:?}\nagent log:\n{}",
-        c.log()
-    );
+    done(&capi, &request, &c).await;
     assert!(!upgraded(&b), "the held Machine ran nothing");
     let table = status_text(server.health, &["--changes"]);
     assert!(
@@ -283,13 +282,7 @@ async fn a_failed_canary_halts_its_change_across_a_restart_until_an_operator_rel
         &args.iter().map(String::as_str).collect::<Vec<_>>(),
         None,
     );
-    let (done, messages) = capi.update_until_settled(&other, SETTLE).await;
-    assert_eq!(
-        done,
-        UpdateOutcome::Done,
-        "{messages:?}\nagent log:\n{}",
-        b.log()
-    );
+    done(&capi, &other, &b).await;
     assert!(upgraded(&b));
     let rows = status_text(server.health, &["--changes"]);
     assert!(
@@ -411,13 +404,7 @@ async fn a_firing_alert_holds_the_change_and_its_end_lets_the_canary_start() {
 
     // The alert ends: the next call records the canary's run and it runs to the end.
     post(alert("2000-01-01T00:00:00Z"));
-    let (done, messages) = capi.update_until_settled(&canary, SETTLE).await;
-    assert_eq!(
-        done,
-        UpdateOutcome::Done,
-        "{messages:?}\nagent log:\n{}",
-        a.log()
-    );
+    done(&capi, &canary, &a).await;
     assert!(upgraded(&a));
     let rows = status_text(server.health, &["--changes"]);
     assert!(

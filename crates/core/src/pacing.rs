@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::duration::parse_go_duration;
-use crate::settings::SettingsError;
+use crate::settings::{SettingsError, invalid};
 
 /// Setting: how many Machines take a change first, alone (fleet-wide, per change).
 pub const CANARY_SETTING: &str = "canary";
@@ -178,14 +178,6 @@ fn optional<T>(
         Ok(None)
     } else {
         parse(v).map(Some)
-    }
-}
-
-fn invalid(key: &'static str, value: &str, expected: &'static str) -> SettingsError {
-    SettingsError::InvalidValue {
-        key,
-        value: value.to_owned(),
-        expected,
     }
 }
 

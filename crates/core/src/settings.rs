@@ -303,7 +303,8 @@ fn boolean(key: &'static str, value: &str) -> Result<bool, SettingsError> {
     }
 }
 
-fn invalid(key: &'static str, value: &str, expected: &'static str) -> SettingsError {
+/// The error of `key` set to `value` where `expected` is allowed.
+pub(crate) fn invalid(key: &'static str, value: &str, expected: &'static str) -> SettingsError {
     SettingsError::InvalidValue {
         key,
         value: value.to_owned(),
