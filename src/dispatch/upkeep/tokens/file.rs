@@ -3,10 +3,7 @@
 //! its bytes change. Lookups compare against every entry in constant time, so timing says nothing about which
 //! hashes exist.
 //!
-//! Token file: one entry per line, `#` comments allowed:
-//! `sha256:<64 hex> cluster=<namespace>/<cluster> [issued=<RFC 3339>] [expires=<RFC 3339>]` or
-//! `sha256:<64 hex> machine=<namespace>/<name> [issued=<RFC 3339>] [expires=<RFC 3339>]` (what
-//! [`super::mint::create_token`] prints). Removing a line revokes the token (and every successor the server
+//! What a line says and how a file of them is read is [`super::lines`]. Removing a line revokes the token (and every successor the server
 //! minted from it, see [`super::verify`]); the hashes of lines removed while the server runs are remembered (at
 //! most [`MAX_REMEMBERED_REVOKED`]), so a revoked token is refused as revoked rather than unknown until the
 //! server restarts.
@@ -20,56 +17,19 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::{PoisonError, RwLock};
 
-use inplace_agent_api::MachineRef;
 use subtle::ConstantTimeEq as _;
 use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 
 use super::mint::hash;
 use super::refusal::{AuthError, expired};
 use super::scope::AgentScope;
 
+pub use super::lines::{TokenEntry, TokenFileError, parse_token_file};
+
 /// Most revoked token hashes remembered (the oldest are forgotten first, and then refused as unknown).
 pub const MAX_REMEMBERED_REVOKED: usize = 10_000;
 /// Largest token file read (`--agent-tokens`, at start and on every reload check): about 100 000 entries.
 pub const MAX_TOKEN_FILE_BYTES: u64 = 16 * 1024 * 1024;
-
-/// Why a token file was not loaded.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum TokenFileError {
-    /// A line of the token file is malformed (never echoes the line: it may hold a hash).
-    #[error("{path}:{line}: {problem}")]
-    File {
-        /// The file.
-        path: String,
-        /// 1-based line number.
-        line: usize,
-        /// What is wrong.
-        problem: String,
-    },
-    /// The token file could not be read, or is over [`MAX_TOKEN_FILE_BYTES`].
-    #[error("{0}")]
-    Read(String),
-}
-
-/// One entry of the token file.
-#[derive(Clone, PartialEq, Eq)]
-pub struct TokenEntry {
-    hash: [u8; 32],
-    /// What the token may do.
-    pub scope: AgentScope,
-    /// When it was issued (`issued=`; absent from lines made before 0.2).
-    pub issued: Option<OffsetDateTime>,
-    /// When it stops working, if ever.
-    pub expires: Option<OffsetDateTime>,
-}
-
-impl TokenEntry {
-    /// The SHA-256 of the token.
-    pub fn hash(&self) -> [u8; 32] {
-        self.hash
-    }
-}
 
 /// What a presented token is, as far as the token file knows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,91 +54,6 @@ pub enum LineState {
     Revoked,
     /// Not in the file.
     Unknown,
-}
-
-impl std::fmt::Debug for TokenEntry {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TokenEntry")
-            .field("scope", &self.scope)
-            .field("expires", &self.expires)
-            .finish_non_exhaustive()
-    }
-}
-
-fn parse_ref(text: &str) -> Option<(String, String)> {
-    let (a, b) = text.split_once('/')?;
-    let ok = |s: &str| crate::dispatch::valid_segment(s);
-    (ok(a) && ok(b)).then(|| (a.to_string(), b.to_string()))
-}
-
-/// Parses a token file's text.
-pub fn parse_token_file(path: &str, text: &str) -> Result<Vec<TokenEntry>, TokenFileError> {
-    let mut entries = Vec::new();
-    for (number, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let problem = |problem: &str| TokenFileError::File {
-            path: path.to_string(),
-            line: number + 1,
-            problem: problem.to_string(),
-        };
-        let mut words = line.split_whitespace();
-        let digest = words
-            .next()
-            .and_then(|w| w.strip_prefix("sha256:"))
-            .ok_or_else(|| problem("expected `sha256:<64 hex digits>` first"))?;
-        if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(problem("the hash must be 64 hex digits"));
-        }
-        let mut hash = [0u8; 32];
-        for (i, byte) in hash.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&digest[2 * i..2 * i + 2], 16)
-                .map_err(|_| problem("bad hex"))?;
-        }
-        let mut scope = None;
-        let mut expires = None;
-        let mut issued = None;
-        let time = |value: &str, name: &str| {
-            OffsetDateTime::parse(value, &Rfc3339).map_err(|_| {
-                problem(&format!(
-                    "{name} must be RFC 3339, e.g. 2027-01-01T00:00:00Z"
-                ))
-            })
-        };
-        for word in words {
-            match word.split_once('=') {
-                Some(("cluster", value)) => {
-                    let (namespace, cluster) = parse_ref(value)
-                        .ok_or_else(|| problem("cluster=<namespace>/<name> expected"))?;
-                    scope = Some(AgentScope::Cluster { namespace, cluster });
-                }
-                Some(("machine", value)) => {
-                    let (namespace, name) = parse_ref(value)
-                        .ok_or_else(|| problem("machine=<namespace>/<name> expected"))?;
-                    scope = Some(AgentScope::Machine(MachineRef::new(namespace, name)));
-                }
-                Some(("expires", value)) => expires = Some(time(value, "expires")?),
-                Some(("issued", value)) => issued = Some(time(value, "issued")?),
-                _ => {
-                    return Err(problem(
-                        "unknown field (expected cluster=, machine=, issued= or expires=)",
-                    ));
-                }
-            }
-        }
-        let scope = scope.ok_or_else(|| {
-            problem("needs cluster=<namespace>/<name> or machine=<namespace>/<name>")
-        })?;
-        entries.push(TokenEntry {
-            hash,
-            scope,
-            issued,
-            expires,
-        });
-    }
-    Ok(entries)
 }
 
 /// The token file, reloaded when its content changes.
@@ -237,14 +112,14 @@ impl AgentTokens {
         let entries = parse_token_file(&shown, &text)?;
         let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
         let mut revoked = self.revoked.write().unwrap_or_else(PoisonError::into_inner);
-        let kept = |hash: &[u8; 32]| entries.iter().any(|e| e.hash == *hash);
+        let kept = |hash: &[u8; 32]| entries.iter().any(|e| e.hash() == *hash);
         revoked.retain(|hash| !kept(hash));
         for old in &state.1 {
-            if !kept(&old.hash) && !revoked.contains(&old.hash) {
+            if !kept(&old.hash()) && !revoked.contains(&old.hash()) {
                 if revoked.len() >= MAX_REMEMBERED_REVOKED {
                     revoked.pop_front();
                 }
-                revoked.push_back(old.hash);
+                revoked.push_back(old.hash());
             }
         }
         *state = (bytes, entries);
@@ -314,7 +189,7 @@ impl AgentTokens {
         let mut found: Option<&TokenEntry> = None;
         for entry in &state.1 {
             // Every entry is compared, found or not.
-            if bool::from(entry.hash.ct_eq(presented)) {
+            if bool::from(entry.hash().ct_eq(presented)) {
                 found = Some(entry);
             }
         }
@@ -338,8 +213,9 @@ impl AgentTokens {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dispatch::upkeep::tokens::mint::{TOKEN_PREFIX, create_token, create_token_issued};
+    use crate::dispatch::upkeep::tokens::mint::{TOKEN_PREFIX, create_token};
     use crate::dispatch::upkeep::tokens::refusal::AGENT_TOKEN_PATH;
+    use inplace_agent_api::MachineRef;
 
     fn cluster(ns: &str, c: &str) -> AgentScope {
         AgentScope::Cluster {
@@ -387,54 +263,6 @@ mod tests {
         );
         assert!(said.contains(AGENT_TOKEN_PATH), "{said}");
         assert!(said.contains("Agent tokens: expiry, rotation"), "{said}");
-    }
-
-    #[test]
-    fn lines_carry_their_issue_time_and_lines_without_one_still_parse() {
-        let issued = OffsetDateTime::parse("2026-01-02T03:04:05Z", &Rfc3339).unwrap();
-        let made = create_token_issued(&cluster("default", "c"), issued, None).unwrap();
-        assert!(
-            made.line.contains(" issued=2026-01-02T03:04:05Z"),
-            "{}",
-            made.line
-        );
-        let parsed = parse_token_file("t", &made.line).unwrap();
-        assert_eq!(parsed[0].issued, Some(issued));
-        let old = format!(
-            "sha256:{} cluster=default/c expires=2027-01-01T00:00:00Z",
-            "0".repeat(64)
-        );
-        assert_eq!(parse_token_file("t", &old).unwrap()[0].issued, None);
-        let bad = format!(
-            "sha256:{} cluster=default/c issued=yesterday",
-            "0".repeat(64)
-        );
-        assert!(
-            parse_token_file("t", &bad)
-                .unwrap_err()
-                .to_string()
-                .contains("issued must be RFC 3339")
-        );
-    }
-
-    #[test]
-    fn malformed_lines_are_named_without_echoing_them() {
-        let err = parse_token_file("tokens", "sha256:abc cluster=a/b").unwrap_err();
-        assert_eq!(err.to_string(), "tokens:1: the hash must be 64 hex digits");
-        let line = format!("sha256:{} cluster=A/b", "0".repeat(64));
-        assert!(
-            parse_token_file("tokens", &line)
-                .unwrap_err()
-                .to_string()
-                .contains("cluster=<namespace>/<name>")
-        );
-        let line = format!("sha256:{}", "0".repeat(64));
-        assert!(
-            parse_token_file("tokens", &line)
-                .unwrap_err()
-                .to_string()
-                .contains("needs cluster=")
-        );
     }
 
     #[test]

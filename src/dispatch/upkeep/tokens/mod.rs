@@ -11,6 +11,7 @@
 //! per request.
 
 pub mod file;
+pub mod lines;
 pub mod mint;
 pub mod refusal;
 pub mod rule;
