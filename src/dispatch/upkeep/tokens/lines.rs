@@ -140,17 +140,18 @@ mod tests {
     use super::*;
     use crate::dispatch::upkeep::tokens::mint::create_token_issued;
 
-    fn cluster(ns: &str, c: &str) -> AgentScope {
-        AgentScope::Cluster {
-            namespace: ns.into(),
-            cluster: c.into(),
-        }
-    }
-
     #[test]
     fn lines_carry_their_issue_time_and_lines_without_one_still_parse() {
         let issued = OffsetDateTime::parse("2026-01-02T03:04:05Z", &Rfc3339).unwrap();
-        let made = create_token_issued(&cluster("default", "c"), issued, None).unwrap();
+        let made = create_token_issued(
+            &AgentScope::Cluster {
+                namespace: "default".into(),
+                cluster: "c".into(),
+            },
+            issued,
+            None,
+        )
+        .unwrap();
         assert!(
             made.line.contains(" issued=2026-01-02T03:04:05Z"),
             "{}",
