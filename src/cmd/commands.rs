@@ -143,7 +143,7 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
     let gates = Arc::new(gates);
     dispatcher
         .changes
-        .set_gates(Arc::new(crate::hooks::gates::FileGates(gates.clone())));
+        .set_gates(Arc::new(crate::hooks::gates::FileGates::new(gates.clone())));
     let services = Services {
         engine: Arc::new(Engine {
             policy,

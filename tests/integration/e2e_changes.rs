@@ -412,3 +412,55 @@ async fn a_firing_alert_holds_the_change_and_its_end_lets_the_canary_start() {
         "{rows}"
     );
 }
+
+/// An unreachable Prometheus holds the change (an unreachable gate fails, said so), and so does a gate the
+/// gates file does not define; neither records a run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_prometheus_and_an_undefined_gate_hold_the_change_and_say_why() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let setup = Setup::new();
+    let gates = setup.dir.path().join("gates.yaml");
+    std::fs::write(
+        &gates,
+        format!(
+            "gates:\n  - name: storage\n    prometheus:\n      url: {url}\n      query: 'site_storage_degraded{{node=\"{{{{node}}}}\"}} > 0'\n      timeoutSeconds: 2\n"
+        ),
+    )
+    .unwrap();
+    let gates_arg = gates.display().to_string();
+    let (server, capi) = setup.serve("memory:", &["--gates-file", &gates_arg]);
+
+    let mut request = paced("edge-01-md-0-a", "edge-01");
+    request["settings"] = json!({"canary": "1", "healthGates": "storage"});
+    judged(&capi, &request).await;
+    let held = capi.update_machine(&request).await;
+    let said = message(&held);
+    assert!(
+        said.starts_with(&format!(
+            "change v1.34.1 is held by its health gates: gate storage (prometheus {url}): unreachable: "
+        )),
+        "{said}"
+    );
+    assert!(
+        matches!(held, UpdateOutcome::InProgress { retry_after_seconds, .. } if retry_after_seconds > 0),
+        "{held:?}"
+    );
+
+    let mut request = paced("edge-01-md-0-b", "edge-01");
+    request["settings"] = json!({"canary": "1", "healthGates": "capacity"});
+    judged(&capi, &request).await;
+    let held = capi.update_machine(&request).await;
+    assert_eq!(
+        message(&held),
+        "change v1.34.1 is held by its health gates: gate capacity: not defined in the server's gates file \
+         (--gates-file)"
+    );
+    let rows = status_text(server.health, &["--changes"]);
+    assert!(rows.contains("v1.34.1"), "{rows}");
+    assert!(
+        !rows.contains("default/edge-01-md-0-a"),
+        "no canary started: {rows}"
+    );
+}

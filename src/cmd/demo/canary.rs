@@ -214,9 +214,10 @@ pub async fn run(
 
 /// The server's changes, as `inplace-updater status --changes` prints them.
 async fn changes_listing(health: std::net::SocketAddr) -> Result<String, DemoError> {
-    let (body, _) = crate::cmd::http::get_plain_response(&format!("http://{health}/status/changes"))
-        .await
-        .map_err(|e| DemoError::Rollout(format!("GET /status/changes: {e}")))?;
+    let (body, _) =
+        crate::cmd::http::get_plain_response(&format!("http://{health}/status/changes"))
+            .await
+            .map_err(|e| DemoError::Rollout(format!("GET /status/changes: {e}")))?;
     let rows: Vec<ChangeRow> =
         serde_json::from_slice(&body).map_err(setup("the changes listing"))?;
     Ok(render_changes(&rows))

@@ -138,30 +138,24 @@ impl Changes {
             Some(record) => self.ends(&record.running).await?,
             None => Vec::new(),
         };
-        let asks_gates = !pacing.health_gates.is_empty()
-            && record
-                .as_ref()
-                .is_none_or(|r| r.halted.is_none() && !r.has_member(machine));
-        let gates = if asks_gates {
-            self.check_gates(&pacing.health_gates, vars).await
-        } else {
-            Vec::new()
-        };
         let now_ms = self.floor.now_ms();
-        let admission = decide::admit(
-            record.as_ref(),
-            &ends,
-            &Asked {
-                machine,
-                run_id,
-                change,
-                pacing,
-                gates: &gates,
-                now_ms,
-                retry_after_seconds: self.floor.config.retry_after_seconds,
-                skip_soak,
-            },
-        );
+        let asked = |gates| Asked {
+            machine,
+            run_id,
+            change,
+            pacing,
+            gates,
+            now_ms,
+            retry_after_seconds: self.floor.config.retry_after_seconds,
+            skip_soak,
+        };
+        // Judged first without the gates; asked only when their outcome decides (a Machine that would start,
+        // or waits for the soak), then judged again with them.
+        let mut admission = decide::admit(record.as_ref(), &ends, &asked(&[]));
+        if admission.gated && !pacing.health_gates.is_empty() {
+            let gates = self.check_gates(&pacing.health_gates, vars).await;
+            admission = decide::admit(record.as_ref(), &ends, &asked(&gates));
+        }
         let put = Put::of(key, &admission.record, precondition)?;
         match admission.verdict {
             Verdict::Go { canary } => {
