@@ -7,6 +7,8 @@
 //! restarted keeps it. `inplace-updater status --changes` shows it all.
 #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
+mod node_verify;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};

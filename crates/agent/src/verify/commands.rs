@@ -101,7 +101,10 @@ pub(crate) async fn run_all(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
+    use crate::tests::Sandbox;
 
     fn command(retries: u32, delay: u32) -> VerifyCommand {
         VerifyCommand {
@@ -134,5 +137,80 @@ mod tests {
             after_attempt(&c, 1, &CommandEnd::SpawnFailed("no such program".into())),
             Next::RetryAfter(Duration::from_secs(7))
         );
+    }
+
+    // Tokio's paused clock jumps to the next timer whenever the runtime idles (a child process running
+    // included): the test controls time, so timeouts and delays of minutes pass at once. Only a command that
+    // never ends is run under it (a short one could be overtaken by its own virtual timeout).
+    #[tokio::test(start_paused = true)]
+    async fn each_attempt_is_killed_at_its_timeout_and_the_next_waits_the_delay() {
+        let sb = Sandbox::new();
+        sb.fake("hang", "sleep 1000");
+        let env = sb.env("");
+        let commands = [VerifyCommand {
+            run: vec!["hang".into(), "{{root}}".into()],
+            timeout_seconds: 30,
+            retries: 1,
+            retry_delay_seconds: 600,
+        }];
+        let (_tx, mut cancel) = watch::channel(false);
+        let mut said = Vec::new();
+        let started = Instant::now();
+        let real = std::time::Instant::now();
+        let failed = run_all(&env, &commands, &mut cancel, &mut |t| said.push(t))
+            .await
+            .unwrap_err();
+        let elapsed = started.elapsed();
+        // Two timeouts and the delay, plus at most each kill's grace and output drain.
+        let least = Duration::from_secs(30 + 600 + 30);
+        let most = least
+            + 2 * (crate::sequence::process::KILL_GRACE
+                + crate::sequence::process::OUTPUT_DRAIN_TIMEOUT);
+        assert!(elapsed >= least && elapsed <= most, "{elapsed:?}");
+        assert!(
+            real.elapsed() < Duration::from_secs(60),
+            "{:?}",
+            real.elapsed()
+        );
+        let root = sb.root.display().to_string();
+        assert_eq!(
+            failed.to_string(),
+            format!(
+                "verify.commands[0] `hang {root}` timed out after 30 s (process group killed) (attempt 2/2)"
+            )
+        );
+        assert_eq!(failed.exit_code(), None);
+        assert_eq!(
+            said,
+            [
+                format!("verifying the node: verify.commands[0] `hang {root}`, attempt 1/2"),
+                format!(
+                    "verifying the node: verify.commands[0] `hang {root}` timed out after 30 s (process group killed), attempt 1/2; again in 600 s"
+                ),
+                format!("verifying the node: verify.commands[0] `hang {root}`, attempt 2/2"),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_stops_a_command_and_is_no_failure() {
+        let sb = Sandbox::new();
+        sb.fake("hang", "sleep 1000");
+        let env = sb.env("");
+        let commands = [VerifyCommand {
+            run: vec!["hang".into()],
+            ..command(3, 1)
+        }];
+        let (tx, mut cancel) = watch::channel(false);
+        let stop = async {
+            while sb.calls().is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            tx.send(true).unwrap();
+        };
+        let mut quiet = |_| {};
+        let (ended, ()) = tokio::join!(run_all(&env, &commands, &mut cancel, &mut quiet), stop);
+        assert!(matches!(ended, Err(VerifyError::Interrupted)), "{ended:?}");
+        assert_eq!(sb.calls().len(), 1, "not retried");
     }
 }
