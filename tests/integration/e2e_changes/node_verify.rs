@@ -10,10 +10,9 @@ use std::path::Path;
 
 use capi_sim::UpdateOutcome;
 use inplace_drain::fake::FakePod;
-use inplace_updater::cmd::demo::Sandbox;
 use serde_json::Value;
 
-use super::{SETTLE, done, files_only, judged, message, paced, second_cluster, upgraded};
+use super::{SETTLE, done, judged, message, paced, second_cluster, upgraded};
 use crate::common::ServerProcess;
 use crate::common::fleet::{AgentProcess, Capi, Setup};
 
@@ -45,27 +44,21 @@ fn verified_worker(
     fail: bool,
 ) -> AgentProcess {
     use std::os::unix::fs::PermissionsExt as _;
-    let sandbox = Sandbox::create(&setup.dir.path().join(name), "v1.33.4", false).unwrap();
-    let mut config = std::fs::read_to_string(&sandbox.config).unwrap();
-    config.push_str(VERIFY_YAML);
-    std::fs::write(&sandbox.config, config).unwrap();
-    let script = sandbox.path("/bin/verify-node");
-    std::fs::write(&script, VERIFY_NODE).unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    if fail {
-        std::fs::write(sandbox.path("/fail-verify"), "").unwrap();
-    }
-    sandbox
-        .kube
-        .add_pod(FakePod::new("kube-system", "proxy-1").owned_by("DaemonSet", "proxy"));
-    sandbox.kube.add_pod(FakePod::new("web", "web-0"));
-    AgentProcess::start(
-        server,
-        &setup.certs.paths.ca_cert,
-        token_file,
-        name,
-        sandbox,
-    )
+    super::worker_with(setup, server, name, token_file, |sandbox| {
+        let mut config = std::fs::read_to_string(&sandbox.config).unwrap();
+        config.push_str(VERIFY_YAML);
+        std::fs::write(&sandbox.config, config).unwrap();
+        let script = sandbox.path("/bin/verify-node");
+        std::fs::write(&script, VERIFY_NODE).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        if fail {
+            std::fs::write(sandbox.path("/fail-verify"), "").unwrap();
+        }
+        sandbox
+            .kube
+            .add_pod(FakePod::new("kube-system", "proxy-1").owned_by("DaemonSet", "proxy"));
+        sandbox.kube.add_pod(FakePod::new("web", "web-0"));
+    })
 }
 
 fn failure(outcome: &UpdateOutcome) -> &str {
@@ -138,12 +131,7 @@ async fn a_canary_failing_its_node_verification_rolls_back_and_brakes_its_change
         "{said}"
     );
     // A second, different change is not held by the first's brake.
-    let (request, judged_files) = files_only("edge-02-md-0-c", "edge-02");
-    assert_eq!(
-        capi.can_update_machine(&judged_files).await,
-        capi_sim::CapiDecision::InPlace
-    );
-    done(&capi, &request, &c).await;
+    super::another_change_goes_on(&capi, &c).await;
     assert!(!upgraded(&b), "the held Machine ran nothing");
 }
 

@@ -12,6 +12,8 @@ use common::*;
 use inplace_agent::api::*;
 use inplace_drain::fake::{FakeApiServer, FakeNode, FakePod};
 
+use crate::node_steps::{ended, messages};
+
 /// `node:` with fast polls, then `verify:` with `commands` (YAML list items) and a short pods timeout.
 fn config_yaml(commands: &str, pods_timeout: u32) -> String {
     format!(
@@ -54,21 +56,6 @@ fn node_plan(id: &str) -> Plan {
             step(2, "uncordon", StepAction::UncordonNode),
         ],
     )
-}
-
-fn ended(server: &TestServer, step: u32) -> Option<StepReport> {
-    server
-        .reports_for(step)
-        .into_iter()
-        .find(|r| r.status != StepStatus::Running)
-}
-
-fn messages(server: &TestServer, step: u32) -> Vec<String> {
-    server
-        .reports_for(step)
-        .iter()
-        .filter_map(|r| r.message.clone())
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
