@@ -7,6 +7,8 @@
 //! restarted keeps it, as it keeps a soak. `inplace-updater status --changes` shows it all.
 #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
+mod node_verify;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -45,7 +47,19 @@ fn worker(
     name: &str,
     token_file: &std::path::Path,
 ) -> AgentProcess {
+    worker_with(setup, server, name, token_file, |_| {})
+}
+
+/// [`worker`], its sandbox first given to `prepare` (before its agent starts).
+fn worker_with(
+    setup: &Setup,
+    server: &ServerProcess,
+    name: &str,
+    token_file: &std::path::Path,
+    prepare: impl FnOnce(&Sandbox),
+) -> AgentProcess {
     let sandbox = Sandbox::create(&setup.dir.path().join(name), "v1.33.4", false).unwrap();
+    prepare(&sandbox);
     AgentProcess::start(
         server,
         &setup.certs.paths.ca_cert,
@@ -203,6 +217,17 @@ fn files_only(name: &str, cluster: &str) -> (Value, Value) {
     (request, judged)
 }
 
+/// A files-only change asked of `agent`'s Machine (`edge-02-md-0-c` of edge-02) is judged in place and runs to Done:
+/// another change than the one a brake halted.
+async fn another_change_goes_on(capi: &Capi, agent: &AgentProcess) {
+    let (request, judged_files) = files_only("edge-02-md-0-c", "edge-02");
+    assert_eq!(
+        capi.can_update_machine(&judged_files).await,
+        capi_sim::CapiDecision::InPlace
+    );
+    done(capi, &request, agent).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_canary_halts_its_change_across_a_restart_until_an_operator_releases_it() {
     let setup = Setup::new();
@@ -240,12 +265,7 @@ async fn a_failed_canary_halts_its_change_across_a_restart_until_an_operator_rel
         "{said}"
     );
     // Another change is not held by this one's brake.
-    let (request, judged_files) = files_only("edge-02-md-0-c", "edge-02");
-    assert_eq!(
-        capi.can_update_machine(&judged_files).await,
-        capi_sim::CapiDecision::InPlace
-    );
-    done(&capi, &request, &c).await;
+    another_change_goes_on(&capi, &c).await;
     assert!(!upgraded(&b), "the held Machine ran nothing");
     let table = status_text(server.health, &["--changes"]);
     assert!(

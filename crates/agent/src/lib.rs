@@ -25,6 +25,7 @@ mod shutdown;
 mod state;
 mod undo;
 mod upkeep;
+mod verify;
 
 pub mod artifact;
 pub use os::bootc_stand_in;
@@ -44,11 +45,17 @@ pub use config::reboot::{
     DEFAULT_BOOT_ID_FILE, DEFAULT_REBOOT_COMMAND, DEFAULT_REBOOT_REQUIRED_FILE, OsImageConfig,
     RebootConfig, RebootRequired, RequiredCheck,
 };
+pub use config::verify::{
+    DEFAULT_PODS_READY_TIMEOUT_SECONDS, DEFAULT_VERIFY_COMMAND_TIMEOUT_SECONDS,
+    DEFAULT_VERIFY_RETRIES, DEFAULT_VERIFY_RETRY_DELAY_SECONDS, MAX_PODS_READY_TIMEOUT_SECONDS,
+    MAX_VERIFY_COMMAND_TIMEOUT_SECONDS, MAX_VERIFY_COMMANDS, MAX_VERIFY_RETRIES,
+    MAX_VERIFY_RETRY_DELAY_SECONDS,
+};
 pub use config::{
     ArtifactsConfig, Check, CommandSequence, CommandSpec, ConfigError, ControlPlaneConfig,
     DriverConfig, EtcdConfig, InventoryConfig, KubeletConfig, KubernetesConfig, MAX_CONFIG_BYTES,
     MirrorConfig, NtpConfig, NtpFlavor, RecordCommand, RecordCondition, SequenceCommand,
-    SysextConfig, UndoSequence, missing_undos,
+    SysextConfig, UndoSequence, VerifyCommand, VerifyConfig, missing_undos,
 };
 pub use config::{
     DEFAULT_ETCD_CA_FILE, DEFAULT_ETCD_CERT_FILE, DEFAULT_ETCD_ENDPOINT, DEFAULT_ETCD_KEY_FILE,
@@ -85,6 +92,7 @@ pub use upkeep::self_upgrade::{
     AGENT_START_TRIAL_STARTS, EXIT_RESTART, OUTCOME_FILE, PREVIOUS_SUFFIX, TRIAL_FILE,
     UPGRADE_RETRY_DELAY, UPGRADE_TRIAL,
 };
+pub use verify::pods::MAX_VERIFY_PODS_RECORDED;
 
 /// How a running agent stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -95,6 +95,8 @@ pub struct PodFacts {
     pub uid: String,
     /// Kind of the owner reference marked `controller: true`, if any.
     pub controller_kind: Option<String>,
+    /// Name of that owner (a DaemonSet's pods share it, whatever their own names).
+    pub controller_name: Option<String>,
     /// `status.phase`.
     pub phase: Option<String>,
     /// Has the mirror-pod annotation.
@@ -105,28 +107,55 @@ pub struct PodFacts {
     pub empty_dir: bool,
     /// `metadata.deletionTimestamp` is set.
     pub deleting: bool,
+    /// Its `Ready` condition is `True`.
+    pub ready: bool,
+    /// What its `Ready` condition says when it is not `True`: `Ready False (ContainersNotReady: …)`, or
+    /// `no Ready condition` (empty when Ready).
+    pub ready_gap: String,
 }
 
 impl PodFacts {
     /// Reads the facts from an API pod (missing fields count as absent).
     pub fn from_pod(pod: &Pod) -> Self {
         let meta = &pod.metadata;
-        let controller_kind = meta
+        let controller = meta
             .owner_references
             .iter()
             .flatten()
-            .find(|o| o.controller == Some(true))
-            .map(|o| o.kind.clone());
+            .find(|o| o.controller == Some(true));
         let empty_dir = pod
             .spec
             .as_ref()
             .and_then(|s| s.volumes.as_ref())
             .is_some_and(|vs| vs.iter().any(|v| v.empty_dir.is_some()));
+        let ready_condition = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+        let ready = ready_condition.is_some_and(|c| c.status == "True");
+        let ready_gap = match ready_condition {
+            _ if ready => String::new(),
+            None => "no Ready condition".to_owned(),
+            Some(c) => {
+                let why: Vec<&str> = [c.reason.as_deref(), c.message.as_deref()]
+                    .into_iter()
+                    .flatten()
+                    .filter(|t| !t.is_empty())
+                    .collect();
+                if why.is_empty() {
+                    format!("Ready {}", c.status)
+                } else {
+                    format!("Ready {} ({})", c.status, why.join(": "))
+                }
+            }
+        };
         Self {
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),
             uid: meta.uid.clone().unwrap_or_default(),
-            controller_kind,
+            controller_kind: controller.map(|o| o.kind.clone()),
+            controller_name: controller.map(|o| o.name.clone()),
             phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
             mirror: meta
                 .annotations
@@ -139,6 +168,8 @@ impl PodFacts {
                 .is_some_and(|v| v == DRAIN_LABEL_SKIP),
             empty_dir,
             deleting: meta.deletion_timestamp.is_some(),
+            ready,
+            ready_gap,
         }
     }
 

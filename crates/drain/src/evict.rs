@@ -29,7 +29,10 @@ enum EvictionAnswer {
 }
 
 impl Drainer {
-    async fn list_pods(&self) -> Result<Vec<PodFacts>, DrainError> {
+    /// The pods bound to the node now (a list by `fieldSelector=spec.nodeName=<node>`, paged, at most
+    /// [`MAX_PODS_LISTED`]), as facts: what the drain decides from, and what the agent's node verification
+    /// records before the drain and looks at after the update.
+    pub async fn list_pods(&self) -> Result<Vec<PodFacts>, DrainError> {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let mut params = ListParams::default()
             .fields(&format!("spec.nodeName={}", self.node))

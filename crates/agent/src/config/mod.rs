@@ -16,6 +16,7 @@ pub(crate) mod reboot;
 pub(crate) mod runtime;
 pub(crate) mod service;
 pub(crate) mod sysext;
+pub(crate) mod verify;
 
 pub use crate::config::artifact::{ArtifactsConfig, MirrorConfig};
 pub use crate::config::control_plane::{
@@ -28,6 +29,7 @@ pub use crate::config::service::{
     EtcdConfig, InventoryConfig, KubeletConfig, NtpConfig, NtpFlavor,
 };
 pub use crate::config::sysext::SysextConfig;
+pub use crate::config::verify::{VerifyCommand, VerifyConfig};
 use crate::retry::RetryPolicy;
 pub use crate::sequence::command::{CommandSpec, RecordCondition, SequenceCommand};
 use crate::sequence::command::{check_argv, check_node_path};
@@ -100,6 +102,9 @@ pub struct DriverConfig {
     /// How `sysextSwitch` commands reach systemd-sysext (every key has a default).
     #[serde(default)]
     pub sysext: SysextConfig,
+    /// How the node proves itself after a plan's last step; without it the node is not verified.
+    #[serde(default)]
+    pub verify: Option<VerifyConfig>,
 }
 
 impl Default for DriverConfig {
@@ -120,6 +125,7 @@ impl Default for DriverConfig {
             artifacts: ArtifactsConfig::default(),
             runtime: None,
             sysext: SysextConfig::default(),
+            verify: None,
         }
     }
 }
@@ -330,6 +336,9 @@ impl DriverConfig {
             runtime.validate().map_err(invalid)?;
         }
         self.sysext.validate().map_err(invalid)?;
+        if let Some(verify) = &self.verify {
+            verify.validate(self.node.is_some()).map_err(invalid)?;
+        }
         Ok(())
     }
 

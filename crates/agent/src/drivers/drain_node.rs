@@ -1,4 +1,5 @@
 //! The `drainNode` driver: records that this plan cordons the node, cordons it (unless it already is),
+//! records the pods Running and Ready for the node verification after the plan's last step (`crate::verify`),
 //! then evicts its pods through the Eviction API within the step's timeout (see [`super::node`] for the
 //! cordon journal's rules).
 
@@ -88,6 +89,14 @@ async fn drain(
         tracing::info!(node = %node, plan = %ctx.plan_id, "node cordoned");
         "cordoned by this plan"
     };
+    // What the node verification after the plan's last step waits for, recorded before the first eviction.
+    let plan = ctx.plan_id.clone();
+    drive(
+        ctx,
+        rx.clone(),
+        crate::verify::note_pods_before_drain(env, plan, &drainer),
+    )
+    .await??;
     let deadline = ctx.deadline;
     let mut report = move |text: String| {
         let _ = tx.send(text);

@@ -19,6 +19,9 @@
 //! wait for room (`attempt/state_full.rs`), and a driver that stopped on a full state dir runs again, resumed, once there
 //! is room — the attempt not counted.
 //!
+//! The plan's last step includes the node verification (`crate::verify`, when the agent config has `verify:`):
+//! it succeeds only once the node passed it, so an interruption during it resumes the step and verifies again.
+//!
 //! Beginning the attempt, driving it and putting its end on disk is the step-attempt protocol
 //! (`attempt/protocol.rs`), which the rollback's undos follow too; this module says what a step's record and
 //! report are. The executor knows the agent only through [`StepHost`] (`attempt/host.rs`; the pull loop implements it): it depends on the
@@ -45,6 +48,7 @@ use crate::shutdown::Shutdown;
 use crate::state::{
     LocalStepStatus, SequenceProgress, StateError, StateStore, report_for, truncate_head,
 };
+use crate::verify::Verification;
 
 /// Runs step `index` of the current plan. `Break` means shutdown was requested.
 pub(crate) async fn run_step<H: StepHost + Send>(
@@ -201,7 +205,15 @@ pub(crate) async fn run_step<H: StepHost + Send>(
         cancel: cancel_rx,
         drained,
     };
-    let task = tokio::spawn(execute(env, ctx));
+    // The plan's last step ends only once the node passed its verification (`crate::verify`).
+    let verification = Verification::after(&env, &ctx, index + 1 == plan.steps.len());
+    let task = tokio::spawn(async move {
+        let ended = execute(env, ctx).await;
+        match verification {
+            Some(verification) => verification.run(ended).await,
+            None => ended,
+        }
+    });
     protocol::cross(host, shutdown, &attempt, task, cancel_tx, progress_rx).await
 }
 

@@ -29,7 +29,8 @@ fn boot(sb: &Sandbox, boot_id: &str, fall_back: bool) {
     reboot_node(sb, boot_id);
 }
 
-/// The shipped example without its `node:` section (no API server here: the Node Ready wait is skipped).
+/// The shipped example without its `node:` and `verify:` sections (no API server here: the Node Ready wait is
+/// skipped, and the node verification, which reads the node's pods through it, is the executor's, not a driver's).
 fn example_env(sb: &Sandbox) -> std::sync::Arc<crate::drivers::DriverEnv> {
     let example = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("config-examples/bootc.yaml"),
@@ -37,7 +38,7 @@ fn example_env(sb: &Sandbox) -> std::sync::Arc<crate::drivers::DriverEnv> {
     .unwrap();
     let example: Vec<&str> = example
         .split("\n\n")
-        .filter(|block| !block.contains("\nnode:\n"))
+        .filter(|block| !block.contains("\nnode:\n") && !block.contains("\nverify:\n"))
         .collect();
     sb.env(&example.join("\n\n"))
 }

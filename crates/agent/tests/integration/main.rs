@@ -8,6 +8,7 @@ mod fetch_interrupted;
 mod fetch_retries;
 mod holds;
 mod node_steps;
+mod node_verify;
 mod pull_loop;
 mod registry;
 mod registry_outage;

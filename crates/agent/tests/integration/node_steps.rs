@@ -63,14 +63,16 @@ fn node_plan(id: &str, drain_timeout: u32) -> Plan {
     )
 }
 
-fn ended(server: &TestServer, step: u32) -> Option<StepReport> {
+/// The first report of `step` that is not `running` (its end).
+pub(crate) fn ended(server: &TestServer, step: u32) -> Option<StepReport> {
     server
         .reports_for(step)
         .into_iter()
         .find(|r| r.status != StepStatus::Running)
 }
 
-fn messages(server: &TestServer, step: u32) -> Vec<String> {
+/// Every message `step` reported, in order.
+pub(crate) fn messages(server: &TestServer, step: u32) -> Vec<String> {
     server
         .reports_for(step)
         .iter()

@@ -121,6 +121,17 @@ impl FakeApiServer {
         model.pods.iter().map(|p| p.pod.key()).collect()
     }
 
+    /// Sets whether the pod `namespace/name` is Ready (its containers pass their readiness probes); false when
+    /// there is no such pod.
+    pub fn set_pod_ready(&self, namespace: &str, name: &str, ready: bool) -> bool {
+        lock(&self.model).set_pod_ready(namespace, name, ready)
+    }
+
+    /// Deletes the pod `namespace/name` at once, as its controller or the kubelet would; false when there is none.
+    pub fn remove_pod(&self, namespace: &str, name: &str) -> bool {
+        lock(&self.model).remove_pod(namespace, name)
+    }
+
     /// Adds a PodDisruptionBudget.
     pub fn add_pdb(&self, pdb: FakePdb) {
         lock(&self.model).pdbs.push((pdb, false));

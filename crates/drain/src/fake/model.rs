@@ -63,6 +63,8 @@ pub struct FakePod {
     pub name: String,
     /// Kind of its controller owner (`None`: unmanaged).
     pub owner_kind: Option<String>,
+    /// Name of that owner (`owner` unless set: the pods of one DaemonSet share it).
+    pub owner_name: Option<String>,
     /// Has an `emptyDir` volume.
     pub empty_dir: bool,
     /// Labels.
@@ -73,6 +75,9 @@ pub struct FakePod {
     pub phase: String,
     /// Deleted by someone else just before its eviction arrives: listed, then the eviction gets 404.
     pub vanishes: bool,
+    /// Its containers are ready: the `Ready` and `ContainersReady` conditions are `True` (else `False`, reason
+    /// `ContainersNotReady`, as the kubelet reports a container that fails its readiness probe).
+    pub ready: bool,
 }
 
 impl FakePod {
@@ -82,12 +87,27 @@ impl FakePod {
             namespace: namespace.into(),
             name: name.into(),
             owner_kind: Some("ReplicaSet".into()),
+            owner_name: None,
             empty_dir: false,
             labels: BTreeMap::new(),
             annotations: BTreeMap::new(),
             phase: "Running".into(),
             vanishes: false,
+            ready: true,
         }
+    }
+
+    /// Owned by the controller `kind` named `name` (the pods of one DaemonSet share it).
+    pub fn owned_by(mut self, kind: &str, name: &str) -> Self {
+        self.owner_kind = Some(kind.to_owned());
+        self.owner_name = Some(name.to_owned());
+        self
+    }
+
+    /// With its containers not ready (the `Ready` condition `False`).
+    pub fn not_ready(mut self) -> Self {
+        self.ready = false;
+        self
     }
 
     /// With this controller kind (`None`: unmanaged).
@@ -214,6 +234,23 @@ impl Model {
         });
     }
 
+    /// Sets the readiness of the pod `namespace/name`; false when there is none.
+    pub fn set_pod_ready(&mut self, namespace: &str, name: &str, ready: bool) -> bool {
+        let pod = self
+            .pods
+            .iter_mut()
+            .find(|p| p.pod.namespace == namespace && p.pod.name == name);
+        pod.map(|p| p.pod.ready = ready).is_some()
+    }
+
+    /// Deletes the pod `namespace/name` at once (its controller or the kubelet removed it); false when there is none.
+    pub fn remove_pod(&mut self, namespace: &str, name: &str) -> bool {
+        let before = self.pods.len();
+        self.pods
+            .retain(|p| !(p.pod.namespace == namespace && p.pod.name == name));
+        self.pods.len() != before
+    }
+
     /// The agent's own Node.
     pub fn node_json(&self) -> Value {
         node_json(&self.node)
@@ -258,8 +295,9 @@ impl Model {
             "labels": pod.labels, "annotations": pod.annotations,
         });
         if let Some(kind) = &pod.owner_kind {
+            let name = pod.owner_name.as_deref().unwrap_or("owner");
             meta["ownerReferences"] = json!([{
-                "apiVersion": "apps/v1", "kind": kind, "name": "owner", "uid": "owner-uid", "controller": true
+                "apiVersion": "apps/v1", "kind": kind, "name": name, "uid": format!("uid-{name}"), "controller": true
             }]);
         }
         if stored.gone_at.is_some() {
@@ -270,10 +308,37 @@ impl Model {
         } else {
             json!([])
         };
+        let mut status = json!({"phase": pod.phase});
+        // The kubelet reports conditions for a pod it started; a pending one has only PodScheduled.
+        if pod.phase != "Pending" {
+            let (ready, reason, message) = if pod.ready {
+                ("True", None, None)
+            } else {
+                (
+                    "False",
+                    Some("ContainersNotReady"),
+                    Some("containers with unready status: [c]"),
+                )
+            };
+            let condition = |kind: &str| {
+                let mut c = json!({"type": kind, "status": ready, "lastTransitionTime": "2026-01-01T00:00:00Z"});
+                if let (Some(reason), Some(message)) = (reason, message) {
+                    c["reason"] = json!(reason);
+                    c["message"] = json!(message);
+                }
+                c
+            };
+            status["conditions"] = json!([
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": "Initialized", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                condition("ContainersReady"),
+                condition("Ready"),
+            ]);
+        }
         json!({
             "apiVersion": "v1", "kind": "Pod", "metadata": meta,
             "spec": {"nodeName": self.node.name, "containers": [{"name": "c", "image": "fake"}], "volumes": volumes},
-            "status": {"phase": pod.phase}
+            "status": status
         })
     }
 
