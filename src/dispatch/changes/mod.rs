@@ -242,9 +242,11 @@ pub fn run_end(current: Option<&str>, member: &Member, view: Option<&RunView>) -
     let Some(view) = view else {
         return RunEnd::Gone;
     };
+    // The agent's own words say why (a node verification that failed names the check); the record keeps
+    // FAILURE_REASON_BYTES of it.
     let failed = |index: usize, rolling: bool| RunEnd::Failed {
         reason: format!(
-            "step {}/{} {} failed{}",
+            "step {}/{} {} failed{}{}",
             index + 1,
             view.plan.steps.len(),
             view.plan
@@ -252,7 +254,13 @@ pub fn run_end(current: Option<&str>, member: &Member, view: Option<&RunView>) -
                 .get(index)
                 .map(|s| s.description.as_str())
                 .unwrap_or_default(),
-            if rolling { ", rolling back" } else { "" }
+            if rolling { ", rolling back" } else { "" },
+            view.steps
+                .get(index)
+                .and_then(|s| s.message.as_deref())
+                .filter(|m| !m.is_empty())
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default()
         ),
     };
     match view.outcome() {

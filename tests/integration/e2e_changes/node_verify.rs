@@ -119,15 +119,15 @@ async fn a_canary_failing_its_node_verification_rolls_back_and_brakes_its_change
     );
 
     // Every other Machine asking for the change is held by the brake, told which failure set it: the canary's
-    // last step (the change record names a failure by its Machine and step, as for any failed step).
+    // last step and the agent's words, which name the verification that failed.
     let other = update_of(&capi, "edge-02-md-0-b", "edge-02").await;
     let held = capi.update_machine(&other).await;
     let said = message(&held);
     assert!(
         said.starts_with(
             "change v1.34.1 is halted by the failure brake after 1 failed Machine(s) (bound 1): \
-             default/edge-01-md-0-a: step 6/6 uncordon the node failed;"
-        ),
+             default/edge-01-md-0-a: step 6/6 uncordon the node failed"
+        ) && said.contains("node verification failed: verify.commands[0]"),
         "{said}"
     );
     // A second, different change is not held by the first's brake.
