@@ -31,11 +31,14 @@ pub enum Swept {
     /// Update budget slots that are free (their hold expired: the run that held one made no report for longer
     /// than its steps' timeouts and a margin).
     UpdateSlots,
+    /// Presence of replicas dead for `PRESENCE_SWEEP_AFTER` (their heartbeat and membership), once their
+    /// agents' last contact is in the agents' own records.
+    Presence,
 }
 
 impl Swept {
     /// Every kind, in the order the sweep takes them.
-    pub const ALL: [Swept; 7] = [
+    pub const ALL: [Swept; 8] = [
         Swept::Runs,
         Swept::AgentRefusals,
         Swept::Verdicts,
@@ -43,6 +46,7 @@ impl Swept {
         Swept::AgentUpgrades,
         Swept::UpgradeSlots,
         Swept::UpdateSlots,
+        Swept::Presence,
     ];
 
     /// Its name in the record and in `status`.
@@ -55,6 +59,7 @@ impl Swept {
             Swept::AgentUpgrades => "agent upgrades",
             Swept::UpgradeSlots => "upgrade slots",
             Swept::UpdateSlots => "update slots",
+            Swept::Presence => "dead replicas' presence",
         }
     }
 
@@ -64,6 +69,7 @@ impl Swept {
         match self {
             Swept::Verdicts => hours(config.verdict_retention),
             Swept::UpgradeSlots | Swept::UpdateSlots => "0h".into(),
+            Swept::Presence => format!("{}m", super::config::PRESENCE_SWEEP_AFTER.as_secs() / 60),
             _ => hours(config.retention),
         }
     }
@@ -140,9 +146,10 @@ mod tests {
         assert_eq!(
             record.status_line(1_000 + 12 * 60_000),
             "retention: last sweep 12 min ago deleted 0 finished runs, 1 agent refusals, 2 verdicts and \
-             refusals, 3 agent tokens, 4 agent upgrades, 5 upgrade slots, 6 update slots; kept after they stop \
-             mattering: finished runs 168h, agent refusals 168h, verdicts and refusals 72h, agent tokens 168h, \
-             agent upgrades 168h, upgrade slots 0h, update slots 0h; agent tokens not swept: store: unavailable"
+             refusals, 3 agent tokens, 4 agent upgrades, 5 upgrade slots, 6 update slots, 7 dead replicas' \
+             presence; kept after they stop mattering: finished runs 168h, agent refusals 168h, verdicts and \
+             refusals 72h, agent tokens 168h, agent upgrades 168h, upgrade slots 0h, update slots 0h, dead \
+             replicas' presence 10m; agent tokens not swept: store: unavailable"
         );
     }
 }
