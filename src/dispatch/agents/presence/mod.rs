@@ -86,12 +86,12 @@ impl Presence {
         self.view.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// `machine`'s last contact as every replica's presence says (as last read; Unix ms).
+    /// `machine`'s last contact as every other replica's presence says (as last read; Unix ms).
     pub fn last(&self, machine: &MachineRef) -> Option<u64> {
         self.view().contacts.get(machine).copied()
     }
 
-    /// Every agent's last contact as every replica's presence says (as last read; Unix ms).
+    /// Every agent's last contact as every other replica's presence says (as last read; Unix ms).
     pub fn contacts(&self) -> Arc<HashMap<MachineRef, u64>> {
         self.view().contacts.clone()
     }
@@ -213,7 +213,13 @@ impl Presence {
             }
             known.heartbeat = Some(heartbeat);
         }
-        view.contacts = Arc::new(last_contacts(view.replicas.values()));
+        // This replica's own agents are known to the millisecond from its memory, not as of its heartbeat.
+        let others = view
+            .replicas
+            .iter()
+            .filter(|(replica, _)| **replica != self.replica)
+            .map(|(_, presence)| presence);
+        view.contacts = Arc::new(last_contacts(others));
         Ok(())
     }
 
