@@ -143,7 +143,7 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
     let gates = Arc::new(gates);
     dispatcher
         .changes
-        .set_gates(Arc::new(crate::hooks::gates::FileGates(gates.clone())));
+        .set_gates(Arc::new(crate::hooks::gates::FileGates::new(gates.clone())));
     let services = Services {
         engine: Arc::new(Engine {
             policy,
@@ -295,7 +295,9 @@ pub fn diff(args: &crate::cmd::cli::DiffArgs) -> i32 {
 }
 
 /// `demo`: runs the demo rollout and prints its summary; fails unless every Machine was updated (with
-/// `--fail-machine N`: unless the Machines before N were updated, N was rolled back and none after it started).
+/// `--fail-machine N`: unless the Machines before N were updated, N was rolled back and none after it started;
+/// with `--canary` also: N was rolled back and the brake held every other Machine, and never more Machines
+/// updated at once than the budget).
 pub async fn demo(args: &crate::cmd::cli::DemoArgs) -> anyhow::Result<()> {
     let temp;
     let dir = match &args.dir {
@@ -320,13 +322,36 @@ pub async fn demo(args: &crate::cmd::cli::DemoArgs) -> anyhow::Result<()> {
         Some(image) => crate::cmd::demo::scenario::Scenario::OsImage(image.clone()),
         None => crate::cmd::demo::scenario::Scenario::Upgrade,
     };
-    let results =
-        crate::cmd::demo::run::run(usize::from(args.machines), &dir, fail, &scenario).await?;
-    print!("{}", crate::cmd::demo::run::summary(&results));
-    let expected = |i: usize| match fail {
-        Some(n) if i + 1 == n => crate::cmd::demo::run::ROLLED_BACK,
-        Some(n) if i + 1 > n => crate::cmd::demo::run::NOT_STARTED,
-        _ => "done",
+    use crate::cmd::demo::{canary, run};
+    let (results, expected): (_, Box<dyn Fn(usize) -> &'static str>) = if args.canary {
+        let paced = canary::run(usize::from(args.machines), &dir, fail, &scenario).await?;
+        print!("{}", run::summary(&paced.results));
+        println!(
+            "at most {} Machines updated at once (--max-concurrent-updates {})",
+            paced.most_at_once,
+            canary::DEMO_BUDGET
+        );
+        print!("\n$ inplace-updater status --changes\n{}", paced.changes);
+        anyhow::ensure!(
+            paced.most_at_once <= canary::DEMO_BUDGET as usize,
+            "more Machines updated at once than the budget"
+        );
+        // The failing canary rolls back and the brake holds every other Machine.
+        let expected = move |i: usize| match fail {
+            Some(n) if i + 1 == n => run::ROLLED_BACK,
+            Some(_) => canary::HELD,
+            None => "done",
+        };
+        (paced.results, Box::new(expected))
+    } else {
+        let results = run::run(usize::from(args.machines), &dir, fail, &scenario).await?;
+        print!("{}", run::summary(&results));
+        let expected = move |i: usize| match fail {
+            Some(n) if i + 1 == n => run::ROLLED_BACK,
+            Some(n) if i + 1 > n => run::NOT_STARTED,
+            _ => "done",
+        };
+        (results, Box::new(expected))
     };
     anyhow::ensure!(
         results

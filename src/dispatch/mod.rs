@@ -170,6 +170,7 @@ impl Dispatcher {
                 Swept::AgentUpgrades => self.upkeep.rollout.sweep_upgrades().await,
                 Swept::UpgradeSlots => self.upkeep.rollout.sweep_upgrade_slots().await,
                 Swept::UpdateSlots => self.budget.sweep().await,
+                Swept::Changes => self.changes.sweep().await,
                 Swept::Presence => self.agents.presence.sweep().await,
             };
             let name = kind.as_str().to_string();

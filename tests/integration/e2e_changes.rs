@@ -4,7 +4,7 @@
 //! a canary that fails (its kubelet does not come back, the agent rolls it back) halts its change for every
 //! Machine that has not started it, naming the failure and the release command, while another change goes on;
 //! `inplace-updater change release` lets the held Machine go on; and the halt is in the store, so the server
-//! restarted keeps it. `inplace-updater status --changes` shows it all.
+//! restarted keeps it, as it keeps a soak. `inplace-updater status --changes` shows it all.
 #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
 use std::path::PathBuf;
@@ -21,7 +21,7 @@ use crate::common::fleet::{AgentProcess, Capi, Setup, can_update_before, update_
 use crate::common::{ServerProcess, binary, status_text};
 
 const SETTLE: Duration = Duration::from_secs(90);
-const SOAK_SECONDS: u64 = 3;
+const SOAK_SECONDS: u64 = 5;
 
 /// The setup with a second cluster's token (`default/edge-02`) beside edge-01's; returns its token file.
 fn second_cluster(setup: &Setup) -> PathBuf {
@@ -152,15 +152,30 @@ async fn the_canary_goes_alone_and_the_next_machine_waits_for_its_soak() {
         "the second Machine ran nothing while the canary ran"
     );
 
-    // After the canary: the soak, then the second Machine runs.
-    let messages = done(&capi, &other, &b).await;
+    // After the canary: the soak. The server killed while the change soaks and started again keeps it: the
+    // second Machine is told the same end, and runs only after it.
+    let soaking = capi.update_machine(&other).await;
+    let soak_message = message(&soaking).to_owned();
     assert!(
-        messages
-            .iter()
-            .any(|m| m.contains("to soak until")
-                && m.contains("after default/edge-01-md-0-a finished")),
-        "{messages:?}"
+        soak_message.contains("to soak until")
+            && soak_message.contains("after default/edge-01-md-0-a finished"),
+        "{soaking:?}"
     );
+    let mut server = server;
+    server.kill9();
+    let listen = server.hooks.to_string();
+    let args = setup.server_args(&store);
+    let server = ServerProcess::start_at(
+        &setup.certs.paths,
+        &listen,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        None,
+    );
+    let again = capi.update_machine(&other).await;
+    if canary_done.elapsed() < Duration::from_secs(SOAK_SECONDS - 1) {
+        assert_eq!(message(&again), soak_message, "the soak survives a restart");
+    }
+    done(&capi, &other, &b).await;
     assert!(
         canary_done.elapsed() >= Duration::from_secs(SOAK_SECONDS - 1),
         "the second Machine finished {:?} after the canary, within the soak",
@@ -272,10 +287,7 @@ async fn a_failed_canary_halts_its_change_across_a_restart_until_an_operator_rel
         format!("change {id} (v1.34.1): proving\n")
     );
     let listen = server.hooks.to_string();
-    let mut args = setup.server_args(&store);
-    args.push("--agent-tokens".into());
-    args.push(setup.tokens.display().to_string());
-    args.truncate(setup.server_args(&store).len());
+    let args = setup.server_args(&store);
     server = ServerProcess::start_at(
         &setup.certs.paths,
         &listen,
@@ -410,5 +422,57 @@ async fn a_firing_alert_holds_the_change_and_its_end_lets_the_canary_start() {
     assert!(
         rows.contains("last held by a gate: gate critical (alertmanager"),
         "{rows}"
+    );
+}
+
+/// An unreachable Prometheus holds the change (an unreachable gate fails, said so), and so does a gate the
+/// gates file does not define; neither records a run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_prometheus_and_an_undefined_gate_hold_the_change_and_say_why() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let setup = Setup::new();
+    let gates = setup.dir.path().join("gates.yaml");
+    std::fs::write(
+        &gates,
+        format!(
+            "gates:\n  - name: storage\n    prometheus:\n      url: {url}\n      query: 'site_storage_degraded{{node=\"{{{{node}}}}\"}} > 0'\n      timeoutSeconds: 2\n"
+        ),
+    )
+    .unwrap();
+    let gates_arg = gates.display().to_string();
+    let (server, capi) = setup.serve("memory:", &["--gates-file", &gates_arg]);
+
+    let mut request = paced("edge-01-md-0-a", "edge-01");
+    request["settings"] = json!({"canary": "1", "healthGates": "storage"});
+    judged(&capi, &request).await;
+    let held = capi.update_machine(&request).await;
+    let said = message(&held);
+    assert!(
+        said.starts_with(&format!(
+            "change v1.34.1 is held by its health gates: gate storage (prometheus {url}): unreachable: "
+        )),
+        "{said}"
+    );
+    assert!(
+        matches!(held, UpdateOutcome::InProgress { retry_after_seconds, .. } if retry_after_seconds > 0),
+        "{held:?}"
+    );
+
+    let mut request = paced("edge-01-md-0-b", "edge-01");
+    request["settings"] = json!({"canary": "1", "healthGates": "capacity"});
+    judged(&capi, &request).await;
+    let held = capi.update_machine(&request).await;
+    assert_eq!(
+        message(&held),
+        "change v1.34.1 is held by its health gates: gate capacity: not defined in the server's gates file \
+         (--gates-file)"
+    );
+    let rows = status_text(server.health, &["--changes"]);
+    assert!(rows.contains("v1.34.1"), "{rows}");
+    assert!(
+        !rows.contains("default/edge-01-md-0-a"),
+        "no canary started: {rows}"
     );
 }

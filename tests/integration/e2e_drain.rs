@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use capi_sim::{CapiDecision, UpdateOutcome};
 use inplace_drain::fake::{FakeApiServer, PdbBlock};
-use inplace_updater::cmd::demo::run::add_workloads;
+use inplace_updater::cmd::demo::setup::add_workloads;
 use serde_json::Value;
 
 use crate::common;

@@ -83,6 +83,12 @@ pub struct DemoArgs {
     /// started again on a new boot id), verified on the new image and uncordoned.
     #[arg(long, value_name = "IMAGE")]
     pub os_image: Option<String>,
+    /// Roll the change across the fleet as a paced change instead: every Machine (all workers) asks at once;
+    /// the registration sets canary: 1 and a short soak, the server --max-concurrent-updates 2. The canary goes
+    /// alone, the others wait for it to soak, then at most two update at once. With --fail-machine N, Machine N
+    /// is the canary: it fails and rolls back, and the failure brake holds every other Machine.
+    #[arg(long)]
+    pub canary: bool,
 }
 
 /// `inplace-updater diff`.

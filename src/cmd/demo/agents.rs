@@ -6,11 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use super::Sandbox;
-use super::run::DemoError;
-
-fn setup<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> DemoError + '_ {
-    move |err| DemoError::Setup(format!("{what}: {err}"))
-}
+use super::setup::DemoError;
+use super::setup::setup;
 
 /// What an agent of the demo needs to start: this binary, the server, its CA and the token.
 pub(super) struct AgentLaunch {

@@ -20,16 +20,25 @@ pub enum Scenario {
 }
 
 impl Scenario {
+    /// What changes, in a few words.
+    pub fn what(&self) -> String {
+        match self {
+            Scenario::Upgrade => "upgrade v1.33.4 → v1.34.1".into(),
+            Scenario::OsImage(image) => format!("OS image {SANDBOX_OS_IMAGE} → {image}"),
+        }
+    }
+
     /// The line printed before the rollout.
     pub fn headline(&self) -> String {
         match self {
-            Scenario::Upgrade => {
-                "CAPI: upgrade v1.33.4 → v1.34.1 in place (control plane one by one, then workers)"
-                    .into()
-            }
-            Scenario::OsImage(image) => format!(
-                "CAPI: OS image {SANDBOX_OS_IMAGE} → {image} in place (DevMachine spec.backend.docker.customImage; \
-                 setting enableActions: os-image): drain, switch, reboot, verify, uncordon"
+            Scenario::Upgrade => format!(
+                "CAPI: {} in place (control plane one by one, then workers)",
+                self.what()
+            ),
+            Scenario::OsImage(_) => format!(
+                "CAPI: {} in place (DevMachine spec.backend.docker.customImage; setting enableActions: \
+                 os-image): drain, switch, reboot, verify, uncordon",
+                self.what()
             ),
         }
     }

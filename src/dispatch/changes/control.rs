@@ -150,4 +150,26 @@ impl Changes {
         }
         Ok(rows.into_iter().map(|(_, row)| row).collect())
     }
+
+    /// Deletes the changes nobody runs and nothing happened to for longer than the retention period, unless
+    /// halted (how the running Machines' runs ended is folded in first, as the listing does). Returns how many.
+    pub async fn sweep(&self) -> Result<usize, DispatchError> {
+        let now = self.floor.now_ms();
+        let horizon = now.saturating_sub(self.floor.config.retention.as_millis() as u64);
+        let mut deleted = 0;
+        for entry in self.floor.db.store().list(CHANGES_PREFIX).await? {
+            let Ok(record) =
+                crate::dispatch::floor::db::decode::<ChangeRecord>(&entry.key, &entry.value)
+            else {
+                continue;
+            };
+            let ends = self.ends(&record.running).await?;
+            if fold(record, &ends, now).sweepable(horizon)
+                && self.floor.db.delete_as_listed(&entry).await?
+            {
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
 }

@@ -91,6 +91,10 @@ pub struct Admission {
     pub record: ChangeRecord,
     /// Whether the record differs from the one loaded.
     pub changed: bool,
+    /// Whether the health gates' outcomes decide this Machine's verdict: it would start, or it waits for the
+    /// soak (a gate failing during the soak restarts it). Not when it is in the change already, the change is
+    /// halted, or it waits for the canaries or a free place: the gates are asked only when they matter.
+    pub gated: bool,
 }
 
 /// Folds how the running Machines' runs ended into `record`, engaging the brake when the failures reach the
@@ -182,13 +186,16 @@ pub fn admit(loaded: Option<&ChangeRecord>, ends: &[(Member, RunEnd)], asked: &A
         retry_after_seconds: retry_after_seconds.max(1),
     };
 
+    let mut gated = true;
     let verdict = if record.has_member(asked.machine) {
+        gated = false;
         // Already in the change (a retry of its failed run, a run replaced by the same change): it goes on;
         // neither the brake nor the pace holds a Machine that started.
         record.running.retain(|m| &m.machine != asked.machine);
         record.running.push(member);
         Verdict::Go { canary: false }
     } else if let Some(halt) = &record.halted {
+        gated = false;
         wait(halted_message(&record, halt), asked.retry_after_seconds)
     } else if let Some(failed) = failing_gates(asked.gates) {
         record.gate_failed = Some((now, failed.clone()));
@@ -218,6 +225,7 @@ pub fn admit(loaded: Option<&ChangeRecord>, ends: &[(Member, RunEnd)], asked: &A
         record.running.push(member);
         Verdict::Go { canary: true }
     } else if record.in_canary() {
+        gated = false;
         wait(
             format!(
                 "waiting for change {label} to prove itself on its canaries: {}",
@@ -226,6 +234,7 @@ pub fn admit(loaded: Option<&ChangeRecord>, ends: &[(Member, RunEnd)], asked: &A
             asked.retry_after_seconds,
         )
     } else if record.running.len() >= MAX_RUNNING {
+        gated = false;
         wait(
             format!("waiting for change {label}: {MAX_RUNNING} of its Machines are running it"),
             asked.retry_after_seconds,
@@ -239,6 +248,7 @@ pub fn admit(loaded: Option<&ChangeRecord>, ends: &[(Member, RunEnd)], asked: &A
         verdict,
         record,
         changed,
+        gated,
     }
 }
 

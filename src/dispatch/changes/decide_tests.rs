@@ -6,7 +6,7 @@ use inplace_core::pacing::Pacing;
 use super::control::{ChangeRow, Control, apply};
 use super::decide::{Admission, Asked, GateOutcome, RunEnd, Verdict, admit};
 use super::identity::ChangeId;
-use super::record::{ChangeRecord, Member};
+use super::record::{ChangeRecord, Halt, Member};
 
 const MIN: u64 = 60_000;
 
@@ -280,4 +280,27 @@ fn a_canary_whose_run_is_gone_leaves_its_place() {
     assert_eq!(b.verdict, Verdict::Go { canary: true });
     assert_eq!(b.record.canaries.len(), 1);
     assert_eq!(b.record.canaries[0].member.machine, m("b"));
+}
+
+#[test]
+fn the_gates_are_asked_only_when_their_outcome_decides() {
+    let p = pacing(&[("soak", "10m"), ("healthGates", "storage")]);
+    // A first Machine would start: the gates decide.
+    let first = ask(None, &[], "a", &p, &[], 0);
+    assert!(first.gated);
+    let rec = first.record;
+    // Waiting for the canary: the gates cannot change that.
+    let waiting = ask(Some(&rec), &[], "b", &p, &[], MIN);
+    assert!(!waiting.gated, "{waiting:?}");
+    // The canary itself, asking again: it is in the change already.
+    assert!(!ask(Some(&rec), &[], "a", &p, &[], MIN).gated);
+    // Soaking after the canary finished: a failing gate restarts the soak, so they are asked.
+    let done = [(member(&rec, "a"), RunEnd::Done { ms: 2 * MIN })];
+    let soaking = ask(Some(&rec), &done, "b", &p, &[], 3 * MIN);
+    assert!(waits(&soaking).contains("to soak until"), "{soaking:?}");
+    assert!(soaking.gated);
+    // A halted change holds whatever the gates say.
+    let mut halted = soaking.record.clone();
+    halted.halted = Some(Halt::Operator { ms: 3 * MIN });
+    assert!(!ask(Some(&halted), &[], "b", &p, &[], 4 * MIN).gated);
 }

@@ -75,6 +75,10 @@ pub enum Paced {
 /// release from the CLI is seen within this).
 pub const CHANGE_GAUGES_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// How many running members' runs [`Changes::ends`] reads at once (two reads each): a change with hundreds of
+/// Machines running is judged in a few store round trips' time, not hundreds.
+pub const ENDS_READ_IN_FLIGHT: usize = 16;
+
 /// The changes wing.
 pub struct Changes {
     floor: Floor,
@@ -138,30 +142,24 @@ impl Changes {
             Some(record) => self.ends(&record.running).await?,
             None => Vec::new(),
         };
-        let asks_gates = !pacing.health_gates.is_empty()
-            && record
-                .as_ref()
-                .is_none_or(|r| r.halted.is_none() && !r.has_member(machine));
-        let gates = if asks_gates {
-            self.check_gates(&pacing.health_gates, vars).await
-        } else {
-            Vec::new()
-        };
         let now_ms = self.floor.now_ms();
-        let admission = decide::admit(
-            record.as_ref(),
-            &ends,
-            &Asked {
-                machine,
-                run_id,
-                change,
-                pacing,
-                gates: &gates,
-                now_ms,
-                retry_after_seconds: self.floor.config.retry_after_seconds,
-                skip_soak,
-            },
-        );
+        let asked = |gates| Asked {
+            machine,
+            run_id,
+            change,
+            pacing,
+            gates,
+            now_ms,
+            retry_after_seconds: self.floor.config.retry_after_seconds,
+            skip_soak,
+        };
+        // Judged first without the gates; asked only when their outcome decides (a Machine that would start,
+        // or waits for the soak), then judged again with them.
+        let mut admission = decide::admit(record.as_ref(), &ends, &asked(&[]));
+        if admission.gated && !pacing.health_gates.is_empty() {
+            let gates = self.check_gates(&pacing.health_gates, vars).await;
+            admission = decide::admit(record.as_ref(), &ends, &asked(&gates));
+        }
         let put = Put::of(key, &admission.record, precondition)?;
         match admission.verdict {
             Verdict::Go { canary } => {
@@ -207,30 +205,35 @@ impl Changes {
         }
     }
 
-    /// How each running member's run stands: its Machine's current run and that run as stored.
+    /// How each running member's run stands: its Machine's current run and that run as stored, read
+    /// [`ENDS_READ_IN_FLIGHT`] members at a time.
     pub(crate) async fn ends(
         &self,
         running: &[Member],
     ) -> Result<Vec<(Member, RunEnd)>, DispatchError> {
-        let mut ends = Vec::with_capacity(running.len());
-        for member in running {
-            let current = self
-                .floor
-                .db
-                .value::<MachineRecord>(&machine_key(&member.machine))
-                .await?
-                .map(|r| r.run_id);
-            let view = self
-                .floor
-                .db
-                .value::<RunView>(&update_key(&member.machine, &member.run_id))
-                .await?;
-            ends.push((
-                member.clone(),
-                run_end(current.as_deref(), member, view.as_ref()),
-            ));
-        }
-        Ok(ends)
+        use futures_util::StreamExt as _;
+        let this = self;
+        futures_util::stream::iter(running.to_vec())
+            .map(move |member| async move {
+                let current = this
+                    .floor
+                    .db
+                    .value::<MachineRecord>(&machine_key(&member.machine))
+                    .await?
+                    .map(|r| r.run_id);
+                let view = this
+                    .floor
+                    .db
+                    .value::<RunView>(&update_key(&member.machine, &member.run_id))
+                    .await?;
+                let end = run_end(current.as_deref(), &member, view.as_ref());
+                Ok((member, end))
+            })
+            .buffered(ENDS_READ_IN_FLIGHT)
+            .collect::<Vec<Result<_, DispatchError>>>()
+            .await
+            .into_iter()
+            .collect()
     }
 }
 

@@ -153,6 +153,33 @@ impl ChangeRecord {
                 .is_some_and(|e| &e.machine == machine)
     }
 
+    /// The last time anything happened to it (Unix ms): first asked, a finish, a failure, a failing gate, a
+    /// halt.
+    pub fn last_activity_ms(&self) -> u64 {
+        let halted = self.halted.as_ref().map(|h| match h {
+            Halt::Brake { ms, .. } | Halt::Operator { ms } => *ms,
+        });
+        [
+            Some(self.first_ms),
+            self.last_done.as_ref().map(|d| d.ms),
+            self.failures.last().map(|f| f.ms),
+            self.gate_failed.as_ref().map(|(ms, _)| *ms),
+            halted,
+        ]
+        .into_iter()
+        .flatten()
+        .chain(self.canaries.iter().filter_map(|c| c.done_ms))
+        .max()
+        .unwrap_or(self.first_ms)
+    }
+
+    /// Whether the retention sweep may delete it at `horizon_ms`: nobody runs it, it is not halted (a brake or
+    /// an operator's halt stays until released), and nothing happened to it since the horizon. A Machine that
+    /// asks for it afterwards starts it afresh, canaries first.
+    pub fn sweepable(&self, horizon_ms: u64) -> bool {
+        self.running.is_empty() && self.halted.is_none() && self.last_activity_ms() <= horizon_ms
+    }
+
     /// Whether it is still proving itself on its canaries.
     pub fn in_canary(&self) -> bool {
         !self.promoted

@@ -31,6 +31,8 @@ pub enum Swept {
     /// Update budget slots that are free (their hold expired: the run that held one made no report for longer
     /// than its steps' timeouts and a margin).
     UpdateSlots,
+    /// Changes of paced registrations nobody runs and nothing happened to for `--retention` (halted ones stay).
+    Changes,
     /// Presence of replicas dead for `PRESENCE_SWEEP_AFTER` (their heartbeat and membership), once their
     /// agents' last contact is in the agents' own records.
     Presence,
@@ -38,7 +40,7 @@ pub enum Swept {
 
 impl Swept {
     /// Every kind, in the order the sweep takes them.
-    pub const ALL: [Swept; 8] = [
+    pub const ALL: [Swept; 9] = [
         Swept::Runs,
         Swept::AgentRefusals,
         Swept::Verdicts,
@@ -46,6 +48,7 @@ impl Swept {
         Swept::AgentUpgrades,
         Swept::UpgradeSlots,
         Swept::UpdateSlots,
+        Swept::Changes,
         Swept::Presence,
     ];
 
@@ -59,6 +62,7 @@ impl Swept {
             Swept::AgentUpgrades => "agent upgrades",
             Swept::UpgradeSlots => "upgrade slots",
             Swept::UpdateSlots => "update slots",
+            Swept::Changes => "changes",
             Swept::Presence => "dead replicas' presence",
         }
     }
@@ -146,10 +150,10 @@ mod tests {
         assert_eq!(
             record.status_line(1_000 + 12 * 60_000),
             "retention: last sweep 12 min ago deleted 0 finished runs, 1 agent refusals, 2 verdicts and \
-             refusals, 3 agent tokens, 4 agent upgrades, 5 upgrade slots, 6 update slots, 7 dead replicas' \
-             presence; kept after they stop mattering: finished runs 168h, agent refusals 168h, verdicts and \
-             refusals 72h, agent tokens 168h, agent upgrades 168h, upgrade slots 0h, update slots 0h, dead \
-             replicas' presence 10m; agent tokens not swept: store: unavailable"
+             refusals, 3 agent tokens, 4 agent upgrades, 5 upgrade slots, 6 update slots, 7 changes, 8 dead \
+             replicas' presence; kept after they stop mattering: finished runs 168h, agent refusals 168h, \
+             verdicts and refusals 72h, agent tokens 168h, agent upgrades 168h, upgrade slots 0h, update slots \
+             0h, changes 168h, dead replicas' presence 10m; agent tokens not swept: store: unavailable"
         );
     }
 }

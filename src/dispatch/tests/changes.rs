@@ -228,3 +228,44 @@ async fn a_crash_between_a_gate_pass_and_the_run_record_writes_neither_and_the_o
         );
     }
 }
+
+#[tokio::test]
+async fn the_sweep_deletes_a_change_nobody_runs_after_the_retention_period_but_keeps_a_halted_one()
+{
+    let d = dispatcher(memory().await);
+    d.clock().pin_for_tests(1_000_000);
+    let settings = [("canary", "1")];
+    ask(&d, &paced("m-1", "v1.34.1", &settings)).await;
+    finish(&d, "m-1", StepStatus::Succeeded).await;
+    ask(&d, &paced("m-2", "v1.34.2", &settings)).await;
+    finish(&d, "m-2", StepStatus::Failed).await;
+    // The brake engages when the next Machine asks.
+    ask(&d, &paced("m-3", "v1.34.2", &settings)).await;
+    ask(&d, &paced("m-4", "v1.34.3", &settings)).await;
+    assert_eq!(d.changes.list().await.unwrap().len(), 3);
+
+    // Within the retention period nothing goes.
+    let retention = DispatchConfig::default().retention;
+    d.clock().advance_for_tests(retention / 2);
+    assert_eq!(d.sweep().await.unwrap().deleted.get("changes"), Some(&0));
+    d.clock().advance_for_tests(retention);
+    let record = d.sweep().await.unwrap();
+    assert_eq!(record.deleted.get("changes"), Some(&1), "{record:?}");
+    let mut left: Vec<(String, String)> = d
+        .changes
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.label, r.state))
+        .collect();
+    left.sort();
+    // v1.34.1 finished and went; v1.34.2 is halted by its brake; m-4's canary of v1.34.3 still runs.
+    assert_eq!(
+        left,
+        [
+            ("v1.34.2+files".to_owned(), "halted".to_owned()),
+            ("v1.34.3+files".to_owned(), "proving".to_owned())
+        ]
+    );
+}
