@@ -164,7 +164,11 @@ async fn an_agent_that_stops_polling_has_its_exact_last_contact_recorded_once() 
     b.agents.presence.refresh().await.unwrap();
     assert_eq!(row(&b, "w-2").await, (Some(T0), false));
     let now = a.clock().now_ms();
-    assert_eq!(row(&b, "w-0").await, (Some(now), true), "as of a's heartbeat");
+    assert_eq!(
+        row(&b, "w-0").await,
+        (Some(now), true),
+        "as of a's heartbeat"
+    );
     a.agents.presence.refresh().await.unwrap();
     assert_eq!(
         row(&a, "w-0").await,
