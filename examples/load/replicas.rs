@@ -80,6 +80,10 @@ pub struct ReplicasArgs {
     /// Seconds the connected fleet is held before work is created (default: one poll cycle plus 5 s).
     #[arg(long)]
     idle_seconds: Option<f64>,
+    /// Seconds of the hold, from the fleet connected, before the store's writes at steady state are counted
+    /// (the rest of the hold is the counted window).
+    #[arg(long, default_value_t = 0.0)]
+    settle_seconds: f64,
     /// Agents offer no ALPN protocol.
     #[arg(long)]
     no_alpn: bool,
@@ -135,6 +139,8 @@ pub struct ReplicasOutcome {
     pub capi: CapiResult,
     pub judged: crate::capi::Judged,
     pub wait_seconds: u32,
+    /// etcd's own count of writes (puts and deletes) over the steady-state window of the hold, and the window.
+    pub steady_writes: (f64, Duration),
 }
 
 /// Processes this run started; every one is killed when this is dropped (children first, then replicas,
@@ -316,14 +322,24 @@ fn run_outcome(args: &ReplicasArgs) -> anyhow::Result<ReplicasOutcome> {
     walls.connect = started.elapsed();
     let (connected, etcd_connected) = sample_all(&procs, etcd_pid)?;
 
-    // Hold the fleet: every agent waits in its long-poll on its replica, then renews it.
+    // Hold the fleet: every agent waits in its long-poll on its replica, then renews it. The store's writes are
+    // counted by etcd itself over the hold after `--settle-seconds`.
     let held = Instant::now();
+    let settle = Duration::from_secs_f64(args.settle_seconds.clamp(0.0, 600.0)).min(idle);
+    let mut counted_from: Option<(Instant, f64)> = None;
     while held.elapsed() < idle {
         for child in &mut procs.children {
             child.check_alive()?;
         }
+        if counted_from.is_none() && held.elapsed() >= settle {
+            counted_from = Some((Instant::now(), etcd_writes(&procs.etcd)?));
+        }
         std::thread::sleep(TICK);
     }
+    let steady_writes = match counted_from {
+        Some((from, writes)) => (etcd_writes(&procs.etcd)? - writes, from.elapsed()),
+        None => (0.0, Duration::ZERO),
+    };
     walls.hold = held.elapsed();
     // Each replica's own count of the agents it heard from (within one long-poll plus grace).
     let gauges = procs
@@ -488,7 +504,27 @@ fn run_outcome(args: &ReplicasArgs) -> anyhow::Result<ReplicasOutcome> {
         capi,
         judged,
         wait_seconds: args.wait_seconds,
+        steady_writes,
     })
+}
+
+/// etcd's own count of the writes it applied (`etcd_mvcc_put_total` + `etcd_mvcc_delete_total`: every key a
+/// put or a transaction wrote or deleted), from its metrics endpoint.
+fn etcd_writes(etcd: &Etcd) -> anyhow::Result<f64> {
+    let (status, body) = crate::process::admin_get(etcd.metrics_addr(), "/metrics")?;
+    anyhow::ensure!(status == 200, "etcd's /metrics answered {status}");
+    let read = |name: &str| {
+        body.lines()
+            .find_map(|line| {
+                line.strip_prefix(name)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .with_context(|| format!("no {name} in etcd's /metrics"))
+    };
+    Ok(read("etcd_mvcc_put_total")? + read("etcd_mvcc_delete_total")?)
 }
 
 #[path = "replicas_report.rs"]

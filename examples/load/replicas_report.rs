@@ -205,7 +205,16 @@ impl ReplicasOutcome {
             .max()
             .unwrap_or(0);
         let mut table = Table::new(&["agents", "value"]);
+        let (writes, window) = self.steady_writes;
         let rows = [
+            (
+                "store writes/s at steady state (etcd's count)",
+                format!(
+                    "{:.2} ({writes:.0} in {:.1} s)",
+                    writes / window.as_secs_f64().max(1e-3),
+                    window.as_secs_f64()
+                ),
+            ),
             ("connected and polling", self.polling().to_string()),
             (
                 "connected at the first attempt",

@@ -37,8 +37,9 @@ pub use fleet::{Fleet, StatusRow, StatusState, UpdateState};
 pub use floor::clock::system_ms as now_ms;
 pub use floor::config::{
     DEFAULT_AGENT_TOKEN_GRACE, DEFAULT_RETENTION, DEFAULT_RETRY_AFTER_MAX_SECONDS,
-    DEFAULT_RETRY_AFTER_SECONDS, DEFAULT_VERDICT_RETENTION, LAST_SEEN_PERSIST_INTERVAL,
-    MIN_RETRY_AFTER_SECONDS, RETRY_AFTER_MAX_SECONDS_LIMIT, RetryAfterMode,
+    DEFAULT_RETRY_AFTER_SECONDS, DEFAULT_VERDICT_RETENTION, MIN_RETRY_AFTER_SECONDS,
+    PRESENCE_HEARTBEAT_INTERVAL, PRESENCE_STALE_AFTER, PRESENCE_SWEEP_AFTER,
+    RETRY_AFTER_MAX_SECONDS_LIMIT, RetryAfterMode,
 };
 pub use floor::keys::valid_segment;
 pub use floor::retention::{RETENTION_KEY, RetentionRecord, Swept};
@@ -170,6 +171,7 @@ impl Dispatcher {
                 Swept::UpgradeSlots => self.upkeep.rollout.sweep_upgrade_slots().await,
                 Swept::UpdateSlots => self.budget.sweep().await,
                 Swept::Changes => self.changes.sweep().await,
+                Swept::Presence => self.agents.presence.sweep().await,
             };
             let name = kind.as_str().to_string();
             match swept {
@@ -205,8 +207,13 @@ impl LiveFleet for Dispatcher {
     }
 
     fn waited_agent_oldest_contact_ms(&self) -> Option<u64> {
-        self.fleet
-            .waited_agent_oldest_contact_ms(&self.agents.seen.here())
+        let here = self.agents.seen.here();
+        let presence = self.agents.presence.contacts();
+        self.fleet.waited_agent_oldest_contact_ms(|machine| {
+            here.get(machine)
+                .copied()
+                .max(presence.get(machine).copied())
+        })
     }
 
     fn unfinished_update_oldest_progress_ms(&self) -> Option<u64> {

@@ -241,6 +241,11 @@ pub async fn run(
         follower.follow_changes().await;
         "store change feed"
     });
+    let presence = dispatcher.agents.presence.clone();
+    tasks.spawn(async move {
+        presence.run().await;
+        "presence"
+    });
     let counter = dispatcher.fleet.clone();
     tasks.spawn(async move {
         counter.run_census().await;

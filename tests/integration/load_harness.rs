@@ -204,3 +204,68 @@ fn agent_drain_scenario_measures_an_agent_that_evicts_every_pod() {
     let idle: f64 = row_value(&stdout, "RSS before the update").parse().unwrap();
     assert!(peak >= idle && idle > 0.0, "{stdout}");
 }
+
+/// `load replicas` at `agents` agents on two replicas, polling every second, with no work, its hold long
+/// enough to count etcd's writes over three heartbeat intervals after the fleet's membership is published (and
+/// over the 30–60 s at which the old per-agent write fell due again for half the fleet): the steady-state
+/// writes per second.
+fn steady_writes_per_second(agents: usize) -> f64 {
+    let agents = agents.to_string();
+    let stdout = run(&[
+        "replicas",
+        "--replicas",
+        "2",
+        "--children",
+        "1",
+        "--agents",
+        &agents,
+        "--targets",
+        "2",
+        "--wait-seconds",
+        "1",
+        "--idle-seconds",
+        "45",
+        "--settle-seconds",
+        "13",
+        "--retry-after-seconds",
+        "1",
+    ]);
+    assert_eq!(
+        row_value(&stdout, "connected and polling"),
+        agents,
+        "{stdout}"
+    );
+    assert_eq!(
+        row_value(&stdout, "errors (all of the above)"),
+        "0",
+        "{stdout}"
+    );
+    let cell = row_value(&stdout, "store writes/s at steady state");
+    cell.split_whitespace()
+        .next()
+        .and_then(|rate| rate.parse().ok())
+        .unwrap_or_else(|| panic!("no rate in {cell:?}\n{stdout}"))
+}
+
+#[test]
+fn replicas_store_writes_at_steady_state_do_not_grow_with_the_fleet() {
+    // Two fleet sizes at once, each on its own etcd; etcd counts the writes (puts and deletes it applied).
+    let (small, large) = std::thread::scope(|s| {
+        let small = s.spawn(|| steady_writes_per_second(100));
+        let large = s.spawn(|| steady_writes_per_second(400));
+        (small.join().unwrap(), large.join().unwrap())
+    });
+    // Two replicas, one heartbeat each per 10 s: 0.2 writes/s; a window of 32 s sees 6 to 8 of them. The old
+    // per-agent write (every 30–60 s, so half the fleet in this window) was about 1.6 and 6.3 writes/s.
+    let heartbeats = 2.0 / 10.0;
+    assert!(
+        (large - small).abs() <= 0.1,
+        "100 agents: {small:.2} writes/s, 400 agents: {large:.2} writes/s"
+    );
+    for (agents, rate) in [(100.0, small), (400.0, large)] {
+        assert!(
+            rate <= heartbeats * 1.5 && rate < agents / 60.0 / 5.0,
+            "{agents} agents: {rate:.2} writes/s"
+        );
+    }
+}

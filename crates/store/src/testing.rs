@@ -130,6 +130,11 @@ impl Etcd {
         StoreUrl::Etcd(self.endpoints.clone())
     }
 
+    /// Where etcd serves `/metrics` and `/health` (plain HTTP, also when the client port is TLS).
+    pub fn metrics_addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.ports.metrics))
+    }
+
     /// The etcd process id while it runs (for reading its memory and CPU time from `/proc`).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

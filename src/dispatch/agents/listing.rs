@@ -1,6 +1,7 @@
 //! The operator's view of agents (`inplace-updater status --agents`): every agent seen or refused, with its
 //! Machine, node, version, last contact, whether it is connected, and its last refusal. Built from the store
-//! (every replica's persisted last-seen times and refusals) merged with this replica's exact memory.
+//! (agents' records and refusals), every replica's presence (a connected agent's last contact is its replica's
+//! last heartbeat) and this replica's exact memory.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use super::Agents;
 use super::refusal_book::newer;
 use super::refused::{AgentRefusalRecord, Claim};
 use crate::dispatch::floor::DispatchError;
-use crate::dispatch::floor::config::LAST_SEEN_PERSIST_INTERVAL;
+use crate::dispatch::floor::config::PRESENCE_STALE_AFTER;
 use crate::dispatch::floor::keys::{AGENT_REFUSALS_PREFIX, AGENTS_PREFIX};
 use crate::dispatch::floor::records::AgentRecord;
 use crate::dispatch::upkeep::rollout::decide::{UpgradeRecord, is_idle, upgrade_status};
@@ -54,8 +55,8 @@ pub struct AgentRow {
     /// Its last accepted request (Unix ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_seen_ms: Option<u64>,
-    /// Whether it made a request within [`CONNECTED_WITHIN`] (a replica that did not serve it knows its
-    /// last contact only as persisted, at most `LAST_SEEN_PERSIST_INTERVAL` late, and allows for that).
+    /// Whether it made a request within [`CONNECTED_WITHIN`] (a replica that did not serve it knows it as
+    /// its replica's presence says: listed by a replica whose heartbeat is at most `PRESENCE_STALE_AFTER` old).
     pub connected: bool,
     /// Its last refused request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -168,12 +169,21 @@ impl Agents {
             row.last_seen_ms = row.last_seen_ms.max(Some(seen));
             row.connected |= now.saturating_sub(seen) <= within;
         }
-        // Persisted times are up to LAST_SEEN_PERSIST_INTERVAL older than the agent's real last request.
-        let late = within + LAST_SEEN_PERSIST_INTERVAL.as_millis() as u64;
+        // An agent's record holds its exact last contact (written when it left a replica or reported).
         for (key, seen) in persisted_seen {
             if let Some(row) = rows.get_mut(&key) {
-                row.connected |= now.saturating_sub(seen) <= late;
+                row.connected |= now.saturating_sub(seen) <= within;
             }
+        }
+        // A replica lists the agents connected to it as of its last heartbeat.
+        let stale = PRESENCE_STALE_AFTER.as_millis() as u64;
+        for (machine, seen) in self.presence.contacts().iter() {
+            let key = machine.to_string();
+            let row = rows
+                .entry(key.clone())
+                .or_insert_with(|| AgentRow::named(key));
+            row.last_seen_ms = row.last_seen_ms.max(Some(*seen));
+            row.connected |= now.saturating_sub(*seen) <= stale;
         }
         for (claim, record) in self.refusals.book().all() {
             let key = match &claim {

@@ -1,15 +1,16 @@
 //! The agents wing: the agent API (long-poll for the current run, step reports, inventory), who was last seen
-//! when (exact in memory, persisted by a task of its own), refused agents, and the operator's listing of
+//! when (exact in memory, published as each replica's presence), refused agents, and the operator's listing of
 //! agents. Every call is scoped by the caller's token: an agent never sees (or learns of) a run outside its
 //! cluster or Machine. Waiting polls are woken by the store's change feed, so a run recorded on replica A
 //! wakes an agent polling replica B at once.
 //!
 //! [`Agents`] composes owners, each with its own state and lock: the waiting polls ([`Waiters`]), the
-//! last-seen times ([`LastSeen`]) and the refused agents ([`Refusals`]). What keeps the agents themselves
+//! last-seen times ([`LastSeen`]), the replicas' presence ([`Presence`]) and the refused agents ([`Refusals`]). What keeps the agents themselves
 //! current (their release, tokens and CA bundle) is the upkeep wing's, which a poll asks.
 
 mod listing;
 mod poll;
+pub mod presence;
 mod refusal_book;
 mod refusals;
 mod refused;
@@ -19,7 +20,10 @@ mod waiters;
 
 use std::sync::Arc;
 
+use inplace_agent_api::MachineRef;
+
 pub use listing::{AgentRow, CONNECTED_WITHIN};
+pub use presence::Presence;
 pub use refusals::Refusals;
 pub use refused::{
     AgentRefusalRecord, Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL,
@@ -43,8 +47,10 @@ pub struct Agents {
     budget: Arc<Budget>,
     /// The polls waiting on this replica.
     pub waiters: Waiters,
-    /// Agents' last-seen times on this replica, persisted by a task of their own.
+    /// Agents' last-seen times on this replica.
     pub seen: Arc<LastSeen>,
+    /// Every replica's presence (this one's published by [`Presence::run`]).
+    pub presence: Arc<Presence>,
     /// Refused agents.
     pub refusals: Refusals,
 }
@@ -57,15 +63,22 @@ impl Agents {
         upkeep: Arc<Upkeep>,
         budget: Arc<Budget>,
     ) -> Arc<Agents> {
+        let seen = LastSeen::new(floor.clone());
         Arc::new(Agents {
             budget,
-            seen: LastSeen::new(floor.clone()),
+            presence: Presence::new(floor.clone(), seen.clone()),
+            seen,
             refusals: Refusals::new(floor.clone(), fleet.clone()),
             waiters: Waiters::default(),
             floor,
             fleet,
             upkeep,
         })
+    }
+
+    /// Agents' last contact: this replica's exact memory, else every replica's presence as last read.
+    pub fn last_contact(&self, machine: &MachineRef) -> Option<u64> {
+        self.seen.last(machine).max(self.presence.last(machine))
     }
 
     /// Follows the store's change feed and wakes the agents whose Machine record (or run) changed. Runs until

@@ -178,7 +178,7 @@ impl Agents {
         // Against the Machine's record, not just the namespace: a cluster token of the same namespace must be
         // refused before its `current` progress is folded into another cluster's run.
         let record = self.scoped_machine(scope, &machine).await?;
-        // Persisted (when due) by a background task: the poll never waits on a store write for it.
+        // In memory only: other replicas learn it from this replica's presence (no store write per poll).
         self.seen.mark(&machine);
         if let Some(progress) = &request.current {
             self.absorb_progress(&machine, progress, record.as_ref())

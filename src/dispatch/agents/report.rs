@@ -155,7 +155,7 @@ impl Agents {
         };
         let record = self.scoped_machine(scope, &machine).await?;
         self.seen.mark(&machine);
-        self.seen.persist(&machine, Some(report.clone())).await?;
+        self.seen.persist(&machine, report.clone()).await?;
         if let Some(progress) = &report.current {
             self.absorb_progress(&machine, progress, record.as_ref())
                 .await?;

@@ -89,13 +89,12 @@ impl Fleet {
         self.census().oldest_progress()
     }
 
-    /// The oldest last contact among agents that recorded updates wait for (Unix ms); `seen_here` is what this
-    /// replica saw of each agent.
+    /// The oldest last contact among agents that recorded updates wait for (Unix ms); `contact` is what this
+    /// replica knows of each agent beyond its record (its own memory, every replica's presence).
     pub fn waited_agent_oldest_contact_ms(
         &self,
-        seen_here: &std::collections::HashMap<MachineRef, u64>,
+        contact: impl Fn(&MachineRef) -> Option<u64>,
     ) -> Option<u64> {
-        self.census()
-            .oldest_waited_contact(|machine| seen_here.get(machine).copied())
+        self.census().oldest_waited_contact(contact)
     }
 }

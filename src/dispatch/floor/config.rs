@@ -19,8 +19,16 @@ pub const DEFAULT_VERDICT_RETENTION: Duration = Duration::from_secs(72 * 3600);
 /// Default `--agent-token-grace`: how long a rotated agent token keeps working after its successor was first
 /// used (a request already under way with the old token, an agent restarted between its two files).
 pub const DEFAULT_AGENT_TOKEN_GRACE: Duration = Duration::from_secs(3600);
-/// How often an agent's last-seen time is persisted at most (each replica keeps the exact time in memory).
-pub const LAST_SEEN_PERSIST_INTERVAL: Duration = Duration::from_secs(60);
+/// How often each replica publishes its presence: a heartbeat ("alive at T"), and its membership (the agents it
+/// serves) when that changed since. A connected agent's last contact, as other replicas read it, is its
+/// replica's last heartbeat: exact to this interval (its own replica knows it to the millisecond).
+pub const PRESENCE_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
+/// A replica whose heartbeat is older than this is dead: the agents it listed count as not connected (their
+/// last contact stays its last heartbeat) until they reach another replica, which takes them over.
+pub const PRESENCE_STALE_AFTER: Duration = Duration::from_secs(30);
+/// A dead replica's presence is swept this long after its last heartbeat, once its agents' last contact is
+/// written to their own records (those no live replica lists).
+pub const PRESENCE_SWEEP_AFTER: Duration = Duration::from_secs(600);
 
 /// How `retryAfterSeconds` is chosen while a run is in progress (`--retry-after`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

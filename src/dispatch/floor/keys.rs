@@ -29,6 +29,10 @@ pub const AGENT_TOKENS_PREFIX: &str = "agent-tokens/";
 pub const SLOTS_PREFIX: &str = "slots/";
 /// Prefix of every change a paced registration's Machines take ([`crate::dispatch::changes`]).
 pub const CHANGES_PREFIX: &str = "changes/";
+/// Prefix of every replica's heartbeat ([`crate::dispatch::agents::presence`]).
+pub const PRESENCE_ALIVE_PREFIX: &str = "presence/alive/";
+/// Prefix of every replica's membership chunks.
+pub const PRESENCE_MEMBERS_PREFIX: &str = "presence/members/";
 /// The key holding the stored format's version ([`super::format`]).
 pub const FORMAT_KEY: &str = "meta/format";
 
@@ -53,6 +57,21 @@ pub fn update_key(machine: &MachineRef, run_id: &str) -> String {
 /// Key of what the agent of a Machine last told us.
 pub fn agent_key(machine: &MachineRef) -> String {
     format!("{AGENTS_PREFIX}{}/{}", machine.namespace, machine.name)
+}
+
+/// Key of a replica's heartbeat.
+pub fn presence_alive_key(replica: &str) -> String {
+    format!("{PRESENCE_ALIVE_PREFIX}{replica}")
+}
+
+/// Prefix of a replica's membership chunks.
+pub fn presence_members_prefix(replica: &str) -> String {
+    format!("{PRESENCE_MEMBERS_PREFIX}{replica}/")
+}
+
+/// Key of chunk `index` of a replica's membership.
+pub fn presence_chunk_key(replica: &str, index: usize) -> String {
+    format!("{}{index:04}", presence_members_prefix(replica))
 }
 
 /// Key of the last self-upgrade of a Machine's agent.

@@ -33,11 +33,14 @@ pub enum Swept {
     UpdateSlots,
     /// Changes of paced registrations nobody runs and nothing happened to for `--retention` (halted ones stay).
     Changes,
+    /// Presence of replicas dead for `PRESENCE_SWEEP_AFTER` (their heartbeat and membership), once their
+    /// agents' last contact is in the agents' own records.
+    Presence,
 }
 
 impl Swept {
     /// Every kind, in the order the sweep takes them.
-    pub const ALL: [Swept; 8] = [
+    pub const ALL: [Swept; 9] = [
         Swept::Runs,
         Swept::AgentRefusals,
         Swept::Verdicts,
@@ -46,6 +49,7 @@ impl Swept {
         Swept::UpgradeSlots,
         Swept::UpdateSlots,
         Swept::Changes,
+        Swept::Presence,
     ];
 
     /// Its name in the record and in `status`.
@@ -59,6 +63,7 @@ impl Swept {
             Swept::UpgradeSlots => "upgrade slots",
             Swept::UpdateSlots => "update slots",
             Swept::Changes => "changes",
+            Swept::Presence => "dead replicas' presence",
         }
     }
 
@@ -68,6 +73,7 @@ impl Swept {
         match self {
             Swept::Verdicts => hours(config.verdict_retention),
             Swept::UpgradeSlots | Swept::UpdateSlots => "0h".into(),
+            Swept::Presence => format!("{}m", super::config::PRESENCE_SWEEP_AFTER.as_secs() / 60),
             _ => hours(config.retention),
         }
     }
@@ -144,10 +150,10 @@ mod tests {
         assert_eq!(
             record.status_line(1_000 + 12 * 60_000),
             "retention: last sweep 12 min ago deleted 0 finished runs, 1 agent refusals, 2 verdicts and \
-             refusals, 3 agent tokens, 4 agent upgrades, 5 upgrade slots, 6 update slots, 7 changes; kept after \
-             they stop mattering: finished runs 168h, agent refusals 168h, verdicts and refusals 72h, agent tokens \
-             168h, agent upgrades 168h, upgrade slots 0h, update slots 0h, changes 168h; agent tokens not swept: \
-             store: unavailable"
+             refusals, 3 agent tokens, 4 agent upgrades, 5 upgrade slots, 6 update slots, 7 changes, 8 dead \
+             replicas' presence; kept after they stop mattering: finished runs 168h, agent refusals 168h, \
+             verdicts and refusals 72h, agent tokens 168h, agent upgrades 168h, upgrade slots 0h, update slots \
+             0h, changes 168h, dead replicas' presence 10m; agent tokens not swept: store: unavailable"
         );
     }
 }

@@ -11,7 +11,7 @@ use super::retry::retry_command;
 use crate::dispatch::agents::{AgentRefusalRecord, CONNECTED_WITHIN};
 use crate::dispatch::fleet::pace::{self, RunPace, StepDurations};
 use crate::dispatch::floor::DispatchConfig;
-use crate::dispatch::floor::config::{LAST_SEEN_PERSIST_INTERVAL, RetryAfterMode};
+use crate::dispatch::floor::config::{PRESENCE_STALE_AFTER, RetryAfterMode};
 use crate::dispatch::floor::hold::{hold_on, timestamp};
 use crate::dispatch::floor::records::MachineRecord;
 use crate::dispatch::floor::run::{RunOutcome, RunView, StepState};
@@ -184,9 +184,9 @@ fn answer_run(inputs: &Inputs<'_>) -> UpdateAnswer {
                 ));
             }
             // An agent long-polling gets the plan at once: its run is paced from now. One not connected is
-            // asked about at the fixed pace.
-            let horizon = now
-                .saturating_sub((CONNECTED_WITHIN + LAST_SEEN_PERSIST_INTERVAL).as_millis() as u64);
+            // asked about at the fixed pace. Another replica's agent is known as of its replica's heartbeat.
+            let horizon =
+                now.saturating_sub((CONNECTED_WITHIN + PRESENCE_STALE_AFTER).as_millis() as u64);
             let retry_after_seconds = match last_seen {
                 Some(at) if at >= horizon => retry_after(inputs, 0),
                 _ => inputs.config.retry_after_seconds,

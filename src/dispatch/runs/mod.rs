@@ -286,7 +286,7 @@ impl Runs {
                 .flatten()
                 .map(|agent| agent.last_seen_ms);
             let refusal = self.agents.refusals.last(machine).await.ok().flatten();
-            (self.agents.seen.last(machine).max(stored), refusal)
+            (self.agents.last_contact(machine).max(stored), refusal)
         } else {
             (None, None)
         };

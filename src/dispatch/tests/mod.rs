@@ -7,6 +7,7 @@ mod drain;
 mod fault;
 mod hold;
 mod observe;
+mod presence;
 mod reboot;
 mod retention;
 mod retry;
