@@ -21,6 +21,7 @@ pub mod cmd;
 pub mod dispatch;
 pub mod fuzzing;
 pub mod hooks;
+pub mod mgmt;
 pub mod observe;
 pub mod pem;
 pub mod server;

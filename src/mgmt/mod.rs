@@ -1,0 +1,3 @@
+//! The management cluster (issue 40).
+
+pub mod events;
