@@ -139,9 +139,15 @@ fn a_machine_past_its_burst_drops_new_events_and_repeats_still_count() {
     // 12 minutes refill two more tokens (one per 5 minutes).
     assert_eq!(creates, MACHINE_EVENT_BURST + 2);
     assert_eq!(dropped, 3 * Reason::ALL.len() as u32 - creates);
-    // A series that exists still counts: no new Event needed.
+    // A series that exists still counts (its first repeat patched): no new Event needed.
+    let Observed::Write(patch @ Write::Patch { .. }) =
+        agg.observe(event("m1", Reason::UpdateRecorded), 2 * finish + 1)
+    else {
+        panic!("the first repeat is patched")
+    };
+    agg.written(&patch, Outcome::Written, 2 * finish + 1);
     assert_eq!(
-        agg.observe(event("m1", Reason::UpdateRecorded), 2 * finish + 1),
+        agg.observe(event("m1", Reason::UpdateRecorded), 2 * finish + 2),
         Observed::Counted
     );
 }

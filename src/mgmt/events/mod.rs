@@ -5,3 +5,5 @@
 
 pub mod aggregate;
 pub mod rate;
+pub mod metrics;
+pub mod sender;
