@@ -13,7 +13,7 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use crate::api::Hook;
-use crate::observe::{FleetMetrics, ProcessCollector, StoreMetrics};
+use crate::observe::{FleetMetrics, ManagementMetrics, ProcessCollector, StoreMetrics};
 
 /// Labels of `hook_calls_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -69,6 +69,8 @@ pub struct Metrics {
     pub fleet: FleetMetrics,
     /// Store latency (handed to the [`crate::observe::InstrumentedStore`] wrapping `--store`).
     pub store: StoreMetrics,
+    /// The management-cluster client: failed calls, guards held.
+    pub management: ManagementMetrics,
     /// Hook calls by hook and status.
     pub calls: Family<CallLabels, Counter>,
     /// Hook verdicts by hook and verdict.
@@ -144,6 +146,8 @@ impl Metrics {
         fleet.register(&mut registry);
         let store = StoreMetrics::new();
         store.register(&mut registry);
+        let management = ManagementMetrics::default();
+        management.register(&mut registry);
         registry.register(
             "build",
             "The running version: always 1, the facts are its labels",
@@ -172,6 +176,7 @@ impl Metrics {
             process,
             fleet,
             store,
+            management,
             unjudged_updates,
             decision_calls: AtomicU64::new(0),
             in_flight,
