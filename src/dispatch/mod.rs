@@ -157,6 +157,11 @@ impl Dispatcher {
         self.floor.outbox.connect(sink)
     }
 
+    /// Whether a sink of Events is connected.
+    pub fn events_connected(&self) -> bool {
+        self.floor.outbox.is_connected()
+    }
+
     /// The clock every wing judges by (tests pin it).
     pub fn clock(&self) -> &Clock {
         &self.floor.clock

@@ -71,6 +71,8 @@ pub struct Metrics {
     pub store: StoreMetrics,
     /// The management-cluster client: failed calls, guards held.
     pub management: ManagementMetrics,
+    /// The Events on Machines: sent and dropped.
+    pub events: crate::mgmt::events::metrics::EventMetrics,
     /// Hook calls by hook and status.
     pub calls: Family<CallLabels, Counter>,
     /// Hook verdicts by hook and verdict.
@@ -148,6 +150,8 @@ impl Metrics {
         store.register(&mut registry);
         let management = ManagementMetrics::default();
         management.register(&mut registry);
+        let events = crate::mgmt::events::metrics::EventMetrics::new();
+        events.register(&mut registry);
         registry.register(
             "build",
             "The running version: always 1, the facts are its labels",
@@ -177,6 +181,7 @@ impl Metrics {
             fleet,
             store,
             management,
+            events,
             unjudged_updates,
             decision_calls: AtomicU64::new(0),
             in_flight,

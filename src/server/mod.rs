@@ -179,6 +179,10 @@ pub async fn run(
     };
 
     let mut tasks: JoinSet<&'static str> = JoinSet::new();
+    if let Some(management) = &services.management {
+        let (dispatcher, events) = (&services.engine.dispatcher, metrics.events.clone());
+        crate::mgmt::events::start(&mut tasks, management, dispatcher, events, shutdown.clone());
+    }
     let stop = shutdown.clone();
     tasks.spawn(async move {
         listener::serve_tls(

@@ -106,3 +106,50 @@ impl EventMetrics {
             .sum()
     }
 }
+
+/// What `GET /status/events` answers and `inplace-updater status` shows.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EventsStatus {
+    /// Whether the server sends Events (it has a management cluster).
+    pub on: bool,
+    /// API writes made (Events created, series counts patched).
+    pub sent: u64,
+    /// Occurrences not sent, by why.
+    pub dropped: BTreeMap<String, u64>,
+}
+
+impl EventsStatus {
+    /// The status of `metrics`, sending or not.
+    pub fn of(on: bool, metrics: &EventMetrics) -> EventsStatus {
+        EventsStatus {
+            on,
+            sent: metrics.sent_total(),
+            dropped: metrics.dropped_counts(),
+        }
+    }
+
+    /// `events: 12 written to the management cluster; dropped: 3 (machine_rate 2, queue_full 1)`.
+    pub fn status_line(&self) -> String {
+        if !self.on {
+            return "events: off (no management cluster: serve --management-kubeconfig or \
+                    --management-in-cluster)"
+                .into();
+        }
+        let total: u64 = self.dropped.values().sum();
+        let dropped = if total == 0 {
+            "none dropped".to_owned()
+        } else {
+            let parts: Vec<String> = self
+                .dropped
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(why, n)| format!("{why} {n}"))
+                .collect();
+            format!("dropped {total} ({})", parts.join(", "))
+        };
+        format!(
+            "events: {} written to the management cluster; {dropped}",
+            self.sent
+        )
+    }
+}

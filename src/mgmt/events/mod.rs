@@ -7,3 +7,33 @@ pub mod aggregate;
 pub mod rate;
 pub mod metrics;
 pub mod sender;
+pub mod kube;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::dispatch::Dispatcher;
+use crate::mgmt::Management;
+
+/// Connects the dispatcher's outbox to a queue and starts its sender among the server's `tasks` (whose end
+/// while the server runs ends the process, as every background task's does).
+pub fn start(
+    tasks: &mut JoinSet<&'static str>,
+    management: &Management,
+    dispatcher: &Dispatcher,
+    metrics: metrics::EventMetrics,
+    shutdown: CancellationToken,
+) {
+    let (queue, sender) = sender::channel(metrics);
+    dispatcher.connect_events(std::sync::Arc::new(queue));
+    let writer = kube::KubeEvents::new(
+        management.clone(),
+        kube::reporting_instance(std::env::var("HOSTNAME").ok()),
+    );
+    tasks.spawn(async move {
+        sender
+            .run(writer, crate::dispatch::now_ms, shutdown)
+            .await;
+        "Kubernetes Events sender"
+    });
+}
