@@ -100,7 +100,12 @@ impl Agents {
     }
 
     /// Posts what a run's transition was worth (the run's end, its failed step, its rollback) as Events.
-    pub(super) fn post(&self, machine: &MachineRef, uid: Option<&str>, happened: Vec<(Reason, String)>) {
+    pub(super) fn post(
+        &self,
+        machine: &MachineRef,
+        uid: Option<&str>,
+        happened: Vec<(Reason, String)>,
+    ) {
         for (reason, note) in happened {
             self.floor
                 .outbox

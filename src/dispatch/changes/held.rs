@@ -12,7 +12,11 @@ use crate::dispatch::floor::outbox::Reason;
 pub fn reason(record: &ChangeRecord, pacing: &Pacing, now_ms: u64, skip_soak: bool) -> Reason {
     if record.halted.is_some() {
         Reason::HeldByBrake
-    } else if record.gate_failed.as_ref().is_some_and(|(at, _)| *at == now_ms) {
+    } else if record
+        .gate_failed
+        .as_ref()
+        .is_some_and(|(at, _)| *at == now_ms)
+    {
         Reason::HeldByGate
     } else if !skip_soak && soaking(record, pacing, now_ms).is_some() {
         Reason::HeldBySoak

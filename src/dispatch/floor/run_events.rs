@@ -76,8 +76,7 @@ fn failed_step(run: &UpdateRecord, index: usize) -> String {
 #[cfg(test)]
 mod tests {
     use inplace_agent_api::{
-        AgentIdentity, MachineRef, Plan, RollbackProgress, Step, StepAction, StepReport,
-        StepStatus,
+        AgentIdentity, MachineRef, Plan, RollbackProgress, Step, StepAction, StepReport, StepStatus,
     };
 
     use super::*;
@@ -134,7 +133,8 @@ mod tests {
             (1, StepStatus::Succeeded),
         ] {
             let before = run.clone();
-            run.apply_report(&report(index, status), 2).expect("applies");
+            run.apply_report(&report(index, status), 2)
+                .expect("applies");
             seen.extend(between(&before, &run));
         }
         assert_eq!(reasons(&seen), [Reason::UpdateDone]);
@@ -161,7 +161,11 @@ mod tests {
             [Reason::StepFailed, Reason::RollbackStarted]
         );
         assert!(first[0].1.starts_with("step 2/2: "), "{}", first[0].1);
-        assert!(first[0].1.ends_with("failed: exit status 3"), "{}", first[0].1);
+        assert!(
+            first[0].1.ends_with("failed: exit status 3"),
+            "{}",
+            first[0].1
+        );
         // The same report again is no news.
         let again = run.clone();
         run.apply_report(&failed, 4).expect("applies");

@@ -34,7 +34,8 @@ pub fn recorded_note(run_id: &str, run: &RunView) -> String {
 /// (an operator's cancel is not a hold to wait out).
 pub fn held(record: &MachineRecord, run: &RunView, now_ms: u64) -> Option<Reason> {
     let outcome = run.outcome();
-    if outcome.is_failure() || matches!(outcome, RunOutcome::Done | RunOutcome::RollingBack { .. }) {
+    if outcome.is_failure() || matches!(outcome, RunOutcome::Done | RunOutcome::RollingBack { .. })
+    {
         return None;
     }
     let hold = hold_on(

@@ -32,8 +32,8 @@ use super::changes::budget::Admission;
 use super::changes::{ChangeId, Changes, GateVars, Paced};
 use super::fleet::Fleet;
 use super::floor::db::{CAS_ATTEMPTS, Committed, Put};
-use super::floor::outbox::{MachineEvent, Reason};
 use super::floor::keys::{agent_key, machine_key, provider_key, update_key};
+use super::floor::outbox::{MachineEvent, Reason};
 use super::floor::records::{AgentRecord, MachineRecord};
 use super::floor::run::{RunOutcome, RunView, UpdateRecord};
 use super::floor::{DispatchError, Floor};
@@ -178,7 +178,11 @@ impl Runs {
         }
         for event in happened {
             if let Event::Recorded { run_id, .. } = event {
-                self.post(request, Reason::UpdateRecorded, &events::recorded_note(run_id, run));
+                self.post(
+                    request,
+                    Reason::UpdateRecorded,
+                    &events::recorded_note(run_id, run),
+                );
             }
         }
         if let Some(reason) = events::held(record, run, self.floor.now_ms()) {

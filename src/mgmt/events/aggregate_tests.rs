@@ -87,7 +87,9 @@ fn each_reason_and_each_machine_is_its_own_series() {
     );
     assert_eq!(
         kinds(&observed),
-        ["create", "create", "create", "patch", "create", "patch", "counted"]
+        [
+            "create", "create", "create", "patch", "create", "patch", "counted"
+        ]
     );
 }
 

@@ -114,7 +114,11 @@ impl EventWriter for KubeEvents {
                     ManagementError::of("event-create", format!("{namespace}/{}", event.name), e)
                 }))
             }
-            Write::Patch { key, name, series: count } => {
+            Write::Patch {
+                key,
+                name,
+                series: count,
+            } => {
                 let namespace = &key.machine.namespace;
                 let api: Api<Event> = Api::namespaced(client, namespace);
                 let patch = json!({ "series": series(*count) });
@@ -153,8 +157,8 @@ mod tests {
                 last_observed_ms: 1_700_000_060_000,
             }),
         };
-        let object = serde_json::to_value(event_object(&event, "inplace-updater-0"))
-            .expect("serializes");
+        let object =
+            serde_json::to_value(event_object(&event, "inplace-updater-0")).expect("serializes");
         assert_eq!(object["regarding"]["kind"], "Machine");
         assert_eq!(object["regarding"]["apiVersion"], MACHINE_API_VERSION);
         assert_eq!(object["regarding"]["uid"], "0c3e");

@@ -4,10 +4,10 @@
 //! task of its own fed by a bounded queue ([`sender`]): posting never blocks a hook, and no API error fails one.
 
 pub mod aggregate;
-pub mod rate;
-pub mod metrics;
-pub mod sender;
 pub mod kube;
+pub mod metrics;
+pub mod rate;
+pub mod sender;
 
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -31,9 +31,7 @@ pub fn start(
         kube::reporting_instance(std::env::var("HOSTNAME").ok()),
     );
     tasks.spawn(async move {
-        sender
-            .run(writer, crate::dispatch::now_ms, shutdown)
-            .await;
+        sender.run(writer, crate::dispatch::now_ms, shutdown).await;
         "Kubernetes Events sender"
     });
 }

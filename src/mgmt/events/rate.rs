@@ -169,7 +169,10 @@ mod tests {
         let mut rates = Rates::new(0);
         let mut sent = 0;
         for i in 0..(FLEET_EVENT_BURST + 50) {
-            if rates.new_event(&MachineRef::new("ns", format!("m{i}")), 0).is_ok() {
+            if rates
+                .new_event(&MachineRef::new("ns", format!("m{i}")), 0)
+                .is_ok()
+            {
                 sent += 1;
             }
         }

@@ -106,7 +106,9 @@ fn is_qualified_name(text: &str) -> bool {
     };
     let name_ok = !name.is_empty()
         && name.len() <= 63
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         && name.starts_with(|c: char| c.is_ascii_alphanumeric())
         && name.ends_with(|c: char| c.is_ascii_alphanumeric());
     let prefix_ok = prefix.is_none_or(|p| {
@@ -128,10 +130,14 @@ fn validate(event: &Value, namespace: &str) -> Vec<String> {
     let text = |field: &str| event[field].as_str().unwrap_or_default();
     let name = event["metadata"]["name"].as_str().unwrap_or_default();
     if name.is_empty() || name.len() > 253 {
-        errors.push("metadata.name: Required value: a DNS subdomain of at most 253 characters".into());
+        errors.push(
+            "metadata.name: Required value: a DNS subdomain of at most 253 characters".into(),
+        );
     }
     if event["metadata"]["namespace"].as_str().unwrap_or(namespace) != namespace {
-        errors.push("metadata.namespace: Invalid value: does not match the request's namespace".into());
+        errors.push(
+            "metadata.namespace: Invalid value: does not match the request's namespace".into(),
+        );
     }
     if text("eventTime").is_empty() {
         errors.push("eventTime: Required value".into());
@@ -208,7 +214,12 @@ async fn create_event(
     body: Bytes,
 ) -> Response {
     let Ok(mut event) = serde_json::from_slice::<Value>(&body) else {
-        return answer(status(400, "BadRequest", "the body is not a JSON object", Value::Null));
+        return answer(status(
+            400,
+            "BadRequest",
+            "the body is not a JSON object",
+            Value::Null,
+        ));
     };
     let name = event["metadata"]["name"]
         .as_str()
@@ -220,7 +231,11 @@ async fn create_event(
     }
     let mut model = lock(&model);
     let events = &mut model.events;
-    if events.objects.iter().any(|e| key_of(e) == (ns.clone(), name.clone())) {
+    if events
+        .objects
+        .iter()
+        .any(|e| key_of(e) == (ns.clone(), name.clone()))
+    {
         return answer(status(
             409,
             "AlreadyExists",
@@ -259,7 +274,12 @@ async fn patch_event(
         .trim()
         .to_owned();
     let Ok(body) = serde_json::from_slice::<Value>(&body) else {
-        return answer(status(400, "BadRequest", "the patch is not JSON", Value::Null));
+        return answer(status(
+            400,
+            "BadRequest",
+            "the patch is not JSON",
+            Value::Null,
+        ));
     };
     let mut model = lock(&model);
     let events = &mut model.events;
@@ -293,7 +313,9 @@ async fn patch_event(
             return answer(status(
                 415,
                 "UnsupportedMediaType",
-                &format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {other:?})"),
+                &format!(
+                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {other:?})"
+                ),
                 Value::Null,
             ));
         }
@@ -311,7 +333,9 @@ async fn patch_event(
     }
     for field in ["name", "namespace", "uid"] {
         if new["metadata"][field] != old["metadata"][field] {
-            errors.push(format!("metadata.{field}: Invalid value: field is immutable"));
+            errors.push(format!(
+                "metadata.{field}: Invalid value: field is immutable"
+            ));
         }
     }
     if !errors.is_empty() {
