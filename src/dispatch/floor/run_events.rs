@@ -118,6 +118,20 @@ mod tests {
         }
     }
 
+    fn rollback(
+        state: RollbackState,
+        failed_step: u32,
+        undone: u32,
+        message: &str,
+    ) -> Option<RollbackProgress> {
+        Some(RollbackProgress {
+            state,
+            failed_step,
+            undone,
+            message: message.into(),
+        })
+    }
+
     fn reasons(events: &[(Reason, String)]) -> Vec<Reason> {
         events.iter().map(|(r, _)| *r).collect()
     }
@@ -148,12 +162,7 @@ mod tests {
             .expect("applies");
         let before = run.clone();
         let mut failed = report(1, StepStatus::Failed);
-        failed.rollback = Some(RollbackProgress {
-            state: RollbackState::RollingBack,
-            failed_step: 1,
-            undone: 0,
-            message: String::new(),
-        });
+        failed.rollback = rollback(RollbackState::RollingBack, 1, 0, "");
         run.apply_report(&failed, 3).expect("applies");
         let first = between(&before, &run);
         assert_eq!(
@@ -172,12 +181,7 @@ mod tests {
         assert!(between(&again, &run).is_empty());
         let before = run.clone();
         let mut done = failed.clone();
-        done.rollback = Some(RollbackProgress {
-            state: RollbackState::RolledBack,
-            failed_step: 1,
-            undone: 1,
-            message: "node back at v1.33.1".into(),
-        });
+        done.rollback = rollback(RollbackState::RolledBack, 1, 1, "node back at v1.33.1");
         run.apply_report(&done, 5).expect("applies");
         let end = between(&before, &run);
         assert_eq!(reasons(&end), [Reason::RolledBack]);
@@ -189,12 +193,7 @@ mod tests {
         let mut run = UpdateRecord::new(two_step_plan(), 1);
         let before = run.clone();
         let mut failed = report(0, StepStatus::Failed);
-        failed.rollback = Some(RollbackProgress {
-            state: RollbackState::Failed,
-            failed_step: 0,
-            undone: 0,
-            message: "undo of step 1 failed".into(),
-        });
+        failed.rollback = rollback(RollbackState::Failed, 0, 0, "undo of step 1 failed");
         run.apply_report(&failed, 2).expect("applies");
         let events = between(&before, &run);
         assert_eq!(
