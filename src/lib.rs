@@ -12,6 +12,7 @@
 //!    stable id (pure, so it lives in the core crate; [`dispatch`] builds it once per desired state).
 //! 5. [`dispatch`] — the store-backed runs: verdicts and their licence, agent polls and reports, status.
 //! 6. [`observe`] — fleet, store and process metrics beside the data path.
+//! 7. [`mgmt`] — the management cluster's API (optional): the skip-remediation guard on Machines, Events.
 //!
 //! Around it: [`cmd`] (the subcommands' glue: clap types, `status`, `diff`, `demo`, development certificates,
 //! fatal-error printing) and [`fuzzing`] (the fuzz targets' bodies).
@@ -21,6 +22,7 @@ pub mod cmd;
 pub mod dispatch;
 pub mod fuzzing;
 pub mod hooks;
+pub mod mgmt;
 pub mod observe;
 pub mod pem;
 pub mod server;

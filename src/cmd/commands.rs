@@ -15,6 +15,7 @@ use crate::cmd::fatal::{Fatal, one_line, serve_fatal};
 use crate::dispatch::upkeep::tokens::{AgentTokens, create_token};
 use crate::dispatch::{AgentScope, Dispatcher};
 use crate::hooks::Engine;
+use crate::mgmt::{Management, ManagementSource};
 use crate::observe::{InstrumentedStore, backend_name};
 use crate::server::{self, Listeners, Metrics, Readiness, Services};
 use inplace_store::StoreUrl;
@@ -51,6 +52,32 @@ fn load_gates(path: Option<&std::path::Path>) -> anyhow::Result<Gates> {
         )
         .into()
     })
+}
+
+/// The management-cluster client of `--management-kubeconfig` / `--management-in-cluster` (none without
+/// either); an unusable configuration is a [`Fatal`] naming the flag. The API itself is not asked yet.
+async fn connect_management(
+    args: &ServeArgs,
+    metrics: &Metrics,
+) -> anyhow::Result<Option<Management>> {
+    let Some(source) = args.management_source() else {
+        return Ok(None);
+    };
+    let flag = match source {
+        ManagementSource::Kubeconfig(_) => "--management-kubeconfig",
+        ManagementSource::InCluster => "--management-in-cluster",
+    };
+    let management = Management::connect(source, metrics.management.clone())
+        .await
+        .map_err(|err| {
+            Fatal::new(
+                Some(flag),
+                one_line(&err),
+                Some("give a readable kubeconfig of the management cluster (its current context is used), or run in a Pod with a ServiceAccount token for --management-in-cluster; leave both unset to run without the remediation guard and Events"),
+            )
+        })?;
+    tracing::info!(management = ?management, "management cluster API client configured");
+    Ok(Some(management))
 }
 
 /// `serve`: everything is loaded and checked before the server reports ready. A start-up failure is a
@@ -140,6 +167,7 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
         )
     })?;
     let agent_image = agent_upkeep(&args, &dispatcher)?;
+    let management = connect_management(&args, &metrics).await?;
     let gates = Arc::new(gates);
     dispatcher
         .changes
@@ -152,6 +180,7 @@ pub async fn serve(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Resu
         }),
         tokens: Arc::new(tokens),
         agent_image,
+        management,
     };
     let config = args.config();
     let (hooks, health, metrics_addr) = args.listen_addrs();

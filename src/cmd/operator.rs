@@ -15,6 +15,7 @@ use crate::dispatch::changes::control::{ChangeRow, Control};
 use crate::dispatch::{
     AgentRow, DispatchConfig, Dispatcher, RetentionRecord, RetryOutcome, StatusRow, now_ms,
 };
+use crate::mgmt::events::metrics::EventsStatus;
 use crate::server;
 
 /// What `status` adds when the server has answered no CanUpdate/UpdateMachine call since it started: the
@@ -61,6 +62,8 @@ pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
     }
     // Only a running server knows whether CAPI has called it; a store read directly cannot say.
     let mut no_hook_calls = false;
+    // Only a running server counts its Events.
+    let mut events = None;
     let (rows, retention, budget): (Vec<StatusRow>, Option<RetentionRecord>, BudgetStatus) =
         match &args.store {
             Some(url) => {
@@ -80,6 +83,8 @@ pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
                     .get(server::HOOK_CALLS_ANSWERED_HEADER)
                     .and_then(|v| v.to_str().ok())
                     .is_some_and(|v| v.trim() == "0");
+                let status: EventsStatus = get_json(args, "/status/events").await?.0;
+                events = Some(status.status_line());
                 (
                     rows,
                     get_json(args, "/status/retention").await?.0,
@@ -91,7 +96,10 @@ pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
         Some(record) => format!("{}\n", record.status_line(now_ms())),
         None => "retention: no sweep has run against this store yet\n".to_string(),
     };
-    let retention = format!("{}\n{retention}", budget.status_line(now_ms()));
+    let mut retention = format!("{}\n{retention}", budget.status_line(now_ms()));
+    if let Some(line) = events {
+        retention.push_str(&format!("{line}\n"));
+    }
     Ok(match args.output {
         OutputFormat::Json => {
             if no_hook_calls {

@@ -109,6 +109,7 @@ impl Dispatcher {
             clock: Arc::new(Clock::default()),
             config,
             shutdown,
+            outbox: floor::outbox::Outbox::default(),
         };
         let reasons = AgentRefusalReason::ALL.map(AgentRefusalReason::as_str);
         let fleet = Arc::new(Fleet::new(floor.clone(), metrics.clone(), &reasons));
@@ -149,6 +150,17 @@ impl Dispatcher {
     #[cfg(test)]
     pub(crate) fn db(&self) -> &floor::Db {
         &self.floor.db
+    }
+
+    /// Connects the sink of the Events the wings post (once, at start-up; `src/mgmt` has one when the server
+    /// has a management cluster). False when one was connected before.
+    pub fn connect_events(&self, sink: Arc<dyn floor::outbox::EventSink>) -> bool {
+        self.floor.outbox.connect(sink)
+    }
+
+    /// Whether a sink of Events is connected.
+    pub fn events_connected(&self) -> bool {
+        self.floor.outbox.is_connected()
     }
 
     /// The clock every wing judges by (tests pin it).

@@ -5,6 +5,7 @@
 
 mod fleet;
 pub mod logs;
+mod management;
 mod process;
 mod store;
 
@@ -12,5 +13,6 @@ pub use fleet::{
     CHANGE_STATES, FleetMetrics, KindLabels, LiveFleet, OutcomeLabels, ROLLBACK_OUTCOMES,
     ReasonLabels, StateLabels, UPDATE_STATES,
 };
+pub use management::{MANAGEMENT_OPERATIONS, ManagementMetrics, OpLabels};
 pub use process::ProcessCollector;
 pub use store::{InstrumentedStore, STORE_OPERATIONS, StoreLabels, StoreMetrics, backend_name};

@@ -73,7 +73,8 @@ pub const HOOK_CALLS_ANSWERED_HEADER: &str = "inplace-updater-hook-calls-answere
 /// `GET /status/agents`: every agent seen or refused (what `inplace-updater status --agents` prints); refusals
 /// show the reason, the answer and the peer address, never a token. `GET /status/retention`: what the last
 /// retention sweep deleted and the bounds (the last line of `inplace-updater status`). `GET /status/budget`: the
-/// update budget (limit, holders, Machines waiting; the line before it).
+/// update budget (limit, holders, Machines waiting; the line before it). `GET /status/events`: the Events written
+/// to the management cluster and those dropped, by why (the line after it).
 pub fn status_router(
     dispatcher: Arc<crate::dispatch::Dispatcher>,
     metrics: Arc<Metrics>,
@@ -143,6 +144,20 @@ pub fn status_router(
                         Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n"))
                             .into_response(),
                     }
+                },
+            ),
+        )
+        .route(
+            "/status/events",
+            get(
+                |State((dispatcher, metrics)): State<(
+                    Arc<crate::dispatch::Dispatcher>,
+                    Arc<Metrics>,
+                )>| async move {
+                    axum::Json(crate::mgmt::events::metrics::EventsStatus::of(
+                        dispatcher.events_connected(),
+                        &metrics.events,
+                    ))
                 },
             ),
         )

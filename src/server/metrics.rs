@@ -13,7 +13,7 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use crate::api::Hook;
-use crate::observe::{FleetMetrics, ProcessCollector, StoreMetrics};
+use crate::observe::{FleetMetrics, ManagementMetrics, ProcessCollector, StoreMetrics};
 
 /// Labels of `hook_calls_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -69,6 +69,10 @@ pub struct Metrics {
     pub fleet: FleetMetrics,
     /// Store latency (handed to the [`crate::observe::InstrumentedStore`] wrapping `--store`).
     pub store: StoreMetrics,
+    /// The management-cluster client: failed calls, guards held.
+    pub management: ManagementMetrics,
+    /// The Events on Machines: sent and dropped.
+    pub events: crate::mgmt::events::metrics::EventMetrics,
     /// Hook calls by hook and status.
     pub calls: Family<CallLabels, Counter>,
     /// Hook verdicts by hook and verdict.
@@ -144,6 +148,10 @@ impl Metrics {
         fleet.register(&mut registry);
         let store = StoreMetrics::new();
         store.register(&mut registry);
+        let management = ManagementMetrics::default();
+        management.register(&mut registry);
+        let events = crate::mgmt::events::metrics::EventMetrics::new();
+        events.register(&mut registry);
         registry.register(
             "build",
             "The running version: always 1, the facts are its labels",
@@ -172,6 +180,8 @@ impl Metrics {
             process,
             fleet,
             store,
+            management,
+            events,
             unjudged_updates,
             decision_calls: AtomicU64::new(0),
             in_flight,

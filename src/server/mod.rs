@@ -42,6 +42,7 @@ use crate::dispatch::upkeep::rollout::release::SharedImage;
 use crate::dispatch::upkeep::served_ca::Refreshed;
 use crate::dispatch::upkeep::tokens::AgentTokens;
 use crate::hooks::Engine;
+use crate::mgmt::Management;
 
 /// Default interval between checks of the certificate files for new content.
 pub const DEFAULT_TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
@@ -142,6 +143,9 @@ pub struct Services {
     pub tokens: Arc<AgentTokens>,
     /// The agent executable handed out at `GET /agent/v1/binary`, if any.
     pub agent_image: SharedImage,
+    /// The management cluster's API (`--management-kubeconfig`, `--management-in-cluster`); none: nothing is
+    /// written there, and hooks answer the same.
+    pub management: Option<Management>,
 }
 
 /// Runs the server until `shutdown` is cancelled, then drains and returns `Ok`. Returns an error at once
@@ -175,6 +179,10 @@ pub async fn run(
     };
 
     let mut tasks: JoinSet<&'static str> = JoinSet::new();
+    if let Some(management) = &services.management {
+        let (dispatcher, events) = (&services.engine.dispatcher, metrics.events.clone());
+        crate::mgmt::events::start(&mut tasks, management, dispatcher, events, shutdown.clone());
+    }
     let stop = shutdown.clone();
     tasks.spawn(async move {
         listener::serve_tls(

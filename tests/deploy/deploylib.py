@@ -331,6 +331,7 @@ SERVE_ENV = {
         "agent-ca-bundle",
         "agent-release", "agent-upgrade-concurrency", "agent-upgrade-max-failures",
         "no-agent-upgrades", "max-concurrent-updates", "max-concurrent-updates-per-label",
+        "management-kubeconfig", "management-in-cluster",
     )
 } | {
     # `--agent-binary`'s twin: not INPLACE_UPDATER_AGENT_BINARY, the agent's own executable (issue 43.8).

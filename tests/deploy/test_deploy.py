@@ -334,7 +334,6 @@ def test_security_context_resources_and_probes(rendered, directory):
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
-    assert pod["automountServiceAccountToken"] is False
     assert not pod.get("hostNetwork") and not pod.get("hostPID")
     sc = server["securityContext"]
     assert sc["runAsNonRoot"] is True
@@ -375,13 +374,32 @@ def test_selectors_reach_the_server_pods(rendered, directory):
             assert all(any(p.get("name") == ep["port"] for p in t["spec"]["ports"]) for t in targets)
 
 
-def test_no_rbac_and_no_api_token(rendered):
+# What the server may do on the management cluster (deploy/base/rbac.yaml): the remediation guard patches
+# Machines' annotation after reading it, and Events are created and their series patched. Nothing else.
+MANAGEMENT_GRANTS = {
+    ("cluster.x-k8s.io", "machines"): ["get", "patch"],
+    ("events.k8s.io", "events"): ["create", "patch"],
+}
+
+
+def test_rbac_is_least_privilege(rendered):
     for directory in SERVER_RENDERS:
         objs = rendered[directory]
         rbac = [o for o in objs if o["apiVersion"].startswith("rbac.authorization.k8s.io/")]
-        assert not rbac, "the server needs no Kubernetes API access"
+        assert sorted(o["kind"] for o in rbac) == ["ClusterRole", "ClusterRoleBinding"], d.describe(rbac)
+        role = d.one(objs, "ClusterRole")
+        grants = {(g, r): rule["verbs"] for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+        assert grants == MANAGEMENT_GRANTS
+        assert all("*" not in rule["verbs"] and not rule.get("resourceNames") for rule in role["rules"])
+        binding = d.one(objs, "ClusterRoleBinding")
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]}
         sa = d.one(objs, "ServiceAccount", "inplace-updater")
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "inplace-updater", "namespace": sa["metadata"]["namespace"]}]
+        # The token reaches the server's Pod only (not every Pod naming the ServiceAccount), and the server uses it.
         assert sa["automountServiceAccountToken"] is False
+        dep, server = server_deployment(objs)
+        assert dep["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+        assert env_of(server)["INPLACE_UPDATER_MANAGEMENT_IN_CLUSTER"] == "true"
 
 
 def test_ha_overlay_runs_two_replicas_on_etcd(rendered):

@@ -105,6 +105,7 @@ pub fn start_ours(
             }),
             tokens: Arc::new(inplace_updater::dispatch::upkeep::tokens::AgentTokens::none()),
             agent_image: None,
+            management: None,
         };
         let _ = tx.send(hooks);
         if let Err(err) = server::run(

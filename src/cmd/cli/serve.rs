@@ -19,6 +19,7 @@ use crate::dispatch::{
     DEFAULT_RETRY_AFTER_SECONDS, DEFAULT_VERDICT_RETENTION, DispatchConfig,
     RETRY_AFTER_MAX_SECONDS_LIMIT, RetryAfterMode,
 };
+use crate::mgmt::ManagementSource;
 use crate::server::{
     ConnLimits, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_SHUTDOWN_GRACE, DEFAULT_TLS_RELOAD_INTERVAL, ServeConfig, tls::TlsFiles,
@@ -145,6 +146,21 @@ pub struct ServeArgs {
     /// used (Go duration).
     #[arg(long, env = "INPLACE_UPDATER_AGENT_TOKEN_GRACE", value_parser = duration, default_value = "1h")]
     pub agent_token_grace: Duration,
+    /// Kubeconfig of the management cluster (its current context): the server sets CAPI's skip-remediation
+    /// annotation on Machines while an update can take their node down, and writes Events on them
+    /// (docs/operations.md). Needs get+patch on Machines and create+patch on events.k8s.io Events
+    /// (docs/install.md). Without this or --management-in-cluster nothing is written to the management cluster;
+    /// hooks answer the same either way.
+    #[arg(
+        long,
+        env = "INPLACE_UPDATER_MANAGEMENT_KUBECONFIG",
+        conflicts_with = "management_in_cluster"
+    )]
+    pub management_kubeconfig: Option<PathBuf>,
+    /// Talk to the management cluster with the Pod's ServiceAccount (in-cluster configuration), as
+    /// --management-kubeconfig does with a file.
+    #[arg(long, env = "INPLACE_UPDATER_MANAGEMENT_IN_CLUSTER")]
+    pub management_in_cluster: bool,
     /// Test-only (hidden): dispatch reads the time (maintenance windows, run and last-seen times) as the Unix
     /// ms in this file instead of the system clock.
     #[arg(long, hide = true)]
@@ -167,6 +183,15 @@ impl ServeArgs {
             self.health_listen.unwrap_or(SocketAddr::new(host, 9440)),
             self.metrics_listen.unwrap_or(SocketAddr::new(host, 8080)),
         )
+    }
+
+    /// Where the management-cluster client's configuration comes from (`None`: no client).
+    pub fn management_source(&self) -> Option<ManagementSource> {
+        match (&self.management_kubeconfig, self.management_in_cluster) {
+            (Some(path), _) => Some(ManagementSource::Kubeconfig(path.clone())),
+            (None, true) => Some(ManagementSource::InCluster),
+            (None, false) => None,
+        }
     }
 
     /// Dispatch tunables.

@@ -16,6 +16,7 @@ use crate::dispatch::floor::hold::hold_for;
 use crate::dispatch::floor::keys::{machine_key, provider_key, update_key, valid_segment};
 use crate::dispatch::floor::records::{MachineRecord, ProviderIndex};
 use crate::dispatch::floor::run::{RunOutcome, UpdateRecord};
+use crate::dispatch::floor::run_events;
 use crate::dispatch::upkeep::tokens::AgentScope;
 
 /// The refusal of an agent whose token does not cover the Machine it claims.
@@ -96,6 +97,7 @@ impl Agents {
         let now = self.floor.now_ms();
         let mut failed_kind = None;
         let mut rollback_end = None;
+        let mut happened = Vec::new();
         // Progress that ends the run (its last report was lost) gives the update budget's slots back with it.
         self.budget
             .update_run(
@@ -103,17 +105,18 @@ impl Agents {
                 &progress.plan_id,
                 false,
                 |current: Option<&UpdateRecord>| {
-                    (failed_kind, rollback_end) = (None, None);
-                    let Some(run) = current else { return Ok(None) };
-                    let was_failed = failed_at(&run.outcome()).is_some();
-                    let before = run.rollback_state();
-                    let expected = record.and_then(|r| hold_for(r, run, now));
+                    (failed_kind, rollback_end, happened) = (None, None, Vec::new());
+                    let Some(was) = current else { return Ok(None) };
+                    let was_failed = failed_at(&was.outcome()).is_some();
+                    let before = was.rollback_state();
+                    let expected = record.and_then(|r| hold_for(r, was, now));
                     let mut progress = progress.clone();
                     progress.hold = progress.hold.filter(|h| Some(h) == expected.as_ref());
-                    let mut run = run.clone();
+                    let mut run = was.clone();
                     if !run.apply_progress(&progress, now) {
                         return Ok(None);
                     }
+                    happened = run_events::between(was, &run);
                     if let (Some(index), false) = (failed_at(&run.outcome()), was_failed) {
                         failed_kind = run
                             .plan
@@ -126,6 +129,7 @@ impl Agents {
                 },
             )
             .await?;
+        self.post(machine, record.and_then(|r| r.uid.as_deref()), happened);
         if let Some(kind) = failed_kind {
             // Its report was lost: no duration, but the failure counts.
             self.fleet.step_finished(kind, None, true);

@@ -11,8 +11,10 @@ use super::poll::truncate;
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::hold::hold_for;
 use crate::dispatch::floor::keys::machine_key;
+use crate::dispatch::floor::outbox::{MachineEvent, Reason};
 use crate::dispatch::floor::records::MachineRecord;
 use crate::dispatch::floor::run::{RunRollback, UpdateRecord};
+use crate::dispatch::floor::run_events;
 use crate::dispatch::upkeep::tokens::AgentScope;
 use inplace_agent_api::RollbackState;
 
@@ -42,6 +44,7 @@ impl Agents {
         let mut rejection = None;
         let mut ended = None;
         let mut rollback_end = None;
+        let mut happened = Vec::new();
         // The update budget's slots go with the run record: renewed by the report, given back when it ends the run.
         let run = self
             .budget
@@ -50,12 +53,13 @@ impl Agents {
                 &report.plan_id,
                 true,
                 |current: Option<&UpdateRecord>| {
-                    (ended, rollback_end) = (None, None);
-                    let Some(run) = current else { return Ok(None) };
-                    let before = run.rollback_state();
-                    let mut run = run.clone();
+                    (ended, rollback_end, happened) = (None, None, Vec::new());
+                    let Some(was) = current else { return Ok(None) };
+                    let before = was.rollback_state();
+                    let mut run = was.clone();
                     match run.apply_report(report, now) {
                         Ok(true) => {
+                            happened = run_events::between(was, &run);
                             ended = run
                                 .plan
                                 .steps
@@ -80,6 +84,7 @@ impl Agents {
         if let Some(rollback) = rollback_end {
             self.rollback_ended(&machine, &report.plan_id, &rollback);
         }
+        self.post(&machine, record.uid.as_deref(), happened);
         if let Some(err) = rejection {
             return Err(DispatchError::BadRequest(err.to_string()));
         }
@@ -92,6 +97,20 @@ impl Agents {
             .unwrap_or(record);
         let now = self.floor.now_ms();
         Ok(run.and_then(|run| hold_for(&record, &run, now)))
+    }
+
+    /// Posts what a run's transition was worth (the run's end, its failed step, its rollback) as Events.
+    pub(super) fn post(
+        &self,
+        machine: &MachineRef,
+        uid: Option<&str>,
+        happened: Vec<(Reason, String)>,
+    ) {
+        for (reason, note) in happened {
+            self.floor
+                .outbox
+                .post(MachineEvent::new(machine, uid, reason, note));
+        }
     }
 
     /// Counts a step that just ended (first report of its end) and logs a failure.

@@ -263,7 +263,7 @@ fn failing_gates(gates: &[GateOutcome]) -> Option<String> {
 }
 
 /// Until when the change soaks and after what: the latest finish (or failing gate) plus the soak.
-fn soaking(record: &ChangeRecord, pacing: &Pacing, now: u64) -> Option<(u64, String)> {
+pub(super) fn soaking(record: &ChangeRecord, pacing: &Pacing, now: u64) -> Option<(u64, String)> {
     if record.promoted || pacing.soak() == 0 {
         return None;
     }

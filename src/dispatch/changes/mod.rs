@@ -11,6 +11,7 @@ pub mod budget;
 pub mod budget_io;
 pub mod control;
 pub mod decide;
+mod held;
 pub mod identity;
 pub mod record;
 
@@ -68,6 +69,8 @@ pub enum Paced {
         message: String,
         /// `retryAfterSeconds`.
         retry_after_seconds: i32,
+        /// Which hold of the change, for the Event on the Machine.
+        held: super::floor::outbox::Reason,
     },
 }
 
@@ -182,6 +185,7 @@ impl Changes {
                     self.floor.db.commit(vec![put]).await?;
                 }
                 Ok(Paced::Wait {
+                    held: held::reason(&admission.record, pacing, now_ms, skip_soak),
                     message,
                     retry_after_seconds,
                 })

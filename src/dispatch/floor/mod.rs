@@ -1,6 +1,6 @@
 //! The floor every wing of dispatch stands on: the store with typed records ([`db`]), the keys ([`keys`]), the
 //! records and a run's pure transitions ([`records`], [`run`]), the hold on a run ([`hold`]), store-backed
-//! counting semaphores ([`slots`]), what the retention sweep deletes ([`retention`]), the clock, the tunables, the error type and the stored format. No wing is
+//! counting semaphores ([`slots`]), what the retention sweep deletes ([`retention`]), the outbox of Kubernetes Events ([`outbox`]), the clock, the tunables, the error type and the stored format. No wing is
 //! imported here.
 
 pub mod clock;
@@ -10,10 +10,12 @@ pub mod error;
 pub mod format;
 pub mod hold;
 pub mod keys;
+pub mod outbox;
 pub mod records;
 pub mod retention;
 pub mod rollback;
 pub mod run;
+pub mod run_events;
 pub mod run_view;
 pub mod slots;
 
@@ -37,6 +39,8 @@ pub struct Floor {
     pub config: DispatchConfig,
     /// Cancelled at shutdown.
     pub shutdown: CancellationToken,
+    /// Where the wings post what an operator should see as Events on the Machine.
+    pub outbox: outbox::Outbox,
 }
 
 impl Floor {

@@ -50,6 +50,10 @@ pub struct MachineRecord {
     /// `None`: roll back), as the last UpdateMachine saw it; sent with every plan and hold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_failure: Option<inplace_agent_api::OnFailure>,
+    /// The Machine's `metadata.uid` as the last UpdateMachine saw it: the Events on it name it (`kubectl
+    /// describe` matches them by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
 }
 
 /// An operator cancel value as dispatch recorded it.

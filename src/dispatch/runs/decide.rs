@@ -335,6 +335,7 @@ pub fn decide(
                         window: current.as_ref().and_then(|r| r.window.clone()),
                         node_change: planner.change.clone(),
                         on_failure: current.as_ref().and_then(|r| r.on_failure),
+                        uid: None,
                     }
                 }
             }
@@ -356,6 +357,7 @@ pub fn decide(
     }
     next.window = request.window.clone();
     next.on_failure = knobs.on_failure.or(request.on_failure_setting);
+    next.uid = request.uid().map(str::to_owned);
     if let Some(value) = &knobs.cancel
         && next.cancel.as_ref().is_none_or(|m| &m.value != value)
     {

@@ -5,6 +5,7 @@
 
 mod answer;
 mod decide;
+mod events;
 mod load;
 mod planning;
 mod request;
@@ -32,6 +33,7 @@ use super::changes::{ChangeId, Changes, GateVars, Paced};
 use super::fleet::Fleet;
 use super::floor::db::{CAS_ATTEMPTS, Committed, Put};
 use super::floor::keys::{agent_key, machine_key, provider_key, update_key};
+use super::floor::outbox::{MachineEvent, Reason};
 use super::floor::records::{AgentRecord, MachineRecord};
 use super::floor::run::{RunOutcome, RunView, UpdateRecord};
 use super::floor::{DispatchError, Floor};
@@ -92,7 +94,11 @@ impl Runs {
                         message: refusal.message,
                     });
                 }
-                Decision::Answer(answer) => return Ok(answer),
+                Decision::Answer(answer) => {
+                    // Only a new run outside its maintenance window is answered without a commit.
+                    self.post(request, Reason::HeldByWindow, events::message(&answer));
+                    return Ok(answer);
+                }
                 Decision::Commit(commit) => *commit,
             };
             let mut extra = Vec::new();
@@ -102,7 +108,9 @@ impl Runs {
                     Paced::Wait {
                         message,
                         retry_after_seconds,
+                        held,
                     } => {
+                        self.post(request, held, &message);
                         return Ok(UpdateAnswer::InProgress {
                             message,
                             retry_after_seconds,
@@ -124,6 +132,7 @@ impl Runs {
                 {
                     Admission::Admitted(ops) => ops,
                     Admission::Wait(waiting) => {
+                        self.post(request, Reason::HeldByBudget, &waiting.message);
                         return Ok(UpdateAnswer::InProgress {
                             message: waiting.message,
                             retry_after_seconds: waiting.retry_after_seconds,
@@ -140,9 +149,45 @@ impl Runs {
                 // Local polls wake now; other replicas wake from the change feed.
                 self.agents.waiters.wake(&facts.machine);
             }
-            return Ok(self.answer(&record, &run).await);
+            let answer = self.answer(&record, &run).await;
+            self.post_answer(request, &events, &record, &run, &answer);
+            return Ok(answer);
         }
         Err(DispatchError::Contention(machine_key(&facts.machine)))
+    }
+
+    /// Posts an Event of `reason` on the request's Machine.
+    fn post(&self, request: &UpdateRequest, reason: Reason, note: &str) {
+        let machine = &request.desired.facts.machine;
+        self.floor
+            .outbox
+            .post(MachineEvent::new(machine, request.uid(), reason, note));
+    }
+
+    /// Posts what a committed call is worth: the run it recorded, the hold its answer is made of.
+    fn post_answer(
+        &self,
+        request: &UpdateRequest,
+        happened: &[Event],
+        record: &MachineRecord,
+        run: &RunView,
+        answer: &UpdateAnswer,
+    ) {
+        if !self.floor.outbox.is_connected() {
+            return;
+        }
+        for event in happened {
+            if let Event::Recorded { run_id, .. } = event {
+                self.post(
+                    request,
+                    Reason::UpdateRecorded,
+                    &events::recorded_note(run_id, run),
+                );
+            }
+        }
+        if let Some(reason) = events::held(record, run, self.floor.now_ms()) {
+            self.post(request, reason, events::message(answer));
+        }
     }
 
     /// For a paced registration's new run, what its change says ([`Changes::admit`]); `None` when the

@@ -50,6 +50,14 @@ pub struct UpdateRequest {
 }
 
 impl UpdateRequest {
+    /// The Machine's `metadata.uid`, when the request carries one.
+    pub fn uid(&self) -> Option<&str> {
+        self.machine
+            .pointer("/metadata/uid")
+            .and_then(|v| v.as_str())
+            .filter(|uid| !uid.is_empty())
+    }
+
     /// A fingerprint of everything the plan is built from but what the change moves: this server's version,
     /// the upgrade mode, the plan inputs' serialized form and the desired objects' texts (the infrastructure
     /// machine's too, which only the verdict check reads). What the change moves belongs to the desired state's

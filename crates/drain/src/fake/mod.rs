@@ -8,25 +8,24 @@
 //! disappears); it does not prove Kubernetes itself behaves so. It runs on its own thread and
 //! Tokio runtime, so it can be started from any test, process or `demo`; dropping it shuts it down.
 
+pub mod management;
 mod model;
+mod serving;
 
 use std::io;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, Query, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
-use base64::Engine;
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 
+use model::Model;
 pub use model::{EvictionRecord, FakeNode, FakePdb, FakePod, PdbBlock};
-use model::{Model, status};
+use serving::{Serving, answer, status, unauthorized};
 
 /// The bearer token the fake's kubeconfig carries (any other is answered 401).
 pub const FAKE_TOKEN: &str = "fake-kubelet-token";
@@ -42,17 +41,13 @@ fn lock(model: &Shared) -> MutexGuard<'_, Model> {
 /// A running fake API server (see the module docs). Shut down when dropped.
 pub struct FakeApiServer {
     model: Shared,
-    addr: SocketAddr,
-    ca_pem: String,
-    dir: tempfile::TempDir,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    serving: Serving,
 }
 
 impl std::fmt::Debug for FakeApiServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FakeApiServer")
-            .field("addr", &self.addr)
+            .field("url", &self.serving.url())
             .finish_non_exhaustive()
     }
 }
@@ -60,53 +55,26 @@ impl std::fmt::Debug for FakeApiServer {
 impl FakeApiServer {
     /// Starts serving `node` on `127.0.0.1:<free port>` and writes its kubeconfig.
     pub fn start(node: FakeNode) -> io::Result<Self> {
-        let (ca_pem, server_config) = tls_config().map_err(io::Error::other)?;
-        let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        std_listener.set_nonblocking(true)?;
-        let addr = std_listener.local_addr()?;
         let model: Shared = Arc::new(Mutex::new(Model::new(node)));
-        let app = router(model.clone());
-        let (stop, stopped) = tokio::sync::oneshot::channel();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let thread = std::thread::Builder::new()
-            .name("fake-apiserver".into())
-            .spawn(move || runtime.block_on(serve(std_listener, server_config, app, stopped)))?;
-        let dir = tempfile::tempdir()?;
-        let server = Self {
-            model,
-            addr,
-            ca_pem,
-            dir,
-            stop: Some(stop),
-            thread: Some(thread),
-        };
+        let serving = Serving::start(router(model.clone()), "fake-apiserver")?;
+        let server = Self { model, serving };
         server.write_kubeconfig(&server.kubeconfig_path())?;
         Ok(server)
     }
 
     /// `https://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
-        format!("https://{}", self.addr)
+        self.serving.url()
     }
 
     /// The kubeconfig written at start (removed with the server).
     pub fn kubeconfig_path(&self) -> PathBuf {
-        self.dir.path().join("kubeconfig")
+        self.serving.kubeconfig_path()
     }
 
     /// Writes a kubeconfig for this server at `path` (e.g. under an agent's `--root`).
     pub fn write_kubeconfig(&self, path: &Path) -> io::Result<()> {
-        let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);
-        let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\nusers:\n- name: node\n  user:\n    token: {FAKE_TOKEN}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: node\ncurrent-context: fake\n",
-            self.url()
-        );
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(path, text)
+        self.serving.write_kubeconfig(path, FAKE_TOKEN)
     }
 
     /// Puts a pod on the node (replacing one of the same name, with a new uid).
@@ -196,80 +164,6 @@ impl FakeApiServer {
     }
 }
 
-impl Drop for FakeApiServer {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// A fresh CA and a server certificate for 127.0.0.1/localhost signed by it.
-fn tls_config() -> Result<(String, rustls::ServerConfig), String> {
-    let e = |e: &dyn std::fmt::Display| e.to_string();
-    let ca_key = rcgen::KeyPair::generate().map_err(|x| e(&x))?;
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(|x| e(&x))?;
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "fake apiserver CA");
-    let ca_cert = ca_params.self_signed(&ca_key).map_err(|x| e(&x))?;
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let key = rcgen::KeyPair::generate().map_err(|x| e(&x))?;
-    let mut params =
-        rcgen::CertificateParams::new(vec!["localhost".to_owned()]).map_err(|x| e(&x))?;
-    params
-        .subject_alt_names
-        .push(rcgen::SanType::IpAddress(std::net::IpAddr::from([
-            127, 0, 0, 1,
-        ])));
-    let cert = params.signed_by(&key, &issuer).map_err(|x| e(&x))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|x| e(&x))?
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-        )
-        .map_err(|x| e(&x))?;
-    Ok((ca_cert.pem(), config))
-}
-
-async fn serve(
-    listener: std::net::TcpListener,
-    config: rustls::ServerConfig,
-    app: Router,
-    mut stopped: tokio::sync::oneshot::Receiver<()>,
-) {
-    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
-        return;
-    };
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    loop {
-        let accepted = tokio::select! {
-            _ = &mut stopped => return,
-            accepted = listener.accept() => accepted,
-        };
-        let Ok((stream, _)) = accepted else { continue };
-        let acceptor = acceptor.clone();
-        let app = app.clone();
-        tokio::spawn(async move {
-            let Ok(tls) = acceptor.accept(stream).await else {
-                return;
-            };
-            let service = hyper_util::service::TowerToHyperService::new(app);
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tls), service)
-                .await;
-        });
-    }
-}
-
 fn router(model: Shared) -> Router {
     Router::new()
         .route("/api/v1/nodes", get(list_nodes))
@@ -288,7 +182,7 @@ async fn guard(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if let Some(denied) = unauthorized(request.headers()) {
+    if let Some(denied) = unauthorized(request.headers(), FAKE_TOKEN) {
         return denied;
     }
     {
@@ -304,23 +198,6 @@ async fn guard(
         }
     }
     next.run(request).await
-}
-
-fn answer((code, body): (u16, Value)) -> Response {
-    let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (
-        code,
-        [("content-type", "application/json")],
-        body.to_string(),
-    )
-        .into_response()
-}
-
-/// `None` when the request carries the fake's token.
-fn unauthorized(headers: &HeaderMap) -> Option<Response> {
-    let expected = format!("Bearer {FAKE_TOKEN}");
-    let ok = headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(expected.as_str());
-    (!ok).then(|| answer(status(401, "Unauthorized", "Unauthorized", Value::Null)))
 }
 
 async fn get_node(State(model): State<Shared>, UrlPath(name): UrlPath<String>) -> Response {

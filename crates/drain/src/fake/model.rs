@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use super::serving::status;
+
 /// A Node the fake serves: the agent's own (the one the drainer works on), or another one listed with it.
 #[derive(Clone, Debug)]
 pub struct FakeNode {
@@ -477,16 +479,4 @@ fn node_json(node: &FakeNode) -> Value {
             }
         }
     })
-}
-
-/// A `Status` object as the API server sends with errors.
-pub(super) fn status(code: u16, reason: &str, message: &str, details: Value) -> (u16, Value) {
-    let mut body = json!({
-        "apiVersion": "v1", "kind": "Status", "status": "Failure",
-        "message": message, "reason": reason, "code": code,
-    });
-    if !details.is_null() {
-        body["details"] = details;
-    }
-    (code, body)
 }
