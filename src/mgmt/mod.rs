@@ -5,6 +5,7 @@
 //! its caller logs it with [`Management::failed`] (no secrets: the error, never a token or file content) and
 //! it is counted in `inplace_updater_management_errors_total{op}`.
 
+mod guard;
 mod machines;
 
 use std::path::{Path, PathBuf};
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+pub use guard::GUARD_PATCH_ATTEMPTS;
 pub use machines::{MachineMeta, SKIP_REMEDIATION_ANNOTATION};
 
 use crate::observe::{ManagementMetrics, OpLabels};

@@ -29,6 +29,8 @@ pub const AGENT_TOKENS_PREFIX: &str = "agent-tokens/";
 pub const SLOTS_PREFIX: &str = "slots/";
 /// Prefix of every change a paced registration's Machines take ([`crate::dispatch::changes`]).
 pub const CHANGES_PREFIX: &str = "changes/";
+/// Prefix of every Machine's remediation guard record ([`super::guard`]).
+pub const GUARDS_PREFIX: &str = "guards/";
 /// The key holding the stored format's version ([`super::format`]).
 pub const FORMAT_KEY: &str = "meta/format";
 
@@ -40,6 +42,11 @@ pub fn change_key(id: &str) -> String {
 /// Key of a Machine's record: which run is current.
 pub fn machine_key(machine: &MachineRef) -> String {
     format!("{MACHINES_PREFIX}{}/{}", machine.namespace, machine.name)
+}
+
+/// Key of a Machine's remediation guard record.
+pub fn guard_key(machine: &MachineRef) -> String {
+    format!("{GUARDS_PREFIX}{}/{}", machine.namespace, machine.name)
 }
 
 /// Key of one update run of a Machine.

@@ -31,11 +31,13 @@ pub enum Swept {
     /// Update budget slots that are free (their hold expired: the run that held one made no report for longer
     /// than its steps' timeouts and a margin).
     UpdateSlots,
+    /// Remediation guard records lifted (the Machine seen without the guard) `--retention` ago.
+    Guards,
 }
 
 impl Swept {
     /// Every kind, in the order the sweep takes them.
-    pub const ALL: [Swept; 7] = [
+    pub const ALL: [Swept; 8] = [
         Swept::Runs,
         Swept::AgentRefusals,
         Swept::Verdicts,
@@ -43,6 +45,7 @@ impl Swept {
         Swept::AgentUpgrades,
         Swept::UpgradeSlots,
         Swept::UpdateSlots,
+        Swept::Guards,
     ];
 
     /// Its name in the record and in `status`.
@@ -55,6 +58,7 @@ impl Swept {
             Swept::AgentUpgrades => "agent upgrades",
             Swept::UpgradeSlots => "upgrade slots",
             Swept::UpdateSlots => "update slots",
+            Swept::Guards => "remediation guards",
         }
     }
 
