@@ -161,6 +161,13 @@ impl Dispatcher {
         self.guards.get()
     }
 
+    /// The remediation guards held now, as the store records them (`status`).
+    pub async fn remediation_guards(
+        &self,
+    ) -> Result<Vec<floor::guard::GuardRecord>, DispatchError> {
+        guards::held(&self.floor).await
+    }
+
     /// The store, for status and retention.
     pub fn store(&self) -> &Arc<dyn Store> {
         self.floor.db.store()

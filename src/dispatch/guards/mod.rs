@@ -277,15 +277,7 @@ impl Guards {
 
     /// The guards the updater holds now (as the store records them), for `status` and the gauge.
     pub async fn held_guards(&self) -> Result<Vec<GuardRecord>, DispatchError> {
-        Ok(self
-            .floor
-            .db
-            .per_machine::<GuardRecord>(GUARDS_PREFIX)
-            .await?
-            .into_iter()
-            .map(|(_, g)| g)
-            .filter(GuardRecord::held)
-            .collect())
+        held(&self.floor).await
     }
 
     /// The loop: every Machine at start, then each Machine whose record or run changed, and the known ones every
@@ -324,6 +316,39 @@ impl Guards {
             }
         }
     }
+}
+
+/// The guards the updater holds now, as the store records them (with or without a management client).
+pub async fn held(floor: &Floor) -> Result<Vec<GuardRecord>, DispatchError> {
+    Ok(floor
+        .db
+        .per_machine::<GuardRecord>(GUARDS_PREFIX)
+        .await?
+        .into_iter()
+        .map(|(_, g)| g)
+        .filter(GuardRecord::held)
+        .collect())
+}
+
+/// `status`'s line for the guards `held`.
+pub fn status_line(held: &[GuardRecord]) -> String {
+    if held.is_empty() {
+        return "remediation guards: none held".to_owned();
+    }
+    let each: Vec<String> = held
+        .iter()
+        .map(|g| {
+            let step = g
+                .step
+                .map_or(String::new(), |s| format!(", step {}", s + 1));
+            format!("{} ({}{step})", g.machine, g.value)
+        })
+        .collect();
+    format!(
+        "remediation guards: {} held (cluster.x-k8s.io/skip-remediation): {}",
+        held.len(),
+        each.join(", ")
+    )
 }
 
 /// Retention: guard records lifted and seen lifted `--retention` ago (with or without a management client:

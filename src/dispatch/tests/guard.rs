@@ -127,6 +127,12 @@ async fn the_guard_is_on_before_the_first_step_and_removed_once_the_node_is_back
     let polled = d.agents.poll(&scope(), &poll_for(name, 0)).await.unwrap();
     assert_eq!(polled.hold, None, "the guard is on: the agent may start");
     assert_eq!(guards.held_guards().await.unwrap().len(), 1);
+    let line = crate::dispatch::guards::status_line(&d.remediation_guards().await.unwrap());
+    assert!(
+        line.starts_with("remediation guards: 1 held")
+            && line.contains(&format!("default/{name} ({value}")),
+        "{line}"
+    );
 
     // Through the drain and the reboot: still on, never patched again.
     let os = index_of(&plan, StepKind::OsImage);
