@@ -144,9 +144,10 @@ mod tests {
         assert_eq!(
             record.status_line(1_000 + 12 * 60_000),
             "retention: last sweep 12 min ago deleted 0 finished runs, 1 agent refusals, 2 verdicts and \
-             refusals, 3 agent tokens, 4 agent upgrades, 5 upgrade slots, 6 update slots; kept after they stop \
-             mattering: finished runs 168h, agent refusals 168h, verdicts and refusals 72h, agent tokens 168h, \
-             agent upgrades 168h, upgrade slots 0h, update slots 0h; agent tokens not swept: store: unavailable"
+             refusals, 3 agent tokens, 4 agent upgrades, 5 upgrade slots, 6 update slots, 7 remediation guards; \
+             kept after they stop mattering: finished runs 168h, agent refusals 168h, verdicts and refusals 72h, \
+             agent tokens 168h, agent upgrades 168h, upgrade slots 0h, update slots 0h, remediation guards 168h; \
+             agent tokens not swept: store: unavailable"
         );
     }
 }
