@@ -56,7 +56,7 @@ async fn a_draining_update_is_guarded_from_before_the_cordon_and_an_operators_va
     assert_eq!(patches.len(), 2, "set once, removed once: {patches:?}");
     let value = patches[0].after.get(SKIP).cloned().unwrap();
     assert!(value.starts_with("inplace-updater:"), "{value}");
-    assert!(patches[1].before.get(SKIP) == Some(&value) && patches[1].after.get(SKIP).is_none());
+    assert!(patches[1].before.get(SKIP) == Some(&value) && !patches[1].after.contains_key(SKIP));
     let cordoned = agents[0]
         .sandbox
         .kube

@@ -10,10 +10,9 @@ use std::time::Duration;
 use inplace_agent_api::{HoldReason, MachineRef, StepKind, StepStatus};
 use inplace_drain::fake::management::{FakeManagementApi, Mode};
 use prometheus_client::metrics::gauge::Gauge;
-use serde_json::json;
-use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
+use super::reboot::os_image_request;
 use crate::dispatch::floor::guard::{GuardRecord, LiftReason};
 use crate::dispatch::floor::keys::guard_key;
 use crate::dispatch::guards::Guards;
@@ -21,27 +20,8 @@ use crate::dispatch::testing::*;
 use crate::dispatch::*;
 use crate::mgmt::{Management, ManagementSource, SKIP_REMEDIATION_ANNOTATION};
 use crate::observe::{ManagementMetrics, OpLabels};
-use inplace_core::Action;
-use inplace_core::plan::PlanInputs;
-use inplace_core::policy::ImageField;
 
 const START: u64 = 1_796_000_000_000;
-
-fn os_image_request(name: &str) -> UpdateRequest {
-    let infra = json!({
-        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "Metal3Machine",
-        "spec": {"image": {"url": "https://images.example/edge-2026-12.raw"}}
-    });
-    UpdateRequest {
-        inputs: PlanInputs {
-            actions: [Action::OsImage].into(),
-            os_image: Some(ImageField::parse("spec.image.url").unwrap()),
-            ..PlanInputs::default()
-        },
-        infra: Some(RawValue::from_string(infra.to_string()).unwrap()),
-        ..request(name, false, "v1.34.1", "hi")
-    }
-}
 
 fn fake() -> FakeManagementApi {
     let manifests = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
