@@ -12,6 +12,7 @@ use crate::cmd::cli::{ChangeAction, ChangeArgs, EtcdArgs, OutputFormat, RetryArg
 use crate::cmd::tables::{render_agents, render_changes, render_status};
 use crate::dispatch::changes::budget::BudgetStatus;
 use crate::dispatch::changes::control::{ChangeRow, Control};
+use crate::dispatch::floor::guard::GuardRecord;
 use crate::dispatch::{
     AgentRow, DispatchConfig, Dispatcher, RetentionRecord, RetryOutcome, StatusRow, now_ms,
 };
@@ -64,39 +65,49 @@ pub async fn status(args: &StatusArgs) -> anyhow::Result<String> {
     let mut no_hook_calls = false;
     // Only a running server counts its Events.
     let mut events = None;
-    let (rows, retention, budget): (Vec<StatusRow>, Option<RetentionRecord>, BudgetStatus) =
-        match &args.store {
-            Some(url) => {
-                let dispatcher = store_dispatcher(&args.etcd, url).await?;
-                (
-                    dispatcher.fleet.status().await?,
-                    dispatcher.retention().await?,
-                    BudgetStatus {
-                        limits_unknown: true,
-                        ..dispatcher.budget.status().await?
-                    },
-                )
-            }
-            None => {
-                let (rows, headers) = get_json(args, "/status").await?;
-                no_hook_calls = headers
-                    .get(server::HOOK_CALLS_ANSWERED_HEADER)
-                    .and_then(|v| v.to_str().ok())
-                    .is_some_and(|v| v.trim() == "0");
-                let status: EventsStatus = get_json(args, "/status/events").await?.0;
-                events = Some(status.status_line());
-                (
-                    rows,
-                    get_json(args, "/status/retention").await?.0,
-                    get_json(args, "/status/budget").await?.0,
-                )
-            }
-        };
+    let (rows, retention, budget, guards): (
+        Vec<StatusRow>,
+        Option<RetentionRecord>,
+        BudgetStatus,
+        Vec<GuardRecord>,
+    ) = match &args.store {
+        Some(url) => {
+            let dispatcher = store_dispatcher(&args.etcd, url).await?;
+            (
+                dispatcher.fleet.status().await?,
+                dispatcher.retention().await?,
+                BudgetStatus {
+                    limits_unknown: true,
+                    ..dispatcher.budget.status().await?
+                },
+                dispatcher.remediation_guards().await?,
+            )
+        }
+        None => {
+            let (rows, headers) = get_json(args, "/status").await?;
+            no_hook_calls = headers
+                .get(server::HOOK_CALLS_ANSWERED_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.trim() == "0");
+            let status: EventsStatus = get_json(args, "/status/events").await?.0;
+            events = Some(status.status_line());
+            (
+                rows,
+                get_json(args, "/status/retention").await?.0,
+                get_json(args, "/status/budget").await?.0,
+                get_json(args, "/status/guards").await?.0,
+            )
+        }
+    };
     let retention = match &retention {
         Some(record) => format!("{}\n", record.status_line(now_ms())),
         None => "retention: no sweep has run against this store yet\n".to_string(),
     };
-    let mut retention = format!("{}\n{retention}", budget.status_line(now_ms()));
+    let mut retention = format!(
+        "{}\n{}\n{retention}",
+        budget.status_line(now_ms()),
+        crate::dispatch::guards::status_line(&guards)
+    );
     if let Some(line) = events {
         retention.push_str(&format!("{line}\n"));
     }

@@ -8,6 +8,9 @@
 //! - [`upkeep`]: what keeps the agents current: the release rollout, token rotation, the served CA bundle.
 //! - [`licence`]: the CanUpdate verdicts, whether a desired state may run, UpdateMachine's refusals.
 //! - [`fleet`]: the census, `status`, retention of finished runs, step metrics and learned step durations.
+//! - [`guards`]: the remediation guard: CAPI's skip-remediation annotation on a Machine while its run can take
+//!   the node down, recorded in the store and reconciled against the management cluster (through a
+//!   [`guards::GuardTarget`] `crate::mgmt` implements).
 //! - [`changes`]: how a change spreads: the fleet-wide update budget (a slot per run in progress, taken and
 //!   given back in the transactions that record and end the run), and how each change proves itself before it
 //!   spreads (canaries, soak, health gates, the brake).
@@ -20,6 +23,7 @@ pub mod agents;
 pub mod changes;
 pub mod fleet;
 pub mod floor;
+pub mod guards;
 pub mod licence;
 pub mod runs;
 pub mod upkeep;
@@ -27,6 +31,7 @@ pub mod upkeep;
 use std::sync::Arc;
 
 use inplace_store::Store;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio_util::sync::CancellationToken;
 
 use crate::observe::{FleetMetrics, LiveFleet};
@@ -44,6 +49,7 @@ pub use floor::config::{
 pub use floor::keys::valid_segment;
 pub use floor::retention::{RETENTION_KEY, RetentionRecord, Swept};
 pub use floor::{Clock, DispatchConfig, DispatchError, Floor};
+pub use guards::{GuardTarget, Guards};
 pub use licence::{Licences, RefusalReason, VerdictHook, VerdictRecord};
 pub use runs::{RetryOutcome, Runs, UpdateAnswer, UpdateRequest, ago, node_change_of, plan_for};
 pub use upkeep::Upkeep;
@@ -66,6 +72,8 @@ pub struct Dispatcher {
     pub changes: Arc<Changes>,
     /// The fleet-wide update budget.
     pub budget: Arc<Budget>,
+    /// The remediation guard, once a management-cluster client is attached ([`Dispatcher::attach_guards`]).
+    guards: std::sync::OnceLock<Arc<Guards>>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -135,10 +143,31 @@ impl Dispatcher {
             runs,
             changes,
             budget,
+            guards: std::sync::OnceLock::new(),
         });
         let live: std::sync::Weak<dyn LiveFleet> = Arc::downgrade(&dispatcher) as _;
         metrics.attach(live);
         dispatcher
+    }
+
+    /// Attaches the remediation guard calling `target` (the management cluster), counting the guards held in
+    /// `held`; its loop is [`Guards::run`]. Only the first call attaches.
+    pub fn attach_guards(&self, target: Arc<dyn GuardTarget>, held: Gauge) -> Arc<Guards> {
+        self.guards
+            .get_or_init(|| Arc::new(Guards::new(self.floor.clone(), target, held)))
+            .clone()
+    }
+
+    /// The remediation guard, when attached.
+    pub fn guards(&self) -> Option<&Arc<Guards>> {
+        self.guards.get()
+    }
+
+    /// The remediation guards held now, as the store records them (`status`).
+    pub async fn remediation_guards(
+        &self,
+    ) -> Result<Vec<floor::guard::GuardRecord>, DispatchError> {
+        guards::held(&self.floor).await
     }
 
     /// The store, for status and retention.
@@ -184,6 +213,7 @@ impl Dispatcher {
                 Swept::UpdateSlots => self.budget.sweep().await,
                 Swept::Changes => self.changes.sweep().await,
                 Swept::Presence => self.agents.presence.sweep().await,
+                Swept::Guards => guards::sweep(&self.floor).await,
             };
             let name = kind.as_str().to_string();
             match swept {

@@ -10,8 +10,7 @@ use serde_json::json;
 
 use super::{Management, ManagementError};
 
-/// CAPI's remediation opt-out: a MachineHealthCheck leaves a Machine with this annotation alone.
-pub const SKIP_REMEDIATION_ANNOTATION: &str = "cluster.x-k8s.io/skip-remediation";
+pub use crate::dispatch::floor::guard::SKIP_REMEDIATION_ANNOTATION;
 
 /// What the server reads of a Machine.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

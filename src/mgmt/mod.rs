@@ -6,6 +6,7 @@
 //! it is counted in `inplace_updater_management_errors_total{op}`.
 
 pub mod events;
+mod guard;
 mod machines;
 
 use std::path::{Path, PathBuf};
@@ -13,6 +14,7 @@ use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+pub use guard::GUARD_PATCH_ATTEMPTS;
 pub use machines::{MachineMeta, SKIP_REMEDIATION_ANNOTATION};
 
 use crate::observe::{ManagementMetrics, OpLabels};

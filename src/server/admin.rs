@@ -162,6 +162,21 @@ pub fn status_router(
             ),
         )
         .route(
+            "/status/guards",
+            get(
+                |State((dispatcher, _)): State<(
+                    Arc<crate::dispatch::Dispatcher>,
+                    Arc<Metrics>,
+                )>| async move {
+                    match dispatcher.remediation_guards().await {
+                        Ok(rows) => axum::Json(rows).into_response(),
+                        Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n"))
+                            .into_response(),
+                    }
+                },
+            ),
+        )
+        .route(
             "/status/agents",
             get(
                 |State((dispatcher, _)): State<(

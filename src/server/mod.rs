@@ -221,6 +221,7 @@ pub async fn run(
             name
         });
     }
+    let metrics_for_guards = metrics.clone();
     let stop = shutdown.clone();
     let interval = config.tls_reload_interval;
     let watched = cert.clone();
@@ -264,6 +265,16 @@ pub async fn run(
         changes.count_changes().await;
         "change counter"
     });
+    if let Some(management) = &services.management {
+        let guards = dispatcher.attach_guards(
+            Arc::new(management.clone()),
+            metrics_for_guards.management.guards.clone(),
+        );
+        tasks.spawn(async move {
+            guards.run().await;
+            "remediation guard"
+        });
+    }
     let stop = shutdown.clone();
     tasks.spawn(async move {
         sweep_retention(dispatcher, stop).await;

@@ -4,7 +4,7 @@
 //! `every_step_kind_is_wired` test (validator, driver, pace, metrics, openapi, shipped agent configs).
 //!
 //! A new kind is a `StepAction` variant (the wire shape, in `plan.rs`) plus one row here: the macro builds
-//! [`StepKind`], [`StepKind::ALL`], the wire names, each kind's facts (guess, timeout, undo, preflight) and
+//! [`StepKind`], [`StepKind::ALL`], the wire names, each kind's facts (guess, timeout, undo, preflight, disrupts) and
 //! [`StepAction::step_kind`] from the rows, and a variant without a row does not compile.
 
 use std::fmt;
@@ -34,7 +34,7 @@ pub enum Undo {
 pub const UNSUPPORTED_GUESS_SECONDS: u32 = 10;
 
 macro_rules! step_kinds {
-    ($( $(#[$doc:meta])* $kind:ident = $wire:literal, guess_seconds: $guess:literal, timeout_seconds: $timeout:expr, undo: $undo:ident, preflight: $preflight:literal; )+) => {
+    ($( $(#[$doc:meta])* $kind:ident = $wire:literal, guess_seconds: $guess:literal, timeout_seconds: $timeout:expr, undo: $undo:ident, preflight: $preflight:literal, disrupts: $disrupts:literal; )+) => {
         /// A kind of step: the `kind` tag of a [`StepAction`], as a small `Copy` value.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
         pub enum StepKind {
@@ -79,6 +79,17 @@ macro_rules! step_kinds {
                 }
             }
 
+            /// Whether the node may be unhealthy to Kubernetes while a step of this kind runs (it drains the node,
+            /// restarts kubelet or the container runtime, reboots, or waits for the node to come back): the
+            /// server keeps CAPI's `cluster.x-k8s.io/skip-remediation` guard on the Machine through such steps,
+            /// so a MachineHealthCheck does not replace it mid-update.
+            pub const fn disrupts(self) -> bool {
+                match self {
+                    $( StepKind::$kind => $disrupts, )+
+                    StepKind::Unsupported => false,
+                }
+            }
+
             /// What a step of this kind typically takes on a node, in seconds: the server's adaptive
             /// `retryAfterSeconds` starts from it before it has seen steps of the kind finish.
             pub const fn guess_seconds(self) -> u32 {
@@ -113,34 +124,34 @@ macro_rules! step_kinds {
 
 step_kinds! {
     /// `files`: the full set of files the updater manages.
-    Files = "files", guess_seconds: 1, timeout_seconds: 60, undo: Restores, preflight: false;
+    Files = "files", guess_seconds: 1, timeout_seconds: 60, undo: Restores, preflight: false, disrupts: false;
     /// `sshKeys`: each listed user's `authorized_keys`.
-    SshKeys = "sshKeys", guess_seconds: 1, timeout_seconds: 60, undo: Restores, preflight: false;
+    SshKeys = "sshKeys", guess_seconds: 1, timeout_seconds: 60, undo: Restores, preflight: false, disrupts: false;
     /// `ntp`: the time service's drop-in, then its restart.
-    Ntp = "ntp", guess_seconds: 3, timeout_seconds: 120, undo: Restores, preflight: false;
+    Ntp = "ntp", guess_seconds: 3, timeout_seconds: 120, undo: Restores, preflight: false, disrupts: false;
     /// `etcdImage`: the etcd static pod's image.
-    EtcdImage = "etcdImage", guess_seconds: 20, timeout_seconds: 120, undo: Restores, preflight: true;
+    EtcdImage = "etcdImage", guess_seconds: 20, timeout_seconds: 120, undo: Restores, preflight: true, disrupts: false;
     /// `kubeletArgs`: the managed kubelet flags, then a kubelet restart.
-    KubeletArgs = "kubeletArgs", guess_seconds: 20, timeout_seconds: 120, undo: Restores, preflight: true;
+    KubeletArgs = "kubeletArgs", guess_seconds: 20, timeout_seconds: 120, undo: Restores, preflight: true, disrupts: true;
     /// `installKubeadm`: the node's configured sequence installing kubeadm.
-    InstallKubeadm = "installKubeadm", guess_seconds: 30, timeout_seconds: 600, undo: Restores, preflight: false;
+    InstallKubeadm = "installKubeadm", guess_seconds: 30, timeout_seconds: 600, undo: Restores, preflight: false, disrupts: false;
     /// `kubeadmUpgrade`: `kubeadm upgrade apply` or `node`, as configured.
-    KubeadmUpgrade = "kubeadmUpgrade", guess_seconds: 90, timeout_seconds: 1800, undo: NoReturn, preflight: true;
+    KubeadmUpgrade = "kubeadmUpgrade", guess_seconds: 90, timeout_seconds: 1800, undo: NoReturn, preflight: true, disrupts: true;
     /// `installKubelet`: the node's configured sequence installing kubelet and kubectl.
-    InstallKubelet = "installKubelet", guess_seconds: 30, timeout_seconds: 600, undo: Restores, preflight: true;
+    InstallKubelet = "installKubelet", guess_seconds: 30, timeout_seconds: 600, undo: Restores, preflight: true, disrupts: true;
     /// `drainNode`: cordon and evict through the Kubernetes API.
-    DrainNode = "drainNode", guess_seconds: 60, timeout_seconds: 600, undo: Nothing, preflight: false;
+    DrainNode = "drainNode", guess_seconds: 60, timeout_seconds: 600, undo: Nothing, preflight: false, disrupts: true;
     /// `waitNodeReady`: the Node Ready (at a kubelet version).
-    WaitNodeReady = "waitNodeReady", guess_seconds: 20, timeout_seconds: 300, undo: Nothing, preflight: false;
+    WaitNodeReady = "waitNodeReady", guess_seconds: 20, timeout_seconds: 300, undo: Nothing, preflight: false, disrupts: true;
     /// `uncordonNode`: undo this plan's cordon.
-    UncordonNode = "uncordonNode", guess_seconds: 1, timeout_seconds: 120, undo: Nothing, preflight: false;
+    UncordonNode = "uncordonNode", guess_seconds: 1, timeout_seconds: 120, undo: Nothing, preflight: false, disrupts: false;
     /// `reboot`: reboot the node (always, or only when it says one is required), confirmed by a new boot id.
-    Reboot = "reboot", guess_seconds: 180, timeout_seconds: 1800, undo: Nothing, preflight: true;
+    Reboot = "reboot", guess_seconds: 180, timeout_seconds: 1800, undo: Nothing, preflight: true, disrupts: true;
     /// `osImage`: switch to an OS image, reboot into it, verify it.
-    OsImage = "osImage", guess_seconds: 600, timeout_seconds: crate::MAX_STEP_TIMEOUT_SECONDS, undo: Restores, preflight: true;
+    OsImage = "osImage", guess_seconds: 600, timeout_seconds: crate::MAX_STEP_TIMEOUT_SECONDS, undo: Restores, preflight: true, disrupts: true;
     /// `containerRuntime`: containerd, runc and the CNI plugins of the node's matrix bundle for a Kubernetes
     /// version, containerd restarted, the versions verified.
-    ContainerRuntime = "containerRuntime", guess_seconds: 60, timeout_seconds: 900, undo: Restores, preflight: true;
+    ContainerRuntime = "containerRuntime", guess_seconds: 60, timeout_seconds: 900, undo: Restores, preflight: true, disrupts: true;
 }
 
 impl StepKind {

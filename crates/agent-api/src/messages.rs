@@ -140,7 +140,7 @@ impl std::fmt::Display for Hold {
 }
 
 /// Why a plan is held. JSON: `{"kind": "paused", "by": "..."}`, `{"kind": "window", "opensAtUnixMs": ...}`,
-/// `{"kind": "cancelled", "value": "..."}`; a kind this agent does not know holds without cancelling.
+/// `{"kind": "cancelled", "value": "..."}`, `{"kind": "remediationGuard", "value": "..."}`; a kind this agent does not know holds without cancelling.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(
     tag = "kind",
@@ -164,6 +164,12 @@ pub enum HoldReason {
         /// The cancel annotation's value.
         value: String,
     },
+    /// The server is setting CAPI's `cluster.x-k8s.io/skip-remediation` guard on the Machine (to `value`) before
+    /// a step that can take the node down starts.
+    RemediationGuard {
+        /// The annotation value the server sets (`inplace-updater:<run id>`).
+        value: String,
+    },
     /// A reason a newer server sent that this version does not know: held, not cancelled.
     #[serde(other)]
     Other,
@@ -178,6 +184,10 @@ impl std::fmt::Display for HoldReason {
             } => write!(f, "outside the maintenance window (opens at Unix ms {at})"),
             Self::Window { .. } => write!(f, "outside the maintenance window"),
             Self::Cancelled { value } => write!(f, "cancelled by operator ({value})"),
+            Self::RemediationGuard { value } => write!(
+                f,
+                "waiting for the remediation guard (cluster.x-k8s.io/skip-remediation={value}) on the Machine"
+            ),
             Self::Other => write!(f, "held by the server"),
         }
     }

@@ -207,6 +207,7 @@ impl ServeArgs {
                 total: self.max_concurrent_updates,
                 per_label: self.max_concurrent_updates_per_label.clone(),
             },
+            remediation_guard: self.management_source().is_some(),
         }
     }
 

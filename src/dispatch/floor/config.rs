@@ -130,6 +130,9 @@ pub struct DispatchConfig {
     pub agent_token_grace: Duration,
     /// The fleet-wide update budget (default: unlimited).
     pub budget: UpdateBudget,
+    /// Whether runs are guarded from remediation (a management-cluster client is configured): a new run whose
+    /// plan can take the node down starts no step until the guard reconcile loop settled its guard.
+    pub remediation_guard: bool,
 }
 
 impl Default for DispatchConfig {
@@ -142,6 +145,7 @@ impl Default for DispatchConfig {
             verdict_retention: DEFAULT_VERDICT_RETENTION,
             agent_token_grace: DEFAULT_AGENT_TOKEN_GRACE,
             budget: UpdateBudget::default(),
+            remediation_guard: false,
         }
     }
 }

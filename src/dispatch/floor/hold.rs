@@ -1,5 +1,5 @@
 //! The hold on a run: why its agent must start no new step (an operator cancel, a pause, a shut maintenance
-//! window), judged from the Machine record and the run at an instant. Pure: the poll, the report ack, the
+//! window, its remediation guard not settled yet), judged from the Machine record and the run at an instant. Pure: the poll, the report ack, the
 //! UpdateMachine answer and `status` all ask this one function.
 
 use inplace_agent_api::{Hold, HoldReason};
@@ -17,13 +17,14 @@ pub fn timestamp(unix_ms: u64) -> jiff::Timestamp {
 }
 
 /// The hold on `run` given its Machine's record at `now_ms` (Unix ms): cancelled (recorded or asked for)
-/// before paused before a shut maintenance window; none once the run ended otherwise.
+/// before paused before a shut maintenance window before a pending remediation guard; none once the run ended otherwise.
 pub fn hold_for(record: &MachineRecord, run: &UpdateRecord, now_ms: u64) -> Option<Hold> {
     hold_on(
         record,
         &run.plan.id,
         run.finished_ms.is_some(),
         run.cancelled.as_ref().map(|c| &c.value),
+        run.guard_pending.as_deref(),
         now_ms,
     )
 }
@@ -34,6 +35,7 @@ pub fn hold_on(
     run_id: &str,
     finished: bool,
     cancelled: Option<&String>,
+    guard_pending: Option<&str>,
     now_ms: u64,
 ) -> Option<Hold> {
     let reason = if let Some(value) = cancelled {
@@ -54,6 +56,10 @@ pub fn hold_on(
         HoldReason::Window {
             opens_at_unix_ms: opens
                 .and_then(|at| u64::try_from(at.timestamp().as_millisecond()).ok()),
+        }
+    } else if let Some(value) = guard_pending {
+        HoldReason::RemediationGuard {
+            value: value.to_owned(),
         }
     } else {
         return None;

@@ -33,6 +33,8 @@ pub const CHANGES_PREFIX: &str = "changes/";
 pub const PRESENCE_ALIVE_PREFIX: &str = "presence/alive/";
 /// Prefix of every replica's membership chunks.
 pub const PRESENCE_MEMBERS_PREFIX: &str = "presence/members/";
+/// Prefix of every Machine's remediation guard record ([`super::guard`]).
+pub const GUARDS_PREFIX: &str = "guards/";
 /// The key holding the stored format's version ([`super::format`]).
 pub const FORMAT_KEY: &str = "meta/format";
 
@@ -44,6 +46,11 @@ pub fn change_key(id: &str) -> String {
 /// Key of a Machine's record: which run is current.
 pub fn machine_key(machine: &MachineRef) -> String {
     format!("{MACHINES_PREFIX}{}/{}", machine.namespace, machine.name)
+}
+
+/// Key of a Machine's remediation guard record.
+pub fn guard_key(machine: &MachineRef) -> String {
+    format!("{GUARDS_PREFIX}{}/{}", machine.namespace, machine.name)
 }
 
 /// Key of one update run of a Machine.

@@ -1,5 +1,5 @@
 //! The floor every wing of dispatch stands on: the store with typed records ([`db`]), the keys ([`keys`]), the
-//! records and a run's pure transitions ([`records`], [`run`]), the hold on a run ([`hold`]), store-backed
+//! records and a run's pure transitions ([`records`], [`run`]), the hold on a run ([`hold`]), the remediation guard's record ([`guard`]), store-backed
 //! counting semaphores ([`slots`]), what the retention sweep deletes ([`retention`]), the outbox of Kubernetes Events ([`outbox`]), the clock, the tunables, the error type and the stored format. No wing is
 //! imported here.
 
@@ -8,6 +8,7 @@ pub mod config;
 pub mod db;
 pub mod error;
 pub mod format;
+pub mod guard;
 pub mod hold;
 pub mod keys;
 pub mod outbox;

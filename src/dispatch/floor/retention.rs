@@ -36,11 +36,13 @@ pub enum Swept {
     /// Presence of replicas dead for `PRESENCE_SWEEP_AFTER` (their heartbeat and membership), once their
     /// agents' last contact is in the agents' own records.
     Presence,
+    /// Remediation guard records lifted (the Machine seen without the guard) `--retention` ago.
+    Guards,
 }
 
 impl Swept {
     /// Every kind, in the order the sweep takes them.
-    pub const ALL: [Swept; 9] = [
+    pub const ALL: [Swept; 10] = [
         Swept::Runs,
         Swept::AgentRefusals,
         Swept::Verdicts,
@@ -50,6 +52,7 @@ impl Swept {
         Swept::UpdateSlots,
         Swept::Changes,
         Swept::Presence,
+        Swept::Guards,
     ];
 
     /// Its name in the record and in `status`.
@@ -64,6 +67,7 @@ impl Swept {
             Swept::UpdateSlots => "update slots",
             Swept::Changes => "changes",
             Swept::Presence => "dead replicas' presence",
+            Swept::Guards => "remediation guards",
         }
     }
 
@@ -151,9 +155,10 @@ mod tests {
             record.status_line(1_000 + 12 * 60_000),
             "retention: last sweep 12 min ago deleted 0 finished runs, 1 agent refusals, 2 verdicts and \
              refusals, 3 agent tokens, 4 agent upgrades, 5 upgrade slots, 6 update slots, 7 changes, 8 dead \
-             replicas' presence; kept after they stop mattering: finished runs 168h, agent refusals 168h, \
-             verdicts and refusals 72h, agent tokens 168h, agent upgrades 168h, upgrade slots 0h, update slots \
-             0h, changes 168h, dead replicas' presence 10m; agent tokens not swept: store: unavailable"
+             replicas' presence, 9 remediation guards; kept after they stop mattering: finished runs 168h, agent \
+             refusals 168h, verdicts and refusals 72h, agent tokens 168h, agent upgrades 168h, upgrade slots 0h, \
+             update slots 0h, changes 168h, dead replicas' presence 10m, remediation guards 168h; agent tokens not \
+             swept: store: unavailable"
         );
     }
 }

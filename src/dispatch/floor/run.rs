@@ -143,6 +143,11 @@ pub struct UpdateRecord {
     /// Set once the agent reported a rollback of this run (a step failed under `onFailure: rollback`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback: Option<RunRollback>,
+    /// The remediation guard's value while the run waits for its guard to be settled (set on the Machine, or
+    /// found impossible): the agent starts no step meanwhile. Set when a guarded run is recorded, cleared by
+    /// the guard reconcile loop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard_pending: Option<String>,
 }
 
 /// Where a run is, as UpdateMachine reports it.
@@ -231,11 +236,26 @@ impl UpdateRecord {
             held: None,
             cancelled: None,
             rollback: None,
+            guard_pending: None,
         };
         if record.steps.is_empty() {
             record.finished_ms = Some(now_ms);
         }
         record
+    }
+
+    /// The run with its remediation guard pending when `guarded` (the server has a management-cluster client)
+    /// and a step of its plan can take the node down.
+    pub fn guarded(mut self, guarded: bool) -> Self {
+        let disrupts = self
+            .plan
+            .steps
+            .iter()
+            .any(|s| s.action.step_kind().disrupts());
+        if guarded && disrupts && self.finished_ms.is_none() {
+            self.guard_pending = Some(super::guard::guard_value(&self.plan.id));
+        }
+        self
     }
 
     /// Where the run is.

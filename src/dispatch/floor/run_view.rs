@@ -28,6 +28,9 @@ pub struct RunView {
     /// When the run ended, by the server's clock (Unix ms).
     #[serde(default)]
     pub finished_ms: Option<u64>,
+    /// The remediation guard's value while the run waits for it to be settled.
+    #[serde(default)]
+    pub guard_pending: Option<String>,
 }
 
 /// The parts of a [`Plan`] a [`RunView`] keeps.
@@ -84,6 +87,7 @@ impl RunView {
             cancelled: record.cancelled.clone(),
             rollback: record.rollback.clone(),
             finished_ms: record.finished_ms,
+            guard_pending: record.guard_pending.clone(),
         }
     }
 

@@ -68,6 +68,9 @@ pub fn answer(inputs: &Inputs<'_>) -> UpdateAnswer {
         &record.run_id,
         matches!(outcome, RunOutcome::Done | RunOutcome::Failed { .. }),
         run.cancelled.as_ref().map(|c| &c.value),
+        // The remediation guard's short hold is between the server and its agent: CAPI's answer is the same
+        // with or without a management-cluster client.
+        None,
         inputs.now_ms,
     );
     let normal = inputs.config.retry_after_seconds;

@@ -286,6 +286,7 @@ pub fn decide(
                 outcome: retried.outcome,
             });
             if let Some(started) = retried.fresh {
+                let started = started.guarded(config.remediation_guard);
                 run = Some(RunView::of(&started));
                 fresh = Some(started);
             }
@@ -374,7 +375,7 @@ pub fn decide(
         None => {
             let mut plan = planner.plan()?.clone();
             plan.id = next.run_id.clone();
-            let started = UpdateRecord::new(plan, now_ms);
+            let started = UpdateRecord::new(plan, now_ms).guarded(config.remediation_guard);
             let view = RunView::of(&started);
             fresh = Some(started);
             view

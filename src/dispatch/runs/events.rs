@@ -43,12 +43,14 @@ pub fn held(record: &MachineRecord, run: &RunView, now_ms: u64) -> Option<Reason
         &record.run_id,
         false,
         run.cancelled.as_ref().map(|c| &c.value),
+        // The guard's own hold is not the operator's: its Events are the guard's.
+        None,
         now_ms,
     )?;
     match hold.reason {
         HoldReason::Paused { .. } => Some(Reason::HeldByPause),
         HoldReason::Window { .. } => Some(Reason::HeldByWindow),
-        HoldReason::Cancelled { .. } | HoldReason::Other => None,
+        HoldReason::Cancelled { .. } | HoldReason::RemediationGuard { .. } | HoldReason::Other => None,
     }
 }
 

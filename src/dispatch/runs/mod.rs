@@ -381,7 +381,8 @@ impl Runs {
                 &retried.record,
                 Precondition::Revision(entry.revision),
             )?];
-            if let Some(fresh) = &retried.fresh {
+            let guarded = self.floor.config.remediation_guard;
+            if let Some(fresh) = retried.fresh.map(|run| run.guarded(guarded)).as_ref() {
                 puts.push(Put::of(
                     update_key(machine, &fresh.plan.id),
                     fresh,

@@ -5,6 +5,7 @@ mod budget;
 mod changes;
 mod drain;
 mod fault;
+mod guard;
 mod hold;
 mod observe;
 mod presence;

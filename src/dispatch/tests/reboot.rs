@@ -14,7 +14,8 @@ use inplace_core::Action;
 use inplace_core::plan::PlanInputs;
 use inplace_core::policy::ImageField;
 
-fn os_image_request(name: &str) -> UpdateRequest {
+/// UpdateMachine of Machine `default/<name>` switching its OS image (the osImage action).
+pub(super) fn os_image_request(name: &str) -> UpdateRequest {
     let infra = json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "Metal3Machine",
         "spec": {"image": {"url": "https://images.example/edge-2026-12.raw"}}

@@ -147,6 +147,11 @@ impl FakeApiServer {
         lock(&self.model).node.unschedulable
     }
 
+    /// When a patch first cordoned the node (`None`: never).
+    pub fn first_cordon_at(&self) -> Option<std::time::Instant> {
+        lock(&self.model).first_cordon_at
+    }
+
     /// Every `spec.unschedulable` the node was patched with, in order (`None`: set to null).
     pub fn unschedulable_patches(&self) -> Vec<Option<bool>> {
         lock(&self.model).patches.clone()

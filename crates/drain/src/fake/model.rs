@@ -199,6 +199,8 @@ pub(super) struct Model {
     pub pods: Vec<StoredPod>,
     pub pdbs: Vec<(FakePdb, bool)>,
     pub patches: Vec<Option<bool>>,
+    /// When the node was first cordoned by a patch.
+    pub first_cordon_at: Option<Instant>,
     pub evictions: Vec<EvictionRecord>,
     pub next_uid: u64,
     /// The next this many requests are answered 503 (an API server restarting).
@@ -213,6 +215,7 @@ impl Model {
             pods: Vec::new(),
             pdbs: Vec::new(),
             patches: Vec::new(),
+            first_cordon_at: None,
             evictions: Vec::new(),
             next_uid: 1,
             unavailable: 0,
@@ -286,6 +289,9 @@ impl Model {
         if let Some(value) = patch.get("spec").and_then(|s| s.get("unschedulable")) {
             let value = value.as_bool();
             self.patches.push(value);
+            if value == Some(true) && self.first_cordon_at.is_none() {
+                self.first_cordon_at = Some(Instant::now());
+            }
             self.node.unschedulable = value.unwrap_or(false);
         }
     }

@@ -26,6 +26,8 @@ pub struct MachinePatch {
     pub before: BTreeMap<String, String>,
     /// `metadata.annotations` after.
     pub after: BTreeMap<String, String>,
+    /// When it was applied.
+    pub at: std::time::Instant,
 }
 
 /// Every Machine, and the one resourceVersion counter they share (as etcd's revision).
@@ -220,6 +222,7 @@ impl Machines {
             body: patch,
             before: annotations(&current),
             after: annotations(&patched),
+            at: std::time::Instant::now(),
         });
         self.objects
             .insert((namespace.into(), name.into()), patched.clone());
