@@ -83,6 +83,10 @@ class Server:
                 (target / key).write_text(text)
         self.tokens_file = self.path(d.env_of(container)["INPLACE_UPDATER_AGENT_TOKENS"])
         env = {name: self.translate(value) for name, value in d.env_of(container).items()}
+        # The kubelet gives a Pod its API server's address and ServiceAccount token at fixed paths; this sandbox has
+        # no API server, so the server runs without its management-cluster client (the guard and Events are
+        # tested against the fake management API in tests/integration/e2e_guard.rs and e2e_events.rs).
+        assert env.pop("INPLACE_UPDATER_MANAGEMENT_IN_CLUSTER", None) == "true", "the Pod uses its ServiceAccount"
         env.update({k: self.translate(v) for k, v in extra_env.items()})
         self.proc = procs.Proc([str(d.binary()), *container["args"]], env={"PATH": os.environ["PATH"], **env}, cwd=str(root))
         listening = self.proc.wait_for_json("listening")["fields"]

@@ -25,11 +25,13 @@ use inplace_store::{BoxFuture, Precondition};
 use prometheus_client::metrics::gauge::Gauge;
 
 use crate::dispatch::floor::db::{CAS_ATTEMPTS, Committed, Put};
-use crate::dispatch::floor::guard::{GuardRecord, GuardWant, LiftReason, SKIP_REMEDIATION_ANNOTATION};
-use crate::dispatch::floor::outbox::{MachineEvent, Reason};
+use crate::dispatch::floor::guard::{
+    GuardRecord, GuardWant, LiftReason, SKIP_REMEDIATION_ANNOTATION,
+};
 use crate::dispatch::floor::keys::{
     GUARDS_PREFIX, MACHINES_PREFIX, guard_key, machine_key, machine_of_change, update_key,
 };
+use crate::dispatch::floor::outbox::{MachineEvent, Reason};
 use crate::dispatch::floor::records::MachineRecord;
 use crate::dispatch::floor::run::UpdateRecord;
 use crate::dispatch::floor::run_view::RunView;

@@ -50,7 +50,9 @@ pub fn held(record: &MachineRecord, run: &RunView, now_ms: u64) -> Option<Reason
     match hold.reason {
         HoldReason::Paused { .. } => Some(Reason::HeldByPause),
         HoldReason::Window { .. } => Some(Reason::HeldByWindow),
-        HoldReason::Cancelled { .. } | HoldReason::RemediationGuard { .. } | HoldReason::Other => None,
+        HoldReason::Cancelled { .. } | HoldReason::RemediationGuard { .. } | HoldReason::Other => {
+            None
+        }
     }
 }
 
