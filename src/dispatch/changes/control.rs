@@ -3,6 +3,7 @@
 //! restart keeps it — and the listing `inplace-updater status --changes` prints. The transitions are pure
 //! ([`apply`]).
 
+use inplace_store::Entry;
 use serde::{Deserialize, Serialize};
 
 use super::Changes;
@@ -128,19 +129,12 @@ impl Changes {
     /// Every recorded change, newest first, with the ends of its running Machines' runs folded in as the next
     /// UpdateMachine would (read only: the record is written by that call).
     pub async fn list(&self) -> Result<Vec<ChangeRow>, DispatchError> {
-        let mut rows = Vec::new();
-        let now = self.floor.now_ms();
-        for entry in self.floor.db.store().list(CHANGES_PREFIX).await? {
-            // A record that does not decode is passed over: the listing stands without it.
-            let Ok(record) =
-                crate::dispatch::floor::db::decode::<ChangeRecord>(&entry.key, &entry.value)
-            else {
-                continue;
-            };
-            let ends = self.ends(&record.running).await?;
-            let record = fold(record, &ends, now);
-            rows.push((record.first_ms, ChangeRow::of(&record)));
-        }
+        let mut rows: Vec<(u64, ChangeRow)> = self
+            .folded(self.floor.now_ms())
+            .await?
+            .into_iter()
+            .map(|(_, record)| (record.first_ms, ChangeRow::of(&record)))
+            .collect();
         rows.sort_by_key(|row| std::cmp::Reverse(row.0));
         for state in CHANGE_STATES {
             let count = rows.iter().filter(|(_, row)| row.state == state).count();
@@ -157,6 +151,18 @@ impl Changes {
         let now = self.floor.now_ms();
         let horizon = now.saturating_sub(self.floor.config.retention.as_millis() as u64);
         let mut deleted = 0;
+        for (entry, record) in self.folded(now).await? {
+            if record.sweepable(horizon) && self.floor.db.delete_as_listed(&entry).await? {
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Every change record as listed (one that does not decode is passed over), with how its running
+    /// Machines' runs ended folded in at `now`, as the next UpdateMachine would (read only).
+    async fn folded(&self, now: u64) -> Result<Vec<(Entry, ChangeRecord)>, DispatchError> {
+        let mut records = Vec::new();
         for entry in self.floor.db.store().list(CHANGES_PREFIX).await? {
             let Ok(record) =
                 crate::dispatch::floor::db::decode::<ChangeRecord>(&entry.key, &entry.value)
@@ -164,12 +170,8 @@ impl Changes {
                 continue;
             };
             let ends = self.ends(&record.running).await?;
-            if fold(record, &ends, now).sweepable(horizon)
-                && self.floor.db.delete_as_listed(&entry).await?
-            {
-                deleted += 1;
-            }
+            records.push((entry, fold(record, &ends, now)));
         }
-        Ok(deleted)
+        Ok(records)
     }
 }
