@@ -148,6 +148,10 @@ pub struct UpdateRecord {
     /// the guard reconcile loop.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guard_pending: Option<String>,
+    /// The run is under a remediation guard (its steps that can take the node down): a step past its deadline
+    /// is unguarded, and the UpdateMachine message says so.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub guarded: bool,
 }
 
 /// Where a run is, as UpdateMachine reports it.
@@ -237,6 +241,7 @@ impl UpdateRecord {
             cancelled: None,
             rollback: None,
             guard_pending: None,
+            guarded: false,
         };
         if record.steps.is_empty() {
             record.finished_ms = Some(now_ms);
@@ -254,6 +259,7 @@ impl UpdateRecord {
             .any(|s| s.action.step_kind().disrupts());
         if guarded && disrupts && self.finished_ms.is_none() {
             self.guard_pending = Some(super::guard::guard_value(&self.plan.id));
+            self.guarded = true;
         }
         self
     }

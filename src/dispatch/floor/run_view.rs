@@ -31,6 +31,9 @@ pub struct RunView {
     /// The remediation guard's value while the run waits for it to be settled.
     #[serde(default)]
     pub guard_pending: Option<String>,
+    /// The run is under a remediation guard.
+    #[serde(default)]
+    pub guarded: bool,
 }
 
 /// The parts of a [`Plan`] a [`RunView`] keeps.
@@ -88,6 +91,7 @@ impl RunView {
             rollback: record.rollback.clone(),
             finished_ms: record.finished_ms,
             guard_pending: record.guard_pending.clone(),
+            guarded: record.guarded,
         }
     }
 

@@ -91,7 +91,39 @@ pub fn answer(inputs: &Inputs<'_>) -> UpdateAnswer {
             }
         }
         Some(hold) => held_answer(run, &hold, None, normal),
-        None => with_ignored_retry(answer_run(inputs), record),
+        None => with_ignored_retry(with_lifted_guard(answer_run(inputs), inputs), record),
+    }
+}
+
+/// While a guarded run's step that can take the node down is past its deadline, the remediation guard is
+/// lifted (the guards wing decides the same from the same run): the answer says so.
+fn with_lifted_guard(answer: UpdateAnswer, inputs: &Inputs<'_>) -> UpdateAnswer {
+    let run = inputs.run;
+    let UpdateAnswer::InProgress {
+        message,
+        retry_after_seconds,
+    } = answer
+    else {
+        return answer;
+    };
+    let overdue = run.guarded
+        && run.steps.iter().zip(&run.plan.steps).any(|(state, step)| {
+            state.state == StepState::Running
+                && step.action.kind.disrupts()
+                && state.started_ms.is_some_and(|started| {
+                    started.saturating_add(u64::from(step.timeout_seconds) * 1000) <= inputs.now_ms
+                })
+        });
+    let message = if overdue {
+        message
+            + " (remediation guard lifted at the step's deadline: a MachineHealthCheck may replace the \
+               Machine now)"
+    } else {
+        message
+    };
+    UpdateAnswer::InProgress {
+        message,
+        retry_after_seconds,
     }
 }
 

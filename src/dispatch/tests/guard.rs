@@ -176,9 +176,22 @@ async fn a_node_that_never_returns_is_unguarded_at_the_steps_deadline() {
         annotation(&fake, name).is_some(),
         "still within the deadline"
     );
+    let said = |answer: UpdateAnswer| match answer {
+        UpdateAnswer::InProgress { message, .. } => message,
+        other => panic!("not in progress: {other:?}"),
+    };
+    let before = said(update(&d, &os_image_request(name)).await.unwrap());
+    assert!(!before.contains("remediation guard lifted"), "{before}");
     d.clock().advance_for_tests(Duration::from_secs(1));
     guards.reconcile(&machine).await.unwrap();
     assert_eq!(annotation(&fake, name), None, "remediation may act");
+    let after = said(update(&d, &os_image_request(name)).await.unwrap());
+    assert!(
+        after.ends_with(
+            " (remediation guard lifted at the step's deadline: a MachineHealthCheck may replace the Machine now)"
+        ),
+        "{after}"
+    );
     assert_eq!(
         guard_record(&d, name).await.unwrap().lifted,
         Some(LiftReason::Deadline)
