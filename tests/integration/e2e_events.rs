@@ -40,6 +40,21 @@ fn reasons(events: &[Value]) -> Vec<String> {
         .collect()
 }
 
+/// The Events of the update itself, without the remediation guard's (the guard is on while a step can take the
+/// node down; its Events come from its own loop, so their place among the others is not fixed).
+fn update_events(events: &[Value]) -> Vec<Value> {
+    events
+        .iter()
+        .filter(|e| {
+            !e["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("RemediationGuard")
+        })
+        .cloned()
+        .collect()
+}
+
 /// The Events on Machine `name` as `kubectl describe machine` lists them (Type, Reason, Age — with the series
 /// as `(xN over …)` —, From, Message).
 fn describe(events: &[Value], name: &str) -> String {
@@ -98,13 +113,29 @@ async fn a_run_that_fails_and_rolls_back_leaves_its_events_on_the_machine_in_ord
         "RollbackStarted",
         "RolledBack",
     ];
-    wait_until("the rollback's Events", || {
-        reasons(&api.events()).len() >= want.len()
+    wait_until("the rollback's Events and the guard lifted", || {
+        let all = api.events();
+        update_events(&all).len() >= want.len()
+            && reasons(&all).iter().any(|r| r == "RemediationGuardLifted")
     });
-    let events = api.events();
-    println!("{}", describe(&events, FIRST));
+    let all = api.events();
+    println!("{}", describe(&all, FIRST));
+    let events = update_events(&all);
     assert_eq!(reasons(&events), want);
-    for event in &events {
+    // The update's steps that can take the node down are guarded: the guard is set before the failed step and
+    // lifted once the run no longer needs it.
+    let guard: Vec<String> = reasons(&all)
+        .into_iter()
+        .filter(|r| r.starts_with("RemediationGuard"))
+        .collect();
+    assert_eq!(guard, ["RemediationGuardSet", "RemediationGuardLifted"]);
+    let at = |reason: &str| reasons(&all).iter().position(|r| r == reason).unwrap();
+    assert!(
+        at("RemediationGuardSet") < at("StepFailed"),
+        "{:?}",
+        reasons(&all)
+    );
+    for event in &all {
         assert_eq!(event["regarding"]["uid"], UID);
         assert_eq!(event["regarding"]["kind"], "Machine");
         assert_eq!(event["regarding"]["apiVersion"], "cluster.x-k8s.io/v1beta2");
@@ -169,8 +200,9 @@ async fn a_thousand_calls_of_one_held_machine_make_one_event_with_a_count() {
     server.signal("TERM");
     let (code, _) = server.wait_exit(Duration::from_secs(30));
     assert_eq!(code, Some(0));
-    let events = api.events();
-    println!("{}", describe(&events, FIRST));
+    let all = api.events();
+    println!("{}", describe(&all, FIRST));
+    let events = update_events(&all);
     assert_eq!(reasons(&events), ["UpdateRecorded", "HeldByPause"]);
     assert_eq!(events[1]["series"]["count"], 1000, "{}", events[1]);
     assert!(events[1]["note"].as_str().unwrap().contains("paused"));

@@ -92,8 +92,8 @@ async fn a_draining_update_is_guarded_from_before_the_cordon_and_an_operators_va
         "nothing was patched on the operator's Machine"
     );
     for seen in management.seen() {
-        assert_eq!(
-            seen.code, 200,
+        assert!(
+            (200..300).contains(&seen.code),
             "only what the shipped RBAC grants was asked: {seen:?}"
         );
     }

@@ -60,6 +60,7 @@ pub use config::{
 pub use config::{
     DEFAULT_ETCD_CA_FILE, DEFAULT_ETCD_CERT_FILE, DEFAULT_ETCD_ENDPOINT, DEFAULT_ETCD_KEY_FILE,
 };
+pub use drivers::pods_before_drain::MAX_VERIFY_PODS_RECORDED;
 pub use drivers::{
     CONTROL_PLANE_COMPONENTS, NODE_STEP_DEADLINE_GRACE, RUNNING_CHECK_TIMEOUT, driver_kinds,
     unconfigured_kinds, unconfigured_optional_kinds,
@@ -92,7 +93,6 @@ pub use upkeep::self_upgrade::{
     AGENT_START_TRIAL_STARTS, EXIT_RESTART, OUTCOME_FILE, PREVIOUS_SUFFIX, TRIAL_FILE,
     UPGRADE_RETRY_DELAY, UPGRADE_TRIAL,
 };
-pub use verify::pods::MAX_VERIFY_PODS_RECORDED;
 
 /// How a running agent stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

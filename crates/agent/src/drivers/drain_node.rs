@@ -1,5 +1,5 @@
 //! The `drainNode` driver: records that this plan cordons the node, cordons it (unless it already is),
-//! records the pods Running and Ready for the node verification after the plan's last step (`crate::verify`),
+//! records the pods Running and Ready for the node verification after the plan's last step (`pods_before_drain`),
 //! then evicts its pods through the Eviction API within the step's timeout (see [`super::node`] for the
 //! cordon journal's rules).
 
@@ -94,7 +94,7 @@ async fn drain(
     drive(
         ctx,
         rx.clone(),
-        crate::verify::note_pods_before_drain(env, plan, &drainer),
+        super::pods_before_drain::note_pods_before_drain(env, plan, &drainer),
     )
     .await??;
     let deadline = ctx.deadline;

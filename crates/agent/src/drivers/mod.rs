@@ -23,6 +23,7 @@ mod kubernetes_undo;
 mod node;
 mod ntp;
 mod os_image;
+pub(crate) mod pods_before_drain;
 mod prepared;
 mod reboot;
 mod restart;

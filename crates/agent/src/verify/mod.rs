@@ -11,14 +11,13 @@
 //! the commands, after the last command passed and before the step's end is on disk) resumes the step — its
 //! driver runs again (the node steps are idempotent: an uncordon already done is not patched again), then the
 //! whole verification, whose checks only read. The pods it waits for were recorded before the drain in the state
-//! dir ([`journal`]), so a reboot between the drain and the verification does not lose them. A shutdown stops it
+//! dir (`crate::drivers::pods_before_drain`), so a reboot between the drain and the verification does not lose them. A shutdown stops it
 //! like any step (it runs again at the next start, the attempt not counted); [`crate::attempt::MAX_STEP_ATTEMPTS`]
 //! interrupted attempts fail the step as for any other.
 //!
 //! Without a `verify:` section nothing is recorded and nothing is verified: the plan ends as before.
 
 pub(crate) mod commands;
-pub(crate) mod journal;
 pub mod pods;
 
 use std::sync::Arc;
@@ -211,9 +210,11 @@ impl Verification {
         }
         let state_dir = self.env.state_dir.clone();
         let plan = self.plan_id.clone();
-        let recorded = tokio::task::spawn_blocking(move || journal::load(&state_dir, &plan))
-            .await
-            .unwrap_or(Ok(None))?;
+        let recorded = tokio::task::spawn_blocking(move || {
+            crate::drivers::pods_before_drain::load(&state_dir, &plan)
+        })
+        .await
+        .unwrap_or(Ok(None))?;
         let Some(recorded) = recorded else {
             return Ok("no pods recorded before a drain of this plan".to_owned());
         };
@@ -272,49 +273,4 @@ async fn list(
             )),
         }),
     }
-}
-
-/// Before drainNode evicts anything: records the pods Running and Ready on the node for the verification after
-/// the last step of `plan`, when the agent config has `verify:` with the pods check on and the plan recorded none
-/// yet (a resumed drain keeps its first record).
-pub(crate) async fn note_pods_before_drain(
-    env: &DriverEnv,
-    plan: String,
-    drainer: &Drainer,
-) -> Result<(), crate::drivers::DriverError> {
-    use crate::drivers::DriverError;
-    if env
-        .config
-        .verify
-        .as_ref()
-        .is_none_or(|v| v.pods_ready_timeout_seconds == 0)
-    {
-        return Ok(());
-    }
-    let crashed = |source| DriverError::Crashed {
-        what: "drainNode: recording the pods for the node verification crashed: ",
-        source,
-    };
-    let (state_dir, id) = (env.state_dir.clone(), plan.clone());
-    let known = tokio::task::spawn_blocking(move || journal::load(&state_dir, &id))
-        .await
-        .map_err(crashed)??;
-    if known.is_some() {
-        return Ok(());
-    }
-    let listed = drainer
-        .list_pods()
-        .await
-        .map_err(|source| DriverError::NodeApi {
-            what: "drainNode: list the pods to verify after the update".to_owned(),
-            source: Box::new(source),
-            then: "; nothing was evicted",
-        })?;
-    let recorded = pods::to_record(&listed);
-    tracing::info!(plan = %plan, pods = recorded.len(), "pods Running and Ready before the drain recorded for the node verification");
-    let state_dir = env.state_dir.clone();
-    tokio::task::spawn_blocking(move || journal::save(&state_dir, &plan, recorded))
-        .await
-        .map_err(crashed)??;
-    Ok(())
 }

@@ -1,5 +1,5 @@
 //! Which pods the node verification waits for, without I/O: before the drain evicts, the pods bound to the node
-//! that are Running and Ready are recorded ([`to_record`]); after the last step, each recorded pod that is bound
+//! that are Running and Ready are recorded (by drainNode: `crate::drivers::pods_before_drain::to_record`); after the last step, each recorded pod that is bound
 //! to the node again must be Running and Ready ([`check`]).
 //!
 //! "Bound to the node again", by Kubernetes' semantics:
@@ -17,74 +17,8 @@
 //! A pod being deleted (`deletionTimestamp`) is never taken for the one that came back.
 
 use inplace_drain::decide::{MAX_PODS_NAMED, PodFacts, bound};
-use serde::{Deserialize, Serialize};
 
-/// Most pods recorded before a drain (the rest are not verified; a node runs far fewer).
-pub const MAX_VERIFY_PODS_RECORDED: usize = 1_000;
-
-/// A pod Running and Ready before the drain, as the node verification remembers it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RecordedPod {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// The DaemonSet that owns it, when one does (its replacement has another name).
-    #[serde(default)]
-    pub daemon_set: Option<String>,
-    /// The API mirror of a static pod.
-    #[serde(default)]
-    pub mirror: bool,
-}
-
-impl RecordedPod {
-    fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
-    }
-
-    /// Whether it belongs to the node, so that it must come back (a DaemonSet's pod, a static pod's mirror).
-    fn of_the_node(&self) -> bool {
-        self.daemon_set.is_some() || self.mirror
-    }
-
-    /// Whether `pod` (bound to the node now) is this one or what replaced it.
-    fn matches(&self, pod: &PodFacts) -> bool {
-        if pod.namespace != self.namespace || pod.deleting {
-            return false;
-        }
-        match &self.daemon_set {
-            Some(owner) => {
-                pod.controller_kind.as_deref() == Some("DaemonSet")
-                    && pod.controller_name.as_deref() == Some(owner.as_str())
-            }
-            None => pod.name == self.name,
-        }
-    }
-}
-
-/// The pods of `pods` (bound to the node before its drain) to record: those Running and Ready, at most
-/// [`MAX_VERIFY_PODS_RECORDED`], in `namespace/name` order.
-pub fn to_record(pods: &[PodFacts]) -> Vec<RecordedPod> {
-    let mut recorded: Vec<RecordedPod> = pods
-        .iter()
-        .filter(|p| running_and_ready(p) && !p.deleting)
-        .map(|p| RecordedPod {
-            namespace: p.namespace.clone(),
-            name: p.name.clone(),
-            daemon_set: (p.controller_kind.as_deref() == Some("DaemonSet"))
-                .then(|| p.controller_name.clone().unwrap_or_default()),
-            mirror: p.mirror,
-        })
-        .collect();
-    recorded.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-    recorded.truncate(MAX_VERIFY_PODS_RECORDED);
-    recorded
-}
-
-fn running_and_ready(pod: &PodFacts) -> bool {
-    pod.phase.as_deref() == Some("Running") && pod.ready
-}
+use crate::drivers::pods_before_drain::{RecordedPod, running_and_ready};
 
 /// What [`check`] found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
