@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::drivers::pods_before_drain::{MAX_VERIFY_PODS_RECORDED, to_record};
+use crate::drivers::pods_before_drain::to_record;
 
 fn pod(namespace: &str, name: &str) -> PodFacts {
     PodFacts {
