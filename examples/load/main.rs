@@ -19,6 +19,7 @@ mod payloads;
 mod process;
 mod replicas;
 mod stats;
+mod store_writes;
 mod swarm;
 
 use clap::{Parser, Subcommand};

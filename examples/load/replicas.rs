@@ -22,6 +22,7 @@ use crate::fleet::machine_name;
 use crate::net::connector;
 use crate::process::{ServerProcess, default_binary, server_args};
 use crate::stats::{ProcSample, proc_sample};
+use crate::store_writes::SteadyWrites;
 use crate::swarm::{Counters, MAX_AGENTS_PER_CHILD, SwarmChild, SwarmSpec};
 
 /// Most replicas one run starts.
@@ -326,20 +327,15 @@ fn run_outcome(args: &ReplicasArgs) -> anyhow::Result<ReplicasOutcome> {
     // counted by etcd itself over the hold after `--settle-seconds`.
     let held = Instant::now();
     let settle = Duration::from_secs_f64(args.settle_seconds.clamp(0.0, 600.0)).min(idle);
-    let mut counted_from: Option<(Instant, f64)> = None;
+    let mut window = SteadyWrites::default();
     while held.elapsed() < idle {
         for child in &mut procs.children {
             child.check_alive()?;
         }
-        if counted_from.is_none() && held.elapsed() >= settle {
-            counted_from = Some((Instant::now(), etcd_writes(&procs.etcd)?));
-        }
+        window.open_once_settled(&procs.etcd, held.elapsed(), settle)?;
         std::thread::sleep(TICK);
     }
-    let steady_writes = match counted_from {
-        Some((from, writes)) => (etcd_writes(&procs.etcd)? - writes, from.elapsed()),
-        None => (0.0, Duration::ZERO),
-    };
+    let steady_writes = window.close(&procs.etcd)?;
     walls.hold = held.elapsed();
     // Each replica's own count of the agents it heard from (within one long-poll plus grace).
     let gauges = procs
@@ -506,25 +502,6 @@ fn run_outcome(args: &ReplicasArgs) -> anyhow::Result<ReplicasOutcome> {
         wait_seconds: args.wait_seconds,
         steady_writes,
     })
-}
-
-/// etcd's own count of the writes it applied (`etcd_mvcc_put_total` + `etcd_mvcc_delete_total`: every key a
-/// put or a transaction wrote or deleted), from its metrics endpoint.
-fn etcd_writes(etcd: &Etcd) -> anyhow::Result<f64> {
-    let (status, body) = crate::process::admin_get(etcd.metrics_addr(), "/metrics")?;
-    anyhow::ensure!(status == 200, "etcd's /metrics answered {status}");
-    let read = |name: &str| {
-        body.lines()
-            .find_map(|line| {
-                line.strip_prefix(name)?
-                    .strip_prefix(' ')?
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-            .with_context(|| format!("no {name} in etcd's /metrics"))
-    };
-    Ok(read("etcd_mvcc_put_total")? + read("etcd_mvcc_delete_total")?)
 }
 
 #[path = "replicas_report.rs"]
