@@ -27,6 +27,8 @@ const WARMUP: Duration = Duration::from_millis(300);
 const TARGET_THROUGHPUT_RATIO: f64 = 0.8;
 /// Latency target: our p99 ≤ this multiple of the ceiling's.
 const TARGET_P99_RATIO: f64 = 2.0;
+/// Longest a `--requests` run may take (callgrind runs the servers tens of times slower).
+const MAX_EXACT_RUN: Duration = Duration::from_secs(3600);
 
 #[derive(clap::Args)]
 pub struct HooksArgs {
@@ -55,8 +57,15 @@ pub struct HooksArgs {
     #[arg(long)]
     no_alpn: bool,
     /// Drive only our server (for profiling it alone; no ratios then).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "ceiling_only")]
     ours_only: bool,
+    /// Drive only the ceilings (the other half of a per-request instruction count under callgrind).
+    #[arg(long)]
+    ceiling_only: bool,
+    /// Exactly this many requests per run, no warm-up and no time limit (`--seconds` is then ignored): a
+    /// fixed amount of work, for counting instructions per request (`valgrind --tool=callgrind`).
+    #[arg(long)]
+    requests: Option<usize>,
     /// The ceiling the hooks that only read are compared with: `parse` (bare server that parses each body into
     /// a `serde_json::Value`; the targets are set against it) or `constant` (it only reads the body). The hooks
     /// that record are always compared with the durable ceiling (parse, then one small fsync'd write).
@@ -105,14 +114,18 @@ async fn measure(
     connections: usize,
     window: Duration,
     max_requests: usize,
+    exact: bool,
 ) -> anyhow::Result<Run> {
     let mut conns = Vec::with_capacity(connections);
     for _ in 0..connections {
         conns.push(Conn::open(tls, addr, None, None).await?);
     }
     let started = Instant::now();
-    let measure_from = started + WARMUP;
-    let stop_at = measure_from + window;
+    let (measure_from, stop_at) = if exact {
+        (started, started + MAX_EXACT_RUN)
+    } else {
+        (started + WARMUP, started + WARMUP + window)
+    };
     let issued = Arc::new(AtomicUsize::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     for mut conn in conns {
@@ -122,7 +135,10 @@ async fn measure(
             let mut run = Run::default();
             loop {
                 let now = Instant::now();
-                if now >= stop_at || issued.load(Ordering::Relaxed) >= max_requests {
+                if now >= stop_at
+                    || (exact && issued.fetch_add(1, Ordering::Relaxed) >= max_requests)
+                    || (!exact && issued.load(Ordering::Relaxed) >= max_requests)
+                {
                     break;
                 }
                 let body = workload.body();
@@ -132,7 +148,9 @@ async fn measure(
                 if sent < measure_from {
                     continue;
                 }
-                issued.fetch_add(1, Ordering::Relaxed);
+                if !exact {
+                    issued.fetch_add(1, Ordering::Relaxed);
+                }
                 run.requests += 1;
                 run.latencies.push(took);
                 match reply {
@@ -258,7 +276,7 @@ pub fn run(args: &HooksArgs) -> anyhow::Result<()> {
                     [(false, ours.addr), (true, ceiling.addr)]
                 };
                 for (is_ceiling, addr) in order {
-                    if is_ceiling && args.ours_only {
+                    if (is_ceiling && args.ours_only) || (!is_ceiling && args.ceiling_only) {
                         continue;
                     }
                     let run = measure(
@@ -267,7 +285,8 @@ pub fn run(args: &HooksArgs) -> anyhow::Result<()> {
                         workload.clone(),
                         args.connections.clamp(1, 1024),
                         window,
-                        args.max_requests,
+                        args.requests.unwrap_or(args.max_requests),
+                        args.requests.is_some(),
                     )
                     .await?;
                     let slot = &mut results[i];
@@ -312,7 +331,7 @@ fn print_table(workloads: &[Arc<Workload>], results: Vec<(Run, Run)>, read: Ceil
         let throughput = o_rps / c_rps.max(1e-9);
         let p99 = o.p99.as_secs_f64() / c.p99.as_secs_f64().max(1e-9);
         let met = throughput >= TARGET_THROUGHPUT_RATIO && p99 <= TARGET_P99_RATIO;
-        let measured = c.count > 0;
+        let measured = c.count > 0 && o.count > 0;
         let ratio = |text: String| if measured { text } else { "-".to_string() };
         table.row(vec![
             workload.name.to_string(),
