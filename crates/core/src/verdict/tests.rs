@@ -426,3 +426,83 @@ fn set_name_label_values_match_capi() {
     assert!(!is_label_value("-a"));
     assert_eq!(label_value(&"a".repeat(63)), "a".repeat(63));
 }
+
+/// Fingerprints are stored in verdict records and compared with ones computed by a later release: the hash
+/// of every leaf and of a whole state stays the same whatever way it is computed (these are the values of
+/// the first release that stored them).
+#[test]
+fn fingerprints_are_stable_across_releases() {
+    let spec = json!({
+        "files": [
+            {"path": "/etc/a", "content": "x\n\"quoted\"\t\u{1}", "permissions": "0644"},
+            {"path": "/etc/ünï cödé", "content": "", "append": true},
+            {"path": "/etc/odd]=\"", "encoding": "base64", "content": "AAAA"}
+        ],
+        "users": [{"name": "u", "sshAuthorizedKeys": ["ssh-ed25519 AAAA", "ssh-rsa BBBB"], "uid": 1000}],
+        "ntp": {"enabled": null, "servers": []},
+        "weird key.with dots": {"": {}, "n": -1.5e-7, "big": 18446744073709551615u64},
+    });
+    let object = NormalizedObject {
+        kind: "KubeadmConfig".into(),
+        api_group: "bootstrap.cluster.x-k8s.io".into(),
+        spec: spec.clone(),
+    };
+    let prints = object.prints();
+    let printed: Vec<String> = prints
+        .entries
+        .iter()
+        .map(|(path, print)| format!("{path} {print}"))
+        .collect();
+    let fields = fingerprints_at(&spec, Granularity::Fields);
+    let whole = fingerprints_at(&spec, Granularity::Whole);
+    let state = Prints {
+        bootstrap: Some(prints),
+        ..Prints::default()
+    };
+    let expected = [
+        r#"spec.files f79412d87ff57fb5"#,
+        r#"spec.files[path="/etc/odd]=\""].content 3c8af8284e85e77c"#,
+        r#"spec.files[path="/etc/odd]=\""].encoding b92d22f663eee3b8"#,
+        r#"spec.files[path="/etc/odd]=\""].path 84177d7fa4d5c39b"#,
+        r#"spec.files[path=/etc/a].content f09bc60fba968d98"#,
+        r#"spec.files[path=/etc/a].path 99c438bbc3d5e21b"#,
+        r#"spec.files[path=/etc/a].permissions c9fe57a2f1204adf"#,
+        r#"spec.files[path=/etc/ünï cödé].append a4a3e35770b68a7c"#,
+        r#"spec.files[path=/etc/ünï cödé].content 4869bf97ee64ebae"#,
+        r#"spec.files[path=/etc/ünï cödé].path 5eaef60914281624"#,
+        r#"spec.ntp.enabled fa76aa0972d825a5"#,
+        r#"spec.ntp.servers 5773158cf456b095"#,
+        r#"spec.users 2d6d45b20a35e5cc"#,
+        r#"spec.users[name=u].name 1d534b0d7ea3eb5a"#,
+        r#"spec.users[name=u].sshAuthorizedKeys[0] 9c0482bb1733639e"#,
+        r#"spec.users[name=u].sshAuthorizedKeys[1] 1d4c131e7380197c"#,
+        r#"spec.users[name=u].uid 3533950027a18802"#,
+        r#"spec["weird key.with dots"].big fd0bc3e502150bb8"#,
+        r#"spec["weird key.with dots"].n c539c7f420df28f7"#,
+        r#"spec["weird key.with dots"][""] 43240ddbc8b2b646"#,
+    ];
+    assert_eq!(printed, expected);
+    let pairs = |map: &FingerprintMap| -> Vec<(String, String)> {
+        map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    };
+    let owned = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    assert_eq!(
+        pairs(&fields),
+        owned(&[
+            ("spec.files", "26960fa860437d95"),
+            ("spec.ntp", "2172a22693b2b7fd"),
+            ("spec.users", "14ca4ad590065e64"),
+            (r#"spec["weird key.with dots"]"#, "a465e358570f44fa"),
+        ])
+    );
+    assert_eq!(pairs(&whole), owned(&[("spec", "159b07dad7b85042")]));
+    assert_eq!(
+        state.fingerprint(),
+        "0141b41e1476091575792a6d396db59c5195a08e192ac2955feafd33faf379de"
+    );
+}
