@@ -348,6 +348,9 @@ async fn compute_answer(
     }
 }
 
+/// Whether this process has answered a Discovery call (the first is logged at info, the rest at debug).
+static DISCOVERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Counts the call in the metrics and logs it (below info for UpdateMachine's in-progress repeats, a
 /// warning for a Failure).
 fn record_call(hook: Hook, state: &AppState, answer: &Answer, elapsed: Duration) {
@@ -376,9 +379,15 @@ fn record_call(hook: Hook, state: &AppState, answer: &Answer, elapsed: Duration)
         };
     }
     // CAPI re-asks UpdateMachine every few seconds while an update runs: those repeats say nothing new (the
-    // run's start, its steps and its end are logged where they happen), so they stay below info. A Failure
-    // answer stops CAPI's change (or names a bug in the request): someone has to look, so it is a warning.
-    if answer.verdict == hooks::VERDICT_IN_PROGRESS {
+    // run's start, its steps and its end are logged where they happen), so they stay below info; so do the
+    // Discovery calls after the first, whose answer is fixed (CAPI discovers again on every ExtensionConfig
+    // sync). A Failure answer stops CAPI's change (or names a bug in the request): someone has to look, so it
+    // is a warning.
+    let repeat = match hook {
+        Hook::Discovery => DISCOVERED.swap(true, std::sync::atomic::Ordering::Relaxed),
+        _ => answer.verdict == hooks::VERDICT_IN_PROGRESS,
+    };
+    if repeat && answer.status == crate::api::Status::Success {
         log_call!(debug);
     } else if answer.status == crate::api::Status::Failure {
         log_call!(warn);
