@@ -205,11 +205,13 @@ async fn handle(
     if let Err(refused) = authorize(hook, &state, &request) {
         return refused.into_response();
     }
-    let body = match read_body(query.as_deref(), request).await {
+    // Parsed once: the body read and the computation both keep to it.
+    let allowed = deadline(query.as_deref());
+    let body = match read_body(allowed.as_ref().ok().copied(), request).await {
         Ok(body) => body,
         Err(refused) => return refused.into_response(),
     };
-    let answer = compute_answer(hook, compute, &state, query.as_deref(), started, body).await;
+    let answer = compute_answer(hook, compute, &state, allowed, started, body).await;
     record_call(hook, &state, &answer, started.elapsed());
     json_response(answer.body)
 }
@@ -242,9 +244,9 @@ fn authorize(hook: Hook, state: &AppState, request: &Request) -> Result<(), Http
     Ok(())
 }
 
-/// The request body, at most [`MAX_BODY_BYTES`], received within the call's deadline (at least
-/// [`MIN_BODY_READ_TIME`]).
-async fn read_body(query: Option<&str>, request: Request) -> Result<Bytes, HttpError> {
+/// The request body, at most [`MAX_BODY_BYTES`], received within the call's deadline `allowed` (at least
+/// [`MIN_BODY_READ_TIME`]; CAPI's default when `?timeout=` could not be read).
+async fn read_body(allowed: Option<Duration>, request: Request) -> Result<Bytes, HttpError> {
     let declared_length = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -257,7 +259,7 @@ async fn read_body(query: Option<&str>, request: Request) -> Result<Bytes, HttpE
     // a body that trickles in is cut off at the call's deadline (a slow client cannot hold the call open).
     // A `?timeout=0ns` call still gets its body read (a zero budget refused bodies already sent with 408);
     // the computation below keeps the caller's deadline.
-    let read_budget = deadline(query)
+    let read_budget = allowed
         .unwrap_or(DEFAULT_CAPI_TIMEOUT.mul_f64(DEADLINE_FRACTION))
         .max(MIN_BODY_READ_TIME);
     match tokio::time::timeout(
@@ -278,17 +280,17 @@ async fn read_body(query: Option<&str>, request: Request) -> Result<Bytes, HttpE
     }
 }
 
-/// The hook's answer within the call's deadline (counted from `started`); a panic or a missed deadline is
-/// answered as a Failure.
+/// The hook's answer within the call's deadline `allowed` (counted from `started`; an unreadable `?timeout=`
+/// is answered as a bad request); a panic or a missed deadline is answered as a Failure.
 async fn compute_answer(
     hook: Hook,
     compute: Compute,
     state: &AppState,
-    query: Option<&str>,
+    allowed: Result<Duration, String>,
     started: tokio::time::Instant,
     body: Bytes,
 ) -> Answer {
-    match deadline(query) {
+    match allowed {
         Err(message) => hooks::failure(hook, message, "bad-request", None),
         Ok(allowed) => {
             // The deadline counts from the request's arrival: time spent receiving the body is spent. Without

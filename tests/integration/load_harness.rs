@@ -93,6 +93,28 @@ fn hooks_scenario_answers_every_request_kind_without_errors() {
     );
 }
 
+/// The instruction-count mode of CONTRIBUTING.md ("Counting instructions"): a fixed number of requests,
+/// one side at a time.
+#[test]
+fn hooks_scenario_drives_a_fixed_number_of_requests_to_one_side() {
+    for (side, driven, idle) in [
+        ("--ours-only", "ours req/s", "ceiling req/s"),
+        ("--ceiling-only", "ceiling req/s", "ours req/s"),
+    ] {
+        let output = Command::new(harness())
+            .args(["hooks", "--only", "Discovery", side, "--requests", "20"])
+            .args(["--rounds", "1", "--connections", "2"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{stdout}");
+        let driven: f64 = column(&stdout, driven)[0].parse().unwrap();
+        let idle: f64 = column(&stdout, idle)[0].parse().unwrap();
+        assert!(driven > 0.0 && idle == 0.0, "{side}\n{stdout}");
+        assert_eq!(column(&stdout, "errors"), ["0"], "{stdout}");
+    }
+}
+
 #[test]
 fn fleet_scenario_gives_every_target_its_plan_and_starves_no_agent() {
     let stdout = run(&[

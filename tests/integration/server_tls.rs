@@ -16,7 +16,7 @@ fn discovery_body() -> Vec<u8> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn serves_discovery_over_http1_and_http2() {
+async fn serves_discovery_over_http1_and_http2_and_logs_the_first_call_at_info() {
     let certs = certs();
     let server = ServerProcess::start(&certs.paths, &[]);
     for http1_only in [true, false] {
@@ -49,6 +49,20 @@ async fn serves_discovery_over_http1_and_http2() {
         log.contains("duration_ms"),
         "one line per call with its duration: {log}"
     );
+    // CAPI discovers again on every ExtensionConfig sync and the answer never changes: only the first call is
+    // logged at info. A later call's line (a bad CanUpdateMachine, a warning) shows the repeat's would be there.
+    let client = Client::new(&certs.paths.ca_cert, None, true);
+    let reply = client
+        .post(server.hooks, Hook::CanUpdateMachine.path(), b"{}".to_vec())
+        .await;
+    assert_eq!(reply.status, 200);
+    server.wait_for_log("\"hook\":\"CanUpdateMachine\"");
+    let discoveries = server
+        .logs()
+        .into_iter()
+        .filter(|l| l.contains("\"hook\":\"Discovery\""))
+        .count();
+    assert_eq!(discoveries, 1, "{:#?}", server.logs());
 }
 
 #[tokio::test(flavor = "multi_thread")]

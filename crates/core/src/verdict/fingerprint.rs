@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
-use std::io::Write as _;
 
 use crate::diff::{keyed_list_field, list_keys};
 use crate::path::{push_field, push_index, push_key};
@@ -48,49 +47,12 @@ fn short_hex(digest: &[u8]) -> String {
     hex(digest.get(..FINGERPRINT_HEX / 2).unwrap_or(digest))
 }
 
-/// Feeds what is written into a hash, gathered in chunks of [`HASH_CHUNK`] bytes: serde_json writes a value
-/// a few bytes at a time (a quote, a name, a colon), and one hash update per chunk costs less than one per
-/// write.
-pub(crate) struct HashWriter<'h> {
-    hash: &'h mut Sha256,
-    chunk: [u8; HASH_CHUNK],
-    used: usize,
-}
-
-/// Bytes [`HashWriter`] gathers before it updates the hash (a multiple of SHA-256's 64-byte block).
-const HASH_CHUNK: usize = 256;
-
-impl<'h> HashWriter<'h> {
-    pub(crate) fn new(hash: &'h mut Sha256) -> Self {
-        HashWriter {
-            hash,
-            chunk: [0; HASH_CHUNK],
-            used: 0,
-        }
-    }
-
-    /// Hashes what is still gathered.
-    pub(crate) fn finish(mut self) {
-        self.hash.update(&self.chunk[..self.used]);
-        self.used = 0;
-    }
-}
+/// Feeds what is written into a hash.
+struct HashWriter<'h>(&'h mut Sha256);
 
 impl std::io::Write for HashWriter<'_> {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        if self.used + bytes.len() <= HASH_CHUNK {
-            self.chunk[self.used..self.used + bytes.len()].copy_from_slice(bytes);
-            self.used += bytes.len();
-        } else {
-            self.hash.update(&self.chunk[..self.used]);
-            self.used = 0;
-            if bytes.len() < HASH_CHUNK {
-                self.chunk[..bytes.len()].copy_from_slice(bytes);
-                self.used = bytes.len();
-            } else {
-                self.hash.update(bytes);
-            }
-        }
+        self.0.update(bytes);
         Ok(bytes.len())
     }
 
@@ -103,13 +65,11 @@ impl std::io::Write for HashWriter<'_> {
 /// streamed (no copy of the value is made).
 fn print(path: &str, value: &Value) -> String {
     let mut hash = Sha256::new();
-    let mut writer = HashWriter::new(&mut hash);
+    hash.update(DOMAIN);
+    hash.update(path.as_bytes());
+    hash.update(b"\0");
     // Writing JSON into a hash cannot fail: the writer never errs and a `Value` always serialises.
-    let _ = writer.write_all(DOMAIN);
-    let _ = writer.write_all(path.as_bytes());
-    let _ = writer.write_all(b"\0");
-    let _ = serde_json::to_writer(&mut writer, value);
-    writer.finish();
+    let _ = serde_json::to_writer(HashWriter(&mut hash), value);
     short_hex(&hash.finalize())
 }
 

@@ -183,29 +183,27 @@ impl Prints {
 
     /// One SHA-256 (hex) over every object's kind, granularity and entries: equal exactly when the maps are.
     pub fn fingerprint(&self) -> String {
-        use std::io::Write as _;
         let mut hash = Sha256::new();
-        let mut out = fingerprint::HashWriter::new(&mut hash);
-        // Writing into a hash cannot fail.
-        let _ = out.write_all(b"inplace-updater/state/v1\n");
+        hash.update(b"inplace-updater/state/v1\n");
         for role in ObjectRole::ALL {
             let Some(object) = self.get(role) else {
-                let _ = out.write_all(b"-\n");
+                hash.update(b"-\n");
                 continue;
             };
-            let _ = writeln!(
-                out,
-                "{role:?}\0{}\0{}\0{:?}",
-                object.kind, object.api_group, object.granularity
+            hash.update(
+                format!(
+                    "{role:?}\0{}\0{}\0{:?}\n",
+                    object.kind, object.api_group, object.granularity
+                )
+                .as_bytes(),
             );
             for (path, print) in &object.entries {
-                let _ = out.write_all(path.as_bytes());
-                let _ = out.write_all(b"\0");
-                let _ = out.write_all(print.as_bytes());
-                let _ = out.write_all(b"\n");
+                hash.update(path.as_bytes());
+                hash.update(b"\0");
+                hash.update(print.as_bytes());
+                hash.update(b"\n");
             }
         }
-        out.finish();
         fingerprint::hex(&hash.finalize())
     }
 }
