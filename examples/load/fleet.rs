@@ -21,7 +21,7 @@ use crate::process::{ServerProcess, default_binary, server_args};
 use crate::stats::{ProcSample, proc_sample};
 
 /// Descriptors besides the agent connections (listeners, epoll, store, logs, CAPI's connections, stdio).
-const FD_HEADROOM: usize = 100;
+pub const FD_HEADROOM: usize = 100;
 /// Agents sharing one loopback source address (each address has ~28 000 ephemeral ports to the server).
 const AGENTS_PER_SOURCE_IP: usize = 10_000;
 /// Longest the whole fleet may take to connect and send its first poll.

@@ -51,8 +51,8 @@ def stages(text: str) -> list[dict]:
 
 
 def script_builds(script: str) -> list[str]:
-    """The `cargo build` command lines of the build script (comments left out)."""
-    return [line.strip() for line in script.splitlines() if line.strip().startswith("cargo build")]
+    """The `cargo build` and `cargo rustc` command lines of the build script (comments left out)."""
+    return [line.strip() for line in script.splitlines() if line.strip().startswith(("cargo build", "cargo rustc"))]
 
 
 def lint(text: str, script: str | None = None) -> list[str]:

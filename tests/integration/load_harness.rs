@@ -201,6 +201,38 @@ fn replicas_scenario_wakes_agents_on_other_replicas_through_etcd() {
 }
 
 #[test]
+fn replicas_scenario_refuses_a_fleet_the_open_file_limit_cannot_hold_before_starting_anything() {
+    // 4 000 agents on two replicas are 2 000 connections in each replica; under a limit of 1 024 open files,
+    // soft and hard (so the harness cannot raise it), the run must stop before etcd or a replica starts, naming
+    // the limit, the figure each replica needs and the replica count that would fit, instead of failing after
+    // minutes of connecting.
+    let output = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 1024 && exec \"$0\" \"$@\"")
+        .arg(harness())
+        .args(["replicas", "--replicas", "2", "--agents", "4000"])
+        .arg("--server-bin")
+        .arg(common::binary())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stdout}");
+    // 2 000 connections + 10 CAPI workers + 100 of the replica's own; (1 024 − 110) per replica → 5 replicas.
+    for expected in [
+        "need about 2110 open files in each replica",
+        "the open-file limit (RLIMIT_NOFILE) is 1024 (hard limit 1024",
+        "--replicas 5 would fit",
+    ] {
+        assert!(stderr.contains(expected), "{expected:?} not in\n{stderr}");
+    }
+    assert!(
+        !stdout.contains("long-polling"),
+        "the fleet was started:\n{stdout}"
+    );
+}
+
+#[test]
 fn agent_footprint_scenario_measures_a_connected_idle_agent() {
     // One second idle: enough to show the scenario starts both processes and reads the agent's /proc.
     let stdout = run(&["agent-footprint", "--idle-seconds", "1"]);

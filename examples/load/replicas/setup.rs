@@ -1,0 +1,140 @@
+//! The run's processes: the scratch directory (development certificates, one agent token per cluster), one
+//! real etcd and the server replicas on it, ready; the agents' child processes join them in
+//! [`super::connect`]. Everything is killed when the [`Fleet`] is dropped, also when the run fails half-way.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use inplace_store::testing::Etcd;
+use inplace_updater::cmd::certs::{DevCertPaths, DevCertsSpec, write_dev_certs};
+use inplace_updater::dispatch::AgentScope;
+use inplace_updater::dispatch::upkeep::tokens::create_token;
+
+use super::{ReplicasArgs, Sizes};
+use crate::process::{ServerProcess, default_binary, server_args};
+use crate::stats::{ProcSample, proc_sample};
+use crate::swarm::SwarmChild;
+
+/// Processes this run started and the files they share. Fields drop in order: children first, then
+/// replicas, then etcd, then the scratch directory.
+pub struct Fleet {
+    pub children: Vec<SwarmChild>,
+    pub replicas: Vec<ServerProcess>,
+    pub etcd: Etcd,
+    pub etcd_pid: u32,
+    /// Each replica's hooks and agent API address, in replica order.
+    pub addrs: Vec<SocketAddr>,
+    pub certs: DevCertPaths,
+    /// The agents' raw tokens, one line per cluster: the children read them from here, never from a command
+    /// line.
+    pub raw_tokens: PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+/// Every replica's and etcd's /proc figures at one phase boundary.
+pub struct PhaseSample {
+    pub replicas: Vec<ProcSample>,
+    pub etcd: ProcSample,
+}
+
+impl Fleet {
+    /// Certificates and tokens written, etcd started, every replica started on it and ready.
+    pub fn start(args: &ReplicasArgs, sizes: &Sizes) -> anyhow::Result<Fleet> {
+        let dir = tempfile::tempdir()?;
+        if args.keep_dir {
+            println!("scratch directory (kept): {}", dir.path().display());
+        }
+        let certs = write_dev_certs(&DevCertsSpec::with_defaults(
+            dir.path().into(),
+            vec![],
+            vec![],
+        ))?;
+        let (mut hashed, mut raw) = (String::new(), String::new());
+        for cluster in 0..sizes.clusters() {
+            let scope = AgentScope::Cluster {
+                namespace: "default".into(),
+                cluster: format!("edge-{cluster:03}"),
+            };
+            let token =
+                create_token(&scope, None).map_err(|err| anyhow::anyhow!("token: {err}"))?;
+            hashed.push_str(&token.line);
+            hashed.push('\n');
+            raw.push_str(&token.token);
+            raw.push('\n');
+        }
+        let token_file = dir.path().join("agent-tokens");
+        std::fs::write(&token_file, hashed)?;
+        let raw_tokens = dir.path().join("agent-tokens.raw");
+        std::fs::write(&raw_tokens, raw)?;
+
+        let etcd = Etcd::start().context("starting etcd (apt-get install etcd-server)")?;
+        let store = etcd.store_url();
+        let etcd_pid = etcd.pid().context("etcd is not running")?;
+        let binary = match &args.server_bin {
+            Some(path) => path.clone(),
+            None => default_binary()?,
+        };
+        let mut server_args = server_args(&certs, &token_file, &store);
+        server_args.extend([
+            "--retry-after-seconds".into(),
+            args.retry_after_seconds.to_string(),
+        ]);
+        let mut fleet = Fleet {
+            children: Vec::new(),
+            replicas: Vec::new(),
+            etcd,
+            etcd_pid,
+            addrs: Vec::new(),
+            certs,
+            raw_tokens,
+            dir,
+        };
+        for replica in 0..sizes.replicas {
+            let home = fleet.dir.path().join(format!("replica-{replica}"));
+            std::fs::create_dir_all(&home)?;
+            fleet
+                .replicas
+                .push(ServerProcess::start(&binary, &server_args, &home)?);
+        }
+        for replica in &fleet.replicas {
+            replica.wait_ready()?;
+        }
+        fleet.addrs = fleet.replicas.iter().map(|r| r.hooks).collect();
+        println!(
+            "{} agents ({} clusters, one token each) in {} child processes, long-polling {} replicas ({}) on \
+             one etcd (pid {etcd_pid}, {store}); waitSeconds {}; work for {} of them from {} CAPI workers, each \
+             UpdateMachine sent to another replica than the agent's",
+            sizes.agents,
+            sizes.clusters(),
+            sizes.children,
+            sizes.replicas,
+            binary.display(),
+            args.wait_seconds,
+            sizes.targets,
+            args.capi_workers
+        );
+        Ok(fleet)
+    }
+
+    /// Every replica's and etcd's figures now.
+    pub fn sample(&self) -> anyhow::Result<PhaseSample> {
+        let replicas = self
+            .replicas
+            .iter()
+            .map(|r| proc_sample(r.pid()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(PhaseSample {
+            replicas,
+            etcd: proc_sample(self.etcd_pid)?,
+        })
+    }
+
+    /// Fails when a child holding agents died.
+    pub fn check_children(&mut self) -> anyhow::Result<()> {
+        for child in &mut self.children {
+            child.check_alive()?;
+        }
+        Ok(())
+    }
+}
