@@ -64,6 +64,15 @@ fn events(management: &FakeManagementApi, name: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The reasons of the guard's own Events on Machine `name`, in order.
+fn guard_reasons(management: &FakeManagementApi, name: &str) -> Vec<String> {
+    events(management, name)
+        .into_iter()
+        .map(|(reason, _)| reason)
+        .filter(|r| r.starts_with("RemediationGuard"))
+        .collect()
+}
+
 /// The worker MachineSet question and an UpdateMachine request of `name`, both through `shape`.
 fn worker_requests(name: &str, shape: impl Fn(Value) -> Value) -> (Value, Value) {
     let question: Value =
@@ -167,12 +176,10 @@ async fn an_os_image_reboot_is_guarded_from_before_the_drain_until_the_node_is_r
         "removed only once the agent on the new boot verified the node"
     );
     assert_eq!(annotation(&management, name), None);
-    let reasons: Vec<String> = events(&management, name)
-        .into_iter()
-        .map(|(reason, _)| reason)
-        .filter(|r| r.starts_with("RemediationGuard"))
-        .collect();
-    assert_eq!(reasons, ["RemediationGuardSet", "RemediationGuardLifted"]);
+    assert_eq!(
+        guard_reasons(&management, name),
+        ["RemediationGuardSet", "RemediationGuardLifted"]
+    );
     drop(server);
 }
 
@@ -299,12 +306,10 @@ async fn a_node_that_never_returns_stays_guarded_past_its_deadline_when_the_sett
         ),
         "{message}"
     );
-    let reasons: Vec<String> = events(&management, name)
-        .into_iter()
-        .map(|(r, _)| r)
-        .filter(|r| r.starts_with("RemediationGuard"))
-        .collect();
-    assert_eq!(reasons, ["RemediationGuardSet", "RemediationGuardKept"]);
+    assert_eq!(
+        guard_reasons(&management, name),
+        ["RemediationGuardSet", "RemediationGuardKept"]
+    );
     assert_eq!(management.machine_patches().len(), 1, "set, never lifted");
 }
 

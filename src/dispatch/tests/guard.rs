@@ -152,6 +152,42 @@ async fn the_guard_is_on_before_the_first_step_and_removed_once_the_node_is_back
     }
 }
 
+fn said(answer: UpdateAnswer) -> String {
+    match answer {
+        UpdateAnswer::InProgress { message, .. } => message,
+        other => panic!("not in progress: {other:?}"),
+    }
+}
+
+/// Machine `name`'s run (recorded already), guarded, in its osImage step one second before that step's
+/// deadline, with the guard on and the answer silent about it; returns the plan, the step and its timeout.
+async fn one_second_before_the_deadline(
+    d: &Dispatcher,
+    guards: &Guards,
+    fake: &FakeManagementApi,
+    name: &str,
+) -> (inplace_agent_api::Plan, u32, u64) {
+    let machine = MachineRef::new("default", name);
+    let plan = handed_plan(d, name).await;
+    guards.reconcile(&machine).await.unwrap();
+    let os = index_of(&plan, StepKind::OsImage);
+    for i in 0..os {
+        step(d, name, &plan.id, i, StepStatus::Succeeded).await;
+    }
+    step(d, name, &plan.id, os, StepStatus::Running).await;
+    let timeout = u64::from(plan.steps[os as usize].timeout_seconds);
+    d.clock()
+        .advance_for_tests(Duration::from_secs(timeout - 1));
+    guards.reconcile(&machine).await.unwrap();
+    assert!(
+        annotation(fake, name).is_some(),
+        "still within the deadline"
+    );
+    let before = said(update(d, &os_image_request(name)).await.unwrap());
+    assert!(!before.contains("remediation guard"), "{before}");
+    (plan, os, timeout)
+}
+
 #[tokio::test]
 async fn a_node_that_never_returns_is_unguarded_at_the_steps_deadline() {
     let fake = fake();
@@ -160,28 +196,7 @@ async fn a_node_that_never_returns_is_unguarded_at_the_steps_deadline() {
     let (d, guards, _) = guarded(memory().await, &fake).await;
     let machine = MachineRef::new("default", name);
     update(&d, &os_image_request(name)).await.unwrap();
-    let plan = handed_plan(&d, name).await;
-    guards.reconcile(&machine).await.unwrap();
-    let os = index_of(&plan, StepKind::OsImage);
-    for i in 0..os {
-        step(&d, name, &plan.id, i, StepStatus::Succeeded).await;
-    }
-    step(&d, name, &plan.id, os, StepStatus::Running).await;
-    let timeout = u64::from(plan.steps[os as usize].timeout_seconds);
-
-    d.clock()
-        .advance_for_tests(Duration::from_secs(timeout - 1));
-    guards.reconcile(&machine).await.unwrap();
-    assert!(
-        annotation(&fake, name).is_some(),
-        "still within the deadline"
-    );
-    let said = |answer: UpdateAnswer| match answer {
-        UpdateAnswer::InProgress { message, .. } => message,
-        other => panic!("not in progress: {other:?}"),
-    };
-    let before = said(update(&d, &os_image_request(name)).await.unwrap());
-    assert!(!before.contains("remediation guard lifted"), "{before}");
+    one_second_before_the_deadline(&d, &guards, &fake, name).await;
     d.clock().advance_for_tests(Duration::from_secs(1));
     guards.reconcile(&machine).await.unwrap();
     assert_eq!(annotation(&fake, name), None, "remediation may act");
@@ -219,28 +234,7 @@ async fn kept_by_its_setting_the_guard_stays_past_the_deadline_and_the_answer_sa
         ..os_image_request(name)
     };
     update(&d, &kept).await.unwrap();
-    let plan = handed_plan(&d, name).await;
-    guards.reconcile(&machine).await.unwrap();
-    let os = index_of(&plan, StepKind::OsImage);
-    for i in 0..os {
-        step(&d, name, &plan.id, i, StepStatus::Succeeded).await;
-    }
-    step(&d, name, &plan.id, os, StepStatus::Running).await;
-    let timeout = u64::from(plan.steps[os as usize].timeout_seconds);
-
-    d.clock()
-        .advance_for_tests(Duration::from_secs(timeout - 1));
-    guards.reconcile(&machine).await.unwrap();
-    assert!(
-        annotation(&fake, name).is_some(),
-        "still within the deadline"
-    );
-    let said = |answer: UpdateAnswer| match answer {
-        UpdateAnswer::InProgress { message, .. } => message,
-        other => panic!("not in progress: {other:?}"),
-    };
-    let before = said(update(&d, &os_image_request(name)).await.unwrap());
-    assert!(!before.contains("remediation guard lifted"), "{before}");
+    let (plan, os, timeout) = one_second_before_the_deadline(&d, &guards, &fake, name).await;
     d.clock().advance_for_tests(Duration::from_secs(1));
     guards.reconcile(&machine).await.unwrap();
     let value = format!("inplace-updater:{}", plan.id);
