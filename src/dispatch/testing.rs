@@ -98,6 +98,7 @@ fn blank() -> UpdateRequest {
         paused_setting: None,
         on_failure_setting: None,
         pacing: Default::default(),
+        keep_guard_past_deadline: false,
         hashed: Default::default(),
     }
 }

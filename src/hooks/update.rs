@@ -88,6 +88,7 @@ pub fn update_request(
         paused_setting: settings.paused,
         on_failure_setting: settings.on_failure,
         pacing: settings.pacing,
+        keep_guard_past_deadline: settings.keep_guard_past_deadline,
         hashed: Default::default(),
     })
 }

@@ -16,6 +16,7 @@ mod e2e_drain;
 mod e2e_durability;
 mod e2e_events;
 mod e2e_guard;
+mod e2e_guard_nodes;
 mod e2e_ha;
 mod e2e_hold;
 mod e2e_observe;

@@ -20,6 +20,9 @@ pub const REBOOT_WHEN_REQUIRED_SETTING: &str = "rebootWhenRequired";
 pub const UPGRADE_CONTAINER_RUNTIME_SETTING: &str = "upgradeContainerRuntime";
 /// Setting: `rollback` or `hold` when a step fails.
 pub const ON_FAILURE_SETTING: &str = "onFailure";
+/// Setting: `lift` (default) or `keep`: what the remediation guard does at a step's deadline with the node
+/// not back.
+pub const REMEDIATION_GUARD_PAST_DEADLINE_SETTING: &str = "remediationGuardPastDeadline";
 /// Setting: whether a patch version change drains.
 pub const DRAIN_PATCH_VERSION: &str = "drainPatchVersion";
 /// Setting: whether a kubelet flags change drains.
@@ -76,6 +79,10 @@ pub struct Settings {
     pub drain: DrainOverrides,
     /// `canary`, `soak`, `maxFailures`, `healthGates`: how a change proves itself before it spreads.
     pub pacing: crate::pacing::Pacing,
+    /// `remediationGuardPastDeadline`: `keep` (true) leaves the remediation guard on a Machine whose step
+    /// passed its deadline with the node not back; `lift` (false, default) lifts it so remediation can act.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub keep_guard_past_deadline: bool,
 }
 
 impl Default for Settings {
@@ -92,6 +99,7 @@ impl Default for Settings {
             on_failure: None,
             drain: DrainOverrides::default(),
             pacing: crate::pacing::Pacing::default(),
+            keep_guard_past_deadline: false,
         }
     }
 }
@@ -103,7 +111,7 @@ pub enum SettingsError {
     #[error(
         "unknown setting {key:?} (known: inPlace, disableActions, enableActions, rebootWhenRequired, upgradeContainerRuntime, mode, patchType, \
          paused, maintenanceWindow, onFailure, drainPatchVersion, drainKubeletArgs, drainDeleteEmptyDirData, \
-         drainForceUnmanaged, canary, soak, maxFailures, healthGates)"
+         drainForceUnmanaged, canary, soak, maxFailures, healthGates, remediationGuardPastDeadline)"
     )]
     UnknownKey {
         /// The key as given.
@@ -248,6 +256,19 @@ impl Settings {
                         key: DRAIN_MINOR_VERSION,
                         why: MINOR_DRAIN_IS_REQUIRED,
                     });
+                }
+                REMEDIATION_GUARD_PAST_DEADLINE_SETTING => {
+                    s.keep_guard_past_deadline = match v {
+                        "" | "lift" => false,
+                        "keep" => true,
+                        _ => {
+                            return Err(invalid(
+                                REMEDIATION_GUARD_PAST_DEADLINE_SETTING,
+                                value,
+                                "\"lift\" (remediation may act once a step's deadline passed) or \"keep\"",
+                            ));
+                        }
+                    }
                 }
                 k if crate::pacing::Pacing::owns(k) => s.pacing.set(k, value)?,
                 _ => return Err(SettingsError::UnknownKey { key: key.clone() }),
@@ -455,6 +476,28 @@ mod tests {
         assert_eq!(
             of("undo").unwrap_err().to_string(),
             "setting onFailure: invalid value \"undo\", expected \"rollback\" or \"hold\""
+        );
+    }
+
+    #[test]
+    fn remediation_guard_past_deadline_is_lift_or_keep() {
+        let of = |value: &str| {
+            Settings::from_map(&BTreeMap::from([(
+                REMEDIATION_GUARD_PAST_DEADLINE_SETTING.to_owned(),
+                value.to_owned(),
+            )]))
+        };
+        assert!(
+            !Settings::default().keep_guard_past_deadline,
+            "lift by default"
+        );
+        assert!(of(" keep ").unwrap().keep_guard_past_deadline);
+        assert!(!of("lift").unwrap().keep_guard_past_deadline);
+        assert!(!of("").unwrap().keep_guard_past_deadline);
+        assert_eq!(
+            of("forever").unwrap_err().to_string(),
+            "setting remediationGuardPastDeadline: invalid value \"forever\", expected \"lift\" (remediation \
+             may act once a step's deadline passed) or \"keep\""
         );
     }
 }

@@ -6,7 +6,7 @@ use crate::pacing::{CANARY_SETTING, HEALTH_GATES_SETTING, MAX_FAILURES_SETTING, 
 use crate::settings::{
     DRAIN_DELETE_EMPTY_DIR_DATA, DRAIN_FORCE_UNMANAGED, DRAIN_KUBELET_ARGS, DRAIN_PATCH_VERSION,
     ENABLE_ACTIONS_SETTING, ON_FAILURE_SETTING, REBOOT_WHEN_REQUIRED_SETTING,
-    UPGRADE_CONTAINER_RUNTIME_SETTING,
+    REMEDIATION_GUARD_PAST_DEADLINE_SETTING, UPGRADE_CONTAINER_RUNTIME_SETTING,
 };
 use crate::window::WINDOW_SETTING;
 
@@ -116,5 +116,13 @@ pub const SETTINGS_DOC: &[(&str, &str)] = &[
         "Comma-separated names of health gates in the server's gates file (`serve --gates-file`, at most 16): \
          each must pass before a Machine's run is recorded and during a soak; a failing or unreachable gate \
          holds the change (not the fleet), quoting what failed. Default: none.",
+    ),
+    (
+        REMEDIATION_GUARD_PAST_DEADLINE_SETTING,
+        "\"lift\" (default) or \"keep\": what the remediation guard (cluster.x-k8s.io/skip-remediation, set by a \
+         server with a management-cluster client while a step can take the node down) does when that step has \
+         not ended by its deadline (its start plus its timeout). \"lift\" removes it so a MachineHealthCheck may \
+         replace the Machine; \"keep\" leaves it until the run moves on or ends, for nodes an operator would \
+         rather repair than replace. Recorded on the run when it starts: changing it affects later runs.",
     ),
 ];

@@ -77,6 +77,9 @@ pub struct GuardRecord {
     /// left alone, and is never removed by the updater.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub operator_value: bool,
+    /// The step's deadline passed with the guard kept on (the run's `remediationGuardPastDeadline: keep`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kept_past_deadline: bool,
     /// When the record last changed (Unix ms).
     pub updated_ms: u64,
 }

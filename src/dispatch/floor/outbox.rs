@@ -46,6 +46,9 @@ pub enum Reason {
     /// The server removed the remediation guard at the step's deadline: the node has not come back, so
     /// remediation may act.
     RemediationGuardExpired,
+    /// The step's deadline passed with the node not back and the guard stays on (the run's
+    /// `remediationGuardPastDeadline: keep`).
+    RemediationGuardKept,
     /// The run ended: every step done.
     UpdateDone,
 }
@@ -71,7 +74,7 @@ impl EventType {
 
 impl Reason {
     /// Every reason, in the order an update meets them.
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Reason::UpdateRecorded,
         Reason::HeldByWindow,
         Reason::HeldByPause,
@@ -88,6 +91,7 @@ impl Reason {
         Reason::RemediationGuardSet,
         Reason::RemediationGuardLifted,
         Reason::RemediationGuardExpired,
+        Reason::RemediationGuardKept,
         Reason::UpdateDone,
     ];
 
@@ -110,6 +114,7 @@ impl Reason {
             Reason::RemediationGuardSet => "RemediationGuardSet",
             Reason::RemediationGuardLifted => "RemediationGuardLifted",
             Reason::RemediationGuardExpired => "RemediationGuardExpired",
+            Reason::RemediationGuardKept => "RemediationGuardKept",
             Reason::UpdateDone => "UpdateDone",
         }
     }
@@ -123,7 +128,8 @@ impl Reason {
             | Reason::RollbackStarted
             | Reason::RolledBack
             | Reason::RollbackFailed
-            | Reason::RemediationGuardExpired => EventType::Warning,
+            | Reason::RemediationGuardExpired
+            | Reason::RemediationGuardKept => EventType::Warning,
             _ => EventType::Normal,
         }
     }
@@ -143,7 +149,8 @@ impl Reason {
             Reason::RollbackStarted | Reason::RolledBack | Reason::RollbackFailed => "Rollback",
             Reason::RemediationGuardSet
             | Reason::RemediationGuardLifted
-            | Reason::RemediationGuardExpired => "GuardRemediation",
+            | Reason::RemediationGuardExpired
+            | Reason::RemediationGuardKept => "GuardRemediation",
         }
     }
 }

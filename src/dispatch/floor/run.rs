@@ -152,6 +152,10 @@ pub struct UpdateRecord {
     /// is unguarded, and the UpdateMachine message says so.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub guarded: bool,
+    /// The guard stays on past a step's deadline (the `remediationGuardPastDeadline: keep` setting when the
+    /// run was recorded), so every replica and a restarted server decide the same.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub guard_kept_past_deadline: bool,
 }
 
 /// Where a run is, as UpdateMachine reports it.
@@ -242,6 +246,7 @@ impl UpdateRecord {
             rollback: None,
             guard_pending: None,
             guarded: false,
+            guard_kept_past_deadline: false,
         };
         if record.steps.is_empty() {
             record.finished_ms = Some(now_ms);
@@ -250,8 +255,8 @@ impl UpdateRecord {
     }
 
     /// The run with its remediation guard pending when `guarded` (the server has a management-cluster client)
-    /// and a step of its plan can take the node down.
-    pub fn guarded(mut self, guarded: bool) -> Self {
+    /// and a step of its plan can take the node down; kept past a step's deadline when `keep_past_deadline`.
+    pub fn guarded(mut self, guarded: bool, keep_past_deadline: bool) -> Self {
         let disrupts = self
             .plan
             .steps
@@ -260,6 +265,7 @@ impl UpdateRecord {
         if guarded && disrupts && self.finished_ms.is_none() {
             self.guard_pending = Some(super::guard::guard_value(&self.plan.id));
             self.guarded = true;
+            self.guard_kept_past_deadline = keep_past_deadline;
         }
         self
     }

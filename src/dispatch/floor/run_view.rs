@@ -34,6 +34,9 @@ pub struct RunView {
     /// The run is under a remediation guard.
     #[serde(default)]
     pub guarded: bool,
+    /// Its guard stays on past a step's deadline.
+    #[serde(default)]
+    pub guard_kept_past_deadline: bool,
 }
 
 /// The parts of a [`Plan`] a [`RunView`] keeps.
@@ -92,6 +95,7 @@ impl RunView {
             finished_ms: record.finished_ms,
             guard_pending: record.guard_pending.clone(),
             guarded: record.guarded,
+            guard_kept_past_deadline: record.guard_kept_past_deadline,
         }
     }
 

@@ -69,7 +69,8 @@ pub fn need(run: Option<&RunView>, now_ms: u64, keep_past_deadline: bool) -> Nee
 }
 
 /// What the guard record of `machine` becomes, given the Machine's current run (`run_id`, `run`), its record
-/// now (`guard`) and the clock; `None`: unchanged. A guard of an earlier run is lifted (and seen lifted) before
+/// now (`guard`) and the clock; `None`: unchanged. Kept past a step's deadline (`keep_past_deadline`, the run's
+/// setting), the record says so once (`kept_past_deadline`), for the Event. A guard of an earlier run is lifted (and seen lifted) before
 /// a new run's is set, so the earlier value never stays behind.
 pub fn decide(
     machine: &MachineRef,
@@ -80,10 +81,14 @@ pub fn decide(
     keep_past_deadline: bool,
 ) -> Option<GuardRecord> {
     let need = need(run, now_ms, keep_past_deadline);
+    let kept = |deadline_ms: Option<u64>| {
+        keep_past_deadline && deadline_ms.is_some_and(|deadline| now_ms >= deadline)
+    };
     let off = |record: &GuardRecord, reason: LiftReason| GuardRecord {
         want: GuardWant::Off,
         applied: false,
         lifted: Some(reason),
+        kept_past_deadline: false,
         updated_ms: now_ms,
         ..record.clone()
     };
@@ -106,6 +111,7 @@ pub fn decide(
             deadline_ms,
             lifted: None,
             operator_value: false,
+            kept_past_deadline: kept(deadline_ms),
             updated_ms: now_ms,
         }),
         (Some(g), Need::On { step, deadline_ms }, _) => {
@@ -123,13 +129,15 @@ pub fn decide(
                 deadline_ms,
                 lifted: None,
                 operator_value: g.operator_value && g.want == GuardWant::On,
+                kept_past_deadline: kept(deadline_ms),
                 updated_ms: now_ms,
                 ..g.clone()
             };
             let same = next.want == g.want
                 && next.step == g.step
                 && next.deadline_ms == g.deadline_ms
-                && next.applied == g.applied;
+                && next.applied == g.applied
+                && next.kept_past_deadline == g.kept_past_deadline;
             (!same).then_some(next)
         }
     }

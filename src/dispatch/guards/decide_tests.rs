@@ -84,6 +84,7 @@ fn record(want: GuardWant, applied: bool) -> GuardRecord {
         deadline_ms: Some(START + 600_000),
         lifted: (want == GuardWant::Off).then_some(LiftReason::NodeBack),
         operator_value: false,
+        kept_past_deadline: false,
         updated_ms: START,
     }
 }
@@ -168,6 +169,50 @@ fn past_the_steps_deadline_the_guard_is_lifted_unless_kept() {
             step: 2,
             deadline_ms: Some(past)
         }
+    );
+}
+
+#[test]
+fn kept_past_the_deadline_the_record_says_so_once_and_stays_on_and_applied() {
+    let m = machine();
+    let held = GuardRecord {
+        step: Some(2),
+        ..record(GuardWant::On, true)
+    };
+    let late = START + 600_000;
+    assert_eq!(
+        decide(&m, Some(RUN), Some(&at(2)), Some(&held), late - 1, true),
+        None,
+        "before the deadline nothing changes"
+    );
+    let kept = decide(&m, Some(RUN), Some(&at(2)), Some(&held), late, true).unwrap();
+    assert_eq!(
+        (
+            kept.want,
+            kept.applied,
+            kept.kept_past_deadline,
+            kept.lifted
+        ),
+        (GuardWant::On, true, true, None),
+        "still on, nothing to patch: only the record (and its Event) says it was kept"
+    );
+    assert_eq!(
+        decide(
+            &m,
+            Some(RUN),
+            Some(&at(2)),
+            Some(&kept),
+            late + 60_000,
+            true
+        ),
+        None,
+        "said once"
+    );
+    let off = decide(&m, Some(RUN), Some(&at(4)), Some(&kept), late + 1, true).unwrap();
+    assert_eq!(
+        (off.want, off.lifted, off.kept_past_deadline),
+        (GuardWant::Off, Some(LiftReason::NodeBack), false),
+        "the node back after all: lifted as usual"
     );
 }
 

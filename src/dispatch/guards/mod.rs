@@ -8,7 +8,8 @@
 //! what was seen, and release the run's start when its guard is settled. The loop ([`Guards::run`]) reconciles a
 //! Machine whenever its record or run changes (the change feed), every Machine with a guard record or a pending
 //! start every [`GUARD_RECONCILE_INTERVAL`] (deadlines, failed calls), and every Machine at start-up: a restart or
-//! a failover neither leaks a guard nor drops one that is needed.
+//! a failover neither leaks a guard nor drops one that is needed. Machines are reconciled concurrently, at most
+//! [`GUARD_RECONCILES_IN_FLIGHT`] at once, one reconcile per Machine at a time.
 //!
 //! A guarded run starts no step until its guard is settled (the hold `remediationGuard`), so the guard is on
 //! the Machine before its first step (a drain) begins. A failed call never stops an update: the run starts
@@ -16,11 +17,13 @@
 
 pub mod decide;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use inplace_agent_api::MachineRef;
+use inplace_core::settings::REMEDIATION_GUARD_PAST_DEADLINE_SETTING;
 use inplace_store::{BoxFuture, Precondition};
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -42,6 +45,10 @@ pub use decide::{MachineChange, Need, decide, machine_change, need, release_gate
 /// How often every guard record and every run waiting for its guard is reconciled again (deadlines, calls
 /// that failed).
 pub const GUARD_RECONCILE_INTERVAL: Duration = Duration::from_secs(15);
+
+/// Machines one replica reconciles at once (each waits at most the management client's request timeout on a
+/// call): an API that silently drops requests delays the held runs by about one timeout, not one per Machine.
+pub const GUARD_RECONCILES_IN_FLIGHT: usize = 32;
 
 /// What a guard call did to the Machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +78,13 @@ pub struct Guards {
     pending: Mutex<BTreeSet<MachineRef>>,
     /// `inplace_updater_remediation_guards`.
     held: Gauge,
+    /// One lock per Machine being reconciled: reconciles of one Machine never overlap (a late "set" landing
+    /// after a "remove" would leave the annotation behind); those of different Machines do.
+    reconciling: Mutex<BTreeMap<MachineRef, Arc<tokio::sync::Mutex<()>>>>,
+    /// Machines the change feed asked to reconcile that have not started yet (asked again: once).
+    queued: Mutex<BTreeSet<MachineRef>>,
+    /// At most [`GUARD_RECONCILES_IN_FLIGHT`] reconciles at once.
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Guards {
@@ -96,17 +110,68 @@ impl Guards {
             target,
             pending: Mutex::new(BTreeSet::new()),
             held,
+            reconciling: Mutex::new(BTreeMap::new()),
+            queued: Mutex::new(BTreeSet::new()),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(GUARD_RECONCILES_IN_FLIGHT)),
         }
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, BTreeSet<MachineRef>> {
-        self.pending
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock_set(&self.pending)
     }
 
-    /// One reconcile of `machine` (see the module docs).
+    /// Reconciles `machines`, [`GUARD_RECONCILES_IN_FLIGHT`] at a time; a failure is logged and retried later.
+    async fn reconcile_each(&self, machines: BTreeSet<MachineRef>) {
+        futures_util::stream::iter(machines)
+            .map(|machine| async move {
+                let _permit = self.in_flight.acquire().await;
+                if let Err(err) = self.reconcile(&machine).await {
+                    tracing::warn!(machine = %machine, error = %err, "remediation guard not reconciled; will try again");
+                }
+            })
+            .buffer_unordered(GUARD_RECONCILES_IN_FLIGHT)
+            .collect::<()>()
+            .await;
+    }
+
+    /// Reconciles `machine` in a task of its own (the loop goes on reading the change feed); asked again while
+    /// it waits for its turn, it runs once.
+    fn reconcile_later(
+        self: &Arc<Self>,
+        machine: MachineRef,
+        tasks: &mut tokio::task::JoinSet<()>,
+    ) {
+        if !lock_set(&self.queued).insert(machine.clone()) {
+            return;
+        }
+        let guards = self.clone();
+        tasks.spawn(async move {
+            let _permit = guards.in_flight.clone().acquire_owned().await;
+            lock_set(&guards.queued).remove(&machine);
+            if let Err(err) = guards.reconcile(&machine).await {
+                tracing::warn!(machine = %machine, error = %err, "remediation guard not reconciled; will try again");
+            }
+        });
+    }
+
+    /// One reconcile of `machine` (see the module docs), never overlapping another of the same Machine.
     pub async fn reconcile(&self, machine: &MachineRef) -> Result<Reconciled, DispatchError> {
+        let lock = {
+            let mut locks = lock_set(&self.reconciling);
+            locks.entry(machine.clone()).or_default().clone()
+        };
+        let held = lock.lock().await;
+        let reconciled = self.reconcile_alone(machine).await;
+        drop(held);
+        let mut locks = lock_set(&self.reconciling);
+        // Ours and the map's: nobody else waits for it.
+        if Arc::strong_count(&lock) == 2 {
+            locks.remove(machine);
+        }
+        reconciled
+    }
+
+    async fn reconcile_alone(&self, machine: &MachineRef) -> Result<Reconciled, DispatchError> {
         let db = &self.floor.db;
         let mut guard = None;
         for attempt in 0..=CAS_ATTEMPTS {
@@ -120,7 +185,7 @@ impl Guards {
                 None => None,
             };
             let current = db.read::<GuardRecord>(&guard_key(machine)).await?;
-            let before = current.as_ref().map(|(g, _)| (g.want, g.lifted));
+            let before = current.as_ref().map(|(g, _)| said(g));
             let now = self.floor.now_ms();
             let next = decide(
                 machine,
@@ -128,7 +193,7 @@ impl Guards {
                 run.as_ref(),
                 current.as_ref().map(|(g, _)| g),
                 now,
-                false,
+                kept_past_deadline(run.as_ref()),
             );
             let Some(next) = next else {
                 guard = current.map(|(g, _)| g);
@@ -140,7 +205,7 @@ impl Guards {
             let put = Put::of(guard_key(machine), &next, precondition)?;
             if db.commit(vec![put]).await? == Committed::Done {
                 log_change(machine, &next);
-                if before != Some((next.want, next.lifted)) {
+                if before != Some(said(&next)) {
                     let uid = record.as_ref().and_then(|r| r.uid.as_deref());
                     self.floor.outbox.post(guard_event(machine, uid, &next));
                 }
@@ -212,7 +277,8 @@ impl Guards {
                 return Ok(None);
             };
             let view = RunView::of(run);
-            let not_needed = matches!(need(Some(&view), self.floor.now_ms(), false), Need::Off(_));
+            let keep = kept_past_deadline(Some(&view));
+            let not_needed = matches!(need(Some(&view), self.floor.now_ms(), keep), Need::Off(_));
             if release_gate(run.guard_pending.as_deref(), guard, failed || not_needed) {
                 waits = false;
                 let mut next = run.clone();
@@ -243,11 +309,7 @@ impl Guards {
                 .filter(|(_, g)| !(g.want == GuardWant::Off && g.applied))
                 .map(|(m, _)| m),
         );
-        for machine in &machines {
-            if let Err(err) = self.reconcile(machine).await {
-                tracing::warn!(machine = %machine, error = %err, "remediation guard not reconciled; will try again");
-            }
-        }
+        self.reconcile_each(machines).await;
         self.count().await
     }
 
@@ -269,11 +331,7 @@ impl Guards {
                 .into_iter()
                 .map(|(m, _)| m),
         );
-        for machine in &machines {
-            if let Err(err) = self.reconcile(machine).await {
-                tracing::warn!(machine = %machine, error = %err, "remediation guard not reconciled; will try again");
-            }
-        }
+        self.reconcile_each(machines).await;
         self.count().await
     }
 
@@ -298,7 +356,9 @@ impl Guards {
         let mut ticker = tokio::time::interval(GUARD_RECONCILE_INTERVAL);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await;
+        let mut tasks = tokio::task::JoinSet::new();
         loop {
+            while tasks.try_join_next().is_some() {}
             tokio::select! {
                 () = self.floor.shutdown.cancelled() => return,
                 _ = ticker.tick() => {
@@ -308,10 +368,8 @@ impl Guards {
                 }
                 received = feed.recv() => match received {
                     Ok(change) => {
-                        if let Some(machine) = machine_of_change(&change.key)
-                            && let Err(err) = self.reconcile(&machine).await
-                        {
-                            tracing::warn!(machine = %machine, error = %err, "remediation guard not reconciled; will try again");
+                        if let Some(machine) = machine_of_change(&change.key) {
+                            self.reconcile_later(machine, &mut tasks);
                         }
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
@@ -377,9 +435,28 @@ pub async fn sweep(floor: &Floor) -> Result<usize, DispatchError> {
     Ok(deleted)
 }
 
-/// The Event on the Machine when its guard is set or lifted.
+/// Whether run `run`'s guard stays on past a step's deadline: the setting it was recorded with.
+fn kept_past_deadline(run: Option<&RunView>) -> bool {
+    run.is_some_and(|r| r.guard_kept_past_deadline)
+}
+
+/// What a guard record says to operators: a change of it is an Event.
+fn said(record: &GuardRecord) -> (GuardWant, Option<LiftReason>, bool) {
+    (record.want, record.lifted, record.kept_past_deadline)
+}
+
+/// The Event on the Machine when its guard is set, kept past a deadline, or lifted.
 fn guard_event(machine: &MachineRef, uid: Option<&str>, record: &GuardRecord) -> MachineEvent {
     let (reason, note) = match (record.want, record.lifted) {
+        (GuardWant::On, _) if record.kept_past_deadline => (
+            Reason::RemediationGuardKept,
+            format!(
+                "{SKIP_REMEDIATION_ANNOTATION}={} kept past the step's deadline by setting \
+                 {REMEDIATION_GUARD_PAST_DEADLINE_SETTING}=keep: the node has not come back; remediation \
+                 stays off until the run moves on or ends",
+                record.value
+            ),
+        ),
         (GuardWant::On, _) => (
             Reason::RemediationGuardSet,
             format!(
@@ -390,8 +467,8 @@ fn guard_event(machine: &MachineRef, uid: Option<&str>, record: &GuardRecord) ->
         (GuardWant::Off, Some(LiftReason::Deadline)) => (
             Reason::RemediationGuardExpired,
             format!(
-                "{SKIP_REMEDIATION_ANNOTATION} lifted: the step's deadline passed with the node not back; \
-                 remediation may act"
+                "{SKIP_REMEDIATION_ANNOTATION} lifted at the step's deadline so remediation can act: the \
+                 node has not come back"
             ),
         ),
         (GuardWant::Off, lifted) => (
@@ -403,6 +480,12 @@ fn guard_event(machine: &MachineRef, uid: Option<&str>, record: &GuardRecord) ->
         ),
     };
     MachineEvent::new(machine, uid, reason, note)
+}
+
+fn lock_set<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn log_change(machine: &MachineRef, record: &GuardRecord) {

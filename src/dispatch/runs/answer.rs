@@ -4,6 +4,7 @@
 
 use inplace_agent_api::{Hold, HoldReason, MachineRef, OnFailure};
 use inplace_core::knobs::{CANCEL_ANNOTATION, PAUSE_ANNOTATION, RETRY_ANNOTATION};
+use inplace_core::settings::REMEDIATION_GUARD_PAST_DEADLINE_SETTING;
 use inplace_core::window::{Gate, Window};
 
 use super::request::UpdateAnswer;
@@ -96,7 +97,8 @@ pub fn answer(inputs: &Inputs<'_>) -> UpdateAnswer {
 }
 
 /// While a guarded run's step that can take the node down is past its deadline, the remediation guard is
-/// lifted (the guards wing decides the same from the same run): the answer says so.
+/// lifted, or kept by the run's setting (the guards wing decides the same from the same run): the answer says
+/// which.
 fn with_lifted_guard(answer: UpdateAnswer, inputs: &Inputs<'_>) -> UpdateAnswer {
     let run = inputs.run;
     let UpdateAnswer::InProgress {
@@ -114,12 +116,18 @@ fn with_lifted_guard(answer: UpdateAnswer, inputs: &Inputs<'_>) -> UpdateAnswer 
                     started.saturating_add(u64::from(step.timeout_seconds) * 1000) <= inputs.now_ms
                 })
         });
-    let message = if overdue {
-        message
-            + " (remediation guard lifted at the step's deadline: a MachineHealthCheck may replace the \
-               Machine now)"
-    } else {
-        message
+    let message = match (overdue, run.guard_kept_past_deadline) {
+        (false, _) => message,
+        (true, false) => {
+            message
+                + " (remediation guard lifted at the step's deadline so remediation can act: a \
+                   MachineHealthCheck may replace the Machine now)"
+        }
+        (true, true) => format!(
+            "{message} (remediation guard kept past the step's deadline by setting \
+             {REMEDIATION_GUARD_PAST_DEADLINE_SETTING}=keep: no MachineHealthCheck replaces the Machine until \
+             the run moves on or ends)"
+        ),
     };
     UpdateAnswer::InProgress {
         message,

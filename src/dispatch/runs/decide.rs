@@ -286,7 +286,8 @@ pub fn decide(
                 outcome: retried.outcome,
             });
             if let Some(started) = retried.fresh {
-                let started = started.guarded(config.remediation_guard);
+                let started =
+                    started.guarded(config.remediation_guard, request.keep_guard_past_deadline);
                 run = Some(RunView::of(&started));
                 fresh = Some(started);
             }
@@ -375,7 +376,8 @@ pub fn decide(
         None => {
             let mut plan = planner.plan()?.clone();
             plan.id = next.run_id.clone();
-            let started = UpdateRecord::new(plan, now_ms).guarded(config.remediation_guard);
+            let started = UpdateRecord::new(plan, now_ms)
+                .guarded(config.remediation_guard, request.keep_guard_past_deadline);
             let view = RunView::of(&started);
             fresh = Some(started);
             view

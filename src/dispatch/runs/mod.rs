@@ -367,6 +367,8 @@ impl Runs {
                 .value::<UpdateRecord>(&update_key(machine, &record.run_id))
                 .await?;
             let outcome = run.as_ref().map(UpdateRecord::outcome);
+            // The retried run keeps the setting its failed run was recorded with (the CLI has no settings).
+            let kept = run.as_ref().is_some_and(|r| r.guard_kept_past_deadline);
             let Some(retried) = retry::retry(
                 &record,
                 outcome.as_ref(),
@@ -382,7 +384,7 @@ impl Runs {
                 Precondition::Revision(entry.revision),
             )?];
             let guarded = self.floor.config.remediation_guard;
-            if let Some(fresh) = retried.fresh.map(|run| run.guarded(guarded)).as_ref() {
+            if let Some(fresh) = retried.fresh.map(|run| run.guarded(guarded, kept)).as_ref() {
                 puts.push(Put::of(
                     update_key(machine, &fresh.plan.id),
                     fresh,

@@ -45,6 +45,9 @@ pub struct UpdateRequest {
     /// The registration's rollout settings (`canary`, `soak`, `maxFailures`, `healthGates`): a new run of a
     /// paced registration waits for its change's pace ([`crate::dispatch::changes`]).
     pub pacing: inplace_core::pacing::Pacing,
+    /// The ExtensionConfig `remediationGuardPastDeadline` setting is `keep`: a new run records that its
+    /// remediation guard stays past a step's deadline.
+    pub keep_guard_past_deadline: bool,
     /// [`UpdateRequest::input_hash`] per upgrade mode (`apply`, `node`), computed at most once each.
     pub hashed: [OnceLock<String>; 2],
 }

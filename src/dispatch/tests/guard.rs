@@ -152,6 +152,42 @@ async fn the_guard_is_on_before_the_first_step_and_removed_once_the_node_is_back
     }
 }
 
+fn said(answer: UpdateAnswer) -> String {
+    match answer {
+        UpdateAnswer::InProgress { message, .. } => message,
+        other => panic!("not in progress: {other:?}"),
+    }
+}
+
+/// Machine `name`'s run (recorded already), guarded, in its osImage step one second before that step's
+/// deadline, with the guard on and the answer silent about it; returns the plan, the step and its timeout.
+async fn one_second_before_the_deadline(
+    d: &Dispatcher,
+    guards: &Guards,
+    fake: &FakeManagementApi,
+    name: &str,
+) -> (inplace_agent_api::Plan, u32, u64) {
+    let machine = MachineRef::new("default", name);
+    let plan = handed_plan(d, name).await;
+    guards.reconcile(&machine).await.unwrap();
+    let os = index_of(&plan, StepKind::OsImage);
+    for i in 0..os {
+        step(d, name, &plan.id, i, StepStatus::Succeeded).await;
+    }
+    step(d, name, &plan.id, os, StepStatus::Running).await;
+    let timeout = u64::from(plan.steps[os as usize].timeout_seconds);
+    d.clock()
+        .advance_for_tests(Duration::from_secs(timeout - 1));
+    guards.reconcile(&machine).await.unwrap();
+    assert!(
+        annotation(fake, name).is_some(),
+        "still within the deadline"
+    );
+    let before = said(update(d, &os_image_request(name)).await.unwrap());
+    assert!(!before.contains("remediation guard"), "{before}");
+    (plan, os, timeout)
+}
+
 #[tokio::test]
 async fn a_node_that_never_returns_is_unguarded_at_the_steps_deadline() {
     let fake = fake();
@@ -160,35 +196,15 @@ async fn a_node_that_never_returns_is_unguarded_at_the_steps_deadline() {
     let (d, guards, _) = guarded(memory().await, &fake).await;
     let machine = MachineRef::new("default", name);
     update(&d, &os_image_request(name)).await.unwrap();
-    let plan = handed_plan(&d, name).await;
-    guards.reconcile(&machine).await.unwrap();
-    let os = index_of(&plan, StepKind::OsImage);
-    for i in 0..os {
-        step(&d, name, &plan.id, i, StepStatus::Succeeded).await;
-    }
-    step(&d, name, &plan.id, os, StepStatus::Running).await;
-    let timeout = u64::from(plan.steps[os as usize].timeout_seconds);
-
-    d.clock()
-        .advance_for_tests(Duration::from_secs(timeout - 1));
-    guards.reconcile(&machine).await.unwrap();
-    assert!(
-        annotation(&fake, name).is_some(),
-        "still within the deadline"
-    );
-    let said = |answer: UpdateAnswer| match answer {
-        UpdateAnswer::InProgress { message, .. } => message,
-        other => panic!("not in progress: {other:?}"),
-    };
-    let before = said(update(&d, &os_image_request(name)).await.unwrap());
-    assert!(!before.contains("remediation guard lifted"), "{before}");
+    one_second_before_the_deadline(&d, &guards, &fake, name).await;
     d.clock().advance_for_tests(Duration::from_secs(1));
     guards.reconcile(&machine).await.unwrap();
     assert_eq!(annotation(&fake, name), None, "remediation may act");
     let after = said(update(&d, &os_image_request(name)).await.unwrap());
     assert!(
         after.ends_with(
-            " (remediation guard lifted at the step's deadline: a MachineHealthCheck may replace the Machine now)"
+            " (remediation guard lifted at the step's deadline so remediation can act: a MachineHealthCheck may \
+             replace the Machine now)"
         ),
         "{after}"
     );
@@ -201,6 +217,87 @@ async fn a_node_that_never_returns_is_unguarded_at_the_steps_deadline() {
     guards.reconcile(&machine).await.unwrap();
     assert_eq!(annotation(&fake, name), None);
     assert_eq!(fake.machine_patches().len(), 2);
+}
+
+/// The run is recorded under `remediationGuardPastDeadline: keep`; the setting is gone from later requests
+/// (and a restarted server reads the run): the guard stays past the deadline all the same.
+#[tokio::test]
+async fn kept_by_its_setting_the_guard_stays_past_the_deadline_and_the_answer_says_so() {
+    let fake = fake();
+    let name = "edge-01-md-0-kept";
+    fake.add_machine("default", name, &BTreeMap::new());
+    let store = memory().await;
+    let (d, guards, _) = guarded(store.clone(), &fake).await;
+    let machine = MachineRef::new("default", name);
+    let kept = UpdateRequest {
+        keep_guard_past_deadline: true,
+        ..os_image_request(name)
+    };
+    update(&d, &kept).await.unwrap();
+    let (plan, os, timeout) = one_second_before_the_deadline(&d, &guards, &fake, name).await;
+    d.clock().advance_for_tests(Duration::from_secs(1));
+    guards.reconcile(&machine).await.unwrap();
+    let value = format!("inplace-updater:{}", plan.id);
+    assert_eq!(annotation(&fake, name), Some(value.clone()), "kept");
+    let after = said(update(&d, &os_image_request(name)).await.unwrap());
+    assert!(
+        after.ends_with(
+            " (remediation guard kept past the step's deadline by setting remediationGuardPastDeadline=keep: no \
+             MachineHealthCheck replaces the Machine until the run moves on or ends)"
+        ),
+        "{after}"
+    );
+    let record = guard_record(&d, name).await.unwrap();
+    assert!(
+        record.kept_past_deadline && record.lifted.is_none(),
+        "{record:?}"
+    );
+    // A restarted server decides the same from the run it reads.
+    drop((d, guards));
+    let (d, guards, _) = guarded(store, &fake).await;
+    d.clock()
+        .advance_for_tests(Duration::from_secs(timeout + 60));
+    guards.reconcile_all().await.unwrap();
+    assert_eq!(annotation(&fake, name), Some(value));
+    assert_eq!(fake.machine_patches().len(), 1, "set once, never lifted");
+    // The node comes back after all: lifted as usual.
+    for i in os..plan.steps.len() as u32 {
+        step(&d, name, &plan.id, i, StepStatus::Succeeded).await;
+    }
+    guards.reconcile(&machine).await.unwrap();
+    assert_eq!(annotation(&fake, name), None);
+}
+
+/// 20 guarded runs against an API that never answers: each call waits the request timeout, and the loop's
+/// reconciles run side by side, so every run is released (unguarded) in about one timeout, not twenty.
+#[tokio::test]
+async fn a_silently_dropping_api_delays_the_held_runs_by_about_one_timeout_not_one_each() {
+    let fake = fake();
+    let names: Vec<String> = (0..20).map(|i| format!("edge-01-md-0-drop-{i}")).collect();
+    for name in &names {
+        fake.add_machine("default", name, &BTreeMap::new());
+    }
+    let (d, guards, _) = guarded(memory().await, &fake).await;
+    for name in &names {
+        update(&d, &os_image_request(name)).await.unwrap();
+    }
+    fake.set_mode(Mode::Drop);
+    let bound = crate::mgmt::MANAGEMENT_REQUEST_TIMEOUT * 3;
+    let started = std::time::Instant::now();
+    tokio::time::timeout(bound, guards.reconcile_all())
+        .await
+        .expect("20 reconciles within a few request timeouts")
+        .unwrap();
+    let took = started.elapsed();
+    for name in &names {
+        let polled = d.agents.poll(&scope(), &poll_for(name, 0)).await.unwrap();
+        assert_eq!(polled.hold, None, "{name}: released unguarded");
+    }
+    assert!(
+        took >= crate::mgmt::MANAGEMENT_REQUEST_TIMEOUT,
+        "each call waited its timeout: {took:?}"
+    );
+    println!("20 reconciles against a dropping API: {took:?}");
 }
 
 #[tokio::test]

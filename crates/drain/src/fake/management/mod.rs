@@ -2,8 +2,9 @@
 //! Machines (`cluster.x-k8s.io/v1beta2`) GET and PATCH (`machines.rs`) and events.k8s.io/v1 Events
 //! (`events.rs`) — behind the authorization the shipped manifests grant the server's ServiceAccount
 //! (`rbac.rs`: any other verb or resource is refused 403 with the API server's `Status`), with a real TLS
-//! certificate and a kubeconfig kube-rs connects with. Two failure modes: [`Mode::Unreachable`] (connections
-//! dropped before TLS) and [`Mode::ForbidAll`] (403 for everything, as with a binding deleted).
+//! certificate and a kubeconfig kube-rs connects with. Three failure modes: [`Mode::Unreachable`] (connections
+//! dropped before TLS), [`Mode::ForbidAll`] (403 for everything, as with a binding deleted) and [`Mode::Drop`]
+//! (requests never answered).
 //!
 //! What it proves: our requests are the ones the RBAC we ship allows, our patches carry the resourceVersion
 //! precondition and survive a 409, and our reactions to the API's documented answers. What it does not prove:
@@ -47,6 +48,9 @@ pub enum Mode {
     Unreachable,
     /// Every request is refused 403 (the server's binding is gone).
     ForbidAll,
+    /// Every request is read and never answered (a load balancer or API server that silently drops them): only
+    /// the client's own timeout ends it.
+    Drop,
 }
 
 /// One request the fake received, as the authorizer saw it, and the status code it answered.
@@ -201,6 +205,9 @@ async fn authorize(
     ) else {
         return next.run(request).await;
     };
+    if lock(&model).mode == Mode::Drop {
+        return std::future::pending().await;
+    }
     let refused = {
         let model = lock(&model);
         (model.mode == Mode::ForbidAll || !model.rbac.allows(&attributes))
