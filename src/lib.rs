@@ -15,7 +15,8 @@
 //! 7. [`mgmt`] — the management cluster's API (optional): the skip-remediation guard on Machines, Events.
 //!
 //! Around it: [`cmd`] (the subcommands' glue: clap types, `status`, `diff`, `demo`, development certificates,
-//! fatal-error printing) and [`fuzzing`] (the fuzz targets' bodies).
+//! fatal-error printing), [`fuzzing`] (the fuzz targets' bodies) and [`openapi`] (the API document with this
+//! build's step kinds).
 
 pub mod api;
 pub mod cmd;
@@ -24,6 +25,7 @@ pub mod fuzzing;
 pub mod hooks;
 pub mod mgmt;
 pub mod observe;
+pub mod openapi;
 pub mod pem;
 pub mod server;
 

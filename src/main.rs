@@ -79,6 +79,10 @@ fn run(command: Command) -> anyhow::Result<()> {
             print!("{}", commands::policy(&command)?);
             Ok(())
         }
+        Command::Openapi => {
+            print!("{}", inplace_updater::openapi::document());
+            Ok(())
+        }
         // Run by main before the logs are set up.
         Command::Agent(_) => Ok(()),
         Command::Demo(args) => runtime.block_on(commands::demo(&args)),

@@ -136,13 +136,13 @@ def test_every_annotation_the_docs_name_is_one_the_code_reads():
 
 
 def setting_keys() -> list[str]:
-    """The ExtensionConfig setting keys, in the order of inplace-core's SETTINGS_DOC."""
+    """The ExtensionConfig setting keys, in the order of inplace-core's SETTINGS table (settings/table.rs)."""
     src = d.REPO / "crates" / "core" / "src"
     text = "\n".join(p.read_text() for p in src.rglob("*.rs"))
     consts = dict(re.findall(r'pub const ([A-Z_]+): &str = "([^"]+)";', text))
-    table = (src / "settings_doc.rs").read_text().split("pub const SETTINGS_DOC", 1)[1].split("];", 1)[0]
+    table = (src / "settings" / "table.rs").read_text().split("pub const SETTINGS", 1)[1].split("\n];", 1)[0]
     return [key.strip('"') if key.startswith('"') else consts[key.split("::")[-1]]
-            for key in re.findall(r"\(\n\s*(\"[^\"]+\"|[\w:]+),\n", table)]
+            for key in re.findall(r"^\s*key: (\"[^\"]+\"|[\w:]+),$", table, re.M)]
 
 
 def test_the_settings_table_is_every_setting_the_code_knows():

@@ -1,4 +1,4 @@
-//! openapi/openapi.yaml and the served routes agree: every documented route answers, every served route is
+//! openapi/openapi.yaml (as `inplace-updater openapi` prints it) and the served routes agree: every documented route answers, every served route is
 //! documented, and real answers match their documented schema (no undocumented field, every required one).
 #![allow(clippy::unwrap_used)] // tests unwrap: a panic is the failure report
 
@@ -17,11 +17,9 @@ use inplace_updater::server::{AppState, Metrics, Readiness, app, health_router, 
 use serde_json::Value;
 use tower::ServiceExt as _;
 
+/// The document of this build: openapi/openapi.yaml with its step kinds filled in (what schemathesis checks).
 fn document() -> Value {
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.yaml"))
-            .unwrap();
-    serde_yaml_ng::from_str(&text).unwrap()
+    serde_yaml_ng::from_str(&inplace_updater::openapi::document()).unwrap()
 }
 
 fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {

@@ -30,7 +30,6 @@ pub mod plan;
 pub mod policy;
 pub mod redact;
 pub mod settings;
-pub mod settings_doc;
 pub mod verdict;
 pub mod version_steps;
 pub mod window;

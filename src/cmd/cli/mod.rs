@@ -63,6 +63,8 @@ pub enum Command {
     Demo(DemoArgs),
     /// Show which changes between two object sets go in place and which need a rollout (exit 0 / 3; 1 on bad input).
     Diff(DiffArgs),
+    /// Print the OpenAPI document of every route this build serves (openapi/openapi.yaml with its step kinds).
+    Openapi,
 }
 
 /// `inplace-updater demo`.

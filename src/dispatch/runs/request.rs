@@ -236,6 +236,7 @@ mod tests {
                     .collect(),
                 switches,
                 os_image: on(3).then(|| ImageField::parse("spec.image.url").unwrap()),
+                steps: Default::default(),
             };
             if on(2) {
                 r.bootstrap = None;

@@ -14,6 +14,7 @@ pub(crate) mod control_plane;
 pub(crate) mod node;
 pub(crate) mod reboot;
 pub(crate) mod runtime;
+pub(crate) mod sections;
 pub(crate) mod service;
 pub(crate) mod sysext;
 pub(crate) mod verify;
@@ -25,6 +26,7 @@ pub use crate::config::control_plane::{
 };
 pub use crate::config::node::NodeConfig;
 pub use crate::config::reboot::{OsImageConfig, RebootConfig, RequiredCheck};
+pub use crate::config::sections::{Section, SectionConfig, Sections};
 pub use crate::config::service::{
     EtcdConfig, InventoryConfig, KubeletConfig, NtpConfig, NtpFlavor,
 };
@@ -53,9 +55,10 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-/// The whole `--config` file. Every section is optional; see `config-examples/`.
+/// The whole `--config` file. Every section is optional; see `config-examples/`. Its unknown keys are refused
+/// by [`Sections::declare`] (they are the drivers' sections, or typos), not by serde.
 #[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct DriverConfig {
     /// `PATH` of every command, in order (`{{root}}` allowed). Default: the usual sbin/bin dirs.
     #[serde(default = "default_path")]
@@ -105,6 +108,10 @@ pub struct DriverConfig {
     /// How the node proves itself after a plan's last step; without it the node is not verified.
     #[serde(default)]
     pub verify: Option<VerifyConfig>,
+    /// The sections drivers declare in their own files ([`Section`]): read and checked with the file, each
+    /// driver reading its own with [`DriverConfig::section`].
+    #[serde(flatten)]
+    pub sections: Sections,
 }
 
 impl Default for DriverConfig {
@@ -126,6 +133,7 @@ impl Default for DriverConfig {
             runtime: None,
             sysext: SysextConfig::default(),
             verify: None,
+            sections: Sections::default(),
         }
     }
 }
@@ -221,16 +229,18 @@ pub struct Check {
 }
 
 impl DriverConfig {
-    /// Reads and checks a config file.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+    /// Reads and checks a config file whose other top-level keys are the sections in `declared` (the drivers'
+    /// own: `DriverConfig::load` passes them).
+    pub fn load_declaring(path: &Path, declared: &[Section]) -> Result<Self, ConfigError> {
         let text = inplace_bounded_read::read_to_string(path, MAX_CONFIG_BYTES)?;
-        Self::from_yaml(&text)
+        Self::from_yaml_declaring(&text, declared)
     }
 
-    /// Parses and checks YAML text.
-    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
-        let config: Self =
+    /// Parses and checks YAML text whose other top-level keys are the sections in `declared`.
+    pub fn from_yaml_declaring(text: &str, declared: &[Section]) -> Result<Self, ConfigError> {
+        let mut config: Self =
             serde_yaml_ng::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        config.sections.declare(declared)?;
         config.validate()?;
         Ok(config)
     }
@@ -340,6 +350,11 @@ impl DriverConfig {
             verify.validate(self.node.is_some()).map_err(invalid)?;
         }
         Ok(())
+    }
+
+    /// The section `key` a driver declared ([`Section`]), when the file has it.
+    pub fn section<T: SectionConfig>(&self, key: &str) -> Option<&T> {
+        self.sections.get(key)
     }
 
     /// `PATH` with `{{root}}` expanded.

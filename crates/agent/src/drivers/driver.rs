@@ -10,7 +10,7 @@ use inplace_agent_api::{StepAction, StepKind};
 use super::error::DriverError;
 use super::step::{Done, StepContext};
 use super::undo::{Place, RecordContext, UndoContext, UndoRecord, restore_then_restart};
-use crate::config::DriverConfig;
+use crate::config::{DriverConfig, Section};
 use crate::os::driver_env::DriverEnv;
 
 /// A step (or undo) running through its driver. Owned (`'static`): the executor spawns it as a task.
@@ -39,6 +39,13 @@ pub(crate) trait Driver: Sync {
     /// Why `config` cannot run steps of this kind, naming the missing `--config` key; `None` when it can.
     /// Kinds whose settings all have defaults need nothing. The shipped configs are checked against it.
     fn unconfigured(&self, _config: &DriverConfig) -> Option<String> {
+        None
+    }
+
+    /// The `--config` section this driver declares in its own file, when it reads one of its own (a kind's
+    /// section needs no line in `config/`): the file is read with it, and the driver reads it with
+    /// [`DriverConfig::section`].
+    fn section(&self) -> Option<Section> {
         None
     }
 

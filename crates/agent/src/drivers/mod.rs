@@ -35,11 +35,12 @@ mod undo;
 pub(crate) mod unfinished;
 mod wait_node_ready;
 
+use std::path::Path;
 use std::sync::Arc;
 
 use inplace_agent_api::{StepKind, Undo, validate_action};
 
-use crate::config::DriverConfig;
+use crate::config::{ConfigError, DriverConfig, Section};
 pub(crate) use crate::os::driver_env::DriverEnv;
 use driver::Driver;
 pub(crate) use error::DriverError;
@@ -130,6 +131,28 @@ pub(crate) async fn execute_undo(
 /// The step kinds this agent has a driver for, in registry order.
 pub fn driver_kinds() -> Vec<StepKind> {
     DRIVERS.iter().map(|driver| driver.kind()).collect()
+}
+
+/// The `--config` sections the drivers declare, in registry order.
+fn declared_sections() -> Vec<Section> {
+    DRIVERS
+        .iter()
+        .filter_map(|driver| driver.section())
+        .collect()
+}
+
+/// The config file as this agent's drivers read it: here, where the drivers are known, so the config module
+/// imports none of them.
+impl DriverConfig {
+    /// Reads and checks a config file, the drivers' own sections with it.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_declaring(path, &declared_sections())
+    }
+
+    /// Parses and checks YAML text, the drivers' own sections with it.
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        Self::from_yaml_declaring(text, &declared_sections())
+    }
 }
 
 /// The kinds every node must run whose driver cannot run with `config`, each with the missing `--config`

@@ -16,6 +16,7 @@ use super::lines;
 use crate::Action;
 use crate::drain::{Drain, DrainRules, NodeChange};
 use crate::policy::ImageField;
+use crate::settings::StepSettings;
 use crate::version_steps::VersionSteps;
 use crate::{Objects, Policy, Scope, Settings};
 
@@ -30,6 +31,15 @@ pub struct PlanInputs {
     /// The field of the infrastructure machine naming its OS image, when the policy maps one and the settings
     /// allow `os-image` ([`Policy::os_image_field`]).
     pub os_image: Option<ImageField>,
+    /// The settings of step kinds, as the registration set them, whole: a builder reads its kind's setting here
+    /// and the fingerprint has it with no line naming it. Left out of the line form while none is set (the
+    /// fingerprints of registrations without them stay as they were); otherwise one line, their compact JSON
+    /// (texts escaped, so one setting's text cannot pass for another's).
+    #[serde(
+        skip_serializing_if = "StepSettings::is_unset",
+        serialize_with = "json_line"
+    )]
+    pub steps: StepSettings,
 }
 
 /// The on/off settings a plan reads: one line of flags in the fingerprint.
@@ -54,6 +64,7 @@ impl PlanInputs {
                 version_steps: settings.version_steps,
             },
             os_image: policy.os_image_field(desired, settings).cloned(),
+            steps: settings.steps.clone(),
         }
     }
 
@@ -66,6 +77,12 @@ impl PlanInputs {
         lines::write(self, &mut out).expect("plan inputs have a line form");
         out
     }
+}
+
+/// The step settings as one text, their compact JSON.
+fn json_line<S: serde::Serializer>(steps: &StepSettings, out: S) -> Result<S::Ok, S::Error> {
+    let text = serde_json::to_string(steps).map_err(serde::ser::Error::custom)?;
+    out.serialize_str(&text)
 }
 
 /// Everything a plan is built from.
@@ -111,6 +128,7 @@ mod tests {
                 },
             },
             os_image: Some(ImageField::parse("spec.image.url").unwrap()),
+            steps: Default::default(),
         };
         assert_eq!(
             String::from_utf8(inputs.fingerprint()).unwrap(),

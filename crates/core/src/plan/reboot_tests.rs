@@ -74,6 +74,7 @@ fn plan_with(
                 ..Switches::default()
             },
             os_image: Some(field),
+            steps: Default::default(),
         },
         change,
         upgrade_mode: KubeadmUpgradeMode::Node,
