@@ -350,9 +350,6 @@ async fn compute_answer(
     }
 }
 
-/// Whether this process has answered a Discovery call (the first is logged at info, the rest at debug).
-static DISCOVERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 /// Counts the call in the metrics and logs it (below info for UpdateMachine's in-progress repeats, a
 /// warning for a Failure).
 fn record_call(hook: Hook, state: &AppState, answer: &Answer, elapsed: Duration) {
@@ -386,7 +383,7 @@ fn record_call(hook: Hook, state: &AppState, answer: &Answer, elapsed: Duration)
     // sync). A Failure answer stops CAPI's change (or names a bug in the request): someone has to look, so it
     // is a warning.
     let repeat = match hook {
-        Hook::Discovery => DISCOVERED.swap(true, std::sync::atomic::Ordering::Relaxed),
+        Hook::Discovery => state.metrics.discovered_before(),
         _ => answer.verdict == hooks::VERDICT_IN_PROGRESS,
     };
     if repeat && answer.status == crate::api::Status::Success {

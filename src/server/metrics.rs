@@ -2,7 +2,7 @@
 //! UpdateMachine calls refused because no CanUpdate answer accepted their desired state; plus the fleet and
 //! store metrics of [`crate::observe`], `build_info`, and the unprefixed `process_*` metrics.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -92,6 +92,8 @@ pub struct Metrics {
     /// CanUpdateMachine, CanUpdateMachineSet and UpdateMachine calls answered since start (discovery excluded:
     /// CAPI calls it whatever the namespaces). Zero is what `status` turns into a namespace-selector hint.
     decision_calls: AtomicU64,
+    /// Whether this server has answered a Discovery call (the first is logged at info, the rest at debug).
+    discovered: AtomicBool,
 }
 
 impl Default for Metrics {
@@ -184,6 +186,7 @@ impl Metrics {
             events,
             unjudged_updates,
             decision_calls: AtomicU64::new(0),
+            discovered: AtomicBool::new(false),
             in_flight,
             registry,
             calls,
@@ -226,6 +229,11 @@ impl Metrics {
         }
     }
 
+    /// Whether a Discovery call was answered before this one (marks it answered).
+    pub fn discovered_before(&self) -> bool {
+        self.discovered.swap(true, Ordering::Relaxed)
+    }
+
     /// CanUpdateMachine, CanUpdateMachineSet and UpdateMachine calls answered since the process started.
     pub fn decision_calls(&self) -> u64 {
         self.decision_calls.load(Ordering::Relaxed)
@@ -244,5 +252,20 @@ impl Metrics {
             text.clear();
         }
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_server_logs_its_own_first_discovery() {
+        // Two servers in one process (as the in-process tests start them): each has its own first call.
+        let (one, two) = (Metrics::new(), Metrics::new());
+        assert!(!one.discovered_before());
+        assert!(one.discovered_before());
+        assert!(!two.discovered_before(), "the other server's first call");
+        assert!(two.discovered_before());
     }
 }

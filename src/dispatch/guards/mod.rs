@@ -84,7 +84,7 @@ pub struct Guards {
     /// Machines the change feed asked to reconcile that have not started yet (asked again: once).
     queued: Mutex<BTreeSet<MachineRef>>,
     /// At most [`GUARD_RECONCILES_IN_FLIGHT`] reconciles at once.
-    in_flight: Arc<tokio::sync::Semaphore>,
+    in_flight: tokio::sync::Semaphore,
 }
 
 impl std::fmt::Debug for Guards {
@@ -112,7 +112,7 @@ impl Guards {
             held,
             reconciling: Mutex::new(BTreeMap::new()),
             queued: Mutex::new(BTreeSet::new()),
-            in_flight: Arc::new(tokio::sync::Semaphore::new(GUARD_RECONCILES_IN_FLIGHT)),
+            in_flight: tokio::sync::Semaphore::new(GUARD_RECONCILES_IN_FLIGHT),
         }
     }
 
@@ -120,17 +120,13 @@ impl Guards {
         lock_set(&self.pending)
     }
 
-    /// Reconciles `machines`, [`GUARD_RECONCILES_IN_FLIGHT`] at a time; a failure is logged and retried later.
+    /// Reconciles `machines`; with the change feed's tasks, at most [`GUARD_RECONCILES_IN_FLIGHT`] at a time.
     async fn reconcile_each(&self, machines: BTreeSet<MachineRef>) {
+        // The shared semaphore is the bound; this one only keeps a sweep from making every future at once.
         futures_util::stream::iter(machines)
-            .map(|machine| async move {
-                let _permit = self.in_flight.acquire().await;
-                if let Err(err) = self.reconcile(&machine).await {
-                    tracing::warn!(machine = %machine, error = %err, "remediation guard not reconciled; will try again");
-                }
+            .for_each_concurrent(GUARD_RECONCILES_IN_FLIGHT, |machine| async move {
+                self.reconcile_logged(&machine).await;
             })
-            .buffer_unordered(GUARD_RECONCILES_IN_FLIGHT)
-            .collect::<()>()
             .await;
     }
 
@@ -146,12 +142,18 @@ impl Guards {
         }
         let guards = self.clone();
         tasks.spawn(async move {
-            let _permit = guards.in_flight.clone().acquire_owned().await;
-            lock_set(&guards.queued).remove(&machine);
-            if let Err(err) = guards.reconcile(&machine).await {
-                tracing::warn!(machine = %machine, error = %err, "remediation guard not reconciled; will try again");
-            }
+            guards.reconcile_logged(&machine).await;
         });
+    }
+
+    /// One reconcile once a [`GUARD_RECONCILES_IN_FLIGHT`] permit is free: from then on a change asks for another
+    /// one. A failure is logged; the next sweep or change tries again.
+    async fn reconcile_logged(&self, machine: &MachineRef) {
+        let _permit = self.in_flight.acquire().await;
+        lock_set(&self.queued).remove(machine);
+        if let Err(err) = self.reconcile(machine).await {
+            tracing::warn!(machine = %machine, error = %err, "remediation guard not reconciled; will try again");
+        }
     }
 
     /// One reconcile of `machine` (see the module docs), never overlapping another of the same Machine.
