@@ -7,6 +7,8 @@
 //! region (`spec`, or `spec.template.spec`) members whose texts are equal are left out of both sides: they
 //! cannot differ, so the diff, the patch and its self-check see exactly the same changes. Text equality is
 //! sufficient, never necessary: members whose texts differ are parsed and compared as values as before.
+//! The members left out keep their text, so the whole desired object can be put back together for the
+//! verdict ([`Pair::into_desired`]) by parsing only them, not the whole object a second time.
 
 use std::collections::BTreeMap;
 
@@ -43,6 +45,8 @@ pub enum Pair {
         current: Value,
         /// The desired object.
         desired: Value,
+        /// The members of the compared region left out of both sides: name and text.
+        unchanged: Vec<(String, String)>,
     },
     /// Only the current side has this object.
     OnlyCurrent(Value),
@@ -65,8 +69,13 @@ impl Pair {
                 Pair::Same(parse(current, path)?)
             }
             (Some(current), Some(desired)) => {
-                let (current, desired) = pruned(current, desired, region, path)?;
-                Pair::Different { current, desired }
+                let mut unchanged = Vec::new();
+                let (current, desired) = pruned(current, desired, region, path, &mut unchanged)?;
+                Pair::Different {
+                    current,
+                    desired,
+                    unchanged,
+                }
             }
             (Some(current), None) => Pair::OnlyCurrent(parse(current, path)?),
             (None, Some(desired)) => Pair::OnlyDesired(parse(desired, path)?),
@@ -93,6 +102,39 @@ impl Pair {
             Pair::OnlyCurrent(_) | Pair::Neither => None,
         }
     }
+
+    /// The whole desired object, taken out of the pair: the members of the compared region left out of it
+    /// (at `region`, as given to [`Pair::parse`]) parsed and put back.
+    pub fn into_desired(
+        self,
+        region: &[&str],
+        path: &'static str,
+    ) -> Result<Option<Value>, DecodeError> {
+        Ok(match self {
+            Pair::Same(value) | Pair::OnlyDesired(value) => Some(value),
+            Pair::Different {
+                mut desired,
+                unchanged,
+                ..
+            } => {
+                if !unchanged.is_empty() {
+                    // Members are only left out of a region that is an object on both sides.
+                    let at = region
+                        .iter()
+                        .try_fold(&mut desired, |value, name| value.get_mut(*name));
+                    if let Some(Value::Object(map)) = at {
+                        for (name, text) in unchanged {
+                            let value =
+                                serde_json::from_str(&text).map_err(|err| json_error(path, err))?;
+                            map.insert(name, value);
+                        }
+                    }
+                }
+                Some(desired)
+            }
+            Pair::OnlyCurrent(_) | Pair::Neither => None,
+        })
+    }
 }
 
 type Members<'a> = BTreeMap<String, &'a RawValue>;
@@ -102,12 +144,13 @@ fn members<'a>(raw: &'a RawValue, path: &'static str) -> Result<Members<'a>, Dec
 }
 
 /// Both sides parsed; below `region` (or at it, when `region` is empty) members with equal text on both
-/// sides are dropped from both.
+/// sides are dropped from both, and kept in `unchanged` as name and text.
 fn pruned(
     current: &RawValue,
     desired: &RawValue,
     region: &[&str],
     path: &'static str,
+    unchanged: &mut Vec<(String, String)>,
 ) -> Result<(Value, Value), DecodeError> {
     if !is_object(current) || !is_object(desired) {
         return Ok((parse(current, path)?, parse(desired, path)?));
@@ -118,9 +161,11 @@ fn pruned(
         let ours = desired.get(name);
         match (region.split_first(), ours) {
             // At the region: a member both sides spell alike cannot be a change.
-            (None, Some(ours)) if ours.get() == theirs.get() => {}
+            (None, Some(ours)) if ours.get() == theirs.get() => {
+                unchanged.push((name.clone(), ours.get().to_owned()));
+            }
             (Some((next, rest)), Some(ours)) if name == next => {
-                let (c, d) = pruned(theirs, ours, rest, path)?;
+                let (c, d) = pruned(theirs, ours, rest, path, unchanged)?;
                 out.0.insert(name.clone(), c);
                 out.1.insert(name.clone(), d);
             }
@@ -202,6 +247,36 @@ mod tests {
             pair.desired(),
             Some(&json!({"spec": {"replicas": 2, "template": {"metadata": {}, "spec": {}}}}))
         );
+    }
+
+    #[test]
+    fn the_whole_desired_object_comes_back_as_its_text_parses() {
+        let current = json!({"kind": "KubeadmConfigTemplate", "metadata": {"name": "a"},
+            "spec": {"template": {"spec": {"files": [{"path": "/a", "content": "x\ny"}],
+                "ntp": {"servers": ["a"]}, "users": [], "format": "cloud-config"}}}});
+        let mut desired = current.clone();
+        let region = &["spec", "template", "spec"];
+        desired["spec"]["template"]["spec"]["ntp"]["servers"] = json!(["b"]);
+        desired["spec"]["template"]["spec"]["diskSetup"] = json!({"partitions": []});
+        desired["spec"]["template"]["spec"]
+            .as_object_mut()
+            .expect("object")
+            .remove("users");
+        desired["metadata"]["labels"] = json!({"l": "v"});
+        let cases = [
+            (Some(raw(&current)), Some(raw(&desired))),
+            (Some(raw(&current)), Some(raw(&current))),
+            (None, Some(raw(&desired))),
+            (Some(raw(&current)), None),
+            // The region is not an object on one side: nothing is left out.
+            (Some(raw(&json!({"spec": 1}))), Some(raw(&desired))),
+        ];
+        for (current, desired) in cases {
+            let pair =
+                Pair::parse(current.as_deref(), desired.as_deref(), region, "x").expect("parses");
+            let whole = desired.map(|raw| parse(&raw, "x").expect("parses"));
+            assert_eq!(pair.into_desired(region, "x").expect("parses"), whole);
+        }
     }
 
     #[test]

@@ -21,11 +21,10 @@ use inplace_core::{
 use serde::Serialize;
 
 use super::{Answer, Engine, answer, failure};
-use crate::api::objects;
 use crate::api::{
     CanUpdateMachineRequest, CanUpdateMachineResponse, CanUpdateMachineSetRequest,
-    CanUpdateMachineSetResponse, CanUpdateRequest, DecodeError, Hook, Object, ObjectKey, Pair,
-    Patch, PatchType, SideTexts, Status, decode_request,
+    CanUpdateMachineSetResponse, CanUpdateRequest, DecodeError, Hook, ObjectKey, Pair, Patch,
+    PatchType, SideTexts, Status, decode_request,
 };
 use crate::dispatch::floor::keys::{machine_set_verdict_key, machine_verdict_key, valid_segment};
 use crate::dispatch::{VerdictHook, VerdictRecord};
@@ -78,29 +77,20 @@ fn wire_hook(hook: VerdictHook) -> Hook {
     }
 }
 
-/// The desired objects, normalised for the verdict: an object whose two sides were the same text was parsed
-/// whole once; one that differs was parsed only where it differs, so its desired text is parsed again here.
-fn normalized_desired(
-    scope: Scope,
-    texts: SideTexts<'_>,
-    parsed: &Parsed,
-) -> Result<Normalized, DecodeError> {
-    let one = |role, pair: &Pair, text: Option<&Object>| -> Result<_, DecodeError> {
-        Ok(match pair {
-            Pair::Same(value) | Pair::OnlyDesired(value) => {
-                Some(NormalizedObject::of(role, scope, value))
-            }
-            Pair::Different { .. } => text
-                .map(|raw| objects::parse(raw, "desired"))
-                .transpose()?
-                .map(|value| NormalizedObject::from_owned(role, scope, value)),
-            Pair::OnlyCurrent(_) | Pair::Neither => None,
-        })
+/// The desired objects, normalised for the verdict, taken out of both sides as they were parsed for the
+/// decision: an object whose two sides differ gets back only the members left out as equal text, parsed (its
+/// text is not parsed a second time), and no compared part is copied.
+fn normalized_desired(scope: Scope, parsed: Parsed) -> Result<Normalized, DecodeError> {
+    let region = scope.segments();
+    let one = |role, pair: Pair, path| -> Result<_, DecodeError> {
+        Ok(pair
+            .into_desired(region, path)?
+            .map(|value| NormalizedObject::from_owned(role, scope, value)))
     };
     Ok(Normalized {
-        machine: one(ObjectRole::Machine, &parsed.machine, texts[0])?,
-        bootstrap: one(ObjectRole::Bootstrap, &parsed.bootstrap, texts[1])?,
-        infra: one(ObjectRole::Infra, &parsed.infra, texts[2])?,
+        machine: one(ObjectRole::Machine, parsed.machine, "desired")?,
+        bootstrap: one(ObjectRole::Bootstrap, parsed.bootstrap, "desired")?,
+        infra: one(ObjectRole::Infra, parsed.infra, "desired")?,
     })
 }
 
@@ -209,7 +199,7 @@ fn scope_of(templates: bool) -> Scope {
 /// The verdict of a `Success` answer judged at `now_ms` (the dispatcher's clock): its key and record.
 fn verdict_of(
     question: &Question<'_>,
-    decided: &Decided,
+    decided: Decided,
     now_ms: u64,
 ) -> Result<(String, VerdictRecord), String> {
     let Some((namespace, name)) = question.object.as_ref().and_then(key_segments) else {
@@ -219,9 +209,7 @@ fn verdict_of(
                 .into(),
         );
     };
-    let (hook, parsed) = (question.verdict_hook(), &decided.parsed);
-    let normalized = normalized_desired(question.scope, question.desired, parsed)
-        .map_err(|err| err.to_string())?;
+    let (hook, Decided { decision, parsed }) = (question.verdict_hook(), decided);
     let (store_key, template_hash) = match hook {
         VerdictHook::CanUpdateMachine => {
             (machine_verdict_key(&MachineRef::new(namespace, name)), None)
@@ -241,10 +229,11 @@ fn verdict_of(
             (machine_set_verdict_key(namespace, &label_value(name)), hash)
         }
     };
+    let normalized = normalized_desired(question.scope, parsed).map_err(|err| err.to_string())?;
     let record = VerdictRecord::new(
         hook,
         format!("{namespace}/{name}"),
-        &decided.decision,
+        &decision,
         &normalized,
         template_hash,
         now_ms,
@@ -401,14 +390,14 @@ fn can_update<R: Answering>(engine: &Engine, body: &[u8]) -> Judged {
     );
     judged(
         &question,
-        &decided,
+        decided,
         answer,
         engine.dispatcher.clock().now_ms(),
     )
 }
 
 /// The answer with its verdict judged at `now_ms`, when it is a `Success` (UpdateMachine is checked against it).
-fn judged(question: &Question<'_>, decided: &Decided, answer: Answer, now_ms: u64) -> Judged {
+fn judged(question: &Question<'_>, decided: Decided, answer: Answer, now_ms: u64) -> Judged {
     if answer.status != Status::Success {
         return answer.into();
     }

@@ -94,3 +94,58 @@ async fn an_answer_whose_verdict_cannot_be_stored_is_a_failure_capi_does_not_act
         "CAPI's reconcile fails and asks again later: {decision:?}"
     );
 }
+
+/// The verdict's fingerprint is that of the whole desired objects as CAPI sent them, although the hook parsed
+/// only what differs of each object and puts the rest back for the verdict: UpdateMachine, which gets the
+/// whole objects, must come out with the same fingerprint.
+#[test]
+fn verdicts_fingerprint_the_whole_desired_objects() {
+    use inplace_core::verdict::{Desired, Normalized};
+    use inplace_core::{Objects, Scope};
+    type Hook = fn(&Engine, &[u8]) -> super::Judged;
+    let engine = engine(Arc::new(MemoryStore::new()));
+    let mut judged = 0;
+    for entry in
+        std::fs::read_dir(format!("{}/tests/fixtures", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        let (scope, fields, hook): (_, [&str; 3], Hook) =
+            if name.starts_with("can-update-machineset") {
+                (
+                    Scope::Template,
+                    [
+                        "machineSet",
+                        "bootstrapConfigTemplate",
+                        "infrastructureMachineTemplate",
+                    ],
+                    can_update_machine_set,
+                )
+            } else if name.starts_with("can-update-machine-") {
+                (
+                    Scope::Object,
+                    ["machine", "bootstrapConfig", "infrastructureMachine"],
+                    can_update_machine,
+                )
+            } else {
+                continue;
+            };
+        let body = fixture(&name);
+        let Some((_, verdict)) = hook(&engine, &body).verdict else {
+            continue;
+        };
+        let request: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let desired = fields.map(|field| request["desired"].get(field).filter(|v| !v.is_null()));
+        let whole = Desired::new(Normalized::of(
+            scope,
+            &Objects {
+                machine: desired[0],
+                bootstrap: desired[1],
+                infra: desired[2],
+            },
+        ));
+        assert_eq!(verdict.prints, whole.prints, "{name}");
+        assert_eq!(verdict.fingerprint, whole.fingerprint, "{name}");
+        judged += 1;
+    }
+    assert!(judged >= 5, "{judged}");
+}

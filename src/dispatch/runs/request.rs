@@ -5,8 +5,8 @@ use std::sync::OnceLock;
 
 use inplace_agent_api::KubeadmUpgradeMode;
 use inplace_core::plan::PlanInputs;
-use inplace_core::verdict::{Desired, Normalized};
-use inplace_core::{DesiredMachine, Objects, Scope};
+use inplace_core::verdict::{Desired, Normalized, NormalizedObject};
+use inplace_core::{DesiredMachine, ObjectRole, Scope};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::{Digest as _, Sha256};
@@ -99,23 +99,35 @@ impl UpdateRequest {
         hex(&hash.finalize())
     }
 
-    /// The desired objects, normalised and fingerprinted as a CanUpdate verdict of them was.
+    /// The desired objects, normalised and fingerprinted as a CanUpdate verdict of them was. The bootstrap
+    /// config and infrastructure machine are parsed here for it alone, so their compared parts are taken
+    /// out of the parsed values rather than copied.
     pub fn desired_print(&self) -> Result<Desired, DispatchError> {
-        let parse = |text: Option<&RawValue>, what: &str| {
-            text.map(|raw| serde_json::from_str::<Value>(raw.get()))
-                .transpose()
-                .map_err(|err| DispatchError::BadRequest(format!("{what}: {err}")))
+        let parsed = |text: Option<&RawValue>, role, what: &str| {
+            text.map(|raw| {
+                serde_json::from_str::<Value>(raw.get())
+                    .map(|value| NormalizedObject::from_owned(role, Scope::Object, value))
+                    .map_err(|err| DispatchError::BadRequest(format!("{what}: {err}")))
+            })
+            .transpose()
         };
-        let bootstrap = parse(self.bootstrap.as_deref(), "bootstrap config")?;
-        let infra = parse(self.infra.as_deref(), "infrastructure machine")?;
-        Ok(Desired::new(Normalized::of(
-            Scope::Object,
-            &Objects {
-                machine: Some(&self.machine),
-                bootstrap: bootstrap.as_ref(),
-                infra: infra.as_ref(),
-            },
-        )))
+        Ok(Desired::new(Normalized {
+            machine: Some(NormalizedObject::of(
+                ObjectRole::Machine,
+                Scope::Object,
+                &self.machine,
+            )),
+            bootstrap: parsed(
+                self.bootstrap.as_deref(),
+                ObjectRole::Bootstrap,
+                "bootstrap config",
+            )?,
+            infra: parsed(
+                self.infra.as_deref(),
+                ObjectRole::Infra,
+                "infrastructure machine",
+            )?,
+        }))
     }
 }
 
@@ -158,10 +170,10 @@ pub fn run_id(state_hash: &str, previous_run: Option<&str>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use inplace_core::Action;
     use inplace_core::drain::DrainRules;
     use inplace_core::plan::Switches;
     use inplace_core::policy::ImageField;
+    use inplace_core::{Action, Objects};
 
     use super::*;
     use crate::dispatch::testing::request;
@@ -260,6 +272,42 @@ mod tests {
             .map(|r| r.input_hash(KubeadmUpgradeMode::Node).to_owned())
             .collect();
         assert!(distinct.len() > 60, "{}", distinct.len());
+    }
+
+    #[test]
+    fn the_desired_print_is_the_one_of_the_whole_objects() {
+        let parse = |text: &Option<Box<RawValue>>| {
+            text.as_ref()
+                .map(|raw| serde_json::from_str::<Value>(raw.get()).expect("JSON"))
+        };
+        let text = |value: serde_json::Value| RawValue::from_string(value.to_string()).ok();
+        let mut kubeadm = request("cp-1", true, "v1.34.1", "hello");
+        kubeadm.bootstrap = text(serde_json::json!({
+            "apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2", "kind": "KubeadmConfig",
+            "metadata": {"name": "b"},
+            "spec": {"files": [{"path": "/etc/motd", "content": "hello"}], "users": [],
+                "initConfiguration": {"nodeRegistration": {"kubeletExtraArgs": [{"name": "v", "value": "2"}]}},
+                "joinConfiguration": {"discovery": {"bootstrapToken": {"token": "t"}}}}
+        }));
+        kubeadm.infra = text(serde_json::json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "DevMachine",
+            "metadata": {"name": "i"}, "spec": {"image": {"url": "u"}, "empty": {}}
+        }));
+        let plain = request("cp-1", true, "v1.34.1", "hello");
+        let mut bare = plain.clone();
+        (bare.bootstrap, bare.infra) = (None, None);
+        for r in [kubeadm, plain, bare] {
+            let (bootstrap, infra) = (parse(&r.bootstrap), parse(&r.infra));
+            let whole = Desired::new(Normalized::of(
+                Scope::Object,
+                &Objects {
+                    machine: Some(&r.machine),
+                    bootstrap: bootstrap.as_ref(),
+                    infra: infra.as_ref(),
+                },
+            ));
+            assert_eq!(r.desired_print().expect("prints"), whole);
+        }
     }
 
     #[test]
