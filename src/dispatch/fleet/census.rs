@@ -278,15 +278,21 @@ impl Fleet {
             match received {
                 Ok(change) if change.is_resync() => stale = true,
                 Ok(change) => {
-                    if let Err(err) = self.census_change(&change).await {
-                        tracing::debug!(error = %err, key = %change.key, "census: change not read; recounting");
-                        stale = true;
+                    // Most writes (verdicts, agents' last-seen, refusals …) move no count: the gauges are set
+                    // only when one did, not once per write of the whole store.
+                    let before = self.census().counts;
+                    match self.census_change(&change).await {
+                        Ok(()) if self.census().counts == before => {}
+                        Ok(()) => self.publish_counts(),
+                        Err(err) => {
+                            tracing::debug!(error = %err, key = %change.key, "census: change not read; recounting");
+                            stale = true;
+                        }
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => stale = true,
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             }
-            self.publish_counts();
         }
     }
 
