@@ -201,6 +201,71 @@ fn replicas_scenario_wakes_agents_on_other_replicas_through_etcd() {
 }
 
 #[test]
+fn replicas_scenario_hands_a_killed_replicas_agents_to_the_live_one() {
+    // Two replicas on one real etcd, 300 agents; after the hold replica 0 is SIGKILLed. Its 150 agents' polls
+    // fail, each backs off as the real agent does (at most BACKOFF_INITIAL, 0.5 s) and connects to replica 1,
+    // which answers its inventory report: every one must be served again within TAKEOVER_TARGET (that back-off
+    // plus TAKEOVER_ANSWER_ALLOWANCE, 4 s, for one handshake and one answer on a loaded machine: 4.5 s), listed
+    // by replica 1's presence in the store, and the 15 of them given work afterwards (UpdateMachine through
+    // replica 1) must get their plans; the failures to the dead replica are counted apart, no other error.
+    let stdout = run(&[
+        "replicas",
+        "--replicas",
+        "2",
+        "--children",
+        "2",
+        "--agents",
+        "300",
+        "--targets",
+        "30",
+        "--idle-seconds",
+        "1",
+        "--retry-after-seconds",
+        "1",
+        "--kill-replica",
+        "0",
+    ]);
+    assert_eq!(
+        row_value(&stdout, "its agents answered by another replica"),
+        "150 / 150 (replica 1: 150)",
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("killed replica's 150 agents served again within 4.5s: met"),
+        "{stdout}"
+    );
+    assert_eq!(
+        row_value(&stdout, "listed by the live replicas' presence"),
+        "150 / 150",
+        "{stdout}"
+    );
+    assert_eq!(
+        row_value(&stdout, "plans to its agents, dispatched after the kill"),
+        "15 / 15",
+        "{stdout}"
+    );
+    assert_eq!(
+        row_value(&stdout, "plans received / Machines given work"),
+        "30 / 30",
+        "{stdout}"
+    );
+    // Every one of its agents lost its poll at the kill: at least one failure each, all to the dead replica.
+    let expected: u64 = row_value(
+        &stdout,
+        "connection failures to the killed replica (expected",
+    )
+    .parse()
+    .unwrap();
+    assert!(expected >= 150, "{stdout}");
+    assert_eq!(
+        row_value(&stdout, "errors (all of the above)"),
+        "0",
+        "{stdout}"
+    );
+    assert!(stdout.contains("0 errors: met (0)"), "{stdout}");
+}
+
+#[test]
 fn replicas_scenario_refuses_a_fleet_the_open_file_limit_cannot_hold_before_starting_anything() {
     // 4 000 agents on two replicas are 2 000 connections in each replica; under a limit of 1 024 open files,
     // soft and hard (so the harness cannot raise it), the run must stop before etcd or a replica starts, naming
