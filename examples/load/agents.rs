@@ -2,8 +2,9 @@
 //! exactly as `inplace-updater agent` does, and, when a plan arrives, reporting each step started and done
 //! (each step takes `--step-millis`, no time by default) before polling again with its progress. A failed
 //! request or connect is followed by the real agent's own back-off ([`inplace_agent::Backoff`]) and a new
-//! connection to the next replica of its [`Route`] (as a Kubernetes Service sends a new connection to a live
-//! endpoint), whose first request is an inventory report, as the real agent's is after every reconnect.
+//! connection, after one that broke or was refused, to another replica of its [`Route`] (as a Kubernetes
+//! Service sends a new connection to a live endpoint), whose first request is an inventory report, as the real
+//! agent's is after every reconnect.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -66,13 +67,17 @@ impl Pace {
     /// How long step `step` of agent `agent` takes (a fixed pseudo-random draw from `--step-millis`).
     pub fn step_duration(&self, agent: usize, step: u32) -> Duration {
         let (low, high) = self.step_millis;
-        // splitmix64 of (agent, step): the same durations on every run, with no RNG dependency.
-        let mut z = ((agent as u64) << 16 | u64::from(step)).wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
+        let z = mix(agent, step);
         Duration::from_millis(low + z % (high - low + 1))
     }
+}
+
+/// splitmix64 of `(agent, n)`: the same draw on every run, with no RNG dependency.
+fn mix(agent: usize, n: u32) -> u64 {
+    let mut z = ((agent as u64) << 16 | u64::from(n)).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// What every agent writes and the scenario reads. Instants are nanoseconds since `epoch`, plus one, so 0
@@ -187,6 +192,28 @@ impl Route {
             home: 0,
         }
     }
+
+    /// Where agent `agent`'s next connection goes after its connection to replica `at` broke or was refused: a
+    /// pseudo-random other replica (a Service picks a random live endpoint), so a dead replica's agents spread
+    /// over the live ones.
+    fn other(&self, at: usize, agent: usize, attempt: usize) -> usize {
+        let count = self.replicas.len();
+        if count < 2 {
+            return at;
+        }
+        (at + 1 + (mix(agent, attempt as u32) % (count as u64 - 1)) as usize) % count
+    }
+}
+
+/// Whether a connect failed because nothing listens there any more (a dead replica), not because it was slow:
+/// only then does the agent try another replica, so each replica keeps its share of a fleet that connects
+/// slowly on a loaded machine.
+fn refused(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+    })
 }
 
 /// Who one agent is and where it connects from.
@@ -304,8 +331,8 @@ async fn execute(
 }
 
 /// One agent's life: connect, long-poll until `shared.stop`, bounded in polls and connection attempts. A
-/// failed request or connect is followed by the real agent's back-off; a failed connection moves the agent to
-/// the next replica of `route`, where it reports its inventory first.
+/// failed request or connect is followed by the real agent's back-off; a connection that broke or was refused
+/// moves the agent to another replica of `route`, where it reports its inventory first.
 pub async fn run(
     agent: Agent,
     route: Route,
@@ -343,12 +370,17 @@ pub async fn run(
                     let addr = route.replicas[at];
                     Conn::open(&tls, addr, Some(agent.source), Some(&agent.token)).await
                 };
-                let Ok(mut live) = opened else {
-                    shared.failed(at);
-                    failed = true;
-                    at = (at + 1) % count;
-                    pause(&shared, backoff.next_delay()).await;
-                    continue;
+                let mut live = match opened {
+                    Ok(live) => live,
+                    Err(err) => {
+                        shared.failed(at);
+                        failed = true;
+                        if refused(&err) {
+                            at = route.other(at, agent.index, attempts);
+                        }
+                        pause(&shared, backoff.next_delay()).await;
+                        continue;
+                    }
                 };
                 if attempts == 1 {
                     shared.connected.fetch_add(1, Ordering::Relaxed);
@@ -416,7 +448,7 @@ pub async fn run(
             Err(_) => {
                 shared.failed(at);
                 failed = true;
-                at = (at + 1) % count;
+                at = route.other(at, agent.index, attempts);
                 pause(&shared, backoff.next_delay()).await;
                 continue;
             }
@@ -447,7 +479,7 @@ pub async fn run(
                     Err(_) => {
                         shared.failed(at);
                         failed = true;
-                        at = (at + 1) % count;
+                        at = route.other(at, agent.index, attempts);
                         pause(&shared, backoff.next_delay()).await;
                         continue;
                     }
