@@ -89,6 +89,8 @@ pub struct Sizes {
     pub targets: usize,
     /// Machines per cluster (one agent token each).
     pub per_cluster: usize,
+    /// The replica the takeover phase kills (its agents then move to the others).
+    pub kill: Option<usize>,
 }
 
 impl Sizes {
@@ -125,6 +127,7 @@ impl Sizes {
             children,
             targets: args.targets.min(agents),
             per_cluster: args.agents_per_cluster.max(1),
+            kill: args.kill_replica,
         };
         descriptors::check(&sizes, args.capi_workers, descriptors::open_file_limit())?;
         Ok(sizes)

@@ -34,7 +34,7 @@ pub const TAKEOVER_ANSWER_ALLOWANCE: Duration = Duration::from_secs(4);
 /// connection, to the next replica, is answered.
 pub const TAKEOVER_TARGET: Duration = BACKOFF_INITIAL.saturating_add(TAKEOVER_ANSWER_ALLOWANCE);
 /// How often the store's presence is read while waiting.
-const PRESENCE_READ_EVERY: Duration = Duration::from_secs(1);
+pub const PRESENCE_READ_EVERY: Duration = Duration::from_secs(1);
 
 /// What the takeover measured.
 pub struct Takeover {
