@@ -1,6 +1,10 @@
 //! Simulated agents: each one a kept-alive TLS connection long-polling `/agent/v1/poll` with its bearer token,
 //! exactly as `inplace-updater agent` does, and, when a plan arrives, reporting each step started and done
-//! (each step takes `--step-millis`, no time by default) before polling again with its progress.
+//! (each step takes `--step-millis`, no time by default) before polling again with its progress. A failed
+//! request or connect is followed by the real agent's own back-off ([`inplace_agent::Backoff`]) and a new
+//! connection, after one that broke or was refused, to another replica of its [`Route`] (as a Kubernetes
+//! Service sends a new connection to a live endpoint), whose first request is an inventory report, as the real
+//! agent's is after every reconnect.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -8,9 +12,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use inplace_agent::Backoff;
 use inplace_agent_api::{
-    AgentIdentity, MachineRef, POLL_PATH, PlanProgress, PlanStatus, PollRequest, PollResponse,
-    REPORT_PATH, StepReport, StepStatus,
+    AgentIdentity, INVENTORY_PATH, InventoryReport, MachineRef, POLL_PATH, PlanProgress,
+    PlanStatus, PollRequest, PollResponse, REPORT_PATH, StepReport, StepStatus,
 };
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsConnector;
@@ -22,8 +27,6 @@ use crate::net::Conn;
 const MAX_POLLS_PER_AGENT: usize = 1_000;
 /// Upper bound on connection attempts per agent.
 const MAX_CONNECT_ATTEMPTS: usize = 50;
-/// Back-off after a failed request or connect.
-const BACKOFF: Duration = Duration::from_millis(500);
 
 /// How the simulated updates are paced (`--step-millis`, `--stagger-seconds`, the server's `--retry-after`).
 #[derive(clap::Args, Clone, Debug)]
@@ -64,13 +67,17 @@ impl Pace {
     /// How long step `step` of agent `agent` takes (a fixed pseudo-random draw from `--step-millis`).
     pub fn step_duration(&self, agent: usize, step: u32) -> Duration {
         let (low, high) = self.step_millis;
-        // splitmix64 of (agent, step): the same durations on every run, with no RNG dependency.
-        let mut z = ((agent as u64) << 16 | u64::from(step)).wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
+        let z = mix(agent, step);
         Duration::from_millis(low + z % (high - low + 1))
     }
+}
+
+/// splitmix64 of `(agent, n)`: the same draw on every run, with no RNG dependency.
+fn mix(agent: usize, n: u32) -> u64 {
+    let mut z = ((agent as u64) << 16 | u64::from(n)).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// What every agent writes and the scenario reads. Instants are nanoseconds since `epoch`, plus one, so 0
@@ -93,6 +100,13 @@ pub struct Shared {
     pub plans_without_work: AtomicU64,
     /// Polls answered with another status than 200, by status (a subset of `errors`).
     pub refusals: std::sync::Mutex<std::collections::BTreeMap<u16, u64>>,
+    /// Failed requests and connects by the replica (index in the agents' [`Route`]) they went to (`errors`
+    /// split; refusals are counted with their replica too).
+    pub errors_by_replica: std::sync::Mutex<std::collections::BTreeMap<usize, u64>>,
+    /// When the agent's last new connection after a failure was first answered (its inventory report
+    /// acknowledged), and by which replica: overwritten at every such reconnect.
+    pub served_again: Vec<AtomicU64>,
+    pub served_by: Vec<AtomicUsize>,
     pub stop: CancellationToken,
 }
 
@@ -114,6 +128,9 @@ impl Shared {
             reconnects: AtomicU64::new(0),
             plans_without_work: AtomicU64::new(0),
             refusals: std::sync::Mutex::default(),
+            errors_by_replica: std::sync::Mutex::default(),
+            served_again: slots(),
+            served_by: (0..agents).map(|_| AtomicUsize::new(0)).collect(),
             stop: CancellationToken::new(),
         }
     }
@@ -137,6 +154,14 @@ impl Shared {
         (a != 0 && b != 0).then(|| Duration::from_nanos(b.saturating_sub(a)))
     }
 
+    /// Counts a failed request or connect to replica `replica`.
+    pub fn failed(&self, replica: usize) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut by) = self.errors_by_replica.lock() {
+            *by.entry(replica).or_default() += 1;
+        }
+    }
+
     /// How long the oldest outstanding poll has been waiting.
     pub fn oldest_poll(&self) -> Duration {
         let now = self.now();
@@ -150,6 +175,45 @@ impl Shared {
             Duration::from_nanos(now.saturating_sub(s))
         })
     }
+}
+
+/// The replicas an agent may reach and the one it starts on (a single-server scenario: one address).
+#[derive(Clone)]
+pub struct Route {
+    pub replicas: Arc<[SocketAddr]>,
+    pub home: usize,
+}
+
+impl Route {
+    /// One server.
+    pub fn single(addr: SocketAddr) -> Route {
+        Route {
+            replicas: Arc::from([addr]),
+            home: 0,
+        }
+    }
+
+    /// Where agent `agent`'s next connection goes after its connection to replica `at` broke or was refused: a
+    /// pseudo-random other replica (a Service picks a random live endpoint), so a dead replica's agents spread
+    /// over the live ones.
+    fn other(&self, at: usize, agent: usize, attempt: usize) -> usize {
+        let count = self.replicas.len();
+        if count < 2 {
+            return at;
+        }
+        (at + 1 + (mix(agent, attempt as u32) % (count as u64 - 1)) as usize) % count
+    }
+}
+
+/// Whether a connect failed because nothing listens there any more (a dead replica), not because it was slow:
+/// only then does the agent try another replica, so each replica keeps its share of a fleet that connects
+/// slowly on a loaded machine.
+fn refused(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+    })
 }
 
 /// Who one agent is and where it connects from.
@@ -188,6 +252,23 @@ fn report(
         message: None,
         undo: false,
         rollback: None,
+    };
+    Bytes::from(serde_json::to_vec(&report).unwrap_or_default())
+}
+
+/// The report the real agent sends first on every new connection after a failure (its inventory is due
+/// again); an idle node's, with no plan held.
+fn inventory(agent: &AgentIdentity, current: Option<&PlanProgress>) -> Bytes {
+    let report = InventoryReport {
+        agent: agent.clone(),
+        agent_version: inplace_agent::AGENT_VERSION.to_string(),
+        kubelet_version: None,
+        kubeadm_version: None,
+        boot_id: None,
+        hostname: None,
+        current: current.cloned(),
+        facts: None,
+        runtime: None,
     };
     Bytes::from(serde_json::to_vec(&report).unwrap_or_default())
 }
@@ -249,10 +330,12 @@ async fn execute(
     })
 }
 
-/// One agent's life: connect, long-poll until `shared.stop`, bounded in polls and connection attempts.
+/// One agent's life: connect, long-poll until `shared.stop`, bounded in polls and connection attempts. A
+/// failed request or connect is followed by the real agent's back-off; a connection that broke or was refused
+/// moves the agent to another replica of `route`, where it reports its inventory first.
 pub async fn run(
     agent: Agent,
-    addr: SocketAddr,
+    route: Route,
     tls: TlsConnector,
     connect_gate: Arc<Semaphore>,
     wait_seconds: u32,
@@ -260,10 +343,15 @@ pub async fn run(
     pace: Pace,
 ) {
     let identity = AgentIdentity::Machine(agent.machine.clone());
+    let count = route.replicas.len().max(1);
+    let mut at = route.home % count;
+    let mut backoff = Backoff::default();
     let mut conn: Option<Conn> = None;
     let mut current: Option<PlanProgress> = None;
     let mut attempts = 0;
     let mut first = true;
+    // A request or connect failed since the last answer: the next connection reports the inventory first.
+    let mut failed = false;
     for _ in 0..MAX_POLLS_PER_AGENT {
         if shared.stop.is_cancelled() {
             return;
@@ -279,23 +367,52 @@ pub async fn run(
                     let Ok(_permit) = connect_gate.acquire().await else {
                         return;
                     };
+                    let addr = route.replicas[at];
                     Conn::open(&tls, addr, Some(agent.source), Some(&agent.token)).await
                 };
-                match opened {
-                    Ok(live) => {
-                        if attempts == 1 {
-                            shared.connected.fetch_add(1, Ordering::Relaxed);
-                        } else {
-                            shared.reconnects.fetch_add(1, Ordering::Relaxed);
+                let mut live = match opened {
+                    Ok(live) => live,
+                    Err(err) => {
+                        shared.failed(at);
+                        failed = true;
+                        if refused(&err) {
+                            at = route.other(at, agent.index, attempts);
                         }
-                        live
-                    }
-                    Err(_) => {
-                        shared.errors.fetch_add(1, Ordering::Relaxed);
-                        tokio::time::sleep(BACKOFF).await;
+                        pause(&shared, backoff.next_delay()).await;
                         continue;
                     }
+                };
+                if attempts == 1 {
+                    shared.connected.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    shared.reconnects.fetch_add(1, Ordering::Relaxed);
                 }
+                if failed {
+                    let body = inventory(&identity, current.as_ref());
+                    let answered = tokio::select! {
+                        answered = live.post(INVENTORY_PATH, body) => answered,
+                        () = shared.stop.cancelled() => return,
+                    };
+                    match answered {
+                        Ok(reply) if reply.status == 200 => {
+                            failed = false;
+                            backoff.reset();
+                            shared.served_by[agent.index].store(at, Ordering::Relaxed);
+                            shared.served_again[agent.index].store(shared.now(), Ordering::Release);
+                        }
+                        answered => {
+                            if let Ok(refused) = answered
+                                && let Ok(mut refusals) = shared.refusals.lock()
+                            {
+                                *refusals.entry(refused.status).or_default() += 1;
+                            }
+                            shared.failed(at);
+                            pause(&shared, backoff.next_delay()).await;
+                            continue;
+                        }
+                    }
+                }
+                live
             }
         };
         let body = PollRequest {
@@ -320,24 +437,27 @@ pub async fn run(
             Ok(reply) if reply.status == 200 => reply,
             Ok(refused) => {
                 // Refused (e.g. 503): the connection is still good; back off and ask again.
-                shared.errors.fetch_add(1, Ordering::Relaxed);
+                shared.failed(at);
                 if let Ok(mut refusals) = shared.refusals.lock() {
                     *refusals.entry(refused.status).or_default() += 1;
                 }
                 conn = Some(live);
-                tokio::time::sleep(BACKOFF).await;
+                pause(&shared, backoff.next_delay()).await;
                 continue;
             }
             Err(_) => {
-                shared.errors.fetch_add(1, Ordering::Relaxed);
-                tokio::time::sleep(BACKOFF).await;
+                shared.failed(at);
+                failed = true;
+                at = route.other(at, agent.index, attempts);
+                pause(&shared, backoff.next_delay()).await;
                 continue;
             }
         };
+        backoff.reset();
         let answer: PollResponse = match serde_json::from_slice(&reply.body) {
             Ok(answer) => answer,
             Err(_) => {
-                shared.errors.fetch_add(1, Ordering::Relaxed);
+                shared.failed(at);
                 continue;
             }
         };
@@ -357,12 +477,23 @@ pub async fn run(
                 match execute(&mut live, &agent, &identity, &plan, &shared, &pace).await {
                     Ok(progress) => current = Some(progress),
                     Err(_) => {
-                        shared.errors.fetch_add(1, Ordering::Relaxed);
+                        shared.failed(at);
+                        failed = true;
+                        at = route.other(at, agent.index, attempts);
+                        pause(&shared, backoff.next_delay()).await;
                         continue;
                     }
                 }
             }
         }
         conn = Some(live);
+    }
+}
+
+/// Sleeps `delay`, or less when the run stops.
+async fn pause(shared: &Shared, delay: Duration) {
+    tokio::select! {
+        () = tokio::time::sleep(delay) => {}
+        () = shared.stop.cancelled() => {}
     }
 }

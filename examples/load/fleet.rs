@@ -277,7 +277,7 @@ fn run(
             };
             fleet.spawn(agents::run(
                 agent,
-                addr,
+                agents::Route::single(addr),
                 tls.clone(),
                 gate.clone(),
                 common.wait_seconds,

@@ -247,6 +247,12 @@ impl ServerProcess {
             .unwrap_or(0)
     }
 
+    /// SIGKILL, as a node failure or an OOM kill does: no drain, no last write; returns once it is reaped.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// SIGTERM, then SIGKILL after `STOP_TIMEOUT`; returns how long the exit took.
     pub fn stop(&mut self) -> Duration {
         let started = Instant::now();

@@ -69,6 +69,14 @@ pub struct ReplicasArgs {
     /// Keep the scratch directory (replica, etcd and child logs) and print its path.
     #[arg(long)]
     keep_dir: bool,
+    /// After the hold, SIGKILL this replica (0-based) and measure its agents' takeover by the others before the
+    /// updates ([`takeover`]).
+    #[arg(long)]
+    kill_replica: Option<usize>,
+    /// With `--kill-replica`: also wait until the killed replica's heartbeat is older than
+    /// `PRESENCE_STALE_AFTER` (30 s), when every replica counts it dead.
+    #[arg(long, requires = "kill_replica")]
+    notice_dead: bool,
 }
 
 /// The fleet's shape, from the arguments, checked before anything starts.
@@ -81,6 +89,8 @@ pub struct Sizes {
     pub targets: usize,
     /// Machines per cluster (one agent token each).
     pub per_cluster: usize,
+    /// The replica the takeover phase kills (its agents then move to the others).
+    pub kill: Option<usize>,
 }
 
 impl Sizes {
@@ -96,6 +106,13 @@ impl Sizes {
             (1..=MAX_REPLICAS).contains(&args.replicas),
             "--replicas must be 1..={MAX_REPLICAS}"
         );
+        if let Some(killed) = args.kill_replica {
+            anyhow::ensure!(
+                args.replicas >= 2 && killed < args.replicas,
+                "--kill-replica must name one of 2 or more replicas (0..{})",
+                args.replicas
+            );
+        }
         let children = args
             .children
             .unwrap_or_else(|| agents.div_ceil(MAX_AGENTS_PER_CHILD))
@@ -110,6 +127,7 @@ impl Sizes {
             children,
             targets: args.targets.min(agents),
             per_cluster: args.agents_per_cluster.max(1),
+            kill: args.kill_replica,
         };
         descriptors::check(&sizes, args.capi_workers, descriptors::open_file_limit())?;
         Ok(sizes)
@@ -149,6 +167,7 @@ pub struct ReplicaOutcome {
 pub struct Walls {
     pub connect: Duration,
     pub hold: Duration,
+    pub takeover: Duration,
     pub update: Duration,
 }
 
@@ -166,6 +185,8 @@ pub struct ReplicasOutcome {
     pub wait_seconds: u32,
     /// etcd's own count of writes (puts and deletes) over the steady-state window of the hold, and the window.
     pub steady_writes: (f64, Duration),
+    /// The takeover phase, when a replica was killed.
+    pub takeover: Option<takeover::Takeover>,
 }
 
 /// Agent given the `k`-th of `targets` works: evenly spaced over the fleet, each one moved inside its gap so
@@ -210,6 +231,15 @@ fn run_outcome(args: &ReplicasArgs) -> anyhow::Result<ReplicasOutcome> {
     walls.hold = held.elapsed();
     let after_hold = fleet.sample()?;
 
+    let takeover = match args.kill_replica {
+        Some(replica) => {
+            let taken = takeover::takeover(&mut fleet, &sizes, replica, args.notice_dead)?;
+            walls.takeover = taken.wall;
+            Some(taken)
+        }
+        None => None,
+    };
+
     let target_indices: Vec<usize> = (0..sizes.targets)
         .map(|k| target_index(k, sizes.targets, sizes.agents, sizes.replicas))
         .collect();
@@ -245,6 +275,7 @@ fn run_outcome(args: &ReplicasArgs) -> anyhow::Result<ReplicasOutcome> {
         judged,
         wait_seconds: args.wait_seconds,
         steady_writes: hold.steady_writes,
+        takeover,
     })
 }
 
@@ -254,4 +285,5 @@ mod descriptors;
 mod hold;
 mod report;
 mod setup;
+mod takeover;
 mod update;

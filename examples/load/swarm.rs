@@ -45,6 +45,13 @@ pub enum Event {
     Plan { agent: usize, at_unix_ns: u64 },
     /// Agent `agent` had the start of its plan's first step acknowledged at this wall-clock instant.
     Step { agent: usize, at_unix_ns: u64 },
+    /// Agent `agent`, on a new connection after a failure, was answered by replica `replica` (its inventory
+    /// report acknowledged) at this wall-clock instant.
+    Served {
+        agent: usize,
+        replica: usize,
+        at_unix_ns: u64,
+    },
     /// The last line: counters after every agent stopped.
     Final(Counters),
 }
@@ -61,6 +68,9 @@ pub struct Counters {
     pub reconnects: u64,
     /// Polls answered with another status than 200: `(status, count)` (part of `errors`).
     pub refusals: Vec<(u16, u64)>,
+    /// Failed requests and connects by replica (index in `--replicas`): `(replica, count)` (`errors` split).
+    #[serde(default)]
+    pub errors_by_replica: Vec<(usize, u64)>,
     pub peak_rss_kib: u64,
 }
 
@@ -157,8 +167,14 @@ pub fn serve(args: &SwarmArgs) -> anyhow::Result<()> {
             .lock()
             .map(|r| r.iter().map(|(&status, &n)| (status, n)).collect())
             .unwrap_or_default(),
+        errors_by_replica: shared
+            .errors_by_replica
+            .lock()
+            .map(|r| r.iter().map(|(&replica, &n)| (replica, n)).collect())
+            .unwrap_or_default(),
         peak_rss_kib: proc_sample(std::process::id()).map_or(0, |s| s.hwm_kib),
     };
+    let replicas: Arc<[SocketAddr]> = Arc::from(args.replicas.as_slice());
     runtime.block_on(async {
         let gate = Arc::new(Semaphore::new(args.connect_concurrency.clamp(1, 4096)));
         let mut fleet = tokio::task::JoinSet::new();
@@ -176,10 +192,13 @@ pub fn serve(args: &SwarmArgs) -> anyhow::Result<()> {
                 token,
                 source: IpAddr::V4(Ipv4Addr::new(127, 0, 0, u8::try_from(octet)?)),
             };
-            let addr = args.replicas[index % args.replicas.len()];
+            let route = agents::Route {
+                replicas: replicas.clone(),
+                home: index % replicas.len(),
+            };
             fleet.spawn(agents::run(
                 agent,
-                addr,
+                route,
                 tls.clone(),
                 gate.clone(),
                 args.wait_seconds,
@@ -189,6 +208,7 @@ pub fn serve(args: &SwarmArgs) -> anyhow::Result<()> {
         }
         let mut told_plan = vec![false; args.count];
         let mut told_step = vec![false; args.count];
+        let mut told_served = vec![0u64; args.count];
         let mut ticker = tokio::time::interval(REPORT_INTERVAL);
         loop {
             tokio::select! {
@@ -204,6 +224,15 @@ pub fn serve(args: &SwarmArgs) -> anyhow::Result<()> {
                     emit(&Event::Plan {
                         agent: index,
                         at_unix_ns: at_unix_ns(plan),
+                    })?;
+                }
+                let served = shared.served_again[local].load(Ordering::Acquire);
+                if served != told_served[local] {
+                    told_served[local] = served;
+                    emit(&Event::Served {
+                        agent: index,
+                        replica: shared.served_by[local].load(Ordering::Relaxed),
+                        at_unix_ns: at_unix_ns(served),
                     })?;
                 }
                 let step = shared.step_started[local].load(Ordering::Acquire);
@@ -233,6 +262,8 @@ pub struct SwarmView {
     pub plans: Vec<(usize, u64)>,
     /// The same for each first step started.
     pub steps: Vec<(usize, u64)>,
+    /// `(fleet-wide agent index, replica, wall-clock ns)` of each new connection answered after a failure.
+    pub served: Vec<(usize, usize, u64)>,
     pub last: Option<Counters>,
     /// Lines that were not an [`Event`] (kept for the error message).
     pub other: Vec<String>,
@@ -311,6 +342,11 @@ impl SwarmChild {
                     Ok(Event::Progress(counters)) => view.latest = counters,
                     Ok(Event::Plan { agent, at_unix_ns }) => view.plans.push((agent, at_unix_ns)),
                     Ok(Event::Step { agent, at_unix_ns }) => view.steps.push((agent, at_unix_ns)),
+                    Ok(Event::Served {
+                        agent,
+                        replica,
+                        at_unix_ns,
+                    }) => view.served.push((agent, replica, at_unix_ns)),
                     Ok(Event::Final(counters)) => {
                         view.latest = counters.clone();
                         view.last = Some(counters);

@@ -50,6 +50,13 @@ fn column(stdout: &str, column: &str) -> Vec<String> {
         .collect()
 }
 
+/// Each `(label, value)`: the row whose label holds `label` says `value`.
+fn assert_rows(stdout: &str, rows: &[(&str, &str)]) {
+    for (label, value) in rows {
+        assert_eq!(row_value(stdout, label), *value, "{label}\n{stdout}");
+    }
+}
+
 fn row_value(stdout: &str, label: &str) -> String {
     let line = stdout
         .lines()
@@ -145,44 +152,41 @@ fn dispatch_scenario_hands_every_agent_its_plan() {
     assert!(stdout.contains("all 40 plans received: met"), "{stdout}");
 }
 
-#[test]
-fn replicas_scenario_wakes_agents_on_other_replicas_through_etcd() {
-    // Two replicas on one real etcd, agents held by two child processes; UpdateMachine always goes to the
-    // replica the agent does not poll, so each plan reaches its agent through etcd's watch.
-    let stdout = run(&[
+/// `load replicas` on two replicas and two children, `agents` agents of which `targets` get work after a 1 s
+/// hold, `extra` arguments added.
+fn two_replicas(agents: &str, targets: &str, extra: &[&str]) -> String {
+    let mut args = vec![
         "replicas",
         "--replicas",
         "2",
         "--children",
         "2",
         "--agents",
-        "200",
+        agents,
         "--targets",
-        "20",
+        targets,
         "--idle-seconds",
         "1",
         "--retry-after-seconds",
         "1",
-    ]);
-    assert_eq!(
-        row_value(&stdout, "connected and polling"),
-        "200",
-        "{stdout}"
-    );
-    assert_eq!(
-        row_value(&stdout, "connected at the first attempt"),
-        "200",
-        "{stdout}"
-    );
-    assert_eq!(
-        row_value(&stdout, "plans received / Machines given work"),
-        "20 / 20",
-        "{stdout}"
-    );
-    assert_eq!(
-        row_value(&stdout, "errors (all of the above)"),
-        "0",
-        "{stdout}"
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+#[test]
+fn replicas_scenario_wakes_agents_on_other_replicas_through_etcd() {
+    // Two replicas on one real etcd, agents held by two child processes; UpdateMachine always goes to the
+    // replica the agent does not poll, so each plan reaches its agent through etcd's watch.
+    let stdout = two_replicas("200", "20", &[]);
+    assert_rows(
+        &stdout,
+        &[
+            ("connected and polling", "200"),
+            ("connected at the first attempt", "200"),
+            ("plans received / Machines given work", "20 / 20"),
+            ("errors (all of the above)", "0"),
+        ],
     );
     // Each replica saw its half of the fleet, answered UpdateMachine only for the other half's targets and
     // handed plans only to its own agents: 10 targets per replica.
@@ -198,6 +202,43 @@ fn replicas_scenario_wakes_agents_on_other_replicas_through_etcd() {
         stdout.contains("every target got its plan: met") && stdout.contains("0 errors: met (0)"),
         "{stdout}"
     );
+}
+
+#[test]
+fn replicas_scenario_hands_a_killed_replicas_agents_to_the_live_one() {
+    // Two replicas on one real etcd, 300 agents; after the hold replica 0 is SIGKILLed. Its 150 agents' polls
+    // fail, each backs off as the real agent does (at most BACKOFF_INITIAL, 0.5 s) and connects to replica 1,
+    // which answers its inventory report: every one must be served again within TAKEOVER_TARGET (that back-off
+    // plus TAKEOVER_ANSWER_ALLOWANCE, 4 s, for one handshake and one answer on a loaded machine: 4.5 s), listed
+    // by replica 1's presence in the store, and the 15 of them given work afterwards (UpdateMachine through
+    // replica 1) must get their plans; the failures to the dead replica are counted apart, no other error.
+    let stdout = two_replicas("300", "30", &["--kill-replica", "0"]);
+    assert_rows(
+        &stdout,
+        &[
+            (
+                "its agents answered by another replica",
+                "150 / 150 (replica 1: 150)",
+            ),
+            ("listed by the live replicas' presence", "150 / 150"),
+            ("plans to its agents, dispatched after the kill", "15 / 15"),
+            ("plans received / Machines given work", "30 / 30"),
+            ("errors (all of the above)", "0"),
+        ],
+    );
+    assert!(
+        stdout.contains("killed replica's 150 agents served again within 4.5s: met"),
+        "{stdout}"
+    );
+    // Every one of its agents lost its poll at the kill: at least one failure each, all to the dead replica.
+    let expected: u64 = row_value(
+        &stdout,
+        "connection failures to the killed replica (expected",
+    )
+    .parse()
+    .unwrap();
+    assert!(expected >= 150, "{stdout}");
+    assert!(stdout.contains("0 errors: met (0)"), "{stdout}");
 }
 
 #[test]

@@ -16,7 +16,7 @@ const BACKOFF_FACTOR: f32 = 2.0;
 /// 50–100 % is slept ("equal jitter"), so a thousand agents cut off together do not come back in
 /// lockstep.
 #[derive(Debug)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     delays: ExponentialBackoff,
 }
 

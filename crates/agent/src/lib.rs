@@ -34,7 +34,7 @@ use std::future::Future;
 
 pub use attempt::MAX_STEP_ATTEMPTS;
 pub use attempt::state_full::{STATE_FULL_RECHECK, STATE_FULL_WAIT};
-pub use backoff::{BACKOFF_INITIAL, BACKOFF_MAX};
+pub use backoff::{BACKOFF_INITIAL, BACKOFF_MAX, Backoff};
 pub use config::agent::{AgentConfig, DEFAULT_STATE_DIR};
 pub use config::artifact::{ARTIFACT_DIR, ARTIFACT_RETENTION};
 pub use config::node::{

@@ -70,7 +70,18 @@ pub fn collect(
         }
     }
     let mut replicas = Vec::new();
-    for replica in &mut fleet.replicas {
+    for (i, replica) in fleet.replicas.iter_mut().enumerate() {
+        if fleet.dead == Some(i) {
+            // Killed: nothing left to read but its log.
+            replicas.push(ReplicaAfter {
+                pid: replica.pid(),
+                peak: ProcSample::default(),
+                update_calls: 0.0,
+                puts: (0.0, 0.0),
+                plans_logged: replica.log_lines_with(PLAN_LOGGED),
+            });
+            continue;
+        }
         replicas.push(ReplicaAfter {
             pid: replica.pid(),
             peak: proc_sample(replica.pid())?,

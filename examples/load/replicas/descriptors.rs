@@ -26,9 +26,15 @@ pub fn open_file_limit() -> Limit {
     }
 }
 
+/// Replicas the agents are shared by at the most crowded moment: all of them, or one fewer once the takeover
+/// phase killed one (its agents move to the others).
+fn serving(sizes: &Sizes) -> usize {
+    (sizes.replicas - usize::from(sizes.kill.is_some())).max(1)
+}
+
 /// Open files one replica needs: its share of the agents' connections, CAPI's connections and its own files.
 pub fn per_replica(sizes: &Sizes, capi_workers: usize) -> u64 {
-    (sizes.agents.div_ceil(sizes.replicas) + capi_workers + FD_HEADROOM) as u64
+    (sizes.agents.div_ceil(serving(sizes)) + capi_workers + FD_HEADROOM) as u64
 }
 
 /// Open files one child needs: its agents' connections and its own files.
@@ -45,20 +51,25 @@ pub fn check(sizes: &Sizes, capi_workers: usize, limit: Limit) -> anyhow::Result
             .soft
             .saturating_sub((capi_workers + FD_HEADROOM) as u64)
             .max(1);
-        let replicas = (sizes.agents as u64).div_ceil(room);
+        let replicas = (sizes.agents as u64).div_ceil(room) + u64::from(sizes.kill.is_some());
         let fits = if replicas <= MAX_REPLICAS as u64 {
             format!("--replicas {replicas} would fit")
         } else {
             format!("more than {MAX_REPLICAS} replicas (the most one run starts) would be needed")
         };
         anyhow::bail!(
-            "{} agents over {} replicas need about {replica} open files in each replica ({} agent connections \
+            "{} agents over {} replicas{} need about {replica} open files in each replica ({} agent connections \
              + {capi_workers} CAPI workers + {FD_HEADROOM} of its own), but the open-file limit (RLIMIT_NOFILE) \
              is {} (hard limit {}; only CAP_SYS_RESOURCE raises the hard one, e.g. `ulimit -Hn` as root outside \
              a container that caps it): {fits}, or run with fewer agents or a higher limit",
             sizes.agents,
             sizes.replicas,
-            sizes.agents.div_ceil(sizes.replicas),
+            if sizes.kill.is_some() {
+                " (one of them killed: its agents move to the others)"
+            } else {
+                ""
+            },
+            sizes.agents.div_ceil(serving(sizes)),
             limit.soft,
             limit.hard
         );

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use inplace_agent_api::POLL_GRACE_SECONDS;
 
+use super::takeover::TAKEOVER_TARGET;
 use super::{ReplicasOutcome, Samples, TARGET_P99};
 use crate::agents::Shared;
 use crate::stats::{ProcSample, Summary, Table, ms, summarize};
@@ -77,11 +78,33 @@ impl ReplicasOutcome {
     /// refused UpdateMachine and CanUpdateMachineSet calls, and plans for Machines nobody gave work.
     fn errors(&self) -> u64 {
         let (errors, _) = self.agent_errors();
-        errors
+        (errors - self.expected_errors())
             + (self.capi.errors
                 + self.capi.failures
                 + self.judged.failures
                 + self.plans_without_work()) as u64
+    }
+
+    /// The agents' connection failures to a replica the run killed (counted apart from the errors).
+    fn expected_errors(&self) -> u64 {
+        self.takeover.as_ref().map_or(0, |t| {
+            t.expected_errors(self.children.iter().map(|(_, _, c)| c))
+        })
+    }
+
+    /// Of the killed replica's agents given work (after the kill), how many got their plan, of how many.
+    fn plans_after_kill(&self, killed: usize, replicas: usize) -> (usize, usize) {
+        let mine: Vec<usize> = self
+            .target_indices
+            .iter()
+            .copied()
+            .filter(|i| i % replicas == killed)
+            .collect();
+        let planned = mine
+            .iter()
+            .filter(|&&i| self.shared.plan_received[i].load(Ordering::Acquire) != 0)
+            .count();
+        (planned, mine.len())
     }
 
     fn oldest_poll_seen(&self) -> Duration {
@@ -101,9 +124,10 @@ impl ReplicasOutcome {
 
     fn print_processes(&self) {
         println!(
-            "\nprocesses (connect {:.1} s, hold {:.1} s, UpdateMachine until all Done {:.1} s):\n",
+            "\nprocesses (connect {:.1} s, hold {:.1} s, takeover {:.1} s, UpdateMachine until all Done {:.1} s):\n",
             self.walls.connect.as_secs_f64(),
             self.walls.hold.as_secs_f64(),
+            self.walls.takeover.as_secs_f64(),
             self.walls.update.as_secs_f64()
         );
         let mut table = Table::new(&[
@@ -227,6 +251,10 @@ impl ReplicasOutcome {
             ),
             ("oldest outstanding poll seen", ms(self.oldest_poll_seen())),
             (
+                "connection failures to a killed replica (not errors)",
+                self.expected_errors().to_string(),
+            ),
+            (
                 "request errors / reconnects (a failed connect counts in both)",
                 format!("{errors} / {reconnects}"),
             ),
@@ -297,11 +325,28 @@ impl ReplicasOutcome {
         self.print_processes();
         let plans = self.print_latencies();
         self.print_agents();
+        let replicas = self.replicas.len();
+        let takeover = self.takeover.as_ref().map_or(String::new(), |t| {
+            let planned = self.plans_after_kill(t.replica, replicas);
+            t.print(self.expected_errors(), planned);
+            let times = t.times();
+            format!(
+                "; killed replica's {} agents served again within {:?}: {} (p50 {}, p99 {}, max {}); \
+                 their plans after the kill: {}",
+                t.agents.len(),
+                TAKEOVER_TARGET,
+                verdict(t.met()),
+                ms(times.p50),
+                ms(times.p99),
+                ms(times.max),
+                verdict(planned.0 == planned.1),
+            )
+        });
         let all_planned = plans.count == self.targets;
         let p99_met = all_planned && plans.p99 < TARGET_P99;
         println!(
             "\ntargets: {} agents connected: {}; {} updated (Done): {}; every target got its plan: {}; \
-             dispatch p99 < {:?}: {} ({}); 0 errors: {} ({})",
+             dispatch p99 < {:?}: {} ({}); 0 errors: {} ({}){takeover}",
             self.agents,
             verdict(self.polling() == self.agents),
             self.targets,

@@ -21,6 +21,8 @@ use crate::swarm::SwarmChild;
 pub struct Fleet {
     pub children: Vec<SwarmChild>,
     pub replicas: Vec<ServerProcess>,
+    /// The replica SIGKILLed by the takeover phase, if any (its process is gone from then on).
+    pub dead: Option<usize>,
     pub etcd: Etcd,
     pub etcd_pid: u32,
     /// Each replica's hooks and agent API address, in replica order.
@@ -83,6 +85,7 @@ impl Fleet {
         let mut fleet = Fleet {
             children: Vec::new(),
             replicas: Vec::new(),
+            dead: None,
             etcd,
             etcd_pid,
             addrs: Vec::new(),
@@ -117,17 +120,29 @@ impl Fleet {
         Ok(fleet)
     }
 
-    /// Every replica's and etcd's figures now.
+    /// Every replica's and etcd's figures now (zero for a killed replica).
     pub fn sample(&self) -> anyhow::Result<PhaseSample> {
         let replicas = self
             .replicas
             .iter()
-            .map(|r| proc_sample(r.pid()))
+            .enumerate()
+            .map(|(i, r)| {
+                if self.dead == Some(i) {
+                    Ok(ProcSample::default())
+                } else {
+                    proc_sample(r.pid())
+                }
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(PhaseSample {
             replicas,
             etcd: proc_sample(self.etcd_pid)?,
         })
+    }
+
+    /// Whether replica `i` is running (not killed by the takeover phase).
+    pub fn alive(&self, i: usize) -> bool {
+        self.dead != Some(i)
     }
 
     /// Fails when a child holding agents died.

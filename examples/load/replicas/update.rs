@@ -45,11 +45,21 @@ pub fn update(
         .build()?;
     let (replicas, per_cluster) = (sizes.replicas, sizes.per_cluster);
     let with_targets: BTreeSet<usize> = target_indices.iter().map(|&i| i / per_cluster).collect();
+    // After a takeover the killed replica's share goes to the next live one, as the Service would send it.
+    let live = |replica: usize| -> usize {
+        (0..replicas)
+            .map(|d| (replica + d) % replicas)
+            .find(|&r| fleet.alive(r))
+            .unwrap_or(replica)
+    };
     runtime.block_on(async {
         for (replica, &addr) in fleet.addrs.iter().enumerate() {
+            if !fleet.alive(replica) {
+                continue;
+            }
             let mine = with_targets
                 .iter()
-                .filter(|&&cluster| cluster % replicas == replica)
+                .filter(|&&cluster| live(cluster % replicas) == replica)
                 .map(|cluster| format!("edge-{cluster:03}"));
             let one = capi::judge_machine_sets_retrying(addr, &tls, mine, JUDGE_ATTEMPTS)
                 .await
@@ -70,10 +80,7 @@ pub fn update(
                 body: template
                     .body(&machine_name(cluster, index), &format!("edge-{cluster:03}"))
                     .into(),
-                // Round-robin over the other replicas (only one replica: itself).
-                replicas: (1..replicas.max(2))
-                    .map(|d| (home + d) % replicas)
-                    .collect(),
+                replicas: others(home, replicas, |r| fleet.alive(r)),
             }
         })
         .collect();
@@ -99,4 +106,18 @@ pub fn update(
     }
     let capi = runtime.block_on(driver).context("CAPI driver")?;
     Ok((capi, judged))
+}
+
+/// The replicas UpdateMachine for an agent on `home` goes to, round-robin: every live one but `home` (only one
+/// live replica, or `home` is the only other one: the live ones).
+fn others(home: usize, replicas: usize, alive: impl Fn(usize) -> bool) -> Vec<usize> {
+    let others: Vec<usize> = (1..replicas)
+        .map(|d| (home + d) % replicas)
+        .filter(|&r| alive(r))
+        .collect();
+    if others.is_empty() {
+        (0..replicas.max(1)).filter(|&r| alive(r)).collect()
+    } else {
+        others
+    }
 }

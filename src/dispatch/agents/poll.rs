@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use tokio::sync::Notify;
+
 use inplace_agent_api::{
     AgentIdentity, Hold, MAX_WAIT_SECONDS, MachineRef, OnFailure, Plan, PlanProgress, PollRequest,
     PollResponse,
@@ -53,11 +55,11 @@ impl Agents {
                         "agent.providerID must be 1..512 bytes".into(),
                     ));
                 }
+                let key = provider_key(id);
+                let index = self.floor.db.value::<ProviderIndex>(&key).await;
                 Ok(self
-                    .floor
-                    .db
-                    .value::<ProviderIndex>(&provider_key(id))
-                    .await?
+                    .store_failures
+                    .noted("provider index", &key, self.floor.now_ms(), index)?
                     .map(|index| index.machine))
             }
         }
@@ -72,11 +74,13 @@ impl Agents {
         if !scope.covers(machine, None) {
             return Err(forbidden(scope, machine));
         }
-        let record = self
-            .floor
-            .db
-            .value::<MachineRecord>(&machine_key(machine))
-            .await?;
+        let key = machine_key(machine);
+        let record = self.store_failures.noted(
+            "machine record",
+            &key,
+            self.floor.now_ms(),
+            self.floor.db.value::<MachineRecord>(&key).await,
+        )?;
         if let Some(record) = &record
             && !scope.covers(machine, Some(&record.cluster))
         {
@@ -140,21 +144,22 @@ impl Agents {
         Ok(())
     }
 
-    /// The run the agent should execute now, if any (already scope-checked), with the hold on it.
+    /// The run the agent should execute now, if any, with the hold on it: the run `record` (the Machine's
+    /// record, already scope-checked) points at.
     async fn pending_plan(
         &self,
-        scope: &AgentScope,
         machine: &MachineRef,
+        record: Option<MachineRecord>,
         current: Option<&PlanProgress>,
     ) -> Result<Option<(Plan, Option<Hold>, Option<OnFailure>)>, DispatchError> {
-        let Some(record) = self.scoped_machine(scope, machine).await? else {
+        let Some(record) = record else {
             return Ok(None);
         };
-        let Some(run) = self
-            .floor
-            .db
-            .value::<UpdateRecord>(&update_key(machine, &record.run_id))
-            .await?
+        let key = update_key(machine, &record.run_id);
+        let run = self.floor.db.value::<UpdateRecord>(&key).await;
+        let Some(run) =
+            self.store_failures
+                .noted("update record", &key, self.floor.now_ms(), run)?
         else {
             return Ok(None);
         };
@@ -162,6 +167,28 @@ impl Agents {
         Ok(run
             .agent_needs_plan(current)
             .then_some((run.plan, hold, record.on_failure)))
+    }
+
+    /// The Machine's record (scope-checked) and the run to execute now, read at most
+    /// [`POLL_LOOKS_IN_FLIGHT`] polls at a time on this replica: a fleet connecting at once queues here instead
+    /// of piling its reads onto the store until they time out.
+    async fn look(
+        &self,
+        scope: &AgentScope,
+        machine: &MachineRef,
+        current: Option<&PlanProgress>,
+    ) -> Result<
+        (
+            Option<MachineRecord>,
+            Option<(Plan, Option<Hold>, Option<OnFailure>)>,
+        ),
+        DispatchError,
+    > {
+        // Never closed: the semaphore lives as long as the wing.
+        let _permit = self.looks.acquire().await.ok();
+        let record = self.scoped_machine(scope, machine).await?;
+        let plan = self.pending_plan(machine, record.clone(), current).await?;
+        Ok((record, plan))
     }
 
     /// Long-poll: answers at once with the Machine's current run when the agent has not finished it, else
@@ -179,90 +206,10 @@ impl Agents {
             .await;
             return Ok(PollResponse::nothing());
         };
-        // Against the Machine's record, not just the namespace: a cluster token of the same namespace must be
-        // refused before its `current` progress is folded into another cluster's run.
-        let record = self.scoped_machine(scope, &machine).await?;
-        // In memory only: other replicas learn it from this replica's presence (no store write per poll).
-        self.seen.mark(&machine);
-        if let Some(progress) = &request.current {
-            self.absorb_progress(&machine, progress, record.as_ref())
-                .await?;
-        }
-        let deadline = tokio::time::Instant::now()
-            + Duration::from_secs(u64::from(request.wait_seconds.min(MAX_WAIT_SECONDS)));
+        // Joined before the first look, so the scope check's read of the Machine's record is also the first
+        // look's: one read per look, and a run recorded after it still wakes this poll.
         let notify = self.waiters.join(&machine);
-        // The hold both sides agree on while the agent waits out a hold (said again when the poll times out).
-        let mut agreed: Option<Hold>;
-        // The Machine's onFailure, said with every answer that carries a plan or a hold.
-        let mut on_failure: Option<OnFailure> = None;
-        // Its own upgrade: noted at every poll, offered only when the Machine has no plan for it, at the first look.
-        let mut upgrade = match &request.facts {
-            Some(facts) => Some((
-                facts,
-                self.upkeep.rollout.note_upgrade(&machine, facts).await?,
-            )),
-            None => None,
-        };
-        let answer = loop {
-            // Register interest before looking, so a run recorded in between is not missed.
-            let for_machine = notify.notified();
-            let for_everyone = self.waiters.everyone().notified();
-            tokio::pin!(for_machine, for_everyone);
-            for_machine.as_mut().enable();
-            for_everyone.as_mut().enable();
-            match self
-                .pending_plan(scope, &machine, request.current.as_ref())
-                .await
-            {
-                Ok(Some((plan, hold, said))) => {
-                    on_failure = said;
-                    // An agent already honouring this very hold waits here until it changes; any other agent
-                    // gets the plan (its go-ahead, or the plan to adopt) with the hold now.
-                    let honoured = request
-                        .current
-                        .as_ref()
-                        .filter(|c| c.plan_id == plan.id)
-                        .and_then(|c| c.hold.as_ref());
-                    if hold.is_none() || honoured != hold.as_ref() {
-                        break Ok(PollResponse {
-                            plan: Some(plan),
-                            hold,
-                            on_failure,
-                            ..PollResponse::default()
-                        });
-                    }
-                    agreed = hold;
-                }
-                Ok(None) => {
-                    agreed = None;
-                    if let Some((facts, record)) = upgrade.take() {
-                        match self
-                            .upkeep
-                            .rollout
-                            .offer_upgrade(&machine, facts, request.current.as_ref(), record)
-                            .await
-                        {
-                            Ok(Some(upgrade)) => {
-                                break Ok(PollResponse {
-                                    agent_upgrade: Some(upgrade),
-                                    ..PollResponse::default()
-                                });
-                            }
-                            Ok(None) => {}
-                            Err(err) => break Err(err),
-                        }
-                    }
-                }
-                Err(err) => break Err(err),
-            }
-            tokio::select! {
-                () = &mut for_machine => {}
-                () = &mut for_everyone => {}
-                () = tokio::time::sleep_until(deadline) => break Ok(held(agreed, on_failure)),
-                // Shutting down: answer now so the drain is not held up by idle polls.
-                () = self.floor.shutdown.cancelled() => break Ok(held(agreed, on_failure)),
-            }
-        };
+        let answer = self.answer(scope, request, &machine, &notify).await;
         self.waiters.leave(&machine, notify);
         // Only agents that say what they trust are offered a CA bundle (0.1 agents send no facts).
         answer.map(|answer| PollResponse {
@@ -272,6 +219,97 @@ impl Agents {
                 .and_then(|_| self.upkeep.served_ca.sha256()),
             ..answer
         })
+    }
+
+    /// The long-poll's answer for `machine`, woken by `notify`.
+    async fn answer(
+        &self,
+        scope: &AgentScope,
+        request: &PollRequest,
+        machine: &MachineRef,
+        notify: &Notify,
+    ) -> Result<PollResponse, DispatchError> {
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_secs(u64::from(request.wait_seconds.min(MAX_WAIT_SECONDS)));
+        // The hold both sides agree on while the agent waits out a hold (said again when the poll times out).
+        let mut agreed: Option<Hold>;
+        // The Machine's onFailure, said with every answer that carries a plan or a hold.
+        let mut on_failure: Option<OnFailure> = None;
+        // Its own upgrade: noted at every poll, offered only when the Machine has no plan for it, at the first look.
+        let mut upgrade = None;
+        let mut first = true;
+        loop {
+            // Register interest before looking, so a run recorded in between is not missed.
+            let for_machine = notify.notified();
+            let for_everyone = self.waiters.everyone().notified();
+            tokio::pin!(for_machine, for_everyone);
+            for_machine.as_mut().enable();
+            for_everyone.as_mut().enable();
+            // Against the Machine's record, not just the namespace: a cluster token of the same namespace must
+            // be refused before its `current` progress is folded into another cluster's run.
+            let (record, mut pending) = self.look(scope, machine, request.current.as_ref()).await?;
+            if std::mem::take(&mut first) {
+                // In memory only: other replicas learn it from this replica's presence (no store write per poll).
+                self.seen.mark(machine);
+                if let Some(progress) = &request.current {
+                    self.absorb_progress(machine, progress, record.as_ref())
+                        .await?;
+                    // Folding the progress in may have changed the run: look at it as it is now.
+                    pending = self
+                        .pending_plan(machine, record, request.current.as_ref())
+                        .await?;
+                }
+                if let Some(facts) = &request.facts {
+                    upgrade = Some((
+                        facts,
+                        self.upkeep.rollout.note_upgrade(machine, facts).await?,
+                    ));
+                }
+            }
+            match pending {
+                Some((plan, hold, said)) => {
+                    on_failure = said;
+                    // An agent already honouring this very hold waits here until it changes; any other agent
+                    // gets the plan (its go-ahead, or the plan to adopt) with the hold now.
+                    let honoured = request
+                        .current
+                        .as_ref()
+                        .filter(|c| c.plan_id == plan.id)
+                        .and_then(|c| c.hold.as_ref());
+                    if hold.is_none() || honoured != hold.as_ref() {
+                        return Ok(PollResponse {
+                            plan: Some(plan),
+                            hold,
+                            on_failure,
+                            ..PollResponse::default()
+                        });
+                    }
+                    agreed = hold;
+                }
+                None => {
+                    agreed = None;
+                    if let Some((facts, record)) = upgrade.take()
+                        && let Some(upgrade) = self
+                            .upkeep
+                            .rollout
+                            .offer_upgrade(machine, facts, request.current.as_ref(), record)
+                            .await?
+                    {
+                        return Ok(PollResponse {
+                            agent_upgrade: Some(upgrade),
+                            ..PollResponse::default()
+                        });
+                    }
+                }
+            }
+            tokio::select! {
+                () = &mut for_machine => {}
+                () = &mut for_everyone => {}
+                () = tokio::time::sleep_until(deadline) => return Ok(held(agreed, on_failure)),
+                // Shutting down: answer now so the drain is not held up by idle polls.
+                () = self.floor.shutdown.cancelled() => return Ok(held(agreed, on_failure)),
+            }
+        }
     }
 }
 

@@ -13,9 +13,9 @@ use super::refused::{
 };
 use crate::dispatch::upkeep::tokens::AgentRefusalReason;
 
-/// A per-minute budget.
+/// A per-minute budget (also the poll's store-failure log lines', [`super::store_failures`]).
 #[derive(Debug, Default)]
-struct Window {
+pub(super) struct Window {
     start_ms: u64,
     used: u32,
     refused: u64,
@@ -23,7 +23,7 @@ struct Window {
 
 impl Window {
     /// Takes one unit of the budget; also returns how many were refused in the window that just ended.
-    fn take(&mut self, now: u64, limit: u32) -> (bool, Option<u64>) {
+    pub(super) fn take(&mut self, now: u64, limit: u32) -> (bool, Option<u64>) {
         let mut ended = None;
         if now.saturating_sub(self.start_ms) >= 60_000 {
             ended = (self.refused > 0).then_some(self.refused);

@@ -1,0 +1,74 @@
+//! The poll's failed store calls, logged: a poll answers 503 when one of its store reads fails, and the log says
+//! which call and key failed with the store's error, at most [`POLL_STORE_FAILURE_LOG_LINES_PER_MINUTE`] lines a
+//! minute per replica (a fleet connecting at once against a slow store would otherwise log one line per agent),
+//! then one line with the count left out.
+
+use std::sync::{Mutex, PoisonError};
+
+use super::refusal_book::Window;
+use crate::dispatch::floor::DispatchError;
+
+/// Most `warn` lines a replica logs per minute for failed store calls of agent polls.
+pub const POLL_STORE_FAILURE_LOG_LINES_PER_MINUTE: u32 = 60;
+
+/// This replica's budget of log lines for failed poll store calls.
+#[derive(Debug, Default)]
+pub struct StoreFailures {
+    lines: Mutex<Window>,
+}
+
+impl StoreFailures {
+    /// Passes `result` through, logging its error (naming `call` and `key`) within the budget; `now` in Unix ms.
+    pub fn noted<T>(
+        &self,
+        call: &'static str,
+        key: &str,
+        now: u64,
+        result: Result<T, DispatchError>,
+    ) -> Result<T, DispatchError> {
+        if let Err(err) = &result {
+            let (log, unlogged) = self
+                .lines
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(now, POLL_STORE_FAILURE_LOG_LINES_PER_MINUTE);
+            if let Some(count) = unlogged {
+                tracing::warn!(
+                    count,
+                    "more agent polls failed on a store call in the last minute than were logged"
+                );
+            }
+            if log {
+                tracing::warn!(call, key, error = %err, "an agent poll's store call failed; the poll is answered 503");
+            }
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passes_results_through_and_logs_within_the_budget() {
+        let failures = StoreFailures::default();
+        let failed = || Err::<(), _>(DispatchError::Contention("machines/default/m".into()));
+        for i in 0..(POLL_STORE_FAILURE_LOG_LINES_PER_MINUTE + 5) {
+            assert!(
+                failures
+                    .noted("machine record", "k", 1_000 + u64::from(i), failed())
+                    .is_err()
+            );
+        }
+        assert_eq!(
+            failures.noted("machine record", "k", 1_000, Ok(7)).ok(),
+            Some(7)
+        );
+        let window = failures
+            .lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        assert!(format!("{window:?}").contains("refused: 5"), "{window:?}");
+    }
+}
