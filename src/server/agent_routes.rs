@@ -56,9 +56,10 @@ pub fn agent_router(state: AppState) -> Router {
         .with_state(state)
 }
 
-impl From<DispatchError> for HttpError {
-    fn from(err: DispatchError) -> Self {
-        let status = match &err {
+impl HttpError {
+    /// The status a dispatch error is answered with.
+    fn status_of(err: &DispatchError) -> StatusCode {
+        match err {
             DispatchError::Forbidden(_) => StatusCode::FORBIDDEN,
             DispatchError::Conflict(_) => StatusCode::CONFLICT,
             DispatchError::BadRequest(_) => StatusCode::BAD_REQUEST,
@@ -66,29 +67,52 @@ impl From<DispatchError> for HttpError {
             | DispatchError::Contention(_)
             | DispatchError::Corrupt { .. }
             | DispatchError::Format { .. } => StatusCode::SERVICE_UNAVAILABLE,
-        };
-        HttpError::new(status, err.to_string())
+        }
+    }
+}
+
+impl From<DispatchError> for HttpError {
+    fn from(err: DispatchError) -> Self {
+        HttpError::new(HttpError::status_of(&err), err.to_string())
     }
 }
 
 /// An agent request body: each says which agent sends it.
 trait Claimant {
+    /// The route's name in logs.
+    const ROUTE: &'static str;
     fn agent(&self) -> &AgentIdentity;
 }
 
+/// Whether `err` is answered 503 (the store, not the agent: the agent retries).
+fn is_unavailable(err: &DispatchError) -> bool {
+    HttpError::status_of(err) == StatusCode::SERVICE_UNAVAILABLE
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
+}
+
 impl Claimant for PollRequest {
+    const ROUTE: &'static str = "poll";
     fn agent(&self) -> &AgentIdentity {
         &self.agent
     }
 }
 
 impl Claimant for StepReport {
+    const ROUTE: &'static str = "step report";
     fn agent(&self) -> &AgentIdentity {
         &self.agent
     }
 }
 
 impl Claimant for InventoryReport {
+    const ROUTE: &'static str = "inventory report";
     fn agent(&self) -> &AgentIdentity {
         &self.agent
     }
@@ -104,7 +128,17 @@ struct Accepted<T> {
 
 impl<T> Accepted<T> {
     /// The refusal for a dispatch error; a 403 is also counted and logged as a refused agent.
-    async fn refusal(&self, agent: &AgentIdentity, err: DispatchError) -> HttpError {
+    async fn refusal(&self, agent: &AgentIdentity, err: DispatchError) -> HttpError
+    where
+        T: Claimant,
+    {
+        // A poll logs its own failed store reads, with their keys (`StoreFailures::noted`).
+        if is_unavailable(&err) && T::ROUTE != PollRequest::ROUTE {
+            let agents = &self.dispatcher.agents;
+            agents
+                .store_failures
+                .answered_unavailable(T::ROUTE, now_ms(), &err);
+        }
         if let DispatchError::Forbidden(message) = &err {
             self.dispatcher
                 .agents
@@ -200,7 +234,13 @@ async fn authenticate(
             let claimed = claimed_agent(request).await;
             Err(unauthorized(dispatcher, claimed.as_ref(), &err, peer).await)
         }
-        Err(TokenRefusal::Store(err)) => Err(HttpError::from(err)),
+        Err(TokenRefusal::Store(err)) => {
+            dispatcher
+                .agents
+                .store_failures
+                .answered_unavailable("token check", now_ms(), &err);
+            Err(HttpError::from(err))
+        }
     }
 }
 
@@ -247,7 +287,13 @@ async fn accept<T: DeserializeOwned + Claimant>(
         Err(TokenRefusal::Refused(err)) => {
             return Err(unauthorized(&dispatcher, Some(body.agent()), &err, peer).await);
         }
-        Err(TokenRefusal::Store(err)) => return Err(HttpError::from(err)),
+        Err(TokenRefusal::Store(err)) => {
+            dispatcher
+                .agents
+                .store_failures
+                .answered_unavailable("token check", now_ms(), &err);
+            return Err(HttpError::from(err));
+        }
     }
     Ok(Accepted {
         token,

@@ -57,8 +57,8 @@ pub struct Agents {
     pub refusals: Refusals,
     /// Polls reading the store at once on this replica ([`POLL_LOOKS_IN_FLIGHT`]).
     looks: tokio::sync::Semaphore,
-    /// The polls' failed store calls, logged within a budget.
-    store_failures: StoreFailures,
+    /// Agent requests' failed store calls, logged within a budget.
+    pub store_failures: StoreFailures,
 }
 
 /// Most agent polls reading the store at once on one replica (each look reads the Machine's record and, when it

@@ -1,14 +1,16 @@
-//! The poll's failed store calls, logged: a poll answers 503 when one of its store reads fails, and the log says
-//! which call and key failed with the store's error, at most [`POLL_STORE_FAILURE_LOG_LINES_PER_MINUTE`] lines a
-//! minute per replica (a fleet connecting at once against a slow store would otherwise log one line per agent),
-//! then one line with the count left out.
+//! The agent requests' failed store calls, logged: a poll answers 503 when one of its store reads fails, and the
+//! log says which call and key failed with the store's error; a step or inventory report, or a token check, that
+//! fails on the store says its route and error. At most [`POLL_STORE_FAILURE_LOG_LINES_PER_MINUTE`] lines a
+//! minute per replica for all of them (a fleet connecting at once against a slow store would otherwise log one
+//! line per agent), then one line with the count left out.
 
 use std::sync::{Mutex, PoisonError};
 
 use super::refusal_book::Window;
 use crate::dispatch::floor::DispatchError;
 
-/// Most `warn` lines a replica logs per minute for failed store calls of agent polls.
+/// Most `warn` lines a replica logs per minute for failed store calls of agent requests (polls, reports, token
+/// checks).
 pub const POLL_STORE_FAILURE_LOG_LINES_PER_MINUTE: u32 = 60;
 
 /// This replica's budget of log lines for failed poll store calls.
@@ -26,23 +28,36 @@ impl StoreFailures {
         now: u64,
         result: Result<T, DispatchError>,
     ) -> Result<T, DispatchError> {
-        if let Err(err) = &result {
-            let (log, unlogged) = self
-                .lines
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(now, POLL_STORE_FAILURE_LOG_LINES_PER_MINUTE);
-            if let Some(count) = unlogged {
-                tracing::warn!(
-                    count,
-                    "more agent polls failed on a store call in the last minute than were logged"
-                );
-            }
-            if log {
-                tracing::warn!(call, key, error = %err, "an agent poll's store call failed; the poll is answered 503");
-            }
+        if let Err(err) = &result
+            && self.within_budget(now)
+        {
+            tracing::warn!(call, key, error = %err, "an agent poll's store call failed; the poll is answered 503");
         }
         result
+    }
+
+    /// Logs, within the budget, that an agent request on `route` is answered 503 for `err` (a store failure
+    /// outside the poll's own reads: a report's write, a token check); `now` in Unix ms.
+    pub fn answered_unavailable(&self, route: &'static str, now: u64, err: &DispatchError) {
+        if self.within_budget(now) {
+            tracing::warn!(route, error = %err, "an agent request failed on the store; it is answered 503");
+        }
+    }
+
+    /// Whether one more line fits this minute's budget (logging the count left out once a minute passed).
+    fn within_budget(&self, now: u64) -> bool {
+        let (log, unlogged) = self
+            .lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take(now, POLL_STORE_FAILURE_LOG_LINES_PER_MINUTE);
+        if let Some(count) = unlogged {
+            tracing::warn!(
+                count,
+                "more agent requests failed on a store call in the last minute than were logged"
+            );
+        }
+        log
     }
 }
 
@@ -70,5 +85,24 @@ mod tests {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         assert!(format!("{window:?}").contains("refused: 5"), "{window:?}");
+    }
+
+    #[test]
+    fn reports_and_token_checks_share_the_polls_budget() {
+        let failures = StoreFailures::default();
+        let err = DispatchError::Contention("agents/default/m".into());
+        for i in 0..POLL_STORE_FAILURE_LOG_LINES_PER_MINUTE {
+            failures.answered_unavailable("step report", 1_000 + u64::from(i), &err);
+        }
+        assert!(
+            failures
+                .noted("machine record", "k", 2_000, Err::<(), _>(err))
+                .is_err()
+        );
+        let window = failures
+            .lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        assert!(format!("{window:?}").contains("refused: 1"), "{window:?}");
     }
 }
