@@ -101,8 +101,10 @@ async fn a_failing_verify_command_fails_the_last_step_and_the_plan_rolls_back() 
         "echo 'token=s3cr3t' ; echo 'longhorn volume pvc-1 degraded' >&2; exit 1",
     );
     server.offer(node_plan("plan-fail"));
+    // A pause of a second between the attempts: progress is the latest message (a watch), so with no pause the
+    // retry's own "attempt 2/2" can replace "again in …" before it is recorded.
     let yaml = config_yaml(
-        "    - run: [check, storage]\n      retries: 1\n      retryDelaySeconds: 0\n      timeoutSeconds: 5\n",
+        "    - run: [check, storage]\n      retries: 1\n      retryDelaySeconds: 1\n      timeoutSeconds: 5\n",
         30,
     );
     let agent = spawn_agent(node.agent_config(&server, TOKEN, &yaml));
@@ -130,7 +132,7 @@ async fn a_failing_verify_command_fails_the_last_step_and_the_plan_rolls_back() 
     let progress = messages(&server, 2);
     assert!(
         progress.iter().any(|m| m
-            == "verifying the node: verify.commands[0] `check storage` exited with 1, attempt 1/2; again in 0 s"),
+            == "verifying the node: verify.commands[0] `check storage` exited with 1, attempt 1/2; again in 1 s"),
         "{progress:?}"
     );
 }
