@@ -89,14 +89,6 @@ fn is_unavailable(err: &DispatchError) -> bool {
     HttpError::status_of(err) == StatusCode::SERVICE_UNAVAILABLE
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| {
-            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
-        })
-}
-
 impl Claimant for PollRequest {
     const ROUTE: &'static str = "poll";
     fn agent(&self) -> &AgentIdentity {
@@ -134,10 +126,7 @@ impl<T> Accepted<T> {
     {
         // A poll logs its own failed store reads, with their keys (`StoreFailures::noted`).
         if is_unavailable(&err) && T::ROUTE != PollRequest::ROUTE {
-            let agents = &self.dispatcher.agents;
-            agents
-                .store_failures
-                .answered_unavailable(T::ROUTE, now_ms(), &err);
+            self.dispatcher.agents.answered_unavailable(T::ROUTE, &err);
         }
         if let DispatchError::Forbidden(message) = &err {
             self.dispatcher
@@ -235,10 +224,7 @@ async fn authenticate(
             Err(unauthorized(dispatcher, claimed.as_ref(), &err, peer).await)
         }
         Err(TokenRefusal::Store(err)) => {
-            dispatcher
-                .agents
-                .store_failures
-                .answered_unavailable("token check", now_ms(), &err);
+            dispatcher.agents.answered_unavailable("token check", &err);
             Err(HttpError::from(err))
         }
     }
@@ -288,10 +274,7 @@ async fn accept<T: DeserializeOwned + Claimant>(
             return Err(unauthorized(&dispatcher, Some(body.agent()), &err, peer).await);
         }
         Err(TokenRefusal::Store(err)) => {
-            dispatcher
-                .agents
-                .store_failures
-                .answered_unavailable("token check", now_ms(), &err);
+            dispatcher.agents.answered_unavailable("token check", &err);
             return Err(HttpError::from(err));
         }
     }

@@ -36,8 +36,8 @@ pub use waiters::Waiters;
 
 use super::changes::Budget;
 use super::fleet::Fleet;
-use super::floor::Floor;
 use super::floor::keys::machine_of_change;
+use super::floor::{DispatchError, Floor};
 use super::upkeep::Upkeep;
 
 /// The agents wing: it only composes its owners and serves the agent API over them.
@@ -58,7 +58,7 @@ pub struct Agents {
     /// Polls reading the store at once on this replica ([`POLL_LOOKS_IN_FLIGHT`]).
     looks: tokio::sync::Semaphore,
     /// Agent requests' failed store calls, logged within a budget.
-    pub store_failures: StoreFailures,
+    store_failures: StoreFailures,
 }
 
 /// Most agent polls reading the store at once on one replica (each look reads the Machine's record and, when it
@@ -91,6 +91,13 @@ impl Agents {
     }
 
     /// Agents' last contact: this replica's exact memory, else every replica's presence as last read.
+    /// Logs, within the store-failure budget and on this wing's clock, that an agent request on `route` is
+    /// answered 503 for `err` (a report's write, a token check: the poll logs its own reads).
+    pub fn answered_unavailable(&self, route: &'static str, err: &DispatchError) {
+        self.store_failures
+            .answered_unavailable(route, self.floor.now_ms(), err);
+    }
+
     pub fn last_contact(&self, machine: &MachineRef) -> Option<u64> {
         self.seen.last(machine).max(self.presence.last(machine))
     }
