@@ -30,7 +30,7 @@ pub use refused::{
     AgentRefusalRecord, Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL,
     REFUSAL_LOG_LINES_PER_MINUTE, REFUSAL_PERSIST_INTERVAL, REFUSAL_WRITES_PER_MINUTE,
 };
-pub use seen::{LastSeen, SEEN_WRITES_IN_FLIGHT};
+pub use seen::{INVENTORY_WRITES_IN_FLIGHT, LastSeen, SEEN_WRITES_IN_FLIGHT};
 pub use store_failures::{POLL_STORE_FAILURE_LOG_LINES_PER_MINUTE, StoreFailures};
 pub use waiters::Waiters;
 

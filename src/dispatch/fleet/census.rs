@@ -2,13 +2,15 @@
 //! feed, for `inplace_updater_updates{state}` and the stalled-update and missing-agent gauges. Computed on
 //! change, not by scanning the store per scrape: a change costs one read of the record that changed (a Machine
 //! record or an update record; an agent's last-seen write costs none), and every replica counts the same,
-//! because it follows every replica's writes. Rebuilt from a full listing at start and whenever the feed had a
-//! gap (lagged receiver, etcd watch reconnected).
+//! because it follows every replica's writes. Rebuilt from a listing of the Machine and update records at start
+//! and whenever the feed had a gap (lagged receiver, etcd watch reconnected); agents' own records are never
+//! listed (a fleet's, one per agent), only read for the Machines whose recorded update waits for its agent.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::{StreamExt as _, TryStreamExt as _};
 use inplace_agent_api::{MachineRef, RollbackState};
 use inplace_store::Change;
 use serde::Deserialize;
@@ -16,7 +18,8 @@ use serde::Deserialize;
 use super::Fleet;
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::keys::{
-    AGENTS_PREFIX, MACHINES_PREFIX, UPDATES_PREFIX, parse_machine, parse_update_key, update_key,
+    AGENTS_PREFIX, MACHINES_PREFIX, UPDATES_PREFIX, agent_key, parse_machine, parse_update_key,
+    update_key,
 };
 use crate::dispatch::floor::records::MachineRecord;
 use crate::dispatch::floor::run::{CancelledRun, RunOutcome, RunRollback, RunStepRecord};
@@ -24,6 +27,9 @@ use crate::observe::StateLabels;
 
 /// Pause before rebuilding the census again after the store failed to list.
 pub const CENSUS_RETRY: Duration = Duration::from_secs(5);
+
+/// Agents' records a recount reads at once (one per Machine whose recorded update waits for its agent).
+pub const CENSUS_READS_IN_FLIGHT: usize = 16;
 
 /// Where a Machine's current update is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,6 +205,14 @@ impl Census {
         self.count(old.and_then(|t| t.run), -1);
     }
 
+    /// The Machines whose current run is recorded and waits for its agent.
+    fn waiting(&self) -> impl Iterator<Item = &MachineRef> {
+        self.machines
+            .iter()
+            .filter(|(_, tally)| matches!(tally.run, Some((UpdateState::Recorded, _))))
+            .map(|(machine, _)| machine)
+    }
+
     fn current_run(&self, machine: &MachineRef) -> Option<&str> {
         self.machines.get(machine).map(|t| t.run_id.as_str())
     }
@@ -298,11 +312,6 @@ impl Fleet {
 
     /// Rebuilds the census from the store.
     async fn recount(&self) -> Result<(), DispatchError> {
-        #[derive(Deserialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Seen {
-            last_seen_ms: u64,
-        }
         let store = self.floor.db.store();
         let mut census = Census::default();
         for entry in store.list(MACHINES_PREFIX).await? {
@@ -315,17 +324,6 @@ impl Fleet {
                 serde_json::from_slice::<MachineRecord>(&entry.value),
             ) {
                 census.set_run(&machine, &record.run_id);
-            }
-        }
-        for entry in store.list(AGENTS_PREFIX).await? {
-            let machine = entry
-                .key
-                .strip_prefix(AGENTS_PREFIX)
-                .and_then(parse_machine);
-            if let (Some(machine), Ok(seen)) =
-                (machine, serde_json::from_slice::<Seen>(&entry.value))
-            {
-                census.agents.insert(machine, seen.last_seen_ms);
             }
         }
         for entry in store.list(UPDATES_PREFIX).await? {
@@ -343,9 +341,42 @@ impl Fleet {
                 census.set_state(&machine, run_id, Some(run.judge()));
             }
         }
+        // Only the agents recorded updates wait for: a fleet's agents' records (100 000 at full size) are not
+        // listed at every recount.
+        let waited: Vec<MachineRef> = census.waiting().cloned().collect();
+        let seen: Vec<(MachineRef, Option<u64>)> = futures_util::stream::iter(waited)
+            .map(|machine| async move {
+                let seen = self.agent_seen(&machine).await?;
+                Ok::<_, DispatchError>((machine, seen))
+            })
+            .buffer_unordered(CENSUS_READS_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        for (machine, at) in seen {
+            if let Some(at) = at {
+                census.agents.insert(machine, at);
+            }
+        }
         *self.census() = census;
         self.publish_counts();
         Ok(())
+    }
+
+    /// The last contact `machine`'s agent's own record holds (written when it leaves a replica).
+    async fn agent_seen(&self, machine: &MachineRef) -> Result<Option<u64>, DispatchError> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Seen {
+            last_seen_ms: u64,
+        }
+        Ok(
+            match self.floor.db.value::<Seen>(&agent_key(machine)).await {
+                Ok(seen) => seen.map(|seen| seen.last_seen_ms),
+                // An unreadable record tells no time; the run's own time stands in.
+                Err(DispatchError::Corrupt { .. }) => None,
+                Err(err) => return Err(err),
+            },
+        )
     }
 
     async fn read_run(
@@ -378,6 +409,13 @@ impl Fleet {
             };
             if self.census().set_run(&machine, &record.run_id) {
                 let run = self.read_run(&machine, &record.run_id).await?;
+                let waits = matches!(run, Some((UpdateState::Recorded, _)));
+                if waits && !self.census().agents.contains_key(&machine) {
+                    let seen = self.agent_seen(&machine).await?;
+                    if let Some(at) = seen {
+                        self.census().agents.insert(machine.clone(), at);
+                    }
+                }
                 self.census().set_state(&machine, &record.run_id, run);
             }
         } else if let Some((machine, run_id)) = change

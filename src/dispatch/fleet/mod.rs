@@ -11,7 +11,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use inplace_agent_api::{MachineRef, StepKind};
 
-pub use census::{CENSUS_RETRY, UpdateState};
+pub use census::{CENSUS_READS_IN_FLIGHT, CENSUS_RETRY, UpdateState};
 pub use status::{StatusRow, StatusState};
 
 use super::floor::Floor;

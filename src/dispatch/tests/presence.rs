@@ -1,12 +1,12 @@
 //! Presence across replicas on one store: polls write nothing per agent, a replica's agents are seen by the
 //! others through its heartbeat and membership, a dead replica's agents go stale and are taken over by the
-//! replica they reconnect to, an agent that leaves has its exact last contact recorded once, and a dead
+//! replica they reconnect to (an unchanged inventory reported there writes nothing), an agent that leaves has its exact last contact recorded once, and a dead
 //! replica's presence is swept after its agents' last contact is in their records.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use inplace_agent_api::MachineRef;
+use inplace_agent_api::{AgentIdentity, InventoryReport, MachineRef};
 use inplace_store::memory::MemoryStore;
 
 use crate::dispatch::agents::CONNECTED_WITHIN;
@@ -179,6 +179,74 @@ async fn an_agent_that_stops_polling_has_its_exact_last_contact_recorded_once() 
     writes.lock().unwrap().clear();
     a.agents.presence.publish().await.unwrap();
     assert_eq!(writes.lock().unwrap().len(), 1);
+}
+
+fn inventory(name: &str, kubelet: &str) -> InventoryReport {
+    InventoryReport {
+        agent: AgentIdentity::Machine(MachineRef::new("default", name)),
+        agent_version: "0.1.0".into(),
+        kubelet_version: Some(kubelet.into()),
+        kubeadm_version: Some(kubelet.into()),
+        boot_id: Some(format!("boot-{name}")),
+        hostname: Some(name.into()),
+        current: None,
+        facts: None,
+        runtime: None,
+    }
+}
+
+fn agent_writes(writes: &Mutex<Vec<String>>) -> Vec<String> {
+    writes
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|k| k.starts_with("agents/"))
+        .cloned()
+        .collect()
+}
+
+#[tokio::test]
+async fn an_agent_that_moves_to_another_replica_with_the_same_inventory_costs_no_write() {
+    let (writes, a, b) = two_replicas();
+    let machine = MachineRef::new("default", "w-0");
+    a.agents
+        .inventory(&scope(), &inventory("w-0", "v1.33.4"))
+        .await
+        .unwrap();
+    assert_eq!(agent_writes(&writes), [agent_key(&machine)]);
+
+    // Replica a dies; its agent reports the same inventory to b, as every agent does when it connects.
+    writes.lock().unwrap().clear();
+    advance(&[&a, &b], Duration::from_secs(30));
+    b.agents
+        .inventory(&scope(), &inventory("w-0", "v1.33.4"))
+        .await
+        .unwrap();
+    assert_eq!(agent_writes(&writes), Vec::<String>::new());
+    // Still seen now, by b and, through b's presence, by any other replica.
+    let now = T0 + 30_000;
+    assert_eq!(row(&b, "w-0").await, (Some(now), true));
+    b.agents.presence.publish().await.unwrap();
+    let c = dispatcher(b.store().clone());
+    c.clock().pin_for_tests(now);
+    c.agents.presence.refresh().await.unwrap();
+    assert_eq!(row(&c, "w-0").await, (Some(now), true));
+
+    // A changed inventory is written, and is what the record then holds.
+    b.agents
+        .inventory(&scope(), &inventory("w-0", "v1.34.1"))
+        .await
+        .unwrap();
+    assert_eq!(agent_writes(&writes), [agent_key(&machine)]);
+    let record: AgentRecord = b.db().value(&agent_key(&machine)).await.unwrap().unwrap();
+    assert_eq!(
+        record
+            .inventory
+            .and_then(|inventory| inventory.kubelet_version)
+            .as_deref(),
+        Some("v1.34.1")
+    );
+    assert_eq!(record.last_seen_ms, now);
 }
 
 #[tokio::test]
