@@ -256,21 +256,30 @@ fn report(
     Bytes::from(serde_json::to_vec(&report).unwrap_or_default())
 }
 
-/// The report the real agent sends first on every new connection after a failure (its inventory is due
-/// again); an idle node's, with no plan held.
+/// The report the real agent sends first when it starts and on every new connection after a failure (its
+/// inventory is due again); an idle node's, with no plan held.
 fn inventory(agent: &AgentIdentity, current: Option<&PlanProgress>) -> Bytes {
     let report = InventoryReport {
+        current: current.cloned(),
+        ..idle_inventory(agent)
+    };
+    Bytes::from(serde_json::to_vec(&report).unwrap_or_default())
+}
+
+/// The inventory an idle harness agent reports (what `load replicas` stores for each agent before the fleet
+/// connects, as a fleet that ran before the measurement left it).
+pub fn idle_inventory(agent: &AgentIdentity) -> InventoryReport {
+    InventoryReport {
         agent: agent.clone(),
         agent_version: inplace_agent::AGENT_VERSION.to_string(),
         kubelet_version: None,
         kubeadm_version: None,
         boot_id: None,
         hostname: None,
-        current: current.cloned(),
+        current: None,
         facts: None,
         runtime: None,
-    };
-    Bytes::from(serde_json::to_vec(&report).unwrap_or_default())
+    }
 }
 
 /// Reports every step of `plan` started and, `pace` later, succeeded; returns the progress to poll with next.
@@ -350,8 +359,10 @@ pub async fn run(
     let mut current: Option<PlanProgress> = None;
     let mut attempts = 0;
     let mut first = true;
-    // A request or connect failed since the last answer: the next connection reports the inventory first.
-    let mut failed = false;
+    // The next connection reports the inventory first: any after a failed request or connect, as the real agent
+    // does. Not the first: the harness's agents stand for a fleet that was already running (the real agent
+    // reports when it starts), whose inventories `load replicas` stored before they connect.
+    let mut inventory_due = false;
     for _ in 0..MAX_POLLS_PER_AGENT {
         if shared.stop.is_cancelled() {
             return;
@@ -374,7 +385,7 @@ pub async fn run(
                     Ok(live) => live,
                     Err(err) => {
                         shared.failed(at);
-                        failed = true;
+                        inventory_due = true;
                         if refused(&err) {
                             at = route.other(at, agent.index, attempts);
                         }
@@ -387,7 +398,7 @@ pub async fn run(
                 } else {
                     shared.reconnects.fetch_add(1, Ordering::Relaxed);
                 }
-                if failed {
+                if inventory_due {
                     let body = inventory(&identity, current.as_ref());
                     let answered = tokio::select! {
                         answered = live.post(INVENTORY_PATH, body) => answered,
@@ -395,7 +406,7 @@ pub async fn run(
                     };
                     match answered {
                         Ok(reply) if reply.status == 200 => {
-                            failed = false;
+                            inventory_due = false;
                             backoff.reset();
                             shared.served_by[agent.index].store(at, Ordering::Relaxed);
                             shared.served_again[agent.index].store(shared.now(), Ordering::Release);
@@ -447,7 +458,7 @@ pub async fn run(
             }
             Err(_) => {
                 shared.failed(at);
-                failed = true;
+                inventory_due = true;
                 at = route.other(at, agent.index, attempts);
                 pause(&shared, backoff.next_delay()).await;
                 continue;
@@ -478,7 +489,7 @@ pub async fn run(
                     Ok(progress) => current = Some(progress),
                     Err(_) => {
                         shared.failed(at);
-                        failed = true;
+                        inventory_due = true;
                         at = route.other(at, agent.index, attempts);
                         pause(&shared, backoff.next_delay()).await;
                         continue;

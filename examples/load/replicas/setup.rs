@@ -6,12 +6,18 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
+use inplace_agent_api::{AgentIdentity, MachineRef};
 use inplace_store::testing::Etcd;
+use inplace_store::{EtcdOptions, MAX_TXN_OPS, Precondition, TxnOp};
 use inplace_updater::cmd::certs::{DevCertPaths, DevCertsSpec, write_dev_certs};
 use inplace_updater::dispatch::AgentScope;
+use inplace_updater::dispatch::floor::keys::agent_key;
+use inplace_updater::dispatch::floor::records::AgentRecord;
 use inplace_updater::dispatch::upkeep::tokens::create_token;
 
 use super::{ReplicasArgs, Sizes};
+use crate::agents::idle_inventory;
+use crate::fleet::machine_name;
 use crate::process::{ServerProcess, default_binary, server_args};
 use crate::stats::{ProcSample, proc_sample};
 use crate::swarm::SwarmChild;
@@ -71,6 +77,7 @@ impl Fleet {
         std::fs::write(&raw_tokens, raw)?;
 
         let etcd = Etcd::start().context("starting etcd (apt-get install etcd-server)")?;
+        seed_inventories(&etcd, sizes)?;
         let store = etcd.store_url();
         let etcd_pid = etcd.pid().context("etcd is not running")?;
         let binary = match &args.server_bin {
@@ -152,4 +159,44 @@ impl Fleet {
         }
         Ok(())
     }
+}
+
+/// Stores every agent's record with the inventory it reports after a failure, as a fleet that ran before the
+/// measurement left the store (the real agent reports its inventory when it starts; the harness's agents stand
+/// for agents already running, and report only after a failure): a replica killed later finds its agents'
+/// inventories stored, as it would in a real fleet. [`MAX_TXN_OPS`] records per transaction, before the
+/// replicas start. (Reporting them all at connect instead, 100 000 agents connecting at once, overwhelmed the one
+/// etcd on the harness's 2 cores: reads timed out and the agents' retries kept it so for 8 minutes. A fleet's
+/// first start is spread over the days its agents are installed.)
+fn seed_inventories(etcd: &Etcd, sizes: &Sizes) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let store = inplace_store::open(&etcd.url(), &EtcdOptions::default()).await?;
+        let now_ms = u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .as_millis(),
+        )?;
+        let indices: Vec<usize> = (0..sizes.agents).collect();
+        for batch in indices.chunks(MAX_TXN_OPS) {
+            let mut ops = Vec::with_capacity(batch.len());
+            for &index in batch {
+                let machine =
+                    MachineRef::new("default", machine_name(index / sizes.per_cluster, index));
+                let record = AgentRecord {
+                    last_seen_ms: now_ms,
+                    inventory: Some(idle_inventory(&AgentIdentity::Machine(machine.clone()))),
+                };
+                ops.push(TxnOp::put(
+                    agent_key(&machine),
+                    serde_json::to_vec(&record)?,
+                    Precondition::Any,
+                ));
+            }
+            store.commit(ops).await?;
+        }
+        anyhow::Ok(())
+    })
 }
