@@ -59,6 +59,8 @@ pub fn agent_router(state: AppState) -> Router {
 impl HttpError {
     /// The status a dispatch error is answered with.
     fn status_of(err: &DispatchError) -> StatusCode {
+        // Exhaustive, so a new kind of error is sorted here; 503 exactly when the store is to blame (a test
+        // holds `DispatchError::is_the_stores` to the same sorting).
         match err {
             DispatchError::Forbidden(_) => StatusCode::FORBIDDEN,
             DispatchError::Conflict(_) => StatusCode::CONFLICT,
@@ -82,11 +84,6 @@ trait Claimant {
     /// The route's name in logs.
     const ROUTE: &'static str;
     fn agent(&self) -> &AgentIdentity;
-}
-
-/// Whether `err` is answered 503 (the store, not the agent: the agent retries).
-fn is_unavailable(err: &DispatchError) -> bool {
-    HttpError::status_of(err) == StatusCode::SERVICE_UNAVAILABLE
 }
 
 impl Claimant for PollRequest {
@@ -124,8 +121,8 @@ impl<T> Accepted<T> {
     where
         T: Claimant,
     {
-        // A poll logs its own failed store reads, with their keys (`StoreFailures::noted`).
-        if is_unavailable(&err) && T::ROUTE != PollRequest::ROUTE {
+        // A poll logs its own failed store calls, with their keys (`StoreFailures::noted`).
+        if err.is_the_stores() && T::ROUTE != PollRequest::ROUTE {
             self.dispatcher.agents.answered_unavailable(T::ROUTE, &err);
         }
         if let DispatchError::Forbidden(message) = &err {
@@ -447,5 +444,31 @@ mod tests {
         assert_eq!(bearer_token(Some("Bearer ")), None, "empty token");
         let long = format!("Bearer {}", "a".repeat(MAX_TOKEN_BYTES));
         assert_eq!(bearer_token(Some(&long)), None, "over MAX_TOKEN_BYTES");
+    }
+
+    #[test]
+    fn an_error_is_answered_503_exactly_when_the_store_is_to_blame() {
+        let every = [
+            DispatchError::Store(inplace_store::StoreError::Backend("down".into())),
+            DispatchError::Corrupt {
+                key: "k".into(),
+                detail: "d".into(),
+            },
+            DispatchError::Contention("k".into()),
+            DispatchError::Forbidden("f".into()),
+            DispatchError::Conflict("c".into()),
+            DispatchError::BadRequest("b".into()),
+            DispatchError::Format {
+                found: 2,
+                expected: 1,
+            },
+        ];
+        for err in every {
+            assert_eq!(
+                HttpError::status_of(&err) == StatusCode::SERVICE_UNAVAILABLE,
+                err.is_the_stores(),
+                "{err:?}"
+            );
+        }
     }
 }

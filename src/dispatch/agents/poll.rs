@@ -15,7 +15,9 @@ use inplace_agent_api::{
 use super::Agents;
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::hold::hold_for;
-use crate::dispatch::floor::keys::{machine_key, provider_key, update_key, valid_segment};
+use crate::dispatch::floor::keys::{
+    agent_upgrade_key, machine_key, provider_key, update_key, valid_segment,
+};
 use crate::dispatch::floor::records::{MachineRecord, ProviderIndex};
 use crate::dispatch::floor::run::{RunOutcome, UpdateRecord};
 use crate::dispatch::floor::run_events;
@@ -252,18 +254,31 @@ impl Agents {
                 // In memory only: other replicas learn it from this replica's presence (no store write per poll).
                 self.seen.mark(machine);
                 if let Some(progress) = &request.current {
-                    self.absorb_progress(machine, progress, record.as_ref())
-                        .await?;
+                    let absorbed = self
+                        .absorb_progress(machine, progress, record.as_ref())
+                        .await;
+                    let key = update_key(machine, &progress.plan_id);
+                    self.store_failures.noted(
+                        "run progress",
+                        &key,
+                        self.floor.now_ms(),
+                        absorbed,
+                    )?;
                     // Folding the progress in may have changed the run: look at it as it is now.
                     pending = self
                         .pending_plan(machine, record, request.current.as_ref())
                         .await?;
                 }
                 if let Some(facts) = &request.facts {
-                    upgrade = Some((
-                        facts,
-                        self.upkeep.rollout.note_upgrade(machine, facts).await?,
-                    ));
+                    let noted = self.upkeep.rollout.note_upgrade(machine, facts).await;
+                    let key = agent_upgrade_key(machine);
+                    let noted = self.store_failures.noted(
+                        "agent upgrade",
+                        &key,
+                        self.floor.now_ms(),
+                        noted,
+                    )?;
+                    upgrade = Some((facts, noted));
                 }
             }
             match pending {

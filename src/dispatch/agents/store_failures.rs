@@ -1,5 +1,6 @@
-//! The agent requests' failed store calls, logged: a poll answers 503 when one of its store reads fails, and the
-//! log says which call and key failed with the store's error; a step or inventory report, or a token check, that
+//! The agent requests' failed store calls, logged: a poll answers 503 when one of its store calls fails (its
+//! reads, the progress it folds into its run, the upgrade it notes), and the log says which call and key failed
+//! with the store's error; a step or inventory report, or a token check, that
 //! fails on the store says its route and error. At most [`POLL_STORE_FAILURE_LOG_LINES_PER_MINUTE`] lines a
 //! minute per replica for all of them (a fleet connecting at once against a slow store would otherwise log one
 //! line per agent), then one line with the count left out.
@@ -20,7 +21,8 @@ pub struct StoreFailures {
 }
 
 impl StoreFailures {
-    /// Passes `result` through, logging its error (naming `call` and `key`) within the budget; `now` in Unix ms.
+    /// Passes `result` through, logging its error (naming `call` and `key`) within the budget when the store is
+    /// to blame ([`DispatchError::is_the_stores`]: the poll is answered 503); `now` in Unix ms.
     pub fn noted<T>(
         &self,
         call: &'static str,
@@ -29,6 +31,7 @@ impl StoreFailures {
         result: Result<T, DispatchError>,
     ) -> Result<T, DispatchError> {
         if let Err(err) = &result
+            && err.is_the_stores()
             && self.within_budget(now)
         {
             tracing::warn!(call, key, error = %err, "an agent poll's store call failed; the poll is answered 503");
@@ -104,5 +107,22 @@ mod tests {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         assert!(format!("{window:?}").contains("refused: 1"), "{window:?}");
+    }
+
+    #[test]
+    fn an_error_that_is_not_the_stores_is_passed_through_unlogged() {
+        let failures = StoreFailures::default();
+        for i in 0..(POLL_STORE_FAILURE_LOG_LINES_PER_MINUTE + 5) {
+            let refused = Err::<(), _>(DispatchError::Forbidden("out of scope".into()));
+            assert!(matches!(
+                failures.noted("run progress", "k", 1_000 + u64::from(i), refused),
+                Err(DispatchError::Forbidden(_))
+            ));
+        }
+        let window = failures
+            .lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        assert!(format!("{window:?}").contains("used: 0,"), "{window:?}");
     }
 }

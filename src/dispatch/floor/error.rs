@@ -40,3 +40,19 @@ pub enum DispatchError {
         expected: u32,
     },
 }
+
+impl DispatchError {
+    /// Whether the store is to blame (unavailable, contended, unreadable, of another format), not the caller: an
+    /// agent request failing so is answered 503 and retried, and its failed store call is logged.
+    pub fn is_the_stores(&self) -> bool {
+        match self {
+            DispatchError::Store(_)
+            | DispatchError::Contention(_)
+            | DispatchError::Corrupt { .. }
+            | DispatchError::Format { .. } => true,
+            DispatchError::Forbidden(_)
+            | DispatchError::Conflict(_)
+            | DispatchError::BadRequest(_) => false,
+        }
+    }
+}
