@@ -68,6 +68,15 @@ impl StoreFailures {
 mod tests {
     use super::*;
 
+    /// The budget's window as `Debug` prints it (`used`, `refused`).
+    fn window(failures: &StoreFailures) -> String {
+        let window = failures
+            .lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        format!("{window:?}")
+    }
+
     #[test]
     fn passes_results_through_and_logs_within_the_budget() {
         let failures = StoreFailures::default();
@@ -83,11 +92,8 @@ mod tests {
             failures.noted("machine record", "k", 1_000, Ok(7)).ok(),
             Some(7)
         );
-        let window = failures
-            .lines
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        assert!(format!("{window:?}").contains("refused: 5"), "{window:?}");
+        let window = window(&failures);
+        assert!(window.contains("refused: 5"), "{window}");
     }
 
     #[test]
@@ -102,11 +108,8 @@ mod tests {
                 .noted("machine record", "k", 2_000, Err::<(), _>(err))
                 .is_err()
         );
-        let window = failures
-            .lines
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        assert!(format!("{window:?}").contains("refused: 1"), "{window:?}");
+        let window = window(&failures);
+        assert!(window.contains("refused: 1"), "{window}");
     }
 
     #[test]
@@ -119,10 +122,7 @@ mod tests {
                 Err(DispatchError::Forbidden(_))
             ));
         }
-        let window = failures
-            .lines
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        assert!(format!("{window:?}").contains("used: 0,"), "{window:?}");
+        let window = window(&failures);
+        assert!(window.contains("used: 0,"), "{window}");
     }
 }

@@ -11,7 +11,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use inplace_agent_api::{MachineRef, StepKind};
 
-pub use census::{CENSUS_READS_IN_FLIGHT, CENSUS_RETRY, UpdateState};
+pub use census::UpdateState;
+pub use census::follow::{CENSUS_READS_IN_FLIGHT, CENSUS_RETRY};
 pub use status::{StatusRow, StatusState};
 
 use super::floor::Floor;
