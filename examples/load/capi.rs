@@ -70,18 +70,24 @@ impl Pool {
         server: usize,
         path: &str,
         body: Bytes,
-        before_send: impl FnOnce(),
+        mut before_send: impl FnMut(),
     ) -> anyhow::Result<(u16, Bytes)> {
         let _permit = self.gate.acquire().await?;
         let server = server.min(self.addrs.len().saturating_sub(1));
         let (Some(idle), Some(&addr)) = (self.conns.get(server), self.addrs.get(server)) else {
             anyhow::bail!("no server to call");
         };
-        let conn = idle.lock().await.pop();
-        let mut conn = match conn {
-            Some(conn) => conn,
-            None => Conn::open(&self.tls, addr, None, None).await?,
-        };
+        // A kept-alive connection the server closed while it sat idle takes the request nowhere; it goes
+        // again on a new connection, once, as Go's `net/http` sends CAPI's (see `Conn::post_unless_closed`).
+        let reused = idle.lock().await.pop();
+        if let Some(mut conn) = reused {
+            before_send();
+            if let Some(reply) = conn.post_unless_closed(path, body.clone()).await? {
+                idle.lock().await.push(conn);
+                return Ok((reply.status, reply.body));
+            }
+        }
+        let mut conn = Conn::open(&self.tls, addr, None, None).await?;
         before_send();
         let reply = conn.post(path, body).await?;
         idle.lock().await.push(conn);

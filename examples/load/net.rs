@@ -96,7 +96,24 @@ impl Conn {
 
     /// POSTs `body` to `path` and reads the whole answer.
     pub async fn post(&mut self, path: &str, body: Bytes) -> anyhow::Result<Reply> {
-        self.sender.ready().await?;
+        self.post_unless_closed(path, body)
+            .await?
+            .context("the server closed the connection before the request was sent")
+    }
+
+    /// As [`Conn::post`], but `Ok(None)` when the connection was closed before any of the request was
+    /// written (the server closes a kept-alive connection idle for its `--header-read-timeout`): nothing
+    /// reached the server, so the request may go again on a new connection. Go's `net/http`, which CAPI's
+    /// controllers call hooks with, drops such a connection from its pool or sends again on a new one, so a
+    /// CAPI call never fails for it.
+    pub async fn post_unless_closed(
+        &mut self,
+        path: &str,
+        body: Bytes,
+    ) -> anyhow::Result<Option<Reply>> {
+        if self.sender.ready().await.is_err() {
+            return Ok(None);
+        }
         let mut request = hyper::Request::post(path)
             .header(HOST, self.host.clone())
             .header(CONTENT_TYPE, "application/json")
@@ -104,9 +121,13 @@ impl Conn {
         if let Some(auth) = &self.auth {
             request.headers_mut().insert(AUTHORIZATION, auth.clone());
         }
-        let response = self.sender.send_request(request).await?;
+        let response = match self.sender.try_send_request(request).await {
+            Ok(response) => response,
+            Err(unsent) if unsent.message().is_some() => return Ok(None),
+            Err(failed) => return Err(failed.into_error().into()),
+        };
         let status = response.status().as_u16();
         let body = response.into_body().collect().await?.to_bytes();
-        Ok(Reply { status, body })
+        Ok(Some(Reply { status, body }))
     }
 }

@@ -76,8 +76,13 @@ impl Fleet {
         let raw_tokens = dir.path().join("agent-tokens.raw");
         std::fs::write(&raw_tokens, raw)?;
 
-        let etcd = Etcd::start().context("starting etcd (apt-get install etcd-server)")?;
+        let mut etcd = Etcd::start().context("starting etcd (apt-get install etcd-server)")?;
         seed_inventories(&etcd, sizes)?;
+        // etcd 3.4 (Debian's) copies its whole read buffer for every read, at the largest size a burst of writes
+        // ever grew it to; the seed's burst left it so that each poll's read cost about three times as much CPU
+        // (docs/performance.md, "What made etcd work harder"). A fleet's records are written over days, never in
+        // one burst: a restart gives etcd the buffer a long-running one has.
+        etcd.restart().context("restarting etcd after the seed")?;
         let store = etcd.store_url();
         let etcd_pid = etcd.pid().context("etcd is not running")?;
         let binary = match &args.server_bin {

@@ -90,14 +90,15 @@ impl Agents {
         })
     }
 
-    /// Agents' last contact: this replica's exact memory, else every replica's presence as last read.
     /// Logs, within the store-failure budget and on this wing's clock, that an agent request on `route` is
-    /// answered 503 for `err` (a report's write, a token check: the poll logs its own reads).
+    /// answered 503 for `err` (a report's write, a token check: the poll logs its own reads and writes, with
+    /// their keys).
     pub fn answered_unavailable(&self, route: &'static str, err: &DispatchError) {
         self.store_failures
             .answered_unavailable(route, self.floor.now_ms(), err);
     }
 
+    /// Agents' last contact: this replica's exact memory, else every replica's presence as last read.
     pub fn last_contact(&self, machine: &MachineRef) -> Option<u64> {
         self.seen.last(machine).max(self.presence.last(machine))
     }

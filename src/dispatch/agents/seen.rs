@@ -87,12 +87,8 @@ impl LastSeen {
         inventory: InventoryReport,
     ) -> Result<(), DispatchError> {
         let key = agent_key(machine);
-        let stored = match self.floor.db.value::<AgentRecord>(&key).await {
-            Ok(stored) => stored,
-            // An unreadable record is replaced by a good one.
-            Err(DispatchError::Corrupt { .. }) => None,
-            Err(err) => return Err(err),
-        };
+        // An unreadable record is replaced by a good one.
+        let stored = self.floor.db.value_or_absent::<AgentRecord>(&key).await?;
         if stored.is_some_and(|record| record.inventory.as_ref() == Some(&inventory)) {
             return Ok(());
         }

@@ -40,7 +40,7 @@ impl StoreFailures {
     }
 
     /// Logs, within the budget, that an agent request on `route` is answered 503 for `err` (a store failure
-    /// outside the poll's own reads: a report's write, a token check); `now` in Unix ms.
+    /// outside the poll's own calls: a report's write, a token check); `now` in Unix ms.
     pub fn answered_unavailable(&self, route: &'static str, now: u64, err: &DispatchError) {
         if self.within_budget(now) {
             tracing::warn!(route, error = %err, "an agent request failed on the store; it is answered 503");

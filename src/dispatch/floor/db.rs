@@ -95,6 +95,22 @@ impl Db {
         Ok(self.read(key).await?.map(|(value, _)| value))
     }
 
+    /// A record, or `None` when absent or unreadable; an unreadable one is logged with its key. For records
+    /// whose absence is a safe answer and that the next good write replaces (an agent's record, a verdict):
+    /// one such record must not stop the replica's work on every other.
+    pub async fn value_or_absent<T: DeserializeOwned>(
+        &self,
+        key: &str,
+    ) -> Result<Option<T>, DispatchError> {
+        match self.value(key).await {
+            Err(DispatchError::Corrupt { key, detail }) => {
+                tracing::warn!(%key, %detail, "record unreadable; treated as absent");
+                Ok(None)
+            }
+            other => other,
+        }
+    }
+
     /// Read-modify-write with compare-and-swap: `change` sees the current value (or `None`) and returns the
     /// new value, or `None` to leave it as is. Retries when another writer got there first. Returns the value
     /// as stored afterwards (`None` only when the key is absent and `change` wrote nothing).

@@ -119,14 +119,7 @@ impl Licences {
 
     /// A verdict record, or `None` when absent or unreadable (an unreadable verdict licenses nothing).
     async fn verdict(&self, key: &str) -> Result<Option<VerdictRecord>, DispatchError> {
-        match self.floor.db.value::<VerdictRecord>(key).await {
-            Ok(found) => Ok(found),
-            Err(DispatchError::Corrupt { key, detail }) => {
-                tracing::warn!(%key, %detail, "verdict record unreadable; treated as absent");
-                Ok(None)
-            }
-            Err(err) => Err(err),
-        }
+        self.floor.db.value_or_absent::<VerdictRecord>(key).await
     }
 
     /// The verdict covering a desired Machine: its own, else its MachineSet's.

@@ -1,6 +1,7 @@
 //! Presence across replicas on one store: polls write nothing per agent, a replica's agents are seen by the
 //! others through its heartbeat and membership, a dead replica's agents go stale and are taken over by the
-//! replica they reconnect to (an unchanged inventory reported there writes nothing), an agent that leaves has its exact last contact recorded once, and a dead
+//! replica they reconnect to (an unchanged inventory reported there writes nothing, an unreadable record is
+//! replaced), an agent that leaves has its exact last contact recorded once, and a dead
 //! replica's presence is swept after its agents' last contact is in their records.
 
 use std::sync::{Arc, Mutex};
@@ -247,6 +248,34 @@ async fn an_agent_that_moves_to_another_replica_with_the_same_inventory_costs_no
         Some("v1.34.1")
     );
     assert_eq!(record.last_seen_ms, now);
+}
+
+#[tokio::test]
+async fn an_unreadable_agent_record_is_replaced_by_the_inventory_the_agent_reports() {
+    let (writes, a, _) = two_replicas();
+    let machine = MachineRef::new("default", "w-0");
+    a.store()
+        .put(
+            &agent_key(&machine),
+            b"{not json".to_vec(),
+            inplace_store::Precondition::Any,
+        )
+        .await
+        .unwrap();
+    writes.lock().unwrap().clear();
+    a.agents
+        .inventory(&scope(), &inventory("w-0", "v1.33.4"))
+        .await
+        .expect("an unreadable record does not refuse the report");
+    assert_eq!(agent_writes(&writes), [agent_key(&machine)]);
+    let record: AgentRecord = a.db().value(&agent_key(&machine)).await.unwrap().unwrap();
+    assert_eq!(
+        record
+            .inventory
+            .and_then(|inventory| inventory.kubelet_version)
+            .as_deref(),
+        Some("v1.33.4")
+    );
 }
 
 #[tokio::test]

@@ -146,14 +146,13 @@ impl Fleet {
         struct Seen {
             last_seen_ms: u64,
         }
-        Ok(
-            match self.floor.db.value::<Seen>(&agent_key(machine)).await {
-                Ok(seen) => seen.map(|seen| seen.last_seen_ms),
-                // An unreadable record tells no time; the run's own time stands in.
-                Err(DispatchError::Corrupt { .. }) => None,
-                Err(err) => return Err(err),
-            },
-        )
+        // An unreadable record tells no time; the run's own time stands in.
+        Ok(self
+            .floor
+            .db
+            .value_or_absent::<Seen>(&agent_key(machine))
+            .await?
+            .map(|seen| seen.last_seen_ms))
     }
 
     async fn read_run(
