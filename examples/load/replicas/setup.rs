@@ -79,7 +79,7 @@ impl Fleet {
         let mut etcd = Etcd::start().context("starting etcd (apt-get install etcd-server)")?;
         seed_inventories(&etcd, sizes)?;
         // etcd 3.4 (Debian's) copies its whole read buffer for every read, at the largest size a burst of writes
-        // ever grew it to; the seed's burst left it so that each poll's read cost about three times as much CPU
+        // ever grew it to; after the seed's burst etcd spent 2.5–2.8 times the CPU on the same polls' reads
         // (docs/performance.md, "What made etcd work harder"). A fleet's records are written over days, never in
         // one burst: a restart gives etcd the buffer a long-running one has.
         etcd.restart().context("restarting etcd after the seed")?;
