@@ -155,7 +155,7 @@ fn fleet_scenario_gives_every_target_its_plan_and_starves_no_agent() {
 
 /// The server closes a kept-alive connection idle for its `--header-read-timeout`; CAPI's Go client then sends
 /// on a new connection, and so must the harness's CAPI workers, or each such call is counted an error
-/// ("transport: channel closed": 3 to 13 per 100 000-agent run before).
+/// ("transport: channel closed": 1 to 13 per 100 000-agent run before).
 #[test]
 fn fleet_scenario_sends_again_when_the_server_closed_an_idle_capi_connection() {
     let stdout = run_with_env(

@@ -23,6 +23,7 @@ fn process_cells(s: &Samples) -> Vec<String> {
     vec![
         mib(&s.started),
         mib(&s.connected),
+        mib(&s.held),
         mib(&s.updated),
         format!("{:.1} MiB", s.updated.hwm_mib()),
         cpu(&s.started, &s.connected),
@@ -139,6 +140,7 @@ impl ReplicasOutcome {
             "etcd writes (mean)",
             "RSS started",
             "RSS fleet connected",
+            "RSS after the hold",
             "RSS after updates",
             "peak RSS",
             "CPU connect",

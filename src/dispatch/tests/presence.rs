@@ -1,8 +1,8 @@
 //! Presence across replicas on one store: polls write nothing per agent, a replica's agents are seen by the
 //! others through its heartbeat and membership, a dead replica's agents go stale and are taken over by the
 //! replica they reconnect to (an unchanged inventory reported there writes nothing, an unreadable record is
-//! replaced), an agent that leaves has its exact last contact recorded once, and a dead
-//! replica's presence is swept after its agents' last contact is in their records.
+//! replaced), an agent that leaves has its exact last contact recorded once, and a dead replica's presence is
+//! swept after its agents' last contact is in their records.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
