@@ -137,13 +137,15 @@ fn unix_ms() -> u64 {
         .unwrap_or_default()
 }
 
-fn report(
+/// Reports `status` of step `step` of plan `plan_id` on `conn`; any answer but 200 is an error.
+async fn report(
+    conn: &mut Conn,
     agent: &AgentIdentity,
     plan_id: &str,
     step: u32,
     status: StepStatus,
     started_ms: u64,
-) -> Bytes {
+) -> anyhow::Result<()> {
     let now_ms = unix_ms();
     let report = StepReport {
         agent: agent.clone(),
@@ -159,7 +161,10 @@ fn report(
         undo: false,
         rollback: None,
     };
-    Bytes::from(serde_json::to_vec(&report).unwrap_or_default())
+    let body = Bytes::from(serde_json::to_vec(&report).unwrap_or_default());
+    let answer = conn.post(REPORT_PATH, body).await?;
+    anyhow::ensure!(answer.status == 200, "report: HTTP {}", answer.status);
+    Ok(())
 }
 
 /// The report the real agent sends first when it starts and on every new connection after a failure (its
@@ -199,19 +204,15 @@ async fn execute(
 ) -> anyhow::Result<PlanProgress> {
     for step in &plan.steps {
         let started_ms = unix_ms();
-        let started = conn
-            .post(
-                REPORT_PATH,
-                report(
-                    identity,
-                    &plan.id,
-                    step.index,
-                    StepStatus::Running,
-                    started_ms,
-                ),
-            )
-            .await?;
-        anyhow::ensure!(started.status == 200, "report: HTTP {}", started.status);
+        report(
+            conn,
+            identity,
+            &plan.id,
+            step.index,
+            StepStatus::Running,
+            started_ms,
+        )
+        .await?;
         if step.index == 0 {
             shared.mark(&shared.step_started, agent.index);
         }
@@ -219,19 +220,15 @@ async fn execute(
             () = tokio::time::sleep(pace.step_duration(agent.index, step.index)) => {}
             () = shared.stop.cancelled() => anyhow::bail!("stopped"),
         }
-        let done = conn
-            .post(
-                REPORT_PATH,
-                report(
-                    identity,
-                    &plan.id,
-                    step.index,
-                    StepStatus::Succeeded,
-                    started_ms,
-                ),
-            )
-            .await?;
-        anyhow::ensure!(done.status == 200, "report: HTTP {}", done.status);
+        report(
+            conn,
+            identity,
+            &plan.id,
+            step.index,
+            StepStatus::Succeeded,
+            started_ms,
+        )
+        .await?;
     }
     shared.mark(&shared.last_step_acked, agent.index);
     Ok(PlanProgress {

@@ -98,6 +98,18 @@ impl Agents {
             .answered_unavailable(route, self.floor.now_ms(), err);
     }
 
+    /// Passes a poll's store call `result` through, logging its failure (naming `call` and `key`) within the
+    /// store-failure budget and on this wing's clock ([`StoreFailures::noted`]).
+    fn noted<T>(
+        &self,
+        call: &'static str,
+        key: &str,
+        result: Result<T, DispatchError>,
+    ) -> Result<T, DispatchError> {
+        self.store_failures
+            .noted(call, key, self.floor.now_ms(), result)
+    }
+
     /// Agents' last contact: this replica's exact memory, else every replica's presence as last read.
     pub fn last_contact(&self, machine: &MachineRef) -> Option<u64> {
         self.seen.last(machine).max(self.presence.last(machine))

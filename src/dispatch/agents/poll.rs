@@ -60,8 +60,7 @@ impl Agents {
                 let key = provider_key(id);
                 let index = self.floor.db.value::<ProviderIndex>(&key).await;
                 Ok(self
-                    .store_failures
-                    .noted("provider index", &key, self.floor.now_ms(), index)?
+                    .noted("provider index", &key, index)?
                     .map(|index| index.machine))
             }
         }
@@ -77,10 +76,9 @@ impl Agents {
             return Err(forbidden(scope, machine));
         }
         let key = machine_key(machine);
-        let record = self.store_failures.noted(
+        let record = self.noted(
             "machine record",
             &key,
-            self.floor.now_ms(),
             self.floor.db.value::<MachineRecord>(&key).await,
         )?;
         if let Some(record) = &record
@@ -159,10 +157,7 @@ impl Agents {
         };
         let key = update_key(machine, &record.run_id);
         let run = self.floor.db.value::<UpdateRecord>(&key).await;
-        let Some(run) =
-            self.store_failures
-                .noted("update record", &key, self.floor.now_ms(), run)?
-        else {
+        let Some(run) = self.noted("update record", &key, run)? else {
             return Ok(None);
         };
         let hold = hold_for(&record, &run, self.floor.now_ms());
@@ -258,12 +253,7 @@ impl Agents {
                         .absorb_progress(machine, progress, record.as_ref())
                         .await;
                     let key = update_key(machine, &progress.plan_id);
-                    self.store_failures.noted(
-                        "run progress",
-                        &key,
-                        self.floor.now_ms(),
-                        absorbed,
-                    )?;
+                    self.noted("run progress", &key, absorbed)?;
                     // Folding the progress in may have changed the run: look at it as it is now.
                     pending = self
                         .pending_plan(machine, record, request.current.as_ref())
@@ -272,12 +262,7 @@ impl Agents {
                 if let Some(facts) = &request.facts {
                     let noted = self.upkeep.rollout.note_upgrade(machine, facts).await;
                     let key = agent_upgrade_key(machine);
-                    let noted = self.store_failures.noted(
-                        "agent upgrade",
-                        &key,
-                        self.floor.now_ms(),
-                        noted,
-                    )?;
+                    let noted = self.noted("agent upgrade", &key, noted)?;
                     upgrade = Some((facts, noted));
                 }
             }
