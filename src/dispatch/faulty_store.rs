@@ -1,8 +1,10 @@
 //! A store for tests whose writes can fail or hang: the in-memory store behind a gate every put, delete and
-//! commit passes first, given the key (a commit is one write: the gate sees its first key once). Reads and the change feed are the inner store's, as they would be for the next
+//! commit passes first, given the key (a commit is one write: the gate sees its first key once). It counts
+//! the reads (gets and lists) it is asked for. Reads and the change feed are the inner store's, as they would be for the next
 //! process after a crash or for a store that only refuses writes.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use inplace_store::memory::MemoryStore;
 use inplace_store::{
@@ -17,11 +19,27 @@ pub(crate) type Gate =
 pub(crate) struct FaultyStore {
     pub(crate) inner: Arc<MemoryStore>,
     gate: Gate,
+    /// Gets and lists asked for so far.
+    reads: AtomicUsize,
 }
 
 impl FaultyStore {
     pub(crate) fn new(inner: Arc<MemoryStore>, gate: Gate) -> Self {
-        Self { inner, gate }
+        Self {
+            inner,
+            gate,
+            reads: AtomicUsize::new(0),
+        }
+    }
+
+    /// The in-memory store `inner` with every write let through.
+    pub(crate) fn open(inner: Arc<MemoryStore>) -> Self {
+        Self::new(inner, Box::new(|_key| Box::pin(async { Ok(()) })))
+    }
+
+    /// Gets and lists asked for so far.
+    pub(crate) fn reads(&self) -> usize {
+        self.reads.load(Ordering::SeqCst)
     }
 }
 
@@ -35,6 +53,7 @@ pub(crate) fn unavailable(reason: &str) -> StoreError {
 
 impl Store for FaultyStore {
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Entry>, StoreError>> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
         self.inner.get(key)
     }
 
@@ -71,6 +90,7 @@ impl Store for FaultyStore {
     }
 
     fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, StoreError>> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
         self.inner.list(prefix)
     }
 

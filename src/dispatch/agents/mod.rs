@@ -4,13 +4,14 @@
 //! cluster or Machine. Waiting polls are woken by the store's change feed, so a run recorded on replica A
 //! wakes an agent polling replica B at once.
 //!
-//! [`Agents`] composes owners, each with its own state and lock: the waiting polls ([`Waiters`]), the
-//! last-seen times ([`LastSeen`]), the replicas' presence ([`Presence`]) and the refused agents ([`Refusals`]). What keeps the agents themselves
+//! [`Agents`] composes owners, each with its own state and lock: the waiting polls ([`Waiters`]), the quiet
+//! looks that answer idle agents without a store read ([`QuietLooks`]), the last-seen times ([`LastSeen`]), the replicas' presence ([`Presence`]) and the refused agents ([`Refusals`]). What keeps the agents themselves
 //! current (their release, tokens and CA bundle) is the upkeep wing's, which a poll asks.
 
 mod listing;
 mod poll;
 pub mod presence;
+mod quiet;
 mod refusal_book;
 mod refusals;
 mod refused;
@@ -25,6 +26,7 @@ use inplace_agent_api::MachineRef;
 
 pub use listing::{AgentRow, CONNECTED_WITHIN};
 pub use presence::Presence;
+pub use quiet::{QUIET_LOOK_TTL, QUIET_LOOKS_MAX, QuietLooks};
 pub use refusals::Refusals;
 pub use refused::{
     AgentRefusalRecord, Claim, MAX_TRACKED_REFUSALS, REFUSAL_LOG_INTERVAL,
@@ -57,6 +59,8 @@ pub struct Agents {
     pub refusals: Refusals,
     /// Polls reading the store at once on this replica ([`POLL_LOOKS_IN_FLIGHT`]).
     looks: tokio::sync::Semaphore,
+    /// What the last look found for Machines whose agents had nothing to do, kept true by the change feed.
+    pub quiet: QuietLooks,
     /// Agent requests' failed store calls, logged within a budget.
     store_failures: StoreFailures,
 }
@@ -82,6 +86,7 @@ impl Agents {
             seen,
             refusals: Refusals::new(floor.clone(), fleet.clone()),
             looks: tokio::sync::Semaphore::new(POLL_LOOKS_IN_FLIGHT),
+            quiet: QuietLooks::default(),
             store_failures: StoreFailures::default(),
             waiters: Waiters::default(),
             floor,
@@ -115,29 +120,44 @@ impl Agents {
         self.seen.last(machine).max(self.presence.last(machine))
     }
 
+    /// `machine`'s record or one of its runs changed (here, or in another replica as the feed says): its quiet
+    /// look is forgotten, then its polls on this replica look again.
+    pub fn changed(&self, machine: &MachineRef) {
+        self.quiet.forget(machine);
+        self.waiters.wake(machine);
+    }
+
+    /// Anything may have changed (a gap in the change feed): every quiet look is forgotten and every poll on
+    /// this replica looks again.
+    fn anything_changed(&self) {
+        self.quiet.forget_all();
+        self.waiters.wake_everyone();
+    }
+
     /// Follows the store's change feed and wakes the agents whose Machine record (or run) changed. Runs until
     /// shutdown or until the feed closes (which ends the process: a dispatcher that cannot hear changes would
-    /// starve agents).
+    /// starve agents). Quiet looks are kept only while it runs.
     pub async fn follow_changes(self: Arc<Self>) {
         let mut feed = self.floor.db.store().subscribe();
+        // Subscribed first: a look that takes its ticket from now on hears of every later change.
+        self.quiet.follow(true);
         loop {
             let received = tokio::select! {
                 received = feed.recv() => received,
-                () = self.floor.shutdown.cancelled() => return,
+                () = self.floor.shutdown.cancelled() => break,
             };
             match received {
                 // A run becomes visible to agents once both its record and the Machine's pointer to it exist;
                 // both are written in one transaction, and either change wakes the Machine's polls.
                 Ok(change) => match machine_of_change(&change.key) {
-                    Some(machine) => self.waiters.wake(&machine),
-                    None if change.is_resync() => self.waiters.wake_everyone(),
+                    Some(machine) => self.changed(&machine),
+                    None if change.is_resync() => self.anything_changed(),
                     None => {}
                 },
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                    self.waiters.wake_everyone()
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => self.anything_changed(),
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
             }
         }
+        self.quiet.follow(false);
     }
 }

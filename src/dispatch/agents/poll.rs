@@ -3,6 +3,7 @@
 //! now with the hold on it — at once when there is one, else when one is recorded (by any replica) or the
 //! poll's wait ends.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -13,6 +14,7 @@ use inplace_agent_api::{
 };
 
 use super::Agents;
+use super::quiet::Quiet;
 use crate::dispatch::floor::DispatchError;
 use crate::dispatch::floor::hold::hold_for;
 use crate::dispatch::floor::keys::{
@@ -29,6 +31,9 @@ fn forbidden(scope: &AgentScope, machine: &MachineRef) -> DispatchError {
         "this token is scoped to {scope}; it does not cover machine {machine}"
     ))
 }
+
+/// A run the agent should execute now: its plan, the hold on it and the Machine's onFailure.
+type Pending = (Plan, Option<Hold>, Option<OnFailure>);
 
 pub(super) fn truncate(text: &str) -> String {
     text.chars().take(80).collect()
@@ -89,7 +94,8 @@ impl Agents {
         Ok(record)
     }
 
-    /// Folds the agent's own summary into the run it names (recovers reports lost in a crash).
+    /// Folds the agent's own summary into the run it names (recovers reports lost in a crash). Returns whether
+    /// it changed the run.
     /// A hold in it counts only when it is the hold the server puts on that run (`record`: the Machine's
     /// record): an agent confirms holds, it cannot make them up.
     pub(super) async fn absorb_progress(
@@ -97,8 +103,9 @@ impl Agents {
         machine: &MachineRef,
         progress: &PlanProgress,
         record: Option<&MachineRecord>,
-    ) -> Result<(), DispatchError> {
+    ) -> Result<bool, DispatchError> {
         let now = self.floor.now_ms();
+        let mut wrote = false;
         let mut failed_kind = None;
         let mut rollback_end = None;
         let mut happened = Vec::new();
@@ -109,7 +116,7 @@ impl Agents {
                 &progress.plan_id,
                 false,
                 |current: Option<&UpdateRecord>| {
-                    (failed_kind, rollback_end, happened) = (None, None, Vec::new());
+                    (wrote, failed_kind, rollback_end, happened) = (false, None, None, Vec::new());
                     let Some(was) = current else { return Ok(None) };
                     let was_failed = failed_at(&was.outcome()).is_some();
                     let before = was.rollback_state();
@@ -129,6 +136,7 @@ impl Agents {
                             .map(|step| step.action.step_kind());
                     }
                     rollback_end = run.rollback_ended_since(before).cloned();
+                    wrote = true;
                     Ok(Some(run))
                 },
             )
@@ -141,7 +149,7 @@ impl Agents {
         if let Some(rollback) = rollback_end {
             self.rollback_ended(machine, &progress.plan_id, &rollback);
         }
-        Ok(())
+        Ok(wrote)
     }
 
     /// The run the agent should execute now, if any, with the hold on it: the run `record` (the Machine's
@@ -151,7 +159,7 @@ impl Agents {
         machine: &MachineRef,
         record: Option<MachineRecord>,
         current: Option<&PlanProgress>,
-    ) -> Result<Option<(Plan, Option<Hold>, Option<OnFailure>)>, DispatchError> {
+    ) -> Result<Option<Pending>, DispatchError> {
         let Some(record) = record else {
             return Ok(None);
         };
@@ -166,26 +174,73 @@ impl Agents {
             .then_some((run.plan, hold, record.on_failure)))
     }
 
-    /// The Machine's record (scope-checked) and the run to execute now, read at most
-    /// [`POLL_LOOKS_IN_FLIGHT`] polls at a time on this replica: a fleet connecting at once queues here instead
-    /// of piling its reads onto the store until they time out.
+    /// The run the agent should execute now, if any, with the hold on it. From this replica's quiet look of the
+    /// Machine when one answers (no store read: [`super::quiet`]); else the Machine's record (scope-checked)
+    /// and its run are read, at most [`POLL_LOOKS_IN_FLIGHT`] polls at a time on this replica (a fleet
+    /// connecting at once queues here instead of piling its reads onto the store until they time out), and at a
+    /// poll's `first` look the agent's summary `current` is folded in. A look that finds nothing to do is kept.
+    ///
+    /// [`POLL_LOOKS_IN_FLIGHT`]: super::POLL_LOOKS_IN_FLIGHT
     async fn look(
         &self,
         scope: &AgentScope,
         machine: &MachineRef,
         current: Option<&PlanProgress>,
-    ) -> Result<
-        (
-            Option<MachineRecord>,
-            Option<(Plan, Option<Hold>, Option<OnFailure>)>,
-        ),
-        DispatchError,
-    > {
-        // Never closed: the semaphore lives as long as the wing.
-        let _permit = self.looks.acquire().await.ok();
-        let record = self.scoped_machine(scope, machine).await?;
-        let plan = self.pending_plan(machine, record.clone(), current).await?;
-        Ok((record, plan))
+        first: bool,
+    ) -> Result<Option<Pending>, DispatchError> {
+        if !scope.covers(machine, None) {
+            return Err(forbidden(scope, machine));
+        }
+        let now = self.floor.now_ms();
+        if let Some(quiet) = self.quiet.kept(machine, current, now) {
+            if let Some(record) = &quiet.record
+                && !scope.covers(machine, Some(&record.cluster))
+            {
+                return Err(forbidden(scope, machine));
+            }
+            if first {
+                self.seen.mark(machine);
+            }
+            return Ok(None);
+        }
+        let ticket = self.quiet.ticket(machine);
+        let (record, mut pending) = {
+            // Never closed: the semaphore lives as long as the wing.
+            let _permit = self.looks.acquire().await.ok();
+            let record = self.scoped_machine(scope, machine).await?;
+            let pending = self.pending_plan(machine, record.clone(), current).await?;
+            (record, pending)
+        };
+        if first {
+            // In memory only: other replicas learn it from this replica's presence (no store write per poll).
+            self.seen.mark(machine);
+        }
+        let mut wrote = false;
+        if let Some(progress) = current.filter(|_| first) {
+            let absorbed = self
+                .absorb_progress(machine, progress, record.as_ref())
+                .await;
+            let key = update_key(machine, &progress.plan_id);
+            wrote = self.noted("run progress", &key, absorbed)?;
+            // Folding the progress in may have changed the run: look at it as it is now.
+            pending = self.pending_plan(machine, record.clone(), current).await?;
+        }
+        // Kept only what this look absorbed: a later look of the poll did not fold `current` in again.
+        let absorbed_here = first || current.is_none();
+        if let Some(ticket) = ticket
+            && pending.is_none()
+            && !wrote
+            && absorbed_here
+            && Quiet::worth_keeping(current)
+        {
+            let quiet = Quiet {
+                record: record.map(Arc::new),
+                absorbed: current.cloned(),
+                at_ms: now,
+            };
+            self.quiet.keep(machine, ticket, quiet);
+        }
+        Ok(pending)
     }
 
     /// Long-poll: answers at once with the Machine's current run when the agent has not finished it, else
@@ -244,27 +299,16 @@ impl Agents {
             for_everyone.as_mut().enable();
             // Against the Machine's record, not just the namespace: a cluster token of the same namespace must
             // be refused before its `current` progress is folded into another cluster's run.
-            let (record, mut pending) = self.look(scope, machine, request.current.as_ref()).await?;
-            if std::mem::take(&mut first) {
-                // In memory only: other replicas learn it from this replica's presence (no store write per poll).
-                self.seen.mark(machine);
-                if let Some(progress) = &request.current {
-                    let absorbed = self
-                        .absorb_progress(machine, progress, record.as_ref())
-                        .await;
-                    let key = update_key(machine, &progress.plan_id);
-                    self.noted("run progress", &key, absorbed)?;
-                    // Folding the progress in may have changed the run: look at it as it is now.
-                    pending = self
-                        .pending_plan(machine, record, request.current.as_ref())
-                        .await?;
-                }
-                if let Some(facts) = &request.facts {
-                    let noted = self.upkeep.rollout.note_upgrade(machine, facts).await;
-                    let key = agent_upgrade_key(machine);
-                    let noted = self.noted("agent upgrade", &key, noted)?;
-                    upgrade = Some((facts, noted));
-                }
+            let pending = self
+                .look(scope, machine, request.current.as_ref(), first)
+                .await?;
+            if std::mem::take(&mut first)
+                && let Some(facts) = &request.facts
+            {
+                let noted = self.upkeep.rollout.note_upgrade(machine, facts).await;
+                let key = agent_upgrade_key(machine);
+                let noted = self.noted("agent upgrade", &key, noted)?;
+                upgrade = Some((facts, noted));
             }
             match pending {
                 Some((plan, hold, said)) => {

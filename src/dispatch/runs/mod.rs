@@ -147,7 +147,7 @@ impl Runs {
             self.after(&facts.machine, &events);
             if wrote {
                 // Local polls wake now; other replicas wake from the change feed.
-                self.agents.waiters.wake(&facts.machine);
+                self.agents.changed(&facts.machine);
             }
             let answer = self.answer(&record, &run).await;
             self.post_answer(request, &events, &record, &run, &answer);
@@ -397,7 +397,7 @@ impl Runs {
                 continue;
             }
             retry::log(machine, value, &retried.outcome);
-            self.agents.waiters.wake(machine);
+            self.agents.changed(machine);
             return Ok(retried.outcome);
         }
         Err(DispatchError::Contention(key))

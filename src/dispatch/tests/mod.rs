@@ -9,6 +9,7 @@ mod guard;
 mod hold;
 mod observe;
 mod presence;
+mod quiet;
 mod reboot;
 mod retention;
 mod retry;
