@@ -183,8 +183,9 @@ pub struct ReplicasOutcome {
     pub capi: CapiResult,
     pub judged: crate::capi::Judged,
     pub wait_seconds: u32,
-    /// etcd's own count of writes (puts and deletes) over the steady-state window of the hold, and the window.
-    pub steady_writes: (f64, Duration),
+    /// etcd's own count of writes (puts and deletes) and reads over the steady-state window of the hold, and
+    /// the window.
+    pub steady: (crate::store_writes::Counts, Duration),
     /// The takeover phase, when a replica was killed.
     pub takeover: Option<takeover::Takeover>,
 }
@@ -274,7 +275,7 @@ fn run_outcome(args: &ReplicasArgs) -> anyhow::Result<ReplicasOutcome> {
         capi,
         judged,
         wait_seconds: args.wait_seconds,
-        steady_writes: hold.steady_writes,
+        steady: hold.steady,
         takeover,
     })
 }

@@ -1,17 +1,26 @@
-//! What the store is written at steady state, as etcd itself counts it: `etcd_mvcc_put_total` +
-//! `etcd_mvcc_delete_total` (every key a put or a transaction wrote or deleted) read from its metrics endpoint at
-//! the start and the end of a window ([`SteadyWrites`]), so the figure does not depend on what the servers say of
-//! themselves.
+//! What the store is written and read at steady state, as etcd itself counts it: `etcd_mvcc_put_total` +
+//! `etcd_mvcc_delete_total` (every key a put or a transaction wrote or deleted) and `etcd_mvcc_range_total` (every
+//! read: a get, a list page, a transaction's read) from its metrics endpoint at the start and the end of a window
+//! ([`SteadyWrites`]), so the figures do not depend on what the servers say of themselves.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use inplace_store::testing::Etcd;
 
-/// The writes counted over a window that opens once the fleet has settled.
+/// The writes and reads counted over a window that opens once the fleet has settled.
 #[derive(Debug, Default)]
 pub struct SteadyWrites {
-    opened: Option<(Instant, f64)>,
+    opened: Option<(Instant, Counts)>,
+}
+
+/// etcd's counts: writes (puts and deletes) and reads (ranges).
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Counts {
+    /// Keys put or deleted.
+    pub writes: f64,
+    /// Ranges served.
+    pub reads: f64,
 }
 
 impl SteadyWrites {
@@ -23,22 +32,29 @@ impl SteadyWrites {
         settle: Duration,
     ) -> anyhow::Result<()> {
         if self.opened.is_none() && held >= settle {
-            self.opened = Some((Instant::now(), etcd_writes(etcd)?));
+            self.opened = Some((Instant::now(), etcd_counts(etcd)?));
         }
         Ok(())
     }
 
-    /// The writes since the window opened, and how long it was open (zero when it never opened).
-    pub fn close(self, etcd: &Etcd) -> anyhow::Result<(f64, Duration)> {
+    /// The writes and reads since the window opened, and how long it was open (zero when it never opened).
+    pub fn close(self, etcd: &Etcd) -> anyhow::Result<(Counts, Duration)> {
         Ok(match self.opened {
-            Some((from, writes)) => (etcd_writes(etcd)? - writes, from.elapsed()),
-            None => (0.0, Duration::ZERO),
+            Some((from, at_open)) => {
+                let now = etcd_counts(etcd)?;
+                let counts = Counts {
+                    writes: now.writes - at_open.writes,
+                    reads: now.reads - at_open.reads,
+                };
+                (counts, from.elapsed())
+            }
+            None => (Counts::default(), Duration::ZERO),
         })
     }
 }
 
-/// etcd's own count of the writes it applied, from its metrics endpoint.
-fn etcd_writes(etcd: &Etcd) -> anyhow::Result<f64> {
+/// etcd's own count of the writes it applied and the reads it served, from its metrics endpoint.
+fn etcd_counts(etcd: &Etcd) -> anyhow::Result<Counts> {
     let (status, body) = crate::process::admin_get(etcd.metrics_addr(), "/metrics")?;
     anyhow::ensure!(status == 200, "etcd's /metrics answered {status}");
     let read = |name: &str| {
@@ -52,5 +68,8 @@ fn etcd_writes(etcd: &Etcd) -> anyhow::Result<f64> {
             })
             .with_context(|| format!("no {name} in etcd's /metrics"))
     };
-    Ok(read("etcd_mvcc_put_total")? + read("etcd_mvcc_delete_total")?)
+    Ok(Counts {
+        writes: read("etcd_mvcc_put_total")? + read("etcd_mvcc_delete_total")?,
+        reads: read("etcd_mvcc_range_total")?,
+    })
 }

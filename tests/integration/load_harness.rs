@@ -347,8 +347,8 @@ fn agent_drain_scenario_measures_an_agent_that_evicts_every_pod() {
 /// `load replicas` at `agents` agents on two replicas, polling every second, with no work, its hold long
 /// enough to count etcd's writes over three heartbeat intervals after the fleet's membership is published (and
 /// over the 30–60 s at which the old per-agent write fell due again for half the fleet): the steady-state
-/// writes per second.
-fn steady_writes_per_second(agents: usize) -> f64 {
+/// writes and reads per second.
+fn steady_rates(agents: usize) -> (f64, f64) {
     let agents = agents.to_string();
     let stdout = run(&[
         "replicas",
@@ -379,19 +379,26 @@ fn steady_writes_per_second(agents: usize) -> f64 {
         "0",
         "{stdout}"
     );
-    let cell = row_value(&stdout, "store writes/s at steady state");
-    cell.split_whitespace()
-        .next()
-        .and_then(|rate| rate.parse().ok())
-        .unwrap_or_else(|| panic!("no rate in {cell:?}\n{stdout}"))
+    let rate = |row: &str| {
+        let cell = row_value(&stdout, row);
+        cell.split_whitespace()
+            .next()
+            .and_then(|rate| rate.parse().ok())
+            .unwrap_or_else(|| panic!("no rate in {cell:?}\n{stdout}"))
+    };
+    (
+        rate("store writes/s at steady state"),
+        rate("store reads/s at steady state"),
+    )
 }
 
 #[test]
-fn replicas_store_writes_at_steady_state_do_not_grow_with_the_fleet() {
-    // Two fleet sizes at once, each on its own etcd; etcd counts the writes (puts and deletes it applied).
-    let (small, large) = std::thread::scope(|s| {
-        let small = s.spawn(|| steady_writes_per_second(100));
-        let large = s.spawn(|| steady_writes_per_second(400));
+fn replicas_store_writes_and_reads_at_steady_state_do_not_grow_with_the_fleet() {
+    // Two fleet sizes at once, each on its own etcd; etcd counts the writes (puts and deletes it applied) and
+    // the reads (ranges it served).
+    let ((small, small_reads), (large, large_reads)) = std::thread::scope(|s| {
+        let small = s.spawn(|| steady_rates(100));
+        let large = s.spawn(|| steady_rates(400));
         (small.join().unwrap(), large.join().unwrap())
     });
     // Two replicas, one heartbeat each per 10 s: 0.2 writes/s; a window of 32 s sees 6 to 8 of them. The old
@@ -405,6 +412,18 @@ fn replicas_store_writes_at_steady_state_do_not_grow_with_the_fleet() {
         assert!(
             rate <= heartbeats * 1.5 && rate < agents / 60.0 / 5.0,
             "{agents} agents: {rate:.2} writes/s"
+        );
+    }
+    // Every agent polls once a second with nothing to do: a store read per poll would be 100 and 400 reads/s.
+    // Its replica answers from the look it kept, so what etcd serves is the replicas' own reads (presence).
+    assert!(
+        (large_reads - small_reads).abs() <= 2.0,
+        "100 agents: {small_reads:.2} reads/s, 400 agents: {large_reads:.2} reads/s"
+    );
+    for (agents, reads) in [(100.0, small_reads), (400.0, large_reads)] {
+        assert!(
+            reads < agents / 20.0,
+            "{agents} agents polling every second: {reads:.2} reads/s"
         );
     }
 }

@@ -8,7 +8,7 @@ use anyhow::Context as _;
 
 use super::setup::Fleet;
 use super::{ReplicasArgs, TICK};
-use crate::store_writes::SteadyWrites;
+use crate::store_writes::{Counts, SteadyWrites};
 
 /// The gauge each replica keeps of the agents it has heard from recently.
 const AGENTS_CONNECTED_METRIC: &str = "inplace_updater_agents_connected";
@@ -17,8 +17,8 @@ const MAX_HOLD_SECONDS: f64 = 600.0;
 
 /// What the hold measured.
 pub struct Held {
-    /// etcd's own count of writes (puts and deletes) over the steady-state window, and the window.
-    pub steady_writes: (f64, Duration),
+    /// etcd's own count of writes (puts and deletes) and reads over the steady-state window, and the window.
+    pub steady: (Counts, Duration),
     /// Each replica's `agents_connected` gauge at the end of the hold, in replica order.
     pub gauges: Vec<f64>,
 }
@@ -39,7 +39,7 @@ pub fn hold(fleet: &mut Fleet, args: &ReplicasArgs) -> anyhow::Result<Held> {
         window.open_once_settled(&fleet.etcd, held.elapsed(), settle)?;
         std::thread::sleep(TICK);
     }
-    let steady_writes = window.close(&fleet.etcd)?;
+    let steady = window.close(&fleet.etcd)?;
     // Each replica's own count of the agents it heard from (within one long-poll plus grace).
     let gauges = fleet
         .replicas
@@ -49,8 +49,5 @@ pub fn hold(fleet: &mut Fleet, args: &ReplicasArgs) -> anyhow::Result<Held> {
                 .with_context(|| format!("no {AGENTS_CONNECTED_METRIC} in /metrics"))
         })
         .collect::<anyhow::Result<Vec<f64>>>()?;
-    Ok(Held {
-        steady_writes,
-        gauges,
-    })
+    Ok(Held { steady, gauges })
 }

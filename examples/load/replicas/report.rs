@@ -231,15 +231,22 @@ impl ReplicasOutcome {
             .max()
             .unwrap_or(0);
         let mut table = Table::new(&["agents", "value"]);
-        let (writes, window) = self.steady_writes;
+        let (counts, window) = self.steady;
+        let rate = |count: f64| {
+            format!(
+                "{:.2} ({count:.0} in {:.1} s)",
+                count / window.as_secs_f64().max(1e-3),
+                window.as_secs_f64()
+            )
+        };
         let rows = [
             (
                 "store writes/s at steady state (etcd's count)",
-                format!(
-                    "{:.2} ({writes:.0} in {:.1} s)",
-                    writes / window.as_secs_f64().max(1e-3),
-                    window.as_secs_f64()
-                ),
+                rate(counts.writes),
+            ),
+            (
+                "store reads/s at steady state (etcd's count)",
+                rate(counts.reads),
             ),
             ("connected and polling", self.polling().to_string()),
             (
