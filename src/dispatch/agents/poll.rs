@@ -3,7 +3,6 @@
 //! now with the hold on it — at once when there is one, else when one is recorded (by any replica) or the
 //! poll's wait ends.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -193,8 +192,8 @@ impl Agents {
         }
         let now = self.floor.now_ms();
         if let Some(quiet) = self.quiet.kept(machine, current, now) {
-            if let Some(record) = &quiet.record
-                && !scope.covers(machine, Some(&record.cluster))
+            if let Some(cluster) = &quiet.cluster
+                && !scope.covers(machine, Some(cluster))
             {
                 return Err(forbidden(scope, machine));
             }
@@ -234,7 +233,7 @@ impl Agents {
             && Quiet::worth_keeping(current)
         {
             let quiet = Quiet {
-                record: record.map(Arc::new),
+                cluster: record.map(|record| record.cluster),
                 absorbed: current.cloned(),
                 at_ms: now,
             };

@@ -23,12 +23,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use inplace_agent_api::{MachineRef, PlanProgress};
-
-use crate::dispatch::floor::records::MachineRecord;
 
 /// How long a kept look answers an agent's polls without a store read, even though the change feed said
 /// nothing about its Machine. Ten minutes: twenty polls of an idle agent.
@@ -41,8 +39,8 @@ pub const QUIET_LOOKS_MAX: usize = 200_000;
 /// What a look found for a Machine whose agent had nothing to do.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Quiet {
-    /// The Machine's record (`None`: it has none). Scope checks read its cluster.
-    pub record: Option<Arc<MachineRecord>>,
+    /// The cluster of the Machine's record, which scope checks read (`None`: it has no record).
+    pub cluster: Option<String>,
     /// The summary the agent sent with that look (`None`: none), already folded in with nothing changed.
     pub absorbed: Option<PlanProgress>,
     /// When the look read the store (Unix ms).
@@ -196,7 +194,7 @@ mod tests {
 
     fn quiet(absorbed: Option<PlanProgress>, at_ms: u64) -> Quiet {
         Quiet {
-            record: None,
+            cluster: None,
             absorbed,
             at_ms,
         }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inplace_agent_api::{PlanStatus, PollRequest, StepStatus};
+use inplace_agent_api::{Plan, PlanStatus, PollRequest, StepStatus};
 use inplace_store::memory::MemoryStore;
 
 use crate::dispatch::faulty_store::FaultyStore;
@@ -38,6 +38,21 @@ async fn until_quiet(d: &Dispatcher, store: &FaultyStore, request: &PollRequest)
         quiet_in_a_row = if reads == 0 { quiet_in_a_row + 1 } else { 0 };
         tokio::task::yield_now().await;
     }
+}
+
+/// A Machine `default/m-1` updated once, its agent done with the plan: the store counting reads, the
+/// dispatcher, the plan, and the poll the idle agent now sends (its finished plan's summary).
+async fn finished_machine() -> (Arc<FaultyStore>, Arc<Dispatcher>, Plan, PollRequest) {
+    let store = Arc::new(FaultyStore::open(Arc::new(MemoryStore::new())));
+    let d = dispatcher(store.clone());
+    update(&d, &request("m-1", false, "v1.34.1", "hi"))
+        .await
+        .unwrap();
+    let plan = handed_plan(&d, "m-1").await;
+    let steps = plan.steps.len() as u32;
+    agent_reports(&d, "m-1", &plan.id, 0..steps, StepStatus::Succeeded).await;
+    let idle = poll_with_progress("m-1", &plan, PlanStatus::Succeeded, steps, None);
+    (store, d, plan, idle)
 }
 
 #[tokio::test]
@@ -74,15 +89,7 @@ async fn an_idle_agent_polls_without_store_reads_and_still_gets_a_run_recorded_o
 
 #[tokio::test]
 async fn an_updated_machines_idle_agent_reads_nothing_until_its_machine_changes() {
-    let store = Arc::new(FaultyStore::open(Arc::new(MemoryStore::new())));
-    let d = dispatcher(store.clone());
-    update(&d, &request("m-1", false, "v1.34.1", "hi"))
-        .await
-        .unwrap();
-    let plan = handed_plan(&d, "m-1").await;
-    let steps = plan.steps.len() as u32;
-    agent_reports(&d, "m-1", &plan.id, 0..steps, StepStatus::Succeeded).await;
-    let idle = poll_with_progress("m-1", &plan, PlanStatus::Succeeded, steps, None);
+    let (store, d, plan, idle) = finished_machine().await;
 
     // Without quiet looks: the Machine's record, its run, the run again to fold the summary in, and once more
     // to look at it as it is now.
@@ -138,15 +145,7 @@ async fn a_replica_that_does_not_follow_the_feed_reads_the_store_at_every_poll()
 
 #[tokio::test]
 async fn a_cluster_token_of_another_cluster_is_refused_from_a_kept_look_too() {
-    let store = Arc::new(FaultyStore::open(Arc::new(MemoryStore::new())));
-    let d = dispatcher(store.clone());
-    update(&d, &request("m-1", false, "v1.34.1", "hi"))
-        .await
-        .unwrap();
-    let plan = handed_plan(&d, "m-1").await;
-    let steps = plan.steps.len() as u32;
-    agent_reports(&d, "m-1", &plan.id, 0..steps, StepStatus::Succeeded).await;
-    let idle = poll_with_progress("m-1", &plan, PlanStatus::Succeeded, steps, None);
+    let (store, d, _, idle) = finished_machine().await;
     until_quiet(&d, &store, &idle).await;
     let other = AgentScope::Cluster {
         namespace: "default".into(),
