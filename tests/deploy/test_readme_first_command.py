@@ -56,9 +56,11 @@ def user_dir():
 
 
 def plain_env(path: str) -> dict[str, str]:
-    """What a login shell of a new user with rustup has: PATH, HOME and rustup's own variables, no more."""
+    """What a login shell of a new user with rustup has: PATH, HOME and rustup's own variables, no more; and the
+    build cache's two settings when set (.ci/run sets both), so the first command reuses the build CI made
+    instead of compiling the workspace again (CARGO_INCREMENTAL is part of what cargo compares)."""
     env = {"PATH": path, "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
-    for name in ("CARGO_HOME", "RUSTUP_HOME", "CARGO_TARGET_DIR"):
+    for name in ("CARGO_HOME", "RUSTUP_HOME", "CARGO_TARGET_DIR", "CARGO_INCREMENTAL"):
         if os.environ.get(name):
             env[name] = os.environ[name]
     return env
