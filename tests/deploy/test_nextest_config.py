@@ -25,24 +25,15 @@ def TEST_FN(name: str) -> re.Pattern[str]:
     )
 
 
-def rust_sources() -> list[str]:
-    roots = [d.REPO / "src", d.REPO / "tests", d.REPO / "crates"]
-    return [
-        path.read_text(encoding="utf-8")
-        for root in roots
-        for path in root.rglob("*.rs")
-        if "target" not in path.parts
-    ]
-
-
-def overrides() -> list[dict]:
-    config = tomllib.loads(CONFIG.read_text(encoding="utf-8"))
-    return config["profile"]["ci"]["overrides"]
+# Every Rust file a test can live in (the target directories are outside these roots).
+RUST_FILES = [path for root in ("src", "tests", "crates") for path in (d.REPO / root).rglob("*.rs")]
+CONFIG_DATA = tomllib.loads(CONFIG.read_text(encoding="utf-8"))
+OVERRIDES = CONFIG_DATA["profile"]["ci"]["overrides"]
 
 
 def test_every_test_an_override_names_exists() -> None:
-    sources = rust_sources()
-    exact = [name for o in overrides() for name in re.findall(r"test\(=([\w:]+)\)", o["filter"])]
+    sources = [path.read_text(encoding="utf-8") for path in RUST_FILES]
+    exact = [name for o in OVERRIDES for name in re.findall(r"test\(=([\w:]+)\)", o["filter"])]
     assert exact, "the overrides name no test exactly: the check below would prove nothing"
     for name in exact:
         function = name.rsplit("::", 1)[-1]
@@ -52,11 +43,10 @@ def test_every_test_an_override_names_exists() -> None:
 
 
 def test_every_module_an_override_names_has_tests() -> None:
-    prefixes = [p for o in overrides() for p in re.findall(r"test\(/\^(\w+)::/\)", o["filter"])]
+    prefixes = [p for o in OVERRIDES for p in re.findall(r"test\(/\^(\w+)::/\)", o["filter"])]
     assert prefixes, "the overrides name no module: the check below would prove nothing"
-    files = [p for p in d.REPO.glob("**/*.rs") if "target" not in p.parts]
     for module in prefixes:
-        found = [p for p in files if p.stem == module or (p.name == "mod.rs" and p.parent.name == module)]
+        found = [p for p in RUST_FILES if p.stem == module or (p.name == "mod.rs" and p.parent.name == module)]
         assert found, f".config/nextest.toml names the module {module}::, and there is no {module}.rs"
         assert any(TEST_FN(r"\w+").search(p.read_text(encoding="utf-8")) for p in found), (
             f"{module}.rs holds no test, but .config/nextest.toml orders its tests"
@@ -64,14 +54,13 @@ def test_every_module_an_override_names_has_tests() -> None:
 
 
 def test_ci_runs_the_profile_and_reads_the_required_version() -> None:
-    config = tomllib.loads(CONFIG.read_text(encoding="utf-8"))
-    required = config["nextest-version"]["required"]
+    required = CONFIG_DATA["nextest-version"]["required"]
     assert re.fullmatch(r"\d+\.\d+\.\d+", required), required
     # .ci/run finds the version with a sed over this exact line; another layout would install nextest every run.
     line = f'nextest-version = {{ required = "{required}" }}'
     assert line in CONFIG.read_text(encoding="utf-8").splitlines(), f"expected the line {line!r}"
     ci = CI_RUN.read_text(encoding="utf-8")
     assert "cargo nextest run --release --workspace --profile ci" in ci
-    assert config["profile"]["ci"]["test-threads"] >= 1
-    slow = config["profile"]["ci"]["slow-timeout"]
+    assert CONFIG_DATA["profile"]["ci"]["test-threads"] >= 1
+    slow = CONFIG_DATA["profile"]["ci"]["slow-timeout"]
     assert slow["terminate-after"] >= 1, "a hung test must be ended, not left to CI's 90 minutes"
